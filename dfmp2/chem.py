@@ -1,0 +1,310 @@
+"""Chemistry front end: the only module that talks to PySCF.
+
+It reads molecules, runs the RHF reference, chooses the MP2-fit auxiliary basis and
+hands the pipeline plain arrays:
+
+    three-center integrals (mn|P)   [naux block, nao, nao]   Hartree, fp64
+    Coulomb metric         (P|Q)    [naux, naux]              Hartree, fp64
+    orbitals C [nao, nmo], orbital energies e [nmo] (Hartree), occupations [nmo]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ComputationError, InputError
+
+# PySCF is imported lazily inside functions so that `dfmp2 --help` and `dfmp2 info` stay fast.
+
+SCF_CONV_TOL = 1e-11  # Hartree; with SCF_CONV_TOL_GRAD keeps e_corr stable to well below 1e-8 Eh
+SCF_CONV_TOL_GRAD = 1e-7
+SCF_MAX_CYCLE = 100
+
+
+# ----------------------------------------------------------------------------- molecules
+
+@dataclass(frozen=True)
+class Atom:
+    symbol: str  # canonical element symbol, e.g. "C", "Cl"
+    xyz: tuple  # Angstrom
+
+
+def _element_symbols() -> dict:
+    from pyscf.data.elements import ELEMENTS
+
+    return {s.upper(): s for s in ELEMENTS[1:]}
+
+
+def read_xyz(path: str) -> list:
+    """Read a standard XYZ file (count, comment, `Symbol x y z` in Angstrom) -> [Atom]."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, not an XYZ file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file") from None
+    if not lines or not lines[0].strip():
+        raise InputError(f"{path}, line 1: expected the number of atoms, found an empty line")
+    try:
+        natom = int(lines[0].split()[0])
+    except ValueError:
+        raise InputError(
+            f"{path}, line 1: expected the number of atoms, found {lines[0].strip()!r}") from None
+    if natom < 1:
+        raise InputError(f"{path}, line 1: the number of atoms must be positive, found {natom}")
+
+    elements = _element_symbols()
+    body = lines[2:]
+    atom_lines = [(n + 3, text) for n, text in enumerate(body) if text.strip()]
+    if len(atom_lines) != natom:
+        raise InputError(
+            f"{path}: line 1 says {natom} atoms but the file has {len(atom_lines)} atom lines")
+    if len(lines) < 2:
+        raise InputError(f"{path}: missing the comment line (line 2)")
+
+    atoms = []
+    for lineno, text in atom_lines:
+        fields = text.split()
+        if len(fields) < 4:
+            raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z', found {text.strip()!r}")
+        symbol = elements.get(fields[0].upper())
+        if symbol is None:
+            raise InputError(f"{path}, line {lineno}: unknown element {fields[0]!r}")
+        coords = []
+        for field in fields[1:4]:
+            try:
+                value = float(field)
+            except ValueError:
+                raise InputError(
+                    f"{path}, line {lineno}: coordinate {field!r} is not a number") from None
+            if not math.isfinite(value):
+                raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not finite")
+            coords.append(value)
+        atoms.append(Atom(symbol, tuple(coords)))
+    return atoms
+
+
+def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0):
+    """PySCF Mole from atoms (Angstrom). Checks basis, charge and spin (2S) for closed-shell RHF."""
+    from pyscf import gto
+
+    _check_basis_name(basis, sorted({a.symbol for a in atoms}))
+    nuclear_charge = sum(_atomic_number(a.symbol) for a in atoms)
+    nelectron = nuclear_charge - charge
+    if nelectron <= 0:
+        raise InputError(f"charge {charge} leaves {nelectron} electrons")
+    if spin < 0 or spin > nelectron:
+        raise InputError(f"spin {spin} (2S) is impossible with {nelectron} electrons")
+    if (nelectron - spin) % 2:
+        if spin == 0:
+            raise InputError(
+                f"odd electron count ({nelectron}): closed-shell RHF needs an even number; "
+                "check --charge")
+        raise InputError(f"spin {spin} (2S) is impossible with {nelectron} electrons")
+    if spin != 0:
+        raise InputError(f"spin {spin}: only closed-shell (RHF, spin 0) DF-MP2 is available")
+    mol = gto.Mole()
+    mol.atom = [(a.symbol, a.xyz) for a in atoms]
+    mol.unit = "Angstrom"
+    mol.basis = basis
+    mol.charge = charge
+    mol.spin = spin
+    mol.verbose = 0
+    mol.build()
+    return mol
+
+
+def _atomic_number(symbol: str) -> int:
+    from pyscf.data.elements import charge
+
+    return charge(symbol)
+
+
+def _check_basis_name(basis: str, symbols: list) -> None:
+    """Raise InputError unless PySCF ships `basis` for every element in `symbols`."""
+    from pyscf.gto import basis as basis_lib
+
+    for symbol in symbols:
+        try:
+            shells = basis_lib.load(basis, symbol)
+        except (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError):
+            shells = None
+        if not shells:
+            raise InputError(f"basis {basis!r} is unknown or has no functions for {symbol}")
+
+
+# ----------------------------------------------------------------------------- SCF
+
+def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE):
+    """Converged closed-shell RHF. scf='df': density-fitted with PySCF's default JK-fit basis;
+    scf='exact': conventional four-center integrals. Raises ComputationError if not converged."""
+    from pyscf import scf as pyscf_scf
+
+    if scf not in ("df", "exact"):
+        raise InputError(f"unknown SCF mode {scf!r} (use 'df' or 'exact')")
+    mf = pyscf_scf.RHF(mol)
+    if scf == "df":
+        mf = mf.density_fit()  # auxbasis: pyscf.df.make_auxbasis(mol), the JK-fit set
+    mf.conv_tol = SCF_CONV_TOL
+    mf.conv_tol_grad = SCF_CONV_TOL_GRAD
+    mf.max_cycle = max_cycle
+    mf.verbose = 0
+    mf.kernel()
+    if not mf.converged:
+        raise ComputationError(
+            f"SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
+    return mf
+
+
+def scf_mode(mf) -> str:
+    """'df' if the mean field used density fitting, else 'exact'."""
+    return "df" if getattr(mf, "with_df", None) is not None else "exact"
+
+
+def scf_auxbasis_name(mf):
+    """Name of the JK-fit basis a density-fitted SCF used, or None."""
+    with_df = getattr(mf, "with_df", None)
+    if with_df is None:
+        return None
+    from pyscf import df
+
+    aux = with_df.auxbasis or df.make_auxbasis(mf.mol)
+    return _describe_basis(aux)
+
+
+@dataclass
+class MeanField:
+    """Closed-shell reference: orbitals C [nao, nmo], energies e [nmo] (Eh), occupations [nmo]."""
+
+    mo_coeff: np.ndarray
+    mo_energy: np.ndarray
+    mo_occ: np.ndarray
+    e_hf: float
+    nelectron: int
+
+
+def mean_field_orbitals(mf) -> MeanField:
+    """Extract the RHF reference from a PySCF mean-field object, refusing what RMP2 cannot use."""
+    from pyscf import scf as pyscf_scf
+
+    if isinstance(mf, (pyscf_scf.uhf.UHF, pyscf_scf.ghf.GHF)):
+        raise InputError(f"{type(mf).__name__} is open-shell: dfmp2 needs a closed-shell RHF")
+    if isinstance(mf, pyscf_scf.rohf.ROHF):
+        raise InputError(f"{type(mf).__name__} is restricted open-shell: dfmp2 needs a closed-shell RHF")
+    if not isinstance(mf, pyscf_scf.hf.RHF):
+        raise InputError(f"{type(mf).__name__} is not a PySCF RHF object")
+    if mf.mol.spin != 0:
+        raise InputError(f"molecule has spin {mf.mol.spin}: dfmp2 needs a closed-shell RHF")
+    if mf.mo_coeff is None or not getattr(mf, "converged", False):
+        raise InputError("the mean field is not converged: run mf.kernel() to convergence first")
+    mo_coeff = np.asarray(mf.mo_coeff, dtype=np.float64)
+    if mo_coeff.ndim != 2:
+        raise InputError("mo_coeff is not a single matrix: dfmp2 needs a closed-shell RHF")
+    return MeanField(
+        mo_coeff=mo_coeff,
+        mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
+        mo_occ=np.asarray(mf.mo_occ, dtype=np.float64),
+        e_hf=float(mf.e_tot),
+        nelectron=int(mf.mol.nelectron),
+    )
+
+
+def frozen_core_count(mol) -> int:
+    """Usual number of core orbitals (1 for Li-Ne, 5 for Na-Ar, ...), ECP electrons removed."""
+    from pyscf.data.elements import chemcore
+
+    return int(chemcore(mol))
+
+
+# ----------------------------------------------------------------------------- integrals
+
+def _describe_basis(basis) -> str:
+    """Readable name of a basis given as a string or a per-element dict."""
+    if isinstance(basis, str):
+        return basis
+    if isinstance(basis, dict):
+        names = {v if isinstance(v, str) else "generated" for v in basis.values()}
+        if len(names) == 1:
+            return names.pop()
+        return ", ".join(f"{k}:{v if isinstance(v, str) else 'generated'}"
+                         for k, v in sorted(basis.items()))
+    return "generated"
+
+
+class ThreeCenterIntegrals:
+    """DF integrals in one auxiliary basis, produced block by block of auxiliary functions.
+
+    nao, naux: sizes. metric(): (P|Q) [naux, naux]. block(p0, p1): (mn|P) as [p1-p0, nao, nao].
+    aux_blocks(limit): shell-aligned (p0, p1) ranges of at most `limit` functions where possible.
+    """
+
+    def __init__(self, mol, auxbasis=None):
+        from pyscf import df
+
+        self.mol = mol
+        requested = auxbasis
+        if auxbasis is None:
+            auxbasis = df.make_auxbasis(mol, mp2fit=True)
+        else:
+            _check_basis_name(auxbasis, sorted({mol.atom_pure_symbol(i) for i in range(mol.natm)}))
+        self.auxbasis = _describe_basis(auxbasis) if requested is None else requested
+        self.auxmol = df.addons.make_auxmol(mol, auxbasis)
+        self.nao = mol.nao_nr()
+        self.naux = self.auxmol.nao_nr()
+        self._aux_loc = self.auxmol.ao_loc_nr()
+        if self.naux == 0:
+            raise InputError(f"auxiliary basis {self.auxbasis!r} has no functions for this molecule")
+
+    def metric(self) -> np.ndarray:
+        """Coulomb metric (P|Q), [naux, naux], fp64."""
+        return np.asarray(self.auxmol.intor("int2c2e", hermi=1), dtype=np.float64)
+
+    def largest_shell(self) -> int:
+        return int(np.max(np.diff(self._aux_loc)))
+
+    def aux_blocks(self, limit: int) -> list:
+        """Split [0, naux) at shell boundaries into ranges of at most max(limit, largest shell)."""
+        loc = self._aux_loc
+        blocks, p0 = [], 0
+        for shell in range(len(loc) - 1):
+            if loc[shell + 1] - p0 > limit and loc[shell] > p0:
+                blocks.append((p0, int(loc[shell])))
+                p0 = int(loc[shell])
+        blocks.append((p0, int(loc[-1])))
+        return blocks
+
+    def block(self, p0: int, p1: int) -> np.ndarray:
+        """(mn|P) for P in [p0, p1): [p1-p0, nao, nao], fp64, computed with mn symmetry."""
+        from pyscf import df, lib
+
+        shell0 = int(np.searchsorted(self._aux_loc, p0))
+        shell1 = int(np.searchsorted(self._aux_loc, p1))
+        if self._aux_loc[shell0] != p0 or self._aux_loc[shell1] != p1:
+            raise ValueError(f"aux range [{p0}, {p1}) does not fall on shell boundaries")
+        nbas = self.mol.nbas
+        packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij",
+                                  shls_slice=(0, nbas, 0, nbas, shell0, shell1))
+        # packed is [npair, nP] in Fortran order, i.e. [nP, npair] in memory
+        return lib.unpack_tril(np.asarray(packed.T, order="C"))
+
+
+def basis_name(mol) -> str:
+    return _describe_basis(mol.basis)
+
+
+def formula(mol) -> str:
+    """Hill formula, e.g. 'C6H6', 'H2O'."""
+    counts = {}
+    for i in range(mol.natm):
+        symbol = mol.atom_pure_symbol(i)
+        counts[symbol] = counts.get(symbol, 0) + 1
+    hill = ["C", "H"] if "C" in counts else []
+    order = hill + sorted(k for k in counts if k not in hill)
+    return "".join(f"{k}{counts[k] if counts[k] > 1 else ''}" for k in order)

@@ -1,0 +1,202 @@
+"""Command line: `dfmp2 run`, `dfmp2 info`. Parses, calls, prints; the only module that prints.
+
+Exit status: 0 success, 2 bad input (one line on stderr), 1 runtime failure (one line).
+`--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+import click
+
+from . import __version__
+from .errors import DFMP2Error, InputError
+
+DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
+
+
+def _fail(message: str, code: int):
+    click.echo(f"dfmp2: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dfmp2")
+def cli():
+    """Density-fitted MP2 (RI-MP2) correlation energies on CPUs, NVIDIA GPUs and Trainium."""
+
+
+@cli.command()
+@click.argument("molecule", metavar="MOLECULE.xyz")
+@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis (any PySCF name).")
+@click.option("--auxbasis", default=None,
+              help="MP2 auxiliary basis [default: the MP2-fit/RI set for --basis].")
+@click.option("--charge", type=int, default=0, show_default=True, help="Molecular charge.")
+@click.option("--spin", type=int, default=0, show_default=True,
+              help="2S (number of unpaired electrons); RHF needs 0.")
+@click.option("--frozen-core", is_flag=True, help="Freeze the usual core orbitals of each element.")
+@click.option("--scf", type=click.Choice(["df", "exact"]), default="df", show_default=True,
+              help="RHF with density fitting (JK-fit basis) or exact four-center integrals.")
+@click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
+              help="Where the MP2 kernels run.")
+@click.option("--precision", default="fp64", show_default=True, metavar="fp64|fp32",
+              help="GEMM precision; energy sums are always fp64.")
+@click.option("--max-memory", type=float, default=None, metavar="MB",
+              help="Memory budget in MB [default: 80% of available RAM].")
+@click.option("--scratch", default=None, metavar="DIR",
+              help="Directory for the scratch file used when (ia|P) exceeds the budget.")
+@click.option("--scf-max-cycle", type=int, default=100, show_default=True,
+              help="SCF iterations before giving up (exit 1).")
+@click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
+@click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, precision, max_memory,
+        scratch, scf_max_cycle, json_path, quiet, debug):
+    """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
+    from .driver import run_xyz
+
+    try:
+        if json_path is not None:
+            _check_output_path(json_path)
+        if scratch is not None and not os.path.isdir(scratch):
+            raise InputError(f"--scratch {scratch}: no such directory")
+        if scf_max_cycle < 1:
+            raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
+        progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
+        result = run_xyz(molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
+                         frozen_core=frozen_core, scf=scf, device=device, precision=precision,
+                         max_memory=max_memory, scratch=scratch, scf_max_cycle=scf_max_cycle,
+                         progress=progress)
+        if progress:
+            progress.clear()
+        record = result.as_dict()
+        record["molecule"] = molecule
+        record["charge"] = charge
+        record["spin"] = spin
+        if json_path is not None:
+            _write_json_atomically(json_path, record)
+    except DFMP2Error as error:
+        if debug:
+            raise
+        _fail(str(error), error.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
+        raise
+    except Exception as error:  # an unexpected failure: one line (exit 1), traceback only with --debug
+        if debug:
+            raise
+        _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
+    if not quiet:
+        _print_summary(record)
+
+
+@cli.command()
+def info():
+    """Versions, and which devices can run on this machine."""
+    import platform
+
+    from .kernels import device_report
+
+    versions = {"dfmp2": __version__, "python": platform.python_version()}
+    for module in ("torch", "pyscf", "numpy", "h5py", "click"):
+        versions[module] = _module_version(module)
+    for module in ("torch_neuronx", "neuronxcc", "nki"):
+        versions[module] = _module_version(module) or "not installed"
+    for name, version in versions.items():
+        click.echo(f"{name:14s} {version}")
+    click.echo("devices:")
+    for device, (usable, detail) in device_report().items():
+        click.echo(f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}")
+
+
+def _module_version(name):
+    import importlib
+
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return None
+    return getattr(module, "__version__", "installed")
+
+
+def _check_output_path(path):
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"--json {path}: directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise InputError(f"--json {path}: is a directory")
+
+
+def _write_json_atomically(path, record):
+    """Write to a temporary file beside `path`, then rename: never a partial file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, tmp = tempfile.mkstemp(prefix=".dfmp2-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(record, out, indent=2)
+            out.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class _Progress:
+    """One status line on stderr, rewritten in place (terminals only)."""
+
+    def __call__(self, step, done, total):
+        click.echo(f"\r  {step}: {done}/{total}\x1b[K", err=True, nl=False)
+
+    def clear(self):
+        click.echo("\r\x1b[K", err=True, nl=False)
+
+
+def _print_summary(r):
+    kernels = ", ".join(f"{name} x{count}" for name, count in sorted(r["kernels"].items()))
+    frozen = f" ({r['nfrozen']} frozen)" if r["nfrozen"] else ""
+    scf = r["scf"] + (f" (JK-fit: {r['scf_auxbasis']})" if r["scf_auxbasis"] else "")
+    mem = r["memory"]
+    lines = [
+        f"dfmp2 {r['version']}: DF-MP2 (RI-MP2) correlation energy",
+        f"  molecule    {r['formula']} from {r['molecule']}, charge {r['charge']}, 2S {r['spin']}",
+        f"  basis       {r['basis']}, MP2 auxiliary basis {r['auxbasis']}, SCF {scf}",
+        f"  sizes       nbasis {r['nbasis']}, nocc {r['nocc']}{frozen}, nvir {r['nvir']}, naux {r['naux']}",
+        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}",
+        f"  kernels     {kernels}",
+        f"  metric      {r['metric_factorization']}",
+        f"  memory      budget {mem['budget_mb']:.0f} MB, (ia|P) in {mem['storage']}, "
+        f"aux block {mem['aux_block']}, occ block {mem['occ_block']}",
+        "",
+        f"  E(HF)             {r['e_hf']:20.12f} Eh",
+        f"  E(corr, os)       {r['e_corr_os']:20.12f} Eh",
+        f"  E(corr, ss)       {r['e_corr_ss']:20.12f} Eh",
+        f"  E(corr)           {r['e_corr']:20.12f} Eh",
+        f"  E(corr, SCS)      {r['e_scs']:20.12f} Eh",
+        f"  E(total)          {r['e_tot']:20.12f} Eh",
+        "",
+        "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
+    ]
+    click.echo("\n".join(lines))
+
+
+def main(argv=None):
+    """Entry point: click's own usage errors also become one line with exit status 2."""
+    try:
+        cli.main(args=argv, prog_name="dfmp2", standalone_mode=False)
+    except click.exceptions.Exit as stop:
+        sys.exit(stop.exit_code)
+    except click.exceptions.Abort:
+        _fail("aborted", 1)
+    except click.ClickException as error:
+        _fail(error.format_message(), 2 if isinstance(error, click.UsageError) else error.exit_code)
+    except DFMP2Error:
+        raise  # handled (or re-raised under --debug) inside the commands
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""From a molecule or a PySCF mean field to a DF-MP2 result: front end -> pipeline.
+
+Inputs are validated (device, file, basis, auxiliary basis) before any expensive step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import __version__, chem
+from .kernels import get_backend
+from .pipeline import CorrelationEnergy, dfmp2_energy
+
+
+@dataclass
+class DFMP2Result:
+    """Energies in Hartree, timings in seconds, and a record of what ran where."""
+
+    e_hf: float
+    correlation: CorrelationEnergy
+    basis: str
+    auxbasis: str
+    scf: str
+    scf_auxbasis: str | None
+    device: str
+    device_description: str
+    precision: str
+    backend: str
+    formula: str = ""
+    timings: dict = field(default_factory=dict)
+
+    e_corr = property(lambda self: self.correlation.e_corr)
+    e_corr_os = property(lambda self: self.correlation.e_corr_os)
+    e_corr_ss = property(lambda self: self.correlation.e_corr_ss)
+    e_scs = property(lambda self: self.correlation.e_scs)
+    e_tot = property(lambda self: self.e_hf + self.correlation.e_corr)
+
+    def as_dict(self) -> dict:
+        corr = self.correlation
+        return {
+            "formula": self.formula,
+            "e_hf": self.e_hf, "e_corr": self.e_corr, "e_corr_os": self.e_corr_os,
+            "e_corr_ss": self.e_corr_ss, "e_scs": self.e_scs, "e_tot": self.e_tot,
+            "nbasis": corr.nao, "nocc": corr.nocc, "nvir": corr.nvir, "naux": corr.naux,
+            "nfrozen": corr.nfrozen, "basis": self.basis, "auxbasis": self.auxbasis,
+            "scf": self.scf, "scf_auxbasis": self.scf_auxbasis,
+            "device": self.device, "device_description": self.device_description,
+            "precision": self.precision, "backend": self.backend, "kernels": dict(corr.kernels),
+            "metric_factorization": corr.metric,
+            "memory": {"budget_mb": corr.plan.budget / 1e6, "storage": corr.plan.storage,
+                       "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block},
+            "timings": dict(self.timings), "version": __version__,
+        }
+
+
+def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision="fp64",
+                   max_memory=None, scratch=None, progress=None, basis=None) -> DFMP2Result:
+    """DF-MP2 on a converged PySCF RHF object `mf` (density-fitted or not)."""
+    backend = get_backend(device, precision)
+    reference = chem.mean_field_orbitals(mf)
+    integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
+    return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
+                      basis, {})
+
+
+def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
+            scf="df", device="cpu", precision="fp64", max_memory=None, scratch=None,
+            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None) -> DFMP2Result:
+    """Read an XYZ file, run RHF (`scf`='df' or 'exact'), then DF-MP2."""
+    backend = get_backend(device, precision)
+    atoms = chem.read_xyz(path)
+    mol = chem.build_molecule(atoms, basis, charge, spin)
+    integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
+    if progress:
+        progress("SCF", 0, 1)
+    start = time.perf_counter()
+    mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle)
+    timings = {"scf": time.perf_counter() - start}
+    frozen = chem.frozen_core_count(mol) if frozen_core else None
+    return _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, frozen, max_memory,
+                      scratch, progress, basis, timings)
+
+
+def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress, basis,
+               timings) -> DFMP2Result:
+    start = time.perf_counter()
+    corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
+                        reference.mo_occ, frozen=frozen, max_memory=max_memory, scratch=scratch,
+                        progress=progress)
+    timings.update(corr.timings)
+    timings["mp2"] = time.perf_counter() - start
+    return DFMP2Result(
+        e_hf=reference.e_hf, correlation=corr, basis=basis or chem.basis_name(mf.mol),
+        auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
+        device=backend.device_name, device_description=backend.describe(),
+        precision=backend.precision, backend=backend.name, formula=chem.formula(mf.mol),
+        timings=timings)

@@ -1,0 +1,131 @@
+"""Torch backend: the pipeline's kernels in plain torch, on the CPU or an NVIDIA GPU.
+
+Precision: GEMM-type kernels run in `compute_dtype` (fp64 or fp32); the metric
+factorisation always runs in fp64; every energy sum is accumulated in fp64.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+
+import numpy as np
+import torch
+
+from ..errors import ComputationError
+
+_DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def cuda_description() -> str:
+    props = torch.cuda.get_device_properties(0)
+    return f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
+
+
+def cpu_description() -> str:
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads"
+
+
+class TorchBackend:
+    """Kernels on torch tensors. `device`: 'cpu' or 'cuda'; `precision`: 'fp64' or 'fp32'."""
+
+    name = "torch"
+
+    def __init__(self, device: str, precision: str):
+        self.device_name = device
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
+            else torch.device("cpu")
+        self.precision = precision
+        self.compute_dtype = _DTYPES[precision]
+        self.itemsize = torch.finfo(self.compute_dtype).bits // 8
+        self.calls = Counter()
+
+    # ---- data movement -------------------------------------------------------------
+    def to_device(self, array, fp64=False) -> torch.Tensor:
+        """Host array -> tensor on this backend's device, in the compute dtype (or fp64)."""
+        dtype = torch.float64 if fp64 else self.compute_dtype
+        return torch.as_tensor(array).to(device=self.device, dtype=dtype)
+
+    def zeros(self, shape) -> torch.Tensor:
+        return torch.zeros(shape, device=self.device, dtype=self.compute_dtype)
+
+    @staticmethod
+    def to_host(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().cpu().numpy()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def memory_limit_bytes(self):
+        """Free device memory for a GPU, None for the host (the caller's budget applies)."""
+        if self.device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(self.device)
+            return int(free)
+        return None
+
+    def describe(self) -> str:
+        return cuda_description() if self.device.type == "cuda" else cpu_description()
+
+    # ---- kernels ---------------------------------------------------------------------
+    def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """C = A @ B for [m, k] x [k, n] (or batched [..., m, k] x [..., k, n])."""
+        self.calls["gemm"] += 1
+        return torch.matmul(a, b)
+
+    def cholesky(self, metric: torch.Tensor):
+        """Lower L with metric = L L^T, in fp64. Returns (L, ok); ok is False if not positive definite."""
+        self.calls["cholesky"] += 1
+        lower, info = torch.linalg.cholesky_ex(metric.to(torch.float64))
+        return lower, int(info.item()) == 0
+
+    def symmetric_eigh(self, metric: torch.Tensor):
+        """Eigenvalues (ascending) and eigenvectors of a symmetric matrix, in fp64."""
+        self.calls["eigh"] += 1
+        return torch.linalg.eigh(metric.to(torch.float64))
+
+    def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """B = X L^-T for X [n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
+        self.calls["trsm"] += 1
+        return torch.linalg.solve_triangular(lower.transpose(0, 1), x, upper=True, left=False)
+
+    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
+        """Opposite- and same-spin MP2 energy of one block of occupied pairs, in fp64.
+
+        b_i [ni, nvir, naux], b_j [nj, nvir, naux]: whitened B; e_i [ni], e_j [nj], e_vir [nvir]
+        (Eh, compute dtype). Returns (e_os, e_ss) summed over all i in block I, j in block J:
+          (ia|jb) = sum_P B_ia^P B_jb^P
+          e_os = sum (ia|jb)^2 / D,  e_ss = sum (ia|jb) [(ia|jb) - (ib|ja)] / D,
+          D = e_i + e_j - e_a - e_b.
+        """
+        self.calls["pair_energy"] += 1
+        ni, nvir, naux = b_i.shape
+        nj = b_j.shape[0]
+        # (ia|jb) = B_i B_j^T  as one GEMM  [ni*nvir, naux] x [naux, nj*nvir]
+        iajb = torch.matmul(b_i.reshape(ni * nvir, naux),
+                            b_j.reshape(nj * nvir, naux).transpose(0, 1)).view(ni, nvir, nj, nvir)
+        # 1/D_ijab with D = (e_i - e_a) + (e_j - e_b)
+        e_ia = e_i[:, None] - e_vir[None, :]
+        e_jb = e_j[:, None] - e_vir[None, :]
+        t = iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])  # amplitude-like (ia|jb)/D
+        e_os = torch.sum(t * iajb, dtype=torch.float64)
+        e_exchange = torch.sum(t * iajb.permute(0, 3, 2, 1), dtype=torch.float64)
+        return float(e_os), float(e_os - e_exchange)
+
+    def check_finite(self, tensor: torch.Tensor, what: str) -> None:
+        if not bool(torch.isfinite(tensor).all()):
+            raise ComputationError(f"non-finite values in {what}")
+

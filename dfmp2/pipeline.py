@@ -1,0 +1,289 @@
+"""The DF-MP2 correlation energy, step by step, as plain functions of arrays.
+
+    1. metric Cholesky   J_PQ = (P|Q) = L L^T
+    2. AO->MO transform  (ia|P) = sum_mn C_mi C_na (mn|P)
+    3. whitening         B_ia^Q = sum_P (ia|P) [L^-T]_PQ
+    4. pair energies     (ia|jb) = sum_Q B_ia^Q B_jb^Q
+                         E_os = sum_ijab (ia|jb)^2 / D_ijab
+                         E_ss = sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D_ijab
+                         D_ijab = e_i + e_j - e_a - e_b
+Every array operation goes through a backend from `dfmp2.kernels`; there is no device
+branching here. Memory: all steps work in blocks sized from a budget; nothing is
+O(nocc^2 nvir^2).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ComputationError, InputError
+from .linalg import factor_metric, whiten
+from .storage import DiskStore, MemoryStore
+
+MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
+OCC_BLOCK_ROWS = 1024  # aim for pair-energy GEMMs with about this many (i, a) rows
+
+
+# ----------------------------------------------------------------------------- orbitals
+
+def active_orbitals(mo_occ, frozen=None):
+    """Indices of active occupied and virtual orbitals.
+
+    frozen: None/0, an int n (the n lowest orbitals), or a list of orbital indices.
+    Returns (occ_index, vir_index, nfrozen).
+    """
+    mo_occ = np.asarray(mo_occ)
+    nmo = mo_occ.size
+    occupied = np.flatnonzero(mo_occ > 0)
+    nocc = occupied.size
+    if frozen is None:
+        frozen_set = set()
+    elif isinstance(frozen, (int, np.integer)) and not isinstance(frozen, bool):
+        if frozen < 0 or frozen > nocc:
+            raise InputError(f"frozen={frozen}: must be between 0 and the {nocc} occupied orbitals")
+        frozen_set = set(range(int(frozen)))
+    else:
+        try:
+            frozen_set = {int(p) for p in frozen}
+        except (TypeError, ValueError):
+            raise InputError(f"frozen={frozen!r}: expected an int or a list of orbital indices") from None
+        bad = sorted(p for p in frozen_set if p < 0 or p >= nmo)
+        if bad:
+            raise InputError(f"frozen orbital index {bad[0]} is outside 0..{nmo - 1}")
+    occ_index = np.array([p for p in occupied if p not in frozen_set], dtype=int)
+    vir_index = np.array([p for p in np.flatnonzero(mo_occ == 0) if p not in frozen_set], dtype=int)
+    if occ_index.size == 0:
+        raise InputError("no active occupied orbitals left after freezing")
+    if vir_index.size == 0:
+        raise InputError("no active virtual orbitals: the basis has no virtual space")
+    return occ_index, vir_index, len(frozen_set)
+
+
+# ----------------------------------------------------------------------------- memory plan
+
+@dataclass
+class MemoryPlan:
+    """Block sizes and storage chosen from a memory budget (bytes)."""
+
+    budget: int
+    aux_block: int  # auxiliary functions per AO->MO transform block
+    occ_block: int  # occupied orbitals per whitening / pair-energy block
+    storage: str  # 'memory' or 'disk' for the [nocc, nvir, naux] tensor
+    minimum: int  # smallest budget that could run at all (bytes)
+
+
+def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize) -> MemoryPlan:
+    """Choose block sizes so that the working set of each step fits `budget` bytes."""
+    fixed = 3 * naux * naux * 8 + 2 * nao * nao * 8  # (P|Q), its factor, C
+
+    def transform_bytes(nP):  # packed + unpacked fp64 integrals, device copy, half- and fully transformed
+        return nP * (nao * (nao + 1) // 2 * 8 + nao * nao * (8 + itemsize)
+                     + 2 * nao * nocc * itemsize + 2 * nocc * nvir * itemsize)
+
+    def pair_bytes(nb):  # two B blocks (+ host copies) and ~5 [nb, nvir, nb, nvir] temporaries
+        return 4 * nb * nvir * naux * itemsize + 5 * nb * nb * nvir * nvir * itemsize
+
+    def whiten_bytes(nb):
+        return 4 * nb * nvir * naux * itemsize
+
+    store = nocc * nvir * naux * itemsize
+    least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
+    if least > budget:
+        raise InputError(
+            f"needs at least {least / MB:.0f} MB even in the smallest blocks "
+            f"(nao={nao}, nocc={nocc}, nvir={nvir}, naux={naux}); the memory budget is "
+            f"{budget / MB:.0f} MB (--max-memory)")
+    storage = "memory" if least + store <= budget else "disk"
+    room = budget - fixed - (store if storage == "memory" else 0)
+
+    aux_block = naux
+    while aux_block > largest_shell and transform_bytes(aux_block) > room:
+        aux_block = max(largest_shell, aux_block // 2)
+
+    occ_block = min(nocc, max(1, -(-OCC_BLOCK_ROWS // max(nvir, 1))))
+    while occ_block > 1 and max(pair_bytes(occ_block), whiten_bytes(occ_block)) > room:
+        occ_block -= 1
+    return MemoryPlan(budget, aux_block, occ_block, storage, least)
+
+
+def block_ranges(n, size):
+    """[(start, stop)] covering range(n) in pieces of `size`."""
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+# ----------------------------------------------------------------------------- steps
+
+def metric_cholesky(backend, metric):
+    """Step 1: J = L L^T for the metric (P|Q) [naux, naux] (eigen fallback if singular)."""
+    return factor_metric(backend, backend.to_device(metric, fp64=True))
+
+
+def transform_to_mo(backend, ao_block, c_occ, c_vir):
+    """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block.
+
+    ao_block [nP, nao, nao] (symmetric in m, n); c_occ [nao, nocc]; c_vir [nao, nvir]
+    (device tensors). Returns [nocc, nvir, nP].
+    """
+    nP, nao, _ = ao_block.shape
+    nocc, nvir = c_occ.shape[1], c_vir.shape[1]
+    # (m i|P) = sum_n (mn|P) C_ni          [nP*nao, nao] x [nao, nocc]
+    half = backend.gemm(ao_block.reshape(nP * nao, nao), c_occ).view(nP, nao, nocc)
+    # (a i|P) = sum_m C_ma (m i|P)         [nvir, nao] x [nao, nP*nocc]
+    half = half.permute(1, 0, 2).reshape(nao, nP * nocc)
+    full = backend.gemm(c_vir.transpose(0, 1), half).view(nvir, nP, nocc)
+    return full.permute(2, 0, 1)  # [nocc, nvir, nP]
+
+
+def whiten_three_center(backend, factor, iaP):
+    """Step 3: B_ia^Q = sum_P (ia|P) [L^-T]_PQ for a block iaP [ni, nvir, naux] -> [ni, nvir, nkept]."""
+    ni, nvir, naux = iaP.shape
+    return whiten(backend, factor, iaP.reshape(ni * nvir, naux)).view(ni, nvir, factor.nkept)
+
+
+def pair_energies(backend, store, e_occ, e_vir, occ_block, naux, progress=None):
+    """Step 4: (E_os, E_ss) over all active i, j, using e_ij = e_ji (blocks I >= J only).
+
+    store holds B [nocc, nvir, naux]; e_occ [nocc], e_vir [nvir] (Eh) on the device.
+    Off-diagonal block pairs count twice; sums are fp64.
+    """
+    blocks = block_ranges(e_occ.shape[0], occ_block)
+    npairs = len(blocks) * (len(blocks) + 1) // 2
+    e_os = e_ss = 0.0
+    done = 0
+    for bi, (i0, i1) in enumerate(blocks):
+        b_i = store.read_occ(i0, i1, naux)
+        for j0, j1 in blocks[: bi + 1]:
+            b_j = b_i if j0 == i0 else store.read_occ(j0, j1, naux)
+            os_block, ss_block = backend.pair_energy(b_i, b_j, e_occ[i0:i1], e_occ[j0:j1], e_vir)
+            weight = 1.0 if j0 == i0 else 2.0
+            e_os += weight * os_block
+            e_ss += weight * ss_block
+            done += 1
+            if progress:
+                progress("pair energies", done, npairs)
+    return e_os, e_ss
+
+
+# ----------------------------------------------------------------------------- driver
+
+@dataclass
+class CorrelationEnergy:
+    """DF-MP2 correlation energy (Eh) with its sizes, timings (s) and what ran."""
+
+    e_corr_os: float
+    e_corr_ss: float
+    nocc: int
+    nvir: int
+    naux: int
+    nao: int
+    nfrozen: int
+    metric: str
+    plan: MemoryPlan
+    timings: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
+
+    @property
+    def e_corr(self) -> float:
+        return self.e_corr_os + self.e_corr_ss
+
+    @property
+    def e_scs(self) -> float:
+        """Grimme's spin-component-scaled correlation energy: 6/5 E_os + 1/3 E_ss."""
+        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0
+
+
+def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
+                 max_memory=None, scratch=None, progress=None) -> CorrelationEnergy:
+    """DF-MP2 correlation energy of a closed-shell reference.
+
+    integrals: provider with nao, naux, metric(), aux_blocks(limit), block(p0, p1), largest_shell().
+    mo_coeff [nao, nmo], mo_energy [nmo] (Eh), mo_occ [nmo]; frozen as in `active_orbitals`.
+    max_memory: budget in MB (default: 80% of available RAM, or of free GPU memory).
+    """
+    occ_index, vir_index, nfrozen = active_orbitals(mo_occ, frozen)
+    nocc, nvir = occ_index.size, vir_index.size
+    nao, naux = integrals.nao, integrals.naux
+    budget = _budget_bytes(backend, max_memory)
+    plan = plan_memory(budget, nao, nocc, nvir, naux, integrals.largest_shell(), backend.itemsize)
+    timings = {}
+
+    def lap(name, start):
+        backend.synchronize()
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+        return time.perf_counter()
+
+    clock = time.perf_counter()
+    metric = integrals.metric()
+    clock = lap("integrals", clock)
+    factor = metric_cholesky(backend, metric)  # 1. J = L L^T
+    clock = lap("metric", clock)
+
+    c_occ = backend.to_device(np.asarray(mo_coeff)[:, occ_index])
+    c_vir = backend.to_device(np.asarray(mo_coeff)[:, vir_index])
+    e_occ = backend.to_device(np.asarray(mo_energy)[occ_index])
+    e_vir = backend.to_device(np.asarray(mo_energy)[vir_index])
+
+    shape = (nocc, nvir, naux)
+    store = MemoryStore(backend, shape) if plan.storage == "memory" else \
+        DiskStore(backend, shape, scratch)
+    try:
+        aux_blocks = integrals.aux_blocks(plan.aux_block)
+        for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P)
+            ao_block = integrals.block(p0, p1)
+            clock = lap("integrals", clock)
+            store.write_aux(p0, p1, transform_to_mo(backend, backend.to_device(ao_block), c_occ, c_vir))
+            del ao_block
+            clock = lap("transform", clock)
+            if progress:
+                progress("AO->MO transform", n + 1, len(aux_blocks))
+
+        occ_blocks = block_ranges(nocc, plan.occ_block)
+        for n, (i0, i1) in enumerate(occ_blocks):  # 3. B = (ia|P) L^-T
+            store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
+            if progress:
+                progress("whitening", n + 1, len(occ_blocks))
+        clock = lap("whiten", clock)
+
+        e_os, e_ss = pair_energies(backend, store, e_occ, e_vir, plan.occ_block,  # 4. energies
+                                   factor.nkept, progress)
+        lap("pair_energies", clock)
+    finally:
+        store.close()
+
+    for name, value in (("opposite-spin", e_os), ("same-spin", e_ss)):
+        if not np.isfinite(value):
+            raise ComputationError(f"the {name} MP2 energy is not finite ({value})")
+    return CorrelationEnergy(
+        e_corr_os=e_os, e_corr_ss=e_ss, nocc=nocc, nvir=nvir, naux=naux, nao=nao,
+        nfrozen=nfrozen, metric=factor.describe(), plan=plan, timings=timings,
+        kernels=dict(backend.calls))
+
+
+def _budget_bytes(backend, max_memory):
+    """Memory budget in bytes: --max-memory MB, capped by free GPU memory on a GPU."""
+    if max_memory is not None:
+        if max_memory <= 0:
+            raise InputError(f"--max-memory must be positive, got {max_memory}")
+        budget = int(max_memory * MB)
+    else:
+        budget = int(0.8 * available_ram_bytes())
+    device_free = backend.memory_limit_bytes()
+    if device_free is not None:
+        budget = min(budget, int(0.9 * device_free))
+    return budget
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the physical memory size."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

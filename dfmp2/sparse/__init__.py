@@ -1,0 +1,4 @@
+"""Block-sparse three-center tensors for screened integrals.
+
+Nothing here yet: the molecular pipeline uses dense (mn|P) blocks.
+"""
