@@ -249,12 +249,11 @@ class ThreeCenterIntegrals:
         from pyscf import df
 
         self.mol = mol
-        requested = auxbasis
         if auxbasis is None:
             auxbasis = df.make_auxbasis(mol, mp2fit=True)
-        else:
+        elif isinstance(auxbasis, str):
             _check_basis_name(auxbasis, sorted({mol.atom_pure_symbol(i) for i in range(mol.natm)}))
-        self.auxbasis = _describe_basis(auxbasis) if requested is None else requested
+        self.auxbasis = _describe_basis(auxbasis)
         self.auxmol = df.addons.make_auxmol(mol, auxbasis)
         self.nao = mol.nao_nr()
         self.naux = self.auxmol.nao_nr()

@@ -35,6 +35,7 @@ class DFMP2Result:
     e_corr_ss = property(lambda self: self.correlation.e_corr_ss)
     e_scs = property(lambda self: self.correlation.e_scs)
     e_tot = property(lambda self: self.e_hf + self.correlation.e_corr)
+    kernels = property(lambda self: self.correlation.kernels)  # kernel name -> call count
 
     def as_dict(self) -> dict:
         corr = self.correlation
@@ -46,7 +47,7 @@ class DFMP2Result:
             "nfrozen": corr.nfrozen, "basis": self.basis, "auxbasis": self.auxbasis,
             "scf": self.scf, "scf_auxbasis": self.scf_auxbasis,
             "device": self.device, "device_description": self.device_description,
-            "precision": self.precision, "backend": self.backend, "kernels": dict(corr.kernels),
+            "precision": self.precision, "backend": self.backend, "kernels": dict(self.kernels),
             "metric_factorization": corr.metric,
             "memory": {"budget_mb": corr.plan.budget / 1e6, "storage": corr.plan.storage,
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block},

@@ -3,7 +3,7 @@
     J = L L^T                 (Cholesky, fp64)
     B = X L^-T                (whitening, right-side triangular solve)
 
-If J is numerically singular (Cholesky breaks down), J is eigen-decomposed instead,
+If J is numerically singular (Cholesky breaks down or leaves a pivot at rounding level), J is eigen-decomposed instead,
 J = U s U^T, eigenvalues below `drop_threshold` are dropped, and X U_k s_k^-1/2 is the
 whitened tensor (so that B B^T = X J^+ X^T). The fallback is part of the result, never silent.
 """
@@ -18,6 +18,7 @@ from ..errors import ComputationError
 log = logging.getLogger("dfmp2")
 
 LINEAR_DEPENDENCY_THRESHOLD = 1e-9  # Eh; eigenvalues of (P|Q) below this are dropped
+CHOLESKY_PIVOT_RATIO = 1e-14  # smallest accepted pivot^2 / largest diagonal element of (P|Q)
 
 
 @dataclass
@@ -45,7 +46,8 @@ def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THR
     """Factor (P|Q) [naux, naux] (fp64 tensor on the backend's device)."""
     naux = metric.shape[0]
     lower, ok = backend.cholesky(metric)
-    if ok and bool(lower.diagonal().gt(0).all()):
+    # accept L only if every pivot is well above rounding noise of the largest diagonal element
+    if ok and float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
         return MetricFactor("cholesky", lower, naux, naux)
     eigenvalues, vectors = backend.symmetric_eigh(metric)
     keep = eigenvalues > drop_threshold
