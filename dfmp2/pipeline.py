@@ -76,13 +76,17 @@ class MemoryPlan:
     minimum: int  # smallest budget that could run at all (bytes)
 
 
-def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize) -> MemoryPlan:
-    """Choose block sizes so that the working set of each step fits `budget` bytes."""
+def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
+                preferred_aux_block_bytes=None) -> MemoryPlan:
+    """Choose block sizes so that the working set of each step fits `budget` bytes.
+
+    itemsize: bytes per element of the stored (ia|P) / B; preferred_aux_block_bytes: the
+    backend's preferred size of one block of unpacked (mn|P) (e.g. cache-sized on a CPU).
+    """
     fixed = 3 * naux * naux * 8 + 2 * nao * nao * 8  # (P|Q), its factor, C
 
-    def transform_bytes(nP):  # packed + unpacked fp64 integrals, device copy, half- and fully transformed
-        return nP * (nao * (nao + 1) // 2 * 8 + nao * nao * (8 + itemsize)
-                     + 2 * nao * nocc * itemsize + 2 * nocc * nvir * itemsize)
+    def transform_bytes(nP):  # fp64: packed + unpacked integrals, device copy, half/full transform
+        return nP * 8 * (nao * (nao + 1) // 2 + 2 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir)
 
     def pair_bytes(nb):  # two B blocks (+ host copies) and ~5 [nb, nvir, nb, nvir] temporaries
         return 4 * nb * nvir * naux * itemsize + 5 * nb * nb * nvir * nvir * itemsize
@@ -101,6 +105,8 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize) -> Memor
     room = budget - fixed - (store if storage == "memory" else 0)
 
     aux_block = naux
+    if preferred_aux_block_bytes:
+        aux_block = min(naux, max(largest_shell, preferred_aux_block_bytes // (8 * nao * nao)))
     while aux_block > largest_shell and transform_bytes(aux_block) > room:
         aux_block = max(largest_shell, aux_block // 2)
 
@@ -208,7 +214,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
     nocc, nvir = occ_index.size, vir_index.size
     nao, naux = integrals.nao, integrals.naux
     budget = _budget_bytes(backend, max_memory)
-    plan = plan_memory(budget, nao, nocc, nvir, naux, integrals.largest_shell(), backend.itemsize)
+    plan = plan_memory(budget, nao, nocc, nvir, naux, integrals.largest_shell(), backend.itemsize,
+                       backend.preferred_aux_block_bytes)
     timings = {}
 
     def lap(name, start):
@@ -222,10 +229,12 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
     factor = metric_cholesky(backend, metric)  # 1. J = L L^T
     clock = lap("metric", clock)
 
-    c_occ = backend.to_device(np.asarray(mo_coeff)[:, occ_index])
-    c_vir = backend.to_device(np.asarray(mo_coeff)[:, vir_index])
-    e_occ = backend.to_device(np.asarray(mo_energy)[occ_index])
-    e_vir = backend.to_device(np.asarray(mo_energy)[vir_index])
+    # the transform and the orbital energies stay fp64 in every precision: rounding (mn|P) to
+    # fp32 before the transform costs ~2e-6 Eh on benzene/cc-pVTZ (see README, precision)
+    c_occ = backend.to_device(np.asarray(mo_coeff)[:, occ_index], fp64=True)
+    c_vir = backend.to_device(np.asarray(mo_coeff)[:, vir_index], fp64=True)
+    e_occ = backend.to_device(np.asarray(mo_energy)[occ_index], fp64=True)
+    e_vir = backend.to_device(np.asarray(mo_energy)[vir_index], fp64=True)
 
     shape = (nocc, nvir, naux)
     store = MemoryStore(backend, shape) if plan.storage == "memory" else \
@@ -235,7 +244,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P)
             ao_block = integrals.block(p0, p1)
             clock = lap("integrals", clock)
-            store.write_aux(p0, p1, transform_to_mo(backend, backend.to_device(ao_block), c_occ, c_vir))
+            ao_block = backend.to_device(ao_block, fp64=True)
+            store.write_aux(p0, p1, transform_to_mo(backend, ao_block, c_occ, c_vir))
             del ao_block
             clock = lap("transform", clock)
             if progress:

@@ -1,7 +1,8 @@
 """Torch backend: the pipeline's kernels in plain torch, on the CPU or an NVIDIA GPU.
 
 Precision: GEMM-type kernels run in `compute_dtype` (fp64 or fp32); the metric
-factorisation always runs in fp64; every energy sum is accumulated in fp64.
+factorisation always runs in fp64; (ia|jb) leaves its GEMM as fp64, so the energy
+expression and every energy sum are fp64.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class TorchBackend:
         self.precision = precision
         self.compute_dtype = _DTYPES[precision]
         self.itemsize = torch.finfo(self.compute_dtype).bits // 8
+        # (mn|P) block size: cache-sized on a CPU (the first half-transform is bandwidth-bound),
+        # large on a GPU (fewer, bigger GEMMs); the memory budget caps both
+        self.preferred_aux_block_bytes = 512 * 2**20 if device == "cuda" else 16 * 2**20
         self.calls = Counter()
 
     # ---- data movement -------------------------------------------------------------
@@ -114,15 +118,18 @@ class TorchBackend:
         self.calls["pair_energy"] += 1
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
-        # (ia|jb) = B_i B_j^T  as one GEMM  [ni*nvir, naux] x [naux, nj*nvir]
+        # (ia|jb) = B_i B_j^T  as one GEMM  [ni*nvir, naux] x [naux, nj*nvir], then fp64
         iajb = torch.matmul(b_i.reshape(ni * nvir, naux),
-                            b_j.reshape(nj * nvir, naux).transpose(0, 1)).view(ni, nvir, nj, nvir)
-        # 1/D_ijab with D = (e_i - e_a) + (e_j - e_b)
-        e_ia = e_i[:, None] - e_vir[None, :]
-        e_jb = e_j[:, None] - e_vir[None, :]
-        t = iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])  # amplitude-like (ia|jb)/D
-        e_os = torch.sum(t * iajb, dtype=torch.float64)
-        e_exchange = torch.sum(t * iajb.permute(0, 3, 2, 1), dtype=torch.float64)
+                            b_j.reshape(nj * nvir, naux).transpose(0, 1))
+        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
+        e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
+        e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
+        # t_iajb = (ia|jb) / D_ijab, built in one buffer
+        t = torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
+        torch.div(iajb, t, out=t)
+        ibja = iajb.permute(0, 3, 2, 1).contiguous()  # (ib|ja) in [i, a, j, b] order
+        e_os = torch.dot(t.view(-1), iajb.view(-1))
+        e_exchange = torch.dot(t.view(-1), ibja.view(-1))
         return float(e_os), float(e_os - e_exchange)
 
     def check_finite(self, tensor: torch.Tensor, what: str) -> None:

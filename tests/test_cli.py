@@ -1,0 +1,333 @@
+"""The real command line, run as a subprocess: `python -m dfmp2.cli ...`.
+
+Exit status: 0 success, 2 bad input, 1 runtime failure; errors are exactly one line on
+stderr starting with "dfmp2: error:", never a traceback (unless --debug), and a failed run
+leaves no JSON file (nor a temporary file) behind.
+
+Each subprocess pays ~1.5 s of torch/PySCF import, so the runs are started together in a
+small thread pool from module-scoped fixtures and shared between tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+import dfmp2
+
+ROOT = Path(__file__).resolve().parents[1]
+WATER = ROOT / "examples" / "water.xyz"
+BENZENE = ROOT / "examples" / "benzene.xyz"
+CUDA = torch.cuda.is_available()
+TIMEOUT_S = 600
+WORKERS = max(2, min(4, os.cpu_count() or 2))
+
+JSON_KEYS = {"e_hf", "e_corr", "e_corr_os", "e_corr_ss", "e_scs", "e_tot", "nbasis", "nocc",
+             "nvir", "naux", "nfrozen", "basis", "auxbasis", "scf", "device", "precision",
+             "timings", "version", "kernels", "backend"}
+
+WATER_LINES = ["O   0.000000   0.000000   0.117300",
+               "H   0.000000   0.757200  -0.469200",
+               "H   0.000000  -0.757200  -0.469200"]
+
+
+def xyz(count, *atom_lines, comment="water"):
+    return "\n".join([str(count), comment, *atom_lines]) + "\n"
+
+
+def dfmp2_cli(*args, cwd):
+    """Run `python -m dfmp2.cli ARGS` in `cwd`; returns the CompletedProcess (text mode)."""
+    return subprocess.run([sys.executable, "-m", "dfmp2.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def run_all(jobs):
+    """jobs: {name: (args, cwd)} -> {name: CompletedProcess}, a few at a time."""
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        futures = {name: pool.submit(dfmp2_cli, *args, cwd=cwd) for name, (args, cwd) in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def describe(proc):
+    return f"exit {proc.returncode}\n--- stdout:\n{proc.stdout}\n--- stderr:\n{proc.stderr}"
+
+
+# ----------------------------------------------------------------------------- successful runs
+
+SUCCESS_RUNS = {
+    "default": ["run", WATER, "--json", "out.json"],
+    "frozen_quiet": ["run", WATER, "--frozen-core", "--quiet", "--json", "out.json"],
+    "exact": ["run", WATER, "--scf", "exact", "--json", "out.json"],
+    "fp32": ["run", WATER, "--precision", "fp32", "--json", "out.json"],
+    "lowercase": ["run", "lower.xyz", "--json", "out.json"],
+}
+
+
+@dataclass
+class Success:
+    proc: subprocess.CompletedProcess
+    directory: Path
+    inputs: set
+
+    @property
+    def record(self):
+        assert self.proc.returncode == 0, describe(self.proc)
+        return json.loads((self.directory / "out.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    dirs = {name: tmp_path_factory.mktemp(f"ok-{name}") for name in SUCCESS_RUNS}
+    lower = [line.replace("O", "o", 1).replace("H", "h", 1) for line in WATER_LINES]
+    (dirs["lowercase"] / "lower.xyz").write_text(xyz(3, *lower), encoding="utf-8")
+    inputs = {name: set(os.listdir(d)) for name, d in dirs.items()}
+    procs = run_all({name: (args, dirs[name]) for name, args in SUCCESS_RUNS.items()})
+    return {name: Success(procs[name], dirs[name], inputs[name]) for name in SUCCESS_RUNS}
+
+
+def test_run_succeeds_and_prints_summary(runs):
+    run = runs["default"]
+    assert run.proc.returncode == 0, describe(run.proc)
+    assert "E(corr)" in run.proc.stdout
+    assert "Traceback" not in run.proc.stdout + run.proc.stderr
+    # the summary shows the same correlation energy as the JSON file (12 decimals printed)
+    printed = re.search(r"^\s*E\(corr\)\s+(-?\d+\.\d+)\s+Eh\s*$", run.proc.stdout, re.M)
+    assert printed, run.proc.stdout
+    assert float(printed.group(1)) == pytest.approx(run.record["e_corr"], abs=1e-11)
+
+
+def test_run_json_has_all_keys_and_consistent_energies(runs):
+    r = runs["default"].record
+    missing = JSON_KEYS - set(r)
+    assert not missing, f"JSON lacks {sorted(missing)}"
+    assert r["e_corr"] < 0
+    assert abs(r["e_corr"] - (r["e_corr_os"] + r["e_corr_ss"])) <= 1e-12
+    assert abs(r["e_tot"] - (r["e_hf"] + r["e_corr"])) <= 1e-12
+    assert abs(r["e_scs"] - (1.2 * r["e_corr_os"] + r["e_corr_ss"] / 3.0)) <= 1e-12
+    assert r["e_corr_os"] < 0 and r["e_corr_ss"] < 0
+    assert r["e_hf"] == pytest.approx(-76.0268, abs=2e-3)  # RHF/cc-pVDZ water, Angstrom geometry
+    assert r["nocc"] == 5 and r["nfrozen"] == 0
+    assert r["nocc"] + r["nvir"] == r["nbasis"] == 24
+    assert r["naux"] > r["nbasis"]
+    assert r["device"] == "cpu"
+    assert r["precision"] == "fp64"
+    assert r["basis"] == "cc-pvdz"
+    assert r["auxbasis"] == "cc-pvdz-ri"
+    assert r["scf"] == "df"
+    assert r["version"] == dfmp2.__version__
+    assert isinstance(r["backend"], str) and r["backend"]
+    assert isinstance(r["kernels"], dict) and sum(r["kernels"].values()) > 0
+    assert isinstance(r["timings"], dict) and all(v >= 0 for v in r["timings"].values())
+
+
+@pytest.mark.parametrize("name", sorted(SUCCESS_RUNS))
+def test_successful_run_leaves_only_its_json(runs, name):
+    run = runs[name]
+    assert run.proc.returncode == 0, describe(run.proc)
+    assert set(os.listdir(run.directory)) == run.inputs | {"out.json"}
+
+
+def test_frozen_core(runs):
+    full, frozen = runs["default"].record, runs["frozen_quiet"].record
+    assert frozen["nfrozen"] == 1
+    assert frozen["nocc"] == 4
+    assert frozen["nvir"] == full["nvir"]
+    assert frozen["e_hf"] == pytest.approx(full["e_hf"], abs=1e-10)
+    assert full["e_corr"] < frozen["e_corr"] < 0  # freezing O 1s removes some correlation
+
+
+def test_quiet_prints_nothing(runs):
+    run = runs["frozen_quiet"]
+    assert run.proc.returncode == 0, describe(run.proc)
+    assert run.proc.stdout == ""
+    assert run.proc.stderr == ""
+
+
+def test_scf_exact(runs):
+    full, exact = runs["default"].record, runs["exact"].record
+    assert exact["scf"] == "exact"
+    assert full["scf"] == "df"
+    assert exact["e_hf"] == pytest.approx(full["e_hf"], abs=1e-4)  # JK-fit error is ~1e-5 Eh
+    assert exact["e_hf"] != full["e_hf"]  # ... but it is a different calculation
+
+
+def test_fp32_matches_fp64(runs):
+    full, single = runs["default"].record, runs["fp32"].record
+    assert single["precision"] == "fp32"
+    assert abs(single["e_corr"] - full["e_corr"]) < 1e-6
+
+
+def test_element_symbols_in_any_case(runs):
+    lower, full = runs["lowercase"].record, runs["default"].record
+    assert lower["formula"] == "H2O"
+    assert abs(lower["e_hf"] - full["e_hf"]) < 1e-10
+    assert abs(lower["e_corr"] - full["e_corr"]) < 1e-10
+
+
+# ----------------------------------------------------------------------------- failures
+
+@dataclass
+class Case:
+    id: str
+    args: list  # "{water}" / "{benzene}" are replaced by the example files
+    code: int = 2
+    needles: tuple = ()  # substrings (str) or regexes (re.Pattern) the error line must contain
+    files: dict = field(default_factory=dict)  # name -> text, written into the case directory
+    json: bool = True  # add --json out.json
+
+
+GOOD = WATER_LINES
+CASES = [
+    Case("missing-file", ["run", "nosuch.xyz"], needles=("nosuch.xyz",)),
+    Case("more-atoms-than-declared", ["run", "bad.xyz"], needles=("bad.xyz", "line 1"),
+         files={"bad.xyz": xyz(2, *GOOD)}),
+    Case("fewer-atoms-than-declared", ["run", "bad.xyz"], needles=("bad.xyz", "line 1"),
+         files={"bad.xyz": xyz(4, *GOOD)}),
+    Case("non-integer-count", ["run", "bad.xyz"], needles=("bad.xyz", "line 1", "three"),
+         files={"bad.xyz": xyz("three", *GOOD)}),
+    Case("empty-file", ["run", "bad.xyz"], needles=("bad.xyz",), files={"bad.xyz": ""}),
+    Case("unknown-element", ["run", "bad.xyz"], needles=("bad.xyz", "line 3", "Xx"),
+         files={"bad.xyz": xyz(3, "Xx 0.0 0.0 0.1173", GOOD[1], GOOD[2])}),
+    Case("non-numeric-coordinate", ["run", "bad.xyz"], needles=("line 4", "0.75x72"),
+         files={"bad.xyz": xyz(3, GOOD[0], "H 0.0 0.75x72 -0.4692", GOOD[2])}),
+    Case("too-few-fields", ["run", "bad.xyz"], needles=("line 5",),
+         files={"bad.xyz": xyz(3, GOOD[0], GOOD[1], "H 0.0 -0.7572")}),
+    Case("molecule-is-a-directory", ["run", "."], needles=("directory",)),
+    Case("unknown-basis", ["run", "{water}", "--basis", "nosuchbasis"], needles=("nosuchbasis",)),
+    Case("unknown-auxbasis", ["run", "{water}", "--auxbasis", "nosuch-ri"], needles=("nosuch-ri",)),
+    Case("no-electrons-left", ["run", "{water}", "--charge", "20"], needles=("electron",)),
+    Case("odd-electron-count", ["run", "{water}", "--charge", "1"], needles=("electron",)),
+    Case("impossible-spin", ["run", "{water}", "--spin", "1"], needles=("spin", "10 electrons")),
+    Case("open-shell-spin", ["run", "{water}", "--spin", "2"], needles=("closed-shell", "RHF")),
+    Case("unknown-device", ["run", "{water}", "--device", "tpu"], needles=("tpu",)),
+    Case("trainium-not-yet", ["run", "{water}", "--device", "trn1"],
+         needles=("trn1", re.compile(r"Trainium|NKI"))),
+    Case("unknown-precision", ["run", "{water}", "--precision", "fp16"], needles=("fp16",)),
+    # water/cc-pVDZ fits in ~0.2 MB, so 1 MB is "too small" only for a larger molecule
+    Case("max-memory-too-small", ["run", "{benzene}", "--max-memory", "1"],
+         needles=(re.compile(r"memory", re.I), "MB")),
+    Case("max-memory-negative", ["run", "{water}", "--max-memory", "-5"], needles=("max-memory",)),
+    Case("charge-not-an-integer", ["run", "{water}", "--charge", "abc"], needles=("abc",)),
+    Case("scf-max-cycle-zero", ["run", "{water}", "--scf-max-cycle", "0"],
+         needles=("scf-max-cycle",)),
+    Case("scratch-missing", ["run", "{water}", "--scratch", "nosuchdir"], needles=("nosuchdir",)),
+    Case("json-directory-missing", ["run", "{water}", "--json", "nodir/out.json"],
+         needles=("nodir",), json=False),
+    Case("json-is-a-directory", ["run", "{water}", "--json", "sub"], needles=("sub",),
+         files={"sub/keep": ""}, json=False),
+    # runtime failures: exit status 1
+    Case("scf-not-converging", ["run", "{water}", "--scf-max-cycle", "1"], code=1,
+         needles=("SCF", "converge")),
+    Case("cuda-without-gpu", ["run", "{water}", "--device", "cuda"], code=1,
+         needles=("cuda",)),
+]
+NEEDS_NO_GPU = {"cuda-without-gpu"}
+CASE_PARAMS = [
+    pytest.param(case, id=case.id, marks=pytest.mark.skipif(
+        CUDA, reason="a CUDA GPU is visible: --device cuda would run")) if case.id in NEEDS_NO_GPU
+    else pytest.param(case, id=case.id)
+    for case in CASES
+]
+
+
+def _case_args(case):
+    args = [str(WATER) if a == "{water}" else str(BENZENE) if a == "{benzene}" else a
+            for a in case.args]
+    return args + (["--json", "out.json"] if case.json else [])
+
+
+def _listing(directory):
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def failures(request, tmp_path_factory):
+    """Run every selected failure case once (concurrently): {id: (proc, dir, listing before)}."""
+    selected = {item.callspec.params["case"].id for item in request.session.items
+                if hasattr(item, "callspec") and isinstance(item.callspec.params.get("case"), Case)}
+    cases = [c for c in CASES if c.id in selected and not (CUDA and c.id in NEEDS_NO_GPU)]
+    dirs, before = {}, {}
+    for case in cases:
+        directory = dirs[case.id] = tmp_path_factory.mktemp(f"bad-{case.id}")
+        for name, text in case.files.items():
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(text, encoding="utf-8")
+        before[case.id] = _listing(directory)
+    procs = run_all({c.id: (_case_args(c), dirs[c.id]) for c in cases})
+    return {i: (procs[i], dirs[i], before[i]) for i in procs}
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_failure_is_one_line_with_exit_status(failures, case):
+    proc, directory, before = failures[case.id]
+    assert proc.returncode == case.code, describe(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
+    assert proc.stdout == "", describe(proc)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected exactly one line on stderr\n{describe(proc)}"
+    assert proc.stderr.endswith("\n")
+    line = lines[0]
+    assert line.startswith("dfmp2: error:"), line
+    assert len(line) > len("dfmp2: error: ")
+    for needle in case.needles:
+        if isinstance(needle, re.Pattern):
+            assert needle.search(line), f"{needle.pattern!r} not in {line!r}"
+        else:
+            assert needle in line, f"{needle!r} not in {line!r}"
+    # no JSON file and no temporary file left behind, nothing created
+    assert _listing(directory) == before
+
+
+def test_debug_shows_traceback(tmp_path):
+    (tmp_path / "bad.xyz").write_text(xyz(3, "Xx 0.0 0.0 0.1173", *WATER_LINES[1:]),
+                                      encoding="utf-8")
+    proc = dfmp2_cli("run", "bad.xyz", "--debug", "--json", "out.json", cwd=tmp_path)
+    assert proc.returncode != 0, describe(proc)
+    assert "Traceback" in proc.stderr, describe(proc)
+    assert "unknown element" in proc.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+# ----------------------------------------------------------------------------- info, version
+
+def test_info(tmp_path):
+    proc = dfmp2_cli("info", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    out = proc.stdout
+    assert re.search(r"^\s*cpu\s+usable\b", out, re.M), out
+    assert re.search(r"^\s*cuda\s+" + ("usable" if CUDA else "unavailable") + r"\b", out, re.M), out
+    assert re.search(r"^\s*trn1\s+unavailable\b", out, re.M), out
+    assert re.search(r"^torch\s+" + re.escape(torch.__version__) + r"\s*$", out, re.M), out
+    pyscf_version = metadata.version("pyscf")
+    assert re.search(r"^pyscf\s+" + re.escape(pyscf_version) + r"\s*$", out, re.M), out
+    assert re.search(r"^dfmp2\s+" + re.escape(dfmp2.__version__) + r"\s*$", out, re.M), out
+
+
+def test_version(tmp_path):
+    proc = dfmp2_cli("--version", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    match = re.search(r"\b(\d+\.\d+\.\d+)\b", proc.stdout)
+    assert match, proc.stdout
+    assert match.group(1) == dfmp2.__version__ == metadata.version("dfmp2")
+    assert proc.stdout.lower().startswith("dfmp2")
+
+
+def test_console_script(tmp_path):
+    script = Path(sys.executable).parent / "dfmp2"
+    if not script.exists():
+        pytest.skip(f"no dfmp2 console script next to {sys.executable}")
+    proc = subprocess.run([str(script), "--version"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, describe(proc)
+    assert dfmp2.__version__ in proc.stdout

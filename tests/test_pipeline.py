@@ -1,0 +1,96 @@
+"""Pipeline mechanics: memory plan, blocking, the disk store, orbital selection, the metric."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import converged_rhf
+from dfmp2 import DFMP2, InputError
+from dfmp2.kernels import get_backend
+from dfmp2.linalg import factor_metric, whiten
+from dfmp2.pipeline import MB, active_orbitals, plan_memory
+
+SIZES = dict(nao=114, nocc=15, nvir=93, naux=420, largest_shell=11, itemsize=8)
+
+
+def test_plan_memory_storage_follows_the_budget():
+    roomy = plan_memory(10_000 * MB, **SIZES)
+    assert roomy.storage == "memory" and roomy.aux_block == SIZES["naux"]
+    tight = plan_memory(int(roomy.minimum * 1.01), **SIZES)
+    assert tight.storage == "disk"
+    assert tight.aux_block < SIZES["naux"] and tight.occ_block < roomy.occ_block
+    with pytest.raises(InputError, match="MB"):
+        plan_memory(roomy.minimum - 1, **SIZES)
+
+
+def test_plan_memory_prefers_cache_sized_integral_blocks():
+    plan = plan_memory(10_000 * MB, **SIZES, preferred_aux_block_bytes=16 * 2**20)
+    assert SIZES["largest_shell"] <= plan.aux_block <= 16 * 2**20 // (8 * 114 * 114)
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_disk_store_and_smallest_blocks_give_the_same_energy(precision, tmp_path):
+    mf = converged_rhf("ethylene")
+    in_memory = DFMP2(mf, frozen=2, precision=precision).run()
+    assert in_memory.result.correlation.plan.storage == "memory"
+    minimum = in_memory.result.correlation.plan.minimum
+    from dfmp2.driver import run_mean_field
+
+    tight = run_mean_field(mf, frozen=2, precision=precision, max_memory=minimum * 1.02 / MB,
+                           scratch=str(tmp_path))
+    plan = tight.correlation.plan
+    assert plan.storage == "disk"
+    assert plan.aux_block < tight.correlation.naux and plan.occ_block < tight.correlation.nocc
+    assert tight.kernels["pair_energy"] > in_memory.result.kernels["pair_energy"]
+    assert abs(tight.e_corr - in_memory.e_corr) < 1e-10
+    assert list(tmp_path.iterdir()) == []  # the scratch file is gone
+
+
+def test_budget_too_small_is_an_input_error():
+    mf = converged_rhf("water")
+    pt = DFMP2(mf)
+    pt.max_memory = 0.05  # MB
+    with pytest.raises(InputError, match="needs at least"):
+        pt.kernel()
+
+
+def test_active_orbitals():
+    occ = np.array([2, 2, 2, 0, 0, 0])
+    o, v, n = active_orbitals(occ, None)
+    assert list(o) == [0, 1, 2] and list(v) == [3, 4, 5] and n == 0
+    o, v, n = active_orbitals(occ, 2)
+    assert list(o) == [2] and n == 2
+    o, v, n = active_orbitals(occ, [0, 5])
+    assert list(o) == [1, 2] and list(v) == [3, 4] and n == 2
+    for bad in (4, -1, [7], "x"):
+        with pytest.raises(InputError):
+            active_orbitals(occ, bad)
+    with pytest.raises(InputError, match="no active occupied"):
+        active_orbitals(occ, 3)
+
+
+def test_cholesky_whitening_reproduces_the_inverse_metric():
+    backend = get_backend("cpu", "fp64")
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((40, 40))
+    metric = torch.from_numpy(a @ a.T + 40 * np.eye(40))
+    x = torch.from_numpy(rng.standard_normal((25, 40)))
+    factor = factor_metric(backend, metric)
+    assert factor.kind == "cholesky"
+    b = whiten(backend, factor, x)
+    expected = x @ torch.linalg.solve(metric, x.T)  # X J^-1 X^T
+    assert torch.allclose(b @ b.T, expected, atol=1e-10)
+
+
+def test_singular_metric_falls_back_to_eigen_and_matches_pseudo_inverse():
+    backend = get_backend("cpu", "fp64")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((30, 20))
+    metric = torch.from_numpy(a @ a.T)  # rank 20 of 30
+    x = torch.from_numpy(rng.standard_normal((12, 20)) @ a.T)  # in the range of the metric
+    factor = factor_metric(backend, metric)
+    assert factor.kind == "eigen" and factor.nkept == 20 and factor.ndropped == 10
+    b = whiten(backend, factor, x)
+    assert torch.isfinite(b).all()
+    expected = x @ torch.linalg.pinv(metric, hermitian=True) @ x.T
+    assert torch.allclose(b @ b.T, expected, atol=1e-8)
