@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,7 +134,9 @@ def _check_basis_name(basis: str, symbols: list) -> None:
 
     for symbol in symbols:
         try:
-            shells = basis_lib.load(basis, symbol)
+            with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on stderr
+                warnings.simplefilter("ignore")
+                shells = basis_lib.load(basis, symbol)
         except (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError):
             shells = None
         if not shells:

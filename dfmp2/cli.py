@@ -25,10 +25,13 @@ def _fail(message: str, code: int):
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="dfmp2")
-def cli():
+@click.pass_context
+def cli(ctx):
     """Density-fitted MP2 (RI-MP2) correlation energies on CPUs, NVIDIA GPUs and Trainium."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
 
 
 @cli.command()
@@ -102,10 +105,9 @@ def info():
     from .kernels import device_report
 
     versions = {"dfmp2": __version__, "python": platform.python_version()}
-    for module in ("torch", "pyscf", "numpy", "h5py", "click"):
-        versions[module] = _module_version(module)
-    for module in ("torch_neuronx", "neuronxcc", "nki"):
-        versions[module] = _module_version(module) or "not installed"
+    for package in ("torch", "pyscf", "numpy", "h5py", "click",
+                    "torch-neuronx", "neuronx-cc", "nki"):
+        versions[package] = _package_version(package)
     for name, version in versions.items():
         click.echo(f"{name:14s} {version}")
     click.echo("devices:")
@@ -113,14 +115,13 @@ def info():
         click.echo(f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}")
 
 
-def _module_version(name):
-    import importlib
+def _package_version(name):
+    from importlib import metadata
 
     try:
-        module = importlib.import_module(name)
-    except ImportError:
-        return None
-    return getattr(module, "__version__", "installed")
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def _check_output_path(path):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from . import __version__, chem
 from .kernels import get_backend
-from .pipeline import CorrelationEnergy, dfmp2_energy
+from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
 
 
 @dataclass
@@ -73,13 +73,15 @@ def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=
     atoms = chem.read_xyz(path)
     mol = chem.build_molecule(atoms, basis, charge, spin)
     integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
+    nfrozen = chem.frozen_core_count(mol) if frozen_core else 0
+    ndocc = mol.nelectron // 2
+    plan_for(backend, integrals, ndocc - nfrozen, integrals.nao - ndocc, max_memory)  # fail before SCF
     if progress:
         progress("SCF", 0, 1)
     start = time.perf_counter()
     mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle)
     timings = {"scf": time.perf_counter() - start}
-    frozen = chem.frozen_core_count(mol) if frozen_core else None
-    return _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, frozen, max_memory,
+    return _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, nfrozen or None, max_memory,
                       scratch, progress, basis, timings)
 
 

@@ -98,9 +98,9 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
     least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
     if least > budget:
         raise InputError(
-            f"needs at least {least / MB:.0f} MB even in the smallest blocks "
+            f"needs at least {least / MB:.3g} MB even in the smallest blocks "
             f"(nao={nao}, nocc={nocc}, nvir={nvir}, naux={naux}); the memory budget is "
-            f"{budget / MB:.0f} MB (--max-memory)")
+            f"{budget / MB:.3g} MB (--max-memory)")
     storage = "memory" if least + store <= budget else "disk"
     room = budget - fixed - (store if storage == "memory" else 0)
 
@@ -213,9 +213,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
     occ_index, vir_index, nfrozen = active_orbitals(mo_occ, frozen)
     nocc, nvir = occ_index.size, vir_index.size
     nao, naux = integrals.nao, integrals.naux
-    budget = _budget_bytes(backend, max_memory)
-    plan = plan_memory(budget, nao, nocc, nvir, naux, integrals.largest_shell(), backend.itemsize,
-                       backend.preferred_aux_block_bytes)
+    plan = plan_for(backend, integrals, nocc, nvir, max_memory)
     timings = {}
 
     def lap(name, start):
@@ -271,6 +269,13 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         e_corr_os=e_os, e_corr_ss=e_ss, nocc=nocc, nvir=nvir, naux=naux, nao=nao,
         nfrozen=nfrozen, metric=factor.describe(), plan=plan, timings=timings,
         kernels=dict(backend.calls))
+
+
+def plan_for(backend, integrals, nocc, nvir, max_memory) -> MemoryPlan:
+    """The memory plan of a run with `nocc` active occupied and `nvir` virtual orbitals."""
+    return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, nocc, nvir,
+                       integrals.naux, integrals.largest_shell(), backend.itemsize,
+                       backend.preferred_aux_block_bytes)
 
 
 def _budget_bytes(backend, max_memory):

@@ -30,7 +30,7 @@ WATER = ROOT / "examples" / "water.xyz"
 BENZENE = ROOT / "examples" / "benzene.xyz"
 CUDA = torch.cuda.is_available()
 TIMEOUT_S = 600
-WORKERS = max(2, min(4, os.cpu_count() or 2))
+WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 JSON_KEYS = {"e_hf", "e_corr", "e_corr_os", "e_corr_ss", "e_scs", "e_tot", "nbasis", "nocc",
              "nvir", "naux", "nfrozen", "basis", "auxbasis", "scf", "device", "precision",
