@@ -25,7 +25,6 @@ from .linalg import factor_metric, whiten
 from .storage import DiskStore, MemoryStore
 
 MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
-OCC_BLOCK_ROWS = 1024  # aim for pair-energy GEMMs with about this many (i, a) rows
 
 
 # ----------------------------------------------------------------------------- orbitals
@@ -77,11 +76,13 @@ class MemoryPlan:
 
 
 def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
-                preferred_aux_block_bytes=None) -> MemoryPlan:
+                preferred_aux_block_bytes=None, preferred_pair_rows=512) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes.
 
-    itemsize: bytes per element of the stored (ia|P) / B; preferred_aux_block_bytes: the
-    backend's preferred size of one block of unpacked (mn|P) (e.g. cache-sized on a CPU).
+    itemsize: bytes per element of the stored (ia|P) / B. The backend's preferences:
+    preferred_aux_block_bytes, the size of one block of unpacked (mn|P) (None: as large as
+    fits); preferred_pair_rows, the (i, a) rows of one pair-energy GEMM (small blocks waste
+    less on the diagonal blocks I = J, large ones keep a GPU busy).
     """
     fixed = 3 * naux * naux * 8 + 2 * nao * nao * 8  # (P|Q), its factor, C
 
@@ -110,7 +111,7 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
     while aux_block > largest_shell and transform_bytes(aux_block) > room:
         aux_block = max(largest_shell, aux_block // 2)
 
-    occ_block = min(nocc, max(1, -(-OCC_BLOCK_ROWS // max(nvir, 1))))
+    occ_block = min(nocc, max(1, -(-preferred_pair_rows // max(nvir, 1))))
     while occ_block > 1 and max(pair_bytes(occ_block), whiten_bytes(occ_block)) > room:
         occ_block -= 1
     return MemoryPlan(budget, aux_block, occ_block, storage, least)
@@ -136,12 +137,11 @@ def transform_to_mo(backend, ao_block, c_occ, c_vir):
     """
     nP, nao, _ = ao_block.shape
     nocc, nvir = c_occ.shape[1], c_vir.shape[1]
-    # (m i|P) = sum_n (mn|P) C_ni          [nP*nao, nao] x [nao, nocc]
-    half = backend.gemm(ao_block.reshape(nP * nao, nao), c_occ).view(nP, nao, nocc)
-    # (a i|P) = sum_m C_ma (m i|P)         [nvir, nao] x [nao, nP*nocc]
-    half = half.permute(1, 0, 2).reshape(nao, nP * nocc)
-    full = backend.gemm(c_vir.transpose(0, 1), half).view(nvir, nP, nocc)
-    return full.permute(2, 0, 1)  # [nocc, nvir, nP]
+    # (i n|P) = sum_m C_mi (mn|P)          batched [nocc, nao] x [nP; nao, nao]
+    half = backend.gemm(c_occ.transpose(0, 1), ao_block)
+    # (i a|P) = sum_n (i n|P) C_na         [nP*nocc, nao] x [nao, nvir]
+    full = backend.gemm(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
+    return full.permute(1, 2, 0)  # [nocc, nvir, nP]
 
 
 def whiten_three_center(backend, factor, iaP):
@@ -275,7 +275,7 @@ def plan_for(backend, integrals, nocc, nvir, max_memory) -> MemoryPlan:
     """The memory plan of a run with `nocc` active occupied and `nvir` virtual orbitals."""
     return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, nocc, nvir,
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
-                       backend.preferred_aux_block_bytes)
+                       backend.preferred_aux_block_bytes, backend.preferred_pair_rows)
 
 
 def _budget_bytes(backend, max_memory):

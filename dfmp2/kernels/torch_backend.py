@@ -55,6 +55,9 @@ class TorchBackend:
         # (mn|P) block size: cache-sized on a CPU (the first half-transform is bandwidth-bound),
         # large on a GPU (fewer, bigger GEMMs); the memory budget caps both
         self.preferred_aux_block_bytes = 512 * 2**20 if device == "cuda" else 16 * 2**20
+        # rows (i, a) of one pair-energy GEMM: ~3 occupied orbitals per block on a CPU keeps
+        # the GEMM efficient and the I = J blocks cheap; a GPU wants far larger GEMMs
+        self.preferred_pair_rows = 8192 if device == "cuda" else 512
         self.calls = Counter()
 
     # ---- data movement -------------------------------------------------------------
