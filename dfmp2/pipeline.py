@@ -89,8 +89,8 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
     def transform_bytes(nP):  # fp64: packed + unpacked integrals, device copy, half/full transform
         return nP * 8 * (nao * (nao + 1) // 2 + 2 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir)
 
-    def pair_bytes(nb):  # two B blocks (+ host copies) and ~5 [nb, nvir, nb, nvir] temporaries
-        return 4 * nb * nvir * naux * itemsize + 5 * nb * nb * nvir * nvir * itemsize
+    def pair_bytes(nb):  # two B blocks (+ host copies), ~5 fp64 [nb, nvir, nb, nvir] temporaries
+        return 4 * nb * nvir * naux * itemsize + 5 * nb * nb * nvir * nvir * 8
 
     def whiten_bytes(nb):
         return 4 * nb * nvir * naux * itemsize
