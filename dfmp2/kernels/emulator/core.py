@@ -1,0 +1,222 @@
+"""Execution state of the NKI emulator: targets and their limits, tiles, live-allocation
+accounting, the instruction trace and the timing model.
+
+Tiles are numpy arrays with a buffer kind (hbm, sbuf, psum). The first axis of an on-chip
+tile is the partition axis. New on-chip allocations are filled with NaN, so reading memory
+that no instruction wrote poisons the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class NkiConstraintError(RuntimeError):
+    """A kernel broke a NeuronCore rule (names the instruction, the tile shape and the limit)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Per-NeuronCore limits and published peaks (trn1 = NeuronCore-v2, trn2 = NeuronCore-v3)."""
+
+    name: str
+    sbuf_bytes_per_partition: int
+    psum_bytes_per_partition: int = 16 * 1024
+    psum_bank_bytes: int = 2 * 1024
+    partitions: int = 128
+    stationary_free_max: int = 128
+    moving_free_max: int = 512
+    fp32_tflops: float = 0.0  # Tensor Engine, per core
+    bf16_tflops: float = 0.0
+    hbm_gb_per_s_per_core: float = 0.0  # chip bandwidth / cores per chip
+    cores_per_chip: int = 1
+    vector_gelem_per_s: float = 0.0  # modelled elementwise throughput (elements / ns)
+
+
+TARGETS = {
+    # HBM: 820 GB/s per trn1 chip (2 cores), 2.9 TB/s per trn2 chip (8 cores).
+    "trn1": Target("trn1", sbuf_bytes_per_partition=192 * 1024, fp32_tflops=23.0, bf16_tflops=92.0,
+                   hbm_gb_per_s_per_core=820.0 / 2, cores_per_chip=2, vector_gelem_per_s=128 * 1.4),
+    "trn2": Target("trn2", sbuf_bytes_per_partition=224 * 1024, fp32_tflops=20.0, bf16_tflops=79.0,
+                   hbm_gb_per_s_per_core=2900.0 / 8, cores_per_chip=8, vector_gelem_per_s=128 * 1.4),
+}
+
+
+@dataclass
+class Trace:
+    """What one kernel call did: Tensor Engine matmuls, DMA bytes, vector/scalar work."""
+
+    matmuls: int = 0
+    matmul_flops: int = 0
+    matmul_shapes: Counter = field(default_factory=Counter)  # (K, M, N) -> count
+    dma_bytes_in: int = 0  # HBM -> on-chip
+    dma_bytes_out: int = 0  # on-chip -> HBM
+    vector_ops: int = 0
+    vector_elements: int = 0
+    peak_sbuf_bytes: int = 0  # per partition
+    peak_psum_bytes: int = 0
+
+    def add(self, other: "Trace") -> None:
+        self.matmuls += other.matmuls
+        self.matmul_flops += other.matmul_flops
+        self.matmul_shapes.update(other.matmul_shapes)
+        self.dma_bytes_in += other.dma_bytes_in
+        self.dma_bytes_out += other.dma_bytes_out
+        self.vector_ops += other.vector_ops
+        self.vector_elements += other.vector_elements
+        self.peak_sbuf_bytes = max(self.peak_sbuf_bytes, other.peak_sbuf_bytes)
+        self.peak_psum_bytes = max(self.peak_psum_bytes, other.peak_psum_bytes)
+
+    def modelled_seconds(self, target: Target) -> float:
+        """MODEL, not a measurement: max of Tensor Engine (fp32 peak), DMA (HBM share of one core)
+        and vector-engine time, assuming perfect overlap and no launch overhead."""
+        tensor = self.matmul_flops / (target.fp32_tflops * 1e12)
+        dma = (self.dma_bytes_in + self.dma_bytes_out) / (target.hbm_gb_per_s_per_core * 1e9)
+        vector = self.vector_elements / (target.vector_gelem_per_s * 1e9)
+        return max(tensor, dma, vector)
+
+    def as_dict(self) -> dict:
+        return {"matmuls": self.matmuls, "matmul_gflop": self.matmul_flops / 1e9,
+                "dma_mb_in": self.dma_bytes_in / 1e6, "dma_mb_out": self.dma_bytes_out / 1e6,
+                "vector_ops": self.vector_ops, "vector_elements": self.vector_elements,
+                "peak_sbuf_bytes_per_partition": self.peak_sbuf_bytes,
+                "peak_psum_bytes_per_partition": self.peak_psum_bytes}
+
+
+class _State(threading.local):
+    def __init__(self):
+        self.run = None
+
+
+_state = _State()
+
+
+class KernelRun:
+    """One emulated kernel invocation: the target, live on-chip bytes, the trace."""
+
+    def __init__(self, target: Target, name: str):
+        self.target = target
+        self.name = name
+        self.trace = Trace()
+        self.live = {"sbuf": 0, "psum": 0}  # bytes per partition
+
+    def allocate(self, buffer: str, per_partition: int, shape, owner) -> None:
+        limit = (self.target.sbuf_bytes_per_partition if buffer == "sbuf"
+                 else self.target.psum_bytes_per_partition)
+        if buffer == "psum":  # PSUM is handed out in whole 2 KiB banks
+            bank = self.target.psum_bank_bytes
+            per_partition = -(-per_partition // bank) * bank
+        if self.live[buffer] + per_partition > limit:
+            raise NkiConstraintError(
+                f"{self.name}: allocating a {buffer.upper()} tile of shape {tuple(shape)} "
+                f"({per_partition} B per partition) exceeds {buffer.upper()} capacity on "
+                f"{self.target.name}: {self.live[buffer]} B already live, limit {limit} B per partition")
+        self.live[buffer] += per_partition
+        key = "peak_sbuf_bytes" if buffer == "sbuf" else "peak_psum_bytes"
+        setattr(self.trace, key, max(getattr(self.trace, key), self.live[buffer]))
+        weakref.finalize(owner, self._release, buffer, per_partition)
+
+    def _release(self, buffer: str, per_partition: int) -> None:
+        self.live[buffer] -= per_partition
+
+
+def current_run() -> KernelRun:
+    if _state.run is None:
+        raise NkiConstraintError("NKI instruction called outside a kernel (no @nki.jit kernel is running)")
+    return _state.run
+
+
+@contextlib.contextmanager
+def kernel_run(target: Target, name: str):
+    previous, _state.run = _state.run, KernelRun(target, name)
+    try:
+        yield _state.run
+    finally:
+        _state.run = previous
+
+
+class Tile:
+    """An array in one of the NeuronCore's memories; slicing gives a view of the same memory.
+
+    `written` is a boolean mask shared with the allocation: instructions set it on their
+    destination, and reading an element no instruction wrote raises NkiConstraintError
+    (the data itself is NaN there as well). `matmul_result` marks PSUM elements last written
+    by a matmul, the only ones a later matmul may accumulate into.
+    """
+
+    __slots__ = ("data", "written", "matmul_result", "buffer", "_base", "__weakref__")
+
+    def __init__(self, data, written, matmul_result, buffer: str, base=None):
+        self.data = data
+        self.written = written
+        self.matmul_result = matmul_result  # holds a matmul result (accumulation is defined)
+        self.buffer = buffer
+        self._base = base  # keeps the allocation alive (and accounted) while views exist
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def on_chip(self) -> bool:
+        return self.buffer in ("sbuf", "psum")
+
+    def __getitem__(self, index):
+        index = _normalise_index(index, self.data.shape, keep_partition=self.on_chip)
+        return Tile(self.data[index], self.written[index], self.matmul_result[index], self.buffer,
+                    self._base or self)
+
+    def reshape(self, shape):
+        data = self.data.reshape(shape)
+        if not np.shares_memory(data, self.data):
+            raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}")
+        return Tile(data, self.written.reshape(shape), self.matmul_result.reshape(shape),
+                    self.buffer, self._base or self)
+
+    def __setitem__(self, index, value):
+        raise NkiConstraintError(
+            "item assignment into a tile is not an NKI instruction: use nisa.* with a dst argument")
+
+    def __repr__(self):
+        return f"Tile({self.buffer}, shape={self.shape}, dtype={self.dtype})"
+
+
+def _normalise_index(index, shape, keep_partition):
+    """Ints, slices and nl.ds(start, size), checked against the tile. An int drops its axis,
+    except the partition axis (0) of an on-chip tile, which stays as a size-1 slice."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > len(shape):
+        raise NkiConstraintError(f"{len(index)} indices for a tile of shape {tuple(shape)}")
+    out = []
+    for axis, item in enumerate(index):
+        if hasattr(item, "start") and hasattr(item, "size") and not isinstance(item, slice):
+            item = slice(item.start, item.start + item.size)
+        if isinstance(item, slice):
+            if item.step not in (None, 1):
+                raise NkiConstraintError("strided slices are not used by dfmp2 kernels")
+            start = 0 if item.start is None else int(item.start)
+            stop = shape[axis] if item.stop is None else int(item.stop)
+            if start < 0 or stop > shape[axis] or start >= stop:
+                raise NkiConstraintError(
+                    f"slice {start}:{stop} is empty or outside axis {axis} of a tile of shape {tuple(shape)}")
+            out.append(slice(start, stop))
+        elif isinstance(item, (int, np.integer)):
+            if not 0 <= item < shape[axis]:
+                raise NkiConstraintError(
+                    f"index {item} is outside axis {axis} of a tile of shape {tuple(shape)}")
+            keep = keep_partition and axis == 0
+            out.append(slice(int(item), int(item) + 1) if keep else int(item))
+        else:
+            raise NkiConstraintError(f"unsupported index {item!r}")
+    return tuple(out)

@@ -1,0 +1,128 @@
+"""Emulated `nki.language` (nl): buffers, dtypes, tile sizes, allocation, loops, ALU ops.
+
+The subset dfmp2's kernels use, with the signatures of NKI 0.3-0.6 (Neuron SDK 2.29-2.32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .core import NkiConstraintError, Tile, current_run
+
+# ---- buffers ---------------------------------------------------------------------------
+sbuf = "sbuf"
+psum = "psum"
+shared_hbm = "shared_hbm"
+private_hbm = "private_hbm"
+hbm = private_hbm
+
+# ---- dtypes (no float64 on a NeuronCore) -----------------------------------------------
+float32 = np.dtype(np.float32)
+float16 = np.dtype(np.float16)
+int32 = np.dtype(np.int32)
+uint8 = np.dtype(np.uint8)
+bool_ = np.dtype(np.bool_)
+
+
+class tile_size:  # noqa: N801 - the NKI name
+    pmax = 128
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    psum_fmax = 512
+    psum_bank_fmax = 512
+
+
+# ---- ALU operators (used as op= arguments) ---------------------------------------------
+def add(x, y):
+    return np.add(x, y)
+
+
+def subtract(x, y):
+    return np.subtract(x, y)
+
+
+def multiply(x, y):
+    return np.multiply(x, y)
+
+
+def maximum(x, y):
+    return np.maximum(x, y)
+
+
+def minimum(x, y):
+    return np.minimum(x, y)
+
+
+def copy(x):
+    return np.array(x, copy=True)
+
+
+def reciprocal(x):
+    return np.reciprocal(x)
+
+
+def square(x):
+    return np.square(x)
+
+
+_REDUCERS = {add: np.sum, maximum: np.max, minimum: np.min}
+
+
+# ---- indexing and loops ----------------------------------------------------------------
+@dataclass(frozen=True)
+class ds:  # noqa: N801 - the NKI name
+    """Dynamic slice: elements [start, start + size)."""
+
+    start: int
+    size: int
+
+
+def affine_range(start, stop=None, step=1):
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+sequential_range = affine_range
+static_range = affine_range
+
+
+# ---- allocation ------------------------------------------------------------------------
+def _check_dtype(dtype, what):
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        raise NkiConstraintError(f"{what}: float64 does not exist on a NeuronCore (use float32)")
+    return dtype
+
+
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
+    """Uninitialised tensor: on-chip memory is NaN-filled and marked unwritten."""
+    shape = tuple(int(n) for n in shape)
+    dtype = _check_dtype(dtype, f"nl.ndarray{shape}")
+    if any(n <= 0 for n in shape):
+        raise NkiConstraintError(f"nl.ndarray: empty shape {shape}")
+    run = current_run()
+    data = np.full(shape, np.nan, dtype=dtype) if dtype.kind == "f" else np.full(shape, 4, dtype=dtype)
+    tile = Tile(data, np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool), buffer)
+    if buffer in (sbuf, psum):
+        if len(shape) < 2:
+            raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis")
+        if shape[0] > run.target.partitions:
+            raise NkiConstraintError(
+                f"nl.ndarray: tile of shape {shape} has {shape[0]} partitions; the limit is "
+                f"{run.target.partitions}")
+        if buffer == psum and dtype != np.float32:
+            raise NkiConstraintError(f"nl.ndarray: PSUM tile {shape} must be float32, not {dtype}")
+        per_partition = int(np.prod(shape[1:])) * dtype.itemsize
+        run.allocate(buffer, per_partition, shape, tile)
+    elif buffer not in (shared_hbm, private_hbm):
+        raise NkiConstraintError(f"nl.ndarray: unknown buffer {buffer!r}")
+    return tile
+
+
+def zeros(shape, dtype, buffer=sbuf, name=""):
+    tile = ndarray(shape, dtype, buffer, name)
+    tile.data[...] = 0
+    tile.written[...] = True
+    current_run().trace.vector_ops += 1
+    return tile
