@@ -47,8 +47,10 @@ def cli(ctx):
               help="RHF with density fitting (JK-fit basis) or exact four-center integrals.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels run.")
-@click.option("--precision", default="fp64", show_default=True, metavar="fp64|fp32",
-              help="GEMM precision; energy sums are always fp64.")
+@click.option("--precision", default=None, metavar="fp64|fp32",
+              help="GEMM precision [default: fp64; fp32 on trn1/trn2]; energy sums are fp64.")
+@click.option("--simulate", is_flag=True,
+              help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
 @click.option("--max-memory", type=float, default=None, metavar="MB",
               help="Memory budget in MB [default: 80% of available RAM].")
 @click.option("--scratch", default=None, metavar="DIR",
@@ -58,8 +60,8 @@ def cli(ctx):
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, precision, max_memory,
-        scratch, scf_max_cycle, json_path, quiet, debug):
+def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, precision, simulate,
+        max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
@@ -73,7 +75,7 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
         result = run_xyz(molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
                          frozen_core=frozen_core, scf=scf, device=device, precision=precision,
-                         max_memory=max_memory, scratch=scratch, scf_max_cycle=scf_max_cycle,
+                         simulate=simulate, max_memory=max_memory, scratch=scratch, scf_max_cycle=scf_max_cycle,
                          progress=progress)
         if progress:
             progress.clear()
@@ -181,6 +183,12 @@ def _print_summary(r):
         "",
         "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
     ]
+    if r.get("modelled_seconds"):
+        lines.append("  modelled kernel time (MODEL, not measured): " + ", ".join(
+            f"{k} {v * 1e3:.3f} ms" for k, v in r["modelled_seconds"].items()))
+    if r.get("kernel_specializations"):
+        lines.append("  kernel specializations: " + ", ".join(
+            f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
     click.echo("\n".join(lines))
 
 

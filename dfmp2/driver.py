@@ -29,6 +29,10 @@ class DFMP2Result:
     backend: str
     formula: str = ""
     timings: dict = field(default_factory=dict)
+    simulated: bool = False
+    kernel_specializations: dict = field(default_factory=dict)  # kernel -> distinct padded shapes
+    modelled_seconds: dict | None = None  # MODEL: kernel time on trn1/trn2 from the emulator trace
+    trace: dict | None = None
 
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
@@ -52,13 +56,19 @@ class DFMP2Result:
             "memory": {"budget_mb": corr.plan.budget / 1e6, "storage": corr.plan.storage,
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block},
             "timings": dict(self.timings), "version": __version__,
-        }
+            "simulated": self.simulated,
+            "kernel_specializations": {k: [list(map(list, s)) for s in sorted(v)]
+                                       for k, v in self.kernel_specializations.items()},
+        } | ({"modelled_seconds": dict(self.modelled_seconds),
+               "modelled_seconds_note": "model from the emulator trace and published peaks, "
+                                        "not a measurement", "trace": self.trace}
+              if self.modelled_seconds is not None else {})
 
 
-def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision="fp64",
+def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
                    max_memory=None, scratch=None, progress=None, basis=None) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF object `mf` (density-fitted or not)."""
-    backend = get_backend(device, precision)
+    backend = get_backend(device, precision, simulate)
     reference = chem.mean_field_orbitals(mf)
     integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
     return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
@@ -66,10 +76,10 @@ def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision="fp64
 
 
 def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
-            scf="df", device="cpu", precision="fp64", max_memory=None, scratch=None,
+            scf="df", device="cpu", precision=None, simulate=False, max_memory=None, scratch=None,
             scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None) -> DFMP2Result:
     """Read an XYZ file, run RHF (`scf`='df' or 'exact'), then DF-MP2."""
-    backend = get_backend(device, precision)
+    backend = get_backend(device, precision, simulate)
     atoms = chem.read_xyz(path)
     mol = chem.build_molecule(atoms, basis, charge, spin)
     integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
@@ -98,4 +108,7 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
         device=backend.device_name, device_description=backend.describe(),
         precision=backend.precision, backend=backend.name, formula=chem.formula(mf.mol),
-        timings=timings)
+        timings=timings, simulated=getattr(backend, "simulate", False),
+        kernel_specializations=dict(getattr(backend, "specializations", {})),
+        modelled_seconds=backend.modelled_seconds() if getattr(backend, "simulate", False) else None,
+        trace=backend.trace.as_dict() if getattr(backend, "simulate", False) else None)

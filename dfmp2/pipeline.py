@@ -76,13 +76,15 @@ class MemoryPlan:
 
 
 def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
-                preferred_aux_block_bytes=None, preferred_pair_rows=512) -> MemoryPlan:
+                preferred_aux_block_bytes=None, preferred_pair_rows=512,
+                occ_block_limit=None) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes.
 
     itemsize: bytes per element of the stored (ia|P) / B. The backend's preferences:
     preferred_aux_block_bytes, the size of one block of unpacked (mn|P) (None: as large as
     fits); preferred_pair_rows, the (i, a) rows of one pair-energy GEMM (small blocks waste
-    less on the diagonal blocks I = J, large ones keep a GPU busy).
+    less on the diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most
+    occupied orbitals one pair-energy kernel can hold (e.g. on-chip memory).
     """
     fixed = 3 * naux * naux * 8 + 2 * nao * nao * 8  # (P|Q), its factor, C
 
@@ -111,7 +113,7 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
     while aux_block > largest_shell and transform_bytes(aux_block) > room:
         aux_block = max(largest_shell, aux_block // 2)
 
-    occ_block = min(nocc, max(1, -(-preferred_pair_rows // max(nvir, 1))))
+    occ_block = min(nocc, occ_block_limit or nocc, max(1, -(-preferred_pair_rows // max(nvir, 1))))
     while occ_block > 1 and max(pair_bytes(occ_block), whiten_bytes(occ_block)) > room:
         occ_block -= 1
     return MemoryPlan(budget, aux_block, occ_block, storage, least)
@@ -130,18 +132,12 @@ def metric_cholesky(backend, metric):
 
 
 def transform_to_mo(backend, ao_block, c_occ, c_vir):
-    """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block.
+    """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block (the ao2mo kernel).
 
     ao_block [nP, nao, nao] (symmetric in m, n); c_occ [nao, nocc]; c_vir [nao, nvir]
     (device tensors). Returns [nocc, nvir, nP].
     """
-    nP, nao, _ = ao_block.shape
-    nocc, nvir = c_occ.shape[1], c_vir.shape[1]
-    # (i n|P) = sum_m C_mi (mn|P)          batched [nocc, nao] x [nP; nao, nao]
-    half = backend.gemm(c_occ.transpose(0, 1), ao_block)
-    # (i a|P) = sum_n (i n|P) C_na         [nP*nocc, nao] x [nao, nvir]
-    full = backend.gemm(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
-    return full.permute(1, 2, 0)  # [nocc, nvir, nP]
+    return backend.ao2mo(ao_block, c_occ, c_vir)
 
 
 def whiten_three_center(backend, factor, iaP):
@@ -275,7 +271,8 @@ def plan_for(backend, integrals, nocc, nvir, max_memory) -> MemoryPlan:
     """The memory plan of a run with `nocc` active occupied and `nvir` virtual orbitals."""
     return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, nocc, nvir,
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
-                       backend.preferred_aux_block_bytes, backend.preferred_pair_rows)
+                       backend.preferred_aux_block_bytes, backend.preferred_pair_rows,
+                       backend.occ_block_limit(nvir, integrals.naux))
 
 
 def _budget_bytes(backend, max_memory):

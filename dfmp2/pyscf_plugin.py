@@ -2,6 +2,7 @@
 
     from dfmp2 import DFMP2
     pt = DFMP2(mf, frozen=1, device="cpu", precision="fp64")
+    pt = DFMP2(mf, device="trn1", simulate=True)   # NKI kernels on the emulator
     e_corr = pt.kernel()      # or pt.run() -> pt
     pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_scs, pt.e_tot
 
@@ -21,13 +22,14 @@ class DFMP2:
     max_memory: MB (default: mf.max_memory). Energies are in Hartree.
     """
 
-    def __init__(self, mf, frozen=None, auxbasis=None, device="cpu", precision="fp64"):
+    def __init__(self, mf, frozen=None, auxbasis=None, device="cpu", precision=None, simulate=False):
         self._scf = mf
         self.mol = mf.mol
         self.frozen = frozen
         self.auxbasis = auxbasis
         self.device = device
-        self.precision = precision
+        self.precision = precision  # None: fp64, or fp32 on trn1/trn2
+        self.simulate = simulate  # trn1/trn2 only: run the NKI kernels on dfmp2's emulator
         self.max_memory = getattr(mf, "max_memory", None)
         self.verbose = getattr(mf, "verbose", 0)
         self.result = None
@@ -48,7 +50,7 @@ class DFMP2:
         """Compute and return the DF-MP2 correlation energy (Eh)."""
         self.result = run_mean_field(self._scf, auxbasis=self.auxbasis, frozen=self.frozen,
                                      device=self.device, precision=self.precision,
-                                     max_memory=self.max_memory)
+                                     simulate=self.simulate, max_memory=self.max_memory)
         self.e_hf = self.result.e_hf
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
@@ -58,7 +60,8 @@ class DFMP2:
     def run(self, **options):
         """Set any of the constructor's options, run `kernel()`, return self."""
         for name, value in options.items():
-            if name not in ("frozen", "auxbasis", "device", "precision", "max_memory", "verbose"):
+            if name not in ("frozen", "auxbasis", "device", "precision", "simulate", "max_memory",
+                            "verbose"):
                 raise TypeError(f"DFMP2.run() got an unknown option {name!r}")
             setattr(self, name, value)
         self.kernel()

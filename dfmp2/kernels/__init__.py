@@ -3,6 +3,10 @@
 Every device decision in dfmp2 is made here. A backend that was asked for either runs
 or raises; nothing falls back to another device. Backends count the kernels they run
 (`backend.calls`) so every result can say what actually executed.
+
+    cpu, cuda     torch backend (fp64 or fp32)
+    trn1, trn2    NKI backend on Trainium via torch-neuronx (fp32 only);
+                  with simulate=True the same NKI kernels on dfmp2's emulator
 """
 
 from __future__ import annotations
@@ -11,19 +15,40 @@ from ..errors import ComputationError, InputError
 
 DEVICES = ("cpu", "cuda", "trn1", "trn2")
 PRECISIONS = ("fp64", "fp32")
+TRAINIUM = ("trn1", "trn2")
 
 
-def get_backend(device: str = "cpu", precision: str = "fp64"):
-    """Backend for `device` in `precision`. InputError for unknown names or unsupported
-    devices; ComputationError if the device exists in dfmp2 but not on this machine."""
-    if precision not in PRECISIONS:
-        raise InputError(f"unknown precision {precision!r} (use one of: {', '.join(PRECISIONS)})")
+def default_precision(device: str) -> str:
+    """fp64 where the device has it; fp32 on Trainium (no fp64 on a NeuronCore)."""
+    return "fp32" if device in TRAINIUM else "fp64"
+
+
+def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False):
+    """Backend for `device` in `precision` (None: the device's default).
+
+    InputError for unknown names and impossible combinations; ComputationError if the device
+    exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK).
+    """
     if device not in DEVICES:
         raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
-    if device in ("trn1", "trn2"):
-        raise InputError(
-            f"device {device!r} is not available yet: the Trainium (NKI) kernel layer has not "
-            "landed; use --device cpu or --device cuda")
+    precision = precision or default_precision(device)
+    if precision not in PRECISIONS:
+        raise InputError(f"unknown precision {precision!r} (use one of: {', '.join(PRECISIONS)})")
+    if device in TRAINIUM:
+        if precision != "fp32":
+            raise InputError(f"{device} has no fp64 arithmetic: use --precision fp32 (the default there)")
+        from .nki_backend import NEURON_INSTALL, NEURON_PACKAGES, NkiBackend, neuron_sdk_missing
+
+        if not simulate:
+            missing = neuron_sdk_missing()
+            if missing:
+                raise ComputationError(
+                    f"--device {device} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
+                    f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add --simulate to run the "
+                    "same NKI kernels on dfmp2's emulator. Nothing was computed.")
+        return NkiBackend(device, simulate)
+    if simulate:
+        raise InputError(f"--simulate applies to trn1 and trn2, not to {device}")
     from .torch_backend import TorchBackend, cuda_available
 
     if device == "cuda" and not cuda_available():
@@ -35,11 +60,15 @@ def get_backend(device: str = "cpu", precision: str = "fp64"):
 
 def device_report() -> dict:
     """Which devices can run on this machine: {device: (usable, detail)}."""
+    from .nki_backend import neuron_sdk_missing
     from .torch_backend import cpu_description, cuda_available, cuda_description
 
     report = {"cpu": (True, cpu_description())}
     report["cuda"] = (True, cuda_description()) if cuda_available() else (
         False, "no CUDA GPU visible to torch")
-    for trn in ("trn1", "trn2"):
-        report[trn] = (False, "Trainium NKI kernel layer not implemented yet")
+    missing = neuron_sdk_missing()
+    for trn in TRAINIUM:
+        report[trn] = (False, f"Neuron SDK missing ({', '.join(missing)}); --simulate runs the NKI "
+                              "kernels on the emulator") if missing else (
+            True, "Neuron SDK found (hardware presence is checked when the device is used)")
     return report

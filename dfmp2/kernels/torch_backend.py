@@ -93,16 +93,25 @@ class TorchBackend:
         self.calls["gemm"] += 1
         return torch.matmul(a, b)
 
-    def cholesky(self, metric: torch.Tensor):
-        """Lower L with metric = L L^T, in fp64. Returns (L, ok); ok is False if not positive definite."""
-        self.calls["cholesky"] += 1
-        lower, info = torch.linalg.cholesky_ex(metric.to(torch.float64))
-        return lower, int(info.item()) == 0
+    def syrk(self, c: torch.Tensor, panel: torch.Tensor) -> torch.Tensor:
+        """C - panel panel^T for c [n, n], panel [n, w]."""
+        self.calls["syrk"] += 1
+        return torch.addmm(c, panel, panel.transpose(0, 1), alpha=-1.0)
 
-    def symmetric_eigh(self, metric: torch.Tensor):
-        """Eigenvalues (ascending) and eigenvectors of a symmetric matrix, in fp64."""
-        self.calls["eigh"] += 1
-        return torch.linalg.eigh(metric.to(torch.float64))
+    def ao2mo(self, ao_block: torch.Tensor, c_occ: torch.Tensor, c_vir: torch.Tensor) -> torch.Tensor:
+        """(ia|P) = sum_mn C_mi C_na (mn|P): [nP, nao, nao] -> [nocc, nvir, nP]."""
+        self.calls["ao2mo"] += 1
+        nP, nao, _ = ao_block.shape
+        nocc, nvir = c_occ.shape[1], c_vir.shape[1]
+        # (i n|P) = sum_m C_mi (mn|P)          batched [nocc, nao] x [nP; nao, nao]
+        half = torch.matmul(c_occ.transpose(0, 1), ao_block)
+        # (i a|P) = sum_n (i n|P) C_na         [nP*nocc, nao] x [nao, nvir]
+        full = torch.matmul(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
+        return full.permute(1, 2, 0)
+
+    def occ_block_limit(self, nvir: int, naux: int) -> int:
+        """No on-chip memory limit on the pair-energy block here (the budget decides)."""
+        return 1 << 30
 
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """B = X L^-T for X [n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""

@@ -1,22 +1,31 @@
 """Linear algebra of the DF metric, written once on top of the kernel dispatch.
 
-    J = L L^T                 (Cholesky, fp64)
-    B = X L^-T                (whitening, right-side triangular solve)
+    J = L L^T                 blocked right-looking Cholesky
+    B = X L^-T                whitening (right-side triangular solve)
 
-If J is numerically singular (Cholesky breaks down or leaves a pivot at rounding level), J is eigen-decomposed instead,
-J = U s U^T, eigenvalues below `drop_threshold` are dropped, and X U_k s_k^-1/2 is the
-whitened tensor (so that B B^T = X J^+ X^T). The fallback is part of the result, never silent.
+The same blocked algorithm runs on every backend: the 128 x 128 diagonal panels are
+factorised (and inverted) on the host in fp64, the panel solve is a device GEMM and the
+trailing update a device SYRK. Panel solve and update always have full height (rows above
+the panel are zeroed), so each is one kernel shape for the whole factorisation.
+
+If J is numerically singular (a panel is not positive definite, or a pivot is at rounding
+level), J is eigen-decomposed on the host in fp64, J = U s U^T, eigenvalues below
+`drop_threshold` are dropped, and X U_k s_k^-1/2 is the whitened tensor (so B B^T = X J^+ X^T).
+The fallback is logged and recorded in the result, never silent.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..errors import ComputationError
 
 log = logging.getLogger("dfmp2")
 
+PANEL = 128  # columns per Cholesky panel: one Tensor Engine tile
 LINEAR_DEPENDENCY_THRESHOLD = 1e-9  # Eh; eigenvalues of (P|Q) below this are dropped
 CHOLESKY_PIVOT_RATIO = 1e-14  # smallest accepted pivot^2 / largest diagonal element of (P|Q)
 
@@ -30,10 +39,19 @@ class MetricFactor:
     matrix: object
     naux: int
     nkept: int
+    _cast: dict = field(default_factory=dict, repr=False)
 
     @property
     def ndropped(self) -> int:
         return self.naux - self.nkept
+
+    def matrix_as(self, dtype):
+        """The factor in `dtype`, converted once."""
+        if self.matrix.dtype == dtype:
+            return self.matrix
+        if dtype not in self._cast:
+            self._cast[dtype] = self.matrix.to(dtype)
+        return self._cast[dtype]
 
     def describe(self) -> str:
         if self.kind == "cholesky":
@@ -42,20 +60,48 @@ class MetricFactor:
                 f"eigenvalues below {LINEAR_DEPENDENCY_THRESHOLD:g})")
 
 
+def cholesky_blocked(backend, metric):
+    """Lower L with metric = L L^T ([n, n] tensor on the device), or None if not positive definite."""
+    import torch
+
+    n = metric.shape[0]
+    work = metric
+    panels = []
+    for k0 in range(0, n, PANEL):
+        k1 = min(k0 + PANEL, n)
+        # L_kk = chol(A_kk), on the host in fp64
+        backend.calls["host:cholesky_panel"] += 1
+        try:
+            l_kk = np.linalg.cholesky(backend.to_host(work[k0:k1, k0:k1]).astype(np.float64))
+        except np.linalg.LinAlgError:
+            return None
+        # L_ik = A_ik L_kk^-T for rows i >= k1 (rows above are zeroed: same shape every step)
+        below = work[:, k0:k1].clone()
+        below[:k1] = 0
+        panel = backend.gemm(below, backend.to_device(np.linalg.inv(l_kk).T, fp64=True))
+        panel[k0:k1] = backend.to_device(l_kk, fp64=True)
+        panels.append(panel)
+        # A <- A - L_k L_k^T (the trailing matrix; the panel is zero above row k0)
+        work = backend.syrk(work, panel)
+    return torch.cat(panels, dim=1)
+
+
 def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THRESHOLD) -> MetricFactor:
-    """Factor (P|Q) [naux, naux] (fp64 tensor on the backend's device)."""
+    """Factor (P|Q) [naux, naux] (a tensor on the backend's device)."""
     naux = metric.shape[0]
-    lower, ok = backend.cholesky(metric)
+    lower = cholesky_blocked(backend, metric)
     # accept L only if every pivot is well above rounding noise of the largest diagonal element
-    if ok and float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
+    if lower is not None and \
+            float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
         return MetricFactor("cholesky", lower, naux, naux)
-    eigenvalues, vectors = backend.symmetric_eigh(metric)
+    backend.calls["host:eigh"] += 1
+    eigenvalues, vectors = np.linalg.eigh(backend.to_host(metric).astype(np.float64))
     keep = eigenvalues > drop_threshold
     nkept = int(keep.sum())
     if nkept == 0:
         raise ComputationError("the auxiliary metric (P|Q) has no eigenvalue above "
                                f"{drop_threshold:g}: the auxiliary basis is unusable")
-    projector = vectors[:, keep] / eigenvalues[keep].sqrt()
+    projector = backend.to_device(vectors[:, keep] / np.sqrt(eigenvalues[keep]), fp64=True)
     factor = MetricFactor("eigen", projector, naux, nkept)
     log.warning("metric (P|Q) is not positive definite: using %s", factor.describe())
     return factor
@@ -63,7 +109,7 @@ def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THR
 
 def whiten(backend, factor: MetricFactor, x):
     """B = X L^-T (Cholesky) or X U_k s_k^-1/2 (eigen) for X [n, naux] -> [n, nkept]."""
-    matrix = factor.matrix.to(x.dtype)
+    matrix = factor.matrix_as(x.dtype)
     if factor.kind == "cholesky":
         return backend.solve_lower_transposed(matrix, x)
     return backend.gemm(x, matrix)

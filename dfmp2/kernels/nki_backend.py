@@ -1,0 +1,247 @@
+"""NKI backend: the pipeline's kernels as NKI kernels on Trainium (trn1, trn2), or on the emulator.
+
+simulate=False: tensors live on the XLA device (torch-neuronx) and `dfmp2/kernels/nki_kernels.py`
+is compiled by the real `nki.jit`. simulate=True: the same kernel source is executed with
+dfmp2's emulator standing in for the `nki` modules, with the chosen target's limits.
+
+Device arithmetic is fp32 (no fp64 on a NeuronCore); partial energies come back per pair and
+are summed on the host in fp64. Host work that is not a kernel is named `host:*` in `calls`:
+the 128 x 128 diagonal panels of the Cholesky factorisation (and their inverses) in fp64,
+and the eigen-decomposition fallback for a singular metric.
+
+Compile economy: every call pads its arrays to tile multiples and, when the result fits inside
+a shape this kernel already ran with, up to that shape. The blocks of one run shrink at the end
+(last aux block, last occupied block), so each kernel runs in one specialization per run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections import Counter
+
+import numpy as np
+import torch
+
+from ..errors import ComputationError
+from . import emulator
+from .emulator.core import TARGETS, Trace
+
+P = 128
+FREE = 512
+OCC_PAD_ENERGY = -1.0e4  # Eh; padded occupied orbitals (zero B) get this energy ...
+VIR_PAD_ENERGY = 1.0e4  # ... and padded virtuals this one, so every padded D_ijab is far from 0
+NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
+NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
+                  "https://pip.repos.neuron.amazonaws.com (on a Trainium instance)")
+
+_KERNEL_FILE = os.path.join(os.path.dirname(__file__), "nki_kernels.py")
+
+
+def load_kernels(simulate: bool):
+    """The kernel module, bound to the emulator (simulate) or to the real Neuron SDK."""
+    if not simulate:
+        from . import nki_kernels  # imports the real `nki`; the caller checked it is installed
+
+        return nki_kernels
+    names = ("nki", "nki.language", "nki.isa")
+    saved = {name: sys.modules.get(name) for name in names}
+    sys.modules.update({"nki": emulator, "nki.language": emulator.language, "nki.isa": emulator.isa})
+    try:
+        spec = importlib.util.spec_from_file_location("dfmp2.kernels._nki_kernels_emulated", _KERNEL_FILE)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, module_before in saved.items():
+            if module_before is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module_before
+    return module
+
+
+def neuron_sdk_missing():
+    """Names of the Neuron packages that cannot be imported here (empty if all can)."""
+    return [name for name in ("torch_neuronx", "torch_xla", "nki")
+            if importlib.util.find_spec(name) is None]
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+class NkiBackend:
+    """Kernels for target 'trn1' or 'trn2'; simulate=True runs them on the emulator."""
+
+    name = "nki"
+    precision = "fp32"
+    compute_dtype = torch.float32
+    itemsize = 4
+
+    def __init__(self, target: str, simulate: bool):
+        self.device_name = target
+        self.target = target
+        self.simulate = simulate
+        self.kernels = load_kernels(simulate)
+        if simulate:
+            self.device = torch.device("cpu")
+        else:
+            import torch_xla
+
+            self.device = torch_xla.device()
+        self.calls = Counter()
+        self.specializations = {}  # kernel -> set of padded argument shapes
+        self.trace = Trace()
+        self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
+        self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
+        # one unpacked (mn|P) block of ~16 MB; pair blocks sized for SBUF in pair_block()
+        self.preferred_aux_block_bytes = 16 * 2**20
+        self.preferred_pair_rows = 1024
+
+    # ---- data movement ---------------------------------------------------------------
+    def to_device(self, array, fp64=False) -> torch.Tensor:
+        """Host array -> fp32 tensor on the device (fp64 is not available on a NeuronCore)."""
+        return torch.as_tensor(np.asarray(array)).to(device=self.device, dtype=torch.float32)
+
+    def zeros(self, shape) -> torch.Tensor:
+        return torch.zeros(shape, device=self.device, dtype=torch.float32)
+
+    @staticmethod
+    def to_host(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().cpu().numpy()
+
+    def synchronize(self) -> None:
+        if not self.simulate:
+            import torch_xla
+
+            torch_xla.sync()
+
+    def memory_limit_bytes(self):
+        return None
+
+    def describe(self) -> str:
+        core = "NeuronCore-v2" if self.target == "trn1" else "NeuronCore-v3"
+        if self.simulate:
+            return f"{self.target} NKI emulator ({core} limits; numpy on the host CPU)"
+        return f"{self.target} {core} via torch-neuronx ({self.device})"
+
+    def modelled_seconds(self) -> dict:
+        """MODEL (not measured): kernel time on each target from this run's trace."""
+        return {name: self.trace.modelled_seconds(target) for name, target in TARGETS.items()}
+
+    # ---- kernel calls ------------------------------------------------------------------
+    def _launch(self, kernel_name, arrays):
+        """Run one kernel on padded fp32 arrays; record the call and its specialization."""
+        shapes = tuple(tuple(a.shape) for a in arrays)
+        self.calls[kernel_name] += 1
+        self.specializations.setdefault(kernel_name, set()).add(shapes)
+        kernel = getattr(self.kernels, kernel_name)
+        if self.simulate:
+            with emulator.target(self.target):
+                out = kernel(*(np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float32)
+                               for a in arrays))
+            self.trace.add(kernel.last_trace)
+            return torch.from_numpy(out)
+        return kernel(*arrays)
+
+    def _bucket(self, kernel_name, shapes):
+        """Reuse the largest shapes this kernel ran with when the new ones fit inside them."""
+        largest = self._largest.get(kernel_name)
+        if largest is not None and all(
+                len(s) == len(b) and all(x <= y for x, y in zip(s, b)) for s, b in zip(shapes, largest)):
+            return largest
+        if largest is not None:
+            shapes = tuple(tuple(max(x, y) for x, y in zip(s, b)) for s, b in zip(shapes, largest))
+        self._largest[kernel_name] = shapes
+        return shapes
+
+    def _pad(self, tensor, shape, value=0.0):
+        if tuple(tensor.shape) == tuple(shape):
+            return tensor.to(torch.float32).contiguous()
+        out = torch.full(shape, value, dtype=torch.float32, device=tensor.device)
+        out[tuple(slice(0, n) for n in tensor.shape)] = tensor
+        return out
+
+    # ---- the backend interface used by linalg and the pipeline ---------------------------
+    def gemm(self, a, b):
+        """C = A @ B for [m, k] x [k, n] via gemm_kernel (which takes A transposed)."""
+        m, k = a.shape
+        n = b.shape[1]
+        (kp, mp), (_, np_) = self._bucket("gemm_kernel", ((_round_up(k, P), _round_up(m, P)),
+                                                          (_round_up(k, P), _round_up(n, FREE))))
+        out = self._launch("gemm_kernel", (self._pad(a.T, (kp, mp)), self._pad(b, (kp, np_))))
+        return out[:m, :n].to(self.device)
+
+    def syrk(self, c, panel):
+        """C - panel panel^T on (at least) the lower triangle; c [n, n], panel [n, w]."""
+        n, w = panel.shape
+        (np_, _), (wp, _) = self._bucket("syrk_kernel", ((_round_up(n, FREE),) * 2,
+                                                         (_round_up(w, P), _round_up(n, FREE))))
+        out = self._launch("syrk_kernel", (self._pad(c, (np_, np_)), self._pad(panel.T, (wp, np_))))
+        return out[:n, :n].to(self.device)
+
+    def solve_lower_transposed(self, lower, x):
+        """B = X L^-T for X [n, naux] via trsm_kernel (forward substitution on X^T)."""
+        rows, naux = x.shape
+        (nap, rp), _, _ = self._bucket("trsm_kernel", ((_round_up(naux, P), _round_up(rows, FREE)),
+                                                       (_round_up(naux, P),) * 2,
+                                                       (_round_up(naux, P), P)))
+        inverses = self._diagonal_inverses(lower, nap)
+        out = self._launch("trsm_kernel", (self._pad(x.T, (nap, rp)), self._pad(lower.T, (nap, nap)),
+                                           inverses))
+        return out[:naux, :rows].T.contiguous().to(self.device)
+
+    def _diagonal_inverses(self, lower, padded):
+        """Stacked (L_kk^-1)^T of the 128 x 128 diagonal blocks, inverted on the host in fp64.
+        Padding rows/columns of L get a unit diagonal so their blocks stay invertible."""
+        if self._inverse_panels is not None and self._inverse_panels[0] is lower:
+            return self._inverse_panels[1]
+        host = np.eye(padded)
+        naux = lower.shape[0]
+        host[:naux, :naux] = self.to_host(lower).astype(np.float64)
+        stacked = np.empty((padded, P))
+        for k0 in range(0, padded, P):
+            stacked[k0:k0 + P] = np.linalg.inv(host[k0:k0 + P, k0:k0 + P]).T
+            self.calls["host:invert_panel"] += 1
+        inverses = self.to_device(stacked)
+        self._inverse_panels = (lower, inverses)
+        return inverses
+
+    def ao2mo(self, ao_block, c_occ, c_vir):
+        """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP]."""
+        nP, nao, _ = ao_block.shape
+        nocc, nvir = c_occ.shape[1], c_vir.shape[1]
+        if nocc > FREE:
+            raise ComputationError(f"ao2mo_kernel handles up to {FREE} occupied orbitals, got {nocc}")
+        (pp, ap, _), (_, op), (_, vp) = self._bucket("ao2mo_kernel", (
+            (nP, _round_up(nao, P), _round_up(nao, P)), (_round_up(nao, P), _round_up(nocc, P)),
+            (_round_up(nao, P), _round_up(nvir, FREE))))
+        out = self._launch("ao2mo_kernel", (self._pad(ao_block, (pp, ap, ap)), self._pad(c_occ, (ap, op)),
+                                            self._pad(c_vir, (ap, vp))))
+        return out[:nP, :nocc, :nvir].permute(1, 2, 0).to(self.device)
+
+    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
+        """(E_os, E_ss) of one block of occupied pairs via pair_energy_kernel; fp64 host sums."""
+        ni, nvir, naux = b_i.shape
+        nj = b_j.shape[0]
+        vir_tile = P if nvir <= FREE else FREE
+        (qp, ip, vp), (_, jp, _), _, _, _, _ = self._bucket("pair_energy_kernel", (
+            (_round_up(naux, P), ni, _round_up(nvir, vir_tile)), (_round_up(naux, P), nj, _round_up(nvir, vir_tile)),
+            (P, ni), (P, nj), (_round_up(nvir, vir_tile), 1), (P, _round_up(nvir, vir_tile))))
+        e_vir_pad = self._pad(e_vir.to(torch.float32), (vp,), VIR_PAD_ENERGY)
+        partials = self._launch("pair_energy_kernel", (
+            self._pad(b_i.permute(2, 0, 1), (qp, ip, vp)),
+            self._pad(b_j.permute(2, 0, 1), (qp, jp, vp)),
+            self._pad(e_i.to(torch.float32), (ip,), OCC_PAD_ENERGY).expand(P, ip),
+            self._pad(e_j.to(torch.float32), (jp,), OCC_PAD_ENERGY).expand(P, jp),
+            e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp)))
+        sums = self.to_host(partials).astype(np.float64).reshape(P, ip, jp, 2)[:, :ni, :nj]
+        e_os = float(sums[..., 0].sum())
+        return e_os, e_os - float(sums[..., 1].sum())
+
+    def occ_block_limit(self, nvir: int, naux: int) -> int:
+        """Occupied orbitals per pair-energy call: two B blocks fill at most half of SBUF."""
+        sbuf = TARGETS[self.target].sbuf_bytes_per_partition
+        per_orbital = 4 * (_round_up(naux, P) // P) * _round_up(nvir, P if nvir <= FREE else FREE)
+        return max(1, min(16, sbuf // 2 // (2 * per_orbital)))
