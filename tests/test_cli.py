@@ -71,6 +71,8 @@ SUCCESS_RUNS = {
     "exact": ["run", WATER, "--scf", "exact", "--json", "out.json"],
     "fp32": ["run", WATER, "--precision", "fp32", "--json", "out.json"],
     "lowercase": ["run", "lower.xyz", "--json", "out.json"],
+    "trn1_sim": ["run", WATER, "--device", "trn1", "--simulate", "--json", "out.json"],
+    "trn2_sim": ["run", WATER, "--device", "trn2", "--simulate", "--json", "out.json"],
 }
 
 
@@ -211,8 +213,9 @@ CASES = [
     Case("impossible-spin", ["run", "{water}", "--spin", "1"], needles=("spin", "10 electrons")),
     Case("open-shell-spin", ["run", "{water}", "--spin", "2"], needles=("closed-shell", "RHF")),
     Case("unknown-device", ["run", "{water}", "--device", "tpu"], needles=("tpu",)),
-    Case("trainium-not-yet", ["run", "{water}", "--device", "trn1"],
-         needles=("trn1", re.compile(r"Trainium|NKI"))),
+    Case("simulate-on-cpu", ["run", "{water}", "--simulate"], needles=("--simulate",)),
+    Case("trainium-fp64", ["run", "{water}", "--device", "trn1", "--simulate", "--precision", "fp64"],
+         needles=("trn1", "fp64")),
     Case("unknown-precision", ["run", "{water}", "--precision", "fp16"], needles=("fp16",)),
     # water/cc-pVDZ fits in ~0.2 MB, so 1 MB is "too small" only for a larger molecule
     Case("max-memory-too-small", ["run", "{benzene}", "--max-memory", "1"],
@@ -231,6 +234,8 @@ CASES = [
          needles=("SCF", "converge")),
     Case("cuda-without-gpu", ["run", "{water}", "--device", "cuda"], code=1,
          needles=("cuda",)),
+    Case("trainium-without-neuron-sdk", ["run", "{water}", "--device", "trn2"], code=1,
+         needles=("trn2", "Neuron SDK", "torch_neuronx", "dfmp2[neuron]", "--simulate")),
 ]
 NEEDS_NO_GPU = {"cuda-without-gpu"}
 CASE_PARAMS = [
@@ -307,7 +312,7 @@ def test_info(tmp_path):
     out = proc.stdout
     assert re.search(r"^\s*cpu\s+usable\b", out, re.M), out
     assert re.search(r"^\s*cuda\s+" + ("usable" if CUDA else "unavailable") + r"\b", out, re.M), out
-    assert re.search(r"^\s*trn1\s+unavailable\b", out, re.M), out
+    assert re.search(r"^\s*trn1\s+unavailable\s+Neuron SDK missing", out, re.M), out
     assert re.search(r"^torch\s+" + re.escape(torch.__version__) + r"\s*$", out, re.M), out
     pyscf_version = metadata.version("pyscf")
     assert re.search(r"^pyscf\s+" + re.escape(pyscf_version) + r"\s*$", out, re.M), out
@@ -331,3 +336,18 @@ def test_console_script(tmp_path):
                           text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, describe(proc)
     assert dfmp2.__version__ in proc.stdout
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_simulated_trainium_run(runs, target):
+    cpu, trn = runs["default"].record, runs[f"{target}_sim"].record
+    assert trn["device"] == target and trn["backend"] == "nki" and trn["simulated"] is True
+    assert trn["precision"] == "fp32"
+    assert abs(trn["e_corr"] - cpu["e_corr"]) < 1e-6
+    assert {"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel",
+            "pair_energy_kernel"} <= set(trn["kernels"])
+    assert all(name.endswith("_kernel") or name.startswith("host:") for name in trn["kernels"])
+    assert sum(len(shapes) for shapes in trn["kernel_specializations"].values()) <= 8
+    assert trn["modelled_seconds"]["trn1"] > 0 and trn["modelled_seconds"]["trn2"] > 0
+    assert "model" in trn["modelled_seconds_note"]
+    assert "MODEL" in runs[f"{target}_sim"].proc.stdout

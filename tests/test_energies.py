@@ -109,12 +109,10 @@ def test_rejects_open_shell_and_unconverged_mean_fields():
         DFMP2(converged_rhf("water"), frozen=6).kernel()
 
 
-def test_unknown_device_and_trainium_rejected():
+def test_unknown_device_rejected():
     mf = converged_rhf("water")
     with pytest.raises(InputError, match="unknown device"):
         DFMP2(mf, device="tpu").kernel()
-    with pytest.raises(InputError, match="Trainium"):
-        DFMP2(mf, device="trn1").kernel()
 
 
 def test_singular_metric_uses_eigen_fallback_without_nan():

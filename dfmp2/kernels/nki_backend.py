@@ -209,26 +209,44 @@ class NkiBackend:
         return inverses
 
     def ao2mo(self, ao_block, c_occ, c_vir):
-        """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP]."""
+        """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP].
+        Occupied orbitals go in chunks of at most 512 (one PSUM bank), one call each."""
         nP, nao, _ = ao_block.shape
         nocc, nvir = c_occ.shape[1], c_vir.shape[1]
-        if nocc > FREE:
-            raise ComputationError(f"ao2mo_kernel handles up to {FREE} occupied orbitals, got {nocc}")
-        (pp, ap, _), (_, op), (_, vp) = self._bucket("ao2mo_kernel", (
-            (nP, _round_up(nao, P), _round_up(nao, P)), (_round_up(nao, P), _round_up(nocc, P)),
-            (_round_up(nao, P), _round_up(nvir, FREE))))
-        out = self._launch("ao2mo_kernel", (self._pad(ao_block, (pp, ap, ap)), self._pad(c_occ, (ap, op)),
-                                            self._pad(c_vir, (ap, vp))))
-        return out[:nP, :nocc, :nvir].permute(1, 2, 0).to(self.device)
+        chunks = []
+        for i0 in range(0, nocc, FREE):
+            c_chunk = c_occ[:, i0:i0 + FREE]
+            (pp, ap, _), (_, op), (_, vp) = self._bucket("ao2mo_kernel", (
+                (nP, _round_up(nao, P), _round_up(nao, P)),
+                (_round_up(nao, P), _round_up(c_chunk.shape[1], P)),
+                (_round_up(nao, P), _round_up(nvir, FREE))))
+            out = self._launch("ao2mo_kernel", (self._pad(ao_block, (pp, ap, ap)),
+                                                self._pad(c_chunk, (ap, op)), self._pad(c_vir, (ap, vp))))
+            chunks.append(out[:nP, :c_chunk.shape[1], :nvir])
+        return torch.cat(chunks, dim=1).permute(1, 2, 0).to(self.device)
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
-        """(E_os, E_ss) of one block of occupied pairs via pair_energy_kernel; fp64 host sums."""
+        """(E_os, E_ss) summed over all i in b_i, j in b_j via pair_energy_kernel, one call per
+        chunk of occupied orbitals that fits SBUF; the per-pair partials are summed in fp64."""
+        ni, nvir, naux = b_i.shape
+        nj = b_j.shape[0]
+        step = self.occ_block_limit(nvir, naux)
+        e_os = e_ex = 0.0
+        for i0 in range(0, ni, step):
+            for j0 in range(0, nj, step):
+                os_part, ex_part = self._pair_energy_call(b_i[i0:i0 + step], b_j[j0:j0 + step],
+                                                          e_i[i0:i0 + step], e_j[j0:j0 + step], e_vir)
+                e_os += os_part
+                e_ex += ex_part
+        return e_os, e_os - e_ex
+
+    def _pair_energy_call(self, b_i, b_j, e_i, e_j, e_vir):
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
         vir_tile = P if nvir <= FREE else FREE
+        vir_pad, aux_pad = _round_up(nvir, vir_tile), _round_up(naux, P)
         (qp, ip, vp), (_, jp, _), _, _, _, _ = self._bucket("pair_energy_kernel", (
-            (_round_up(naux, P), ni, _round_up(nvir, vir_tile)), (_round_up(naux, P), nj, _round_up(nvir, vir_tile)),
-            (P, ni), (P, nj), (_round_up(nvir, vir_tile), 1), (P, _round_up(nvir, vir_tile))))
+            (aux_pad, ni, vir_pad), (aux_pad, nj, vir_pad), (P, ni), (P, nj), (vir_pad, 1), (P, vir_pad)))
         e_vir_pad = self._pad(e_vir.to(torch.float32), (vp,), VIR_PAD_ENERGY)
         partials = self._launch("pair_energy_kernel", (
             self._pad(b_i.permute(2, 0, 1), (qp, ip, vp)),
@@ -237,8 +255,7 @@ class NkiBackend:
             self._pad(e_j.to(torch.float32), (jp,), OCC_PAD_ENERGY).expand(P, jp),
             e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp)))
         sums = self.to_host(partials).astype(np.float64).reshape(P, ip, jp, 2)[:, :ni, :nj]
-        e_os = float(sums[..., 0].sum())
-        return e_os, e_os - float(sums[..., 1].sum())
+        return float(sums[..., 0].sum()), float(sums[..., 1].sum())
 
     def occ_block_limit(self, nvir: int, naux: int) -> int:
         """Occupied orbitals per pair-energy call: two B blocks fill at most half of SBUF."""

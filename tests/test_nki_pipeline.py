@@ -1,0 +1,128 @@
+"""DF-MP2 through the NKI kernels on the emulator (--device trn1|trn2 --simulate), compile
+economy, and the Trainium device rules (no silent fallback)."""
+
+import importlib.util
+import os
+
+import pytest
+
+from conftest import ROOT, converged_rhf
+from dfmp2 import DFMP2, ComputationError, InputError
+from dfmp2.chem import build_molecule, read_xyz, run_scf
+
+NKI_KERNELS = {"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"}
+HOST_STEPS = {"host:cholesky_panel", "host:invert_panel"}  # fp64 128 x 128 diagonal panels
+FP32_TOL = 1e-6  # Eh versus the fp64 CPU result
+
+
+def example_mf(name):
+    mol = build_molecule(read_xyz(os.path.join(ROOT, "examples", f"{name}.xyz")), "cc-pvdz")
+    return run_scf(mol, "df")
+
+
+_MF = {}
+
+
+def mean_field(name):
+    if name not in _MF:
+        _MF[name] = example_mf(name)
+    return _MF[name]
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("molecule", ["water", "benzene"])
+def test_simulated_trainium_matches_cpu(molecule, target):
+    mf = mean_field(molecule)
+    cpu = DFMP2(mf).run()
+    trn = DFMP2(mf, device=target, simulate=True).run()
+    result = trn.result
+    assert abs(trn.e_corr - cpu.e_corr) < FP32_TOL
+    assert abs(trn.e_corr_os - cpu.e_corr_os) < FP32_TOL
+    assert abs(trn.e_corr_ss - cpu.e_corr_ss) < FP32_TOL
+    # every GEMM / solve / energy step ran as an NKI kernel; the only host work is the
+    # fp64 diagonal panels of the Cholesky factorisation
+    assert set(result.kernels) == NKI_KERNELS | HOST_STEPS
+    assert result.backend == "nki" and result.device == target and result.simulated
+    assert result.precision == "fp32"
+    # compile economy: one specialization per kernel, at most 8 in all
+    assert all(len(shapes) == 1 for shapes in result.kernel_specializations.values())
+    assert sum(len(s) for s in result.kernel_specializations.values()) <= 8
+    # one pair-energy dispatch per block pair I >= J, never one per orbital pair
+    nblocks = -(-result.correlation.nocc // result.correlation.plan.occ_block)
+    assert result.kernels["pair_energy_kernel"] == nblocks * (nblocks + 1) // 2
+    assert result.kernels["pair_energy_kernel"] < result.correlation.nocc * (result.correlation.nocc + 1) // 2
+    assert result.modelled_seconds["trn1"] > 0 and result.modelled_seconds["trn2"] > 0
+
+
+def test_specializations_do_not_grow_with_the_molecule():
+    counts = []
+    for name in ("water", "benzene"):
+        result = DFMP2(mean_field(name), device="trn1", simulate=True).run().result
+        counts.append({k: len(v) for k, v in result.kernel_specializations.items()})
+    assert counts[0] == counts[1]
+
+
+def test_small_memory_budget_on_simulated_trn1_still_one_specialization_per_kernel():
+    mf = converged_rhf("ethylene")
+    from dfmp2.driver import run_mean_field
+    from dfmp2.pipeline import MB
+
+    roomy = run_mean_field(mf, device="trn1", simulate=True)
+    tight = run_mean_field(mf, device="trn1", simulate=True,
+                           max_memory=roomy.correlation.plan.minimum * 1.05 / MB)
+    assert tight.correlation.plan.aux_block < tight.correlation.naux
+    assert tight.kernels["ao2mo_kernel"] > roomy.kernels["ao2mo_kernel"]
+    assert all(len(shapes) == 1 for shapes in tight.kernel_specializations.values())
+    assert abs(tight.e_corr - roomy.e_corr) < 1e-7
+
+
+def test_trainium_without_sdk_is_an_error_not_a_fallback():
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        pytest.skip("the Neuron SDK is installed here")
+    mf = converged_rhf("water")
+    for target in ("trn1", "trn2"):
+        with pytest.raises(ComputationError, match="Neuron SDK.*torch_neuronx.*dfmp2\\[neuron\\]"):
+            DFMP2(mf, device=target).kernel()
+
+
+def test_trainium_option_rules():
+    mf = converged_rhf("water")
+    with pytest.raises(InputError, match="no fp64"):
+        DFMP2(mf, device="trn1", precision="fp64", simulate=True).kernel()
+    with pytest.raises(InputError, match="--simulate applies to trn1 and trn2"):
+        DFMP2(mf, device="cpu", simulate=True).kernel()
+
+
+@pytest.mark.nki_simulator
+def test_kernels_under_aws_nki_simulate():
+    """With AWS's own `nki` installed, run the kernel source under nki.simulate."""
+    spec = importlib.util.find_spec("nki")
+    if spec is None:
+        pytest.skip("AWS's nki package (Neuron pip repository) is not installed")
+    import nki
+    import numpy as np
+
+    from dfmp2.kernels import nki_kernels
+
+    rng = np.random.default_rng(0)
+    a_t = rng.standard_normal((256, 128)).astype(np.float32)
+    b = rng.standard_normal((256, 512)).astype(np.float32)
+    out = nki.simulate(nki_kernels.gemm_kernel)(a_t, b)
+    assert np.allclose(out, a_t.T @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.neuron
+def test_water_on_trainium_hardware():
+    """Real Trainium. Skipped without the SDK unless DFMP2_REQUIRE_NKI=1, which makes it fail."""
+    from dfmp2.kernels.nki_backend import neuron_sdk_missing
+
+    missing = neuron_sdk_missing()
+    if missing:
+        if os.environ.get("DFMP2_REQUIRE_NKI") == "1":
+            pytest.fail(f"DFMP2_REQUIRE_NKI=1 but the Neuron SDK is missing: {', '.join(missing)}")
+        pytest.skip("no Neuron SDK / Trainium device here")
+    mf = mean_field("water")
+    cpu = DFMP2(mf).run()
+    trn = DFMP2(mf, device="trn1").run()
+    assert trn.result.backend == "nki" and not trn.result.simulated
+    assert abs(trn.e_corr - cpu.e_corr) < FP32_TOL
