@@ -251,9 +251,9 @@ class NkiBackend:
         partials = self._launch("pair_energy_kernel", (
             self._pad(b_i.permute(2, 0, 1), (qp, ip, vp)),
             self._pad(b_j.permute(2, 0, 1), (qp, jp, vp)),
-            self._pad(e_i.to(torch.float32), (ip,), OCC_PAD_ENERGY).expand(P, ip),
-            self._pad(e_j.to(torch.float32), (jp,), OCC_PAD_ENERGY).expand(P, jp),
-            e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp)))
+            self._pad(e_i.to(torch.float32), (ip,), OCC_PAD_ENERGY).expand(P, ip).contiguous(),
+            self._pad(e_j.to(torch.float32), (jp,), OCC_PAD_ENERGY).expand(P, jp).contiguous(),
+            e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp).contiguous()))
         sums = self.to_host(partials).astype(np.float64).reshape(P, ip, jp, 2)[:, :ni, :nj]
         return float(sums[..., 0].sum()), float(sums[..., 1].sum())
 
