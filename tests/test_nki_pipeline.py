@@ -126,3 +126,15 @@ def test_water_on_trainium_hardware():
     trn = DFMP2(mf, device="trn1").run()
     assert trn.result.backend == "nki" and not trn.result.simulated
     assert abs(trn.e_corr - cpu.e_corr) < FP32_TOL
+
+
+def test_singular_metric_on_simulated_trn1_uses_host_eigen_then_gemm_kernel():
+    from pyscf import gto
+
+    mf = converged_rhf("water")
+    ri_o, ri_h = gto.basis.load("cc-pvdz-ri", "O"), gto.basis.load("cc-pvdz-ri", "H")
+    duplicated = {"O": ri_o + ri_o[:3], "H": ri_h + ri_h[:1]}  # exactly linearly dependent
+    trn = DFMP2(mf, auxbasis=duplicated, device="trn1", simulate=True).run()
+    assert "eigen" in trn.result.correlation.metric
+    assert trn.result.kernels["host:eigh"] == 1 and trn.result.kernels["gemm_kernel"] >= 1
+    assert abs(trn.e_corr - DFMP2(mf, auxbasis="cc-pvdz-ri").kernel()) < FP32_TOL
