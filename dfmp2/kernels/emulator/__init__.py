@@ -66,6 +66,7 @@ class EmulatedKernel:
     def __call__(self, *args):
         with kernel_run(TARGETS[_config.target], self.fn.__name__) as run:
             result = self.fn(*(_as_hbm(arg, self.fn.__name__, n) for n, arg in enumerate(args)))
+            run.checkpoint()
             outputs = result if isinstance(result, tuple) else (result,)
             arrays = tuple(_returned(tile, self.fn.__name__) for tile in outputs)
         self.last_trace = run.trace

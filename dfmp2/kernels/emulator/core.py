@@ -98,37 +98,51 @@ _state = _State()
 
 
 class KernelRun:
-    """One emulated kernel invocation: the target, live on-chip bytes, the trace."""
+    """One emulated kernel invocation: the target, live on-chip bytes, the trace.
+
+    Capacity is checked at every instruction, allocation and the kernel's end (checkpoints),
+    not inside the allocation itself: in `t = nl.ndarray(...)` inside a loop, the tile that
+    `t` held is released as soon as the assignment completes, as the compiler would reuse
+    its buffer; tiles that are still referenced (kept in a list, bound to other names) count.
+    """
 
     def __init__(self, target: Target, name: str):
         self.target = target
         self.name = name
         self.trace = Trace()
         self.live = {"sbuf": 0, "psum": 0}  # bytes per partition
+        self._last = {"sbuf": None, "psum": None}  # description of the latest allocation
 
     def allocate(self, buffer: str, per_partition: int, shape, owner) -> None:
-        limit = (self.target.sbuf_bytes_per_partition if buffer == "sbuf"
-                 else self.target.psum_bytes_per_partition)
+        self.checkpoint()
         if buffer == "psum":  # PSUM is handed out in whole 2 KiB banks
             bank = self.target.psum_bank_bytes
             per_partition = -(-per_partition // bank) * bank
-        if self.live[buffer] + per_partition > limit:
-            raise NkiConstraintError(
-                f"{self.name}: allocating a {buffer.upper()} tile of shape {tuple(shape)} "
-                f"({per_partition} B per partition) exceeds {buffer.upper()} capacity on "
-                f"{self.target.name}: {self.live[buffer]} B already live, limit {limit} B per partition")
         self.live[buffer] += per_partition
-        key = "peak_sbuf_bytes" if buffer == "sbuf" else "peak_psum_bytes"
-        setattr(self.trace, key, max(getattr(self.trace, key), self.live[buffer]))
+        self._last[buffer] = (tuple(shape), per_partition)
         weakref.finalize(owner, self._release, buffer, per_partition)
+
+    def checkpoint(self) -> None:
+        """Raise if the live allocations exceed SBUF or PSUM capacity; track the peaks."""
+        for buffer, limit, key in (("sbuf", self.target.sbuf_bytes_per_partition, "peak_sbuf_bytes"),
+                                   ("psum", self.target.psum_bytes_per_partition, "peak_psum_bytes")):
+            if self.live[buffer] > limit:
+                shape, size = self._last[buffer]
+                raise NkiConstraintError(
+                    f"{self.name}: allocating a {buffer.upper()} tile of shape {shape} ({size} B per "
+                    f"partition) exceeds {buffer.upper()} capacity on {self.target.name}: "
+                    f"{self.live[buffer] - size} B already live, limit {limit} B per partition")
+            setattr(self.trace, key, max(getattr(self.trace, key), self.live[buffer]))
 
     def _release(self, buffer: str, per_partition: int) -> None:
         self.live[buffer] -= per_partition
 
 
 def current_run() -> KernelRun:
+    """The running kernel (every instruction calls this first: it is also a capacity checkpoint)."""
     if _state.run is None:
         raise NkiConstraintError("NKI instruction called outside a kernel (no @nki.jit kernel is running)")
+    _state.run.checkpoint()
     return _state.run
 
 
@@ -177,6 +191,11 @@ class Tile:
                     self._base or self)
 
     def reshape(self, shape):
+        shape = tuple(shape)
+        if self.on_chip and shape[0] != self.shape[0]:
+            raise NkiConstraintError(
+                f"reshape {self.shape} -> {shape} would move data across partitions "
+                "(an on-chip tile keeps its partition axis)")
         data = self.data.reshape(shape)
         if not np.shares_memory(data, self.data):
             raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}")

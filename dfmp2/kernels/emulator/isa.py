@@ -227,6 +227,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     """Reduce `data` over free axes only (never the partition axis 0)."""
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     what = f"nisa.tensor_reduce({op.__name__}, {data.shape}, axis={axes})"
+    axes = tuple(a % len(data.shape) for a in axes)  # negative axes count from the end
     if 0 in axes:
         raise NkiConstraintError(
             f"{what}: reduction over the partition axis is not possible on the vector engine "

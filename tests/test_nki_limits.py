@@ -1,0 +1,609 @@
+"""The NKI emulator enforces the NeuronCore limits: every violation below raises
+NkiConstraintError naming the instruction, the tile shape and the limit, and each has a
+passing twin -- the same kernel at a legal size runs and returns the right numbers -- so the
+limit itself is what triggers the error.
+
+Kernels are written in NKI 0.x style against the emulator (`nki`, `nl`, `nisa` as in
+dfmp2/kernels/nki_kernels.py). Integer kernel arguments are compile-time constants.
+"""
+
+import numpy as np
+import pytest
+
+from dfmp2.kernels import emulator as nki
+from dfmp2.kernels.emulator import TARGETS, NkiConstraintError
+
+nl = nki.language
+nisa = nki.isa
+
+pytestmark = pytest.mark.nki_limits
+
+P = 128
+BIG = 25 * 1024  # fp32 elements per partition: 100 KiB, so two such tiles need 200 KiB
+
+
+def rand(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# ---- kernels ------------------------------------------------------------------------------
+@nki.jit
+def copy_kernel(x):
+    """HBM -> SBUF -> SBUF -> HBM through tiles of x's shape (partitions = x.shape[0])."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    b = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=b, src=a)
+    nisa.dma_copy(dst=out, src=b)
+    return out
+
+
+@nki.jit
+def psum_roundtrip_kernel(x, rows):
+    """A PSUM tile of `rows` partitions, memset and copied out (x only supplies the free size)."""
+    F = x.shape[1]
+    out = nl.ndarray((rows, F), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((rows, F), dtype=nl.float32, buffer=nl.psum)
+    nisa.memset(dst=acc, value=2.5)
+    res = nl.ndarray((rows, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def matmul_kernel(a_t, b):
+    """out[M, N] = a_t[K, M]^T @ b[K, N] in one nc_matmul. The PSUM tile has min(M, 128)
+    partitions so that M = 129 reaches nc_matmul instead of failing at allocation."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    acc = nl.ndarray((min(M, P), N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
+    res = nl.ndarray((min(M, P), N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def matmul_reshaped_k_kernel(a, b, k):
+    """Operands of contraction size k made by reshaping [128, F] SBUF tiles to [k, -1]:
+    k = 128 is the identity, k = 129 gives 129-partition operands (a [128, 129] tile viewed
+    as [129, 128]). out = a.reshape(k, -1)^T @ b.reshape(k, -1)."""
+    M = a.shape[0] * a.shape[1] // k
+    N = b.shape[0] * b.shape[1] // k
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    a_sb = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
+    b_sb = nl.ndarray(b.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a_sb, src=a)
+    nisa.dma_copy(dst=b_sb, src=b)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=a_sb.reshape((k, M)), moving=b_sb.reshape((k, N)),
+                   accumulate=False)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def matmul_out_buffer_kernel(a_t, b, in_psum):
+    """One matmul whose output tile is in PSUM (legal) or SBUF (illegal)."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum if in_psum else nl.sbuf)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def psum_dtype_kernel(a_t, b, psum_f16):
+    """out = a_t^T @ b with a float32 PSUM tile, or an attempted float16 one."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    acc = nl.ndarray((M, N), dtype=nl.float16 if psum_f16 else nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def bank_offset_kernel(a_t, b, col):
+    """out = a_t^T @ b [128, 512] computed into columns col:col+512 of a two-bank PSUM tile."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    two_banks = nl.ndarray((M, 2 * 512), dtype=nl.float32, buffer=nl.psum)  # 4 KiB per partition
+    nisa.nc_matmul(dst=two_banks[:, col:col + N], stationary=stationary, moving=moving,
+                   accumulate=False)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=two_banks[:, col:col + N])
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def two_big_tiles_kernel(x, y):
+    """out = x + y with both operands resident in SBUF at once (2 x 100 KiB per partition)."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    b = nl.ndarray(y.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    nisa.dma_copy(dst=b, src=y)
+    nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
+    nisa.dma_copy(dst=out, src=a)
+    return out
+
+
+@nki.jit
+def sequential_big_tiles_kernel(x, y, z):
+    """Three 100 KiB-per-partition tiles, never live together: each is released with `del`
+    before the next one is allocated. out[:, i] = sum of row slice i of x, y, z."""
+    F = x.shape[1]
+    out = nl.ndarray((P, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    sums = nl.ndarray((P, 3), dtype=nl.float32, buffer=nl.sbuf)
+    for i, src in enumerate((x, y, z)):
+        t = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        nisa.tensor_reduce(dst=sums[:, i:i + 1], op=nl.add, data=t, axis=(1,))
+        del t
+    nisa.dma_copy(dst=out, src=sums)
+    return out
+
+
+@nki.jit
+def loop_rebound_big_tile_kernel(x, y, z):
+    """Like sequential_big_tiles_kernel, but the tile name is simply rebound by the next loop
+    iteration (no del): the previous tile is dead once its reduction has run."""
+    F = x.shape[1]
+    out = nl.ndarray((P, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    sums = nl.ndarray((P, 3), dtype=nl.float32, buffer=nl.sbuf)
+    for i, src in enumerate((x, y, z)):
+        t = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        nisa.tensor_reduce(dst=sums[:, i:i + 1], op=nl.add, data=t, axis=(1,))
+    nisa.dma_copy(dst=out, src=sums)
+    return out
+
+
+@nki.jit
+def psum_tiles_kernel(x, count):
+    """`count` PSUM tiles of one bank each, all live at once, each holding I^T x (a matmul
+    with an identity stationary); out = their sum = count * x."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    ident = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=moving, src=x)
+    nisa.memset(dst=ident, value=0.0)
+    for p in range(P):  # identity, one element per partition
+        nisa.memset(dst=ident[p, p:p + 1], value=1.0)
+    tiles = []
+    for _ in range(count):
+        acc = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=ident, moving=moving, accumulate=False)
+        tiles.append(acc)
+    total = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=total, src=tiles[0])
+    for acc in tiles[1:]:
+        nisa.tensor_tensor(dst=total, data1=total, data2=acc, op=nl.add)
+    nisa.dma_copy(dst=out, src=total)
+    return out
+
+
+@nki.jit
+def ndarray_dtype_kernel(x, dtype):
+    """out = x, passing through an SBUF tile of the given dtype."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@nki.jit
+def reduce_kernel(x, axis):
+    """Sum of x [128, F] over `axis` of the SBUF tile, keepdims."""
+    parts, F = x.shape
+    shape = (1, F) if axis in (0, -2) else (parts, 1)
+    out = nl.ndarray(shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((parts, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    r = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=r, op=nl.add, data=t, axis=(axis,))
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@nki.jit
+def write_rows_kernel(x, rows):
+    """out[128, F]: only rows 0:rows are written (from x)."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((rows, x.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x[0:rows, :])
+    nisa.dma_copy(dst=out[0:rows, :], src=t)
+    return out
+
+
+@nki.jit
+def partial_sbuf_kernel(x, cols):
+    """Load x[:, :cols] into an SBUF tile of x's full width, then read the whole tile."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[:, 0:cols], src=x[:, 0:cols])
+    res = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=t)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def accumulate_kernel(a_t, b, c, first_matmul):
+    """acc = a_t^T b (if first_matmul, else acc is only memset), then acc += a_t^T c with
+    accumulate=True."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    mov_b = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    mov_c = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=mov_b, src=b)
+    nisa.dma_copy(dst=mov_c, src=c)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    if first_matmul:
+        nisa.nc_matmul(dst=acc, stationary=stationary, moving=mov_b, accumulate=False)
+    else:  # written, but not by a matmul: accumulation is undefined
+        nisa.memset(dst=acc, value=0.0)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=mov_c, accumulate=True)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def fresh_psum_accumulate_kernel(a_t, b):
+    """accumulate=True into a freshly allocated (never written) PSUM tile."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=True)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def reshape_partitions_kernel(x):
+    """x [256, 64] through a [128, 2, 64] SBUF tile viewed as [256, 64]."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 2, 64), dtype=nl.float32, buffer=nl.sbuf)
+    view = t.reshape((256, 64))
+    nisa.dma_copy(dst=view, src=x)
+    nisa.dma_copy(dst=out, src=view)
+    return out
+
+
+# ---- 1. partition limit of on-chip tiles -----------------------------------------------------
+def test_sbuf_tile_128_partitions_works():
+    x = rand((128, 32))
+    np.testing.assert_array_equal(copy_kernel(x), x)
+
+
+def test_sbuf_tile_129_partitions_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nl\.ndarray: tile of shape \(129, 32\) has 129 partitions; the limit is 128"):
+        copy_kernel(rand((129, 32)))
+
+
+def test_psum_tile_128_partitions_works():
+    np.testing.assert_array_equal(psum_roundtrip_kernel(rand((128, 16)), 128),
+                                  np.full((128, 16), 2.5, np.float32))
+
+
+def test_psum_tile_129_partitions_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"tile of shape \(129, 16\) has 129 partitions; the limit is 128"):
+        psum_roundtrip_kernel(rand((128, 16)), 129)
+
+
+# ---- 2. nc_matmul tile limits ----------------------------------------------------------------
+def test_matmul_k128_m128_n512_works():
+    a_t, b = rand((128, 128), 1), rand((128, 512), 2)
+    out = matmul_kernel(a_t, b)
+    np.testing.assert_allclose(out, a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert matmul_kernel.last_trace.matmul_shapes == {(128, 128, 512): 1}
+
+
+def test_matmul_k129_fails_at_allocation():
+    """K = 129 cannot even be loaded: the [129, M] stationary tile has too many partitions."""
+    with pytest.raises(NkiConstraintError,
+                       match=r"nl\.ndarray: tile of shape \(129, 64\) has 129 partitions; the limit is 128"):
+        matmul_kernel(rand((129, 64), 1), rand((129, 64), 2))
+
+
+def test_matmul_reshaped_k128_works():
+    a, b = rand((128, 128), 3), rand((128, 128), 4)
+    out = matmul_reshaped_k_kernel(a, b, 128)
+    np.testing.assert_allclose(out, a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_k129_operands_fail():
+    """[128, 129] SBUF tiles viewed as [129, 128] operands: refused (at the reshape, which would
+    move data across partitions, or at nc_matmul's 128-partition limit)."""
+    with pytest.raises(NkiConstraintError,
+                       match=r"\(129, 128\).*(spans more than 128 partitions|across partitions)"):
+        matmul_reshaped_k_kernel(rand((128, 129), 3), rand((128, 129), 4), 129)
+
+
+def test_matmul_stationary_m129_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.nc_matmul\(stationary \(128, 129\), moving \(128, 512\).*"
+                             r"stationary free size M=129 exceeds 128"):
+        matmul_kernel(rand((128, 129), 1), rand((128, 512), 2))
+
+
+def test_matmul_moving_n513_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.nc_matmul\(stationary \(128, 128\), moving \(128, 513\).*"
+                             r"moving free size N=513 exceeds 512"):
+        matmul_kernel(rand((128, 128), 1), rand((128, 513), 2))
+
+
+# ---- 3. matmul output buffer and dtype ---------------------------------------------------------
+def test_matmul_output_in_psum_works():
+    a_t, b = rand((128, 64), 5), rand((128, 256), 6)
+    out = matmul_out_buffer_kernel(a_t, b, True)
+    np.testing.assert_allclose(out, a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_output_in_sbuf_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.nc_matmul\(.*dst \(64, 256\)\): the output must be in PSUM, not SBUF"):
+        matmul_out_buffer_kernel(rand((128, 64), 5), rand((128, 256), 6), False)
+
+
+def test_psum_float32_works():
+    a_t, b = rand((128, 32), 7), rand((128, 64), 8)
+    out = psum_dtype_kernel(a_t, b, False)
+    np.testing.assert_allclose(out, a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_psum_float16_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nl\.ndarray: PSUM tile \(32, 64\) must be float32, not float16"):
+        psum_dtype_kernel(rand((128, 32), 7), rand((128, 64), 8), True)
+
+
+# ---- 4. one matmul output inside one PSUM bank ----------------------------------------------------
+def test_matmul_output_in_second_bank_works():
+    a_t, b = rand((128, 128), 9), rand((128, 512), 10)
+    out = bank_offset_kernel(a_t, b, 512)
+    np.testing.assert_allclose(out, a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert bank_offset_kernel.last_trace.peak_psum_bytes == 4096
+
+
+def test_matmul_output_crossing_bank_boundary_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.nc_matmul\(.*dst \(128, 512\)\): output spans bytes 1024\.\.3072 "
+                             r"of each partition, crossing a 2048 B PSUM bank boundary"):
+        bank_offset_kernel(rand((128, 128), 9), rand((128, 512), 10), 256)
+
+
+# ---- 5. SBUF capacity of live allocations ---------------------------------------------------------
+def test_two_100k_sbuf_tiles_fit_on_trn2():
+    x, y = rand((P, BIG), 11), rand((P, BIG), 12)
+    with nki.target("trn2"):
+        out = two_big_tiles_kernel(x, y)
+    np.testing.assert_array_equal(out, x + y)
+    assert two_big_tiles_kernel.last_trace.peak_sbuf_bytes == 2 * BIG * 4
+    assert 2 * BIG * 4 <= TARGETS["trn2"].sbuf_bytes_per_partition
+
+
+def test_two_100k_sbuf_tiles_exceed_trn1():
+    x, y = rand((P, BIG), 11), rand((P, BIG), 12)
+    with nki.target("trn1"):
+        with pytest.raises(NkiConstraintError,
+                           match=r"allocating a SBUF tile of shape \(128, 25600\) \(102400 B per partition\) "
+                                 r"exceeds SBUF capacity on trn1: 102400 B already live, limit 196608 B"):
+            two_big_tiles_kernel(x, y)
+
+
+def test_released_sbuf_tiles_free_space_on_trn1():
+    """Three 100 KiB tiles, each deleted before the next allocation: 300 KiB in total but at
+    most 100 KiB (+ the small sums tile) live, so it runs on trn1."""
+    x, y, z = rand((P, BIG), 13), rand((P, BIG), 14), rand((P, BIG), 15)
+    with nki.target("trn1"):
+        out = sequential_big_tiles_kernel(x, y, z)
+    expected = np.stack([a.astype(np.float64).sum(axis=1) for a in (x, y, z)], axis=1)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+    assert sequential_big_tiles_kernel.last_trace.peak_sbuf_bytes == BIG * 4 + 3 * 4
+
+
+def test_loop_rebound_sbuf_tile_frees_space_on_trn1():
+    x, y, z = rand((P, BIG), 13), rand((P, BIG), 14), rand((P, BIG), 15)
+    with nki.target("trn1"):
+        out = loop_rebound_big_tile_kernel(x, y, z)
+    expected = np.stack([a.astype(np.float64).sum(axis=1) for a in (x, y, z)], axis=1)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+# ---- 6. PSUM capacity --------------------------------------------------------------------
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_eight_psum_banks_work(target):
+    x = rand((P, 512), 16)
+    with nki.target(target):
+        out = psum_tiles_kernel(x, 8)
+    np.testing.assert_allclose(out, 8 * x, rtol=1e-6)
+    assert psum_tiles_kernel.last_trace.peak_psum_bytes == 16 * 1024
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_nine_psum_banks_fail(target):
+    with nki.target(target), pytest.raises(
+            NkiConstraintError,
+            match=rf"allocating a PSUM tile of shape \(128, 512\) \(2048 B per partition\) "
+                  rf"exceeds PSUM capacity on {target}: 16384 B already live, limit 16384 B"):
+        psum_tiles_kernel(rand((P, 512), 16), 9)
+
+
+# ---- 7. no float64 on the device ------------------------------------------------------------
+def test_float32_input_works():
+    x = rand((64, 16), 17)
+    np.testing.assert_array_equal(copy_kernel(x), x)
+
+
+def test_float64_input_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"copy_kernel: argument 0 is float64 \(64, 16\); there is no float64"):
+        copy_kernel(rand((64, 16), 17).astype(np.float64))
+
+
+def test_float32_ndarray_works():
+    x = rand((64, 16), 18)
+    np.testing.assert_array_equal(ndarray_dtype_kernel(x, nl.float32), x)
+
+
+def test_float64_ndarray_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nl\.ndarray\(64, 16\): float64 does not exist on a NeuronCore"):
+        ndarray_dtype_kernel(rand((64, 16), 18), np.float64)
+
+
+# ---- 8. no reductions over the partition axis ----------------------------------------------------
+@pytest.mark.parametrize("axis", [1, -1])
+def test_free_axis_reduce_works(axis):
+    x = rand((P, 64), 19)
+    out = reduce_kernel(x, axis)
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
+def test_partition_axis_reduce_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.tensor_reduce\(add, \(128, 64\), axis=\(0,\)\): reduction over "
+                             r"the partition axis is not possible"):
+        reduce_kernel(rand((P, 64), 19), 0)
+
+
+def test_partition_axis_reduce_negative_index_fails():
+    with pytest.raises(NkiConstraintError, match=r"partition axis"):
+        reduce_kernel(rand((P, 64), 19), -2)
+
+
+# ---- 9. every output element must be written ------------------------------------------------------
+def test_fully_written_output_works():
+    x = rand((P, 32), 20)
+    np.testing.assert_array_equal(write_rows_kernel(x, 128), x)
+
+
+def test_partly_written_output_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"write_rows_kernel: output \(128, 32\) has 2048 element\(s\) no instruction wrote"):
+        write_rows_kernel(rand((P, 32), 20), 64)
+
+
+# ---- 10. no reads of unwritten on-chip memory; accumulation needs a matmul result --------------------
+def test_fully_written_sbuf_read_works():
+    x = rand((P, 32), 21)
+    np.testing.assert_array_equal(partial_sbuf_kernel(x, 32), x)
+
+
+def test_partly_written_sbuf_read_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.tensor_copy\(\(128, 32\) -> \(128, 32\)\): reads 2048 element\(s\) "
+                             r"of a SBUF tile \(128, 32\) that no instruction wrote"):
+        partial_sbuf_kernel(rand((P, 32), 21), 16)
+
+
+def test_accumulate_onto_matmul_result_works():
+    a_t, b, c = rand((128, 64), 22), rand((128, 128), 23), rand((128, 128), 24)
+    out = accumulate_kernel(a_t, b, c, True)
+    expected = a_t.T.astype(np.float64) @ b + a_t.T.astype(np.float64) @ c
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    assert accumulate_kernel.last_trace.matmuls == 2
+
+
+def test_accumulate_onto_memset_psum_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.nc_matmul\(.*\): accumulate=True into PSUM that holds no matmul result"):
+        accumulate_kernel(rand((128, 64), 22), rand((128, 128), 23), rand((128, 128), 24), False)
+
+
+def test_accumulate_onto_fresh_psum_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.nc_matmul\(stationary \(128, 64\), moving \(128, 128\) -> dst \(64, 128\)\): "
+                             r"accumulate=True into PSUM that holds no matmul result"):
+        fresh_psum_accumulate_kernel(rand((128, 64), 22), rand((128, 128), 23))
+
+
+# ---- partition limit through reshaped views ---------------------------------------------------
+def test_reshape_to_256_partitions_fails():
+    with pytest.raises(NkiConstraintError, match=r"256.*partitions|partitions.*256"):
+        reshape_partitions_kernel(rand((256, 64), 25))
+
+
+# ---- 11. the trace and the timing model ------------------------------------------------------------
+def test_trace_of_one_matmul():
+    K, M, N = 128, 128, 512
+    a_t, b = rand((K, M), 26), rand((K, N), 27)
+    out = matmul_kernel(a_t, b)
+    np.testing.assert_allclose(out, a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    trace = matmul_kernel.last_trace
+    assert trace.matmuls == 1
+    assert trace.matmul_flops == 2 * K * M * N
+    assert trace.matmul_shapes == {(K, M, N): 1}
+    assert trace.dma_bytes_in == 4 * (K * M + K * N)
+    assert trace.dma_bytes_out == 4 * M * N
+    assert trace.vector_ops == 1 and trace.vector_elements == M * N  # the PSUM -> SBUF copy
+    assert trace.peak_psum_bytes == 4 * N
+    assert trace.peak_sbuf_bytes == 4 * (M + N + N)
+    t1 = trace.modelled_seconds(TARGETS["trn1"])
+    t2 = trace.modelled_seconds(TARGETS["trn2"])
+    assert t1 > 0 and t2 > 0
+    assert t1 != t2
+    # this kernel is DMA-bound in the model: bytes / one core's share of the chip's HBM bandwidth
+    nbytes = trace.dma_bytes_in + trace.dma_bytes_out
+    assert t1 == pytest.approx(nbytes / (TARGETS["trn1"].hbm_gb_per_s_per_core * 1e9))
+    assert t2 == pytest.approx(nbytes / (TARGETS["trn2"].hbm_gb_per_s_per_core * 1e9))
+
+
+def test_trace_is_per_call():
+    """A second call with other shapes leaves its own trace, not an accumulated one."""
+    matmul_kernel(rand((128, 128), 26), rand((128, 512), 27))
+    matmul_kernel(rand((64, 32), 28), rand((64, 16), 29))
+    trace = matmul_kernel.last_trace
+    assert trace.matmuls == 1
+    assert trace.matmul_flops == 2 * 64 * 32 * 16
+    assert trace.dma_bytes_in == 4 * (64 * 32 + 64 * 16)
+    assert trace.dma_bytes_out == 4 * 32 * 16
