@@ -71,6 +71,11 @@ def _round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
+def _round_up_free(n: int) -> int:
+    """A moving free size: a multiple of 128 up to 512, of 512 (one PSUM bank) above."""
+    return _round_up(n, P if n <= FREE else FREE)
+
+
 class NkiBackend:
     """Kernels for target 'trn1' or 'trn2'; simulate=True runs them on the emulator."""
 
@@ -169,7 +174,7 @@ class NkiBackend:
         m, k = a.shape
         n = b.shape[1]
         (kp, mp), (_, np_) = self._bucket("gemm_kernel", ((_round_up(k, P), _round_up(m, P)),
-                                                          (_round_up(k, P), _round_up(n, FREE))))
+                                                          (_round_up(k, P), _round_up_free(n))))
         out = self._launch("gemm_kernel", (self._pad(a.T, (kp, mp)), self._pad(b, (kp, np_))))
         return out[:m, :n].to(self.device)
 
@@ -219,7 +224,7 @@ class NkiBackend:
             (pp, ap, _), (_, op), (_, vp) = self._bucket("ao2mo_kernel", (
                 (nP, _round_up(nao, P), _round_up(nao, P)),
                 (_round_up(nao, P), _round_up(c_chunk.shape[1], P)),
-                (_round_up(nao, P), _round_up(nvir, FREE))))
+                (_round_up(nao, P), _round_up_free(nvir))))
             out = self._launch("ao2mo_kernel", (self._pad(ao_block, (pp, ap, ap)),
                                                 self._pad(c_chunk, (ap, op)), self._pad(c_vir, (ap, vp))))
             chunks.append(out[:nP, :c_chunk.shape[1], :nvir])
@@ -243,8 +248,7 @@ class NkiBackend:
     def _pair_energy_call(self, b_i, b_j, e_i, e_j, e_vir):
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
-        vir_tile = P if nvir <= FREE else FREE
-        vir_pad, aux_pad = _round_up(nvir, vir_tile), _round_up(naux, P)
+        vir_pad, aux_pad = _round_up_free(nvir), _round_up(naux, P)
         (qp, ip, vp), (_, jp, _), _, _, _, _ = self._bucket("pair_energy_kernel", (
             (aux_pad, ni, vir_pad), (aux_pad, nj, vir_pad), (P, ni), (P, nj), (vir_pad, 1), (P, vir_pad)))
         e_vir_pad = self._pad(e_vir.to(torch.float32), (vp,), VIR_PAD_ENERGY)
@@ -260,5 +264,5 @@ class NkiBackend:
     def occ_block_limit(self, nvir: int, naux: int) -> int:
         """Occupied orbitals per pair-energy call: two B blocks fill at most half of SBUF."""
         sbuf = TARGETS[self.target].sbuf_bytes_per_partition
-        per_orbital = 4 * (_round_up(naux, P) // P) * _round_up(nvir, P if nvir <= FREE else FREE)
+        per_orbital = 4 * (_round_up(naux, P) // P) * _round_up_free(nvir)
         return max(1, min(16, sbuf // 2 // (2 * per_orbital)))

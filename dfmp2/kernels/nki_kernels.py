@@ -24,26 +24,27 @@ FREE = 512  # moving free size = one PSUM bank of fp32
 def gemm_kernel(a_t, b):
     """out[M, N] = a_t[K, M]^T @ b[K, N].
 
-    Tiles: K on partitions in 128s (contraction), M in 128s (stationary), N in 512s (moving,
-    one PSUM bank). The A panel of one M tile is loaded once, outside the N and K loops.
-    Shapes: K, M multiples of 128; N a multiple of 512.
+    Tiles: K on partitions in 128s (contraction), M in 128s (stationary), N in FN = min(N, 512)
+    (moving, one PSUM bank). The A panel of one M tile is loaded once, outside the N and K loops.
+    Shapes: K, M multiples of 128; N a multiple of 128 up to 512, of 512 above.
     """
     K, M = a_t.shape
     N = b.shape[1]
+    FN = min(N, FREE)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
     for m in nl.affine_range(M // P):
         a_panel = nl.ndarray((P, K // P, P), dtype=nl.float32, buffer=nl.sbuf)
         for k in nl.affine_range(K // P):
             nisa.dma_copy(dst=a_panel[:, k, :], src=a_t[k * P:(k + 1) * P, m * P:(m + 1) * P])
-        for n in nl.affine_range(N // FREE):
-            acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+        for n in nl.affine_range(N // FN):
+            acc = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.psum)
             for k in nl.affine_range(K // P):
-                b_tile = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b_tile, src=b[k * P:(k + 1) * P, n * FREE:(n + 1) * FREE])
+                b_tile = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=b_tile, src=b[k * P:(k + 1) * P, n * FN:(n + 1) * FN])
                 nisa.nc_matmul(dst=acc, stationary=a_panel[:, k, :], moving=b_tile, accumulate=(k > 0))
-            res = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+            res = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=res, src=acc)
-            nisa.dma_copy(dst=out[m * P:(m + 1) * P, n * FREE:(n + 1) * FREE], src=res)
+            nisa.dma_copy(dst=out[m * P:(m + 1) * P, n * FN:(n + 1) * FN], src=res)
     return out
 
 
@@ -121,12 +122,14 @@ def ao2mo_kernel(ints, c_occ, c_vir):
     ints [NP, NAO, NAO] (symmetric in m, n), c_occ [NAO, NOCC], c_vir [NAO, NVIR].
     Per p:  H[n, i] = sum_m (mn|p) C_mi  (stationary: (mn|p) tile [m, n]; moving: C_occ [m, i])
             T[i, a] = sum_n H[n, i] C_na (stationary: H tile [n, i];   moving: C_vir [n, a])
-    H stays in SBUF; C_occ and C_vir are loaded once. Shapes: NAO, NOCC multiples of 128,
-    NOCC <= 512; NVIR a multiple of 512.
+    H stays in SBUF; C_occ and C_vir are loaded once; virtual tiles are FA = min(NVIR, 512).
+    Shapes: NAO, NOCC multiples of 128, NOCC <= 512; NVIR a multiple of 128 up to 512, of
+    512 above.
     """
     NP, NAO, _ = ints.shape
     NOCC = c_occ.shape[1]
     NVIR = c_vir.shape[1]
+    FA = min(NVIR, FREE)
     nm = NAO // P
     out = nl.ndarray((NP, NOCC, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
     c_occ_sb = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
@@ -146,14 +149,14 @@ def ao2mo_kernel(ints, c_occ, c_vir):
                                accumulate=(m > 0))
             nisa.tensor_copy(dst=half[:, n, :], src=acc)
         for i in nl.affine_range(NOCC // P):
-            for a in nl.affine_range(NVIR // FREE):
-                acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+            for a in nl.affine_range(NVIR // FA):
+                acc = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.psum)
                 for n in nl.affine_range(nm):
                     nisa.nc_matmul(dst=acc, stationary=half[:, n, i * P:(i + 1) * P],
-                                   moving=c_vir_sb[:, n, a * FREE:(a + 1) * FREE], accumulate=(n > 0))
-                res = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                                   moving=c_vir_sb[:, n, a * FA:(a + 1) * FA], accumulate=(n > 0))
+                res = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=res, src=acc)
-                nisa.dma_copy(dst=out[p, i * P:(i + 1) * P, a * FREE:(a + 1) * FREE], src=res)
+                nisa.dma_copy(dst=out[p, i * P:(i + 1) * P, a * FA:(a + 1) * FA], src=res)
     return out
 
 
