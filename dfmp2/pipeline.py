@@ -210,6 +210,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
     nocc, nvir = occ_index.size, vir_index.size
     nao, naux = integrals.nao, integrals.naux
     plan = plan_for(backend, integrals, nocc, nvir, max_memory)
+    backend.expect_blocks(plan.aux_block, plan.occ_block)
     timings = {}
 
     def lap(name, start):

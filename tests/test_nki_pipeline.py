@@ -39,9 +39,11 @@ def test_simulated_trainium_matches_cpu(molecule, target):
     assert abs(trn.e_corr - cpu.e_corr) < FP32_TOL
     assert abs(trn.e_corr_os - cpu.e_corr_os) < FP32_TOL
     assert abs(trn.e_corr_ss - cpu.e_corr_ss) < FP32_TOL
-    # every GEMM / solve / energy step ran as an NKI kernel; the only host work is the
-    # fp64 diagonal panels of the Cholesky factorisation
-    assert set(result.kernels) == NKI_KERNELS | HOST_STEPS
+    # every GEMM / solve / energy step ran as an NKI kernel; the only host work is the fp64
+    # 128 x 128 diagonal panels of the Cholesky factorisation (water's naux = 84 is one panel,
+    # so its factorisation needs no panel-solve GEMM or SYRK)
+    cholesky_kernels = {"gemm_kernel", "syrk_kernel"} if result.correlation.naux > 128 else set()
+    assert set(result.kernels) == NKI_KERNELS - {"gemm_kernel", "syrk_kernel"} | cholesky_kernels | HOST_STEPS
     assert result.backend == "nki" and result.device == target and result.simulated
     assert result.precision == "fp32"
     # compile economy: one specialization per kernel, at most 8 in all
@@ -55,11 +57,10 @@ def test_simulated_trainium_matches_cpu(molecule, target):
 
 
 def test_specializations_do_not_grow_with_the_molecule():
-    counts = []
-    for name in ("water", "benzene"):
+    for name in ("water", "benzene", "naphthalene"):
         result = DFMP2(mean_field(name), device="trn1", simulate=True).run().result
-        counts.append({k: len(v) for k, v in result.kernel_specializations.items()})
-    assert counts[0] == counts[1]
+        assert {k: len(v) for k, v in result.kernel_specializations.items()} == \
+            {k: 1 for k in result.kernel_specializations}, name
 
 
 def test_small_memory_budget_on_simulated_trn1_still_one_specialization_per_kernel():

@@ -100,6 +100,7 @@ class NkiBackend:
         self.trace = Trace()
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
+        self._aux_block = 0  # largest auxiliary block of the run (see expect_blocks)
         # one unpacked (mn|P) block of ~16 MB; pair blocks sized for SBUF in pair_block()
         self.preferred_aux_block_bytes = 16 * 2**20
         self.preferred_pair_rows = 1024
@@ -222,7 +223,7 @@ class NkiBackend:
         for i0 in range(0, nocc, FREE):
             c_chunk = c_occ[:, i0:i0 + FREE]
             (pp, ap, _), (_, op), (_, vp) = self._bucket("ao2mo_kernel", (
-                (nP, _round_up(nao, P), _round_up(nao, P)),
+                (max(nP, self._aux_block), _round_up(nao, P), _round_up(nao, P)),
                 (_round_up(nao, P), _round_up(c_chunk.shape[1], P)),
                 (_round_up(nao, P), _round_up_free(nvir))))
             out = self._launch("ao2mo_kernel", (self._pad(ao_block, (pp, ap, ap)),
@@ -260,6 +261,11 @@ class NkiBackend:
             e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp).contiguous()))
         sums = self.to_host(partials).astype(np.float64).reshape(P, ip, jp, 2)[:, :ni, :nj]
         return float(sums[..., 0].sum()), float(sums[..., 1].sum())
+
+    def expect_blocks(self, aux_block: int, occ_block: int) -> None:
+        """The run's largest auxiliary block: every ao2mo call is padded to it, since
+        shell-aligned blocks differ in size and a later one may be the largest."""
+        self._aux_block = aux_block
 
     def occ_block_limit(self, nvir: int, naux: int) -> int:
         """Occupied orbitals per pair-energy call: two B blocks fill at most half of SBUF."""

@@ -109,6 +109,9 @@ class TorchBackend:
         full = torch.matmul(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
         return full.permute(1, 2, 0)
 
+    def expect_blocks(self, aux_block: int, occ_block: int) -> None:
+        """The run's largest block sizes; torch needs no shape planning."""
+
     def occ_block_limit(self, nvir: int, naux: int) -> int:
         """No on-chip memory limit on the pair-energy block here (the budget decides)."""
         return 1 << 30

@@ -5,8 +5,7 @@
 
 The same blocked algorithm runs on every backend: the 128 x 128 diagonal panels are
 factorised (and inverted) on the host in fp64, the panel solve is a device GEMM and the
-trailing update a device SYRK. Panel solve and update always have full height (rows above
-the panel are zeroed), so each is one kernel shape for the whole factorisation.
+trailing update a device SYRK.
 
 If J is numerically singular (a panel is not positive definite, or a pivot is at rounding
 level), J is eigen-decomposed on the host in fp64, J = U s U^T, eigenvalues below
@@ -61,29 +60,31 @@ class MetricFactor:
 
 
 def cholesky_blocked(backend, metric):
-    """Lower L with metric = L L^T ([n, n] tensor on the device), or None if not positive definite."""
-    import torch
+    """Lower L with metric = L L^T ([n, n] tensor on the device), or None if not positive definite.
 
+    Right-looking: for each 128-column panel k of the trailing matrix A,
+        L_kk = chol(A_kk)                      host, fp64
+        L_ik = A_ik L_kk^-T        (i > k)     device GEMM
+        A_ij <- A_ij - L_ik L_jk^T (i, j > k)  device SYRK; A becomes the new trailing matrix
+    The calls shrink panel by panel; the NKI backend pads them to the first call's shape.
+    """
     n = metric.shape[0]
-    work = metric
-    panels = []
+    lower = backend.zeros((n, n)).to(metric.dtype)
+    trailing = metric
     for k0 in range(0, n, PANEL):
-        k1 = min(k0 + PANEL, n)
-        # L_kk = chol(A_kk), on the host in fp64
+        w = min(PANEL, n - k0)
         backend.calls["host:cholesky_panel"] += 1
         try:
-            l_kk = np.linalg.cholesky(backend.to_host(work[k0:k1, k0:k1]).astype(np.float64))
+            l_kk = np.linalg.cholesky(backend.to_host(trailing[:w, :w]).astype(np.float64))
         except np.linalg.LinAlgError:
             return None
-        # L_ik = A_ik L_kk^-T for rows i >= k1 (rows above are zeroed: same shape every step)
-        below = work[:, k0:k1].clone()
-        below[:k1] = 0
-        panel = backend.gemm(below, backend.to_device(np.linalg.inv(l_kk).T, fp64=True))
-        panel[k0:k1] = backend.to_device(l_kk, fp64=True)
-        panels.append(panel)
-        # A <- A - L_k L_k^T (the trailing matrix; the panel is zero above row k0)
-        work = backend.syrk(work, panel)
-    return torch.cat(panels, dim=1)
+        lower[k0:k0 + w, k0:k0 + w] = backend.to_device(l_kk, fp64=True)
+        if k0 + w == n:
+            break
+        panel = backend.gemm(trailing[w:, :w], backend.to_device(np.linalg.inv(l_kk).T, fp64=True))
+        lower[k0 + w:, k0:k0 + w] = panel
+        trailing = backend.syrk(trailing[w:, w:], panel)
+    return lower
 
 
 def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THRESHOLD) -> MetricFactor:
