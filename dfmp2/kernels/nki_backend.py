@@ -10,8 +10,9 @@ the 128 x 128 diagonal panels of the Cholesky factorisation (and their inverses)
 and the eigen-decomposition fallback for a singular metric.
 
 Compile economy: every call pads its arrays to tile multiples and, when the result fits inside
-a shape this kernel already ran with, up to that shape. The blocks of one run shrink at the end
-(last aux block, last occupied block), so each kernel runs in one specialization per run.
+a shape this kernel already ran with, up to that shape; ao2mo calls are padded to the run's
+largest auxiliary block (`expect_blocks`). The first Cholesky panel, occupied block and
+whitening block of a run are its largest, so each kernel runs in one specialization per run.
 """
 
 from __future__ import annotations
