@@ -65,7 +65,7 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
-    try:
+    def compute():
         if json_path is not None:
             _check_output_path(json_path)
         if scratch is not None and not os.path.isdir(scratch):
@@ -75,8 +75,8 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
         result = run_xyz(molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
                          frozen_core=frozen_core, scf=scf, device=device, precision=precision,
-                         simulate=simulate, max_memory=max_memory, scratch=scratch, scf_max_cycle=scf_max_cycle,
-                         progress=progress)
+                         simulate=simulate, max_memory=max_memory, scratch=scratch,
+                         scf_max_cycle=scf_max_cycle, progress=progress)
         if progress:
             progress.clear()
         record = result.as_dict()
@@ -85,6 +85,57 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
         record["spin"] = spin
         if json_path is not None:
             _write_json_atomically(json_path, record)
+        return record
+
+    record = _guarded(compute, debug)
+    if not quiet:
+        _print_summary(record)
+
+
+@cli.command()
+@click.option("--shape", default=None, metavar="small|medium|large",
+              help="A published benchmark shape (nbasis/nocc/naux 128/16/384, 512/64/1536, 768/96/2304).")
+@click.option("--nbasis", type=int, default=None, help="Basis functions (instead of --shape).")
+@click.option("--nocc", type=int, default=None, help="Occupied orbitals (instead of --shape).")
+@click.option("--naux", type=int, default=None, help="Auxiliary functions (instead of --shape).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Philox seed of the synthetic problem.")
+@click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES)
+@click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on the emulator.")
+@click.option("--precision", default=None, metavar="fp64|fp32",
+              help="GEMM precision [default: fp64; fp32 on trn1/trn2].")
+@click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one.")
+@click.option("--max-memory", type=float, default=None, metavar="MB", help="Memory budget in MB.")
+@click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
+@click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+def bench(shape, nbasis, nocc, naux, seed, device, simulate, precision, repeat, max_memory,
+          json_path, quiet, debug):
+    """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device)."""
+    from .bench import resolve_shape, run_bench
+
+    def compute():
+        if json_path is not None:
+            _check_output_path(json_path)
+        sizes = resolve_shape(shape, nbasis, nocc, naux)
+        progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
+        record = run_bench(*sizes, seed=seed, device=device, precision=precision, simulate=simulate,
+                           repeat=repeat, max_memory=max_memory, progress=progress)
+        if progress:
+            progress.clear()
+        record["shape"]["name"] = shape
+        if json_path is not None:
+            _write_json_atomically(json_path, record)
+        return record
+
+    record = _guarded(compute, debug)
+    if not quiet:
+        _print_bench(record)
+
+
+def _guarded(compute, debug):
+    """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug."""
+    try:
+        return compute()
     except DFMP2Error as error:
         if debug:
             raise
@@ -95,8 +146,6 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
         if debug:
             raise
         _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
-    if not quiet:
-        _print_summary(record)
 
 
 @cli.command()
@@ -189,6 +238,33 @@ def _print_summary(r):
     if r.get("kernel_specializations"):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
+    click.echo("\n".join(lines))
+
+
+def _print_bench(r):
+    s = r["shape"]
+    name = f"{s['name']} " if s.get("name") else ""
+    lines = [
+        f"dfmp2 {r['versions']['dfmp2']} bench: synthetic DF-MP2, {name}nbasis {s['nbasis']}, "
+        f"nocc {s['nocc']}, nvir {s['nvir']}, naux {s['naux']}, seed {s['seed']}",
+        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}",
+        f"  E(corr)     {r['e_corr']:.12f} Eh (os {r['e_corr_os']:.10f}, ss {r['e_corr_ss']:.10f})",
+        "",
+        f"  {'stage':15s} {'seconds':>10s} {'GFLOP':>10s} {'TFLOPS':>8s}",
+    ]
+    for stage, v in r["stages"].items():
+        tflops = f"{v['tflops']:.3f}" if v["tflops"] is not None else "-"
+        lines.append(f"  {stage:15s} {v['seconds']:10.4f} {v['gflop']:10.2f} {tflops:>8s}")
+    lines += [
+        f"  {'total (warm)':15s} {r['total_seconds']:10.4f} {r['gflop']:10.2f}",
+        f"  cold pass {r['cold_seconds']:.4f} s; warm passes {', '.join(f'{t:.4f}' for t in r['warm_seconds'])} s "
+        f"(medians above); nominal {r['nominal_gflop']:.1f} GFLOP (all nocc^2 pairs)",
+        f"  peak host memory {r['memory']['peak_rss_mb']:.0f} MB"
+        + (f", device {r['memory']['peak_device_mb']:.0f} MB" if "peak_device_mb" in r["memory"] else ""),
+    ]
+    if r.get("modelled_seconds"):
+        lines.append("  modelled kernel time (MODEL, not measured): " + ", ".join(
+            f"{k} {v:.4f} s" for k, v in r["modelled_seconds"].items()))
     click.echo("\n".join(lines))
 
 

@@ -1,0 +1,66 @@
+"""Synthetic DF-MP2 problems for benchmarks: the same pipeline input as a molecule, made from
+(nbasis, nocc, naux, seed) with Philox streams, so a given seed is the same problem everywhere.
+
+    metric        J = A A^T / naux + I                      SPD, eigenvalues in [1, ~5]
+    three-center  (mn|P) = s * sum_k U_mk U_nk W_kP         symmetric in m, n; rank <= R per P
+    orbitals      C_mp ~ N(0, 1/nbasis)
+    energies      e_i in [-1.5, -0.3] (occupied), e_a in [0.2, 2.5] (virtual): a gap of 0.5 Eh
+Every block of (mn|P) is built from its own columns of W, so blocks are independent of how
+the auxiliary index is split. s is chosen so that e_corr is of a molecule's size (about
+-0.03 Eh per occupied orbital).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import normal, uniform
+
+SHAPES = {  # nbasis, nocc, naux: the sibling libraries' published benchmark shapes
+    "small": (128, 16, 384),
+    "medium": (512, 64, 1536),
+    "large": (768, 96, 2304),
+}
+RANK = 64  # R: rank of each (mn|P) slice
+STREAM_METRIC, STREAM_U, STREAM_W, STREAM_C, STREAM_EOCC, STREAM_EVIR = range(1, 7)
+
+
+class SyntheticIntegrals:
+    """Provider with the interface of chem.ThreeCenterIntegrals: nao, naux, auxbasis, metric(),
+    aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell()."""
+
+    def __init__(self, nbasis: int, nocc: int, naux: int, seed: int = 0):
+        self.nao, self.naux, self.seed = nbasis, naux, seed
+        self.auxbasis = f"synthetic(seed={seed})"
+        self.rank = min(RANK, nbasis)
+        nvir = nbasis - nocc
+        self._u = normal(seed, STREAM_U, 0, nbasis * self.rank).reshape(nbasis, self.rank)
+        # (ia|P) ~ s sqrt(R) and (ia|jb) ~ s^2 R sqrt(naux); aim for (ia|jb)^2 ~ 0.1 / (nocc nvir^2),
+        # so that sum (ia|jb)^2 / |D| ~ 0.03 nocc
+        self._scale = (0.1 / (nocc * nvir * nvir * naux)) ** 0.25 / self.rank ** 0.5
+
+    def metric(self) -> np.ndarray:
+        a = normal(self.seed, STREAM_METRIC, 0, self.naux * self.naux).reshape(self.naux, self.naux)
+        return a @ a.T / self.naux + np.eye(self.naux)
+
+    def largest_shell(self) -> int:
+        return 1
+
+    def aux_blocks(self, limit: int) -> list:
+        return [(p0, min(p0 + limit, self.naux)) for p0 in range(0, self.naux, limit)]
+
+    def block(self, p0: int, p1: int) -> np.ndarray:
+        """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao], fp64."""
+        w = normal(self.seed, STREAM_W, p0 * self.rank, (p1 - p0) * self.rank).reshape(p1 - p0, self.rank)
+        scaled = self._u[None, :, :] * (self._scale * w)[:, None, :]  # s U_mk W_kP
+        return np.matmul(scaled, self._u.T)
+
+
+def synthetic_orbitals(nbasis: int, nocc: int, seed: int = 0):
+    """C [nbasis, nbasis], orbital energies [nbasis] (ascending within each space), occupations."""
+    coeff = normal(seed, STREAM_C, 0, nbasis * nbasis).reshape(nbasis, nbasis) / np.sqrt(nbasis)
+    e_occ = np.sort(-1.5 + 1.2 * uniform(seed, STREAM_EOCC, 0, nocc))
+    e_vir = np.sort(0.2 + 2.3 * uniform(seed, STREAM_EVIR, 0, nbasis - nocc))
+    occupations = np.zeros(nbasis)
+    occupations[:nocc] = 2.0
+    return coeff, np.concatenate([e_occ, e_vir]), occupations
