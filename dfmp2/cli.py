@@ -101,6 +101,9 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--seed", type=int, default=0, show_default=True, help="Philox seed of the synthetic problem.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES)
 @click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on the emulator.")
+@click.option("--model-only", is_flag=True,
+              help="With --simulate: emulate each kernel shape once (for the modelled time of large "
+                   "shapes); repeated calls use host reference math.")
 @click.option("--precision", default=None, metavar="fp64|fp32",
               help="GEMM precision [default: fp64; fp32 on trn1/trn2].")
 @click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one.")
@@ -108,8 +111,8 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def bench(shape, nbasis, nocc, naux, seed, device, simulate, precision, repeat, max_memory,
-          json_path, quiet, debug):
+def bench(shape, nbasis, nocc, naux, seed, device, simulate, model_only, precision, repeat,
+          max_memory, json_path, quiet, debug):
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device)."""
     from .bench import resolve_shape, run_bench
 
@@ -119,7 +122,8 @@ def bench(shape, nbasis, nocc, naux, seed, device, simulate, precision, repeat, 
         sizes = resolve_shape(shape, nbasis, nocc, naux)
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
         record = run_bench(*sizes, seed=seed, device=device, precision=precision, simulate=simulate,
-                           repeat=repeat, max_memory=max_memory, progress=progress)
+                           repeat=repeat, max_memory=max_memory, progress=progress,
+                           model_only=model_only)
         if progress:
             progress.clear()
         record["shape"]["name"] = shape

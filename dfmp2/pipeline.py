@@ -25,6 +25,7 @@ from .linalg import factor_metric, whiten
 from .storage import DiskStore, MemoryStore
 
 MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
+MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
 
 
 # ----------------------------------------------------------------------------- orbitals
@@ -108,8 +109,8 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
     room = budget - fixed - (store if storage == "memory" else 0)
 
     aux_block = naux
-    if preferred_aux_block_bytes:
-        aux_block = min(naux, max(largest_shell, preferred_aux_block_bytes // (8 * nao * nao)))
+    if preferred_aux_block_bytes:  # but at least MIN_AUX_BLOCK functions, to keep GEMMs efficient
+        aux_block = min(naux, max(largest_shell, MIN_AUX_BLOCK, preferred_aux_block_bytes // (8 * nao * nao)))
     while aux_block > largest_shell and transform_bytes(aux_block) > room:
         aux_block = max(largest_shell, aux_block // 2)
 

@@ -90,7 +90,7 @@ def test_trainium_option_rules():
     mf = converged_rhf("water")
     with pytest.raises(InputError, match="no fp64"):
         DFMP2(mf, device="trn1", precision="fp64", simulate=True).kernel()
-    with pytest.raises(InputError, match="--simulate applies to trn1 and trn2"):
+    with pytest.raises(InputError, match="--simulate and --model-only apply to trn1 and trn2"):
         DFMP2(mf, device="cpu", simulate=True).kernel()
 
 

@@ -23,11 +23,14 @@ def default_precision(device: str) -> str:
     return "fp32" if device in TRAINIUM else "fp64"
 
 
-def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False):
+def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False,
+                model_only: bool = False):
     """Backend for `device` in `precision` (None: the device's default).
 
     InputError for unknown names and impossible combinations; ComputationError if the device
-    exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK).
+    exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK). model_only
+    (trn1/trn2 with simulate): emulate each kernel shape once, for a modelled time of runs too
+    large to emulate in full.
     """
     if device not in DEVICES:
         raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
@@ -46,9 +49,11 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                     f"--device {device} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
                     f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add --simulate to run the "
                     "same NKI kernels on dfmp2's emulator. Nothing was computed.")
-        return NkiBackend(device, simulate)
-    if simulate:
-        raise InputError(f"--simulate applies to trn1 and trn2, not to {device}")
+        if model_only and not simulate:
+            raise InputError("--model-only needs --simulate")
+        return NkiBackend(device, simulate, model_only)
+    if simulate or model_only:
+        raise InputError(f"--simulate and --model-only apply to trn1 and trn2, not to {device}")
     from .torch_backend import TorchBackend, cuda_available
 
     if device == "cuda" and not cuda_available():

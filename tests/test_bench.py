@@ -1,0 +1,118 @@
+"""Synthetic benchmark problems and `dfmp2 bench` (no timing assertions)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dfmp2 import InputError
+from dfmp2.bench import resolve_shape, run_bench
+from dfmp2.kernels import get_backend
+from dfmp2.pipeline import dfmp2_energy
+from dfmp2.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+
+SMALL = SHAPES["small"]
+
+
+def test_same_seed_same_energy_bit_for_bit():
+    first = run_bench(*SMALL, seed=7, repeat=1)
+    second = run_bench(*SMALL, seed=7, repeat=1)
+    assert first["e_corr"] == second["e_corr"]
+    assert first["e_corr_os"] == second["e_corr_os"] and first["e_corr_ss"] == second["e_corr_ss"]
+    assert first["energy_identical_across_passes"]
+    assert run_bench(*SMALL, seed=8, repeat=1)["e_corr"] != first["e_corr"]
+
+
+def test_problem_blocks_do_not_depend_on_how_the_aux_index_is_split():
+    ints = SyntheticIntegrals(40, 6, 50, seed=3)
+    whole = ints.block(0, 50)
+    assert np.array_equal(np.concatenate([ints.block(p0, p1) for p0, p1 in ints.aux_blocks(7)]), whole)
+    assert np.allclose(whole, whole.transpose(0, 2, 1))  # (mn|P) = (nm|P)
+    metric = ints.metric()
+    assert np.linalg.eigvalsh(metric).min() >= 1.0 - 1e-9  # SPD, well conditioned
+    coeff, energies, occupations = synthetic_orbitals(40, 6, seed=3)
+    assert energies[:6].max() < -0.2 and energies[6:].min() > 0.1  # a gap
+    assert occupations.sum() == 12
+
+
+def test_simulated_trn1_matches_cpu():
+    cpu = run_bench(*SMALL, repeat=1)
+    trn = run_bench(*SMALL, device="trn1", simulate=True, repeat=1)
+    assert abs(trn["e_corr"] - cpu["e_corr"]) <= 1e-6 * abs(cpu["e_corr"])
+    assert trn["precision"] == "fp32" and trn["backend"] == "nki"
+    assert trn["modelled_seconds"]["trn1"] > 0
+    assert all(count == 1 for count in trn["kernel_specializations"].values())
+
+
+def test_model_only_gives_the_full_emulations_modelled_time():
+    full = run_bench(*SMALL, device="trn1", simulate=True, repeat=1)
+    model = run_bench(*SMALL, device="trn1", simulate=True, repeat=1, model_only=True)
+    assert model["modelled_seconds"] == full["modelled_seconds"]  # the same traces
+    assert model["model_only"] and "model-only" in model["device_description"]
+    assert abs(model["e_corr"] - full["e_corr"]) <= 1e-6 * abs(full["e_corr"])
+    with pytest.raises(InputError, match="--model-only needs --simulate"):
+        run_bench(*SMALL, device="trn1", model_only=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
+def test_cuda_matches_cpu():
+    cpu = run_bench(*SMALL, repeat=1)
+    for precision in ("fp64", "fp32"):
+        gpu = run_bench(*SMALL, device="cuda", precision=precision, repeat=1)
+        assert abs(gpu["e_corr"] - cpu["e_corr"]) <= 1e-6 * abs(cpu["e_corr"])
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_energy_negative_and_finite_for_every_shape(shape):
+    # one pipeline pass in fp32 keeps the large shape (~10 TFLOP) affordable on 2 cores
+    nbasis, nocc, naux = SHAPES[shape]
+    coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed=0)
+    result = dfmp2_energy(get_backend("cpu", "fp32"), SyntheticIntegrals(nbasis, nocc, naux, 0),
+                          coeff, energies, occupations)
+    assert np.isfinite(result.e_corr) and result.e_corr < 0
+    assert result.e_corr_os < 0 and np.isfinite(result.e_corr_ss)
+    # of a molecule's order: -0.03 Eh per occupied orbital, within a factor of 30
+    assert 0.001 * nocc < -result.e_corr < 1.0 * nocc
+
+
+def test_shape_validation():
+    assert resolve_shape("medium") == (512, 64, 1536)
+    assert resolve_shape(None, 10, 2, 30) == (10, 2, 30)
+    for bad in (("huge", None, None, None), ("small", 10, None, None), (None, 10, 10, 30),
+                (None, 10, None, 30)):
+        with pytest.raises(InputError):
+            resolve_shape(*bad)
+
+
+def test_bench_cli_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "bench", "--shape", "small", "--repeat", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "pair_energies" in proc.stdout and "TFLOPS" in proc.stdout
+    record = json.loads(out.read_text())
+    for key in ("e_corr", "stages", "total_seconds", "machine", "versions", "commit", "cold_seconds"):
+        assert key in record
+    assert set(record["stages"]) == {"integrals", "metric", "transform", "whiten", "pair_energies"}
+    for stage in record["stages"].values():
+        assert set(stage) == {"seconds", "gflop", "tflops"}
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["--shape", "huge"], 2, "huge"),
+    (["--nbasis", "10"], 2, "--nocc"),
+    (["--shape", "small", "--repeat", "0"], 2, "--repeat"),
+    (["--shape", "small", "--device", "tpu"], 2, "tpu"),
+    (["--shape", "small", "--device", "trn1"], 1, "Neuron SDK"),
+])
+def test_bench_cli_bad_input(args, code, needle, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "bench", *args, "--json", "out.json"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dfmp2: error:") and needle in lines[0]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out.json").exists()
