@@ -112,12 +112,32 @@ def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate
         import torch
 
         record["memory"]["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if not simulate:
+        rate = measured_gemm_tflops(backend)
+        record["device_gemm_tflops"] = rate
+        record["pair_energies_fraction_of_gemm_rate"] = (
+            stages["pair_energies"]["tflops"] / rate if stages["pair_energies"]["tflops"] else None)
     if simulate:
         record["kernel_specializations"] = {k: len(v) for k, v in backend.specializations.items()}
         record["modelled_seconds"] = backend.modelled_seconds()
         record["modelled_seconds_note"] = ("model from the emulator trace at published peaks "
                                            "(one warm pass), not a measurement")
     return record
+
+
+def measured_gemm_tflops(backend, n: int = 2048, repeat: int = 5) -> float:
+    """This device's square-GEMM rate in the run's precision (median of `repeat`, after warm-up)."""
+    import torch
+
+    a = torch.ones((n, n), dtype=backend.compute_dtype, device=backend.device) / n
+    times = []
+    for _ in range(repeat + 1):
+        backend.synchronize()
+        start = time.perf_counter()
+        torch.matmul(a, a)
+        backend.synchronize()
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times[1:]) / 1e12
 
 
 def _cpu():

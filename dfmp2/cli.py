@@ -266,6 +266,10 @@ def _print_bench(r):
         f"  peak host memory {r['memory']['peak_rss_mb']:.0f} MB"
         + (f", device {r['memory']['peak_device_mb']:.0f} MB" if "peak_device_mb" in r["memory"] else ""),
     ]
+    if r.get("device_gemm_tflops"):
+        fraction = r.get("pair_energies_fraction_of_gemm_rate")
+        lines.append(f"  device GEMM rate {r['device_gemm_tflops']:.3f} TFLOPS (measured, {r['precision']})"
+                     + (f"; pair energies reach {100 * fraction:.0f}% of it" if fraction else ""))
     if r.get("modelled_seconds"):
         lines.append("  modelled kernel time (MODEL, not measured): " + ", ".join(
             f"{k} {v:.4f} s" for k, v in r["modelled_seconds"].items()))

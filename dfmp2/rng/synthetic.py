@@ -13,6 +13,7 @@ the auxiliary index is split. s is chosen so that e_corr is of a molecule's size
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from . import normal, uniform
 
@@ -39,9 +40,12 @@ class SyntheticIntegrals:
         # so that sum (ia|jb)^2 / |D| ~ 0.03 nocc
         self._scale = (0.1 / (nocc * nvir * nvir * naux)) ** 0.25 / self.rank ** 0.5
 
+    # The products below use torch's BLAS, not numpy's: mixing numpy's OpenBLAS thread pool
+    # (which spins after each call) with torch's slowed the benchmark 2x on 2 cores.
+
     def metric(self) -> np.ndarray:
-        a = normal(self.seed, STREAM_METRIC, 0, self.naux * self.naux).reshape(self.naux, self.naux)
-        return a @ a.T / self.naux + np.eye(self.naux)
+        a = torch.from_numpy(normal(self.seed, STREAM_METRIC, 0, self.naux * self.naux)).view(self.naux, self.naux)
+        return (a @ a.T / self.naux).numpy() + np.eye(self.naux)
 
     def largest_shell(self) -> int:
         return 1
@@ -52,8 +56,9 @@ class SyntheticIntegrals:
     def block(self, p0: int, p1: int) -> np.ndarray:
         """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao], fp64."""
         w = normal(self.seed, STREAM_W, p0 * self.rank, (p1 - p0) * self.rank).reshape(p1 - p0, self.rank)
-        scaled = self._u[None, :, :] * (self._scale * w)[:, None, :]  # s U_mk W_kP
-        return np.matmul(scaled, self._u.T)
+        u = torch.from_numpy(self._u)
+        scaled = u[None, :, :] * torch.from_numpy(self._scale * w)[:, None, :]  # s U_mk W_kP
+        return torch.matmul(scaled, u.T).numpy()
 
 
 def synthetic_orbitals(nbasis: int, nocc: int, seed: int = 0):
