@@ -42,6 +42,8 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
             raise InputError(f"{device} has no fp64 arithmetic: use --precision fp32 (the default there)")
         from .nki_backend import NEURON_INSTALL, NEURON_PACKAGES, NkiBackend, neuron_sdk_missing
 
+        if model_only and not simulate:
+            raise InputError("--model-only needs --simulate")
         if not simulate:
             missing = neuron_sdk_missing()
             if missing:
@@ -49,8 +51,6 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                     f"--device {device} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
                     f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add --simulate to run the "
                     "same NKI kernels on dfmp2's emulator. Nothing was computed.")
-        if model_only and not simulate:
-            raise InputError("--model-only needs --simulate")
         return NkiBackend(device, simulate, model_only)
     if simulate or model_only:
         raise InputError(f"--simulate and --model-only apply to trn1 and trn2, not to {device}")
