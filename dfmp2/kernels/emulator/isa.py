@@ -205,15 +205,20 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None):
     _vector(dst, what)
 
 
-def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
-                  engine=None, name=None):
-    """dst = (data op0 operand0) op1 operand1; operands are scalars or [P, 1] tiles."""
-    what = f"nisa.tensor_scalar({op0.__name__}, {data.shape})"
+def _unary_input(dst: Tile, data: Tile, what: str):
+    """Checks of a one-input elementwise instruction; returns (partitions, data as fp32 [P, F])."""
     _on_chip(dst, what)
     _on_chip(data, what)
     _same_layout(dst, data, what)
     partitions = data.shape[0]
-    x = _read(data, what).astype(np.float32).reshape(partitions, -1)
+    return partitions, _read(data, what).astype(np.float32).reshape(partitions, -1)
+
+
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  engine=None, name=None):
+    """dst = (data op0 operand0) op1 operand1; operands are scalars or [P, 1] tiles."""
+    what = f"nisa.tensor_scalar({op0.__name__}, {data.shape})"
+    partitions, x = _unary_input(dst, data, what)
     for op, operand, reverse in ((op0, operand0, reverse0), (op1, operand1, reverse1)):
         if op is None:
             continue
@@ -249,11 +254,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
                name=None):
     """dst = op(data * scale + bias) on the Scalar Engine; bias is a [P, 1] tile."""
     what = f"nisa.activation({op.__name__}, {data.shape})"
-    _on_chip(dst, what)
-    _on_chip(data, what)
-    _same_layout(dst, data, what)
-    partitions = data.shape[0]
-    x = _read(data, what).astype(np.float32).reshape(partitions, -1)
+    partitions, x = _unary_input(dst, data, what)
     x = x * _scalar_operand(scale, partitions, what)
     if bias is not None:
         x = x + _scalar_operand(bias, partitions, what)
