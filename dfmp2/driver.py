@@ -103,12 +103,13 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
                         progress=progress)
     timings.update(corr.timings)
     timings["mp2"] = time.perf_counter() - start
+    simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator
     return DFMP2Result(
         e_hf=reference.e_hf, correlation=corr, basis=basis or chem.basis_name(mf.mol),
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
         device=backend.device_name, device_description=backend.describe(),
         precision=backend.precision, backend=backend.name, formula=chem.formula(mf.mol),
-        timings=timings, simulated=getattr(backend, "simulate", False),
+        timings=timings, simulated=simulated,
         kernel_specializations=dict(getattr(backend, "specializations", {})),
-        modelled_seconds=backend.modelled_seconds() if getattr(backend, "simulate", False) else None,
-        trace=backend.trace.as_dict() if getattr(backend, "simulate", False) else None)
+        modelled_seconds=backend.modelled_seconds() if simulated else None,
+        trace=backend.trace.as_dict() if simulated else None)

@@ -25,7 +25,6 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..errors import ComputationError
 from . import emulator
 from .emulator.core import TARGETS, Trace
 
@@ -107,7 +106,7 @@ class NkiBackend:
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
         self._aux_block = 0  # largest auxiliary block of the run (see expect_blocks)
-        # one unpacked (mn|P) block of ~16 MB; pair blocks sized for SBUF in pair_block()
+        # one unpacked (mn|P) block of ~16 MB; pair blocks are capped for SBUF by occ_block_limit()
         self.preferred_aux_block_bytes = 16 * 2**20
         self.preferred_pair_rows = 1024
 

@@ -13,7 +13,6 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..errors import ComputationError
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 
@@ -146,8 +145,3 @@ class TorchBackend:
         e_os = torch.dot(t.view(-1), iajb.view(-1))
         e_exchange = torch.dot(t.view(-1), ibja.view(-1))
         return float(e_os), float(e_os - e_exchange)
-
-    def check_finite(self, tensor: torch.Tensor, what: str) -> None:
-        if not bool(torch.isfinite(tensor).all()):
-            raise ComputationError(f"non-finite values in {what}")
-
