@@ -62,17 +62,17 @@ def resolve_shape(shape=None, nbasis=None, nocc=None, naux=None):
 
 
 def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate=False,
-              repeat=3, max_memory=None, progress=None, model_only=False) -> dict:
+              repeat=3, max_memory=None, progress=None, model_only=False, nki_api=None) -> dict:
     """Cold + `repeat` warm passes of the pipeline on the synthetic problem -> a JSON-able record."""
     if repeat < 1:
         raise InputError(f"--repeat must be at least 1, got {repeat}")
     if seed < 0:
         raise InputError(f"--seed must be non-negative, got {seed}")
-    backend_check = get_backend(device, precision, simulate, model_only)  # fail fast
+    backend_check = get_backend(device, precision, simulate, model_only, nki_api)  # fail fast
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
     passes = []
     for n in range(repeat + 1):
-        backend = backend_check if n == 0 else get_backend(device, precision, simulate, model_only)
+        backend = backend_check if n == 0 else get_backend(device, precision, simulate, model_only, nki_api)
         integrals = SyntheticIntegrals(nbasis, nocc, naux, seed)
         start = time.perf_counter()
         result = dfmp2_energy(backend, integrals, coeff, energies, occupations, max_memory=max_memory)
@@ -92,7 +92,7 @@ def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate
     record = {
         "shape": {"nbasis": nbasis, "nocc": nocc, "nvir": nbasis - nocc, "naux": naux, "seed": seed},
         "device": device, "precision": backend.precision, "simulated": simulate,
-        "model_only": model_only,
+        "model_only": model_only, "notes": list(getattr(backend, "notes", [])),
         "backend": backend.name, "device_description": backend.describe(),
         "e_corr": result.e_corr, "e_corr_os": result.e_corr_os, "e_corr_ss": result.e_corr_ss,
         "energy_identical_across_passes": len(energies_seen) == 1,
@@ -117,6 +117,8 @@ def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate
         record["device_gemm_tflops"] = rate
         record["pair_energies_fraction_of_gemm_rate"] = (
             stages["pair_energies"]["tflops"] / rate if stages["pair_energies"]["tflops"] else None)
+    if device in ("trn1", "trn2"):
+        record["nki_api"] = backend.nki_api
     if simulate:
         record["kernel_specializations"] = {k: len(v) for k, v in backend.specializations.items()}
         record["modelled_seconds"] = backend.modelled_seconds()

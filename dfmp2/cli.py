@@ -50,6 +50,9 @@ def cli(ctx):
               help="GEMM precision [default: fp64; fp32 on trn1/trn2]; energy sums are fp64.")
 @click.option("--simulate", is_flag=True,
               help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
+@click.option("--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
+              help="With --simulate: the NKI release whose rules the emulator applies "
+                   "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2].")
 @click.option("--max-memory", type=float, default=None, metavar="MB",
               help="Memory budget in MB [default: 80% of available RAM].")
 @click.option("--scratch", default=None, metavar="DIR",
@@ -60,7 +63,7 @@ def cli(ctx):
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, precision, simulate,
-        max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
+        nki_api, max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
@@ -75,7 +78,7 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
         result = run_xyz(molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
                          frozen_core=frozen_core, scf=scf, device=device, precision=precision,
                          simulate=simulate, max_memory=max_memory, scratch=scratch,
-                         scf_max_cycle=scf_max_cycle, progress=progress)
+                         scf_max_cycle=scf_max_cycle, progress=progress, nki_api=nki_api)
         if progress:
             progress.clear()
         record = result.as_dict()
@@ -103,6 +106,9 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--model-only", is_flag=True,
               help="With --simulate: emulate each kernel shape once (for the modelled time of large "
                    "shapes); repeated calls use host reference math.")
+@click.option("--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
+              help="With --simulate: the NKI release whose rules the emulator applies "
+                   "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2].")
 @click.option("--precision", default=None, metavar="fp64|fp32",
               help="GEMM precision [default: fp64; fp32 on trn1/trn2].")
 @click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one.")
@@ -110,7 +116,7 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def bench(shape, nbasis, nocc, naux, seed, device, simulate, model_only, precision, repeat,
+def bench(shape, nbasis, nocc, naux, seed, device, simulate, model_only, nki_api, precision, repeat,
           max_memory, json_path, quiet, debug):
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device)."""
     from .bench import resolve_shape, run_bench
@@ -122,7 +128,7 @@ def bench(shape, nbasis, nocc, naux, seed, device, simulate, model_only, precisi
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
         record = run_bench(*sizes, seed=seed, device=device, precision=precision, simulate=simulate,
                            repeat=repeat, max_memory=max_memory, progress=progress,
-                           model_only=model_only)
+                           model_only=model_only, nki_api=nki_api)
         if progress:
             progress.clear()
         record["shape"]["name"] = shape
@@ -160,7 +166,7 @@ def info():
 
     versions = {"dfmp2": __version__, "python": platform.python_version()}
     for package in ("torch", "pyscf", "numpy", "h5py", "click",
-                    "torch-neuronx", "neuronx-cc", "nki"):
+                    "torch-neuronx", "torch-xla", "neuronx-cc", "nki"):
         versions[package] = _package_version(package)
     for name, version in versions.items():
         click.echo(f"{name:14s} {version}")
@@ -221,6 +227,8 @@ def _print_summary(r):
         f"  basis       {r['basis']}, MP2 auxiliary basis {r['auxbasis']}, SCF {scf}",
         f"  sizes       nbasis {r['nbasis']}, nocc {r['nocc']}{frozen}, nvir {r['nvir']}, naux {r['naux']}",
         f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}",
+        *([f"  nki         {r['nki_api']}"] if r.get("nki_api") else []),
+        *[f"  note        {note}" for note in r.get("notes", [])],
         f"  kernels     {kernels}",
         f"  metric      {r['metric_factorization']}",
         f"  memory      budget {mem['budget_mb']:.0f} MB, (ia|P) in {mem['storage']}, "
@@ -251,6 +259,7 @@ def _print_bench(r):
         f"dfmp2 {r['versions']['dfmp2']} bench: synthetic DF-MP2, {name}nbasis {s['nbasis']}, "
         f"nocc {s['nocc']}, nvir {s['nvir']}, naux {s['naux']}, seed {s['seed']}",
         f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}",
+        *[f"  note        {note}" for note in r.get("notes", [])],
         f"  E(corr)     {r['e_corr']:.12f} Eh (os {r['e_corr_os']:.10f}, ss {r['e_corr_ss']:.10f})",
         "",
         f"  {'stage':15s} {'seconds':>10s} {'GFLOP':>10s} {'TFLOPS':>8s}",

@@ -33,6 +33,8 @@ class DFMP2Result:
     kernel_specializations: dict = field(default_factory=dict)  # kernel -> distinct padded shapes
     modelled_seconds: dict | None = None  # MODEL: kernel time on trn1/trn2 from the emulator trace
     trace: dict | None = None
+    nki_api: str | None = None  # trn1/trn2: the NKI release emulated, or installed on the host
+    notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
 
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
@@ -56,19 +58,20 @@ class DFMP2Result:
             "memory": {"budget_mb": corr.plan.budget / 1e6, "storage": corr.plan.storage,
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block},
             "timings": dict(self.timings), "version": __version__,
-            "simulated": self.simulated,
+            "simulated": self.simulated, "notes": list(self.notes),
             "kernel_specializations": {k: [list(map(list, s)) for s in sorted(v)]
                                        for k, v in self.kernel_specializations.items()},
-        } | ({"modelled_seconds": dict(self.modelled_seconds),
+        } | ({"nki_api": self.nki_api} if self.nki_api else {}) | ({"modelled_seconds": dict(self.modelled_seconds),
                "modelled_seconds_note": "model from the emulator trace and published peaks, "
                                         "not a measurement", "trace": self.trace}
               if self.modelled_seconds is not None else {})
 
 
 def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
-                   max_memory=None, scratch=None, progress=None, basis=None) -> DFMP2Result:
+                   max_memory=None, scratch=None, progress=None, basis=None,
+                   nki_api=None) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF object `mf` (density-fitted or not)."""
-    backend = get_backend(device, precision, simulate)
+    backend = get_backend(device, precision, simulate, nki_api=nki_api)
     reference = chem.mean_field_orbitals(mf)
     integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
     return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
@@ -77,9 +80,9 @@ def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None,
 
 def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
             scf="df", device="cpu", precision=None, simulate=False, max_memory=None, scratch=None,
-            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None) -> DFMP2Result:
+            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None) -> DFMP2Result:
     """Read an XYZ file, run RHF (`scf`='df' or 'exact'), then DF-MP2."""
-    backend = get_backend(device, precision, simulate)
+    backend = get_backend(device, precision, simulate, nki_api=nki_api)
     atoms = chem.read_xyz(path)
     mol = chem.build_molecule(atoms, basis, charge, spin)
     integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
@@ -112,4 +115,5 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
         timings=timings, simulated=simulated,
         kernel_specializations=dict(getattr(backend, "specializations", {})),
         modelled_seconds=backend.modelled_seconds() if simulated else None,
-        trace=backend.trace.as_dict() if simulated else None)
+        trace=backend.trace.as_dict() if simulated else None,
+        nki_api=getattr(backend, "nki_api", None), notes=list(getattr(backend, "notes", [])))

@@ -22,7 +22,8 @@ class DFMP2:
     max_memory: MB (default: mf.max_memory). Energies are in Hartree.
     """
 
-    def __init__(self, mf, frozen=None, auxbasis=None, device="cpu", precision=None, simulate=False):
+    def __init__(self, mf, frozen=None, auxbasis=None, device="cpu", precision=None, simulate=False,
+                 nki_api=None):
         self._scf = mf
         self.mol = mf.mol
         self.frozen = frozen
@@ -30,6 +31,7 @@ class DFMP2:
         self.device = device
         self.precision = precision  # None: fp64, or fp32 on trn1/trn2
         self.simulate = simulate  # trn1/trn2 only: run the NKI kernels on dfmp2's emulator
+        self.nki_api = nki_api  # with simulate: the NKI release the emulator follows (None: newest)
         self.max_memory = getattr(mf, "max_memory", None)
         self.verbose = getattr(mf, "verbose", 0)
         self.result = None
@@ -50,7 +52,8 @@ class DFMP2:
         """Compute and return the DF-MP2 correlation energy (Eh)."""
         self.result = run_mean_field(self._scf, auxbasis=self.auxbasis, frozen=self.frozen,
                                      device=self.device, precision=self.precision,
-                                     simulate=self.simulate, max_memory=self.max_memory)
+                                     simulate=self.simulate, max_memory=self.max_memory,
+                                     nki_api=self.nki_api)
         self.e_hf = self.result.e_hf
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
@@ -60,8 +63,8 @@ class DFMP2:
     def run(self, **options):
         """Set any of the constructor's options, run `kernel()`, return self."""
         for name, value in options.items():
-            if name not in ("frozen", "auxbasis", "device", "precision", "simulate", "max_memory",
-                            "verbose"):
+            if name not in ("frozen", "auxbasis", "device", "precision", "simulate", "nki_api",
+                            "max_memory", "verbose"):
                 raise TypeError(f"DFMP2.run() got an unknown option {name!r}")
             setattr(self, name, value)
         self.kernel()

@@ -64,7 +64,7 @@ def matmul_kernel(a_t, b):
     nisa.dma_copy(dst=stationary, src=a_t)
     nisa.dma_copy(dst=moving, src=b)
     acc = nl.ndarray((min(M, P), N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving)
     res = nl.ndarray((min(M, P), N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=acc)
     nisa.dma_copy(dst=out, src=res)
@@ -85,7 +85,7 @@ def matmul_reshaped_k_kernel(a, b, k):
     nisa.dma_copy(dst=b_sb, src=b)
     acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=acc, stationary=a_sb.reshape((k, M)), moving=b_sb.reshape((k, N)),
-                   accumulate=False)
+                   )
     res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=acc)
     nisa.dma_copy(dst=out, src=res)
@@ -103,7 +103,7 @@ def matmul_out_buffer_kernel(a_t, b, in_psum):
     nisa.dma_copy(dst=stationary, src=a_t)
     nisa.dma_copy(dst=moving, src=b)
     acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum if in_psum else nl.sbuf)
-    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving)
     res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=acc)
     nisa.dma_copy(dst=out, src=res)
@@ -121,7 +121,7 @@ def psum_dtype_kernel(a_t, b, psum_f16):
     nisa.dma_copy(dst=stationary, src=a_t)
     nisa.dma_copy(dst=moving, src=b)
     acc = nl.ndarray((M, N), dtype=nl.float16 if psum_f16 else nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving)
     res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=acc)
     nisa.dma_copy(dst=out, src=res)
@@ -140,7 +140,7 @@ def bank_offset_kernel(a_t, b, col):
     nisa.dma_copy(dst=moving, src=b)
     two_banks = nl.ndarray((M, 2 * 512), dtype=nl.float32, buffer=nl.psum)  # 4 KiB per partition
     nisa.nc_matmul(dst=two_banks[:, col:col + N], stationary=stationary, moving=moving,
-                   accumulate=False)
+                   )
     res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=two_banks[:, col:col + N])
     nisa.dma_copy(dst=out, src=res)
@@ -205,7 +205,7 @@ def psum_tiles_kernel(x, count):
     tiles = []
     for _ in range(count):
         acc = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=acc, stationary=ident, moving=moving, accumulate=False)
+        nisa.nc_matmul(dst=acc, stationary=ident, moving=moving)
         tiles.append(acc)
     total = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=total, src=tiles[0])
@@ -276,7 +276,7 @@ def accumulate_kernel(a_t, b, c, first_matmul):
     nisa.dma_copy(dst=mov_c, src=c)
     acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
     if first_matmul:
-        nisa.nc_matmul(dst=acc, stationary=stationary, moving=mov_b, accumulate=False)
+        nisa.nc_matmul(dst=acc, stationary=stationary, moving=mov_b)
     else:  # written, but not by a matmul: accumulation is undefined
         nisa.memset(dst=acc, value=0.0)
     nisa.nc_matmul(dst=acc, stationary=stationary, moving=mov_c, accumulate=True)
@@ -436,7 +436,8 @@ def test_two_100k_sbuf_tiles_exceed_trn1():
     with nki.target("trn1"):
         with pytest.raises(NkiConstraintError,
                            match=r"allocating a SBUF tile of shape \(128, 25600\) \(102400 B per partition\) "
-                                 r"exceeds SBUF capacity on trn1: 102400 B already live, limit 196608 B"):
+                                 r"exceeds SBUF capacity on trn1: 102400 B already live, limit 180224 B per partition "
+                                     r"\(usable: 196608 B physical minus 16384 B the compiler reserves\)"):
             two_big_tiles_kernel(x, y)
 
 
@@ -548,22 +549,25 @@ def test_partly_written_sbuf_read_fails():
 
 def test_accumulate_onto_matmul_result_works():
     a_t, b, c = rand((128, 64), 22), rand((128, 128), 23), rand((128, 128), 24)
-    out = accumulate_kernel(a_t, b, c, True)
+    with nki.target("trn1", api="0.3"):
+        out = accumulate_kernel(a_t, b, c, True)
     expected = a_t.T.astype(np.float64) @ b + a_t.T.astype(np.float64) @ c
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
     assert accumulate_kernel.last_trace.matmuls == 2
 
 
 def test_accumulate_onto_memset_psum_fails():
-    with pytest.raises(NkiConstraintError,
-                       match=r"nisa\.nc_matmul\(.*\): accumulate=True into PSUM that holds no matmul result"):
+    with nki.target("trn1", api="0.3"), pytest.raises(
+            NkiConstraintError,
+            match=r"nisa\.nc_matmul\(.*\): accumulate=True into PSUM that holds no matmul result"):
         accumulate_kernel(rand((128, 64), 22), rand((128, 128), 23), rand((128, 128), 24), False)
 
 
 def test_accumulate_onto_fresh_psum_fails():
-    with pytest.raises(NkiConstraintError,
-                       match=r"nisa\.nc_matmul\(stationary \(128, 64\), moving \(128, 128\) -> dst \(64, 128\)\): "
-                             r"accumulate=True into PSUM that holds no matmul result"):
+    with nki.target("trn1", api="0.3"), pytest.raises(
+            NkiConstraintError,
+            match=r"nisa\.nc_matmul\(stationary \(128, 64\), moving \(128, 128\) -> dst \(64, 128\)\): "
+                  r"accumulate=True into PSUM that holds no matmul result"):
         fresh_psum_accumulate_kernel(rand((128, 64), 22), rand((128, 128), 23))
 
 
@@ -607,3 +611,329 @@ def test_trace_is_per_call():
     assert trace.matmul_flops == 2 * 64 * 32 * 16
     assert trace.dma_bytes_in == 4 * (64 * 32 + 64 * 16)
     assert trace.dma_bytes_out == 4 * 32 * 16
+
+
+# ---- 12. rules the compiler enforces that the emulator checks too ----------------------------------
+@nki.jit
+def shifted_copy_kernel(x, src0, dst0, rows):
+    """Copy partitions src0..src0+rows of an SBUF tile into partitions dst0..dst0+rows of another."""
+    F = x.shape[1]
+    out = nl.ndarray((rows, F), dtype=nl.float32, buffer=nl.shared_hbm)
+    a = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    b = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=b[dst0:dst0 + rows, :], src=a[src0:src0 + rows, :])
+    nisa.dma_copy(dst=out, src=b[dst0:dst0 + rows, :])
+    return out
+
+
+def test_engine_copy_on_same_partitions_works():
+    x = rand((P, 16), 30)
+    np.testing.assert_array_equal(shifted_copy_kernel(x, 0, 0, 64), x[0:64])
+
+
+def test_engine_copy_across_partitions_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.tensor_copy\(\(64, 16\) -> \(64, 16\)\): reads partitions 0\.\.63 but "
+                             r"writes partitions 64\.\.127; engine instructions cannot move data across partitions"):
+        shifted_copy_kernel(rand((P, 16), 30), 0, 64, 64)
+
+
+def test_64_partitions_from_partition_64_works():
+    x = rand((P, 16), 31)
+    np.testing.assert_array_equal(shifted_copy_kernel(x, 64, 64, 64), x[64:128])
+
+
+def test_96_partitions_from_partition_32_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"spans 96 partitions starting at partition 32; an access over 64 partitions "
+                             r"must start at partition 0 \(start-partition rule\)"):
+        shifted_copy_kernel(rand((P, 16), 31), 32, 32, 96)
+
+
+@nki.jit
+def offset_matmul_kernel(a_t, b, k0):
+    """out = a_t[k0:]^T @ b[k0:] with the contraction rows taken from partition k0 of SBUF tiles."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=stationary[k0:K, :], moving=moving[k0:K, :])
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_matmul_operands_from_partition_0_work():
+    a_t, b = rand((112, 32), 32), rand((112, 64), 33)
+    np.testing.assert_allclose(offset_matmul_kernel(a_t, b, 0), a_t.T.astype(np.float64) @ b,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_operands_of_112_partitions_from_partition_16_fail():
+    with pytest.raises(NkiConstraintError, match=r"nisa\.nc_matmul\(.*\): operand \(112, 32\) spans 112 "
+                                                 r"partitions starting at partition 16"):
+        offset_matmul_kernel(rand((128, 32), 32), rand((128, 64), 33), 16)
+
+
+@nki.jit
+def reduce3d_kernel(x, axes):
+    """Reduce an SBUF tile of shape [P, 4, 8] over `axes` into [P, 1]."""
+    out = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    if len(axes) == 1:
+        part = nl.ndarray((P, 4, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=part, op=nl.add, data=t, axis=axes)
+        total = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=total, op=nl.add, data=part, axis=(1, 2))
+    else:
+        total = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=total, op=nl.add, data=t, axis=axes)
+    nisa.dma_copy(dst=out, src=total)
+    return out
+
+
+@pytest.mark.parametrize("axes", [(2,), (1, 2), (-1,)])
+def test_reduce_over_last_free_axes_works(axes):
+    x = rand((P, 4, 8), 34)
+    np.testing.assert_allclose(reduce3d_kernel(x, axes)[:, 0], x.sum(axis=(1, 2)), rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_over_a_middle_free_axis_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"tensor_reduce reduces only the last free axes, contiguous and ending at the "
+                             r"final axis \(axis 2\); got axes \(1,\)"):
+        reduce3d_kernel(rand((P, 4, 8), 34), (1,))
+
+
+@nki.jit
+def transpose_kernel(x, col0):
+    """out = x^T for x [128, 128], transposed into columns col0..col0+128 of a 1024-wide PSUM tile."""
+    out = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    acc = nl.ndarray((P, 1024), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=acc[:, col0:col0 + P], data=t)
+    res = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc[:, col0:col0 + P])
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_transpose_inside_one_psum_bank_works():
+    x = rand((P, P), 35)
+    np.testing.assert_array_equal(transpose_kernel(x, 512), x.T)
+
+
+def test_transpose_crossing_a_psum_bank_fails():
+    with pytest.raises(NkiConstraintError,
+                       match=r"nisa\.nc_transpose\(.*\): output spans bytes 1792\.\.2304 of each partition, "
+                             r"crossing a 2048 B PSUM bank boundary"):
+        transpose_kernel(rand((P, P), 35), 448)
+
+
+@nki.jit
+def memset_kernel(x, value):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=value)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@pytest.mark.parametrize("api, value", [("0.3", 1.5), ("0.6", 0.0), ("0.2", 0)])
+def test_memset_value_of_the_tile_dtype_works(api, value):
+    with nki.target("trn2", api=api):
+        assert (memset_kernel(rand((P, 4)), value) == value).all()
+
+
+def test_memset_int_value_on_float_tile_fails_under_0_3():
+    with nki.target("trn2", api="0.3"), pytest.raises(
+            NkiConstraintError, match=r"nisa\.memset\(\(128, 4\), value=0\): under nki 0\.3 the memset value "
+                                      r"must match the tile dtype float32 \(got int\)"):
+        memset_kernel(rand((P, 4)), 0)
+
+
+@nki.jit
+def psum_dma_kernel(a_t, b):
+    """A matmul result DMA'd straight from PSUM to HBM (legal only up to nki 0.2)."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving)
+    nisa.dma_copy(dst=out, src=acc)
+    return out
+
+
+def test_dma_out_of_psum_works_under_0_2():
+    a_t, b = rand((64, 32), 36), rand((64, 16), 37)
+    with nki.target("trn1", api="0.2"):
+        np.testing.assert_allclose(psum_dma_kernel(a_t, b), a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_dma_out_of_psum_fails_under_0_3():
+    with nki.target("trn1", api="0.3"), pytest.raises(
+            NkiConstraintError, match=r"under nki 0\.3 dma_copy cannot read PSUM \(allowed up to 0\.2\)"):
+        psum_dma_kernel(rand((64, 32), 36), rand((64, 16), 37))
+
+
+@nki.jit
+def explicit_accumulate_kernel(a_t, b):
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=acc)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_matmul_accumulate_argument_works_under_0_3():
+    a_t, b = rand((64, 32), 38), rand((64, 16), 39)
+    with nki.target("trn1", api="0.3"):
+        np.testing.assert_allclose(explicit_accumulate_kernel(a_t, b), a_t.T.astype(np.float64) @ b,
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_accumulate_argument_fails_under_0_2():
+    with nki.target("trn1", api="0.2"), pytest.raises(
+            NkiConstraintError, match=r"nki 0\.2 nc_matmul has no accumulate= argument \(added in 0\.3\)"):
+        explicit_accumulate_kernel(rand((64, 32), 38), rand((64, 16), 39))
+
+
+def star_kernel_source():
+    @nki.jit
+    def star_kernel(x, *rest):
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    return star_kernel
+
+
+@nki.jit
+def identity_test_kernel(x, flag):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    if flag is not None:
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@nki.jit
+def equality_test_kernel(x, flag):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    if flag != 0:
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_python_subset_of_0_3_works():
+    x = rand((P, 4), 40)
+    with nki.target("trn2", api="0.3"):
+        np.testing.assert_array_equal(equality_test_kernel(x, 1), 2 * x)
+    with nki.target("trn1", api="0.2"):  # 0.2 has Python semantics
+        np.testing.assert_array_equal(identity_test_kernel(x, 1), 2 * x)
+        np.testing.assert_array_equal(star_kernel_source()(x), x)
+
+
+def test_is_comparison_fails_under_0_3():
+    with nki.target("trn2", api="0.3"), pytest.raises(
+            NkiConstraintError, match=r"identity_test_kernel: nki 0\.3 rejects 'is' / 'is not'"):
+        identity_test_kernel(rand((P, 4), 40), 1)
+
+
+def test_star_in_signature_fails_under_0_3():
+    with nki.target("trn2", api="0.4"), pytest.raises(
+            NkiConstraintError, match=r"star_kernel: nki 0\.4 rejects '\*' or '\*\*' in the kernel signature"):
+        star_kernel_source()(rand((P, 4), 40))
+
+
+@nki.jit
+def many_instructions_kernel(x, count, device_loop):
+    """`count` memsets of one small tile, in a static loop or a device-side loop."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    loop = nl.dynamic_range if device_loop else nl.affine_range
+    for n in loop(count):
+        nisa.memset(dst=t, value=1.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_instruction_limit_is_the_documented_one():
+    assert nki.INSTRUCTION_LIMIT == 5_000_000
+
+
+@pytest.mark.parametrize("api, device_loop", [("0.3", True), ("0.2", False)])
+def test_long_loop_works_on_the_device_or_under_0_2(monkeypatch, api, device_loop):
+    from dfmp2.kernels.emulator import core
+
+    monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)  # the real 5,000,000 would take minutes
+    with nki.target("trn2", api=api):
+        assert (many_instructions_kernel(rand((1, 1)), 150, device_loop) == 1.0).all()
+    trace = many_instructions_kernel.last_trace
+    assert trace.instructions["vector"] == 150  # every iteration runs ...
+
+
+def test_unrolled_loop_over_the_instruction_limit_fails_under_0_3(monkeypatch):
+    from dfmp2.kernels.emulator import core
+
+    monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)
+    with nki.target("trn2", api="0.3"), pytest.raises(
+            NkiConstraintError, match=r"many_instructions_kernel: more than 100 instructions after unrolling "
+                                      r"\(nki 0\.3 unrolls every static loop at trace time; the compiler stops with XTP002\)"):
+        many_instructions_kernel(rand((1, 1)), 150, False)
+
+
+def test_dynamic_range_does_not_exist_in_0_6():
+    with nki.target("trn2", api="0.6"), pytest.raises(
+            NkiConstraintError, match=r"nl\.dynamic_range does not exist in nki 0\.6 \(replaced by nl\.fori_loop\)"):
+        many_instructions_kernel(rand((1, 1)), 3, True)
+
+
+@nki.jit
+def one_sbuf_tile_kernel(x):
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_sbuf_tile_of_the_usable_size_works_on_trn1():
+    usable = TARGETS["trn1"].sbuf_usable_bytes_per_partition // 4
+    with nki.target("trn1"):
+        x = rand((2, usable), 41)
+        np.testing.assert_array_equal(one_sbuf_tile_kernel(x), x)
+
+
+def test_sbuf_tile_over_the_usable_size_but_under_the_physical_fails_on_trn1():
+    usable = TARGETS["trn1"].sbuf_usable_bytes_per_partition // 4
+    assert 4 * (usable + 1) < TARGETS["trn1"].sbuf_bytes_per_partition
+    with nki.target("trn1"), pytest.raises(NkiConstraintError, match=r"exceeds SBUF capacity on trn1.*"
+                                                                    r"minus 16384 B the compiler reserves"):
+        one_sbuf_tile_kernel(rand((2, usable + 1), 41))

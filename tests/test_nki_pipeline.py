@@ -1,6 +1,7 @@
 """DF-MP2 through the NKI kernels on the emulator (--device trn1|trn2 --simulate), compile
 economy, and the Trainium device rules (no silent fallback)."""
 
+import types
 import importlib.util
 import os
 
@@ -139,3 +140,48 @@ def test_singular_metric_on_simulated_trn1_uses_host_eigen_then_gemm_kernel():
     assert "eigen" in trn.result.correlation.metric
     assert trn.result.kernels["host:eigh"] == 1 and trn.result.kernels["gemm_kernel"] >= 1
     assert abs(trn.e_corr - DFMP2(mf, auxbasis="cc-pvdz-ri").kernel()) < FP32_TOL
+
+
+# ---- NKI releases: which one runs, and pairs AWS does not support ------------------------------
+def test_emulated_nki_release_is_recorded():
+    mf = mean_field("water")
+    assert DFMP2(mf, device="trn1", simulate=True).run().result.nki_api == "0.2"
+    record = DFMP2(mf, device="trn2", simulate=True, nki_api="0.3").run().result.as_dict()
+    assert record["nki_api"] == "0.3" and record["notes"] == []
+    assert "nki 0.3 rules" in record["device_description"]
+
+
+def test_trn1_with_nki_0_3_runs_with_an_announcement():
+    result = DFMP2(mean_field("water"), device="trn1", simulate=True, nki_api="0.3").run().result
+    assert result.nki_api == "0.3"
+    assert len(result.notes) == 1 and "Neuron SDK 2.28 (nki 0.2)" in result.notes[0]
+
+
+@pytest.mark.parametrize("api", ["0.4", "0.6"])
+def test_trn1_with_newer_emulated_nki_is_bad_input(api):
+    from dfmp2.errors import InputError
+    from dfmp2.kernels import get_backend
+
+    with pytest.raises(InputError, match=rf"trn1 with the emulated nki {api}: AWS does not support"):
+        get_backend("trn1", simulate=True, nki_api=api)
+
+
+@pytest.mark.parametrize("installed, ok", [("0.2", True), ("0.6", False), (None, False)])
+def test_installed_nki_checked_before_anything_compiles(monkeypatch, installed, ok):
+    """On a Trainium host (SDK importable) an installed nki that AWS does not support on the
+    target stops the run with a ComputationError before the backend is built."""
+    from dfmp2.errors import ComputationError
+    from dfmp2.kernels import get_backend, nki_backend
+
+    built = []
+    monkeypatch.setattr(nki_backend, "neuron_sdk_missing", lambda: [])
+    monkeypatch.setattr(nki_backend, "installed_nki_api", lambda: installed)
+    monkeypatch.setattr(nki_backend, "NkiBackend", lambda *args: built.append(args) or types.SimpleNamespace())
+    if ok:
+        get_backend("trn1")
+        assert built
+    else:
+        with pytest.raises(ComputationError, match=r"--device trn1 with the installed nki .*: AWS does not "
+                                                   r"support that pair .* Nothing was compiled"):
+            get_backend("trn1")
+        assert not built

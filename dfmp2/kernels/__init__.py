@@ -24,13 +24,15 @@ def default_precision(device: str) -> str:
 
 
 def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False,
-                model_only: bool = False):
+                model_only: bool = False, nki_api: str | None = None):
     """Backend for `device` in `precision` (None: the device's default).
 
     InputError for unknown names and impossible combinations; ComputationError if the device
-    exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK). model_only
-    (trn1/trn2 with simulate): emulate each kernel shape once, for a modelled time of runs too
-    large to emulate in full.
+    exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK, or an installed
+    nki release AWS does not support on that target). model_only (trn1/trn2 with simulate):
+    emulate each kernel shape once, for a modelled time of runs too large to emulate in full.
+    nki_api (trn1/trn2 with simulate): the NKI release whose rules the emulator applies
+    (default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2).
     """
     if device not in DEVICES:
         raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
@@ -40,10 +42,17 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     if device in TRAINIUM:
         if precision != "fp32":
             raise InputError(f"{device} has no fp64 arithmetic: use --precision fp32 (the default there)")
-        from .nki_backend import NEURON_INSTALL, NEURON_PACKAGES, NkiBackend, neuron_sdk_missing
+        from .emulator import API_VERSIONS
+        from .nki_backend import (NEURON_INSTALL, NEURON_PACKAGES, NkiBackend, check_nki_support,
+                                  installed_nki_api, neuron_sdk_missing)
 
         if model_only and not simulate:
             raise InputError("--model-only needs --simulate")
+        if nki_api is not None and not simulate:
+            raise InputError("--nki-api chooses the release the emulator follows (with --simulate); "
+                             "on a Trainium host the installed nki package is used")
+        if nki_api is not None and nki_api not in API_VERSIONS:
+            raise InputError(f"unknown --nki-api {nki_api!r} (use one of: {', '.join(API_VERSIONS)})")
         if not simulate:
             missing = neuron_sdk_missing()
             if missing:
@@ -51,9 +60,15 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                     f"--device {device} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
                     f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add --simulate to run the "
                     "same NKI kernels on dfmp2's emulator. Nothing was computed.")
-        return NkiBackend(device, simulate, model_only)
-    if simulate or model_only:
-        raise InputError(f"--simulate and --model-only apply to trn1 and trn2, not to {device}")
+        from .emulator import NEWEST_API
+
+        note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
+                                 installed=not simulate)
+        backend = NkiBackend(device, simulate, model_only, nki_api)
+        backend.notes = [note] if note else []
+        return backend
+    if simulate or model_only or nki_api is not None:
+        raise InputError(f"--simulate, --model-only and --nki-api apply to trn1 and trn2, not to {device}")
     from .torch_backend import TorchBackend, cuda_available
 
     if device == "cuda" and not cuda_available():
@@ -72,8 +87,18 @@ def device_report() -> dict:
     report["cuda"] = (True, cuda_description()) if cuda_available() else (
         False, "no CUDA GPU visible to torch")
     missing = neuron_sdk_missing()
+    from .emulator import NEWEST_API
+    from .nki_backend import SUPPORTED_NKI, installed_nki_api
+
+    api = installed_nki_api()
     for trn in TRAINIUM:
-        report[trn] = (False, f"Neuron SDK missing ({', '.join(missing)}); --simulate runs the NKI "
-                              "kernels on the emulator") if missing else (
-            True, "Neuron SDK found (hardware presence is checked when the device is used)")
+        emulated = f"--simulate emulates nki {NEWEST_API[trn]} rules by default"
+        if missing:
+            report[trn] = (False, f"Neuron SDK missing ({', '.join(missing)}); {emulated}")
+        elif api in SUPPORTED_NKI[trn]:
+            report[trn] = (True, f"Neuron SDK found, nki {api} (supported on {trn}; hardware presence "
+                                 "is checked when the device is used)")
+        else:
+            report[trn] = (False, f"Neuron SDK found, but nki {api} is not supported on {trn} by AWS "
+                                  f"(supported: nki {', '.join(SUPPORTED_NKI[trn])}); {emulated}")
     return report

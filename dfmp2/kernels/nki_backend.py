@@ -67,6 +67,52 @@ def neuron_sdk_missing():
             if importlib.util.find_spec(name) is None]
 
 
+# ---- which NKI release runs on which target (AWS's release notes; see README) ----------------
+# trn1: SDK 2.28 / nki 0.2 is the last release whose docs list Trn1; nki 0.3 (SDK 2.29) on trn1
+# is disputed (AWS: not supported for NKI kernels; one sibling library ran it); 0.4+ documents
+# Trn2/Trn3 only. trn2: nki 0.2 (SDK 2.28 lists Trn2) through 0.6 (SDK 2.32).
+SUPPORTED_NKI = {"trn1": ("0.2",), "trn2": ("0.2", "0.3", "0.4", "0.5", "0.6")}
+DISPUTED_NKI = {"trn1": ("0.3",)}
+
+
+def installed_versions() -> dict:
+    """Installed Neuron packages -> version (None where not installed)."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("nki", "neuronx-cc", "torch-neuronx", "torch-xla"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def installed_nki_api() -> str | None:
+    """'0.2' ... of the installed `nki` package (major.minor), or None."""
+    version = installed_versions()["nki"]
+    return ".".join(version.split(".")[:2]) if version else None
+
+
+def check_nki_support(target: str, api: str | None, installed: bool) -> str | None:
+    """Raise if AWS does not support nki `api` on `target` (ComputationError for the installed
+    release on a host, InputError for an emulated one chosen with --nki-api); return an
+    announcement for a disputed pair (trn1 with nki 0.3), else None."""
+    from ..errors import ComputationError, InputError
+
+    if api in SUPPORTED_NKI[target]:
+        return None
+    if api in DISPUTED_NKI.get(target, ()):
+        return (f"nki {api} on {target}: AWS documents NKI 0.3+ for Trn2/Trn3 only and reports a "
+                "trn1 verifier failure; the supported trn1 release is Neuron SDK 2.28 (nki 0.2)")
+    supported = ", ".join(SUPPORTED_NKI[target])
+    error = ComputationError if installed else InputError
+    raise error(
+        f"--device {target} with the {'installed' if installed else 'emulated'} nki "
+        f"{api or '(unknown version)'}: AWS does not support that pair (supported on {target}: nki "
+        f"{supported}; trn1 needs Neuron SDK 2.28). Nothing was compiled.")
+
+
 def _round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
@@ -84,10 +130,13 @@ class NkiBackend:
     compute_dtype = torch.float32
     itemsize = 4
 
-    def __init__(self, target: str, simulate: bool, model_only: bool = False):
+    def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None):
         self.device_name = target
         self.target = target
         self.simulate = simulate
+        # the NKI API whose rules apply: emulated (default: the newest AWS documents for the
+        # target), or the installed release on a Trainium host
+        self.nki_api = (nki_api or emulator.NEWEST_API[target]) if simulate else installed_nki_api()
         # model_only (with simulate): each kernel specialization is emulated once (limits checked,
         # trace recorded); later calls with the same shapes reuse that trace (a kernel's trace
         # depends only on its shapes) and their outputs come from host reference math.
@@ -101,6 +150,7 @@ class NkiBackend:
 
             self.device = torch_xla.device()
         self.calls = Counter()
+        self.notes = []  # announcements recorded in the result (e.g. a disputed nki/target pair)
         self.specializations = {}  # kernel -> set of padded argument shapes
         self.trace = Trace()
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
@@ -134,11 +184,11 @@ class NkiBackend:
     def describe(self) -> str:
         core = "NeuronCore-v2" if self.target == "trn1" else "NeuronCore-v3"
         if self.simulate and self.model_only:
-            return (f"{self.target} NKI emulator, model-only ({core} limits; each kernel shape "
-                    "emulated once, repeats computed by host reference math)")
+            return (f"{self.target} NKI emulator, model-only ({core} limits, nki {self.nki_api} rules; "
+                    "each kernel shape emulated once, repeats computed by host reference math)")
         if self.simulate:
-            return f"{self.target} NKI emulator ({core} limits; numpy on the host CPU)"
-        return f"{self.target} {core} via torch-neuronx ({self.device})"
+            return f"{self.target} NKI emulator ({core} limits, nki {self.nki_api} rules; numpy on the host CPU)"
+        return f"{self.target} {core} via torch-neuronx ({self.device}), nki {self.nki_api}"
 
     def modelled_seconds(self) -> dict:
         """MODEL (not measured): kernel time on each target from this run's trace."""
@@ -155,7 +205,7 @@ class NkiBackend:
             self.trace.add(self._trace_cache[(kernel_name, shapes)])
             return _REFERENCE[kernel_name](*(a.to(torch.float32) for a in arrays))
         if self.simulate:
-            with emulator.target(self.target):
+            with emulator.target(self.target, self.nki_api):
                 out = kernel(*(np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float32)
                                for a in arrays))
             self.trace.add(kernel.last_trace)

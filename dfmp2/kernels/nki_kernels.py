@@ -1,4 +1,5 @@
-"""NKI kernels for the DF-MP2 pipeline, written against the NKI 0.x API (Neuron SDK 2.29+).
+"""NKI kernels for the DF-MP2 pipeline, valid unchanged under NKI 0.2 (Neuron SDK 2.28, the
+last release documented for trn1) and 0.3-0.6 (SDK 2.29-2.32, trn2).
 
 The same source runs on a Trainium host (real `nki`) and, with --simulate, on dfmp2's
 emulator, which stands in for the `nki` modules while this file is loaded.
@@ -8,6 +9,10 @@ Conventions for every kernel:
   - on-chip tiles have the partition axis first (<= 128 partitions);
   - nc_matmul contracts over the partition axis: dst[M, N] = stationary[K, M].T @ moving[K, N]
     with K <= 128, M <= 128, N <= 512, dst in one 2 KiB PSUM bank (512 fp32);
+  - the API subset common to 0.2 and 0.3+: no `accumulate=` on nc_matmul (each accumulator
+    is a fresh PSUM tile: its first matmul overwrites, later ones add, in every release), no
+    DMA out of PSUM (tensor_copy to SBUF first), memset with a float for float tiles, no `*`
+    in signatures and no `is`;
   - shapes are tile multiples: the NKI backend pads (and thereby buckets) every call, so a
     whole run uses one specialization per kernel.
 """
@@ -41,7 +46,7 @@ def gemm_kernel(a_t, b):
             for k in nl.affine_range(K // P):
                 b_tile = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.dma_copy(dst=b_tile, src=b[k * P:(k + 1) * P, n * FN:(n + 1) * FN])
-                nisa.nc_matmul(dst=acc, stationary=a_panel[:, k, :], moving=b_tile, accumulate=(k > 0))
+                nisa.nc_matmul(dst=acc, stationary=a_panel[:, k, :], moving=b_tile)
             res = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=res, src=acc)
             nisa.dma_copy(dst=out[m * P:(m + 1) * P, n * FN:(n + 1) * FN], src=res)
@@ -69,7 +74,7 @@ def syrk_kernel(c, p_t):
                 acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
                 for k in nl.affine_range(K // P):
                     nisa.nc_matmul(dst=acc, stationary=panel[:, k, m * P:(m + 1) * P],
-                                   moving=panel[:, k, n * FREE:(n + 1) * FREE], accumulate=(k > 0))
+                                   moving=panel[:, k, n * FREE:(n + 1) * FREE])
                 res = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=res, data1=c_tile, data2=acc, op=nl.subtract)
                 nisa.dma_copy(dst=out[m * P:(m + 1) * P, n * FREE:(n + 1) * FREE], src=res)
@@ -102,14 +107,14 @@ def trsm_kernel(x_t, l_t, linv_t):
                 for j in nl.affine_range(k):  # sum_{j<k} L_kj y_j
                     l_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.dma_copy(dst=l_tile, src=l_t[j * P:(j + 1) * P, k * P:(k + 1) * P])
-                    nisa.nc_matmul(dst=acc, stationary=l_tile, moving=y[:, j, :], accumulate=(j > 0))
+                    nisa.nc_matmul(dst=acc, stationary=l_tile, moving=y[:, j, :])
                 nisa.tensor_tensor(dst=rhs, data1=x_k, data2=acc, op=nl.subtract)
             else:
                 nisa.tensor_copy(dst=rhs, src=x_k)
             inv_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=inv_tile, src=linv_t[k * P:(k + 1) * P, :])
             solved = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=solved, stationary=inv_tile, moving=rhs, accumulate=False)
+            nisa.nc_matmul(dst=solved, stationary=inv_tile, moving=rhs)
             nisa.tensor_copy(dst=y[:, k, :], src=solved)
             nisa.dma_copy(dst=out[k * P:(k + 1) * P, r * FREE:(r + 1) * FREE], src=y[:, k, :])
     return out
@@ -145,15 +150,14 @@ def ao2mo_kernel(ints, c_occ, c_vir):
         for n in nl.affine_range(nm):
             acc = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.psum)
             for m in nl.affine_range(nm):
-                nisa.nc_matmul(dst=acc, stationary=x[:, m, n * P:(n + 1) * P], moving=c_occ_sb[:, m, :],
-                               accumulate=(m > 0))
+                nisa.nc_matmul(dst=acc, stationary=x[:, m, n * P:(n + 1) * P], moving=c_occ_sb[:, m, :])
             nisa.tensor_copy(dst=half[:, n, :], src=acc)
         for i in nl.affine_range(NOCC // P):
             for a in nl.affine_range(NVIR // FA):
                 acc = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.psum)
                 for n in nl.affine_range(nm):
                     nisa.nc_matmul(dst=acc, stationary=half[:, n, i * P:(i + 1) * P],
-                                   moving=c_vir_sb[:, n, a * FA:(a + 1) * FA], accumulate=(n > 0))
+                                   moving=c_vir_sb[:, n, a * FA:(a + 1) * FA])
                 res = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=res, src=acc)
                 nisa.dma_copy(dst=out[p, i * P:(i + 1) * P, a * FA:(a + 1) * FA], src=res)
@@ -211,11 +215,9 @@ def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows):
                     x = nl.ndarray((P, fb), dtype=nl.float32, buffer=nl.psum)
                     for q in nl.affine_range(nq):
                         nisa.nc_matmul(dst=v, stationary=bi[:, q, i * NVIR + a * P:i * NVIR + (a + 1) * P],
-                                       moving=bj[:, q, j * NVIR + b * fb:j * NVIR + (b + 1) * fb],
-                                       accumulate=(q > 0))
+                                       moving=bj[:, q, j * NVIR + b * fb:j * NVIR + (b + 1) * fb])
                         nisa.nc_matmul(dst=x, stationary=bj[:, q, j * NVIR + a * P:j * NVIR + (a + 1) * P],
-                                       moving=bi[:, q, i * NVIR + b * fb:i * NVIR + (b + 1) * fb],
-                                       accumulate=(q > 0))
+                                       moving=bi[:, q, i * NVIR + b * fb:i * NVIR + (b + 1) * fb])
                     inv_d = nl.ndarray((P, fb), dtype=nl.float32, buffer=nl.sbuf)  # 1 / D_ijab
                     nisa.tensor_scalar(dst=inv_d, data=neg_eb[:, b * fb:(b + 1) * fb], op0=nl.add,
                                        operand0=shift)

@@ -2,8 +2,16 @@
 
 It stands in for the `nki` package (`nki.jit`, `nki.simulate`, `nki.language`, `nki.isa`)
 when kernels run with --simulate, and enforces the NeuronCore limits that AWS's own
-simulator does not: SBUF/PSUM capacity of live allocations, partition and matmul tile
-limits, one-PSUM-bank matmul outputs, no float64, no partition-axis reductions. New
+simulator does not: usable SBUF/PSUM capacity of live allocations, partition and matmul tile
+limits, one-PSUM-bank matmul and transpose outputs, no float64, reductions only over the
+last free axes, no data movement across partitions on the engines (matching partition
+ranges; an operand over 64 partitions starts at partition 0).
+
+It emulates one NKI API version at a time (`target(name, api=...)`; default: the newest
+release AWS documents for the target, 0.2 on trn1 and 0.6 on trn2) with that release's
+rules: 0.2 has no `accumulate=` on nc_matmul and lets dma_copy read PSUM; 0.3+ unrolls every
+static loop (at most 5,000,000 instructions per kernel), rejects `*` in a kernel signature
+and `is`/`is not`, wants a memset value of the tile's dtype and no DMA out of PSUM. New
 on-chip and output memory is NaN-filled and tracked, so reading unwritten memory or
 returning a partly written output raises NkiConstraintError. Every call leaves a trace
 (matmuls, DMA bytes, vector work) from which a *modelled* trn1/trn2 time is derived.
@@ -15,39 +23,54 @@ the hardware's fp32 units beyond IEEE float32 rounding.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
+import inspect
 import os
+import textwrap
 import threading
 
 import numpy as np
 
 from . import isa, language
-from .core import TARGETS, NkiConstraintError, Tile, Trace, kernel_run
+from .core import (API_VERSIONS, INSTRUCTION_LIMIT, NEWEST_API, TARGETS, NkiConstraintError, Tile,
+                   Trace, api_tuple, kernel_run)
 
 __all__ = ["jit", "simulate", "language", "isa", "NkiConstraintError", "TARGETS", "Trace",
-           "target", "EmulatedKernel"]
+           "target", "current_api", "EmulatedKernel", "API_VERSIONS", "NEWEST_API",
+           "INSTRUCTION_LIMIT"]
 
 
 class _Config(threading.local):
     def __init__(self):
         name = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
         self.target = {"gen2": "trn1", "inf2": "trn1", "gen3": "trn2"}.get(name, name)
+        self.api = None  # None: the newest release documented for the target
 
 
 _config = _Config()
 
 
 @contextlib.contextmanager
-def target(name: str):
-    """Run emulated kernels with the limits of `name` ('trn1' or 'trn2')."""
+def target(name: str, api: str | None = None):
+    """Run emulated kernels with the limits of `name` ('trn1' or 'trn2') under the rules of NKI
+    API `api` ('0.2' ... '0.6'; None: the newest AWS documents for that target)."""
     if name not in TARGETS:
         raise ValueError(f"unknown NeuronCore target {name!r}")
-    previous, _config.target = _config.target, name
+    if api is not None:
+        api_tuple(api)  # ValueError for an unknown version
+    previous = (_config.target, _config.api)
+    _config.target, _config.api = name, api
     try:
         yield TARGETS[name]
     finally:
-        _config.target = previous
+        _config.target, _config.api = previous
+
+
+def current_api() -> str:
+    """The NKI API version emulated now."""
+    return _config.api or NEWEST_API[_config.target]
 
 
 class EmulatedKernel:
@@ -64,7 +87,10 @@ class EmulatedKernel:
         return self
 
     def __call__(self, *args):
-        with kernel_run(TARGETS[_config.target], self.fn.__name__) as run:
+        api = current_api()
+        if api_tuple(api) >= (0, 3):
+            _check_python_subset(self.fn, api)
+        with kernel_run(TARGETS[_config.target], self.fn.__name__, api) as run:
             result = self.fn(*(_as_hbm(arg, self.fn.__name__, n) for n, arg in enumerate(args)))
             run.checkpoint()
             outputs = result if isinstance(result, tuple) else (result,)
@@ -83,6 +109,32 @@ def jit(fn=None, **kwargs):
 def simulate(kernel):
     """`nki.simulate(kernel)(*arrays)`: run a kernel (jitted or not) on the emulator."""
     return kernel if isinstance(kernel, EmulatedKernel) else EmulatedKernel(kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _python_subset_violation(fn):
+    """The first construct of `fn`'s source that nki 0.3+ rejects, or None."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None  # no source (e.g. built interactively): nothing to check
+    tree = ast.parse(source)
+    function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+    args = function.args
+    if args.vararg or args.kwarg or args.kwonlyargs:
+        return "'*' or '**' in the kernel signature"
+    for node in ast.walk(function):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            return f"'is' / 'is not' (line {function.lineno + node.lineno - 1} of the kernel)"
+    return None
+
+
+def _check_python_subset(fn, api):
+    problem = _python_subset_violation(fn)
+    if problem:
+        raise NkiConstraintError(
+            f"{fn.__name__}: nki {api} rejects {problem}; the 0.3+ kernel language has no varargs, "
+            "keyword-only arguments or identity comparisons (use == / !=)")
 
 
 def _as_hbm(arg, kernel_name, position):

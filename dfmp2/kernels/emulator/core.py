@@ -1,5 +1,5 @@
-"""Execution state of the NKI emulator: targets and their limits, tiles, live-allocation
-accounting, the instruction trace and the timing model.
+"""Execution state of the NKI emulator: targets and their limits, NKI API versions, tiles,
+live-allocation accounting, the instruction trace and the timing model.
 
 Tiles are numpy arrays with a buffer kind (hbm, sbuf, psum). The first axis of an on-chip
 tile is the partition axis. New on-chip allocations are filled with NaN, so reading memory
@@ -21,12 +21,33 @@ class NkiConstraintError(RuntimeError):
     """A kernel broke a NeuronCore rule (names the instruction, the tile shape and the limit)."""
 
 
+# ---- NKI API versions ---------------------------------------------------------------------
+# nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32.
+API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6")
+NEWEST_API = {"trn1": "0.2", "trn2": "0.6"}  # newest release AWS documents for each target
+INSTRUCTION_LIMIT = 5_000_000  # unrolled instructions per kernel under 0.3+ (error XTP002)
+
+
+def api_tuple(version: str) -> tuple:
+    """'0.3' -> (0, 3); raises ValueError for a version the emulator does not know."""
+    if version not in API_VERSIONS:
+        raise ValueError(f"unknown NKI API version {version!r} (emulated: {', '.join(API_VERSIONS)})")
+    return tuple(int(x) for x in version.split("."))
+
+
 @dataclass(frozen=True)
 class Target:
-    """Per-NeuronCore limits and published peaks (trn1 = NeuronCore-v2, trn2 = NeuronCore-v3)."""
+    """Per-NeuronCore limits and published peaks (trn1 = NeuronCore-v2, trn2 = NeuronCore-v3).
+
+    SBUF: the physical bytes per partition, and the part of it the compiler keeps for itself.
+    AWS documents the usable size only as "total minus reserved bytes"
+    (nl.tile_size.total_available_sbuf_size on a host); the emulator reserves 16 KiB per
+    partition, an assumption that keeps kernels clear of the physical limit.
+    """
 
     name: str
     sbuf_bytes_per_partition: int
+    sbuf_reserved_bytes_per_partition: int = 16 * 1024
     psum_bytes_per_partition: int = 16 * 1024
     psum_bank_bytes: int = 2 * 1024
     partitions: int = 128
@@ -37,6 +58,10 @@ class Target:
     hbm_gb_per_s_per_core: float = 0.0  # chip bandwidth / cores per chip
     cores_per_chip: int = 1
     vector_gelem_per_s: float = 0.0  # modelled elementwise throughput (elements / ns)
+
+    @property
+    def sbuf_usable_bytes_per_partition(self) -> int:
+        return self.sbuf_bytes_per_partition - self.sbuf_reserved_bytes_per_partition
 
 
 TARGETS = {
@@ -61,6 +86,10 @@ class Trace:
     vector_elements: int = 0
     peak_sbuf_bytes: int = 0  # per partition
     peak_psum_bytes: int = 0
+    instructions: Counter = field(default_factory=Counter)  # engine -> instructions issued
+    engine_elements: Counter = field(default_factory=Counter)  # engine -> elements processed
+    matmul_columns: int = 0  # moving-tensor columns streamed through the Tensor Engine
+    dma_transfers: int = 0  # dma_copy instructions
 
     def add(self, other: "Trace") -> None:
         self.matmuls += other.matmuls
@@ -72,6 +101,10 @@ class Trace:
         self.vector_elements += other.vector_elements
         self.peak_sbuf_bytes = max(self.peak_sbuf_bytes, other.peak_sbuf_bytes)
         self.peak_psum_bytes = max(self.peak_psum_bytes, other.peak_psum_bytes)
+        self.instructions.update(other.instructions)
+        self.engine_elements.update(other.engine_elements)
+        self.matmul_columns += other.matmul_columns
+        self.dma_transfers += other.dma_transfers
 
     def modelled_seconds(self, target: Target) -> float:
         """MODEL, not a measurement: max of Tensor Engine (fp32 peak), DMA (HBM share of one core)
@@ -86,7 +119,8 @@ class Trace:
                 "dma_mb_in": self.dma_bytes_in / 1e6, "dma_mb_out": self.dma_bytes_out / 1e6,
                 "vector_ops": self.vector_ops, "vector_elements": self.vector_elements,
                 "peak_sbuf_bytes_per_partition": self.peak_sbuf_bytes,
-                "peak_psum_bytes_per_partition": self.peak_psum_bytes}
+                "peak_psum_bytes_per_partition": self.peak_psum_bytes,
+                "instructions": dict(self.instructions), "dma_transfers": self.dma_transfers}
 
 
 class _State(threading.local):
@@ -106,10 +140,14 @@ class KernelRun:
     its buffer; tiles that are still referenced (kept in a list, bound to other names) count.
     """
 
-    def __init__(self, target: Target, name: str):
+    def __init__(self, target: Target, name: str, api: str):
         self.target = target
         self.name = name
+        self.api = api
+        self.api_version = api_tuple(api)
         self.trace = Trace()
+        self.unrolled = 0  # instructions in the compiled kernel (device-side loop bodies once)
+        self._device_loop_repeats = 0  # > 0 inside a later iteration of a device-side loop
         self.live = {"sbuf": 0, "psum": 0}  # bytes per partition
         self._last = {"sbuf": None, "psum": None}  # description of the latest allocation
 
@@ -122,16 +160,49 @@ class KernelRun:
         self._last[buffer] = (tuple(shape), per_partition)
         weakref.finalize(owner, self._release, buffer, per_partition)
 
+    def api_at_least(self, version: str) -> bool:
+        return self.api_version >= api_tuple(version)
+
+    def issue(self, engine: str, elements: int = 0) -> None:
+        """Count one instruction on `engine` ('tensor', 'vector', 'scalar', 'gpsimd', 'dma').
+
+        The trace counts every executed instruction; `unrolled` counts the compiled program,
+        in which a device-side loop body appears once. Under nki 0.3+ every static loop is
+        unrolled at trace time and a kernel over INSTRUCTION_LIMIT instructions fails to compile.
+        """
+        self.trace.instructions[engine] += 1
+        self.trace.engine_elements[engine] += int(elements)
+        if self._device_loop_repeats:
+            return
+        self.unrolled += 1
+        if self.unrolled > INSTRUCTION_LIMIT and self.api_at_least("0.3"):
+            raise NkiConstraintError(
+                f"{self.name}: more than {INSTRUCTION_LIMIT:,} instructions after unrolling (nki "
+                f"{self.api} unrolls every static loop at trace time; the compiler stops with "
+                "XTP002): use a device-side loop or launch smaller blocks")
+
+    @contextlib.contextmanager
+    def device_loop_iteration(self, first: bool):
+        """Inside one iteration of a device-side loop: only the first is code, later ones repeat it."""
+        self._device_loop_repeats += 0 if first else 1
+        try:
+            yield
+        finally:
+            self._device_loop_repeats -= 0 if first else 1
+
     def checkpoint(self) -> None:
-        """Raise if the live allocations exceed SBUF or PSUM capacity; track the peaks."""
-        for buffer, limit, key in (("sbuf", self.target.sbuf_bytes_per_partition, "peak_sbuf_bytes"),
+        """Raise if the live allocations exceed usable SBUF or PSUM capacity; track the peaks."""
+        for buffer, limit, key in (("sbuf", self.target.sbuf_usable_bytes_per_partition, "peak_sbuf_bytes"),
                                    ("psum", self.target.psum_bytes_per_partition, "peak_psum_bytes")):
             if self.live[buffer] > limit:
                 shape, size = self._last[buffer]
+                usable = (f" (usable: {self.target.sbuf_bytes_per_partition} B physical minus "
+                          f"{self.target.sbuf_reserved_bytes_per_partition} B the compiler reserves)"
+                          if buffer == "sbuf" else "")
                 raise NkiConstraintError(
                     f"{self.name}: allocating a {buffer.upper()} tile of shape {shape} ({size} B per "
                     f"partition) exceeds {buffer.upper()} capacity on {self.target.name}: "
-                    f"{self.live[buffer] - size} B already live, limit {limit} B per partition")
+                    f"{self.live[buffer] - size} B already live, limit {limit} B per partition{usable}")
             setattr(self.trace, key, max(getattr(self.trace, key), self.live[buffer]))
 
     def _release(self, buffer: str, per_partition: int) -> None:
@@ -147,8 +218,8 @@ def current_run() -> KernelRun:
 
 
 @contextlib.contextmanager
-def kernel_run(target: Target, name: str):
-    previous, _state.run = _state.run, KernelRun(target, name)
+def kernel_run(target: Target, name: str, api: str):
+    previous, _state.run = _state.run, KernelRun(target, name, api)
     try:
         yield _state.run
     finally:
@@ -184,6 +255,13 @@ class Tile:
     @property
     def on_chip(self) -> bool:
         return self.buffer in ("sbuf", "psum")
+
+    @property
+    def partitions(self) -> tuple:
+        """(first partition, number of partitions) of an on-chip tile or view."""
+        base = self._base or self
+        offset = self.data.__array_interface__["data"][0] - base.data.__array_interface__["data"][0]
+        return offset // base.data.strides[0] if base.data.strides[0] else 0, self.shape[0]
 
     def __getitem__(self, index):
         index = _normalise_index(index, self.data.shape, keep_partition=self.on_chip)

@@ -1,8 +1,13 @@
 """Emulated `nki.isa` (nisa): the instructions dfmp2's kernels use, executed with numpy.
 
-Each instruction checks the NeuronCore rules it is subject to, reads only written memory,
-writes into `dst` (marking it written) and records itself in the kernel's trace. Arithmetic
-is float32, as on the device (PSUM accumulates in float32).
+Each instruction checks the NeuronCore rules it is subject to (and those of the emulated NKI
+API version), reads only written memory, writes into `dst` (marking it written) and records
+itself in the kernel's trace with the engine that runs it. Arithmetic is float32, as on the
+device (PSUM accumulates in float32).
+
+Partition rules (architecture guide): the Vector, Scalar and GpSimd engines read and write
+the same partitions (they cannot move data across partitions; only the Tensor Engine's matmul
+and transpose do), and an access that spans more than 64 partitions starts at partition 0.
 """
 
 from __future__ import annotations
@@ -37,17 +42,35 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
 
 
 def _on_chip(tile: Tile, what: str, allowed=("sbuf", "psum")) -> None:
+    if not isinstance(tile, Tile):
+        raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}")
     if tile.buffer not in allowed:
         raise NkiConstraintError(f"{what}: operand {tile.shape} is in {tile.buffer}, must be in "
                                  f"{' or '.join(a.upper() for a in allowed)}")
     if tile.shape[0] > current_run().target.partitions:
         raise NkiConstraintError(f"{what}: tile {tile.shape} spans more than 128 partitions")
+    start, count = tile.partitions
+    if count > 64 and start != 0:
+        raise NkiConstraintError(
+            f"{what}: operand {tile.shape} spans {count} partitions starting at partition {start}; "
+            "an access over 64 partitions must start at partition 0 (start-partition rule)")
 
 
-def _vector(dst: Tile, what: str):
+def _same_partitions(dst: Tile, src: Tile, what: str) -> None:
+    """Engines other than the Tensor Engine keep data on its partitions."""
+    if dst.partitions != src.partitions:
+        (d0, dn), (s0, sn) = dst.partitions, src.partitions
+        raise NkiConstraintError(
+            f"{what}: reads partitions {s0}..{s0 + sn - 1} but writes partitions {d0}..{d0 + dn - 1}; "
+            "engine instructions cannot move data across partitions (operand and result "
+            "partition ranges must match; use the Tensor Engine to move data between partitions)")
+
+
+def _vector(dst: Tile, what: str, engine: str = "vector"):
     run = current_run()
     run.trace.vector_ops += 1
     run.trace.vector_elements += int(dst.data.size)
+    run.issue(engine, dst.data.size)
 
 
 def _per_partition(tile: Tile) -> int:
@@ -56,14 +79,20 @@ def _per_partition(tile: Tile) -> int:
 
 # ---- data movement -----------------------------------------------------------------------
 def dma_copy(dst, src, oob_mode=None, dge_mode=None, engine=None, name=None, priority=None):
-    """dst <- src between HBM and SBUF (not PSUM); element counts must match."""
+    """dst <- src between HBM and SBUF; element counts must match. nki 0.2 may also read PSUM;
+    0.3+ may not (copy PSUM to SBUF with tensor_copy first). No DMA writes PSUM."""
     what = f"nisa.dma_copy({src.shape} -> {dst.shape})"
-    for tile in (dst, src):
-        if tile.buffer == "psum":
-            raise NkiConstraintError(f"{what}: DMA cannot read or write PSUM")
+    run = current_run()
+    if dst.buffer == "psum":
+        raise NkiConstraintError(f"{what}: DMA cannot write PSUM")
+    if src.buffer == "psum" and run.api_at_least("0.3"):
+        raise NkiConstraintError(
+            f"{what}: under nki {run.api} dma_copy cannot read PSUM (allowed up to 0.2): "
+            "nisa.tensor_copy the PSUM tile to SBUF first")
     value = _read(src, what)
     _write(dst, value.astype(np.float32, copy=False) if dst.dtype == np.float32 else value, what)
-    run = current_run()
+    run.issue("dma", value.size)
+    run.trace.dma_transfers += 1
     nbytes = int(value.size) * dst.dtype.itemsize
     if dst.buffer == "sbuf" and src.buffer != "sbuf":
         run.trace.dma_bytes_in += nbytes
@@ -79,33 +108,54 @@ def tensor_copy(dst, src, engine=None, name=None):
     what = f"nisa.tensor_copy({src.shape} -> {dst.shape})"
     _on_chip(src, what)
     _on_chip(dst, what)
+    _same_partitions(dst, src, what)
     _write(dst, _read(src, what), what)
     _vector(dst, what)
 
 
 def memset(dst, value, engine=None, name=None):
-    what = f"nisa.memset({dst.shape})"
+    """dst = value; under nki 0.3+ the value must be of the tile's dtype kind (0.0 for floats)."""
+    what = f"nisa.memset({dst.shape}, value={value!r})"
     _on_chip(dst, what)
+    run = current_run()
+    if run.api_at_least("0.3"):
+        is_float = isinstance(value, (float, np.floating))
+        is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        if (dst.dtype.kind == "f" and not is_float) or (dst.dtype.kind in "iu" and not is_int):
+            raise NkiConstraintError(
+                f"{what}: under nki {run.api} the memset value must match the tile dtype {dst.dtype} "
+                f"(got {type(value).__name__})")
     _write(dst, np.full(dst.shape, value, dtype=dst.dtype), what)
     _vector(dst, what)
 
 
 # ---- Tensor Engine -------------------------------------------------------------------------
+_NOT_GIVEN = object()
+
+
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
-              is_transpose=False, accumulate=None, tile_position=(), tile_size=(), perf_mode=None,
-              name=None):
+              is_transpose=False, accumulate=_NOT_GIVEN, tile_position=(), tile_size=(),
+              perf_mode=None, name=None):
     """dst[M, N] (PSUM, fp32) = stationary[K, M].T @ moving[K, N]; K, M <= 128, N <= 512.
 
-    accumulate: False overwrites, True adds (the region must already hold a matmul result),
-    None overwrites on the first write to that PSUM region and adds afterwards.
+    accumulate (nki 0.3+ only; 0.2 has no such argument): False overwrites, True adds (the
+    region must already hold a matmul result); not given or None: the first write to a PSUM
+    region overwrites and later writes add, as in 0.2.
     """
     run = current_run()
     target = run.target
     what = f"nisa.nc_matmul(stationary {stationary.shape}, moving {moving.shape} -> dst {dst.shape})"
+    if accumulate is not _NOT_GIVEN and not run.api_at_least("0.3"):
+        raise NkiConstraintError(
+            f"{what}: nki {run.api} nc_matmul has no accumulate= argument (added in 0.3): the "
+            "first write to a PSUM tile overwrites and later writes accumulate")
+    if accumulate is _NOT_GIVEN:
+        accumulate = None
     _on_chip(stationary, what, ("sbuf",))
     _on_chip(moving, what, ("sbuf",))
     if dst.buffer != "psum":
         raise NkiConstraintError(f"{what}: the output must be in PSUM, not {dst.buffer.upper()}")
+    _on_chip(dst, what, ("psum",))
     if dst.dtype != np.float32:
         raise NkiConstraintError(f"{what}: the PSUM output must be float32, not {dst.dtype}")
     if len(stationary.shape) != 2 or len(moving.shape) != 2:
@@ -139,6 +189,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     run.trace.matmuls += 1
     run.trace.matmul_flops += 2 * k * m * n
     run.trace.matmul_shapes[(k, m, n)] += 1
+    run.trace.matmul_columns += n
+    run.issue("tensor", n)
 
 
 def _check_one_bank(dst: Tile, what: str, bank_bytes: int) -> None:
@@ -160,6 +212,8 @@ def nc_transpose(dst, data, engine=None, name=None):
     _on_chip(data, what, ("sbuf",))
     if dst.buffer != "psum":
         raise NkiConstraintError(f"{what}: the Tensor Engine transpose writes PSUM")
+    _on_chip(dst, what, ("psum",))
+    _check_one_bank(dst, what, run.target.psum_bank_bytes)
     if data.shape[0] > 128 or _per_partition(data) > 128:
         raise NkiConstraintError(f"{what}: Tensor Engine transpose is limited to 128 x 128")
     if dst.dtype != data.dtype:
@@ -168,6 +222,8 @@ def nc_transpose(dst, data, engine=None, name=None):
     _write(dst, value, what)
     run.trace.matmuls += 1
     run.trace.matmul_flops += 2 * data.shape[0] * _per_partition(data) * data.shape[0]
+    run.trace.matmul_columns += _per_partition(data)
+    run.issue("tensor", _per_partition(data))
 
 
 # ---- Vector / Scalar engines -----------------------------------------------------------------
@@ -177,14 +233,17 @@ def _same_layout(a: Tile, b: Tile, what: str) -> None:
                                  "elements per partition (no broadcasting)")
 
 
-def _scalar_operand(operand, partitions: int, what: str):
+def _scalar_operand(operand, data: Tile, what: str):
+    """A scalar, or a [P, 1] tile on the same partitions as `data` (one value per partition)."""
+    partitions = data.shape[0]
     if isinstance(operand, Tile):
         _on_chip(operand, what)
         if operand.shape[0] != partitions or _per_partition(operand) != 1:
             raise NkiConstraintError(f"{what}: tile operand must be [{partitions}, 1], got {operand.shape}")
         if operand.dtype != np.float32:
             raise NkiConstraintError(f"{what}: tile operand must be float32")
-        return _read(operand, what).reshape(partitions, *([1] * 1))
+        _same_partitions(data, operand, what)
+        return _read(operand, what).reshape(partitions, 1)
     if isinstance(operand, (int, float, np.floating, np.integer)):
         return np.float32(operand)
     raise NkiConstraintError(f"{what}: operand must be a scalar or a [P, 1] tile")
@@ -199,6 +258,8 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None):
         raise NkiConstraintError(f"{what}: at most one input may be in PSUM")
     _same_layout(data1, data2, what)
     _same_layout(dst, data1, what)
+    _same_partitions(dst, data1, what)
+    _same_partitions(dst, data2, what)
     a = _read(data1, what).astype(np.float32).reshape(dst.shape[0], -1)
     b = _read(data2, what).astype(np.float32).reshape(dst.shape[0], -1)
     _write(dst, op(a, b), what)
@@ -210,6 +271,7 @@ def _unary_input(dst: Tile, data: Tile, what: str):
     _on_chip(dst, what)
     _on_chip(data, what)
     _same_layout(dst, data, what)
+    _same_partitions(dst, data, what)
     partitions = data.shape[0]
     return partitions, _read(data, what).astype(np.float32).reshape(partitions, -1)
 
@@ -222,7 +284,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     for op, operand, reverse in ((op0, operand0, reverse0), (op1, operand1, reverse1)):
         if op is None:
             continue
-        y = _scalar_operand(operand, partitions, what)
+        y = _scalar_operand(operand, data, what)
         x = op(y, x) if reverse else op(x, y)
     _write(dst, x.astype(np.float32), what)
     _vector(dst, what)
@@ -237,10 +299,16 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
         raise NkiConstraintError(
             f"{what}: reduction over the partition axis is not possible on the vector engine "
             "(use a matmul with a ones vector)")
+    ndim = len(data.shape)
+    if sorted(axes) != list(range(ndim - len(axes), ndim)):
+        raise NkiConstraintError(
+            f"{what}: tensor_reduce reduces only the last free axes, contiguous and ending at the "
+            f"final axis (axis {ndim - 1}); got axes {tuple(sorted(axes))}")
     if op not in nl._REDUCERS:
         raise NkiConstraintError(f"{what}: unsupported reduction op")
     _on_chip(dst, what)
     _on_chip(data, what)
+    _same_partitions(dst, data, what)
     value = nl._REDUCERS[op](_read(data, what).astype(np.float32), axis=axes, keepdims=True)
     if negate:
         value = -value
@@ -255,11 +323,11 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     """dst = op(data * scale + bias) on the Scalar Engine; bias is a [P, 1] tile."""
     what = f"nisa.activation({op.__name__}, {data.shape})"
     partitions, x = _unary_input(dst, data, what)
-    x = x * _scalar_operand(scale, partitions, what)
+    x = x * _scalar_operand(scale, data, what)
     if bias is not None:
-        x = x + _scalar_operand(bias, partitions, what)
+        x = x + _scalar_operand(bias, data, what)
     _write(dst, op(x).astype(np.float32), what)
-    _vector(dst, what)
+    _vector(dst, what, engine="scalar")
 
 
 def reciprocal(dst, data, name=None):
@@ -267,5 +335,6 @@ def reciprocal(dst, data, name=None):
     _on_chip(dst, what)
     _on_chip(data, what)
     _same_layout(dst, data, what)
+    _same_partitions(dst, data, what)
     _write(dst, np.reciprocal(_read(data, what).astype(np.float32)), what)
     _vector(dst, what)

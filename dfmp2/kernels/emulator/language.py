@@ -1,6 +1,9 @@
 """Emulated `nki.language` (nl): buffers, dtypes, tile sizes, allocation, loops, ALU ops.
 
-The subset dfmp2's kernels use, with the signatures of NKI 0.3-0.6 (Neuron SDK 2.29-2.32).
+The subset dfmp2's kernels use, with the signatures common to NKI 0.2-0.6 (Neuron SDK
+2.28-2.32). Loops: affine/sequential/static ranges are unrolled (0.3+) or traced (0.2) and
+count every iteration's instructions; `dynamic_range` (0.2-0.5) is a device-side loop whose
+body is compiled once.
 """
 
 from __future__ import annotations
@@ -85,6 +88,18 @@ def affine_range(start, stop=None, step=1):
 
 sequential_range = affine_range
 static_range = affine_range
+
+
+def dynamic_range(start, stop=None, step=1):
+    """A device-side loop (nki 0.2-0.5; 0.6 replaced it by nl.fori_loop): the body is compiled
+    once, so only the first iteration's instructions count toward the instruction limit."""
+    run = current_run()
+    if run.api_at_least("0.6"):
+        raise NkiConstraintError(
+            f"{run.name}: nl.dynamic_range does not exist in nki {run.api} (replaced by nl.fori_loop)")
+    for n, value in enumerate(affine_range(start, stop, step)):
+        with run.device_loop_iteration(first=n == 0):
+            yield value
 
 
 # ---- allocation ------------------------------------------------------------------------
