@@ -101,6 +101,10 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--nocc", type=int, default=None, help="Occupied orbitals (instead of --shape).")
 @click.option("--naux", type=int, default=None, help="Auxiliary functions (instead of --shape).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Philox seed of the synthetic problem.")
+@click.option("--kernel", default=None, metavar="gemm|syrk|trsm|ao2mo|pair_energy",
+              help="Instead of the pipeline: the MODELLED warm time of one NKI kernel call at --size "
+                   "(with --device trn1|trn2 --simulate).")
+@click.option("--size", type=int, default=None, help="With --kernel: the problem size N.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES)
 @click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on the emulator.")
 @click.option("--model-only", is_flag=True,
@@ -116,14 +120,24 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def bench(shape, nbasis, nocc, naux, seed, device, simulate, model_only, nki_api, precision, repeat,
-          max_memory, json_path, quiet, debug):
-    """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device)."""
-    from .bench import resolve_shape, run_bench
+def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model_only, nki_api, precision,
+          repeat, max_memory, json_path, quiet, debug):
+    """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
+    or model one NKI kernel call (--kernel)."""
+    from .bench import resolve_shape, run_bench, run_kernel_bench
 
     def compute():
         if json_path is not None:
             _check_output_path(json_path)
+        if kernel is not None or size is not None:
+            if kernel is None or size is None:
+                raise InputError("--kernel and --size go together")
+            if any(v is not None for v in (shape, nbasis, nocc, naux)) or model_only:
+                raise InputError("--kernel models one kernel call: no --shape/--nbasis/--nocc/--naux/--model-only")
+            record = run_kernel_bench(kernel, size, device, simulate, nki_api, seed)
+            if json_path is not None:
+                _write_json_atomically(json_path, record)
+            return record
         sizes = resolve_shape(shape, nbasis, nocc, naux)
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
         record = run_bench(*sizes, seed=seed, device=device, precision=precision, simulate=simulate,
@@ -138,7 +152,7 @@ def bench(shape, nbasis, nocc, naux, seed, device, simulate, model_only, nki_api
 
     record = _guarded(compute, debug)
     if not quiet:
-        _print_bench(record)
+        _print_kernel_bench(record) if "kernel" in record else _print_bench(record)
 
 
 def _guarded(compute, debug):
@@ -281,6 +295,24 @@ def _print_bench(r):
     if r.get("modelled_seconds"):
         lines.append("  modelled kernel time (MODEL, not measured): " + ", ".join(
             f"{k} {v:.4f} s" for k, v in r["modelled_seconds"].items()))
+    click.echo("\n".join(lines))
+
+
+def _print_kernel_bench(r):
+    m = r["modelled"]
+    parts = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in m["breakdown"].items())
+    lines = [
+        f"dfmp2 bench --kernel {r['kernel']} --size {r['size']}: {r['shape']}, {r['device']}, nki {r['nki_api']}",
+        f"  MODELLED warm time (a model, not a measurement): {m['seconds'] * 1e3:.3f} ms in "
+        f"{r['launches']} launch(es)",
+        f"  breakdown (ms): {parts}",
+        "  (launch and host_transfer are serial; the engine times overlap, device = their maximum)",
+    ]
+    if m.get("tensor_engine_useful_fraction") is not None:
+        lines.append(f"  Tensor Engine useful fraction {m['tensor_engine_useful_fraction']:.3f}")
+    if "published_trn1_ms" in r:
+        lines.append(f"  published trn1 measurement of a sibling library's kernel: {r['published_trn1_ms']} ms "
+                     f"(model / measured = {r['model_over_published']:.2f})")
     click.echo("\n".join(lines))
 
 

@@ -12,6 +12,10 @@ from . import __version__, chem
 from .kernels import get_backend
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
 
+MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
+              "transfer + max(tensor_engine, dma, vector, scalar); the engine entries of the "
+              "breakdown are busy times that overlap (see docs/benchmarks.md, Calibration)")
+
 
 @dataclass
 class DFMP2Result:
@@ -31,7 +35,8 @@ class DFMP2Result:
     timings: dict = field(default_factory=dict)
     simulated: bool = False
     kernel_specializations: dict = field(default_factory=dict)  # kernel -> distinct padded shapes
-    modelled_seconds: dict | None = None  # MODEL: kernel time on trn1/trn2 from the emulator trace
+    modelled_seconds: dict | None = None  # PEAK MODEL: kernel time at published peaks (uncalibrated)
+    modelled: dict | None = None  # calibrated MODEL per target: seconds, breakdown, useful fraction
     trace: dict | None = None
     nki_api: str | None = None  # trn1/trn2: the NKI release emulated, or installed on the host
     notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
@@ -115,5 +120,6 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
         timings=timings, simulated=simulated,
         kernel_specializations=dict(getattr(backend, "specializations", {})),
         modelled_seconds=backend.modelled_seconds() if simulated else None,
+        modelled=backend.modelled() if simulated else None,
         trace=backend.trace.as_dict() if simulated else None,
         nki_api=getattr(backend, "nki_api", None), notes=list(getattr(backend, "notes", [])))

@@ -1,9 +1,9 @@
 """DF-MP2 through the NKI kernels on the emulator (--device trn1|trn2 --simulate), compile
 economy, and the Trainium device rules (no silent fallback)."""
 
-import types
 import importlib.util
 import os
+import types
 
 import pytest
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import emulator
+from .emulator import cost_model
 from .emulator.core import TARGETS, Trace
 
 P = 128
@@ -153,6 +154,8 @@ class NkiBackend:
         self.notes = []  # announcements recorded in the result (e.g. a disputed nki/target pair)
         self.specializations = {}  # kernel -> set of padded argument shapes
         self.trace = Trace()
+        self.model_costs = {name: {} for name in TARGETS}  # calibrated MODEL, per target
+        self.useful_flops = 0  # minimal matmul FLOPs of the algorithm (unpadded shapes, done once)
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
         self._aux_block = 0  # largest auxiliary block of the run (see expect_blocks)
@@ -191,27 +194,49 @@ class NkiBackend:
         return f"{self.target} {core} via torch-neuronx ({self.device}), nki {self.nki_api}"
 
     def modelled_seconds(self) -> dict:
-        """MODEL (not measured): kernel time on each target from this run's trace."""
+        """PEAK MODEL (uncalibrated, not measured): kernel time on each target at published peaks
+        with perfect overlap and no launch cost, from this run's trace."""
         return {name: self.trace.modelled_seconds(target) for name, target in TARGETS.items()}
 
+    def modelled(self) -> dict:
+        """Calibrated MODEL (not measured), per target: seconds, breakdown, launches, and the
+        Tensor Engine's useful fraction (minimal matmul FLOPs / FLOPs issued)."""
+        issued = self.trace.matmul_flops
+        out = {}
+        for name, costs in self.model_costs.items():
+            out[name] = {
+                "seconds": costs.get("seconds", 0.0),
+                "breakdown": {part: costs.get(part, 0.0) for part in cost_model.PARTS + ("device",)},
+                "launches": self.trace.launches,
+                "tensor_engine_useful_fraction": self.useful_flops / issued if issued else None,
+            }
+        return out
+
     # ---- kernel calls ------------------------------------------------------------------
-    def _launch(self, kernel_name, arrays):
-        """Run one kernel on padded fp32 arrays; record the call and its specialization."""
+    def _launch(self, kernel_name, arrays, useful_flops):
+        """Run one kernel on padded fp32 arrays; record the call, its specialization, its trace
+        and modelled cost, and the minimal matmul FLOPs (`useful_flops`) of its unpadded work."""
         shapes = tuple(tuple(a.shape) for a in arrays)
         self.calls[kernel_name] += 1
         self.specializations.setdefault(kernel_name, set()).add(shapes)
+        self.useful_flops += int(useful_flops)
         kernel = getattr(self.kernels, kernel_name)
         if self.simulate and self.model_only and (kernel_name, shapes) in self._trace_cache:
-            self.trace.add(self._trace_cache[(kernel_name, shapes)])
+            self._record(self._trace_cache[(kernel_name, shapes)])
             return _REFERENCE[kernel_name](*(a.to(torch.float32) for a in arrays))
         if self.simulate:
             with emulator.target(self.target, self.nki_api):
                 out = kernel(*(np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float32)
                                for a in arrays))
-            self.trace.add(kernel.last_trace)
+            self._record(kernel.last_trace)
             self._trace_cache[(kernel_name, shapes)] = kernel.last_trace
             return torch.from_numpy(out)
         return kernel(*arrays)
+
+    def _record(self, trace: Trace) -> None:
+        self.trace.add(trace)
+        for name, target in TARGETS.items():
+            cost_model.add_costs(self.model_costs[name], cost_model.call_seconds(trace, target))
 
     def _bucket(self, kernel_name, shapes):
         """Reuse the largest shapes this kernel ran with when the new ones fit inside them."""
@@ -238,7 +263,7 @@ class NkiBackend:
         n = b.shape[1]
         (kp, mp), (_, np_) = self._bucket("gemm_kernel", ((_round_up(k, P), _round_up(m, P)),
                                                           (_round_up(k, P), _round_up_free(n))))
-        out = self._launch("gemm_kernel", (self._pad(a.T, (kp, mp)), self._pad(b, (kp, np_))))
+        out = self._launch("gemm_kernel", (self._pad(a.T, (kp, mp)), self._pad(b, (kp, np_))), 2 * m * n * k)
         return out[:m, :n].to(self.device)
 
     def syrk(self, c, panel):
@@ -246,7 +271,8 @@ class NkiBackend:
         n, w = panel.shape
         (np_, _), (wp, _) = self._bucket("syrk_kernel", ((_round_up(n, FREE),) * 2,
                                                          (_round_up(w, P), _round_up(n, FREE))))
-        out = self._launch("syrk_kernel", (self._pad(c, (np_, np_)), self._pad(panel.T, (wp, np_))))
+        out = self._launch("syrk_kernel", (self._pad(c, (np_, np_)), self._pad(panel.T, (wp, np_))),
+                           n * (n + 1) * w)  # the lower triangle of panel panel^T
         return out[:n, :n].to(self.device)
 
     def solve_lower_transposed(self, lower, x):
@@ -257,7 +283,7 @@ class NkiBackend:
                                                        (_round_up(naux, P), P)))
         inverses = self._diagonal_inverses(lower, nap)
         out = self._launch("trsm_kernel", (self._pad(x.T, (nap, rp)), self._pad(lower.T, (nap, nap)),
-                                           inverses))
+                                           inverses), rows * naux * naux)  # triangular solve
         return out[:naux, :rows].T.contiguous().to(self.device)
 
     def _diagonal_inverses(self, lower, padded):
@@ -288,8 +314,10 @@ class NkiBackend:
                 (max(nP, self._aux_block), _round_up(nao, P), _round_up(nao, P)),
                 (_round_up(nao, P), _round_up(c_chunk.shape[1], P)),
                 (_round_up(nao, P), _round_up_free(nvir))))
+            nc = c_chunk.shape[1]
             out = self._launch("ao2mo_kernel", (self._pad(ao_block, (pp, ap, ap)),
-                                                self._pad(c_chunk, (ap, op)), self._pad(c_vir, (ap, vp))))
+                                                self._pad(c_chunk, (ap, op)), self._pad(c_vir, (ap, vp))),
+                               2 * nP * nao * nc * (nao + nvir))  # both half-transforms
             chunks.append(out[:nP, :c_chunk.shape[1], :nvir])
         return torch.cat(chunks, dim=1).permute(1, 2, 0).to(self.device)
 
@@ -299,16 +327,21 @@ class NkiBackend:
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
         step = self.occ_block_limit(nvir, naux)
+        diagonal = b_j is b_i  # a block I = J: the algorithm needs only the pairs j <= i
         e_os = e_ex = 0.0
         for i0 in range(0, ni, step):
             for j0 in range(0, nj, step):
+                n_i, n_j = min(step, ni - i0), min(step, nj - j0)
+                pairs = (n_i * (n_i + 1) // 2 if i0 == j0 else n_i * n_j * (j0 < i0)) if diagonal \
+                    else n_i * n_j
                 os_part, ex_part = self._pair_energy_call(b_i[i0:i0 + step], b_j[j0:j0 + step],
-                                                          e_i[i0:i0 + step], e_j[j0:j0 + step], e_vir)
+                                                          e_i[i0:i0 + step], e_j[j0:j0 + step], e_vir,
+                                                          2 * pairs * nvir * nvir * naux)
                 e_os += os_part
                 e_ex += ex_part
         return e_os, e_os - e_ex
 
-    def _pair_energy_call(self, b_i, b_j, e_i, e_j, e_vir):
+    def _pair_energy_call(self, b_i, b_j, e_i, e_j, e_vir, useful_flops):
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
         vir_pad, aux_pad = _round_up_free(nvir), _round_up(naux, P)
@@ -320,7 +353,7 @@ class NkiBackend:
             self._pad(b_j.permute(2, 0, 1), (qp, jp, vp)),
             self._pad(e_i.to(torch.float32), (ip,), OCC_PAD_ENERGY).expand(P, ip).contiguous(),
             self._pad(e_j.to(torch.float32), (jp,), OCC_PAD_ENERGY).expand(P, jp).contiguous(),
-            e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp).contiguous()))
+            e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp).contiguous()), useful_flops)
         sums = self.to_host(partials).astype(np.float64).reshape(P, ip, jp, 2)[:, :ni, :nj]
         return float(sums[..., 0].sum()), float(sums[..., 1].sum())
 

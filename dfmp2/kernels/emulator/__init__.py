@@ -95,6 +95,9 @@ class EmulatedKernel:
             run.checkpoint()
             outputs = result if isinstance(result, tuple) else (result,)
             arrays = tuple(_returned(tile, self.fn.__name__) for tile in outputs)
+            run.trace.launches = 1
+            run.trace.host_bytes_in = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
+            run.trace.host_bytes_out = sum(a.nbytes for a in arrays)
         self.last_trace = run.trace
         return arrays if isinstance(result, tuple) else arrays[0]
 

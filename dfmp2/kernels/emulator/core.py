@@ -90,6 +90,9 @@ class Trace:
     engine_elements: Counter = field(default_factory=Counter)  # engine -> elements processed
     matmul_columns: int = 0  # moving-tensor columns streamed through the Tensor Engine
     dma_transfers: int = 0  # dma_copy instructions
+    launches: int = 0  # kernel calls
+    host_bytes_in: int = 0  # kernel arguments (host -> device HBM)
+    host_bytes_out: int = 0  # kernel results (device HBM -> host)
 
     def add(self, other: "Trace") -> None:
         self.matmuls += other.matmuls
@@ -105,10 +108,14 @@ class Trace:
         self.engine_elements.update(other.engine_elements)
         self.matmul_columns += other.matmul_columns
         self.dma_transfers += other.dma_transfers
+        self.launches += other.launches
+        self.host_bytes_in += other.host_bytes_in
+        self.host_bytes_out += other.host_bytes_out
 
     def modelled_seconds(self, target: Target) -> float:
-        """MODEL, not a measurement: max of Tensor Engine (fp32 peak), DMA (HBM share of one core)
-        and vector-engine time, assuming perfect overlap and no launch overhead."""
+        """PEAK MODEL (uncalibrated), not a measurement: max of Tensor Engine (fp32 peak), DMA (HBM
+        share of one core) and vector-engine time, assuming perfect overlap and no launch
+        overhead. The calibrated model is `cost_model.call_seconds`."""
         tensor = self.matmul_flops / (target.fp32_tflops * 1e12)
         dma = (self.dma_bytes_in + self.dma_bytes_out) / (target.hbm_gb_per_s_per_core * 1e9)
         vector = self.vector_elements / (target.vector_gelem_per_s * 1e9)
@@ -120,7 +127,9 @@ class Trace:
                 "vector_ops": self.vector_ops, "vector_elements": self.vector_elements,
                 "peak_sbuf_bytes_per_partition": self.peak_sbuf_bytes,
                 "peak_psum_bytes_per_partition": self.peak_psum_bytes,
-                "instructions": dict(self.instructions), "dma_transfers": self.dma_transfers}
+                "instructions": dict(self.instructions), "dma_transfers": self.dma_transfers,
+                "launches": self.launches, "host_mb_in": self.host_bytes_in / 1e6,
+                "host_mb_out": self.host_bytes_out / 1e6}
 
 
 class _State(threading.local):

@@ -1,0 +1,95 @@
+"""A calibrated time MODEL of NKI kernel calls on trn1 / trn2, from emulator traces.
+
+Everything here is a model, never a measurement. One kernel call costs
+
+    launch + host_transfer + device
+    device = max(tensor_engine, dma, vector, scalar)      (the engines run concurrently)
+
+    launch         fixed cost of one call (runtime dispatch, NEFF start)            [fitted]
+    host_transfer  (argument + result bytes) / host<->device rate                    [fitted]
+    tensor_engine  per matmul/transpose: (fixed + columns x cycles per column) / clock;
+                   a 128 x 128 systolic array streams one moving column per cycle in bf16 and
+                   4 cycles per column in fp32, whatever K and M are (small tiles waste it)
+    dma            bytes / (16 DMA engines x 27.2 GB/s, capped by the core's HBM share, x 65%)
+                   + a fixed cost per dma_copy
+    vector/scalar  per instruction: (fixed + elements per partition) / engine clock
+
+Constants and where they come from (see docs/benchmarks.md, "Calibration"):
+  - peaks, clocks, DMA engines, HBM bandwidth: AWS's architecture guides (../docs/nki-facts.md);
+  - 64 cycles fixed cost per instruction: the performance guide's "60-100 cycles";
+  - 65% DMA efficiency: the guides' "60-70% of HBM bandwidth is good";
+  - launch and host_transfer: fitted (two unknowns, two equations) to a sibling library's warm
+    trn1.2xlarge figures for its NKI GEMM, 512^3 in 1.3 ms and 1024^3 in 2.3 ms per call
+    (neuronx-cc 2.24), through dfmp2's own gemm_kernel traces: launch 0.99 ms, 10.9 GB/s.
+    trn2 reuses them (no published trn2 per-call figure): an assumption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .core import Target, Trace
+
+DMA_ENGINES = 16
+DMA_ENGINE_GB_PER_S = 27.2
+DMA_EFFICIENCY = 0.65
+FIXED_CYCLES = 64  # per instruction, any engine (performance guide: 60-100)
+FP32_CYCLES_PER_COLUMN = 4  # fp32 matmul costs ~4x bf16 on the Tensor Engine
+PARTITIONS = 128
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-target model constants (seconds, bytes/s, Hz)."""
+
+    launch_s: float  # fitted
+    host_bytes_per_s: float  # fitted
+    tensor_columns_per_s: float  # bf16 moving columns per second = bf16 peak / (2 * 128 * 128)
+    engine_clock_hz: float  # Vector / Scalar / GpSimd engines
+    dma_bytes_per_s: float  # effective
+
+
+def _calibration(target: Target, engine_clock_hz: float) -> Calibration:
+    dma_peak = min(DMA_ENGINES * DMA_ENGINE_GB_PER_S, target.hbm_gb_per_s_per_core) * 1e9
+    return Calibration(launch_s=0.99e-3, host_bytes_per_s=10.9e9,
+                       tensor_columns_per_s=target.bf16_tflops * 1e12 / (2 * PARTITIONS * PARTITIONS),
+                       engine_clock_hz=engine_clock_hz, dma_bytes_per_s=DMA_EFFICIENCY * dma_peak)
+
+
+# vector engine clocks: 1.12 GHz (NeuronCore-v2), 0.96 GHz (NeuronCore-v3)
+ENGINE_CLOCK_HZ = {"trn1": 1.12e9, "trn2": 0.96e9}
+PARTS = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar")
+
+
+def call_seconds(trace: Trace, target: Target) -> dict:
+    """MODEL: seconds of one kernel call from its trace -> {part: seconds, 'device', 'seconds'}.
+
+    launch and host_transfer are serial; tensor_engine, dma, vector and scalar are the busy
+    times of engines that overlap, so `device` is their maximum, not their sum.
+    """
+    cal = _calibration(target, ENGINE_CLOCK_HZ[target.name])
+    te_clock = cal.tensor_columns_per_s
+    # Tensor Engine: fp32 everywhere in dfmp2's kernels
+    tensor = (trace.instructions["tensor"] * FIXED_CYCLES
+              + trace.matmul_columns * FP32_CYCLES_PER_COLUMN) / te_clock
+    dma = ((trace.dma_bytes_in + trace.dma_bytes_out) / cal.dma_bytes_per_s
+           + trace.instructions["dma"] * FIXED_CYCLES / te_clock)
+    parts = {
+        "launch": cal.launch_s * trace.launches,
+        "host_transfer": (trace.host_bytes_in + trace.host_bytes_out) / cal.host_bytes_per_s,
+        "tensor_engine": tensor,
+        "dma": dma,
+    }
+    for engine in ("vector", "scalar"):
+        per_partition = trace.engine_elements[engine] / PARTITIONS
+        parts[engine] = (trace.instructions[engine] * FIXED_CYCLES + per_partition) / cal.engine_clock_hz
+    parts["device"] = max(parts["tensor_engine"], parts["dma"], parts["vector"], parts["scalar"])
+    parts["seconds"] = parts["launch"] + parts["host_transfer"] + parts["device"]
+    return parts
+
+
+def add_costs(total: dict, call: dict) -> dict:
+    """Accumulate per-call costs (sums of per-call maxima for `device` and `seconds`)."""
+    for key, value in call.items():
+        total[key] = total.get(key, 0.0) + value
+    return total
