@@ -2,6 +2,7 @@
 
     python benchmarks/run_benchmarks.py                       # everything usable here
     python benchmarks/run_benchmarks.py --shapes small medium --devices cpu trn1-sim
+    python benchmarks/run_benchmarks.py --shapes --no-peers                # only the NKI kernel models
     python benchmarks/make_page.py                            # -> docs/benchmarks.md + plot
 
 Writes one JSON file per measurement into benchmarks/results/ (machine, versions, date and
@@ -60,6 +61,21 @@ def run_shapes(shapes, wanted, repeat):
             print(f"{shape:7s} {label:9s} {precision}: e_corr {record['e_corr']:.10f}, warm "
                   f"{record['total_seconds']:.3f} s" + (
                       f", modelled trn1 {record['modelled_seconds']['trn1']:.4f} s (model)" if simulate else ""))
+
+
+# kernel micro-benchmarks (MODEL): the trn1 GEMM sizes calibrate the model, the rest show it
+KERNEL_RUNS = [("gemm", 512), ("gemm", 1024), ("trsm", 1024), ("syrk", 1024), ("ao2mo", 512),
+               ("pair_energy", 512)]
+
+
+def run_kernels(targets=("trn1", "trn2")):
+    from dfmp2.bench import run_kernel_bench
+
+    for target in targets:
+        for kernel, size in KERNEL_RUNS:
+            record = run_kernel_bench(kernel, size, target, simulate=True)
+            _write(os.path.join(RESULTS, f"kernel_{target}_{kernel}_{size}.json"), record)
+            print(f"kernel {kernel} {size} {target}: MODEL {record['modelled']['seconds'] * 1e3:.3f} ms")
 
 
 def run_pyscf_peer(repeat):
@@ -132,15 +148,18 @@ def _write(path, record):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=["small", "medium", "large"])
+    parser.add_argument("--shapes", nargs="*", default=["small", "medium", "large"])
     parser.add_argument("--devices", nargs="+", default=None,
                         help="subset of: cpu cuda trn1-sim trn2-sim (default: all usable)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--no-kernels", action="store_true", help="skip the NKI kernel models")
     args = parser.parse_args(argv)
     sys.path.insert(0, ROOT)
     import dfmp2  # noqa: F401  first: sets the OpenMP wait policy before torch and numpy's BLAS load
     run_shapes(args.shapes, set(args.devices or []), args.repeat)
+    if not args.no_kernels:
+        run_kernels()
     if not args.no_peers:
         run_pyscf_peer(max(args.repeat, 7))
         run_gpu4pyscf_peer(os.path.join(ROOT, "examples", "benzene.xyz"), "cc-pvtz", args.repeat)

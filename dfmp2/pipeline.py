@@ -128,8 +128,8 @@ def block_ranges(n, size):
 # ----------------------------------------------------------------------------- steps
 
 def metric_cholesky(backend, metric):
-    """Step 1: J = L L^T for the metric (P|Q) [naux, naux] (eigen fallback if singular)."""
-    return factor_metric(backend, backend.to_device(metric, fp64=True))
+    """Step 1: J = L L^T for the metric (P|Q) [naux, naux], fp64 (eigen fallback if singular)."""
+    return factor_metric(backend, metric)
 
 
 def transform_to_mo(backend, ao_block, c_occ, c_vir):

@@ -94,3 +94,22 @@ def test_singular_metric_falls_back_to_eigen_and_matches_pseudo_inverse():
     assert torch.isfinite(b).all()
     expected = x @ torch.linalg.pinv(metric, hermitian=True) @ x.T
     assert torch.allclose(b @ b.T, expected, atol=1e-8)
+
+
+def test_nki_metric_factorised_from_the_fp64_metric():
+    """A backend without fp64 (NKI) factorises PySCF's fp64 (P|Q) on the host: the L it whitens
+    with is the fp64 Cholesky factor rounded once, not a factor of an fp32-rounded metric.
+    The metric here has condition number 1e10, like diffuse auxiliary sets."""
+    backend = get_backend("trn1", simulate=True)
+    rng = np.random.default_rng(11)
+    q, _ = np.linalg.qr(rng.standard_normal((200, 200)))
+    metric = (q * np.logspace(1, -9, 200)) @ q.T
+    metric = (metric + metric.T) / 2
+    factor = factor_metric(backend, metric)
+    assert factor.kind == "cholesky" and backend.calls["host:cholesky"] == 1
+    assert factor.matrix.dtype == torch.float32
+    np.testing.assert_array_equal(factor.matrix.numpy(), np.linalg.cholesky(metric).astype(np.float32))
+    # what rounding the metric to fp32 first would have done: its smallest eigenvalue (1e-9)
+    # moves by more than itself
+    rounded = metric.astype(np.float32).astype(np.float64)
+    assert abs(np.linalg.eigvalsh(rounded).min() - 1e-9) > 1e-9

@@ -68,6 +68,41 @@ def neuron_sdk_missing():
             if importlib.util.find_spec(name) is None]
 
 
+# ---- exact-product slices for the AO->MO transform (Ozaki's scheme) ----------------------------
+SLICE_BITS = 7  # each slice: an integer of <= 7 bits times a power of two shared along the contraction
+INPUT_SLICES = 5  # slices of (mn|P), C_occ, C_vir: 35 bits below each column's largest element
+H_SLICES = 6  # slices of the half-transformed H (on the device): 42 bits below its bound
+ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-60)  # rounding constant of padded (all-zero) columns
+
+
+def column_slices(a: np.ndarray, count: int) -> np.ndarray:
+    """fp64 a [..., K, M] -> fp32 [count, ..., K, M] with sum(slices) = a to 2^(e_m - 7 count).
+
+    e_m = ceil(log2 max_k |a[..., k, m]|) per column m (the contraction runs over K); slice s is
+    an integer of at most 7 bits (+ sign) times 2^(e_m - 7 (s + 1)), so it is exact in fp32 (and in
+    bf16), the product of two slices is exact, and so is a sum of 512 such products of equal weight.
+    """
+    largest = np.abs(a).max(axis=-2, keepdims=True)
+    exponent = np.ceil(np.log2(np.where(largest > 0, largest, 1.0)))
+    rest = np.array(a, dtype=np.float64, copy=True)
+    out = np.empty((count,) + a.shape, dtype=np.float32)
+    for s in range(count):
+        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
+        piece = np.rint(rest / grid) * grid
+        out[s] = piece
+        rest -= piece
+    return out
+
+
+def half_transform_rounding(x_max: np.ndarray, c_occ_l1: np.ndarray) -> np.ndarray:
+    """Rounding constants 1.5 * 2^23 * 2^(E - 7u) [H_SLICES, nP, nocc] for slicing H[n, i] on the
+    device, with 2^E >= max|(mn|p)| * sum_m |C_mi| >= max_n |H[n, i]|."""
+    bound = np.outer(x_max, c_occ_l1)
+    exponent = np.maximum(np.ceil(np.log2(np.where(bound > 0, bound, 2.0**-60))), -60)
+    levels = SLICE_BITS * np.arange(1, H_SLICES + 1)[:, None, None]
+    return (1.5 * 2.0**23 * np.exp2(exponent[None] - levels)).astype(np.float32)
+
+
 # ---- which NKI release runs on which target (AWS's release notes; see README) ----------------
 # trn1: SDK 2.28 / nki 0.2 is the last release whose docs list Trn1; nki 0.3 (SDK 2.29) on trn1
 # is disputed (AWS: not supported for NKI kernels; one sibling library ran it); 0.4+ documents
@@ -130,6 +165,7 @@ class NkiBackend:
     precision = "fp32"
     compute_dtype = torch.float32
     itemsize = 4
+    has_fp64 = False  # no fp64 anywhere on a NeuronCore
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None):
         self.device_name = target
@@ -165,7 +201,11 @@ class NkiBackend:
 
     # ---- data movement ---------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:
-        """Host array -> fp32 tensor on the device (fp64 is not available on a NeuronCore)."""
+        """Host array -> fp32 tensor on the device. fp64=True: there is no fp64 on a NeuronCore,
+        so the array stays on the host in fp64, for the host-side slicing of the transform's
+        operands (`column_slices`) and for the energies, which kernels take in fp32."""
+        if fp64:
+            return torch.as_tensor(np.asarray(array, dtype=np.float64))
         return torch.as_tensor(np.asarray(array)).to(device=self.device, dtype=torch.float32)
 
     def zeros(self, shape) -> torch.Tensor:
@@ -304,21 +344,38 @@ class NkiBackend:
 
     def ao2mo(self, ao_block, c_occ, c_vir):
         """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP].
-        Occupied orbitals go in chunks of at most 512 (one PSUM bank), one call each."""
-        nP, nao, _ = ao_block.shape
+
+        The fp64 (mn|P) and C (host arrays: a NeuronCore has no fp64) are cut into 7-bit slices
+        on the host (`column_slices`), so the kernel's products and PSUM sums are exact (see the
+        kernel). Occupied orbitals go in chunks of at most 512 (one PSUM bank), one call each.
+        """
+        x = np.asarray(self.to_host(ao_block), dtype=np.float64)
+        c_occ = np.asarray(self.to_host(c_occ), dtype=np.float64)
+        c_vir = np.asarray(self.to_host(c_vir), dtype=np.float64)
+        nP, nao, _ = x.shape
         nocc, nvir = c_occ.shape[1], c_vir.shape[1]
+        self.calls["host:slice_operands"] += 1
+        x_slices = torch.from_numpy(column_slices(x, INPUT_SLICES))
+        vir_slices = torch.from_numpy(column_slices(c_vir, INPUT_SLICES))
+        x_max = np.abs(x).reshape(nP, -1).max(axis=1)
         chunks = []
         for i0 in range(0, nocc, FREE):
             c_chunk = c_occ[:, i0:i0 + FREE]
-            (pp, ap, _), (_, op), (_, vp) = self._bucket("ao2mo_kernel", (
-                (max(nP, self._aux_block), _round_up(nao, P), _round_up(nao, P)),
-                (_round_up(nao, P), _round_up(c_chunk.shape[1], P)),
-                (_round_up(nao, P), _round_up_free(nvir))))
             nc = c_chunk.shape[1]
-            out = self._launch("ao2mo_kernel", (self._pad(ao_block, (pp, ap, ap)),
-                                                self._pad(c_chunk, (ap, op)), self._pad(c_vir, (ap, vp))),
-                               2 * nP * nao * nc * (nao + nvir))  # both half-transforms
-            chunks.append(out[:nP, :c_chunk.shape[1], :nvir])
+            (_, pp, ap, _), (_, _, op), (_, _, vp), _ = self._bucket("ao2mo_kernel", (
+                (INPUT_SLICES, max(nP, self._aux_block), _round_up(nao, P), _round_up(nao, P)),
+                (INPUT_SLICES, _round_up(nao, P), _round_up(nc, P)),
+                (INPUT_SLICES, _round_up(nao, P), _round_up_free(nvir)),
+                (H_SLICES, max(nP, self._aux_block), P, _round_up(nc, P))))
+            rounding = half_transform_rounding(x_max, np.abs(c_chunk).sum(axis=0))  # [H, nP, nc]
+            out = self._launch("ao2mo_kernel", (
+                self._pad(x_slices, (INPUT_SLICES, pp, ap, ap)),
+                self._pad(torch.from_numpy(column_slices(c_chunk, INPUT_SLICES)), (INPUT_SLICES, ap, op)),
+                self._pad(vir_slices, (INPUT_SLICES, ap, vp)),
+                self._pad(torch.from_numpy(rounding)[:, :, None, :].expand(H_SLICES, nP, P, nc),
+                          (H_SLICES, pp, P, op), ROUNDING_PAD)),
+                2 * nP * nao * nc * (nao + nvir))  # both half-transforms, done once
+            chunks.append(out[:nP, :nc, :nvir])
         return torch.cat(chunks, dim=1).permute(1, 2, 0).to(self.device)
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
@@ -388,6 +445,7 @@ _REFERENCE = {
     "gemm_kernel": lambda a_t, b: a_t.T @ b,
     "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
     "trsm_kernel": lambda x_t, l_t, linv_t: torch.linalg.solve_triangular(l_t.T, x_t, upper=False),
-    "ao2mo_kernel": lambda ints, c_occ, c_vir: torch.einsum("pmn,mi,na->pia", ints, c_occ, c_vir),
+    "ao2mo_kernel": lambda xs, cos, cvs, rounding: torch.einsum(
+        "pmn,mi,na->pia", xs.double().sum(0), cos.double().sum(0), cvs.double().sum(0)).float(),
     "pair_energy_kernel": _ref_pair_energy,
 }

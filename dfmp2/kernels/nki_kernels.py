@@ -23,6 +23,7 @@ import nki.language as nl
 
 P = 128  # partitions: contraction tiles and stationary free size
 FREE = 512  # moving free size = one PSUM bank of fp32
+CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 
 
 @nki.jit
@@ -121,47 +122,120 @@ def trsm_kernel(x_t, l_t, linv_t):
 
 
 @nki.jit
-def ao2mo_kernel(ints, c_occ, c_vir):
-    """Batched two-sided transform: out[p, i, a] = sum_mn C_mi C_na (mn|p).
+def ao2mo_kernel(x_slices, c_occ_slices, c_vir_slices, h_round):
+    """Batched two-sided transform with exact fp32 products: out[p, i, a] = sum_mn C_mi C_na (mn|p).
 
-    ints [NP, NAO, NAO] (symmetric in m, n), c_occ [NAO, NOCC], c_vir [NAO, NVIR].
-    Per p:  H[n, i] = sum_m (mn|p) C_mi  (stationary: (mn|p) tile [m, n]; moving: C_occ [m, i])
-            T[i, a] = sum_n H[n, i] C_na (stationary: H tile [n, i];   moving: C_vir [n, a])
-    H stays in SBUF; C_occ and C_vir are loaded once; virtual tiles are FA = min(NVIR, 512).
-    Shapes: NAO, NOCC multiples of 128, NOCC <= 512; NVIR a multiple of 128 up to 512, of
-    512 above.
+    Why: fp32 accumulation of these sums loses 1 uEh to 25 mEh of the MP2 energy to cancellation
+    (AO coefficients of both signs; diffuse and quadruple-zeta sets are worst). Every operand
+    arrives as S slices, each an integer of at most 7 bits times a power of two shared along the
+    contraction (Ozaki's scheme), so each slice product and its accumulation in PSUM over up to
+    512 terms (CHUNK tiles) are exact; only the truncation of the slices remains.
+
+    x_slices [S, NP, NAO, NAO]: slices of (mn|p), exponent per column n; c_occ_slices
+    [S, NAO, NOCC], c_vir_slices [S, NAO, NVIR]: slices per column (host-sliced from fp64).
+    h_round [SH, NP, 128, NOCC]: 1.5 * 2^23 * 2^(E_pi - 7u), E_pi >= log2 max_n |H[n, i]|
+    (a host bound), the same on every partition: adding and subtracting it rounds to the grid
+    of slice u (the Vector Engine's fp32 round-to-nearest).
+      H[n, i] = sum_m (mn|p) C_mi   = sum_{s+t<=S+1} X_s^T C_t   (groups g = s + t in PSUM,
+                                      exact per 512-term chunk; groups and chunks combined by
+                                      TwoSum into H_hi + H_lo)
+      H_u     = slices of H_hi + H_lo per column i (rounding trick, u = 1..SH)
+      T[i, a] = sum_n H[n, i] C_na  = sum_{u+t<=SH+1} H_u^T Cvir_t   (same grouping)
+    Tiles: n, m on partitions in 128s; i in one tile of NOCC <= 512 (first half) and 128s
+    (second half); a in FA = min(NVIR, 512). C slices stay in SBUF; (mn|p) is streamed in
+    128 x 128 tiles, each read once. Shapes: NAO, NOCC multiples of 128, NOCC <= 512; NVIR a
+    multiple of 128 up to 512, of 512 above.
     """
-    NP, NAO, _ = ints.shape
-    NOCC = c_occ.shape[1]
-    NVIR = c_vir.shape[1]
-    FA = min(NVIR, FREE)
+    S, NP, NAO, _ = x_slices.shape
+    SH = h_round.shape[0]
+    NOCC = c_occ_slices.shape[2]
+    NVIR = c_vir_slices.shape[2]
+    FA = 256 if NVIR % 256 == 0 else P  # SH groups of FA fp32 share PSUM banks without crossing one
     nm = NAO // P
     out = nl.ndarray((NP, NOCC, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
-    c_occ_sb = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-    c_vir_sb = nl.ndarray((P, nm, NVIR), dtype=nl.float32, buffer=nl.sbuf)
-    for m in nl.affine_range(nm):
-        nisa.dma_copy(dst=c_occ_sb[:, m, :], src=c_occ[m * P:(m + 1) * P, :])
-        nisa.dma_copy(dst=c_vir_sb[:, m, :], src=c_vir[m * P:(m + 1) * P, :])
-    for p in nl.affine_range(NP):
-        x = nl.ndarray((P, nm, NAO), dtype=nl.float32, buffer=nl.sbuf)
+    c_occ_sb = nl.ndarray((P, S * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+    c_vir_sb = nl.ndarray((P, S * nm, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+    for t in nl.affine_range(S):
         for m in nl.affine_range(nm):
-            nisa.dma_copy(dst=x[:, m, :], src=ints[p, m * P:(m + 1) * P, :])
-        half = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)  # H[n, i], n on partitions
+            nisa.dma_copy(dst=c_occ_sb[:, t * nm + m, :], src=c_occ_slices[t, m * P:(m + 1) * P, :])
+            nisa.dma_copy(dst=c_vir_sb[:, t * nm + m, :], src=c_vir_slices[t, m * P:(m + 1) * P, :])
+    for p in nl.affine_range(NP):
+        h_hi = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)  # H[n, i], n on partitions
+        h_lo = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
         for n in nl.affine_range(nm):
-            acc = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.psum)
-            for m in nl.affine_range(nm):
-                nisa.nc_matmul(dst=acc, stationary=x[:, m, n * P:(n + 1) * P], moving=c_occ_sb[:, m, :])
-            nisa.tensor_copy(dst=half[:, n, :], src=acc)
+            for c0 in range(0, nm, CHUNK):  # exact PSUM sums need contractions of <= 512
+                groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
+                for m in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                    x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
+                    for s in range(S):
+                        nisa.dma_copy(dst=x_tiles[:, s, :],
+                                      src=x_slices[s, p, m * P:(m + 1) * P, n * P:(n + 1) * P])
+                    for s in range(S):
+                        for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
+                            nisa.nc_matmul(dst=groups[:, s + t, 0:NOCC], stationary=x_tiles[:, s, :],
+                                           moving=c_occ_sb[:, t * nm + m, :])
+                _add_groups(groups, S, h_hi[:, n, :], h_lo[:, n, :], NOCC, c0 == 0)
+        h_slices = nl.ndarray((P, SH * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+        for u in range(SH):
+            grid = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=grid, src=h_round[u, p, :, :])
+            for n in nl.affine_range(nm):
+                _peel_slice(h_hi[:, n, :], h_lo[:, n, :], grid, h_slices[:, u * nm + n, :], NOCC)
         for i in nl.affine_range(NOCC // P):
             for a in nl.affine_range(NVIR // FA):
-                acc = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.psum)
-                for n in nl.affine_range(nm):
-                    nisa.nc_matmul(dst=acc, stationary=half[:, n, i * P:(i + 1) * P],
-                                   moving=c_vir_sb[:, n, a * FA:(a + 1) * FA])
+                t_hi = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
+                t_lo = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
+                for c0 in range(0, nm, CHUNK):
+                    groups = nl.ndarray((P, SH, FA), dtype=nl.float32, buffer=nl.psum)
+                    for n in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                        for u in range(SH):
+                            for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
+                                nisa.nc_matmul(dst=groups[:, u + t, :],
+                                               stationary=h_slices[:, u * nm + n, i * P:(i + 1) * P],
+                                               moving=c_vir_sb[:, t * nm + n, a * FA:(a + 1) * FA])
+                    _add_groups(groups, SH, t_hi, t_lo, FA, c0 == 0)
                 res = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=res, src=acc)
+                nisa.tensor_tensor(dst=res, data1=t_hi, data2=t_lo, op=nl.add)
                 nisa.dma_copy(dst=out[p, i * P:(i + 1) * P, a * FA:(a + 1) * FA], src=res)
     return out
+
+
+def _add_groups(groups, count, hi, lo, F, first):
+    """hi + lo (+)= the PSUM group tiles groups[:, k, 0:F] (k < count, largest first), by TwoSum on
+    the Vector Engine: s = hi + g; b = s - hi; e = (hi - (s - b)) + (g - b); lo += e; hi = s.
+    first: hi, lo start from the first group and zero."""
+    if first:
+        nisa.tensor_copy(dst=hi, src=groups[:, 0, 0:F])
+        nisa.memset(dst=lo, value=0.0)
+    g = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    b_virtual = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    a_virtual = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    err = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    for k in range(1 if first else 0, count):
+        nisa.tensor_copy(dst=g, src=groups[:, k, 0:F])
+        nisa.tensor_tensor(dst=total, data1=hi, data2=g, op=nl.add)
+        nisa.tensor_tensor(dst=b_virtual, data1=total, data2=hi, op=nl.subtract)
+        nisa.tensor_tensor(dst=a_virtual, data1=total, data2=b_virtual, op=nl.subtract)
+        nisa.tensor_tensor(dst=a_virtual, data1=hi, data2=a_virtual, op=nl.subtract)
+        nisa.tensor_tensor(dst=err, data1=g, data2=b_virtual, op=nl.subtract)
+        nisa.tensor_tensor(dst=err, data1=a_virtual, data2=err, op=nl.add)
+        nisa.tensor_tensor(dst=lo, data1=lo, data2=err, op=nl.add)
+        nisa.tensor_copy(dst=hi, src=total)
+
+
+def _peel_slice(hi, lo, grid, piece, F):
+    """piece = hi rounded to the grid whose rounding constant is `grid` ((hi + c) - c);
+    then hi + lo -= piece, renormalised (FastTwoSum), all in place."""
+    nisa.tensor_tensor(dst=piece, data1=hi, data2=grid, op=nl.add)
+    nisa.tensor_tensor(dst=piece, data1=piece, data2=grid, op=nl.subtract)
+    nisa.tensor_tensor(dst=hi, data1=hi, data2=piece, op=nl.subtract)  # exact
+    total = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=total, data1=hi, data2=lo, op=nl.add)
+    back = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=back, data1=total, data2=hi, op=nl.subtract)
+    nisa.tensor_tensor(dst=lo, data1=lo, data2=back, op=nl.subtract)
+    nisa.tensor_copy(dst=hi, src=total)
 
 
 @nki.jit

@@ -43,6 +43,7 @@ class TorchBackend:
     """Kernels on torch tensors. `device`: 'cpu' or 'cuda'; `precision`: 'fp64' or 'fp32'."""
 
     name = "torch"
+    has_fp64 = True
 
     def __init__(self, device: str, precision: str):
         self.device_name = device

@@ -3,9 +3,13 @@
     J = L L^T                 blocked right-looking Cholesky
     B = X L^-T                whitening (right-side triangular solve)
 
-The same blocked algorithm runs on every backend: the 128 x 128 diagonal panels are
-factorised (and inverted) on the host in fp64, the panel solve is a device GEMM and the
-trailing update a device SYRK.
+On a backend with fp64 arithmetic (torch: cpu, cuda) the factorisation is blocked: the
+128 x 128 diagonal panels are factorised (and inverted) on the host in fp64, the panel solve
+is a device GEMM and the trailing update a device SYRK, all in fp64. A backend without fp64
+(NKI: trn1, trn2) factorises the fp64 (P|Q) from PySCF on the host instead: fp32 trailing
+updates would round a metric whose condition number reaches 1e10 with diffuse auxiliary
+sets, moving small eigenvalues by ~1e-5 and possibly making one negative. Only L (in the
+device's precision) goes to the device, for the whitening.
 
 If J is numerically singular (a panel is not positive definite, or a pivot is at rounding
 level), J is eigen-decomposed on the host in fp64, J = U s U^T, eigenvalues below
@@ -26,7 +30,9 @@ log = logging.getLogger("dfmp2")
 
 PANEL = 128  # columns per Cholesky panel: one Tensor Engine tile
 LINEAR_DEPENDENCY_THRESHOLD = 1e-9  # Eh; eigenvalues of (P|Q) below this are dropped
-CHOLESKY_PIVOT_RATIO = 1e-14  # smallest accepted pivot^2 / largest diagonal element of (P|Q)
+# smallest accepted pivot^2 / largest diagonal element of (P|Q): a pivot must stand well above
+# the rounding level of the (fp64) arithmetic that produced it
+CHOLESKY_PIVOT_RATIO = 100 * float(np.finfo(np.float64).eps)
 
 
 @dataclass
@@ -87,16 +93,31 @@ def cholesky_blocked(backend, metric):
     return lower
 
 
+def cholesky_host(backend, metric):
+    """Lower L with metric = L L^T in fp64 on the host (metric: fp64 numpy), or None."""
+    backend.calls["host:cholesky"] += 1
+    try:
+        return np.linalg.cholesky(metric)
+    except np.linalg.LinAlgError:
+        return None
+
+
 def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THRESHOLD) -> MetricFactor:
-    """Factor (P|Q) [naux, naux] (a tensor on the backend's device)."""
+    """Factor (P|Q) [naux, naux], given in fp64 as PySCF computed it (numpy array)."""
+    metric = np.asarray(metric, dtype=np.float64)
     naux = metric.shape[0]
-    lower = cholesky_blocked(backend, metric)
+    if backend.has_fp64:
+        lower = cholesky_blocked(backend, backend.to_device(metric, fp64=True))
+    else:
+        lower = cholesky_host(backend, metric)
     # accept L only if every pivot is well above rounding noise of the largest diagonal element
     if lower is not None and \
             float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
+        if not backend.has_fp64:
+            lower = backend.to_device(lower)
         return MetricFactor("cholesky", lower, naux, naux)
     backend.calls["host:eigh"] += 1
-    eigenvalues, vectors = np.linalg.eigh(backend.to_host(metric).astype(np.float64))
+    eigenvalues, vectors = np.linalg.eigh(metric)
     keep = eigenvalues > drop_threshold
     nkept = int(keep.sum())
     if nkept == 0:
