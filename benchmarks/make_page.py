@@ -67,15 +67,18 @@ def bench_table(bench):
 def model_table(bench):
     """Calibrated model breakdown of the simulated runs (one row per shape and target)."""
     parts = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar", "device")
-    rows = ["| shape | emulated on | target | MODEL seconds | " + " | ".join(parts) +
-            " | launches | Tensor Engine useful fraction |", "|---" * (len(parts) + 6) + "|"]
+    rows = ["| shape | emulated on | target | MODEL seconds (one core) | one chip, ideal split | "
+            + " | ".join(parts) + " | launches | Tensor Engine useful fraction |",
+            "|---" * (len(parts) + 7) + "|"]
     for r in sorted((r for r in bench if r.get("modelled")),
                     key=lambda r: (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"])):
         for target, m in r["modelled"].items():
             cells = " | ".join(f"{m['breakdown'][p]:.4f}" for p in parts)
             fraction = m["tensor_engine_useful_fraction"]
+            chip = m.get("chip_seconds_ideal_split")
+            chip = f"{chip:.4f} ({m['cores_per_chip']} cores)" if chip is not None else "-"
             rows.append(f"| {r['shape'].get('name', '')} | {r['device']} (nki {r.get('nki_api', '?')}) | "
-                        f"{target} | {m['seconds']:.4f} | {cells} | {m['launches']} | "
+                        f"{target} | {m['seconds']:.4f} | {chip} | {cells} | {m['launches']} | "
                         f"{fraction:.3f} |")
     return "\n".join(rows)
 

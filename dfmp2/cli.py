@@ -257,9 +257,7 @@ def _print_summary(r):
         "",
         "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
     ]
-    if r.get("modelled_seconds"):
-        lines.append("  modelled kernel time (MODEL, not measured): " + ", ".join(
-            f"{k} {v * 1e3:.3f} ms" for k, v in r["modelled_seconds"].items()))
+    lines += _model_lines(r, scale=1e3, unit="ms")
     if r.get("kernel_specializations"):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
@@ -292,10 +290,23 @@ def _print_bench(r):
         fraction = r.get("pair_energies_fraction_of_gemm_rate")
         lines.append(f"  device GEMM rate {r['device_gemm_tflops']:.3f} TFLOPS (measured, {r['precision']})"
                      + (f"; pair energies reach {100 * fraction:.0f}% of it" if fraction else ""))
-    if r.get("modelled_seconds"):
-        lines.append("  modelled kernel time (MODEL, not measured): " + ", ".join(
-            f"{k} {v:.4f} s" for k, v in r["modelled_seconds"].items()))
+    lines += _model_lines(r, scale=1.0, unit="s")
     click.echo("\n".join(lines))
+
+
+def _model_lines(r, scale, unit):
+    """The calibrated model per target (with its breakdown) and the old peak model."""
+    if not r.get("modelled"):
+        return []
+    lines = ["  MODELLED Trainium time (a model, not a measurement; launch + host transfer + busiest engine):"]
+    for target, m in r["modelled"].items():
+        parts = ", ".join(f"{k} {v * scale:.3f}" for k, v in m["breakdown"].items() if k != "device")
+        lines.append(f"    {target}: {m['seconds'] * scale:.3f} {unit} in {m['launches']} launches "
+                     f"({parts} {unit}); Tensor Engine useful fraction "
+                     f"{m['tensor_engine_useful_fraction']:.3f}")
+    lines.append("  peak model (published peaks, no launch cost; old): " + ", ".join(
+        f"{k} {v * scale:.3f} {unit}" for k, v in r["modelled_seconds"].items()))
+    return lines
 
 
 def _print_kernel_bench(r):

@@ -40,6 +40,7 @@ class DFMP2Result:
     trace: dict | None = None
     nki_api: str | None = None  # trn1/trn2: the NKI release emulated, or installed on the host
     notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
+    neuron_versions: dict | None = None  # Trainium host: installed nki, neuronx-cc, torch-neuronx, torch-xla
 
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
@@ -50,7 +51,7 @@ class DFMP2Result:
 
     def as_dict(self) -> dict:
         corr = self.correlation
-        return {
+        record = {
             "formula": self.formula,
             "e_hf": self.e_hf, "e_corr": self.e_corr, "e_corr_os": self.e_corr_os,
             "e_corr_ss": self.e_corr_ss, "e_scs": self.e_scs, "e_tot": self.e_tot,
@@ -66,10 +67,19 @@ class DFMP2Result:
             "simulated": self.simulated, "notes": list(self.notes),
             "kernel_specializations": {k: [list(map(list, s)) for s in sorted(v)]
                                        for k, v in self.kernel_specializations.items()},
-        } | ({"nki_api": self.nki_api} if self.nki_api else {}) | ({"modelled_seconds": dict(self.modelled_seconds),
-               "modelled_seconds_note": "model from the emulator trace and published peaks, "
-                                        "not a measurement", "trace": self.trace}
-              if self.modelled_seconds is not None else {})
+        }
+        if self.nki_api:
+            record["nki_api"] = self.nki_api
+        if self.neuron_versions:
+            record["neuron_versions"] = dict(self.neuron_versions)
+        if self.modelled_seconds is not None:
+            record.update({
+                "modelled": self.modelled, "modelled_note": MODEL_NOTE,
+                "modelled_seconds": dict(self.modelled_seconds),
+                "modelled_seconds_note": "peak model (uncalibrated): the emulator trace at published "
+                                         "peaks, perfect overlap, no launch cost; not a measurement",
+                "trace": self.trace})
+        return record
 
 
 def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
@@ -122,4 +132,5 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
         modelled_seconds=backend.modelled_seconds() if simulated else None,
         modelled=backend.modelled() if simulated else None,
         trace=backend.trace.as_dict() if simulated else None,
-        nki_api=getattr(backend, "nki_api", None), notes=list(getattr(backend, "notes", [])))
+        nki_api=getattr(backend, "nki_api", None), notes=list(getattr(backend, "notes", [])),
+        neuron_versions=getattr(backend, "neuron_versions", None))

@@ -217,6 +217,12 @@ CASES = [
     Case("trainium-fp64", ["run", "{water}", "--device", "trn1", "--simulate", "--precision", "fp64"],
          needles=("trn1", "fp64")),
     Case("unknown-precision", ["run", "{water}", "--precision", "fp16"], needles=("fp16",)),
+    Case("unknown-nki-api", ["run", "{water}", "--device", "trn2", "--simulate", "--nki-api", "0.9"],
+         needles=("0.9", "--nki-api")),
+    Case("unsupported-nki-on-trn1", ["run", "{water}", "--device", "trn1", "--simulate", "--nki-api", "0.6"],
+         needles=("trn1", "nki 0.6", "AWS does not support")),
+    Case("nki-api-without-simulate", ["run", "{water}", "--device", "trn2", "--nki-api", "0.3"],
+         needles=("--nki-api", "--simulate")),
     # water/cc-pVDZ fits in ~0.2 MB, so 1 MB is "too small" only for a larger molecule
     Case("max-memory-too-small", ["run", "{benzene}", "--max-memory", "1"],
          needles=(re.compile(r"memory", re.I), "MB")),
@@ -350,5 +356,11 @@ def test_simulated_trainium_run(runs, target):
     assert all(name.endswith("_kernel") or name.startswith("host:") for name in trn["kernels"])
     assert sum(len(shapes) for shapes in trn["kernel_specializations"].values()) <= 8
     assert trn["modelled_seconds"]["trn1"] > 0 and trn["modelled_seconds"]["trn2"] > 0
+    # the emulated NKI release (the newest AWS documents for the target) and the calibrated model
+    assert trn["nki_api"] == {"trn1": "0.2", "trn2": "0.6"}[target] and trn["notes"] == []
+    for model in trn["modelled"].values():
+        assert model["launches"] == sum(n for k, n in trn["kernels"].items() if k.endswith("_kernel"))
+        assert model["seconds"] > model["breakdown"]["launch"] > 0
+    assert "not a measurement" in trn["modelled_note"]
     assert "model" in trn["modelled_seconds_note"]
     assert "MODEL" in runs[f"{target}_sim"].proc.stdout

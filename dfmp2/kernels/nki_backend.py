@@ -174,6 +174,8 @@ class NkiBackend:
         # the NKI API whose rules apply: emulated (default: the newest AWS documents for the
         # target), or the installed release on a Trainium host
         self.nki_api = (nki_api or emulator.NEWEST_API[target]) if simulate else installed_nki_api()
+        # on a host: the installed Neuron packages (nki, neuronx-cc, ...), reported with the result
+        self.neuron_versions = None if simulate else installed_versions()
         # model_only (with simulate): each kernel specialization is emulated once (limits checked,
         # trace recorded); later calls with the same shapes reuse that trace (a kernel's trace
         # depends only on its shapes) and their outputs come from host reference math.
@@ -249,6 +251,9 @@ class NkiBackend:
                 "breakdown": {part: costs.get(part, 0.0) for part in cost_model.PARTS + ("device",)},
                 "launches": self.trace.launches,
                 "tensor_engine_useful_fraction": self.useful_flops / issued if issued else None,
+                # idealised: the calls spread evenly over the chip's cores, nothing shared
+                "cores_per_chip": TARGETS[name].cores_per_chip,
+                "chip_seconds_ideal_split": costs.get("seconds", 0.0) / TARGETS[name].cores_per_chip,
             }
         return out
 
