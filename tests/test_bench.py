@@ -70,8 +70,9 @@ def test_calibrated_model_of_a_pipeline_run():
         engines = max(parts["tensor_engine"], parts["dma"], parts["vector"], parts["scalar"])
         assert engines <= parts["device"] <= parts["tensor_engine"] + parts["dma"] + parts["vector"] + parts["scalar"]
         assert model["seconds"] == pytest.approx(parts["launch"] + parts["host_transfer"] + parts["device"])
-        # padding to tiles and the second (ib|ja) matmul chain waste Tensor Engine work
-        assert 0.05 < model["tensor_engine_useful_fraction"] < 0.6
+        # padding to tiles, the second (ib|ja) matmul chain and the transform's 35 slice products
+        # (for exact sums) are Tensor Engine work beyond the algorithm's minimum
+        assert 0.005 < model["tensor_engine_useful_fraction"] < 0.5
         # calibrated (launch and transfer costs) is slower than the peak model
         assert model["seconds"] > trn["modelled_seconds"][target]
     assert "not a measurement" in trn["modelled_note"]

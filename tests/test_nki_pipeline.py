@@ -14,7 +14,8 @@ from dfmp2.chem import build_molecule, read_xyz, run_scf
 NKI_KERNELS = {"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"}
 # fp64 host work: the Cholesky factor of PySCF's fp64 (P|Q), and the inverses of L's 128 x 128
 # diagonal blocks for the trsm kernel
-HOST_STEPS = {"host:cholesky", "host:invert_panel"}
+# and the cutting of the transform's fp64 operands into exact 7-bit slices
+HOST_STEPS = {"host:cholesky", "host:invert_panel", "host:slice_operands"}
 FP32_TOL = 1e-6  # Eh versus the fp64 CPU result
 
 
@@ -91,7 +92,7 @@ def test_trainium_option_rules():
     mf = converged_rhf("water")
     with pytest.raises(InputError, match="no fp64"):
         DFMP2(mf, device="trn1", precision="fp64", simulate=True).kernel()
-    with pytest.raises(InputError, match="--simulate and --model-only apply to trn1 and trn2"):
+    with pytest.raises(InputError, match="--simulate, --model-only and --nki-api apply to trn1 and trn2"):
         DFMP2(mf, device="cpu", simulate=True).kernel()
 
 
