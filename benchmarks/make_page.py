@@ -137,7 +137,9 @@ def plot(bench, path):
         if name not in SHAPE_ORDER:
             continue
         if r.get("simulated"):
-            series.setdefault(f"{r['device']} (calibrated MODEL)", {})[name] = r["modelled"][r["device"]]["seconds"]
+            if r.get("modelled"):
+                series.setdefault(f"{r['device']} (calibrated MODEL)", {})[name] = \
+                    r["modelled"][r["device"]]["seconds"]
             series.setdefault(f"{r['device']} (old peak MODEL)", {})[name] = r["modelled_seconds"][r["device"]]
         else:
             series.setdefault(label(r) + " (measured)", {})[name] = r["total_seconds"]
