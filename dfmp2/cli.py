@@ -33,6 +33,13 @@ def cli(ctx):
         click.echo(ctx.get_help())
 
 
+# shared by `run` and `bench`
+NKI_API_OPTION = click.option(
+    "--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
+    help="With --simulate: the NKI release whose rules the emulator applies "
+         "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2].")
+
+
 @cli.command()
 @click.argument("molecule", metavar="MOLECULE.xyz")
 @click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis (any PySCF name).")
@@ -50,9 +57,7 @@ def cli(ctx):
               help="GEMM precision [default: fp64; fp32 on trn1/trn2]; energy sums are fp64.")
 @click.option("--simulate", is_flag=True,
               help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
-@click.option("--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
-              help="With --simulate: the NKI release whose rules the emulator applies "
-                   "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2].")
+@NKI_API_OPTION
 @click.option("--max-memory", type=float, default=None, metavar="MB",
               help="Memory budget in MB [default: 80% of available RAM].")
 @click.option("--scratch", default=None, metavar="DIR",
@@ -110,9 +115,7 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--model-only", is_flag=True,
               help="With --simulate: emulate each kernel shape once (for the modelled time of large "
                    "shapes); repeated calls use host reference math.")
-@click.option("--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
-              help="With --simulate: the NKI release whose rules the emulator applies "
-                   "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2].")
+@NKI_API_OPTION
 @click.option("--precision", default=None, metavar="fp64|fp32",
               help="GEMM precision [default: fp64; fp32 on trn1/trn2].")
 @click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one.")

@@ -15,6 +15,8 @@ from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
               "transfer + max(tensor_engine, dma, vector, scalar); the engine entries of the "
               "breakdown are busy times that overlap (see docs/benchmarks.md, Calibration)")
+PEAK_MODEL_NOTE = ("peak model (uncalibrated): the emulator trace at published peaks, perfect overlap, "
+                   "no launch cost; not a measurement")
 
 
 @dataclass
@@ -76,8 +78,7 @@ class DFMP2Result:
             record.update({
                 "modelled": self.modelled, "modelled_note": MODEL_NOTE,
                 "modelled_seconds": dict(self.modelled_seconds),
-                "modelled_seconds_note": "peak model (uncalibrated): the emulator trace at published "
-                                         "peaks, perfect overlap, no launch cost; not a measurement",
+                "modelled_seconds_note": PEAK_MODEL_NOTE,
                 "trace": self.trace})
         return record
 

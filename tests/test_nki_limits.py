@@ -287,8 +287,9 @@ def accumulate_kernel(a_t, b, c, first_matmul):
 
 
 @nki.jit
-def fresh_psum_accumulate_kernel(a_t, b):
-    """accumulate=True into a freshly allocated (never written) PSUM tile."""
+def fresh_psum_accumulate_kernel(a_t, b, accumulate):
+    """One nc_matmul with an explicit accumulate= (nki 0.3+) into a freshly allocated PSUM tile:
+    True is undefined there (nothing to add to), False overwrites."""
     K, M = a_t.shape
     N = b.shape[1]
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -297,7 +298,7 @@ def fresh_psum_accumulate_kernel(a_t, b):
     nisa.dma_copy(dst=stationary, src=a_t)
     nisa.dma_copy(dst=moving, src=b)
     acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=True)
+    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=accumulate)
     res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=acc)
     nisa.dma_copy(dst=out, src=res)
@@ -568,7 +569,7 @@ def test_accumulate_onto_fresh_psum_fails():
             NkiConstraintError,
             match=r"nisa\.nc_matmul\(stationary \(128, 64\), moving \(128, 128\) -> dst \(64, 128\)\): "
                   r"accumulate=True into PSUM that holds no matmul result"):
-        fresh_psum_accumulate_kernel(rand((128, 64), 22), rand((128, 128), 23))
+        fresh_psum_accumulate_kernel(rand((128, 64), 22), rand((128, 128), 23), True)
 
 
 # ---- partition limit through reshaped views ---------------------------------------------------
@@ -788,34 +789,17 @@ def test_dma_out_of_psum_fails_under_0_3():
         psum_dma_kernel(rand((64, 32), 36), rand((64, 16), 37))
 
 
-@nki.jit
-def explicit_accumulate_kernel(a_t, b):
-    K, M = a_t.shape
-    N = b.shape[1]
-    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
-    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
-    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=stationary, src=a_t)
-    nisa.dma_copy(dst=moving, src=b)
-    acc = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving, accumulate=False)
-    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=res, src=acc)
-    nisa.dma_copy(dst=out, src=res)
-    return out
-
-
 def test_matmul_accumulate_argument_works_under_0_3():
     a_t, b = rand((64, 32), 38), rand((64, 16), 39)
     with nki.target("trn1", api="0.3"):
-        np.testing.assert_allclose(explicit_accumulate_kernel(a_t, b), a_t.T.astype(np.float64) @ b,
+        np.testing.assert_allclose(fresh_psum_accumulate_kernel(a_t, b, False), a_t.T.astype(np.float64) @ b,
                                    rtol=1e-4, atol=1e-4)
 
 
 def test_matmul_accumulate_argument_fails_under_0_2():
     with nki.target("trn1", api="0.2"), pytest.raises(
             NkiConstraintError, match=r"nki 0\.2 nc_matmul has no accumulate= argument \(added in 0\.3\)"):
-        explicit_accumulate_kernel(rand((64, 32), 38), rand((64, 16), 39))
+        fresh_psum_accumulate_kernel(rand((64, 32), 38), rand((64, 16), 39), False)
 
 
 def star_kernel_source():

@@ -42,7 +42,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     if device in TRAINIUM:
         if precision != "fp32":
             raise InputError(f"{device} has no fp64 arithmetic: use --precision fp32 (the default there)")
-        from .emulator import API_VERSIONS
+        from .emulator import API_VERSIONS, NEWEST_API
         from .nki_backend import (NEURON_INSTALL, NEURON_PACKAGES, NkiBackend, check_nki_support,
                                   installed_nki_api, neuron_sdk_missing)
 
@@ -60,8 +60,6 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                     f"--device {device} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
                     f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add --simulate to run the "
                     "same NKI kernels on dfmp2's emulator. Nothing was computed.")
-        from .emulator import NEWEST_API
-
         note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
                                  installed=not simulate)
         backend = NkiBackend(device, simulate, model_only, nki_api)

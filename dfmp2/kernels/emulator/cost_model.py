@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core import Target, Trace
+from .core import TARGETS, Target, Trace
 
 DMA_ENGINES = 16
 DMA_ENGINE_GB_PER_S = 27.2
@@ -58,6 +58,7 @@ def _calibration(target: Target, engine_clock_hz: float) -> Calibration:
 
 # vector engine clocks: 1.12 GHz (NeuronCore-v2), 0.96 GHz (NeuronCore-v3)
 ENGINE_CLOCK_HZ = {"trn1": 1.12e9, "trn2": 0.96e9}
+CALIBRATIONS = {name: _calibration(target, ENGINE_CLOCK_HZ[name]) for name, target in TARGETS.items()}
 PARTS = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar")
 
 
@@ -67,7 +68,7 @@ def call_seconds(trace: Trace, target: Target) -> dict:
     launch and host_transfer are serial; tensor_engine, dma, vector and scalar are the busy
     times of engines that overlap, so `device` is their maximum, not their sum.
     """
-    cal = _calibration(target, ENGINE_CLOCK_HZ[target.name])
+    cal = CALIBRATIONS[target.name]
     te_clock = cal.tensor_columns_per_s
     # Tensor Engine: fp32 everywhere in dfmp2's kernels
     tensor = (trace.instructions["tensor"] * FIXED_CYCLES
