@@ -78,22 +78,25 @@ class MemoryPlan:
 
 def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
                 preferred_aux_block_bytes=None, preferred_pair_rows=512,
-                occ_block_limit=None) -> MemoryPlan:
+                occ_block_limit=None, pair_scratch_bytes=None) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes.
 
     itemsize: bytes per element of the stored (ia|P) / B. The backend's preferences:
     preferred_aux_block_bytes, the size of one block of unpacked (mn|P) (None: as large as
     fits); preferred_pair_rows, the (i, a) rows of one pair-energy GEMM (small blocks waste
     less on the diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most
-    occupied orbitals one pair-energy kernel can hold (e.g. on-chip memory).
+    occupied orbitals one pair-energy kernel can hold (e.g. on-chip memory);
+    pair_scratch_bytes(nb, nvir), the memory one pair-energy call needs beyond its B blocks
+    (default: ~5 fp64 [nb, nvir, nb, nvir] temporaries).
     """
     fixed = 3 * naux * naux * 8 + 2 * nao * nao * 8  # (P|Q), its factor, C
 
     def transform_bytes(nP):  # fp64: packed + unpacked integrals, device copy, half/full transform
         return nP * 8 * (nao * (nao + 1) // 2 + 2 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir)
 
-    def pair_bytes(nb):  # two B blocks (+ host copies), ~5 fp64 [nb, nvir, nb, nvir] temporaries
-        return 4 * nb * nvir * naux * itemsize + 5 * nb * nb * nvir * nvir * 8
+    def pair_bytes(nb):  # two B blocks (+ host copies) and the backend's temporaries
+        scratch = pair_scratch_bytes(nb, nvir) if pair_scratch_bytes else 5 * nb * nb * nvir * nvir * 8
+        return 4 * nb * nvir * naux * itemsize + scratch
 
     def whiten_bytes(nb):
         return 4 * nb * nvir * naux * itemsize
@@ -143,8 +146,7 @@ def transform_to_mo(backend, ao_block, c_occ, c_vir):
 
 def whiten_three_center(backend, factor, iaP):
     """Step 3: B_ia^Q = sum_P (ia|P) [L^-T]_PQ for a block iaP [ni, nvir, naux] -> [ni, nvir, nkept]."""
-    ni, nvir, naux = iaP.shape
-    return whiten(backend, factor, iaP.reshape(ni * nvir, naux)).view(ni, nvir, factor.nkept)
+    return whiten(backend, factor, iaP)
 
 
 def pair_energies(backend, store, e_occ, e_vir, occ_block, naux, progress=None):
@@ -274,7 +276,7 @@ def plan_for(backend, integrals, nocc, nvir, max_memory) -> MemoryPlan:
     return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, nocc, nvir,
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
                        backend.preferred_aux_block_bytes, backend.preferred_pair_rows,
-                       backend.occ_block_limit(nvir, integrals.naux))
+                       backend.occ_block_limit(nvir, integrals.naux), backend.pair_scratch_bytes)
 
 
 def _budget_bytes(backend, max_memory):

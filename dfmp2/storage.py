@@ -21,13 +21,16 @@ class MemoryStore:
 
     def __init__(self, backend, shape):
         self.backend = backend
-        self.data = backend.zeros(shape)
+        # a backend may lay the tensor out its own way (NKI: [nocc, naux, nvir] storage, the pair
+        # kernel's rows) behind the same [nocc, nvir, naux] view
+        layout = getattr(backend, "three_center_layout", None)
+        self.data = layout(shape) if layout else backend.zeros(shape)
 
     def write_aux(self, p0, p1, block):
-        self.data[:, :, p0:p1] = block
+        self.backend.copy_into(self.data[:, :, p0:p1], block)
 
     def write_occ(self, i0, i1, block):
-        self.data[i0:i1, :, : block.shape[2]] = block
+        self.backend.copy_into(self.data[i0:i1, :, : block.shape[2]], block)
 
     def read_occ(self, i0, i1, naux=None):
         block = self.data[i0:i1]

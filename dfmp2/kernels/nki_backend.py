@@ -17,9 +17,11 @@ whitening block of a run are its largest, so each kernel runs in one specializat
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
+import weakref
 from collections import Counter
 
 import numpy as np
@@ -31,6 +33,7 @@ from .emulator.core import TARGETS, Trace
 
 P = 128
 FREE = 512
+PAIR_BLOCK = 32  # occupied orbitals per side of one pair-energy launch (partials: 8 KiB per partition)
 OCC_PAD_ENERGY = -1.0e4  # Eh; padded occupied orbitals (zero B) get this energy ...
 VIR_PAD_ENERGY = 1.0e4  # ... and padded virtuals this one, so every padded D_ijab is far from 0
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
@@ -149,6 +152,14 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
         f"{supported}; trn1 needs Neuron SDK 2.28). Nothing was compiled.")
 
 
+def pair_blocks(n: int) -> list:
+    """[(start, stop)] cutting n occupied orbitals into the fewest blocks of <= PAIR_BLOCK, as
+    even as possible (at most two block sizes, so at most four pair-kernel specializations)."""
+    count = -(-n // PAIR_BLOCK)
+    size = -(-n // count)
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
 def _round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
@@ -197,25 +208,57 @@ class NkiBackend:
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
         self._aux_block = 0  # largest auxiliary block of the run (see expect_blocks)
+        # device HBM residency: storage address -> a tensor owning it. Kernel outputs, zeros()
+        # and to_device() results live in HBM; an argument that does not is a host -> device
+        # transfer at its launch, and to_host() of a resident tensor a device -> host one.
+        self._on_device = weakref.WeakValueDictionary()
+        # physical cores per launch: a trn2 logical NeuronCore (LNC=2, neuronx-cc's default
+        # there) is two; trn1 runs LNC=1
+        self.lnc = TARGETS[target].max_lnc
         # one unpacked (mn|P) block of ~16 MB; pair blocks are capped for SBUF by occ_block_limit()
         self.preferred_aux_block_bytes = 16 * 2**20
         self.preferred_pair_rows = 1024
 
     # ---- data movement ---------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:
-        """Host array -> fp32 tensor on the device. fp64=True: there is no fp64 on a NeuronCore,
-        so the array stays on the host in fp64, for the host-side slicing of the transform's
-        operands (`column_slices`) and for the energies, which kernels take in fp32."""
+        """Host array -> fp32 tensor in device HBM (a host -> device transfer). fp64=True: there
+        is no fp64 on a NeuronCore, so the array stays on the host in fp64, for the host-side
+        slicing of the transform's operands (`column_slices`) and for the energies, which
+        kernels take in fp32."""
         if fp64:
             return torch.as_tensor(np.asarray(array, dtype=np.float64))
-        return torch.as_tensor(np.asarray(array)).to(device=self.device, dtype=torch.float32)
+        tensor = torch.as_tensor(np.asarray(array)).to(device=self.device, dtype=torch.float32)
+        self._transfer(tensor.nbytes, 0)
+        return self._resident(tensor)
 
     def zeros(self, shape) -> torch.Tensor:
-        return torch.zeros(shape, device=self.device, dtype=torch.float32)
+        return self._resident(torch.zeros(shape, device=self.device, dtype=torch.float32))
 
-    @staticmethod
-    def to_host(tensor: torch.Tensor) -> np.ndarray:
+    def to_host(self, tensor: torch.Tensor) -> np.ndarray:
+        if self.is_resident(tensor):
+            self._transfer(0, tensor.nbytes)
         return tensor.detach().cpu().numpy()
+
+    def is_resident(self, tensor) -> bool:
+        """True for a tensor (or view) whose storage is in device HBM."""
+        return isinstance(tensor, torch.Tensor) and \
+            tensor.untyped_storage().data_ptr() in self._on_device
+
+    def _resident(self, tensor: torch.Tensor) -> torch.Tensor:
+        owner = tensor if tensor._base is None else tensor._base
+        self._on_device[owner.untyped_storage().data_ptr()] = owner
+        return tensor
+
+    def _transfer(self, bytes_in: int, bytes_out: int) -> None:
+        """MODEL a host <-> device copy outside a kernel call (no launch)."""
+        self._record(Trace(host_bytes_in=int(bytes_in), host_bytes_out=int(bytes_out)))
+
+    def _device_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A layout change or pad of a resident tensor, done in device HBM (an XLA copy on a
+        host; MODEL: read + write at the DMA rate); the result is resident."""
+        self._record(Trace(dma_bytes_in=tensor.nbytes, dma_bytes_out=tensor.nbytes))
+        self.calls["device:copy"] += 1
+        return self._resident(tensor)
 
     def synchronize(self) -> None:
         if not self.simulate:
@@ -242,8 +285,10 @@ class NkiBackend:
 
     def modelled(self) -> dict:
         """Calibrated MODEL (not measured), per target: seconds, breakdown, launches, and the
-        Tensor Engine's useful fraction (minimal matmul FLOPs / FLOPs issued)."""
-        issued = self.trace.matmul_flops
+        Tensor Engine's useful fraction: the algorithm's minimal matmul FLOPs over the FLOPs the
+        128 x 128 array could do while it streams the issued columns (2 * 128 * 128 per column,
+        matmuls and transposes; a ragged tile wastes its empty rows)."""
+        issued = 2 * P * P * self.trace.matmul_columns
         out = {}
         for name, costs in self.model_costs.items():
             out[name] = {
@@ -258,27 +303,36 @@ class NkiBackend:
         return out
 
     # ---- kernel calls ------------------------------------------------------------------
-    def _launch(self, kernel_name, arrays, useful_flops):
-        """Run one kernel on padded fp32 arrays; record the call, its specialization, its trace
-        and modelled cost, and the minimal matmul FLOPs (`useful_flops`) of its unpadded work."""
-        shapes = tuple(tuple(a.shape) for a in arrays)
+    def _launch(self, kernel_name, arrays, useful_flops, grid=1):
+        """Run one kernel on fp32 arrays on `grid` physical cores; record the call, its
+        specialization, its trace and modelled cost (arguments not resident in device HBM are
+        host -> device transfers; the result stays in HBM), and the minimal matmul FLOPs
+        (`useful_flops`) of its unpadded work. Int arguments are compile-time constants."""
+        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in arrays)
         self.calls[kernel_name] += 1
         self.specializations.setdefault(kernel_name, set()).add(shapes)
         self.useful_flops += int(useful_flops)
+        host_bytes = sum(a.nbytes for a in arrays if isinstance(a, torch.Tensor) and not self.is_resident(a))
         kernel = getattr(self.kernels, kernel_name)
-        if self.simulate and self.model_only and (kernel_name, shapes) in self._trace_cache:
-            self._record(self._trace_cache[(kernel_name, shapes)])
-            return _REFERENCE[kernel_name](*(a.to(torch.float32) for a in arrays))
+        if self.simulate and self.model_only and (kernel_name, shapes, grid) in self._trace_cache:
+            self._record(self._trace_cache[(kernel_name, shapes, grid)], host_bytes)
+            return self._resident(_REFERENCE[kernel_name](*(
+                a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in arrays)))
         if self.simulate:
             with emulator.target(self.target, self.nki_api):
-                out = kernel(*(np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float32)
-                               for a in arrays))
-            self._record(kernel.last_trace)
-            self._trace_cache[(kernel_name, shapes)] = kernel.last_trace
-            return torch.from_numpy(out)
-        return kernel(*arrays)
+                launcher = kernel[grid] if grid > 1 else kernel
+                out = launcher(*(np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float32)
+                                 if isinstance(a, torch.Tensor) else a for a in arrays))
+            self._record(kernel.last_trace, host_bytes)
+            self._trace_cache[(kernel_name, shapes, grid)] = kernel.last_trace
+            return self._resident(torch.from_numpy(out))
+        return (kernel[grid] if grid > 1 else kernel)(*arrays)
 
-    def _record(self, trace: Trace) -> None:
+    def _record(self, trace: Trace, host_bytes_in=None) -> None:
+        """Add a kernel trace (host_bytes_in: its arguments' host -> device bytes; the result
+        stays on the device) or a transfer/copy pseudo-trace to the run's trace and model."""
+        if host_bytes_in is not None:
+            trace = dataclasses.replace(trace, host_bytes_in=int(host_bytes_in), host_bytes_out=0)
         self.trace.add(trace)
         for name, target in TARGETS.items():
             cost_model.add_costs(self.model_costs[name], cost_model.call_seconds(trace, target))
@@ -295,11 +349,12 @@ class NkiBackend:
         return shapes
 
     def _pad(self, tensor, shape, value=0.0):
-        if tuple(tensor.shape) == tuple(shape):
-            return tensor.to(torch.float32).contiguous()
+        """tensor padded to `shape` (fp32, contiguous); done in HBM if the tensor is resident."""
+        if tuple(tensor.shape) == tuple(shape) and tensor.dtype == torch.float32 and tensor.is_contiguous():
+            return tensor
         out = torch.full(shape, value, dtype=torch.float32, device=tensor.device)
         out[tuple(slice(0, n) for n in tensor.shape)] = tensor
-        return out
+        return self._device_copy(out) if self.is_resident(tensor) else out
 
     # ---- the backend interface used by linalg and the pipeline ---------------------------
     def gemm(self, a, b):
@@ -321,31 +376,33 @@ class NkiBackend:
         return out[:n, :n].to(self.device)
 
     def solve_lower_transposed(self, lower, x):
-        """B = X L^-T for X [n, naux] via trsm_kernel (forward substitution on X^T)."""
-        rows, naux = x.shape
-        (nap, rp), _, _ = self._bucket("trsm_kernel", ((_round_up(naux, P), _round_up(rows, FREE)),
-                                                       (_round_up(naux, P),) * 2,
-                                                       (_round_up(naux, P), P)))
-        inverses = self._diagonal_inverses(lower, nap)
-        out = self._launch("trsm_kernel", (self._pad(x.T, (nap, rp)), self._pad(lower.T, (nap, nap)),
-                                           inverses), rows * naux * naux)  # triangular solve
-        return out[:naux, :rows].T.contiguous().to(self.device)
+        """B = X L^-T via trsm_kernel: x [ni, nvir, naux] -> [ni, nvir, naux] (a view of the kernel's
+        [ni, naux, nvir] result), or x [rows, naux] -> [rows, naux]. No padding: the kernel takes
+        ragged tiles; L^T goes to the device once per factor."""
+        flat = x.dim() == 2
+        x3 = x[None] if flat else x
+        ni, nvir, naux = x3.shape
+        l_t, inverses = self._factor_operands(lower)
+        out = self._launch("trsm_kernel", (self._aux_rows(x3), l_t, inverses),
+                           ni * nvir * naux * naux, grid=self.lnc)  # triangular solve
+        out = out.permute(0, 2, 1)
+        return out[0] if flat else out
 
-    def _diagonal_inverses(self, lower, padded):
-        """Stacked (L_kk^-1)^T of the 128 x 128 diagonal blocks, inverted on the host in fp64.
-        Padding rows/columns of L get a unit diagonal so their blocks stay invertible."""
+    def _factor_operands(self, lower):
+        """(L^T, stacked transposed inverses of L's 128 x 128 diagonal blocks) on the device,
+        made once per factor on the host in fp64 (the host factorised L and still holds it)."""
         if self._inverse_panels is not None and self._inverse_panels[0] is lower:
             return self._inverse_panels[1]
-        host = np.eye(padded)
-        naux = lower.shape[0]
-        host[:naux, :naux] = self.to_host(lower).astype(np.float64)
-        stacked = np.empty((padded, P))
-        for k0 in range(0, padded, P):
-            stacked[k0:k0 + P] = np.linalg.inv(host[k0:k0 + P, k0:k0 + P]).T
+        host = lower.detach().cpu().numpy().astype(np.float64)  # the host's own L: no transfer
+        naux = host.shape[0]
+        stacked = np.zeros((naux, P))
+        for k0 in range(0, naux, P):
+            w = min(P, naux - k0)
+            stacked[k0:k0 + w, :w] = np.linalg.inv(host[k0:k0 + w, k0:k0 + w]).T
             self.calls["host:invert_panel"] += 1
-        inverses = self.to_device(stacked)
-        self._inverse_panels = (lower, inverses)
-        return inverses
+        operands = (self.to_device(np.ascontiguousarray(host.T)), self.to_device(stacked))
+        self._inverse_panels = (lower, operands)
+        return operands
 
     def ao2mo(self, ao_block, c_occ, c_vir):
         """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP].
@@ -381,66 +438,94 @@ class NkiBackend:
                           (H_SLICES, pp, P, op), ROUNDING_PAD)),
                 2 * nP * nao * nc * (nao + nvir))  # both half-transforms, done once
             chunks.append(out[:nP, :nc, :nvir])
-        return torch.cat(chunks, dim=1).permute(1, 2, 0).to(self.device)
+        whole = chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=1))
+        return whole.permute(1, 2, 0)
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
-        """(E_os, E_ss) summed over all i in b_i, j in b_j via pair_energy_kernel, one call per
-        chunk of occupied orbitals that fits SBUF; the per-pair partials are summed in fp64."""
+        """(E_os, E_ss) summed over all i in b_i, j in b_j ([n, nvir, naux] each; b_j is b_i for a
+        diagonal block I = J) via pair_energy_kernel, a launch per block of at most PAIR_BLOCK
+        x PAIR_BLOCK pairs (only j <= i on the diagonal), on all physical cores of the logical
+        core; B stays in device HBM and only the per-pair partials come back, summed in fp64."""
+        diagonal = b_j is b_i
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
-        step = self.occ_block_limit(nvir, naux)
-        diagonal = b_j is b_i  # a block I = J: the algorithm needs only the pairs j <= i
+        b_i = self._aux_rows(b_i)
+        b_j = b_i if diagonal else self._aux_rows(b_j)
+        e_vir32 = e_vir.to(torch.float32)
+        e_vir_col = e_vir32.reshape(nvir, 1).contiguous()
+        neg_e_vir_rows = (-e_vir32).expand(P, nvir).contiguous()
         e_os = e_ex = 0.0
-        for i0 in range(0, ni, step):
-            for j0 in range(0, nj, step):
-                n_i, n_j = min(step, ni - i0), min(step, nj - j0)
-                pairs = (n_i * (n_i + 1) // 2 if i0 == j0 else n_i * n_j * (j0 < i0)) if diagonal \
-                    else n_i * n_j
-                os_part, ex_part = self._pair_energy_call(b_i[i0:i0 + step], b_j[j0:j0 + step],
-                                                          e_i[i0:i0 + step], e_j[j0:j0 + step], e_vir,
-                                                          2 * pairs * nvir * nvir * naux)
-                e_os += os_part
-                e_ex += ex_part
+        blocks_i, blocks_j = pair_blocks(ni), pair_blocks(nj)
+        for bi, (i0, i1) in enumerate(blocks_i):
+            for j0, j1 in (blocks_j[:bi + 1] if diagonal else blocks_j):
+                triangle = int(diagonal and i0 == j0)
+                n_i, n_j = i1 - i0, j1 - j0
+                pairs = n_i * (n_i + 1) // 2 if triangle else n_i * n_j
+                partials = self._launch("pair_energy_kernel", (
+                    b_i[i0:i1], b_j[j0:j1],
+                    e_i[i0:i1].to(torch.float32).expand(P, n_i).contiguous(),
+                    e_j[j0:j1].to(torch.float32).expand(P, n_j).contiguous(),
+                    e_vir_col, neg_e_vir_rows, triangle), 2 * pairs * nvir * nvir * naux, grid=self.lnc)
+                sums = self.to_host(partials).astype(np.float64).reshape(P, n_i, n_j, 2).sum(axis=0)
+                weight = np.ones((n_i, n_j))
+                if triangle:  # pairs j < i stand for (i, j) and (j, i); j > i were not formed
+                    weight = 2.0 * np.tril(weight, -1) + np.eye(n_i)
+                weight *= 2.0 if diagonal and not triangle else 1.0  # block (I, J) for (J, I) too
+                e_os += float((weight * sums[..., 0]).sum())
+                e_ex += float((weight * sums[..., 1]).sum())
         return e_os, e_os - e_ex
 
-    def _pair_energy_call(self, b_i, b_j, e_i, e_j, e_vir, useful_flops):
-        ni, nvir, naux = b_i.shape
-        nj = b_j.shape[0]
-        vir_pad, aux_pad = _round_up_free(nvir), _round_up(naux, P)
-        (qp, ip, vp), (_, jp, _), _, _, _, _ = self._bucket("pair_energy_kernel", (
-            (aux_pad, ni, vir_pad), (aux_pad, nj, vir_pad), (P, ni), (P, nj), (vir_pad, 1), (P, vir_pad)))
-        e_vir_pad = self._pad(e_vir.to(torch.float32), (vp,), VIR_PAD_ENERGY)
-        partials = self._launch("pair_energy_kernel", (
-            self._pad(b_i.permute(2, 0, 1), (qp, ip, vp)),
-            self._pad(b_j.permute(2, 0, 1), (qp, jp, vp)),
-            self._pad(e_i.to(torch.float32), (ip,), OCC_PAD_ENERGY).expand(P, ip).contiguous(),
-            self._pad(e_j.to(torch.float32), (jp,), OCC_PAD_ENERGY).expand(P, jp).contiguous(),
-            e_vir_pad.reshape(vp, 1), (-e_vir_pad).expand(P, vp).contiguous()), useful_flops)
-        sums = self.to_host(partials).astype(np.float64).reshape(P, ip, jp, 2)[:, :ni, :nj]
-        return float(sums[..., 0].sum()), float(sums[..., 1].sum())
+    def _aux_rows(self, b):
+        """B [n, nvir, naux] as the kernels' [n, naux, nvir] (auxiliary index on the rows): a view
+        when the storage already has that layout, else one transposing copy in device HBM."""
+        rows = b.permute(0, 2, 1)
+        if rows.is_contiguous() and rows.dtype == torch.float32:
+            return rows
+        copy = rows.to(torch.float32).contiguous()
+        return self._device_copy(copy) if self.is_resident(b) else copy
+
+    def copy_into(self, dst, src) -> None:
+        """dst[...] = src between device tensors (MODEL: a device-side copy), or from the host."""
+        dst.copy_(src)
+        if self.is_resident(src):
+            self._record(Trace(dma_bytes_in=src.nbytes, dma_bytes_out=src.nbytes))
+            self.calls["device:copy"] += 1
+        else:
+            self._transfer(src.nbytes, 0)
+
+    def three_center_layout(self, shape):
+        """Device storage for the [nocc, nvir, naux] tensor, laid out [nocc, naux, nvir] (the pair
+        kernel's rows) and returned as a [nocc, nvir, naux] view."""
+        nocc, nvir, naux = shape
+        return self.zeros((nocc, naux, nvir)).permute(0, 2, 1)
 
     def expect_blocks(self, aux_block: int, occ_block: int) -> None:
         """The run's largest auxiliary block: every ao2mo call is padded to it, since
         shell-aligned blocks differ in size and a later one may be the largest."""
         self._aux_block = aux_block
 
-    def occ_block_limit(self, nvir: int, naux: int) -> int:
-        """Occupied orbitals per pair-energy call: two B blocks fill at most half of SBUF."""
-        sbuf = TARGETS[self.target].sbuf_bytes_per_partition
-        per_orbital = 4 * (_round_up(naux, P) // P) * _round_up_free(nvir)
-        return max(1, min(16, sbuf // 2 // (2 * per_orbital)))
+    def occ_block_limit(self, nvir: int, naux: int) -> int | None:
+        """No limit: the pair kernel streams B over the auxiliary index, and pair_energy cuts
+        any block into launches of PAIR_BLOCK orbitals; the whole tensor in one block (memory
+        permitting) gives the fewest launches."""
+        return None
+
+    def pair_scratch_bytes(self, occ_block: int, nvir: int) -> int:
+        """Host/device memory the pair stage needs beyond the B blocks: none (V is on chip)."""
+        return 0
 
 
 # ---- host reference math for model-only runs (same inputs and outputs as the kernels) ------------
 
-def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows):
-    """Per-pair (os, exchange) sums in column pairs of row 0, like the kernel's partials layout."""
-    iajb = torch.einsum("qia,qjb->ijab", b_i, b_j)
-    ibja = torch.einsum("qib,qja->ijab", b_i, b_j)
+def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle):
+    """Per-pair (os, exchange) sums in row 0 of the kernel's partials layout [128, NI, NJ, 2]."""
+    iajb = torch.einsum("iqa,jqb->ijab", b_i, b_j)
     denom = (e_i_rows[0][:, None, None, None] + e_j_rows[0][None, :, None, None]
              - e_vir_col[:, 0][None, None, :, None] + neg_e_vir_rows[0][None, None, None, :])
     t = iajb / denom
-    sums = torch.stack([(t * iajb).sum(dim=(2, 3)), (t * ibja).sum(dim=(2, 3))], dim=-1)
+    sums = torch.stack([(t * iajb).sum(dim=(2, 3)), (t * iajb.transpose(2, 3)).sum(dim=(2, 3))], dim=-1)
+    if triangle:
+        sums *= torch.tril(torch.ones(sums.shape[:2]))[:, :, None]
     out = torch.zeros((P, sums.numel()), dtype=torch.float32)
     out[0] = sums.reshape(-1)
     return out

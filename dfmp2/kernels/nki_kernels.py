@@ -84,40 +84,70 @@ def syrk_kernel(c, p_t):
     return out
 
 
-@nki.jit
-def trsm_kernel(x_t, l_t, linv_t):
-    """Blocked forward substitution: y = L^-1 x, i.e. B^T for B = X L^-T (whitening).
+L_RESIDENT_BYTES = 96 * 1024  # per partition: L's lower blocks up to this stay in SBUF for a launch
 
-    x_t [N, R] (auxiliary index on rows), l_t [N, N] = L^T, linv_t [N, 128]: the transposed
-    inverses of L's 128 x 128 diagonal blocks, stacked (inverted on the host in fp64).
+
+@nki.jit
+def trsm_kernel(x, l_t, linv_t):
+    """Whitening by blocked forward substitution: y_i = L^-1 x_i for every i, i.e. B_i^T for
+    B_i = X_i L^-T, in the pair kernel's layout.
+
+    x [NI, N, NVIR] ((ia|P) with the auxiliary index on the rows), l_t [N, N] = L^T,
+    linv_t [N, 128]: the transposed inverses of L's diagonal blocks (block k in rows
+    128k..128k+r and its first r columns; inverted on the host in fp64). Any N, NVIR, NI.
     For each block k:  y_k = Linv_kk (x_k - sum_{j<k} L_kj y_j).
-    Tiles: N in 128-blocks on partitions; R in 512-column chunks (one PSUM bank); the y blocks
-    of one chunk stay in SBUF. Shapes: N multiple of 128, R multiple of 512.
+    Tiles: N in 128-blocks on partitions (ragged last); columns a of one i in chunks of <= 512
+    (one PSUM bank; ragged last); the y blocks of a chunk stay in SBUF. L's blocks below the
+    diagonal are loaded once per launch when they fit L_RESIDENT_BYTES (else once per chunk).
+    SPMD: program p of n takes the rows i = p, p + n, ...
     """
-    N, R = x_t.shape
-    nb = N // P
-    out = nl.ndarray((N, R), dtype=nl.float32, buffer=nl.shared_hbm)
-    for r in nl.affine_range(R // FREE):
-        y = nl.ndarray((P, nb, FREE), dtype=nl.float32, buffer=nl.sbuf)
-        for k in nl.sequential_range(nb):
-            x_k = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=x_k, src=x_t[k * P:(k + 1) * P, r * FREE:(r + 1) * FREE])
-            rhs = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-            if k > 0:
-                acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-                for j in nl.affine_range(k):  # sum_{j<k} L_kj y_j
-                    l_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=l_tile, src=l_t[j * P:(j + 1) * P, k * P:(k + 1) * P])
-                    nisa.nc_matmul(dst=acc, stationary=l_tile, moving=y[:, j, :])
-                nisa.tensor_tensor(dst=rhs, data1=x_k, data2=acc, op=nl.subtract)
-            else:
-                nisa.tensor_copy(dst=rhs, src=x_k)
-            inv_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=inv_tile, src=linv_t[k * P:(k + 1) * P, :])
-            solved = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=solved, stationary=inv_tile, moving=rhs)
-            nisa.tensor_copy(dst=y[:, k, :], src=solved)
-            nisa.dma_copy(dst=out[k * P:(k + 1) * P, r * FREE:(r + 1) * FREE], src=y[:, k, :])
+    NI, N, NVIR = x.shape
+    nb = (N + P - 1) // P
+    resident = nb * (nb + 1) // 2 * P * 4 <= L_RESIDENT_BYTES
+    out = nl.ndarray((NI, N, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
+    if resident:
+        l_sb = nl.ndarray((P, nb * (nb + 1) // 2, P), dtype=nl.float32, buffer=nl.sbuf)
+        inv_sb = nl.ndarray((P, nb, P), dtype=nl.float32, buffer=nl.sbuf)
+        for k in nl.affine_range(nb):
+            rk = min(P, N - k * P)
+            nisa.dma_copy(dst=inv_sb[0:rk, k, 0:rk], src=linv_t[k * P:k * P + rk, 0:rk])
+            for j in nl.affine_range(k):
+                nisa.dma_copy(dst=l_sb[:, k * (k + 1) // 2 + j, 0:rk], src=l_t[j * P:(j + 1) * P, k * P:k * P + rk])
+    programs = nl.num_programs()
+    pid = nl.program_id(0)
+    for i in range(pid, NI, programs):
+        for c0 in range(0, NVIR, FREE):
+            w = min(FREE, NVIR - c0)
+            y = nl.ndarray((P, nb, FREE), dtype=nl.float32, buffer=nl.sbuf)
+            for k in nl.sequential_range(nb):
+                rk = min(P, N - k * P)
+                x_k = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=x_k[0:rk, 0:w], src=x[i, k * P:k * P + rk, c0:c0 + w])
+                rhs = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                if k > 0:
+                    acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                    for j in nl.affine_range(k):  # sum_{j<k} L_kj y_j
+                        if resident:
+                            l_tile = l_sb[:, k * (k + 1) // 2 + j, 0:rk]
+                        else:
+                            l_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=l_tile[:, 0:rk], src=l_t[j * P:(j + 1) * P, k * P:k * P + rk])
+                            l_tile = l_tile[:, 0:rk]
+                        nisa.nc_matmul(dst=acc[0:rk, 0:w], stationary=l_tile, moving=y[:, j, 0:w])
+                    nisa.tensor_tensor(dst=rhs[0:rk, 0:w], data1=x_k[0:rk, 0:w], data2=acc[0:rk, 0:w],
+                                       op=nl.subtract)
+                else:
+                    nisa.tensor_copy(dst=rhs[0:rk, 0:w], src=x_k[0:rk, 0:w])
+                if resident:
+                    inv_tile = inv_sb[0:rk, k, 0:rk]
+                else:
+                    inv_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=inv_tile[0:rk, 0:rk], src=linv_t[k * P:k * P + rk, 0:rk])
+                    inv_tile = inv_tile[0:rk, 0:rk]
+                solved = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=solved[0:rk, 0:w], stationary=inv_tile, moving=rhs[0:rk, 0:w])
+                nisa.tensor_copy(dst=y[0:rk, k, 0:w], src=solved[0:rk, 0:w])
+                nisa.dma_copy(dst=out[i, k * P:k * P + rk, c0:c0 + w], src=y[0:rk, k, 0:w])
     return out
 
 
@@ -238,73 +268,160 @@ def _peel_slice(hi, lo, grid, piece, F):
     nisa.tensor_copy(dst=hi, src=total)
 
 
-@nki.jit
-def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows):
-    """MP2 pair energies of one block of occupied pairs, without writing (ia|jb) to HBM.
+RESIDENT_BYTES = 64 * 1024  # per partition: a B_j row up to this size is loaded once per pair
+GROUP = 3  # PSUM banks of V (and as many of X) accumulated at once: 2 x 3 + 1 transpose <= 8 banks
 
-    b_i [NAUX, NI, NVIR], b_j [NAUX, NJ, NVIR]: whitened B with the auxiliary index first.
-    e_i_rows [128, NI], e_j_rows [128, NJ]: occupied energies repeated on every partition;
-    e_vir_col [NVIR, 1]: virtual energies; neg_e_vir_rows [128, NVIR]: -e_b on every partition.
-    For each pair (i, j) and 128 x 512 tile (a, b):
-        V[a, b] = (ia|jb) = sum_Q B_i[Q, a] B_j[Q, b]     (Tensor Engine, PSUM)
-        X[a, b] = (ib|ja) = sum_Q B_j[Q, a] B_i[Q, b]
-        T = V / (e_i + e_j - e_a - e_b)
-        os[a] += sum_b T V,  ex[a] += sum_b T X               (free-axis reductions)
-    Returns partials [128, 2 * NI * NJ]: column 2(i*NJ + j) holds the opposite-spin sum per
-    partition, the next one the exchange sum; the host adds them in fp64
-    (E_os = sum os, E_ss = E_os - sum ex). Shapes: NAUX, NVIR multiples of 128 and NVIR of 512
-    when above 512; padded virtuals carry zero B and a large energy, so they add nothing.
+
+@nki.jit
+def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle):
+    """MP2 pair energies of a block of occupied pairs; each (ia|jb) is formed once, on chip.
+
+    b_i [NI, NAUX, NVIR], b_j [NJ, NAUX, NVIR]: whitened B, occupied-major, auxiliary index on
+    the rows (any sizes: ragged last tiles, no padding). e_i_rows [128, NI], e_j_rows [128, NJ]:
+    occupied energies on every partition; e_vir_col [NVIR, 1]; neg_e_vir_rows [128, NVIR]: -e_b.
+    triangle = 1: b_j is b_i and only the pairs j <= i are formed (a diagonal block I = J).
+
+    Per pair (i, j), 128-row block A of virtuals a (ragged last block of MA rows):
+        V[A, b] = (ia|jb) = sum_Q B_i[Q, a] B_j[Q, b]     for b >= A's first virtual
+        X[A, b] = (ib|ja) = sum_Q B_j[Q, a] B_i[Q, b]     for b past A's block (the transposes of
+                                                          V's blocks below the diagonal)
+        V[A, A]^T                                          nc_transpose (the diagonal block)
+    so every 128 x 128 block of V is computed once, as itself or as its transpose, and with
+    T = V / D, D = e_i + e_j - e_a - e_b (symmetric under a <-> b):
+        os += sum T V + sum X^2 / D                       (all of sum_ab (ia|jb)^2 / D)
+        ex += sum_AA T V^T + 2 sum X T                    (all of sum_ab (ia|jb)(ib|ja) / D)
+    Tiles: Q on partitions in 128s (contraction; ragged last); a in 128-row blocks (stationary);
+    b in 512-column chunks (moving; one PSUM bank each), GROUP chunks of V and of X accumulated
+    at once. B_i stays in SBUF for its row of pairs; B_j is loaded once per pair when its row
+    fits RESIDENT_BYTES, else streamed over Q per (block, column group): any NAUX and NVIR run.
+    SPMD: with a launch grid of n programs (trn2 LNC=2: two physical cores), program p takes
+    the rows i of `_program_rows` (balanced for triangles).
+    Returns partials [128, 2 * NI * NJ]: column 2 (i NJ + j) holds the opposite-spin sum per
+    partition, the next one the exchange sum (zero for j > i in a triangle); the host adds
+    them in fp64 (E_os = sum os, E_ss = E_os - sum ex).
     """
-    NAUX, NI, NVIR = b_i.shape
-    NJ = b_j.shape[1]
-    nq = NAUX // P
-    fb = min(NVIR, FREE)
+    NI, NAUX, NVIR = b_i.shape
+    NJ = b_j.shape[0]
+    nq = (NAUX + P - 1) // P
+    na = (NVIR + P - 1) // P
+    resident = nq * NVIR * 4 <= RESIDENT_BYTES
     out = nl.ndarray((P, 2 * NI * NJ), dtype=nl.float32, buffer=nl.shared_hbm)
-    bi = nl.ndarray((P, nq, NI * NVIR), dtype=nl.float32, buffer=nl.sbuf)
-    bj = nl.ndarray((P, nq, NJ * NVIR), dtype=nl.float32, buffer=nl.sbuf)
-    for q in nl.affine_range(nq):
-        nisa.dma_copy(dst=bi[:, q, :], src=b_i[q * P:(q + 1) * P, :, :])
-        nisa.dma_copy(dst=bj[:, q, :], src=b_j[q * P:(q + 1) * P, :, :])
     ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
     ej = nl.ndarray((P, NJ), dtype=nl.float32, buffer=nl.sbuf)
     neg_eb = nl.ndarray((P, NVIR), dtype=nl.float32, buffer=nl.sbuf)
-    ea = nl.ndarray((P, NVIR // P), dtype=nl.float32, buffer=nl.sbuf)
+    ea = nl.ndarray((P, na), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=ei, src=e_i_rows)
     nisa.dma_copy(dst=ej, src=e_j_rows)
     nisa.dma_copy(dst=neg_eb, src=neg_e_vir_rows)
-    for a in nl.affine_range(NVIR // P):
-        nisa.dma_copy(dst=ea[:, a:a + 1], src=e_vir_col[a * P:(a + 1) * P, :])
-    sums = nl.ndarray((P, 2 * NI * NJ), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sums, value=0.0)
-    for i in nl.affine_range(NI):
-        for j in nl.affine_range(NJ):
-            col = 2 * (i * NJ + j)
-            eij = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=eij, data1=ei[:, i:i + 1], data2=ej[:, j:j + 1], op=nl.add)
-            for a in nl.affine_range(NVIR // P):
-                shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_j - e_a
-                nisa.tensor_tensor(dst=shift, data1=eij, data2=ea[:, a:a + 1], op=nl.subtract)
-                for b in nl.affine_range(NVIR // fb):
-                    v = nl.ndarray((P, fb), dtype=nl.float32, buffer=nl.psum)
-                    x = nl.ndarray((P, fb), dtype=nl.float32, buffer=nl.psum)
-                    for q in nl.affine_range(nq):
-                        nisa.nc_matmul(dst=v, stationary=bi[:, q, i * NVIR + a * P:i * NVIR + (a + 1) * P],
-                                       moving=bj[:, q, j * NVIR + b * fb:j * NVIR + (b + 1) * fb])
-                        nisa.nc_matmul(dst=x, stationary=bj[:, q, j * NVIR + a * P:j * NVIR + (a + 1) * P],
-                                       moving=bi[:, q, i * NVIR + b * fb:i * NVIR + (b + 1) * fb])
-                    inv_d = nl.ndarray((P, fb), dtype=nl.float32, buffer=nl.sbuf)  # 1 / D_ijab
-                    nisa.tensor_scalar(dst=inv_d, data=neg_eb[:, b * fb:(b + 1) * fb], op0=nl.add,
-                                       operand0=shift)
-                    nisa.reciprocal(dst=inv_d, data=inv_d)
-                    t = nl.ndarray((P, fb), dtype=nl.float32, buffer=nl.sbuf)  # (ia|jb) / D
-                    nisa.tensor_tensor(dst=t, data1=inv_d, data2=v, op=nl.multiply)
-                    prod = nl.ndarray((P, fb), dtype=nl.float32, buffer=nl.sbuf)
-                    part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    for which, other in ((0, v), (1, x)):
-                        nisa.tensor_tensor(dst=prod, data1=t, data2=other, op=nl.multiply)
-                        nisa.tensor_reduce(dst=part, op=nl.add, data=prod, axis=(1,))
-                        nisa.tensor_tensor(dst=sums[:, col + which:col + which + 1],
-                                           data1=sums[:, col + which:col + which + 1], data2=part,
-                                           op=nl.add)
-    nisa.dma_copy(dst=out, src=sums)
+    for a in nl.affine_range(na):
+        ma = min(P, NVIR - a * P)
+        nisa.dma_copy(dst=ea[0:ma, a:a + 1], src=e_vir_col[a * P:a * P + ma, :])
+    for i in _program_rows(NI, nl.num_programs(), nl.program_id(0), triangle):
+        bi = nl.ndarray((P, nq, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # B_i, resident
+        for q in nl.affine_range(nq):
+            qs = min(P, NAUX - q * P)
+            nisa.dma_copy(dst=bi[0:qs, q, :], src=b_i[i, q * P:q * P + qs, :])
+        sums = nl.ndarray((P, 2 * NJ), dtype=nl.float32, buffer=nl.sbuf)  # (os, ex) per pair of row i
+        nisa.memset(dst=sums, value=0.0)
+        for j in range(i + 1 if triangle == 1 else NJ):
+            _pair_sums(bi, b_j, i, j, triangle == 1 and j == i, resident, ei, ej, ea, neg_eb,
+                       sums[:, 2 * j:2 * j + 2])
+        nisa.dma_copy(dst=out[:, 2 * i * NJ:2 * (i + 1) * NJ], src=sums)
     return out
+
+
+def _pair_sums(bi, b_j, i, j, same, resident, ei, ej, ea, neg_eb, sums):
+    """sums [128, 2] += per-partition (os, ex) of pair (i, j); bi: B_i in SBUF [128, nq, NVIR];
+    same: j == i in a triangle (B_j is B_i). A function, so that its tiles die when it returns."""
+    NAUX, NVIR = b_j.shape[1], b_j.shape[2]
+    nq = (NAUX + P - 1) // P
+    na = (NVIR + P - 1) // P
+    bj = bi
+    if resident and not same:
+        bj = nl.ndarray((P, nq, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+        for q in nl.affine_range(nq):
+            qs = min(P, NAUX - q * P)
+            nisa.dma_copy(dst=bj[0:qs, q, :], src=b_j[j, q * P:q * P + qs, :])
+    streamed = not resident and not same
+    eij = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=eij, data1=ei[:, i:i + 1], data2=ej[:, j:j + 1], op=nl.add)
+    for a in range(na):
+        a0 = a * P
+        ma = min(P, NVIR - a0)
+        shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_j - e_a
+        nisa.tensor_tensor(dst=shift[0:ma], data1=eij[0:ma], data2=ea[0:ma, a:a + 1],
+                           op=nl.subtract)
+        chunks = [(c0, min(c0 + FREE, NVIR)) for c0 in range(a0, NVIR, FREE)]
+        for g0 in range(0, len(chunks), GROUP):
+            group = chunks[g0:g0 + GROUP]
+            span1 = group[-1][1]  # last column of this group
+            v = nl.ndarray((P, GROUP, FREE), dtype=nl.float32, buffer=nl.psum)
+            x = nl.ndarray((P, GROUP, FREE), dtype=nl.float32, buffer=nl.psum)
+            for q in nl.affine_range(nq):
+                qs = min(P, NAUX - q * P)
+                if streamed:  # B_j[Q, a0:span1] for this block and group only
+                    tile = nl.ndarray((P, span1 - a0), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=tile[0:qs, :], src=b_j[j, q * P:q * P + qs, a0:span1])
+                    bj_stat = tile[0:qs, 0:ma]
+                else:
+                    bj_stat = bj[0:qs, q, a0:a0 + ma]
+                for c in range(len(group)):
+                    c0, c1 = group[c]
+                    bj_move = tile[0:qs, c0 - a0:c1 - a0] if streamed else bj[0:qs, q, c0:c1]
+                    nisa.nc_matmul(dst=v[0:ma, c, 0:c1 - c0], stationary=bi[0:qs, q, a0:a0 + ma],
+                                   moving=bj_move)
+                    x0 = max(c0, a0 + ma)
+                    if x0 < c1:
+                        nisa.nc_matmul(dst=x[0:ma, c, x0 - c0:c1 - c0], stationary=bj_stat,
+                                       moving=bi[0:qs, q, x0:c1])
+            for c in range(len(group)):
+                c0, c1 = group[c]
+                w = c1 - c0
+                inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # 1 / D
+                nisa.tensor_scalar(dst=inv_d[0:ma, 0:w], data=neg_eb[0:ma, c0:c1], op0=nl.add,
+                                   operand0=shift[0:ma])
+                nisa.reciprocal(dst=inv_d[0:ma, 0:w], data=inv_d[0:ma, 0:w])
+                t = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # T = V / D
+                nisa.tensor_tensor(dst=t[0:ma, 0:w], data1=inv_d[0:ma, 0:w], data2=v[0:ma, c, 0:w],
+                                   op=nl.multiply)
+                os_col = sums[0:ma, 0:1]
+                ex_col = sums[0:ma, 1:2]
+                _add_dot(os_col, t[0:ma, 0:w], v[0:ma, c, 0:w], 1.0)  # sum T V
+                o = max(c0, a0 + ma) - c0
+                if o < w:
+                    tx = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # X / D
+                    nisa.tensor_tensor(dst=tx[0:ma, o:w], data1=inv_d[0:ma, o:w],
+                                       data2=x[0:ma, c, o:w], op=nl.multiply)
+                    _add_dot(os_col, tx[0:ma, o:w], x[0:ma, c, o:w], 1.0)  # sum X^2 / D
+                    _add_dot(ex_col, t[0:ma, o:w], x[0:ma, c, o:w], 2.0)  # 2 sum T X
+                if g0 + c == 0:  # the diagonal block V[A, A], transposed on the Tensor Engine
+                    v_diag = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=v_diag[0:ma, 0:ma], src=v[0:ma, 0, 0:ma])
+                    v_diag_t = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_transpose(dst=v_diag_t[0:ma, 0:ma], data=v_diag[0:ma, 0:ma])
+                    _add_dot(ex_col, t[0:ma, 0:ma], v_diag_t[0:ma, 0:ma], 1.0)  # sum T V^T
+
+
+def _program_rows(n, programs, pid, triangle):
+    """Rows i of a pair block that program `pid` of `programs` forms: every `programs`-th row
+    of a rectangle; for a triangle (row i has i + 1 pairs) rows folded from both ends, so the
+    programs' pair counts differ by at most about n / 2."""
+    if programs == 1:
+        return list(range(n))
+    if triangle == 1:
+        period = 2 * programs
+        return [i for i in range(n) if i % period == pid or i % period == period - 1 - pid]
+    return [i for i in range(n) if i % programs == pid]
+
+
+def _add_dot(column, a, b, scale):
+    """column [MA, 1] += scale * sum over the free axis of a * b (a, b [MA, W]; b may be PSUM)."""
+    rows = a.shape[0]
+    width = a.shape[1]
+    prod = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod[0:rows, 0:width], data1=a, data2=b, op=nl.multiply)
+    part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=part[0:rows], op=nl.add, data=prod[0:rows, 0:width], axis=(1,))
+    if scale != 1.0:
+        nisa.tensor_scalar(dst=part[0:rows], data=part[0:rows], op0=nl.multiply, operand0=scale)
+    nisa.tensor_tensor(dst=column, data1=column, data2=part[0:rows], op=nl.add)

@@ -116,10 +116,21 @@ class TorchBackend:
         """No on-chip memory limit on the pair-energy block here (the budget decides)."""
         return 1 << 30
 
+    @staticmethod
+    def copy_into(dst, src) -> None:
+        """dst[...] = src (storage writes)."""
+        dst.copy_(src)
+
+    def pair_scratch_bytes(self, occ_block: int, nvir: int) -> int:
+        """Memory of one pair-energy call beyond its B blocks: ~5 fp64 [nb, nvir, nb, nvir]."""
+        return 5 * occ_block * occ_block * nvir * nvir * 8
+
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """B = X L^-T for X [n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
+        """B = X L^-T for X [..., n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
         self.calls["trsm"] += 1
-        return torch.linalg.solve_triangular(lower.transpose(0, 1), x, upper=True, left=False)
+        rows = x.reshape(-1, x.shape[-1])  # one large solve
+        return torch.linalg.solve_triangular(lower.transpose(0, 1), rows, upper=True,
+                                             left=False).view(x.shape)
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
         """Opposite- and same-spin MP2 energy of one block of occupied pairs, in fp64.

@@ -130,8 +130,9 @@ def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THR
 
 
 def whiten(backend, factor: MetricFactor, x):
-    """B = X L^-T (Cholesky) or X U_k s_k^-1/2 (eigen) for X [n, naux] -> [n, nkept]."""
+    """B = X L^-T (Cholesky) or X U_k s_k^-1/2 (eigen) for X [..., naux] -> [..., nkept]."""
     matrix = factor.matrix_as(x.dtype)
     if factor.kind == "cholesky":
         return backend.solve_lower_transposed(matrix, x)
-    return backend.gemm(x, matrix)
+    rows = x.reshape(-1, x.shape[-1])
+    return backend.gemm(rows, matrix).view(*x.shape[:-1], factor.nkept)

@@ -81,24 +81,48 @@ class EmulatedKernel:
         self.fn = fn
         self.last_trace = None
 
-    def __getitem__(self, logical_cores):
-        if logical_cores != 1:
-            raise NkiConstraintError("the emulator runs one logical NeuronCore (LNC=1)")
-        return self
+    def __getitem__(self, grid):
+        """`kernel[n](...)`: launch on a logical NeuronCore of n physical cores (SPMD grid of n
+        programs, `nl.program_id(0)` = 0..n-1). n = 2 needs trn2 (LNC=2); trn1 has LNC=1 only."""
+        if not isinstance(grid, int) or isinstance(grid, bool) or grid < 1:
+            raise NkiConstraintError(f"launch grid must be one positive int (cores), got {grid!r}")
+        limit = TARGETS[_config.target].max_lnc
+        if grid > limit:
+            raise NkiConstraintError(
+                f"{self.fn.__name__}[{grid}]: {_config.target} runs at most LNC={limit} physical "
+                f"core(s) per launch (trn1: LNC=1 only; trn2: LNC=1 or 2)")
+        return functools.partial(self._launch, grid)
 
     def __call__(self, *args):
+        return self._launch(1, *args)
+
+    def _launch(self, programs, *args):
+        """Run the kernel's programs one after another (each with its own on-chip memory, as on
+        its own physical core); shared_hbm outputs are common to all of them."""
         api = current_api()
         if api_tuple(api) >= (0, 3):
             _check_python_subset(self.fn, api)
-        with _one_blas_thread(), kernel_run(TARGETS[_config.target], self.fn.__name__, api) as run:
-            result = self.fn(*(_as_hbm(arg, self.fn.__name__, n) for n, arg in enumerate(args)))
-            run.checkpoint()
-            outputs = result if isinstance(result, tuple) else (result,)
-            arrays = tuple(_returned(tile, self.fn.__name__) for tile in outputs)
-            run.trace.launches = 1
-            run.trace.host_bytes_in = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
-            run.trace.host_bytes_out = sum(a.nbytes for a in arrays)
-        self.last_trace = run.trace
+        hbm_args = [_as_hbm(arg, self.fn.__name__, n) for n, arg in enumerate(args)]
+        shared, traces, result = [], [], None
+        with _one_blas_thread():
+            for pid in range(programs):
+                with kernel_run(TARGETS[_config.target], self.fn.__name__, api, pid, programs,
+                                shared) as run:
+                    result = self.fn(*hbm_args)
+                    run.checkpoint()
+                traces.append(run.trace)
+        outputs = result if isinstance(result, tuple) else (result,)
+        arrays = tuple(_returned(tile, self.fn.__name__) for tile in outputs)
+        trace = traces[0]
+        if programs > 1:
+            trace = Trace()
+            for part in traces:
+                trace.add(part)
+            trace.programs = traces
+        trace.launches = 1
+        trace.host_bytes_in = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
+        trace.host_bytes_out = sum(a.nbytes for a in arrays)
+        self.last_trace = trace
         return arrays if isinstance(result, tuple) else arrays[0]
 
 

@@ -57,6 +57,7 @@ class Target:
     bf16_tflops: float = 0.0
     hbm_gb_per_s_per_core: float = 0.0  # chip bandwidth / cores per chip
     cores_per_chip: int = 1
+    max_lnc: int = 1  # physical cores one kernel launch may span (logical NeuronCore degree)
     vector_gelem_per_s: float = 0.0  # modelled elementwise throughput (elements / ns)
 
     @property
@@ -69,7 +70,8 @@ TARGETS = {
     "trn1": Target("trn1", sbuf_bytes_per_partition=192 * 1024, fp32_tflops=23.0, bf16_tflops=92.0,
                    hbm_gb_per_s_per_core=820.0 / 2, cores_per_chip=2, vector_gelem_per_s=128 * 1.4),
     "trn2": Target("trn2", sbuf_bytes_per_partition=224 * 1024, fp32_tflops=20.0, bf16_tflops=79.0,
-                   hbm_gb_per_s_per_core=2900.0 / 8, cores_per_chip=8, vector_gelem_per_s=128 * 1.4),
+                   hbm_gb_per_s_per_core=2900.0 / 8, cores_per_chip=8, max_lnc=2,
+                   vector_gelem_per_s=128 * 1.4),
 }
 
 
@@ -93,6 +95,9 @@ class Trace:
     launches: int = 0  # kernel calls
     host_bytes_in: int = 0  # kernel arguments (host -> device HBM)
     host_bytes_out: int = 0  # kernel results (device HBM -> host)
+    # a launch on a logical NeuronCore of several physical cores (SPMD grid): one trace per
+    # program, each on its own core (the sums above cover all of them); empty for one program
+    programs: list = field(default_factory=list)
 
     def add(self, other: "Trace") -> None:
         self.matmuls += other.matmuls
@@ -149,10 +154,17 @@ class KernelRun:
     its buffer; tiles that are still referenced (kept in a list, bound to other names) count.
     """
 
-    def __init__(self, target: Target, name: str, api: str):
+    def __init__(self, target: Target, name: str, api: str, program_id: int = 0, programs: int = 1,
+                 shared_outputs=None):
         self.target = target
         self.name = name
         self.api = api
+        self.program_id = program_id  # SPMD grid: this program's index (its physical core)
+        self.programs = programs
+        # nl.shared_hbm tensors a kernel allocates are shared by all programs of a launch: the
+        # n-th allocation of every program is the same tensor
+        self.shared_outputs = shared_outputs if shared_outputs is not None else []
+        self._shared_allocations = 0
         self.api_version = api_tuple(api)
         self.trace = Trace()
         self.unrolled = 0  # instructions in the compiled kernel (device-side loop bodies once)
@@ -227,8 +239,9 @@ def current_run() -> KernelRun:
 
 
 @contextlib.contextmanager
-def kernel_run(target: Target, name: str, api: str):
-    previous, _state.run = _state.run, KernelRun(target, name, api)
+def kernel_run(target: Target, name: str, api: str, program_id: int = 0, programs: int = 1,
+               shared_outputs=None):
+    previous, _state.run = _state.run, KernelRun(target, name, api, program_id, programs, shared_outputs)
     try:
         yield _state.run
     finally:

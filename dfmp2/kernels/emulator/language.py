@@ -119,6 +119,8 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     run = current_run()
     data = np.full(shape, np.nan, dtype=dtype) if dtype.kind == "f" else np.full(shape, 4, dtype=dtype)
     tile = Tile(data, np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool), buffer)
+    if buffer == shared_hbm:
+        return _shared(run, tile)
     if buffer in (sbuf, psum):
         if len(shape) < 2:
             raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis")
@@ -133,6 +135,37 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     elif buffer not in (shared_hbm, private_hbm):
         raise NkiConstraintError(f"nl.ndarray: unknown buffer {buffer!r}")
     return tile
+
+
+def _shared(run, tile):
+    """The n-th nl.shared_hbm tensor of a launch: made by program 0, the same tensor in the others."""
+    n = run._shared_allocations
+    run._shared_allocations += 1
+    if run.program_id == 0:
+        run.shared_outputs.append(tile)
+        return tile
+    if n >= len(run.shared_outputs) or run.shared_outputs[n].shape != tile.shape:
+        raise NkiConstraintError(
+            f"{run.name}: program {run.program_id} allocates shared_hbm tensor #{n} {tile.shape}, "
+            "unlike program 0: every program of an SPMD launch must allocate the same outputs")
+    return run.shared_outputs[n]
+
+
+# ---- SPMD grid (logical NeuronCores) -------------------------------------------------------
+def program_id(axis=0):
+    """Index of this program in the launch grid: the physical core of a logical NeuronCore."""
+    if axis != 0:
+        raise NkiConstraintError("dfmp2 kernels use a one-dimensional launch grid (axis 0)")
+    return current_run().program_id
+
+
+def num_programs(axes=None):
+    """Programs in the launch grid (1 without a grid)."""
+    return current_run().programs
+
+
+def program_ndim():
+    return 1 if current_run().programs > 1 else 0
 
 
 def zeros(shape, dtype, buffer=sbuf, name=""):
