@@ -73,6 +73,8 @@ def model_table(bench):
     for r in sorted((r for r in bench if r.get("modelled")),
                     key=lambda r: (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"])):
         for target, m in r["modelled"].items():
+            if target != r["device"]:  # a trace models the target it was emulated for (LNC differs)
+                continue
             cells = " | ".join(f"{m['breakdown'][p]:.4f}" for p in parts)
             fraction = m["tensor_engine_useful_fraction"]
             chip = m.get("chip_seconds_ideal_split")
@@ -80,6 +82,18 @@ def model_table(bench):
             rows.append(f"| {r['shape'].get('name', '')} | {r['device']} (nki {r.get('nki_api', '?')}) | "
                         f"{target} | {m['seconds']:.4f} | {chip} | {cells} | {m['launches']} | "
                         f"{fraction:.3f} |")
+    return "\n".join(rows)
+
+
+def step_table(bench):
+    """Calibrated MODEL per kernel / transfer / device copy of each simulated run (its own target)."""
+    rows = ["| shape | target | step | MODEL seconds | launches |", "|---|---|---|---|---|"]
+    for r in sorted((r for r in bench if r.get("modelled")),
+                    key=lambda r: (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"])):
+        m = r["modelled"].get(r["device"], {})
+        for step, cost in sorted(m.get("seconds_by_step", {}).items(), key=lambda kv: -kv[1]["seconds"]):
+            rows.append(f"| {r['shape'].get('name', '')} | {r['device']} | {step} | "
+                        f"{cost['seconds']:.4f} | {cost['launches']} |")
     return "\n".join(rows)
 
 
@@ -184,7 +198,7 @@ transform, whitening, pair energies). **Trainium rows are not measurements**: th
 *modelled* from each NKI kernel's emulator trace. No Trainium hardware was used. Two models:
 
 - **calibrated MODEL** (`modelled` in the JSON): per kernel call, launch + host<->device
-  transfer of the arguments and results + the busiest engine (Tensor Engine per streamed
+  transfer of the arguments not already in device HBM + the busiest engine (Tensor Engine per streamed
   column, DMA at 65% of bandwidth, Vector/Scalar per element, each instruction a 64-cycle fixed
   cost), engines overlapping, launch and transfers not. Launch cost and transfer rate are fitted
   to measured trn1 GEMM calls (see Calibration below); everything else comes from AWS's guides.
@@ -207,6 +221,14 @@ The engine columns are busy times of engines that run concurrently; `device` is 
 calls of the busiest engine, and MODEL seconds = launch + host_transfer + device.
 
 {model_table(bench)}
+
+Per step (each run on the target it was emulated for: a trn2 trace splits its launches over
+the two physical cores of a logical NeuronCore, LNC=2; trn1 runs LNC=1). A kernel's row holds
+its launches, the host -> device transfer of its arguments that were not already in device
+HBM, and its device time; "host<->device transfer" is everything else that crossed (L, results);
+"device copy" the layout changes into and out of the three-center tensor in HBM.
+
+{step_table(bench)}
 
 ## Calibration (`dfmp2 bench --kernel NAME --size N --device trn1|trn2 --simulate`)
 

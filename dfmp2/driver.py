@@ -36,7 +36,7 @@ class DFMP2Result:
     formula: str = ""
     timings: dict = field(default_factory=dict)
     simulated: bool = False
-    kernel_specializations: dict = field(default_factory=dict)  # kernel -> distinct padded shapes
+    kernel_specializations: dict = field(default_factory=dict)  # kernel -> distinct argument shapes (and constants)
     modelled_seconds: dict | None = None  # PEAK MODEL: kernel time at published peaks (uncalibrated)
     modelled: dict | None = None  # calibrated MODEL per target: seconds, breakdown, useful fraction
     trace: dict | None = None
@@ -67,7 +67,8 @@ class DFMP2Result:
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block},
             "timings": dict(self.timings), "version": __version__,
             "simulated": self.simulated, "notes": list(self.notes),
-            "kernel_specializations": {k: [list(map(list, s)) for s in sorted(v)]
+            "kernel_specializations": {k: [[list(a) if isinstance(a, tuple) else a for a in s]
+                                           for s in sorted(v, key=repr)]
                                        for k, v in self.kernel_specializations.items()},
         }
         if self.nki_api:

@@ -44,7 +44,7 @@ def test_simulated_trn1_matches_cpu():
     assert abs(trn["e_corr"] - cpu["e_corr"]) <= 1e-6 * abs(cpu["e_corr"])
     assert trn["precision"] == "fp32" and trn["backend"] == "nki"
     assert trn["modelled_seconds"]["trn1"] > 0
-    assert all(count == 1 for count in trn["kernel_specializations"].values())
+    assert sum(trn["kernel_specializations"].values()) <= 8
 
 
 def test_model_only_gives_the_full_emulations_modelled_time():

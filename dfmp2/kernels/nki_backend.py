@@ -9,10 +9,15 @@ are summed on the host in fp64. Host work that is not a kernel is named `host:*`
 the 128 x 128 diagonal panels of the Cholesky factorisation (and their inverses) in fp64,
 and the eigen-decomposition fallback for a singular metric.
 
-Compile economy: every call pads its arrays to tile multiples and, when the result fits inside
-a shape this kernel already ran with, up to that shape; ao2mo calls are padded to the run's
-largest auxiliary block (`expect_blocks`). The first Cholesky panel, occupied block and
-whitening block of a run are its largest, so each kernel runs in one specialization per run.
+Residency: B stays in device HBM from the transform to the end of the pair stage (stored
+[nocc, naux, nvir], `three_center_layout`); the model charges host <-> device bytes where data
+crosses (arguments not resident in HBM, `to_device`, `to_host`) and layout changes in HBM at
+the DMA rate (`device:copy`).
+
+Compile economy: gemm, syrk and ao2mo calls are padded to tile multiples and, when the result
+fits inside a shape the kernel already ran with, up to that shape (ao2mo: the run's largest
+auxiliary block, `expect_blocks`); trsm and pair energies take ragged shapes unpadded, the pair
+energies in blocks of at most PAIR_BLOCK orbitals (at most 4 specializations).
 """
 
 from __future__ import annotations
@@ -204,6 +209,7 @@ class NkiBackend:
         self.specializations = {}  # kernel -> set of padded argument shapes
         self.trace = Trace()
         self.model_costs = {name: {} for name in TARGETS}  # calibrated MODEL, per target
+        self.model_costs_by_step = {name: {} for name in TARGETS}  # ... per kernel / transfer / copy
         self.useful_flops = 0  # minimal matmul FLOPs of the algorithm (unpadded shapes, done once)
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
@@ -215,9 +221,11 @@ class NkiBackend:
         # physical cores per launch: a trn2 logical NeuronCore (LNC=2, neuronx-cc's default
         # there) is two; trn1 runs LNC=1
         self.lnc = TARGETS[target].max_lnc
-        # one unpacked (mn|P) block of ~16 MB; pair blocks are capped for SBUF by occ_block_limit()
+        # one unpacked (mn|P) block of ~16 MB; all occupied orbitals in one block for whitening
+        # and pair energies (memory permitting): B stays in HBM and the kernels cut it into
+        # launches themselves (pair_blocks)
         self.preferred_aux_block_bytes = 16 * 2**20
-        self.preferred_pair_rows = 1024
+        self.preferred_pair_rows = 1 << 40
 
     # ---- data movement ---------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:
@@ -299,6 +307,10 @@ class NkiBackend:
                 # idealised: the calls spread evenly over the chip's cores, nothing shared
                 "cores_per_chip": TARGETS[name].cores_per_chip,
                 "chip_seconds_ideal_split": costs.get("seconds", 0.0) / TARGETS[name].cores_per_chip,
+                # where the time goes: per kernel (launch + its argument transfers + device), and
+                # the transfers and device copies between kernels
+                "seconds_by_step": {step: dict(v) for step, v in self.model_costs_by_step[name].items()},
+                "physical_cores_per_launch": TARGETS[name].max_lnc,
             }
         return out
 
@@ -315,7 +327,7 @@ class NkiBackend:
         host_bytes = sum(a.nbytes for a in arrays if isinstance(a, torch.Tensor) and not self.is_resident(a))
         kernel = getattr(self.kernels, kernel_name)
         if self.simulate and self.model_only and (kernel_name, shapes, grid) in self._trace_cache:
-            self._record(self._trace_cache[(kernel_name, shapes, grid)], host_bytes)
+            self._record(self._trace_cache[(kernel_name, shapes, grid)], host_bytes, kernel_name)
             return self._resident(_REFERENCE[kernel_name](*(
                 a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in arrays)))
         if self.simulate:
@@ -323,19 +335,25 @@ class NkiBackend:
                 launcher = kernel[grid] if grid > 1 else kernel
                 out = launcher(*(np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float32)
                                  if isinstance(a, torch.Tensor) else a for a in arrays))
-            self._record(kernel.last_trace, host_bytes)
+            self._record(kernel.last_trace, host_bytes, kernel_name)
             self._trace_cache[(kernel_name, shapes, grid)] = kernel.last_trace
             return self._resident(torch.from_numpy(out))
         return (kernel[grid] if grid > 1 else kernel)(*arrays)
 
-    def _record(self, trace: Trace, host_bytes_in=None) -> None:
+    def _record(self, trace: Trace, host_bytes_in=None, step=None) -> None:
         """Add a kernel trace (host_bytes_in: its arguments' host -> device bytes; the result
         stays on the device) or a transfer/copy pseudo-trace to the run's trace and model."""
         if host_bytes_in is not None:
             trace = dataclasses.replace(trace, host_bytes_in=int(host_bytes_in), host_bytes_out=0)
         self.trace.add(trace)
+        step = step or ("host<->device transfer" if trace.host_bytes_in or trace.host_bytes_out
+                        else "device copy")
         for name, target in TARGETS.items():
-            cost_model.add_costs(self.model_costs[name], cost_model.call_seconds(trace, target))
+            call = cost_model.call_seconds(trace, target)
+            cost_model.add_costs(self.model_costs[name], call)
+            by_step = self.model_costs_by_step[name].setdefault(step, {"seconds": 0.0, "launches": 0})
+            by_step["seconds"] += call["seconds"]
+            by_step["launches"] += trace.launches
 
     def _bucket(self, kernel_name, shapes):
         """Reuse the largest shapes this kernel ran with when the new ones fit inside them."""

@@ -13,8 +13,10 @@ Conventions for every kernel:
     is a fresh PSUM tile: its first matmul overwrites, later ones add, in every release), no
     DMA out of PSUM (tensor_copy to SBUF first), memset with a float for float tiles, no `*`
     in signatures and no `is`;
-  - shapes are tile multiples: the NKI backend pads (and thereby buckets) every call, so a
-    whole run uses one specialization per kernel.
+  - gemm, syrk and ao2mo take tile multiples (the backend pads and buckets their calls);
+    trsm and pair energies take any shapes (ragged last tiles, no padding);
+  - SPMD: trsm and pair energies split their rows over the programs of a launch grid
+    (`nl.program_id`; on trn2 the two physical cores of a logical NeuronCore, LNC=2).
 """
 
 import nki
