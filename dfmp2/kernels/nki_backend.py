@@ -79,8 +79,7 @@ def neuron_sdk_missing():
 # ---- exact-product slices for the AO->MO transform (Ozaki's scheme) ----------------------------
 SLICE_BITS = 7  # each slice: an integer of <= 7 bits times a power of two shared along the contraction
 INPUT_SLICES = 5  # slices of (mn|P), C_occ, C_vir: 35 bits below each column's largest element
-H_SLICES = 6  # slices of the half-transformed H (on the device): 42 bits below its bound
-ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-60)  # rounding constant of padded (all-zero) columns
+ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-67)  # first-slice rounding constant of padded (all-zero) columns
 
 
 def column_slices(a: np.ndarray, count: int) -> np.ndarray:
@@ -102,13 +101,33 @@ def column_slices(a: np.ndarray, count: int) -> np.ndarray:
     return out
 
 
-def half_transform_rounding(x_max: np.ndarray, c_occ_l1: np.ndarray) -> np.ndarray:
-    """Rounding constants 1.5 * 2^23 * 2^(E - 7u) [H_SLICES, nP, nocc] for slicing H[n, i] on the
-    device, with 2^E >= max|(mn|p)| * sum_m |C_mi| >= max_n |H[n, i]|."""
+def column_digits(a: np.ndarray, count: int):
+    """fp64 a [..., K, M] -> (int8 digits [count, ..., K, M], fp32 2^e [..., M, 1]) with
+    sum_s digits_s 2^(e_m - 7 (s + 1)) = a to 2^(e_m - 7 count) per column m.
+
+    The same slices as `column_slices`, sent as 1-byte integers and one power of two per column
+    (the kernel scales them back exactly). e_m = ceil(log2(max_k |a[..., k, m]| * 128 / 127)), so
+    the first digit stays within int8 (<= 127); later digits are <= 64.
+    """
+    largest = np.abs(a).max(axis=-2, keepdims=True)
+    exponent = np.ceil(np.log2(np.where(largest > 0, largest * (128.0 / 127.0), 1.0)))
+    rest = np.array(a, dtype=np.float64, copy=True)
+    digits = np.empty((count,) + a.shape, dtype=np.int8)
+    for s in range(count):
+        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
+        digit = np.rint(rest / grid)
+        digits[s] = digit
+        rest -= digit * grid
+    scale = np.swapaxes(np.exp2(exponent), -1, -2).astype(np.float32)  # [..., M, 1]
+    return digits, scale
+
+
+def half_transform_grid(x_max: np.ndarray, c_occ_l1: np.ndarray) -> np.ndarray:
+    """Rounding constants of the first H slice, 1.5 * 2^23 * 2^(E - 7) [nP, 1, nocc], with
+    2^E >= max|(mn|p)| * sum_m |C_mi| >= max_n |H[n, i]| (slice u: times 2^(-7 (u - 1)) on the device)."""
     bound = np.outer(x_max, c_occ_l1)
     exponent = np.maximum(np.ceil(np.log2(np.where(bound > 0, bound, 2.0**-60))), -60)
-    levels = SLICE_BITS * np.arange(1, H_SLICES + 1)[:, None, None]
-    return (1.5 * 2.0**23 * np.exp2(exponent[None] - levels)).astype(np.float32)
+    return (1.5 * 2.0**23 * np.exp2(exponent - SLICE_BITS))[:, None, :].astype(np.float32)
 
 
 # ---- which NKI release runs on which target (AWS's release notes; see README) ----------------
@@ -155,6 +174,12 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
         f"--device {target} with the {'installed' if installed else 'emulated'} nki "
         f"{api or '(unknown version)'}: AWS does not support that pair (supported on {target}: nki "
         f"{supported}; trn1 needs Neuron SDK 2.28). Nothing was compiled.")
+
+
+def _kernel_array(tensor: torch.Tensor) -> np.ndarray:
+    """A kernel argument as numpy: int8 stays int8, everything else fp32."""
+    array = tensor.detach().cpu().numpy()
+    return np.ascontiguousarray(array, dtype=np.int8 if array.dtype == np.int8 else np.float32)
 
 
 def pair_blocks(n: int) -> list:
@@ -333,8 +358,7 @@ class NkiBackend:
         if self.simulate:
             with emulator.target(self.target, self.nki_api):
                 launcher = kernel[grid] if grid > 1 else kernel
-                out = launcher(*(np.ascontiguousarray(a.detach().cpu().numpy(), dtype=np.float32)
-                                 if isinstance(a, torch.Tensor) else a for a in arrays))
+                out = launcher(*(_kernel_array(a) if isinstance(a, torch.Tensor) else a for a in arrays))
             self._record(kernel.last_trace, host_bytes, kernel_name)
             self._trace_cache[(kernel_name, shapes, grid)] = kernel.last_trace
             return self._resident(torch.from_numpy(out))
@@ -435,29 +459,40 @@ class NkiBackend:
         nP, nao, _ = x.shape
         nocc, nvir = c_occ.shape[1], c_vir.shape[1]
         self.calls["host:slice_operands"] += 1
-        x_slices = torch.from_numpy(column_slices(x, INPUT_SLICES))
+        digits, scale = column_digits(x, INPUT_SLICES)
+        x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
         vir_slices = torch.from_numpy(column_slices(c_vir, INPUT_SLICES))
         x_max = np.abs(x).reshape(nP, -1).max(axis=1)
         chunks = []
         for i0 in range(0, nocc, FREE):
             c_chunk = c_occ[:, i0:i0 + FREE]
             nc = c_chunk.shape[1]
-            (_, pp, ap, _), (_, _, op), (_, _, vp), _ = self._bucket("ao2mo_kernel", (
+            (_, pp, ap, _), _, (_, _, op), (_, _, vp), _ = self._bucket("ao2mo_kernel", (
                 (INPUT_SLICES, max(nP, self._aux_block), _round_up(nao, P), _round_up(nao, P)),
+                (max(nP, self._aux_block), _round_up(nao, P), 1),
                 (INPUT_SLICES, _round_up(nao, P), _round_up(nc, P)),
                 (INPUT_SLICES, _round_up(nao, P), _round_up_free(nvir)),
-                (H_SLICES, max(nP, self._aux_block), P, _round_up(nc, P))))
-            rounding = half_transform_rounding(x_max, np.abs(c_chunk).sum(axis=0))  # [H, nP, nc]
+                (max(nP, self._aux_block), 1, _round_up(nc, P))))
+            grid = half_transform_grid(x_max, np.abs(c_chunk).sum(axis=0))  # [nP, 1, nc]
             out = self._launch("ao2mo_kernel", (
-                self._pad(x_slices, (INPUT_SLICES, pp, ap, ap)),
+                self._pad_digits(x_digits, (INPUT_SLICES, pp, ap, ap)),
+                self._pad(x_scale, (pp, ap, 1), 1.0),
                 self._pad(torch.from_numpy(column_slices(c_chunk, INPUT_SLICES)), (INPUT_SLICES, ap, op)),
                 self._pad(vir_slices, (INPUT_SLICES, ap, vp)),
-                self._pad(torch.from_numpy(rounding)[:, :, None, :].expand(H_SLICES, nP, P, nc),
-                          (H_SLICES, pp, P, op), ROUNDING_PAD)),
-                2 * nP * nao * nc * (nao + nvir))  # both half-transforms, done once
+                self._pad(torch.from_numpy(grid), (pp, 1, op), ROUNDING_PAD)),
+                2 * nP * nao * nc * (nao + nvir), grid=self.lnc)  # both half-transforms, done once
             chunks.append(out[:nP, :nc, :nvir])
         whole = chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=1))
         return whole.permute(1, 2, 0)
+
+    @staticmethod
+    def _pad_digits(digits, shape):
+        """int8 digits zero-padded to `shape` (on the host, where they are made)."""
+        if tuple(digits.shape) == tuple(shape):
+            return digits
+        out = torch.zeros(shape, dtype=torch.int8)
+        out[tuple(slice(0, n) for n in digits.shape)] = digits
+        return out
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
         """(E_os, E_ss) summed over all i in b_i, j in b_j ([n, nvir, naux] each; b_j is b_i for a
@@ -549,11 +584,18 @@ def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, tr
     return out
 
 
+def _digits_value(digits, scale):
+    """sum_s digits_s 2^(e_n - 7 (s + 1)) in fp64: [NP, NAO, NAO]."""
+    weights = torch.tensor([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(digits.shape[0])], dtype=torch.float64)
+    value = (digits.double() * weights[:, None, None, None]).sum(0)
+    return value * scale.double()[:, :, 0][:, None, :]
+
+
 _REFERENCE = {
     "gemm_kernel": lambda a_t, b: a_t.T @ b,
     "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
     "trsm_kernel": lambda x_t, l_t, linv_t: torch.linalg.solve_triangular(l_t.T, x_t, upper=False),
-    "ao2mo_kernel": lambda xs, cos, cvs, rounding: torch.einsum(
-        "pmn,mi,na->pia", xs.double().sum(0), cos.double().sum(0), cvs.double().sum(0)).float(),
+    "ao2mo_kernel": lambda digits, scale, cos, cvs, grid: torch.einsum(
+        "pmn,mi,na->pia", _digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
     "pair_energy_kernel": _ref_pair_energy,
 }

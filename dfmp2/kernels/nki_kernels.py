@@ -26,6 +26,9 @@ import nki.language as nl
 P = 128  # partitions: contraction tiles and stationary free size
 FREE = 512  # moving free size = one PSUM bank of fp32
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
+H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
+SLICE_STEP = 2.0**-7  # weight between consecutive 7-bit slices
+DIGIT_WEIGHTS = tuple(2.0**(-7 * (s + 1)) for s in range(8))  # slice s of (mn|p) = digit * 2^(e - 7(s+1))
 
 
 @nki.jit
@@ -154,7 +157,7 @@ def trsm_kernel(x, l_t, linv_t):
 
 
 @nki.jit
-def ao2mo_kernel(x_slices, c_occ_slices, c_vir_slices, h_round):
+def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
     """Batched two-sided transform with exact fp32 products: out[p, i, a] = sum_mn C_mi C_na (mn|p).
 
     Why: fp32 accumulation of these sums loses 1 uEh to 25 mEh of the MP2 energy to cancellation
@@ -163,11 +166,15 @@ def ao2mo_kernel(x_slices, c_occ_slices, c_vir_slices, h_round):
     contraction (Ozaki's scheme), so each slice product and its accumulation in PSUM over up to
     512 terms (CHUNK tiles) are exact; only the truncation of the slices remains.
 
-    x_slices [S, NP, NAO, NAO]: slices of (mn|p), exponent per column n; c_occ_slices
-    [S, NAO, NOCC], c_vir_slices [S, NAO, NVIR]: slices per column (host-sliced from fp64).
-    h_round [SH, NP, 128, NOCC]: 1.5 * 2^23 * 2^(E_pi - 7u), E_pi >= log2 max_n |H[n, i]|
-    (a host bound), the same on every partition: adding and subtracting it rounds to the grid
-    of slice u (the Vector Engine's fp32 round-to-nearest).
+    x_digits [S, NP, NAO, NAO] int8: the slices of (mn|p) as integers d_s (|d_s| <= 127), slice s
+    = d_s 2^(e_pn - 7 (s + 1)); x_scale [NP, NAO, 1]: 2^(e_pn) per column n (1 byte per slice
+    element crosses from the host, not 4). The kernel makes X_s = d_s 2^(-7 (s + 1)) (exact, on
+    the Scalar Engine) and applies 2^(e_pn) to row n of H (exact, a power of two).
+    c_occ_slices [S, NAO, NOCC], c_vir_slices [S, NAO, NVIR]: fp32 slices per column (host-sliced
+    from fp64). h_grid [NP, 1, NOCC]: 1.5 * 2^23 * 2^(E_pi - 7), E_pi >= log2 max_n |H[n, i]| (a
+    host bound); broadcast to the partitions on the Tensor Engine and scaled by 2^(-7 (u - 1)):
+    adding and subtracting it rounds to the grid of slice u (the Vector Engine's fp32
+    round-to-nearest).
       H[n, i] = sum_m (mn|p) C_mi   = sum_{s+t<=S+1} X_s^T C_t   (groups g = s + t in PSUM,
                                       exact per 512-term chunk; groups and chunks combined by
                                       TwoSum into H_hi + H_lo)
@@ -176,10 +183,11 @@ def ao2mo_kernel(x_slices, c_occ_slices, c_vir_slices, h_round):
     Tiles: n, m on partitions in 128s; i in one tile of NOCC <= 512 (first half) and 128s
     (second half); a in FA = min(NVIR, 512). C slices stay in SBUF; (mn|p) is streamed in
     128 x 128 tiles, each read once. Shapes: NAO, NOCC multiples of 128, NOCC <= 512; NVIR a
-    multiple of 128 up to 512, of 512 above.
+    multiple of 128 up to 512, of 512 above. SPMD: program p of n takes the functions P = p,
+    p + n, ...
     """
-    S, NP, NAO, _ = x_slices.shape
-    SH = h_round.shape[0]
+    S, NP, NAO, _ = x_digits.shape
+    SH = H_SLICES
     NOCC = c_occ_slices.shape[2]
     NVIR = c_vir_slices.shape[2]
     FA = 256 if NVIR % 256 == 0 else P  # SH groups of FA fp32 share PSUM banks without crossing one
@@ -191,26 +199,43 @@ def ao2mo_kernel(x_slices, c_occ_slices, c_vir_slices, h_round):
         for m in nl.affine_range(nm):
             nisa.dma_copy(dst=c_occ_sb[:, t * nm + m, :], src=c_occ_slices[t, m * P:(m + 1) * P, :])
             nisa.dma_copy(dst=c_vir_sb[:, t * nm + m, :], src=c_vir_slices[t, m * P:(m + 1) * P, :])
-    for p in nl.affine_range(NP):
+    ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)  # broadcasts a row to 128 partitions
+    nisa.memset(dst=ones, value=1.0)
+    for p in range(nl.program_id(0), NP, nl.num_programs()):
         h_hi = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)  # H[n, i], n on partitions
         h_lo = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+        scale = nl.ndarray((P, nm), dtype=nl.float32, buffer=nl.sbuf)  # 2^(e_pn), n on partitions
+        for n in nl.affine_range(nm):
+            nisa.dma_copy(dst=scale[:, n:n + 1], src=x_scale[p, n * P:(n + 1) * P, :])
         for n in nl.affine_range(nm):
             for c0 in range(0, nm, CHUNK):  # exact PSUM sums need contractions of <= 512
                 groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
                 for m in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                    digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
                     x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
                     for s in range(S):
-                        nisa.dma_copy(dst=x_tiles[:, s, :],
-                                      src=x_slices[s, p, m * P:(m + 1) * P, n * P:(n + 1) * P])
+                        nisa.dma_copy(dst=digits[:, s, :],
+                                      src=x_digits[s, p, m * P:(m + 1) * P, n * P:(n + 1) * P])
+                        nisa.activation(dst=x_tiles[:, s, :], op=nl.copy, data=digits[:, s, :],
+                                        scale=DIGIT_WEIGHTS[s])
                     for s in range(S):
                         for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
                             nisa.nc_matmul(dst=groups[:, s + t, 0:NOCC], stationary=x_tiles[:, s, :],
                                            moving=c_occ_sb[:, t * nm + m, :])
                 _add_groups(groups, S, h_hi[:, n, :], h_lo[:, n, :], NOCC, c0 == 0)
+            for part in (h_hi, h_lo):  # H rows times 2^(e_pn): exact
+                nisa.tensor_scalar(dst=part[:, n, :], data=part[:, n, :], op0=nl.multiply,
+                                   operand0=scale[:, n:n + 1])
+        grid_row = nl.ndarray((1, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=grid_row, src=h_grid[p, :, :])
+        grid_psum = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=grid_psum, stationary=ones, moving=grid_row)  # the row on every partition
+        grid = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=grid, src=grid_psum)
         h_slices = nl.ndarray((P, SH * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
         for u in range(SH):
-            grid = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=grid, src=h_round[u, p, :, :])
+            if u > 0:  # the next slice's grid: 2^-7 finer (exact)
+                nisa.tensor_scalar(dst=grid, data=grid, op0=nl.multiply, operand0=SLICE_STEP)
             for n in nl.affine_range(nm):
                 _peel_slice(h_hi[:, n, :], h_lo[:, n, :], grid, h_slices[:, u * nm + n, :], NOCC)
         for i in nl.affine_range(NOCC // P):

@@ -25,6 +25,7 @@ hbm = private_hbm
 float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
 int32 = np.dtype(np.int32)
+int8 = np.dtype(np.int8)
 uint8 = np.dtype(np.uint8)
 bool_ = np.dtype(np.bool_)
 
