@@ -238,6 +238,7 @@ class NkiBackend:
         self.useful_flops = 0  # minimal matmul FLOPs of the algorithm (unpadded shapes, done once)
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
+        self._operand_cache = {}  # operands made once per run (the orbital slices)
         self._aux_block = 0  # largest auxiliary block of the run (see expect_blocks)
         # device HBM residency: storage address -> a tensor owning it. Kernel outputs, zeros()
         # and to_device() results live in HBM; an argument that does not is a host -> device
@@ -454,36 +455,48 @@ class NkiBackend:
         kernel). Occupied orbitals go in chunks of at most 512 (one PSUM bank), one call each.
         """
         x = np.asarray(self.to_host(ao_block), dtype=np.float64)
+        orbitals = self._orbital_slices(c_occ, c_vir)  # on the device once per run
         c_occ = np.asarray(self.to_host(c_occ), dtype=np.float64)
-        c_vir = np.asarray(self.to_host(c_vir), dtype=np.float64)
         nP, nao, _ = x.shape
-        nocc, nvir = c_occ.shape[1], c_vir.shape[1]
+        nocc, nvir = c_occ.shape[1], orbitals[1].shape[2]
         self.calls["host:slice_operands"] += 1
         digits, scale = column_digits(x, INPUT_SLICES)
         x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
-        vir_slices = torch.from_numpy(column_slices(c_vir, INPUT_SLICES))
+        vir_slices = orbitals[1]
         x_max = np.abs(x).reshape(nP, -1).max(axis=1)
         chunks = []
-        for i0 in range(0, nocc, FREE):
+        for n_chunk, i0 in enumerate(range(0, nocc, FREE)):
             c_chunk = c_occ[:, i0:i0 + FREE]
             nc = c_chunk.shape[1]
-            (_, pp, ap, _), _, (_, _, op), (_, _, vp), _ = self._bucket("ao2mo_kernel", (
-                (INPUT_SLICES, max(nP, self._aux_block), _round_up(nao, P), _round_up(nao, P)),
-                (max(nP, self._aux_block), _round_up(nao, P), 1),
-                (INPUT_SLICES, _round_up(nao, P), _round_up(nc, P)),
-                (INPUT_SLICES, _round_up(nao, P), _round_up_free(nvir)),
-                (max(nP, self._aux_block), 1, _round_up(nc, P))))
+            # only the auxiliary index is padded (to the run's largest block: one specialization);
+            # the kernel takes ragged nao, nocc and nvir
+            pp = self._bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nc, nvir)))[0][0]
             grid = half_transform_grid(x_max, np.abs(c_chunk).sum(axis=0))  # [nP, 1, nc]
             out = self._launch("ao2mo_kernel", (
-                self._pad_digits(x_digits, (INPUT_SLICES, pp, ap, ap)),
-                self._pad(x_scale, (pp, ap, 1), 1.0),
-                self._pad(torch.from_numpy(column_slices(c_chunk, INPUT_SLICES)), (INPUT_SLICES, ap, op)),
-                self._pad(vir_slices, (INPUT_SLICES, ap, vp)),
-                self._pad(torch.from_numpy(grid), (pp, 1, op), ROUNDING_PAD)),
+                self._pad_digits(x_digits, (INPUT_SLICES, pp, nao, nao)),
+                self._pad(x_scale, (pp, nao, 1), 1.0),
+                orbitals[0][n_chunk],
+                vir_slices,
+                self._pad(torch.from_numpy(grid), (pp, 1, nc), ROUNDING_PAD)),
                 2 * nP * nao * nc * (nao + nvir), grid=self.lnc)  # both half-transforms, done once
             chunks.append(out[:nP, :nc, :nvir])
         whole = chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=1))
         return whole.permute(1, 2, 0)
+
+    def _orbital_slices(self, c_occ, c_vir):
+        """([slices of each <= 512-column chunk of C_occ], slices of C_vir) in device HBM, cut
+        on the host from the fp64 C once per pair of coefficient tensors (one per run)."""
+        key = (id(c_occ), id(c_vir))
+        cached = self._operand_cache.get("orbitals")
+        if cached is not None and cached[0] == key and cached[1] is c_occ and cached[2] is c_vir:
+            return cached[3]
+        occ = np.asarray(self.to_host(c_occ), dtype=np.float64)
+        vir = np.asarray(self.to_host(c_vir), dtype=np.float64)
+        slices = ([self.to_device(column_slices(occ[:, i0:i0 + FREE], INPUT_SLICES))
+                   for i0 in range(0, occ.shape[1], FREE)],
+                  self.to_device(column_slices(vir, INPUT_SLICES)))
+        self._operand_cache["orbitals"] = (key, c_occ, c_vir, slices)
+        return slices
 
     @staticmethod
     def _pad_digits(digits, shape):

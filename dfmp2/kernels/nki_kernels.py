@@ -25,6 +25,7 @@ import nki.language as nl
 
 P = 128  # partitions: contraction tiles and stationary free size
 FREE = 512  # moving free size = one PSUM bank of fp32
+FA = 256  # virtual columns per second-half tile: 6 groups of 256 fp32 fill 3 PSUM banks, 2 per bank
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
 SLICE_STEP = 2.0**-7  # weight between consecutive 7-bit slices
@@ -181,24 +182,23 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
       H_u     = slices of H_hi + H_lo per column i (rounding trick, u = 1..SH)
       T[i, a] = sum_n H[n, i] C_na  = sum_{u+t<=SH+1} H_u^T Cvir_t   (same grouping)
     Tiles: n, m on partitions in 128s; i in one tile of NOCC <= 512 (first half) and 128s
-    (second half); a in FA = min(NVIR, 512). C slices stay in SBUF; (mn|p) is streamed in
-    128 x 128 tiles, each read once. Shapes: NAO, NOCC multiples of 128, NOCC <= 512; NVIR a
-    multiple of 128 up to 512, of 512 above. SPMD: program p of n takes the functions P = p,
+    (second half); a in FA = 256 columns. Every last tile is ragged (any NAO, NOCC <= 512, NVIR;
+    no padding). C slices stay in SBUF; (mn|p) is streamed in 128 x 128 tiles, each read once. SPMD: program p of n takes the functions P = p,
     p + n, ...
     """
     S, NP, NAO, _ = x_digits.shape
     SH = H_SLICES
     NOCC = c_occ_slices.shape[2]
     NVIR = c_vir_slices.shape[2]
-    FA = 256 if NVIR % 256 == 0 else P  # SH groups of FA fp32 share PSUM banks without crossing one
-    nm = NAO // P
+    nm = (NAO + P - 1) // P
     out = nl.ndarray((NP, NOCC, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
     c_occ_sb = nl.ndarray((P, S * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
     c_vir_sb = nl.ndarray((P, S * nm, NVIR), dtype=nl.float32, buffer=nl.sbuf)
     for t in nl.affine_range(S):
         for m in nl.affine_range(nm):
-            nisa.dma_copy(dst=c_occ_sb[:, t * nm + m, :], src=c_occ_slices[t, m * P:(m + 1) * P, :])
-            nisa.dma_copy(dst=c_vir_sb[:, t * nm + m, :], src=c_vir_slices[t, m * P:(m + 1) * P, :])
+            rm = min(P, NAO - m * P)
+            nisa.dma_copy(dst=c_occ_sb[0:rm, t * nm + m, :], src=c_occ_slices[t, m * P:m * P + rm, :])
+            nisa.dma_copy(dst=c_vir_sb[0:rm, t * nm + m, :], src=c_vir_slices[t, m * P:m * P + rm, :])
     ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)  # broadcasts a row to 128 partitions
     nisa.memset(dst=ones, value=1.0)
     for p in range(nl.program_id(0), NP, nl.num_programs()):
@@ -206,26 +206,29 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
         h_lo = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
         scale = nl.ndarray((P, nm), dtype=nl.float32, buffer=nl.sbuf)  # 2^(e_pn), n on partitions
         for n in nl.affine_range(nm):
-            nisa.dma_copy(dst=scale[:, n:n + 1], src=x_scale[p, n * P:(n + 1) * P, :])
+            rn = min(P, NAO - n * P)
+            nisa.dma_copy(dst=scale[0:rn, n:n + 1], src=x_scale[p, n * P:n * P + rn, :])
         for n in nl.affine_range(nm):
+            rn = min(P, NAO - n * P)
             for c0 in range(0, nm, CHUNK):  # exact PSUM sums need contractions of <= 512
                 groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
                 for m in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                    rm = min(P, NAO - m * P)
                     digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
                     x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
                     for s in range(S):
-                        nisa.dma_copy(dst=digits[:, s, :],
-                                      src=x_digits[s, p, m * P:(m + 1) * P, n * P:(n + 1) * P])
-                        nisa.activation(dst=x_tiles[:, s, :], op=nl.copy, data=digits[:, s, :],
+                        nisa.dma_copy(dst=digits[0:rm, s, 0:rn],
+                                      src=x_digits[s, p, m * P:m * P + rm, n * P:n * P + rn])
+                        nisa.activation(dst=x_tiles[0:rm, s, 0:rn], op=nl.copy, data=digits[0:rm, s, 0:rn],
                                         scale=DIGIT_WEIGHTS[s])
                     for s in range(S):
                         for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
-                            nisa.nc_matmul(dst=groups[:, s + t, 0:NOCC], stationary=x_tiles[:, s, :],
-                                           moving=c_occ_sb[:, t * nm + m, :])
-                _add_groups(groups, S, h_hi[:, n, :], h_lo[:, n, :], NOCC, c0 == 0)
+                            nisa.nc_matmul(dst=groups[0:rn, s + t, 0:NOCC], stationary=x_tiles[0:rm, s, 0:rn],
+                                           moving=c_occ_sb[0:rm, t * nm + m, :])
+                _add_groups(groups, S, h_hi[0:rn, n, :], h_lo[0:rn, n, :], NOCC, c0 == 0)
             for part in (h_hi, h_lo):  # H rows times 2^(e_pn): exact
-                nisa.tensor_scalar(dst=part[:, n, :], data=part[:, n, :], op0=nl.multiply,
-                                   operand0=scale[:, n:n + 1])
+                nisa.tensor_scalar(dst=part[0:rn, n, :], data=part[0:rn, n, :], op0=nl.multiply,
+                                   operand0=scale[0:rn, n:n + 1])
         grid_row = nl.ndarray((1, NOCC), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=grid_row, src=h_grid[p, :, :])
         grid_psum = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.psum)
@@ -237,32 +240,38 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
             if u > 0:  # the next slice's grid: 2^-7 finer (exact)
                 nisa.tensor_scalar(dst=grid, data=grid, op0=nl.multiply, operand0=SLICE_STEP)
             for n in nl.affine_range(nm):
-                _peel_slice(h_hi[:, n, :], h_lo[:, n, :], grid, h_slices[:, u * nm + n, :], NOCC)
-        for i in nl.affine_range(NOCC // P):
-            for a in nl.affine_range(NVIR // FA):
+                rn = min(P, NAO - n * P)
+                _peel_slice(h_hi[0:rn, n, :], h_lo[0:rn, n, :], grid[0:rn], h_slices[0:rn, u * nm + n, :], NOCC)
+        for i in nl.affine_range((NOCC + P - 1) // P):
+            mi = min(P, NOCC - i * P)
+            for a0 in range(0, NVIR, FA):
+                wa = min(FA, NVIR - a0)
                 t_hi = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
                 t_lo = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
                 for c0 in range(0, nm, CHUNK):
                     groups = nl.ndarray((P, SH, FA), dtype=nl.float32, buffer=nl.psum)
                     for n in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                        rn = min(P, NAO - n * P)
                         for u in range(SH):
                             for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
-                                nisa.nc_matmul(dst=groups[:, u + t, :],
-                                               stationary=h_slices[:, u * nm + n, i * P:(i + 1) * P],
-                                               moving=c_vir_sb[:, t * nm + n, a * FA:(a + 1) * FA])
-                    _add_groups(groups, SH, t_hi, t_lo, FA, c0 == 0)
+                                nisa.nc_matmul(dst=groups[0:mi, u + t, 0:wa],
+                                               stationary=h_slices[0:rn, u * nm + n, i * P:i * P + mi],
+                                               moving=c_vir_sb[0:rn, t * nm + n, a0:a0 + wa])
+                    _add_groups(groups, SH, t_hi[0:mi, 0:wa], t_lo[0:mi, 0:wa], wa, c0 == 0)
                 res = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=res, data1=t_hi, data2=t_lo, op=nl.add)
-                nisa.dma_copy(dst=out[p, i * P:(i + 1) * P, a * FA:(a + 1) * FA], src=res)
+                nisa.tensor_tensor(dst=res[0:mi, 0:wa], data1=t_hi[0:mi, 0:wa], data2=t_lo[0:mi, 0:wa],
+                                   op=nl.add)
+                nisa.dma_copy(dst=out[p, i * P:i * P + mi, a0:a0 + wa], src=res[0:mi, 0:wa])
     return out
 
 
 def _add_groups(groups, count, hi, lo, F, first):
-    """hi + lo (+)= the PSUM group tiles groups[:, k, 0:F] (k < count, largest first), by TwoSum on
-    the Vector Engine: s = hi + g; b = s - hi; e = (hi - (s - b)) + (g - b); lo += e; hi = s.
-    first: hi, lo start from the first group and zero."""
+    """hi + lo (+)= the PSUM group tiles groups[0:R, k, 0:F] (k < count, largest first; R = hi's
+    partitions), by TwoSum on the Vector Engine: s = hi + g; b = s - hi;
+    e = (hi - (s - b)) + (g - b); lo += e; hi = s. first: hi, lo start from the first group and zero."""
+    R = hi.shape[0]
     if first:
-        nisa.tensor_copy(dst=hi, src=groups[:, 0, 0:F])
+        nisa.tensor_copy(dst=hi, src=groups[0:R, 0, 0:F])
         nisa.memset(dst=lo, value=0.0)
     g = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     total = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
@@ -270,29 +279,30 @@ def _add_groups(groups, count, hi, lo, F, first):
     a_virtual = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     err = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(1 if first else 0, count):
-        nisa.tensor_copy(dst=g, src=groups[:, k, 0:F])
-        nisa.tensor_tensor(dst=total, data1=hi, data2=g, op=nl.add)
-        nisa.tensor_tensor(dst=b_virtual, data1=total, data2=hi, op=nl.subtract)
-        nisa.tensor_tensor(dst=a_virtual, data1=total, data2=b_virtual, op=nl.subtract)
-        nisa.tensor_tensor(dst=a_virtual, data1=hi, data2=a_virtual, op=nl.subtract)
-        nisa.tensor_tensor(dst=err, data1=g, data2=b_virtual, op=nl.subtract)
-        nisa.tensor_tensor(dst=err, data1=a_virtual, data2=err, op=nl.add)
-        nisa.tensor_tensor(dst=lo, data1=lo, data2=err, op=nl.add)
-        nisa.tensor_copy(dst=hi, src=total)
+        nisa.tensor_copy(dst=g[0:R], src=groups[0:R, k, 0:F])
+        nisa.tensor_tensor(dst=total[0:R], data1=hi, data2=g[0:R], op=nl.add)
+        nisa.tensor_tensor(dst=b_virtual[0:R], data1=total[0:R], data2=hi, op=nl.subtract)
+        nisa.tensor_tensor(dst=a_virtual[0:R], data1=total[0:R], data2=b_virtual[0:R], op=nl.subtract)
+        nisa.tensor_tensor(dst=a_virtual[0:R], data1=hi, data2=a_virtual[0:R], op=nl.subtract)
+        nisa.tensor_tensor(dst=err[0:R], data1=g[0:R], data2=b_virtual[0:R], op=nl.subtract)
+        nisa.tensor_tensor(dst=err[0:R], data1=a_virtual[0:R], data2=err[0:R], op=nl.add)
+        nisa.tensor_tensor(dst=lo, data1=lo, data2=err[0:R], op=nl.add)
+        nisa.tensor_copy(dst=hi, src=total[0:R])
 
 
 def _peel_slice(hi, lo, grid, piece, F):
     """piece = hi rounded to the grid whose rounding constant is `grid` ((hi + c) - c);
-    then hi + lo -= piece, renormalised (FastTwoSum), all in place."""
+    then hi + lo -= piece, renormalised (FastTwoSum), all in place (R = hi's partitions)."""
+    R = hi.shape[0]
     nisa.tensor_tensor(dst=piece, data1=hi, data2=grid, op=nl.add)
     nisa.tensor_tensor(dst=piece, data1=piece, data2=grid, op=nl.subtract)
     nisa.tensor_tensor(dst=hi, data1=hi, data2=piece, op=nl.subtract)  # exact
     total = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=total, data1=hi, data2=lo, op=nl.add)
+    nisa.tensor_tensor(dst=total[0:R], data1=hi, data2=lo, op=nl.add)
     back = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=back, data1=total, data2=hi, op=nl.subtract)
-    nisa.tensor_tensor(dst=lo, data1=lo, data2=back, op=nl.subtract)
-    nisa.tensor_copy(dst=hi, src=total)
+    nisa.tensor_tensor(dst=back[0:R], data1=total[0:R], data2=hi, op=nl.subtract)
+    nisa.tensor_tensor(dst=lo, data1=lo, data2=back[0:R], op=nl.subtract)
+    nisa.tensor_copy(dst=hi, src=total[0:R])
 
 
 RESIDENT_BYTES = 64 * 1024  # per partition: a B_j row up to this size is loaded once per pair
