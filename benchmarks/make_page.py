@@ -235,7 +235,7 @@ HBM, and its device time; "host<->device transfer" is everything else that cross
 Per-call MODEL of single kernel calls. The two trn1 GEMM rows are the calibration: a sibling
 library measured its NKI GEMM on trn1.2xlarge (neuronx-cc 2.24, warm): 512^3 1.3 ms and 1024^3
 2.3 ms per call. Modelling dfmp2's gemm_kernel at those sizes leaves two unknowns, the launch
-cost and the host<->device rate, fitted to the two figures: 0.99 ms and 10.9 GB/s (the
+cost and the host<->device rate, fitted to the two figures: 0.982 ms and 10.30 GB/s (the
 published "~1-3 ms per call" launch estimate agrees). Sources of the other constants: Tensor
 Engine rate = bf16 peak / (2 x 128 x 128) columns per second, fp32 4x slower (92 and 79
 TFLOPS bf16 per core); DMA: 16 engines x 27.2 GB/s, capped by the core's share of HBM (820 GB/s

@@ -37,23 +37,24 @@ def gemm_kernel(a_t, b):
     """out[M, N] = a_t[K, M]^T @ b[K, N].
 
     Tiles: K on partitions in 128s (contraction), M in 128s (stationary), N in FN = min(N, 512)
-    (moving, one PSUM bank). The A panel of one M tile is loaded once, outside the N and K loops.
+    (moving, one PSUM bank). The B panel of one N chunk is loaded once and kept in SBUF while
+    every M tile passes (A is read once per N chunk: N / 512 times in all).
     Shapes: K, M multiples of 128; N a multiple of 128 up to 512, of 512 above.
     """
     K, M = a_t.shape
     N = b.shape[1]
     FN = min(N, FREE)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
-    for m in nl.affine_range(M // P):
-        a_panel = nl.ndarray((P, K // P, P), dtype=nl.float32, buffer=nl.sbuf)
+    for n in nl.affine_range(N // FN):
+        b_panel = nl.ndarray((P, K // P, FN), dtype=nl.float32, buffer=nl.sbuf)
         for k in nl.affine_range(K // P):
-            nisa.dma_copy(dst=a_panel[:, k, :], src=a_t[k * P:(k + 1) * P, m * P:(m + 1) * P])
-        for n in nl.affine_range(N // FN):
+            nisa.dma_copy(dst=b_panel[:, k, :], src=b[k * P:(k + 1) * P, n * FN:(n + 1) * FN])
+        for m in nl.affine_range(M // P):
             acc = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.psum)
             for k in nl.affine_range(K // P):
-                b_tile = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b_tile, src=b[k * P:(k + 1) * P, n * FN:(n + 1) * FN])
-                nisa.nc_matmul(dst=acc, stationary=a_panel[:, k, :], moving=b_tile)
+                a_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a_tile, src=a_t[k * P:(k + 1) * P, m * P:(m + 1) * P])
+                nisa.nc_matmul(dst=acc, stationary=a_tile, moving=b_panel[:, k, :])
             res = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=res, src=acc)
             nisa.dma_copy(dst=out[m * P:(m + 1) * P, n * FN:(n + 1) * FN], src=res)

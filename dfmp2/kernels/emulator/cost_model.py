@@ -20,7 +20,7 @@ Constants and where they come from (see docs/benchmarks.md, "Calibration"):
   - 65% DMA efficiency: the guides' "60-70% of HBM bandwidth is good";
   - launch and host_transfer: fitted (two unknowns, two equations) to a sibling library's warm
     trn1.2xlarge figures for its NKI GEMM, 512^3 in 1.3 ms and 1024^3 in 2.3 ms per call
-    (neuronx-cc 2.24), through dfmp2's own gemm_kernel traces: launch 0.99 ms, 10.9 GB/s.
+    (neuronx-cc 2.24), through dfmp2's own gemm_kernel traces (B panel resident): launch 0.982 ms, 10.30 GB/s.
     trn2 reuses them (no published trn2 per-call figure): an assumption.
 """
 
@@ -51,7 +51,7 @@ class Calibration:
 
 def _calibration(target: Target, engine_clock_hz: float) -> Calibration:
     dma_peak = min(DMA_ENGINES * DMA_ENGINE_GB_PER_S, target.hbm_gb_per_s_per_core) * 1e9
-    return Calibration(launch_s=0.99e-3, host_bytes_per_s=10.9e9,
+    return Calibration(launch_s=0.982e-3, host_bytes_per_s=10.30e9,
                        tensor_columns_per_s=target.bf16_tflops * 1e12 / (2 * PARTITIONS * PARTITIONS),
                        engine_clock_hz=engine_clock_hz, dma_bytes_per_s=DMA_EFFICIENCY * dma_peak)
 
