@@ -304,9 +304,16 @@ def _model_lines(r, scale, unit):
     lines = ["  MODELLED Trainium time (a model, not a measurement; launch + host transfer + busiest engine):"]
     for target, m in r["modelled"].items():
         parts = ", ".join(f"{k} {v * scale:.3f}" for k, v in m["breakdown"].items() if k != "device")
+        own = target == r.get("device")
         lines.append(f"    {target}: {m['seconds'] * scale:.3f} {unit} in {m['launches']} launches "
                      f"({parts} {unit}); Tensor Engine useful fraction "
-                     f"{m['tensor_engine_useful_fraction']:.3f}")
+                     f"{m['tensor_engine_useful_fraction']:.3f}"
+                     + ("" if own else f" (from the {r.get('device')} trace)"))
+        if own and m.get("by_kernel"):
+            lines.append("      per kernel: " + ", ".join(
+                f"{k} useful {v['tensor_engine_useful_fraction']:.2f}, {v['max_instructions_per_launch']:,} "
+                "instructions/launch" for k, v in sorted(m["by_kernel"].items())
+                if v["tensor_engine_useful_fraction"] is not None))
     lines.append("  peak model (published peaks, no launch cost; old): " + ", ".join(
         f"{k} {v * scale:.3f} {unit}" for k, v in r["modelled_seconds"].items()))
     return lines

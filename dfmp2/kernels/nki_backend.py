@@ -236,6 +236,7 @@ class NkiBackend:
         self.model_costs = {name: {} for name in TARGETS}  # calibrated MODEL, per target
         self.model_costs_by_step = {name: {} for name in TARGETS}  # ... per kernel / transfer / copy
         self.useful_flops = 0  # minimal matmul FLOPs of the algorithm (unpadded shapes, done once)
+        self._by_kernel = {}  # kernel -> [useful FLOPs, array columns issued, largest program's instructions]
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
         self._operand_cache = {}  # operands made once per run (the orbital slices)
@@ -337,6 +338,11 @@ class NkiBackend:
                 # the transfers and device copies between kernels
                 "seconds_by_step": {step: dict(v) for step, v in self.model_costs_by_step[name].items()},
                 "physical_cores_per_launch": TARGETS[name].max_lnc,
+                "by_kernel": {kernel: {
+                    "tensor_engine_useful_fraction": useful / (2 * P * P * columns) if columns else None,
+                    "max_instructions_per_launch": instructions}
+                    for kernel, (useful, columns, instructions) in self._by_kernel.items()},
+                "instruction_limit": emulator.INSTRUCTION_LIMIT,
             }
         return out
 
@@ -350,6 +356,7 @@ class NkiBackend:
         self.calls[kernel_name] += 1
         self.specializations.setdefault(kernel_name, set()).add(shapes)
         self.useful_flops += int(useful_flops)
+        self._by_kernel.setdefault(kernel_name, [0, 0, 0])[0] += int(useful_flops)
         host_bytes = sum(a.nbytes for a in arrays if isinstance(a, torch.Tensor) and not self.is_resident(a))
         kernel = getattr(self.kernels, kernel_name)
         if self.simulate and self.model_only and (kernel_name, shapes, grid) in self._trace_cache:
@@ -370,6 +377,12 @@ class NkiBackend:
         stays on the device) or a transfer/copy pseudo-trace to the run's trace and model."""
         if host_bytes_in is not None:
             trace = dataclasses.replace(trace, host_bytes_in=int(host_bytes_in), host_bytes_out=0)
+        if step in self._by_kernel:
+            stats = self._by_kernel[step]
+            stats[1] += trace.matmul_columns
+            # instructions of the compiled program (one per physical core under LNC=2; no
+            # device-side loops here, so executed = unrolled)
+            stats[2] = max(stats[2], max(sum(p.instructions.values()) for p in (trace.programs or [trace])))
         self.trace.add(trace)
         step = step or ("host<->device transfer" if trace.host_bytes_in or trace.host_bytes_out
                         else "device copy")
@@ -479,9 +492,8 @@ class NkiBackend:
                 vir_slices,
                 self._pad(torch.from_numpy(grid), (pp, 1, nc), ROUNDING_PAD)),
                 2 * nP * nao * nc * (nao + nvir), grid=self.lnc)  # both half-transforms, done once
-            chunks.append(out[:nP, :nc, :nvir])
-        whole = chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=1))
-        return whole.permute(1, 2, 0)
+            chunks.append(out[:nP].permute(2, 1, 0))  # [nc, nvir, nP] view of [nP, nvir, nc]
+        return chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=0))
 
     def _orbital_slices(self, c_occ, c_vir):
         """([slices of each <= 512-column chunk of C_occ], slices of C_vir) in device HBM, cut
@@ -609,6 +621,6 @@ _REFERENCE = {
     "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
     "trsm_kernel": lambda x_t, l_t, linv_t: torch.linalg.solve_triangular(l_t.T, x_t, upper=False),
     "ao2mo_kernel": lambda digits, scale, cos, cvs, grid: torch.einsum(
-        "pmn,mi,na->pia", _digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
+        "pmn,mi,na->pai", _digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
     "pair_energy_kernel": _ref_pair_energy,
 }

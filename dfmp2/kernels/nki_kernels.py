@@ -25,7 +25,6 @@ import nki.language as nl
 
 P = 128  # partitions: contraction tiles and stationary free size
 FREE = 512  # moving free size = one PSUM bank of fp32
-FA = 256  # virtual columns per second-half tile: 6 groups of 256 fp32 fill 3 PSUM banks, 2 per bank
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
 SLICE_STEP = 2.0**-7  # weight between consecutive 7-bit slices
@@ -160,7 +159,7 @@ def trsm_kernel(x, l_t, linv_t):
 
 @nki.jit
 def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
-    """Batched two-sided transform with exact fp32 products: out[p, i, a] = sum_mn C_mi C_na (mn|p).
+    """Batched two-sided transform with exact fp32 products: out[p, a, i] = sum_mn C_mi C_na (mn|p).
 
     Why: fp32 accumulation of these sums loses 1 uEh to 25 mEh of the MP2 energy to cancellation
     (AO coefficients of both signs; diffuse and quadruple-zeta sets are worst). Every operand
@@ -181,9 +180,10 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
                                       exact per 512-term chunk; groups and chunks combined by
                                       TwoSum into H_hi + H_lo)
       H_u     = slices of H_hi + H_lo per column i (rounding trick, u = 1..SH)
-      T[i, a] = sum_n H[n, i] C_na  = sum_{u+t<=SH+1} H_u^T Cvir_t   (same grouping)
-    Tiles: n, m on partitions in 128s; i in one tile of NOCC <= 512 (first half) and 128s
-    (second half); a in FA = 256 columns. Every last tile is ragged (any NAO, NOCC <= 512, NVIR;
+      T[a, i] = sum_n C_na H[n, i]  = sum_{u+t<=SH+1} Cvir_t^T H_u   (same grouping)
+    Tiles: n, m on partitions in 128s; i in one moving tile of NOCC <= 512 (both halves, so a
+    small occupied space wastes no Tensor Engine rows); a in 128-row stationary tiles (second
+    half). Every last tile is ragged (any NAO, NOCC <= 512, NVIR;
     no padding). C slices stay in SBUF; (mn|p) is streamed in 128 x 128 tiles, each read once. SPMD: program p of n takes the functions P = p,
     p + n, ...
     """
@@ -192,7 +192,8 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
     NOCC = c_occ_slices.shape[2]
     NVIR = c_vir_slices.shape[2]
     nm = (NAO + P - 1) // P
-    out = nl.ndarray((NP, NOCC, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
+    GW = 256 if NOCC <= 256 else FREE  # PSUM columns per group: two groups share a bank when they fit
+    out = nl.ndarray((NP, NVIR, NOCC), dtype=nl.float32, buffer=nl.shared_hbm)
     c_occ_sb = nl.ndarray((P, S * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
     c_vir_sb = nl.ndarray((P, S * nm, NVIR), dtype=nl.float32, buffer=nl.sbuf)
     for t in nl.affine_range(S):
@@ -243,26 +244,23 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
             for n in nl.affine_range(nm):
                 rn = min(P, NAO - n * P)
                 _peel_slice(h_hi[0:rn, n, :], h_lo[0:rn, n, :], grid[0:rn], h_slices[0:rn, u * nm + n, :], NOCC)
-        for i in nl.affine_range((NOCC + P - 1) // P):
-            mi = min(P, NOCC - i * P)
-            for a0 in range(0, NVIR, FA):
-                wa = min(FA, NVIR - a0)
-                t_hi = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
-                t_lo = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
-                for c0 in range(0, nm, CHUNK):
-                    groups = nl.ndarray((P, SH, FA), dtype=nl.float32, buffer=nl.psum)
-                    for n in nl.affine_range(c0, min(c0 + CHUNK, nm)):
-                        rn = min(P, NAO - n * P)
-                        for u in range(SH):
-                            for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
-                                nisa.nc_matmul(dst=groups[0:mi, u + t, 0:wa],
-                                               stationary=h_slices[0:rn, u * nm + n, i * P:i * P + mi],
-                                               moving=c_vir_sb[0:rn, t * nm + n, a0:a0 + wa])
-                    _add_groups(groups, SH, t_hi[0:mi, 0:wa], t_lo[0:mi, 0:wa], wa, c0 == 0)
-                res = nl.ndarray((P, FA), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=res[0:mi, 0:wa], data1=t_hi[0:mi, 0:wa], data2=t_lo[0:mi, 0:wa],
-                                   op=nl.add)
-                nisa.dma_copy(dst=out[p, i * P:i * P + mi, a0:a0 + wa], src=res[0:mi, 0:wa])
+        for a0 in range(0, NVIR, P):  # T^T[a, i]: virtuals on the output partitions, NOCC moving
+            ma = min(P, NVIR - a0)
+            t_hi = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            t_lo = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            for c0 in range(0, nm, CHUNK):
+                groups = nl.ndarray((P, SH, GW), dtype=nl.float32, buffer=nl.psum)
+                for n in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                    rn = min(P, NAO - n * P)
+                    for u in range(SH):
+                        for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
+                            nisa.nc_matmul(dst=groups[0:ma, u + t, 0:NOCC],
+                                           stationary=c_vir_sb[0:rn, t * nm + n, a0:a0 + ma],
+                                           moving=h_slices[0:rn, u * nm + n, :])
+                _add_groups(groups, SH, t_hi[0:ma], t_lo[0:ma], NOCC, c0 == 0)
+            res = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=res[0:ma], data1=t_hi[0:ma], data2=t_lo[0:ma], op=nl.add)
+            nisa.dma_copy(dst=out[p, a0:a0 + ma, :], src=res[0:ma])
     return out
 
 
