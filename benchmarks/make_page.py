@@ -23,6 +23,37 @@ PUBLISHED = {
     "trn1 NKI (sibling, published)": {"small": 0.091, "medium": 4.8},
 }
 
+# the calibrated MODEL before the pair-kernel rewrite (commit ee90289, launch 0.99 ms, 10.9 GB/s;
+# useful fraction then counted issued FLOPs at the tiles' actual sizes): shape, target ->
+# (seconds, launches, Tensor Engine useful fraction)
+BEFORE = {
+    ("small", "trn1"): (0.0468, 8, 0.030), ("small", "trn2"): (0.0483, 8, 0.030),
+    ("medium", "trn1"): (2.4787, 608, 0.204), ("medium", "trn2"): (2.5325, 608, 0.204),
+    ("large", "trn1"): (18.9585, 4824, 0.175), ("large", "trn2"): (19.4071, 4824, 0.175),
+}
+A10G = PUBLISHED["NVIDIA A10G fp32 (sibling, published)"]
+
+
+def before_after_table(bench):
+    """Calibrated MODEL before and after, each run on its own target, against the A10G."""
+    rows = ["| shape | target | MODEL before (s) | launches before | useful fraction before | "
+            "MODEL now (s) | launches now | specializations now | useful fraction now (pair kernel) | "
+            "now without the (mn\\|P) upload (s) | A10G measured (s, sibling) |",
+            "|---" * 11 + "|"]
+    for r in sorted((r for r in bench if r.get("modelled")),
+                    key=lambda r: (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"])):
+        name, target = r["shape"].get("name", ""), r["device"]
+        m = r["modelled"][target]
+        before = BEFORE.get((name, target))
+        upload = m.get("seconds_by_step", {}).get("ao2mo_kernel", {}).get("upload_seconds", 0.0)
+        pair = m.get("by_kernel", {}).get("pair_energy_kernel", {}).get("tensor_engine_useful_fraction")
+        b = (f"{before[0]:.4f} | {before[1]} | {before[2]:.3f}" if before else "- | - | -")
+        rows.append(f"| {name} | {target} | {b} | {m['seconds']:.4f} | {m['launches']} | "
+                    f"{sum(r.get('kernel_specializations', {}).values())} | "
+                    f"{m['tensor_engine_useful_fraction']:.3f} ({pair:.3f}) | "
+                    f"{m['seconds'] - upload:.4f} | {A10G.get(name, '-')} |")
+    return "\n".join(rows)
+
 
 def load(results_dir):
     bench, peers, kernels = [], [], []
@@ -221,6 +252,20 @@ The engine columns are busy times of engines that run concurrently; `device` is 
 calls of the busiest engine, and MODEL seconds = launch + host_transfer + device.
 
 {model_table(bench)}
+
+### Before and after the pair-kernel rewrite (MODEL)
+
+"Before" is the state at commit ee90289: a pair-energy launch per small block pair with a second
+(ib|ja) matmul chain and padding to 512, B copied from the host for every launch, fp32 (mn|P)
+slices. "Now": each (ia|jb) formed once, B resident in HBM, 32 x 32-pair launches split over the
+two physical cores of a trn2 logical core, (mn|P) slices sent as int8 digits, ragged tiles. The
+useful fraction now counts the 128 x 128 array per streamed column (a ragged tile's empty rows
+are waste), a stricter measure than before; the whole-run figure includes the exact-product
+transform's 35 slice products (needed for 1 uEh, see README), the pair kernel's is in brackets.
+"Without the upload" subtracts the host -> device transfer of the (mn|P) digits, the one step
+whose cost is the host link rather than the NeuronCore.
+
+{before_after_table(bench)}
 
 Per step (each run on the target it was emulated for: a trn2 trace splits its launches over
 the two physical cores of a logical NeuronCore, LNC=2; trn1 runs LNC=1). A kernel's row holds

@@ -248,10 +248,11 @@ class NkiBackend:
         # physical cores per launch: a trn2 logical NeuronCore (LNC=2, neuronx-cc's default
         # there) is two; trn1 runs LNC=1
         self.lnc = TARGETS[target].max_lnc
-        # one unpacked (mn|P) block of ~16 MB; all occupied orbitals in one block for whitening
-        # and pair energies (memory permitting): B stays in HBM and the kernels cut it into
-        # launches themselves (pair_blocks)
-        self.preferred_aux_block_bytes = 16 * 2**20
+        # (mn|P) blocks of ~256 MB fp64 on the host (128 functions at nao 512): each transform
+        # launch costs ~1 ms, so fewer, larger ones; all occupied orbitals in one block for
+        # whitening and pair energies (memory permitting): B stays in HBM and the kernels cut
+        # it into launches themselves (pair_blocks)
+        self.preferred_aux_block_bytes = 256 * 2**20
         self.preferred_pair_rows = 1 << 40
 
     # ---- data movement ---------------------------------------------------------------
@@ -389,9 +390,11 @@ class NkiBackend:
         for name, target in TARGETS.items():
             call = cost_model.call_seconds(trace, target)
             cost_model.add_costs(self.model_costs[name], call)
-            by_step = self.model_costs_by_step[name].setdefault(step, {"seconds": 0.0, "launches": 0})
+            by_step = self.model_costs_by_step[name].setdefault(
+                step, {"seconds": 0.0, "launches": 0, "upload_seconds": 0.0})
             by_step["seconds"] += call["seconds"]
             by_step["launches"] += trace.launches
+            by_step["upload_seconds"] += call["host_transfer"]  # host <-> device part
 
     def _bucket(self, kernel_name, shapes):
         """Reuse the largest shapes this kernel ran with when the new ones fit inside them."""
