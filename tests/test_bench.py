@@ -78,6 +78,11 @@ def test_calibrated_model_of_a_pipeline_run():
             pair = model["by_kernel"]["pair_energy_kernel"]
             assert pair["tensor_engine_useful_fraction"] > 0.5  # small shape: naux 384, nvir 112
             assert pair["max_instructions_per_launch"] < model["instruction_limit"] / 100
+            # B stays in device HBM: the pair and whitening launches upload almost nothing (the
+            # e vectors), the transform uploads the (mn|P) digits
+            steps = model["seconds_by_step"]
+            for kernel in ("pair_energy_kernel", "trsm_kernel"):
+                assert steps[kernel]["upload_seconds"] < 0.02 * steps["ao2mo_kernel"]["upload_seconds"]
         # calibrated (launch and transfer costs) is slower than the peak model
         assert model["seconds"] > trn["modelled_seconds"][target]
     assert "not a measurement" in trn["modelled_note"]

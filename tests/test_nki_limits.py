@@ -921,3 +921,48 @@ def test_sbuf_tile_over_the_usable_size_but_under_the_physical_fails_on_trn1():
     with nki.target("trn1"), pytest.raises(NkiConstraintError, match=r"exceeds SBUF capacity on trn1.*"
                                                                     r"minus 16384 B the compiler reserves"):
         one_sbuf_tile_kernel(rand((2, usable + 1), 41))
+
+
+# ---- SPMD launch grid (logical NeuronCores) -------------------------------------------------
+@nki.jit
+def rows_by_program_kernel(x):
+    """Each program copies the rows i = program_id, program_id + programs, ... of x [R, 128]
+    (one row per partition 0) into the shared output."""
+    R, F = x.shape
+    out = nl.ndarray((R, F), dtype=nl.float32, buffer=nl.shared_hbm)
+    for i in range(nl.program_id(0), R, nl.num_programs()):
+        row = nl.ndarray((1, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=row, src=x[i:i + 1, :])
+        nisa.dma_copy(dst=out[i:i + 1, :], src=row)
+    return out
+
+
+def test_lnc2_launch_splits_rows_over_two_programs_on_trn2():
+    x = rand((5, P))
+    with nki.target("trn2"):
+        out = rows_by_program_kernel[2](x)
+    assert np.array_equal(out, x)
+    trace = rows_by_program_kernel.last_trace
+    assert trace.launches == 1 and len(trace.programs) == 2
+    assert [p.dma_transfers for p in trace.programs] == [6, 4]  # rows 0, 2, 4 and 1, 3
+
+
+def test_lnc2_is_refused_on_trn1():
+    with nki.target("trn1"), pytest.raises(NkiConstraintError, match="LNC=1"):
+        rows_by_program_kernel[2](rand((4, P)))
+
+
+def test_a_program_that_leaves_its_rows_unwritten_is_caught():
+    """With one program only, half the rows would stay unwritten; a grid of 2 is needed."""
+    @nki.jit
+    def half_kernel(x):
+        R, F = x.shape
+        out = nl.ndarray((R, F), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in range(0, R, 2):  # only the even rows, as if program 0 of 2
+            row = nl.ndarray((1, F), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=row, src=x[i:i + 1, :])
+            nisa.dma_copy(dst=out[i:i + 1, :], src=row)
+        return out
+
+    with nki.target("trn2"), pytest.raises(NkiConstraintError, match="no instruction wrote"):
+        half_kernel(rand((4, P)))
