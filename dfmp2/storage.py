@@ -21,10 +21,9 @@ class MemoryStore:
 
     def __init__(self, backend, shape):
         self.backend = backend
-        # a backend may lay the tensor out its own way (NKI: [nocc, naux, nvir] storage, the pair
+        # each backend lays the tensor out its own way (NKI: [nocc, naux, nvir] storage, the pair
         # kernel's rows) behind the same [nocc, nvir, naux] view
-        layout = getattr(backend, "three_center_layout", None)
-        self.data = layout(shape) if layout else backend.zeros(shape)
+        self.data = backend.three_center_layout(shape)
 
     def write_aux(self, p0, p1, block):
         self.backend.copy_into(self.data[:, :, p0:p1], block)

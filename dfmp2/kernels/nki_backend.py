@@ -39,8 +39,6 @@ from .emulator.core import TARGETS, Trace
 P = 128
 FREE = 512
 PAIR_BLOCK = 32  # occupied orbitals per side of one pair-energy launch (partials: 8 KiB per partition)
-OCC_PAD_ENERGY = -1.0e4  # Eh; padded occupied orbitals (zero B) get this energy ...
-VIR_PAD_ENERGY = 1.0e4  # ... and padded virtuals this one, so every padded D_ijab is far from 0
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
                   "https://pip.repos.neuron.amazonaws.com (on a Trainium instance)")
@@ -291,10 +289,14 @@ class NkiBackend:
 
     def _device_copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A layout change or pad of a resident tensor, done in device HBM (an XLA copy on a
-        host; MODEL: read + write at the DMA rate); the result is resident."""
-        self._record(Trace(dma_bytes_in=tensor.nbytes, dma_bytes_out=tensor.nbytes))
-        self.calls["device:copy"] += 1
+        host); the result is resident."""
+        self._record_device_copy(tensor.nbytes)
         return self._resident(tensor)
+
+    def _record_device_copy(self, nbytes: int) -> None:
+        """MODEL a copy inside device HBM: read + write at the DMA rate (no launch)."""
+        self._record(Trace(dma_bytes_in=nbytes, dma_bytes_out=nbytes))
+        self.calls["device:copy"] += 1
 
     def synchronize(self) -> None:
         if not self.simulate:
@@ -471,27 +473,24 @@ class NkiBackend:
         kernel). Occupied orbitals go in chunks of at most 512 (one PSUM bank), one call each.
         """
         x = np.asarray(self.to_host(ao_block), dtype=np.float64)
-        orbitals = self._orbital_slices(c_occ, c_vir)  # on the device once per run
-        c_occ = np.asarray(self.to_host(c_occ), dtype=np.float64)
+        occ_chunks, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
         nP, nao, _ = x.shape
-        nocc, nvir = c_occ.shape[1], orbitals[1].shape[2]
+        nvir = vir_slices.shape[2]
         self.calls["host:slice_operands"] += 1
         digits, scale = column_digits(x, INPUT_SLICES)
         x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
-        vir_slices = orbitals[1]
         x_max = np.abs(x).reshape(nP, -1).max(axis=1)
         chunks = []
-        for n_chunk, i0 in enumerate(range(0, nocc, FREE)):
-            c_chunk = c_occ[:, i0:i0 + FREE]
-            nc = c_chunk.shape[1]
+        for occ_slices, c_occ_l1 in occ_chunks:
+            nc = occ_slices.shape[2]
             # only the auxiliary index is padded (to the run's largest block: one specialization);
             # the kernel takes ragged nao, nocc and nvir
             pp = self._bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nc, nvir)))[0][0]
-            grid = half_transform_grid(x_max, np.abs(c_chunk).sum(axis=0))  # [nP, 1, nc]
+            grid = half_transform_grid(x_max, c_occ_l1)  # [nP, 1, nc]
             out = self._launch("ao2mo_kernel", (
                 self._pad_digits(x_digits, (INPUT_SLICES, pp, nao, nao)),
                 self._pad(x_scale, (pp, nao, 1), 1.0),
-                orbitals[0][n_chunk],
+                occ_slices,
                 vir_slices,
                 self._pad(torch.from_numpy(grid), (pp, 1, nc), ROUNDING_PAD)),
                 2 * nP * nao * nc * (nao + nvir), grid=self.lnc)  # both half-transforms, done once
@@ -499,18 +498,19 @@ class NkiBackend:
         return chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=0))
 
     def _orbital_slices(self, c_occ, c_vir):
-        """([slices of each <= 512-column chunk of C_occ], slices of C_vir) in device HBM, cut
-        on the host from the fp64 C once per pair of coefficient tensors (one per run)."""
-        key = (id(c_occ), id(c_vir))
+        """([(slices, sum_m |C_mi|) of each <= 512-column chunk of C_occ], slices of C_vir), the
+        slices in device HBM, cut on the host from the fp64 C once per pair of coefficient
+        tensors (one per run)."""
         cached = self._operand_cache.get("orbitals")
-        if cached is not None and cached[0] == key and cached[1] is c_occ and cached[2] is c_vir:
-            return cached[3]
+        if cached is not None and cached[0] is c_occ and cached[1] is c_vir:
+            return cached[2]
         occ = np.asarray(self.to_host(c_occ), dtype=np.float64)
         vir = np.asarray(self.to_host(c_vir), dtype=np.float64)
-        slices = ([self.to_device(column_slices(occ[:, i0:i0 + FREE], INPUT_SLICES))
+        slices = ([(self.to_device(column_slices(occ[:, i0:i0 + FREE], INPUT_SLICES)),
+                    np.abs(occ[:, i0:i0 + FREE]).sum(axis=0))
                    for i0 in range(0, occ.shape[1], FREE)],
                   self.to_device(column_slices(vir, INPUT_SLICES)))
-        self._operand_cache["orbitals"] = (key, c_occ, c_vir, slices)
+        self._operand_cache["orbitals"] = (c_occ, c_vir, slices)
         return slices
 
     @staticmethod
@@ -569,8 +569,7 @@ class NkiBackend:
         """dst[...] = src between device tensors (MODEL: a device-side copy), or from the host."""
         dst.copy_(src)
         if self.is_resident(src):
-            self._record(Trace(dma_bytes_in=src.nbytes, dma_bytes_out=src.nbytes))
-            self.calls["device:copy"] += 1
+            self._record_device_copy(src.nbytes)
         else:
             self._transfer(src.nbytes, 0)
 

@@ -116,6 +116,10 @@ class TorchBackend:
         """No on-chip memory limit on the pair-energy block here (the budget decides)."""
         return 1 << 30
 
+    def three_center_layout(self, shape):
+        """Device storage for the [nocc, nvir, naux] three-center tensor (plain, contiguous)."""
+        return self.zeros(shape)
+
     @staticmethod
     def copy_into(dst, src) -> None:
         """dst[...] = src (storage writes)."""
