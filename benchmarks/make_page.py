@@ -37,18 +37,18 @@ A10G = PUBLISHED["NVIDIA A10G fp32 (sibling, published)"]
 def before_after_table(bench):
     """Calibrated MODEL before and after, each run on its own target, against the A10G."""
     rows = ["| shape | target | MODEL before (s) | launches before | useful fraction before | "
-            "MODEL now (s) | launches now | specializations now | useful fraction now (pair kernel) | "
-            "now without the (mn\\|P) upload (s) | A10G measured (s, sibling) |",
-            "|---" * 11 + "|"]
-    for r in sorted((r for r in bench if r.get("modelled")),
-                    key=lambda r: (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"])):
+            "transform now | MODEL now (s) | launches now | specializations now | "
+            "useful fraction now (pair kernel) | now without the (mn\\|P) upload (s) | "
+            "A10G measured (s, sibling) |",
+            "|---" * 12 + "|"]
+    for r in sorted((r for r in bench if r.get("modelled")), key=_model_order):
         name, target = r["shape"].get("name", ""), r["device"]
         m = r["modelled"][target]
         before = BEFORE.get((name, target))
         upload = m.get("seconds_by_step", {}).get("ao2mo_kernel", {}).get("upload_seconds", 0.0)
         pair = m.get("by_kernel", {}).get("pair_energy_kernel", {}).get("tensor_engine_useful_fraction")
         b = (f"{before[0]:.4f} | {before[1]} | {before[2]:.3f}" if before else "- | - | -")
-        rows.append(f"| {name} | {target} | {b} | {m['seconds']:.4f} | {m['launches']} | "
+        rows.append(f"| {name} | {target} | {b} | {transform(r)} | {m['seconds']:.4f} | {m['launches']} | "
                     f"{sum(r.get('kernel_specializations', {}).values())} | "
                     f"{m['tensor_engine_useful_fraction']:.3f} ({pair:.3f}) | "
                     f"{m['seconds'] - upload:.4f} | {A10G.get(name, '-')} |")
@@ -67,10 +67,20 @@ def load(results_dir):
     return bench, peers, kernels
 
 
+def transform(record):
+    """The AO->MO transform's arithmetic on Trainium: exact products (default) or plain fp32."""
+    return "plain fp32" if record.get("transform") == "fp32" else "exact"
+
+
 def label(record):
     if record.get("simulated"):
-        return f"{record['device']} (emulated{', model-only' if record.get('model_only') else ''})"
+        return (f"{record['device']} (emulated{', model-only' if record.get('model_only') else ''}, "
+                f"{transform(record)} transform)")
     return f"{record['device']} {record['precision']}"
+
+
+def _model_order(r):
+    return (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"], transform(r))
 
 
 def bench_table(bench):
@@ -98,11 +108,10 @@ def bench_table(bench):
 def model_table(bench):
     """Calibrated model breakdown of the simulated runs (one row per shape and target)."""
     parts = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar", "device")
-    rows = ["| shape | emulated on | target | MODEL seconds (one core) | one chip, ideal split | "
+    rows = ["| shape | emulated on | transform | target | MODEL seconds (one core) | one chip, ideal split | "
             + " | ".join(parts) + " | launches | Tensor Engine useful fraction |",
-            "|---" * (len(parts) + 7) + "|"]
-    for r in sorted((r for r in bench if r.get("modelled")),
-                    key=lambda r: (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"])):
+            "|---" * (len(parts) + 8) + "|"]
+    for r in sorted((r for r in bench if r.get("modelled")), key=_model_order):
         for target, m in r["modelled"].items():
             if target != r["device"]:  # a trace models the target it was emulated for (LNC differs)
                 continue
@@ -111,19 +120,18 @@ def model_table(bench):
             chip = m.get("chip_seconds_ideal_split")
             chip = f"{chip:.4f} ({m['cores_per_chip']} cores)" if chip is not None else "-"
             rows.append(f"| {r['shape'].get('name', '')} | {r['device']} (nki {r.get('nki_api', '?')}) | "
-                        f"{target} | {m['seconds']:.4f} | {chip} | {cells} | {m['launches']} | "
+                        f"{transform(r)} | {target} | {m['seconds']:.4f} | {chip} | {cells} | {m['launches']} | "
                         f"{fraction:.3f} |")
     return "\n".join(rows)
 
 
 def step_table(bench):
     """Calibrated MODEL per kernel / transfer / device copy of each simulated run (its own target)."""
-    rows = ["| shape | target | step | MODEL seconds | launches |", "|---|---|---|---|---|"]
-    for r in sorted((r for r in bench if r.get("modelled")),
-                    key=lambda r: (SHAPE_ORDER.index(r["shape"].get("name") or "small"), r["device"])):
+    rows = ["| shape | target | transform | step | MODEL seconds | launches |", "|---|---|---|---|---|---|"]
+    for r in sorted((r for r in bench if r.get("modelled")), key=_model_order):
         m = r["modelled"].get(r["device"], {})
         for step, cost in sorted(m.get("seconds_by_step", {}).items(), key=lambda kv: -kv[1]["seconds"]):
-            rows.append(f"| {r['shape'].get('name', '')} | {r['device']} | {step} | "
+            rows.append(f"| {r['shape'].get('name', '')} | {r['device']} | {transform(r)} | {step} | "
                         f"{cost['seconds']:.4f} | {cost['launches']} |")
     return "\n".join(rows)
 
@@ -183,9 +191,11 @@ def plot(bench, path):
             continue
         if r.get("simulated"):
             if r.get("modelled"):
-                series.setdefault(f"{r['device']} (calibrated MODEL)", {})[name] = \
+                series.setdefault(f"{r['device']} {transform(r)} transform (calibrated MODEL)", {})[name] = \
                     r["modelled"][r["device"]]["seconds"]
-            series.setdefault(f"{r['device']} (old peak MODEL)", {})[name] = r["modelled_seconds"][r["device"]]
+            if transform(r) == "exact":
+                series.setdefault(f"{r['device']} (old peak MODEL)", {})[name] = \
+                    r["modelled_seconds"][r["device"]]
         else:
             series.setdefault(label(r) + " (measured)", {})[name] = r["total_seconds"]
     for name, values in PUBLISHED.items():

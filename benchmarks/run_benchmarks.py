@@ -32,10 +32,11 @@ def bench_devices():
     import dfmp2  # noqa: F401  first: sets the OpenMP wait policy before torch loads
     import torch
 
-    devices = [("cpu", "fp64", False), ("cpu", "fp32", False)]
+    devices = [("cpu", "fp64", False, None), ("cpu", "fp32", False, None)]
     if torch.cuda.is_available():
-        devices += [("cuda", "fp64", False), ("cuda", "fp32", False)]
-    devices += [("trn1", "fp32", True), ("trn2", "fp32", True)]
+        devices += [("cuda", "fp64", False, None), ("cuda", "fp32", False, None)]
+    # Trainium: both AO->MO transforms (exact products, the default; plain fp32 products)
+    devices += [(trn, "fp32", True, transform) for trn in ("trn1", "trn2") for transform in ("exact", "fp32")]
     return devices
 
 
@@ -44,7 +45,7 @@ def run_shapes(shapes, wanted, repeat):
     from dfmp2.rng.synthetic import SHAPES
 
     for shape in shapes:
-        for device, precision, simulate in bench_devices():
+        for device, precision, simulate, transform in bench_devices():
             label = f"{device}-sim" if simulate else device
             if wanted and label not in wanted:
                 continue
@@ -53,12 +54,13 @@ def run_shapes(shapes, wanted, repeat):
             # each kernel shape once and reuses its trace (the modelled time is the same)
             record = run_bench(*SHAPES[shape], device=device, precision=precision, simulate=simulate,
                                repeat=1 if simulate else repeat,
-                               model_only=simulate and shape != "small")
+                               model_only=simulate and shape != "small", transform=transform)
             record["shape"]["name"] = shape
             record["harness_seconds"] = time.perf_counter() - start
-            path = os.path.join(RESULTS, f"bench_{shape}_{label}_{precision}.json")
+            suffix = "_fp32-transform" if transform == "fp32" else ""
+            path = os.path.join(RESULTS, f"bench_{shape}_{label}_{precision}{suffix}.json")
             _write(path, record)
-            print(f"{shape:7s} {label:9s} {precision}: e_corr {record['e_corr']:.10f}, warm "
+            print(f"{shape:7s} {label:9s} {precision}{suffix}: e_corr {record['e_corr']:.10f}, warm "
                   f"{record['total_seconds']:.3f} s" + (
                       f", modelled trn1 {record['modelled_seconds']['trn1']:.4f} s (model)" if simulate else ""))
 

@@ -63,17 +63,19 @@ def resolve_shape(shape=None, nbasis=None, nocc=None, naux=None):
 
 
 def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate=False,
-              repeat=3, max_memory=None, progress=None, model_only=False, nki_api=None) -> dict:
+              repeat=3, max_memory=None, progress=None, model_only=False, nki_api=None,
+              transform=None) -> dict:
     """Cold + `repeat` warm passes of the pipeline on the synthetic problem -> a JSON-able record."""
     if repeat < 1:
         raise InputError(f"--repeat must be at least 1, got {repeat}")
     if seed < 0:
         raise InputError(f"--seed must be non-negative, got {seed}")
-    backend_check = get_backend(device, precision, simulate, model_only, nki_api)  # fail fast
+    backend_check = get_backend(device, precision, simulate, model_only, nki_api, transform)  # fail fast
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
     passes = []
     for n in range(repeat + 1):
-        backend = backend_check if n == 0 else get_backend(device, precision, simulate, model_only, nki_api)
+        backend = backend_check if n == 0 else get_backend(device, precision, simulate, model_only, nki_api,
+                                                           transform)
         integrals = SyntheticIntegrals(nbasis, nocc, naux, seed)
         start = time.perf_counter()
         result = dfmp2_energy(backend, integrals, coeff, energies, occupations, max_memory=max_memory)
@@ -92,7 +94,8 @@ def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate
                         "tflops": flops[name] / seconds / 1e3 if seconds > 0 else None}
     record = {
         "shape": {"nbasis": nbasis, "nocc": nocc, "nvir": nbasis - nocc, "naux": naux, "seed": seed},
-        "device": device, "precision": backend.precision, "simulated": simulate,
+        "device": device, "precision": backend.precision, "transform": backend.transform,
+        "simulated": simulate,
         "model_only": model_only, "notes": list(getattr(backend, "notes", [])),
         "backend": backend.name, "device_description": backend.describe(),
         "e_corr": result.e_corr, "e_corr_os": result.e_corr_os, "e_corr_ss": result.e_corr_ss,

@@ -38,6 +38,10 @@ NKI_API_OPTION = click.option(
     "--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
     help="With --simulate: the NKI release whose rules the emulator applies "
          "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2].")
+TRANSFORM_OPTION = click.option(
+    "--transform", default=None, metavar="exact|fp32",
+    help="trn1/trn2: the AO->MO transform's arithmetic: exact products of 7-bit slices (1 uEh; the "
+         "default) or plain fp32 products (faster; 1e-7 to 1e-3 Eh off on real molecules, see README).")
 
 
 @cli.command()
@@ -58,6 +62,7 @@ NKI_API_OPTION = click.option(
 @click.option("--simulate", is_flag=True,
               help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
 @NKI_API_OPTION
+@TRANSFORM_OPTION
 @click.option("--max-memory", type=float, default=None, metavar="MB",
               help="Memory budget in MB [default: 80% of available RAM].")
 @click.option("--scratch", default=None, metavar="DIR",
@@ -68,7 +73,7 @@ NKI_API_OPTION = click.option(
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, precision, simulate,
-        nki_api, max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
+        nki_api, transform, max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
@@ -83,7 +88,8 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
         result = run_xyz(molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
                          frozen_core=frozen_core, scf=scf, device=device, precision=precision,
                          simulate=simulate, max_memory=max_memory, scratch=scratch,
-                         scf_max_cycle=scf_max_cycle, progress=progress, nki_api=nki_api)
+                         scf_max_cycle=scf_max_cycle, progress=progress, nki_api=nki_api,
+                         transform=transform)
         if progress:
             progress.clear()
         record = result.as_dict()
@@ -116,6 +122,7 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
               help="With --simulate: emulate each kernel shape once (for the modelled time of large "
                    "shapes); repeated calls use host reference math.")
 @NKI_API_OPTION
+@TRANSFORM_OPTION
 @click.option("--precision", default=None, metavar="fp64|fp32",
               help="GEMM precision [default: fp64; fp32 on trn1/trn2].")
 @click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one.")
@@ -123,7 +130,8 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model_only, nki_api, precision,
+def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model_only, nki_api, transform,
+          precision,
           repeat, max_memory, json_path, quiet, debug):
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
     or model one NKI kernel call (--kernel)."""
@@ -145,7 +153,7 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
         record = run_bench(*sizes, seed=seed, device=device, precision=precision, simulate=simulate,
                            repeat=repeat, max_memory=max_memory, progress=progress,
-                           model_only=model_only, nki_api=nki_api)
+                           model_only=model_only, nki_api=nki_api, transform=transform)
         if progress:
             progress.clear()
         record["shape"]["name"] = shape
@@ -243,7 +251,8 @@ def _print_summary(r):
         f"  molecule    {r['formula']} from {r['molecule']}, charge {r['charge']}, 2S {r['spin']}",
         f"  basis       {r['basis']}, MP2 auxiliary basis {r['auxbasis']}, SCF {scf}",
         f"  sizes       nbasis {r['nbasis']}, nocc {r['nocc']}{frozen}, nvir {r['nvir']}, naux {r['naux']}",
-        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}",
+        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
+        f"transform {r['transform']}",
         *([f"  nki         {r['nki_api']}"] if r.get("nki_api") else []),
         *[f"  note        {note}" for note in r.get("notes", [])],
         f"  kernels     {kernels}",
@@ -273,7 +282,8 @@ def _print_bench(r):
     lines = [
         f"dfmp2 {r['versions']['dfmp2']} bench: synthetic DF-MP2, {name}nbasis {s['nbasis']}, "
         f"nocc {s['nocc']}, nvir {s['nvir']}, naux {s['naux']}, seed {s['seed']}",
-        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}",
+        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
+        f"transform {r['transform']}",
         *[f"  note        {note}" for note in r.get("notes", [])],
         f"  E(corr)     {r['e_corr']:.12f} Eh (os {r['e_corr_os']:.10f}, ss {r['e_corr_ss']:.10f})",
         "",

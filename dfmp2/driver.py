@@ -33,6 +33,7 @@ class DFMP2Result:
     device_description: str
     precision: str
     backend: str
+    transform: str = "fp64"  # AO->MO transform arithmetic: fp64 (cpu, cuda), exact or fp32 (Trainium)
     formula: str = ""
     timings: dict = field(default_factory=dict)
     simulated: bool = False
@@ -61,7 +62,8 @@ class DFMP2Result:
             "nfrozen": corr.nfrozen, "basis": self.basis, "auxbasis": self.auxbasis,
             "scf": self.scf, "scf_auxbasis": self.scf_auxbasis,
             "device": self.device, "device_description": self.device_description,
-            "precision": self.precision, "backend": self.backend, "kernels": dict(self.kernels),
+            "precision": self.precision, "backend": self.backend, "transform": self.transform,
+            "kernels": dict(self.kernels),
             "metric_factorization": corr.metric,
             "memory": {"budget_mb": corr.plan.budget / 1e6, "storage": corr.plan.storage,
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block},
@@ -86,9 +88,9 @@ class DFMP2Result:
 
 def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
                    max_memory=None, scratch=None, progress=None, basis=None,
-                   nki_api=None) -> DFMP2Result:
+                   nki_api=None, transform=None) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF object `mf` (density-fitted or not)."""
-    backend = get_backend(device, precision, simulate, nki_api=nki_api)
+    backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
     reference = chem.mean_field_orbitals(mf)
     integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
     return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
@@ -97,9 +99,9 @@ def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None,
 
 def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
             scf="df", device="cpu", precision=None, simulate=False, max_memory=None, scratch=None,
-            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None) -> DFMP2Result:
+            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None, transform=None) -> DFMP2Result:
     """Read an XYZ file, run RHF (`scf`='df' or 'exact'), then DF-MP2."""
-    backend = get_backend(device, precision, simulate, nki_api=nki_api)
+    backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
     atoms = chem.read_xyz(path)
     mol = chem.build_molecule(atoms, basis, charge, spin)
     integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
@@ -128,7 +130,8 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
         e_hf=reference.e_hf, correlation=corr, basis=basis or chem.basis_name(mf.mol),
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
         device=backend.device_name, device_description=backend.describe(),
-        precision=backend.precision, backend=backend.name, formula=chem.formula(mf.mol),
+        precision=backend.precision, backend=backend.name, transform=backend.transform,
+        formula=chem.formula(mf.mol),
         timings=timings, simulated=simulated,
         kernel_specializations=dict(getattr(backend, "specializations", {})),
         modelled_seconds=backend.modelled_seconds() if simulated else None,

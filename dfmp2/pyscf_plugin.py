@@ -23,7 +23,7 @@ class DFMP2:
     """
 
     def __init__(self, mf, frozen=None, auxbasis=None, device="cpu", precision=None, simulate=False,
-                 nki_api=None):
+                 nki_api=None, transform=None):
         self._scf = mf
         self.mol = mf.mol
         self.frozen = frozen
@@ -32,6 +32,7 @@ class DFMP2:
         self.precision = precision  # None: fp64, or fp32 on trn1/trn2
         self.simulate = simulate  # trn1/trn2 only: run the NKI kernels on dfmp2's emulator
         self.nki_api = nki_api  # with simulate: the NKI release the emulator follows (None: newest)
+        self.transform = transform  # trn1/trn2: AO->MO transform "exact" (None: default) or "fp32"
         self.max_memory = getattr(mf, "max_memory", None)
         self.verbose = getattr(mf, "verbose", 0)
         self.result = None
@@ -53,7 +54,7 @@ class DFMP2:
         self.result = run_mean_field(self._scf, auxbasis=self.auxbasis, frozen=self.frozen,
                                      device=self.device, precision=self.precision,
                                      simulate=self.simulate, max_memory=self.max_memory,
-                                     nki_api=self.nki_api)
+                                     nki_api=self.nki_api, transform=self.transform)
         self.e_hf = self.result.e_hf
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
@@ -63,7 +64,7 @@ class DFMP2:
     def run(self, **options):
         """Set any of the constructor's options, run `kernel()`, return self."""
         for name, value in options.items():
-            if name not in ("frozen", "auxbasis", "device", "precision", "simulate", "nki_api",
+            if name not in ("frozen", "auxbasis", "device", "precision", "simulate", "nki_api", "transform",
                             "max_memory", "verbose"):
                 raise TypeError(f"DFMP2.run() got an unknown option {name!r}")
             setattr(self, name, value)

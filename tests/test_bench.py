@@ -47,6 +47,23 @@ def test_simulated_trn1_matches_cpu():
     assert sum(trn["kernel_specializations"].values()) <= 8
 
 
+def test_plain_fp32_transform_small_shape():
+    """--transform fp32 on the synthetic small shape: within 1e-6 relative of the fp64 CPU run;
+    the transform issues one product per half instead of 35 slice products (whole-run useful
+    fraction above the exact transform's), and (mn|P) crosses as 4 bytes per element, not 5."""
+    cpu = run_bench(*SMALL, repeat=1)
+    exact = run_bench(*SMALL, device="trn2", simulate=True, repeat=1)
+    plain = run_bench(*SMALL, device="trn2", simulate=True, repeat=1, transform="fp32")
+    assert plain["transform"] == "fp32" and exact["transform"] == "exact" and cpu["transform"] == "fp64"
+    assert abs(plain["e_corr"] - cpu["e_corr"]) <= 1e-6 * abs(cpu["e_corr"])
+    m_plain, m_exact = plain["modelled"]["trn2"], exact["modelled"]["trn2"]
+    assert m_plain["tensor_engine_useful_fraction"] > 2 * m_exact["tensor_engine_useful_fraction"]
+    upload = {name: m["seconds_by_step"]["ao2mo_kernel"]["upload_seconds"]
+              for name, m in (("plain", m_plain), ("exact", m_exact))}
+    assert upload["plain"] == pytest.approx(0.8 * upload["exact"], rel=0.05)
+    assert m_plain["launches"] == m_exact["launches"]
+
+
 def test_model_only_gives_the_full_emulations_modelled_time():
     full = run_bench(*SMALL, device="trn1", simulate=True, repeat=1)
     model = run_bench(*SMALL, device="trn1", simulate=True, repeat=1, model_only=True)

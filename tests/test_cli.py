@@ -73,6 +73,8 @@ SUCCESS_RUNS = {
     "lowercase": ["run", "lower.xyz", "--json", "out.json"],
     "trn1_sim": ["run", WATER, "--device", "trn1", "--simulate", "--json", "out.json"],
     "trn2_sim": ["run", WATER, "--device", "trn2", "--simulate", "--json", "out.json"],
+    "trn2_sim_fp32_transform": ["run", WATER, "--device", "trn2", "--simulate", "--transform", "fp32",
+                                "--json", "out.json"],
 }
 
 
@@ -223,6 +225,9 @@ CASES = [
          needles=("trn1", "nki 0.6", "AWS does not support")),
     Case("nki-api-without-simulate", ["run", "{water}", "--device", "trn2", "--nki-api", "0.3"],
          needles=("--nki-api", "--simulate")),
+    Case("transform-on-cpu", ["run", "{water}", "--transform", "fp32"], needles=("--transform", "cpu", "fp64")),
+    Case("unknown-transform", ["run", "{water}", "--device", "trn2", "--simulate", "--transform", "bf16"],
+         needles=("bf16", "exact", "fp32")),
     # water/cc-pVDZ fits in ~0.2 MB, so 1 MB is "too small" only for a larger molecule
     Case("max-memory-too-small", ["run", "{benzene}", "--max-memory", "1"],
          needles=(re.compile(r"memory", re.I), "MB")),
@@ -348,7 +353,7 @@ def test_console_script(tmp_path):
 def test_simulated_trainium_run(runs, target):
     cpu, trn = runs["default"].record, runs[f"{target}_sim"].record
     assert trn["device"] == target and trn["backend"] == "nki" and trn["simulated"] is True
-    assert trn["precision"] == "fp32"
+    assert trn["precision"] == "fp32" and trn["transform"] == "exact" and cpu["transform"] == "fp64"
     assert abs(trn["e_corr"] - cpu["e_corr"]) < 1e-6
     # the metric is factorised once on the host in fp64; the rest runs as NKI kernels
     assert {"trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"} <= set(trn["kernels"])
@@ -364,3 +369,13 @@ def test_simulated_trainium_run(runs, target):
     assert "not a measurement" in trn["modelled_note"]
     assert "model" in trn["modelled_seconds_note"]
     assert "MODEL" in runs[f"{target}_sim"].proc.stdout
+
+
+def test_simulated_trainium_run_with_plain_fp32_transform(runs):
+    """--transform fp32: recorded in the JSON and the summary, no host-side slicing of (mn|P),
+    the energy still within 1 uEh of fp64 on water/cc-pVDZ (measured -9e-8 Eh)."""
+    cpu, plain = runs["default"].record, runs["trn2_sim_fp32_transform"].record
+    assert plain["transform"] == "fp32" and plain["device"] == "trn2"
+    assert "host:slice_operands" not in plain["kernels"] and plain["kernels"]["ao2mo_kernel"] >= 1
+    assert abs(plain["e_corr"] - cpu["e_corr"]) < 1e-6
+    assert "transform fp32" in runs["trn2_sim_fp32_transform"].proc.stdout

@@ -87,6 +87,53 @@ def test_ao2mo(target, api, dim, size):
     assert rel_err(out, reference) <= REL_TOL
 
 
+@pytest.mark.parametrize("target, api", TARGETS)
+@pytest.mark.parametrize("dim, size", [("nao", 1), ("nao", 129), ("nao", 1100), ("nocc", 300), ("nvir", 513)])
+def test_ao2mo_plain_fp32_transform(target, api, dim, size):
+    """transform="fp32": one plain fp32 product per half, ragged sizes, against fp64."""
+    d = sized({"naux": 3, "nao": 7, "nocc": 7, "nvir": 7}, dim, size)
+    rng = np.random.default_rng(size + 5)
+    ints = rng.standard_normal((d["naux"], d["nao"], d["nao"]))
+    ints = ints + ints.transpose(0, 2, 1)
+    c_occ = rng.standard_normal((d["nao"], d["nocc"]))
+    c_vir = rng.standard_normal((d["nao"], d["nvir"]))
+    backend = NkiBackend(target, simulate=True, nki_api=api, transform="fp32")
+    out = backend.ao2mo(f32(ints), f32(c_occ), f32(c_vir))
+    assert rel_err(out, np.einsum("pmn,mi,na->iap", ints, c_occ, c_vir)) <= REL_TOL
+    assert "host:slice_operands" not in backend.calls
+
+
+@pytest.mark.parametrize("target, api", TARGETS)
+def test_exact_transform_survives_cancellation_that_plain_fp32_does_not(target, api):
+    """A nearly linearly dependent AO basis (pairs of functions that differ by ~3%) and MO
+    coefficients of +-30 on each pair, as diffuse sets produce: each half's sums cancel to a few
+    % of their terms. The exact-product transform keeps the fp64 result to the fp32 rounding of
+    the output; plain fp32 products and sums lose 100x more."""
+    rng = np.random.default_rng(11)
+    SCALE, DELTA = 30.0, 3e-2
+    nprim, naux, nocc, nvir = 32, 2, 5, 9
+    basis = np.empty((nprim, 2 * nprim))
+    basis[:, 0::2] = rng.standard_normal((nprim, nprim))
+    basis[:, 1::2] = basis[:, 0::2] + DELTA * rng.standard_normal((nprim, nprim))
+    metric = rng.standard_normal((naux, nprim, nprim))
+    ints = np.einsum("km,pkl,ln->pmn", basis, metric + metric.transpose(0, 2, 1), basis)
+
+    def coefficients(n):
+        c = rng.standard_normal((2 * nprim, n))
+        c[1::2] = -SCALE * c[0::2] + rng.standard_normal((nprim, n))
+        c[0::2] *= SCALE
+        return c
+
+    c_occ, c_vir = coefficients(nocc), coefficients(nvir)
+    reference = np.einsum("pmn,mi,na->iap", ints, c_occ, c_vir)
+    errors = {}
+    for transform in ("exact", "fp32"):
+        backend = NkiBackend(target, simulate=True, nki_api=api, transform=transform)
+        errors[transform] = rel_err(backend.ao2mo(torch.from_numpy(ints), torch.from_numpy(c_occ),
+                                                  torch.from_numpy(c_vir)), reference)
+    assert errors["exact"] < 3e-7 and errors["fp32"] > 100 * errors["exact"], errors
+
+
 def reference_pair_energy(b_i, b_j, e_i, e_j, e_vir):
     """fp64: E_os = sum (ia|jb)^2 / D, E_ss = sum (ia|jb)[(ia|jb) - (ib|ja)] / D."""
     iajb = np.einsum("iaq,jbq->iajb", b_i, b_j)

@@ -15,6 +15,7 @@ from ..errors import ComputationError, InputError
 
 DEVICES = ("cpu", "cuda", "trn1", "trn2")
 PRECISIONS = ("fp64", "fp32")
+TRANSFORMS = ("exact", "fp32")  # Trainium's AO->MO transform arithmetic (see nki_backend.TRANSFORMS)
 TRAINIUM = ("trn1", "trn2")
 
 
@@ -24,7 +25,7 @@ def default_precision(device: str) -> str:
 
 
 def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False,
-                model_only: bool = False, nki_api: str | None = None):
+                model_only: bool = False, nki_api: str | None = None, transform: str | None = None):
     """Backend for `device` in `precision` (None: the device's default).
 
     InputError for unknown names and impossible combinations; ComputationError if the device
@@ -33,12 +34,17 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     emulate each kernel shape once, for a modelled time of runs too large to emulate in full.
     nki_api (trn1/trn2 with simulate): the NKI release whose rules the emulator applies
     (default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2).
+    transform (trn1/trn2): the AO->MO transform's arithmetic, "exact" (default: exact products
+    of 7-bit slices, 1 uEh) or "fp32" (plain fp32 products: faster, 1e-7 to 1e-3 Eh off on real
+    molecules); cpu and cuda always transform in fp64.
     """
     if device not in DEVICES:
         raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
     precision = precision or default_precision(device)
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision {precision!r} (use one of: {', '.join(PRECISIONS)})")
+    if transform is not None and transform not in TRANSFORMS:
+        raise InputError(f"unknown transform {transform!r} (use one of: {', '.join(TRANSFORMS)})")
     if device in TRAINIUM:
         if precision != "fp32":
             raise InputError(f"{device} has no fp64 arithmetic: use --precision fp32 (the default there)")
@@ -62,11 +68,13 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                     "same NKI kernels on dfmp2's emulator. Nothing was computed.")
         note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
                                  installed=not simulate)
-        backend = NkiBackend(device, simulate, model_only, nki_api)
+        backend = NkiBackend(device, simulate, model_only, nki_api, transform or "exact")
         backend.notes = [note] if note else []
         return backend
     if simulate or model_only or nki_api is not None:
         raise InputError(f"--simulate, --model-only and --nki-api apply to trn1 and trn2, not to {device}")
+    if transform is not None:
+        raise InputError(f"--transform applies to trn1 and trn2; {device} transforms in fp64")
     from .torch_backend import TorchBackend, cuda_available
 
     if device == "cuda" and not cuda_available():

@@ -77,6 +77,10 @@ def neuron_sdk_missing():
 # ---- exact-product slices for the AO->MO transform (Ozaki's scheme) ----------------------------
 SLICE_BITS = 7  # each slice: an integer of <= 7 bits times a power of two shared along the contraction
 INPUT_SLICES = 5  # slices of (mn|P), C_occ, C_vir: 35 bits below each column's largest element
+# the AO->MO transform's arithmetic on the device: "exact" (Ozaki slices, exact products and
+# 512-term sums; 1 uEh) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
+# molecules, see README)
+TRANSFORMS = ("exact", "fp32")
 ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-67)  # first-slice rounding constant of padded (all-zero) columns
 
 
@@ -206,8 +210,10 @@ class NkiBackend:
     itemsize = 4
     has_fp64 = False  # no fp64 anywhere on a NeuronCore
 
-    def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None):
+    def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,
+                 transform: str = "exact"):
         self.device_name = target
+        self.transform = transform  # TRANSFORMS
         self.target = target
         self.simulate = simulate
         # the NKI API whose rules apply: emulated (default: the newest AWS documents for the
@@ -309,12 +315,15 @@ class NkiBackend:
 
     def describe(self) -> str:
         core = "NeuronCore-v2" if self.target == "trn1" else "NeuronCore-v3"
+        transform = "exact-product" if self.transform == "exact" else "plain fp32"
         if self.simulate and self.model_only:
             return (f"{self.target} NKI emulator, model-only ({core} limits, nki {self.nki_api} rules; "
-                    "each kernel shape emulated once, repeats computed by host reference math)")
+                    f"each kernel shape emulated once, repeats computed by host reference math; "
+                    f"{transform} transform)")
         if self.simulate:
-            return f"{self.target} NKI emulator ({core} limits, nki {self.nki_api} rules; numpy on the host CPU)"
-        return f"{self.target} {core} via torch-neuronx ({self.device}), nki {self.nki_api}"
+            return (f"{self.target} NKI emulator ({core} limits, nki {self.nki_api} rules; numpy on the "
+                    f"host CPU; {transform} transform)")
+        return f"{self.target} {core} via torch-neuronx ({self.device}), nki {self.nki_api}, {transform} transform"
 
     def modelled_seconds(self) -> dict:
         """PEAK MODEL (uncalibrated, not measured): kernel time on each target at published peaks
@@ -468,57 +477,82 @@ class NkiBackend:
     def ao2mo(self, ao_block, c_occ, c_vir):
         """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP].
 
-        The fp64 (mn|P) and C (host arrays: a NeuronCore has no fp64) are cut into 7-bit slices
-        on the host (`column_slices`), so the kernel's products and PSUM sums are exact (see the
-        kernel). Occupied orbitals go in chunks of at most 512 (one PSUM bank), one call each.
+        transform "exact": the fp64 (mn|P) and C (host arrays: a NeuronCore has no fp64) are cut
+        into 7-bit slices on the host (`column_digits`, `column_slices`), so the kernel's products
+        and PSUM sums are exact (see the kernel). "fp32": (mn|P) and C rounded to fp32, one
+        product per half. Occupied orbitals go in chunks of at most 512 (one PSUM bank), one
+        call each.
         """
         x = np.asarray(self.to_host(ao_block), dtype=np.float64)
         occ_chunks, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
         nP, nao, _ = x.shape
         nvir = vir_slices.shape[2]
-        self.calls["host:slice_operands"] += 1
-        digits, scale = column_digits(x, INPUT_SLICES)
-        x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
-        x_max = np.abs(x).reshape(nP, -1).max(axis=1)
+        exact = self.transform == "exact"
+        if exact:
+            self.calls["host:slice_operands"] += 1
+            digits, scale = column_digits(x, INPUT_SLICES)
+            x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
+            x_max = np.abs(x).reshape(nP, -1).max(axis=1)
+        else:
+            x_digits = torch.from_numpy(x.astype(np.float32))[None]
+        slices = x_digits.shape[0]
         chunks = []
         for occ_slices, c_occ_l1 in occ_chunks:
             nc = occ_slices.shape[2]
             # only the auxiliary index is padded (to the run's largest block: one specialization);
             # the kernel takes ragged nao, nocc and nvir
             pp = self._bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nc, nvir)))[0][0]
-            grid = half_transform_grid(x_max, c_occ_l1)  # [nP, 1, nc]
+            if exact:
+                grid = half_transform_grid(x_max, c_occ_l1)  # [nP, 1, nc]
+                scale_arg = self._pad(x_scale, (pp, nao, 1), 1.0)
+                grid_arg = self._pad(torch.from_numpy(grid), (pp, 1, nc), ROUNDING_PAD)
+            else:  # not read by the kernel: placeholders that already live in HBM
+                scale_arg, grid_arg = self._placeholder((pp, nao, 1)), self._placeholder((pp, 1, nc))
             out = self._launch("ao2mo_kernel", (
-                self._pad_digits(x_digits, (INPUT_SLICES, pp, nao, nao)),
-                self._pad(x_scale, (pp, nao, 1), 1.0),
+                self._pad_digits(x_digits, (slices, pp, nao, nao)),
+                scale_arg,
                 occ_slices,
                 vir_slices,
-                self._pad(torch.from_numpy(grid), (pp, 1, nc), ROUNDING_PAD)),
+                grid_arg),
                 2 * nP * nao * nc * (nao + nvir), grid=self.lnc)  # both half-transforms, done once
             chunks.append(out[:nP].permute(2, 1, 0))  # [nc, nvir, nP] view of [nP, nvir, nc]
         return chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=0))
 
     def _orbital_slices(self, c_occ, c_vir):
         """([(slices, sum_m |C_mi|) of each <= 512-column chunk of C_occ], slices of C_vir), the
-        slices in device HBM, cut on the host from the fp64 C once per pair of coefficient
-        tensors (one per run)."""
+        slices [S, nao, n] in device HBM, cut on the host from the fp64 C once per pair of
+        coefficient tensors (one per run); transform "fp32": S = 1, C rounded to fp32."""
         cached = self._operand_cache.get("orbitals")
         if cached is not None and cached[0] is c_occ and cached[1] is c_vir:
             return cached[2]
         occ = np.asarray(self.to_host(c_occ), dtype=np.float64)
         vir = np.asarray(self.to_host(c_vir), dtype=np.float64)
-        slices = ([(self.to_device(column_slices(occ[:, i0:i0 + FREE], INPUT_SLICES)),
-                    np.abs(occ[:, i0:i0 + FREE]).sum(axis=0))
+
+        def cut(c):
+            if self.transform == "exact":
+                return self.to_device(column_slices(c, INPUT_SLICES))
+            return self.to_device(c[None])
+
+        slices = ([(cut(occ[:, i0:i0 + FREE]), np.abs(occ[:, i0:i0 + FREE]).sum(axis=0))
                    for i0 in range(0, occ.shape[1], FREE)],
-                  self.to_device(column_slices(vir, INPUT_SLICES)))
+                  cut(vir))
         self._operand_cache["orbitals"] = (c_occ, c_vir, slices)
         return slices
 
+    def _placeholder(self, shape):
+        """An fp32 tensor of `shape` in HBM (zeros, made once) for a kernel argument the kernel
+        does not read in this configuration."""
+        key = ("placeholder", tuple(shape))
+        if key not in self._operand_cache:
+            self._operand_cache[key] = self.zeros(shape)
+        return self._operand_cache[key]
+
     @staticmethod
     def _pad_digits(digits, shape):
-        """int8 digits zero-padded to `shape` (on the host, where they are made)."""
+        """(mn|P) digits (int8) or values (fp32) zero-padded to `shape` (on the host, where they are made)."""
         if tuple(digits.shape) == tuple(shape):
             return digits
-        out = torch.zeros(shape, dtype=torch.int8)
+        out = torch.zeros(shape, dtype=digits.dtype)
         out[tuple(slice(0, n) for n in digits.shape)] = digits
         return out
 
@@ -612,7 +646,9 @@ def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, tr
 
 
 def _digits_value(digits, scale):
-    """sum_s digits_s 2^(e_n - 7 (s + 1)) in fp64: [NP, NAO, NAO]."""
+    """sum_s digits_s 2^(e_n - 7 (s + 1)) in fp64: [NP, NAO, NAO] (fp32 values: the one slice itself)."""
+    if digits.dtype != torch.int8:
+        return digits[0].double()
     weights = torch.tensor([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(digits.shape[0])], dtype=torch.float64)
     value = (digits.double() * weights[:, None, None, None]).sum(0)
     return value * scale.double()[:, :, 0][:, None, :]

@@ -159,18 +159,21 @@ def trsm_kernel(x, l_t, linv_t):
 
 @nki.jit
 def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
-    """Batched two-sided transform with exact fp32 products: out[p, a, i] = sum_mn C_mi C_na (mn|p).
+    """Batched two-sided transform: out[p, a, i] = sum_mn C_mi C_na (mn|p), with exact fp32
+    products (S > 1 slices, the default) or plain fp32 products (S == 1).
 
-    Why: fp32 accumulation of these sums loses 1 uEh to 25 mEh of the MP2 energy to cancellation
-    (AO coefficients of both signs; diffuse and quadruple-zeta sets are worst). Every operand
-    arrives as S slices, each an integer of at most 7 bits times a power of two shared along the
-    contraction (Ozaki's scheme), so each slice product and its accumulation in PSUM over up to
-    512 terms (CHUNK tiles) are exact; only the truncation of the slices remains.
+    Why exact: fp32 accumulation of these sums loses 1 uEh to 25 mEh of the MP2 energy to
+    cancellation (AO coefficients of both signs; diffuse and quadruple-zeta sets are worst). Every
+    operand arrives as S slices, each an integer of at most 7 bits times a power of two shared
+    along the contraction (Ozaki's scheme), so each slice product and its accumulation in PSUM
+    over up to 512 terms (CHUNK tiles) are exact; only the truncation of the slices remains.
 
-    x_digits [S, NP, NAO, NAO] int8: the slices of (mn|p) as integers d_s (|d_s| <= 127), slice s
-    = d_s 2^(e_pn - 7 (s + 1)); x_scale [NP, NAO, 1]: 2^(e_pn) per column n (1 byte per slice
-    element crosses from the host, not 4). The kernel makes X_s = d_s 2^(-7 (s + 1)) (exact, on
-    the Scalar Engine) and applies 2^(e_pn) to row n of H (exact, a power of two).
+    x_digits [S, NP, NAO, NAO]: S > 1: int8, the slices of (mn|p) as integers d_s (|d_s| <= 127),
+    slice s = d_s 2^(e_pn - 7 (s + 1)); x_scale [NP, NAO, 1]: 2^(e_pn) per column n (1 byte per
+    slice element crosses from the host, not 4). The kernel makes X_s = d_s 2^(-7 (s + 1)) (exact,
+    on the Scalar Engine) and applies 2^(e_pn) to row n of H (exact, a power of two).
+    S == 1: fp32 (mn|p) itself and C itself as the one "slice"; x_scale and h_grid are not read;
+    one product per half, accumulated in PSUM over the whole contraction (no TwoSum).
     c_occ_slices [S, NAO, NOCC], c_vir_slices [S, NAO, NVIR]: fp32 slices per column (host-sliced
     from fp64). h_grid [NP, 1, NOCC]: 1.5 * 2^23 * 2^(E_pi - 7), E_pi >= log2 max_n |H[n, i]| (a
     host bound); broadcast to the partitions on the Tensor Engine and scaled by 2^(-7 (u - 1)):
@@ -188,10 +191,12 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
     p + n, ...
     """
     S, NP, NAO, _ = x_digits.shape
-    SH = H_SLICES
+    exact = S > 1
+    SH = H_SLICES if exact else 1
     NOCC = c_occ_slices.shape[2]
     NVIR = c_vir_slices.shape[2]
     nm = (NAO + P - 1) // P
+    chunk = CHUNK if exact else nm  # exact PSUM sums need contractions of <= 512 terms
     GW = 256 if NOCC <= 256 else FREE  # PSUM columns per group: two groups share a bank when they fit
     out = nl.ndarray((NP, NVIR, NOCC), dtype=nl.float32, buffer=nl.shared_hbm)
     c_occ_sb = nl.ndarray((P, S * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
@@ -201,66 +206,84 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
             rm = min(P, NAO - m * P)
             nisa.dma_copy(dst=c_occ_sb[0:rm, t * nm + m, :], src=c_occ_slices[t, m * P:m * P + rm, :])
             nisa.dma_copy(dst=c_vir_sb[0:rm, t * nm + m, :], src=c_vir_slices[t, m * P:m * P + rm, :])
-    ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)  # broadcasts a row to 128 partitions
-    nisa.memset(dst=ones, value=1.0)
+    if exact:
+        ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)  # broadcasts a row to 128 partitions
+        nisa.memset(dst=ones, value=1.0)
     for p in range(nl.program_id(0), NP, nl.num_programs()):
         h_hi = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)  # H[n, i], n on partitions
-        h_lo = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-        scale = nl.ndarray((P, nm), dtype=nl.float32, buffer=nl.sbuf)  # 2^(e_pn), n on partitions
+        if exact:
+            h_lo = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            scale = nl.ndarray((P, nm), dtype=nl.float32, buffer=nl.sbuf)  # 2^(e_pn), n on partitions
+            for n in nl.affine_range(nm):
+                rn = min(P, NAO - n * P)
+                nisa.dma_copy(dst=scale[0:rn, n:n + 1], src=x_scale[p, n * P:n * P + rn, :])
         for n in nl.affine_range(nm):
             rn = min(P, NAO - n * P)
-            nisa.dma_copy(dst=scale[0:rn, n:n + 1], src=x_scale[p, n * P:n * P + rn, :])
-        for n in nl.affine_range(nm):
-            rn = min(P, NAO - n * P)
-            for c0 in range(0, nm, CHUNK):  # exact PSUM sums need contractions of <= 512
+            for c0 in range(0, nm, chunk):
                 groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
-                for m in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                for m in nl.affine_range(c0, min(c0 + chunk, nm)):
                     rm = min(P, NAO - m * P)
-                    digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
                     x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
-                    for s in range(S):
-                        nisa.dma_copy(dst=digits[0:rm, s, 0:rn],
-                                      src=x_digits[s, p, m * P:m * P + rm, n * P:n * P + rn])
-                        nisa.activation(dst=x_tiles[0:rm, s, 0:rn], op=nl.copy, data=digits[0:rm, s, 0:rn],
-                                        scale=DIGIT_WEIGHTS[s])
+                    if exact:
+                        digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
+                        for s in range(S):
+                            nisa.dma_copy(dst=digits[0:rm, s, 0:rn],
+                                          src=x_digits[s, p, m * P:m * P + rm, n * P:n * P + rn])
+                            nisa.activation(dst=x_tiles[0:rm, s, 0:rn], op=nl.copy,
+                                            data=digits[0:rm, s, 0:rn], scale=DIGIT_WEIGHTS[s])
+                    else:
+                        nisa.dma_copy(dst=x_tiles[0:rm, 0, 0:rn],
+                                      src=x_digits[0, p, m * P:m * P + rm, n * P:n * P + rn])
                     for s in range(S):
                         for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
                             nisa.nc_matmul(dst=groups[0:rn, s + t, 0:NOCC], stationary=x_tiles[0:rm, s, 0:rn],
                                            moving=c_occ_sb[0:rm, t * nm + m, :])
-                _add_groups(groups, S, h_hi[0:rn, n, :], h_lo[0:rn, n, :], NOCC, c0 == 0)
-            for part in (h_hi, h_lo):  # H rows times 2^(e_pn): exact
-                nisa.tensor_scalar(dst=part[0:rn, n, :], data=part[0:rn, n, :], op0=nl.multiply,
-                                   operand0=scale[0:rn, n:n + 1])
-        grid_row = nl.ndarray((1, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=grid_row, src=h_grid[p, :, :])
-        grid_psum = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=grid_psum, stationary=ones, moving=grid_row)  # the row on every partition
-        grid = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=grid, src=grid_psum)
-        h_slices = nl.ndarray((P, SH * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-        for u in range(SH):
-            if u > 0:  # the next slice's grid: 2^-7 finer (exact)
-                nisa.tensor_scalar(dst=grid, data=grid, op0=nl.multiply, operand0=SLICE_STEP)
-            for n in nl.affine_range(nm):
-                rn = min(P, NAO - n * P)
-                _peel_slice(h_hi[0:rn, n, :], h_lo[0:rn, n, :], grid[0:rn], h_slices[0:rn, u * nm + n, :], NOCC)
+                if exact:
+                    _add_groups(groups, S, h_hi[0:rn, n, :], h_lo[0:rn, n, :], NOCC, c0 == 0)
+                else:
+                    nisa.tensor_copy(dst=h_hi[0:rn, n, :], src=groups[0:rn, 0, 0:NOCC])
+            if exact:
+                for part in (h_hi, h_lo):  # H rows times 2^(e_pn): exact
+                    nisa.tensor_scalar(dst=part[0:rn, n, :], data=part[0:rn, n, :], op0=nl.multiply,
+                                       operand0=scale[0:rn, n:n + 1])
+        if exact:
+            grid_row = nl.ndarray((1, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=grid_row, src=h_grid[p, :, :])
+            grid_psum = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=grid_psum, stationary=ones, moving=grid_row)  # the row on every partition
+            grid = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=grid, src=grid_psum)
+            h_slices = nl.ndarray((P, SH * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            for u in range(SH):
+                if u > 0:  # the next slice's grid: 2^-7 finer (exact)
+                    nisa.tensor_scalar(dst=grid, data=grid, op0=nl.multiply, operand0=SLICE_STEP)
+                for n in nl.affine_range(nm):
+                    rn = min(P, NAO - n * P)
+                    _peel_slice(h_hi[0:rn, n, :], h_lo[0:rn, n, :], grid[0:rn], h_slices[0:rn, u * nm + n, :],
+                                NOCC)
+        else:
+            h_slices = h_hi  # the one "slice": H itself
         for a0 in range(0, NVIR, P):  # T^T[a, i]: virtuals on the output partitions, NOCC moving
             ma = min(P, NVIR - a0)
             t_hi = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            t_lo = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            for c0 in range(0, nm, CHUNK):
+            if exact:
+                t_lo = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
+            for c0 in range(0, nm, chunk):
                 groups = nl.ndarray((P, SH, GW), dtype=nl.float32, buffer=nl.psum)
-                for n in nl.affine_range(c0, min(c0 + CHUNK, nm)):
+                for n in nl.affine_range(c0, min(c0 + chunk, nm)):
                     rn = min(P, NAO - n * P)
                     for u in range(SH):
                         for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
                             nisa.nc_matmul(dst=groups[0:ma, u + t, 0:NOCC],
                                            stationary=c_vir_sb[0:rn, t * nm + n, a0:a0 + ma],
                                            moving=h_slices[0:rn, u * nm + n, :])
-                _add_groups(groups, SH, t_hi[0:ma], t_lo[0:ma], NOCC, c0 == 0)
-            res = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=res[0:ma], data1=t_hi[0:ma], data2=t_lo[0:ma], op=nl.add)
-            nisa.dma_copy(dst=out[p, a0:a0 + ma, :], src=res[0:ma])
+                if exact:
+                    _add_groups(groups, SH, t_hi[0:ma], t_lo[0:ma], NOCC, c0 == 0)
+                else:
+                    nisa.tensor_copy(dst=t_hi[0:ma], src=groups[0:ma, 0, 0:NOCC])
+            if exact:
+                nisa.tensor_tensor(dst=t_hi[0:ma], data1=t_hi[0:ma], data2=t_lo[0:ma], op=nl.add)
+            nisa.dma_copy(dst=out[p, a0:a0 + ma, :], src=t_hi[0:ma])
     return out
 
 

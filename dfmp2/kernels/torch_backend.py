@@ -43,6 +43,7 @@ class TorchBackend:
     """Kernels on torch tensors. `device`: 'cpu' or 'cuda'; `precision`: 'fp64' or 'fp32'."""
 
     name = "torch"
+    transform = "fp64"  # the AO->MO transform runs in fp64 in both precisions (see pipeline)
     has_fp64 = True
 
     def __init__(self, device: str, precision: str):
