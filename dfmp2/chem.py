@@ -1,11 +1,13 @@
 """Chemistry front end: the only module that talks to PySCF.
 
-It reads molecules, runs the RHF reference, chooses the MP2-fit auxiliary basis and
-hands the pipeline plain arrays:
+It reads molecules, runs the RHF, UHF or ROHF reference, chooses the MP2-fit auxiliary basis
+and hands the pipeline plain arrays:
 
     three-center integrals (mn|P)   [naux block, nao, nao]   Hartree, fp64
     Coulomb metric         (P|Q)    [naux, naux]              Hartree, fp64
-    orbitals C [nao, nmo], orbital energies e [nmo] (Hartree), occupations [nmo]
+    orbitals C [nao, nmo], orbital energies e [nmo] (Hartree), occupations [nmo] (RHF); the
+    same per spin ([2, nao, nmo], ...) for UHF and for ROHF's semicanonical orbitals, with the
+    ROHF Fock matrices in that basis (for the singles)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .errors import ComputationError, InputError
 SCF_CONV_TOL = 1e-11  # Hartree; with SCF_CONV_TOL_GRAD keeps e_corr stable to well below 1e-8 Eh
 SCF_CONV_TOL_GRAD = 1e-7
 SCF_MAX_CYCLE = 100
+REFERENCES = ("rhf", "uhf", "rohf")
 
 
 # ----------------------------------------------------------------------------- molecules
@@ -93,7 +96,8 @@ def read_xyz(path: str) -> list:
 
 
 def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0):
-    """PySCF Mole from atoms (Angstrom). Checks basis, charge and spin (2S) for closed-shell RHF."""
+    """PySCF Mole from atoms (Angstrom). Checks the basis, and that charge and spin (2S) are
+    possible for the electron count."""
     from pyscf import gto
 
     _check_basis_name(basis, sorted({a.symbol for a in atoms}))
@@ -106,11 +110,9 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0):
     if (nelectron - spin) % 2:
         if spin == 0:
             raise InputError(
-                f"odd electron count ({nelectron}): closed-shell RHF needs an even number; "
-                "check --charge")
+                f"odd electron count ({nelectron}) with spin 0: a closed shell needs an even "
+                "number; check --charge, or give --spin (2S) for an open shell")
         raise InputError(f"spin {spin} (2S) is impossible with {nelectron} electrons")
-    if spin != 0:
-        raise InputError(f"spin {spin}: only closed-shell (RHF, spin 0) DF-MP2 is available")
     mol = gto.Mole()
     mol.atom = [(a.symbol, a.xyz) for a in atoms]
     mol.unit = "Angstrom"
@@ -145,14 +147,28 @@ def _check_basis_name(basis: str, symbols: list) -> None:
 
 # ----------------------------------------------------------------------------- SCF
 
-def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE):
-    """Converged closed-shell RHF. scf='df': density-fitted with PySCF's default JK-fit basis;
-    scf='exact': conventional four-center integrals. Raises ComputationError if not converged."""
+def choose_reference(spin: int, reference: str | None) -> str:
+    """The SCF reference: `reference` if given (rhf, uhf, rohf), else RHF for a closed shell
+    (spin 0) and UHF for an open one. RHF with spin > 0 is bad input."""
+    if reference is None:
+        return "rhf" if spin == 0 else "uhf"
+    if reference not in REFERENCES:
+        raise InputError(f"unknown reference {reference!r} (use one of: {', '.join(REFERENCES)})")
+    if reference == "rhf" and spin != 0:
+        raise InputError(f"RHF needs a closed shell, but 2S = {spin}: use --reference uhf or rohf")
+    return reference
+
+
+def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str = "rhf"):
+    """Converged RHF, UHF or ROHF (`reference`). scf='df': density-fitted with PySCF's default
+    JK-fit basis; scf='exact': conventional four-center integrals. Raises ComputationError if
+    not converged."""
     from pyscf import scf as pyscf_scf
 
     if scf not in ("df", "exact"):
         raise InputError(f"unknown SCF mode {scf!r} (use 'df' or 'exact')")
-    mf = pyscf_scf.RHF(mol)
+    reference = choose_reference(mol.spin, reference)
+    mf = {"rhf": pyscf_scf.RHF, "uhf": pyscf_scf.UHF, "rohf": pyscf_scf.ROHF}[reference](mol)
     if scf == "df":
         mf = mf.density_fit()  # auxbasis: pyscf.df.make_auxbasis(mol), the JK-fit set
     mf.conv_tol = SCF_CONV_TOL
@@ -162,7 +178,7 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE):
     mf.kernel()
     if not mf.converged:
         raise ComputationError(
-            f"SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
+            f"{reference.upper()} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
     return mf
 
 
@@ -184,39 +200,79 @@ def scf_auxbasis_name(mf):
 
 @dataclass
 class MeanField:
-    """Closed-shell reference: orbitals C [nao, nmo], energies e [nmo] (Eh), occupations [nmo]."""
+    """A reference for MP2. RHF: orbitals C [nao, nmo], energies e [nmo] (Eh), occupations [nmo]
+    (0/2). UHF and ROHF: each per spin, [2, nao, nmo], [2, nmo], [2, nmo] (0/1); ROHF's are the
+    semicanonical orbitals, with fock_mo [2, nmo, nmo] (Eh) their Fock matrices (off-diagonal
+    occupied-virtual blocks: the singles). spin_square: <S^2> of the reference."""
 
+    reference: str  # rhf, uhf or rohf
     mo_coeff: np.ndarray
     mo_energy: np.ndarray
     mo_occ: np.ndarray
     e_hf: float
     nelectron: int
+    spin_square: float = 0.0
+    fock_mo: np.ndarray | None = None
 
 
 def mean_field_orbitals(mf) -> MeanField:
-    """Extract the RHF reference from a PySCF mean-field object, refusing what RMP2 cannot use."""
+    """Extract the reference from a converged PySCF RHF, UHF or ROHF object (density-fitted or
+    not), refusing what DF-MP2 here cannot use (GHF, complex orbitals, unconverged SCF)."""
     from pyscf import scf as pyscf_scf
 
-    if isinstance(mf, (pyscf_scf.uhf.UHF, pyscf_scf.ghf.GHF)):
-        raise InputError(f"{type(mf).__name__} is open-shell: dfmp2 needs a closed-shell RHF")
+    if isinstance(mf, pyscf_scf.ghf.GHF):
+        raise InputError(f"{type(mf).__name__} is a generalized (GHF) reference: dfmp2 takes RHF, UHF or ROHF")
     if isinstance(mf, pyscf_scf.rohf.ROHF):
-        raise InputError(f"{type(mf).__name__} is restricted open-shell: dfmp2 needs a closed-shell RHF")
-    if not isinstance(mf, pyscf_scf.hf.RHF):
-        raise InputError(f"{type(mf).__name__} is not a PySCF RHF object")
-    if mf.mol.spin != 0:
-        raise InputError(f"molecule has spin {mf.mol.spin}: dfmp2 needs a closed-shell RHF")
+        reference = "rohf"
+    elif isinstance(mf, pyscf_scf.uhf.UHF):
+        reference = "uhf"
+    elif isinstance(mf, pyscf_scf.hf.RHF):
+        reference = "rhf"
+    else:
+        raise InputError(f"{type(mf).__name__} is not a PySCF RHF, UHF or ROHF object")
     if mf.mo_coeff is None or not getattr(mf, "converged", False):
-        raise InputError("the mean field is not converged: run mf.kernel() to convergence first")
+        raise InputError(f"the {reference.upper()} mean field is not converged: run mf.kernel() to "
+                         "convergence first")
+    if np.iscomplexobj(mf.mo_coeff):
+        raise InputError("complex orbitals: dfmp2 takes real RHF, UHF or ROHF references")
+    if reference == "rhf" and mf.mol.spin != 0:
+        raise InputError(f"molecule has spin {mf.mol.spin}: RHF needs a closed shell (use UHF or ROHF)")
     mo_coeff = np.asarray(mf.mo_coeff, dtype=np.float64)
-    if mo_coeff.ndim != 2:
-        raise InputError("mo_coeff is not a single matrix: dfmp2 needs a closed-shell RHF")
-    return MeanField(
-        mo_coeff=mo_coeff,
-        mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
-        mo_occ=np.asarray(mf.mo_occ, dtype=np.float64),
-        e_hf=float(mf.e_tot),
-        nelectron=int(mf.mol.nelectron),
-    )
+    if mo_coeff.ndim != (3 if reference == "uhf" else 2):
+        raise InputError(f"mo_coeff has shape {mo_coeff.shape}, not that of a {reference.upper()} reference")
+    common = dict(reference=reference, e_hf=float(mf.e_tot), nelectron=int(mf.mol.nelectron))
+    if reference == "rhf":
+        return MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
+                         mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), **common)
+    spin_square = float(mf.spin_square()[0])
+    if reference == "uhf":
+        return MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
+                         mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), spin_square=spin_square, **common)
+    return MeanField(**semicanonical_orbitals(mf), spin_square=spin_square, **common)
+
+
+def semicanonical_orbitals(mf) -> dict:
+    """ROHF -> semicanonical orbitals per spin (as Psi4's ROHF-MBPT(2)): the alpha (beta) Fock
+    matrix F^s diagonalised separately in that spin's occupied and virtual spaces (alpha
+    occupied: doubly and singly occupied; beta occupied: doubly occupied).
+    Returns mo_coeff [2, nao, nmo], mo_energy [2, nmo], mo_occ [2, nmo] (occupied first, each
+    space in ascending energy) and fock_mo [2, nmo, nmo] = C_s^T F^s C_s."""
+    coeff = np.asarray(mf.mo_coeff, dtype=np.float64)
+    fock = mf.get_fock(dm=mf.make_rdm1())  # ROHF: tagged with the spin Fock matrices
+    out = {"mo_coeff": [], "mo_energy": [], "mo_occ": [], "fock_mo": []}
+    for fock_ao, occupied in ((fock.focka, mf.mo_occ > 0), (fock.fockb, mf.mo_occ > 1)):
+        fock_ao = np.asarray(fock_ao, dtype=np.float64)
+        blocks = []
+        for space in (np.flatnonzero(occupied), np.flatnonzero(~occupied)):
+            c = coeff[:, space]
+            e, u = np.linalg.eigh(c.T @ fock_ao @ c)  # F^s_pq in this space, diagonalised
+            blocks.append((c @ u, e))
+        c_s = np.hstack([blocks[0][0], blocks[1][0]])
+        out["mo_coeff"].append(c_s)
+        out["mo_energy"].append(np.concatenate([blocks[0][1], blocks[1][1]]))
+        out["mo_occ"].append(np.concatenate([np.ones(blocks[0][1].size), np.zeros(blocks[1][1].size)]))
+        out["fock_mo"].append(c_s.T @ fock_ao @ c_s)
+    return {key: np.asarray(value) for key, value in out.items()}
 
 
 def frozen_core_count(mol) -> int:

@@ -51,10 +51,13 @@ TRANSFORM_OPTION = click.option(
               help="MP2 auxiliary basis [default: the MP2-fit/RI set for --basis].")
 @click.option("--charge", type=int, default=0, show_default=True, help="Molecular charge.")
 @click.option("--spin", type=int, default=0, show_default=True,
-              help="2S (number of unpaired electrons); RHF needs 0.")
+              help="2S (number of unpaired electrons); > 0 runs UHF unless --reference says otherwise.")
+@click.option("--reference", default=None, metavar="rhf|uhf|rohf",
+              help="SCF reference [default: rhf for --spin 0, uhf otherwise]; rohf gives ROHF-MBPT(2) "
+                   "on semicanonical orbitals, singles included (as Psi4).")
 @click.option("--frozen-core", is_flag=True, help="Freeze the usual core orbitals of each element.")
 @click.option("--scf", type=click.Choice(["df", "exact"]), default="df", show_default=True,
-              help="RHF with density fitting (JK-fit basis) or exact four-center integrals.")
+              help="SCF with density fitting (JK-fit basis) or exact four-center integrals.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels run.")
 @click.option("--precision", default=None, metavar="fp64|fp32",
@@ -72,7 +75,7 @@ TRANSFORM_OPTION = click.option(
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, precision, simulate,
+def run(molecule, basis, auxbasis, charge, spin, reference, frozen_core, scf, device, precision, simulate,
         nki_api, transform, max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
@@ -89,7 +92,7 @@ def run(molecule, basis, auxbasis, charge, spin, frozen_core, scf, device, preci
                          frozen_core=frozen_core, scf=scf, device=device, precision=precision,
                          simulate=simulate, max_memory=max_memory, scratch=scratch,
                          scf_max_cycle=scf_max_cycle, progress=progress, nki_api=nki_api,
-                         transform=transform)
+                         transform=transform, reference=reference)
         if progress:
             progress.clear()
         record = result.as_dict()
@@ -243,14 +246,20 @@ class _Progress:
 
 def _print_summary(r):
     kernels = ", ".join(f"{name} x{count}" for name, count in sorted(r["kernels"].items()))
-    frozen = f" ({r['nfrozen']} frozen)" if r["nfrozen"] else ""
+    def spins(value):  # an int (RHF) or [alpha, beta]
+        return f"{value[0]}a/{value[1]}b" if isinstance(value, list) else f"{value}"
+
+    frozen = f" ({spins(r['nfrozen'])} frozen)" if r["nfrozen"] not in (0, [0, 0]) else ""
+    reference = r["reference"].upper() + (f", <S^2> {r['spin_square']:.4f}" if r["reference"] != "rhf" else "")
     scf = r["scf"] + (f" (JK-fit: {r['scf_auxbasis']})" if r["scf_auxbasis"] else "")
     mem = r["memory"]
     lines = [
         f"dfmp2 {r['version']}: DF-MP2 (RI-MP2) correlation energy",
         f"  molecule    {r['formula']} from {r['molecule']}, charge {r['charge']}, 2S {r['spin']}",
         f"  basis       {r['basis']}, MP2 auxiliary basis {r['auxbasis']}, SCF {scf}",
-        f"  sizes       nbasis {r['nbasis']}, nocc {r['nocc']}{frozen}, nvir {r['nvir']}, naux {r['naux']}",
+        f"  reference   {reference}",
+        f"  sizes       nbasis {r['nbasis']}, nocc {spins(r['nocc'])}{frozen}, nvir {spins(r['nvir'])}, "
+        f"naux {r['naux']}",
         f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
         f"transform {r['transform']}",
         *([f"  nki         {r['nki_api']}"] if r.get("nki_api") else []),
@@ -263,6 +272,7 @@ def _print_summary(r):
         f"  E(HF)             {r['e_hf']:20.12f} Eh",
         f"  E(corr, os)       {r['e_corr_os']:20.12f} Eh",
         f"  E(corr, ss)       {r['e_corr_ss']:20.12f} Eh",
+        *([f"  E(corr, singles)  {r['e_corr_singles']:20.12f} Eh"] if r["reference"] == "rohf" else []),
         f"  E(corr)           {r['e_corr']:20.12f} Eh",
         f"  E(corr, SCS)      {r['e_scs']:20.12f} Eh",
         f"  E(total)          {r['e_tot']:20.12f} Eh",

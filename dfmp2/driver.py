@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import __version__, chem
+from .errors import InputError
 from .kernels import get_backend
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
 
@@ -25,6 +26,7 @@ class DFMP2Result:
 
     e_hf: float
     correlation: CorrelationEnergy
+    reference: str  # rhf, uhf or rohf
     basis: str
     auxbasis: str
     scf: str
@@ -44,10 +46,12 @@ class DFMP2Result:
     nki_api: str | None = None  # trn1/trn2: the NKI release emulated, or installed on the host
     notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
     neuron_versions: dict | None = None  # Trainium host: installed nki, neuronx-cc, torch-neuronx, torch-xla
+    spin_square: float = 0.0  # <S^2> of the reference
 
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
     e_corr_ss = property(lambda self: self.correlation.e_corr_ss)
+    e_corr_singles = property(lambda self: self.correlation.e_corr_singles)
     e_scs = property(lambda self: self.correlation.e_scs)
     e_tot = property(lambda self: self.e_hf + self.correlation.e_corr)
     kernels = property(lambda self: self.correlation.kernels)  # kernel name -> call count
@@ -57,9 +61,11 @@ class DFMP2Result:
         record = {
             "formula": self.formula,
             "e_hf": self.e_hf, "e_corr": self.e_corr, "e_corr_os": self.e_corr_os,
-            "e_corr_ss": self.e_corr_ss, "e_scs": self.e_scs, "e_tot": self.e_tot,
-            "nbasis": corr.nao, "nocc": corr.nocc, "nvir": corr.nvir, "naux": corr.naux,
-            "nfrozen": corr.nfrozen, "basis": self.basis, "auxbasis": self.auxbasis,
+            "e_corr_ss": self.e_corr_ss, "e_corr_singles": self.e_corr_singles,
+            "e_scs": self.e_scs, "e_tot": self.e_tot,
+            "reference": self.reference, "spin_square": self.spin_square,
+            "nbasis": corr.nao, "nocc": _per_spin(corr.nocc), "nvir": _per_spin(corr.nvir),
+            "naux": corr.naux, "nfrozen": _per_spin(corr.nfrozen), "basis": self.basis, "auxbasis": self.auxbasis,
             "scf": self.scf, "scf_auxbasis": self.scf_auxbasis,
             "device": self.device, "device_description": self.device_description,
             "precision": self.precision, "backend": self.backend, "transform": self.transform,
@@ -86,10 +92,15 @@ class DFMP2Result:
         return record
 
 
+def _per_spin(value):
+    """An int (restricted) or [alpha, beta] (unrestricted) for the JSON record."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
                    max_memory=None, scratch=None, progress=None, basis=None,
                    nki_api=None, transform=None) -> DFMP2Result:
-    """DF-MP2 on a converged PySCF RHF object `mf` (density-fitted or not)."""
+    """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf` (density-fitted or not)."""
     backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
     reference = chem.mean_field_orbitals(mf)
     integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
@@ -99,19 +110,27 @@ def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None,
 
 def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
             scf="df", device="cpu", precision=None, simulate=False, max_memory=None, scratch=None,
-            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None, transform=None) -> DFMP2Result:
-    """Read an XYZ file, run RHF (`scf`='df' or 'exact'), then DF-MP2."""
+            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None, transform=None,
+            reference=None) -> DFMP2Result:
+    """Read an XYZ file, run the SCF (`reference` rhf/uhf/rohf, default RHF for spin 0 and UHF
+    otherwise; `scf`='df' or 'exact'), then DF-MP2."""
     backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
+    reference = chem.choose_reference(spin, reference)
     atoms = chem.read_xyz(path)
     mol = chem.build_molecule(atoms, basis, charge, spin)
     integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
     nfrozen = chem.frozen_core_count(mol) if frozen_core else 0
-    ndocc = mol.nelectron // 2
-    plan_for(backend, integrals, ndocc - nfrozen, integrals.nao - ndocc, max_memory)  # fail before SCF
+    nalpha, nbeta = (mol.nelectron + spin) // 2, (mol.nelectron - spin) // 2
+    spins = [nalpha] if reference == "rhf" else [nalpha, nbeta]
+    for n, name in zip(spins, ("alpha", "beta")):
+        if n <= nfrozen:
+            label = f"{name} " if reference != "rhf" else ""
+            raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
+    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], max_memory)  # fail before SCF
     if progress:
         progress("SCF", 0, 1)
     start = time.perf_counter()
-    mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle)
+    mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle, reference=reference)
     timings = {"scf": time.perf_counter() - start}
     return _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, nfrozen or None, max_memory,
                       scratch, progress, basis, timings)
@@ -122,12 +141,13 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
     start = time.perf_counter()
     corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                         reference.mo_occ, frozen=frozen, max_memory=max_memory, scratch=scratch,
-                        progress=progress)
+                        progress=progress, fock_mo=reference.fock_mo)
     timings.update(corr.timings)
     timings["mp2"] = time.perf_counter() - start
     simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator
     return DFMP2Result(
-        e_hf=reference.e_hf, correlation=corr, basis=basis or chem.basis_name(mf.mol),
+        e_hf=reference.e_hf, correlation=corr, reference=reference.reference,
+        spin_square=reference.spin_square, basis=basis or chem.basis_name(mf.mol),
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
         device=backend.device_name, device_description=backend.describe(),
         precision=backend.precision, backend=backend.name, transform=backend.transform,

@@ -3,10 +3,15 @@
     1. metric Cholesky   J_PQ = (P|Q) = L L^T
     2. AO->MO transform  (ia|P) = sum_mn C_mi C_na (mn|P)
     3. whitening         B_ia^Q = sum_P (ia|P) [L^-T]_PQ
-    4. pair energies     (ia|jb) = sum_Q B_ia^Q B_jb^Q
-                         E_os = sum_ijab (ia|jb)^2 / D_ijab
+    4. pair energies     (ia|jb) = sum_Q B_ia^Q B_jb^Q,  D_ijab = e_i + e_j - e_a - e_b
+       restricted        E_os = sum_ijab (ia|jb)^2 / D_ijab
                          E_ss = sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D_ijab
-                         D_ijab = e_i + e_j - e_a - e_b
+       unrestricted      E_os = sum_iJaB (ia|JB)^2 / D_iJaB              (alpha i, a; beta J, B)
+                         E_ss = 1/2 sum_s sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D   (s = aa, bb)
+    ROHF-MBPT(2), on semicanonical orbitals: the unrestricted sums plus
+                         E_singles = sum_s sum_ia |f_ia|^2 / (e_i - e_a)
+Spin is a parameter of the one code path: steps 2-4 run per spin channel (a restricted
+reference has one, an unrestricted two, sharing the metric and each (mn|P) block).
 Every array operation goes through a backend from `dfmp2.kernels`; there is no device
 branching here. Memory: all steps work in blocks sized from a budget; nothing is
 O(nocc^2 nvir^2).
@@ -30,12 +35,14 @@ MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget
 
 # ----------------------------------------------------------------------------- orbitals
 
-def active_orbitals(mo_occ, frozen=None):
-    """Indices of active occupied and virtual orbitals.
+def active_orbitals(mo_occ, frozen=None, spin=""):
+    """Indices of active occupied and virtual orbitals of one spin channel.
 
     frozen: None/0, an int n (the n lowest orbitals), or a list of orbital indices.
+    spin: 'alpha'/'beta' for the error messages of an unrestricted reference.
     Returns (occ_index, vir_index, nfrozen).
     """
+    where = f" ({spin} spin)" if spin else ""
     mo_occ = np.asarray(mo_occ)
     nmo = mo_occ.size
     occupied = np.flatnonzero(mo_occ > 0)
@@ -44,7 +51,7 @@ def active_orbitals(mo_occ, frozen=None):
         frozen_set = set()
     elif isinstance(frozen, (int, np.integer)) and not isinstance(frozen, bool):
         if frozen < 0 or frozen > nocc:
-            raise InputError(f"frozen={frozen}: must be between 0 and the {nocc} occupied orbitals")
+            raise InputError(f"frozen={frozen}: must be between 0 and the {nocc} occupied orbitals{where}")
         frozen_set = set(range(int(frozen)))
     else:
         try:
@@ -53,14 +60,46 @@ def active_orbitals(mo_occ, frozen=None):
             raise InputError(f"frozen={frozen!r}: expected an int or a list of orbital indices") from None
         bad = sorted(p for p in frozen_set if p < 0 or p >= nmo)
         if bad:
-            raise InputError(f"frozen orbital index {bad[0]} is outside 0..{nmo - 1}")
+            raise InputError(f"frozen orbital index {bad[0]} is outside 0..{nmo - 1}{where}")
     occ_index = np.array([p for p in occupied if p not in frozen_set], dtype=int)
     vir_index = np.array([p for p in np.flatnonzero(mo_occ == 0) if p not in frozen_set], dtype=int)
     if occ_index.size == 0:
-        raise InputError("no active occupied orbitals left after freezing")
+        raise InputError(f"no active occupied orbitals left after freezing{where}")
     if vir_index.size == 0:
-        raise InputError("no active virtual orbitals: the basis has no virtual space")
+        raise InputError(f"no active virtual orbitals{where}: the basis has no virtual space")
     return occ_index, vir_index, len(frozen_set)
+
+
+def frozen_per_spin(frozen, nspin):
+    """PySCF's conventions for an unrestricted reference: None or an int n (the n lowest
+    orbitals of each spin), a list of indices (the same for both spins), or a pair of lists
+    [[alpha...], [beta...]]. Returns one `frozen` per spin channel."""
+    if nspin == 1:
+        return [frozen]
+    if frozen is None or isinstance(frozen, (int, np.integer)):
+        return [frozen, frozen]
+    try:
+        items = list(frozen)
+    except TypeError:
+        raise InputError(f"frozen={frozen!r}: expected an int, a list of indices or two lists") from None
+    nested = [isinstance(item, (list, tuple, np.ndarray)) for item in items]
+    if any(nested):
+        if not all(nested) or len(items) != 2:
+            raise InputError(f"frozen={frozen!r}: per-spin frozen orbitals are two lists, "
+                             "[[alpha...], [beta...]]")
+        return [list(items[0]), list(items[1])]
+    return [items, items]
+
+
+def spin_channels(mo_coeff, mo_energy, mo_occ):
+    """Split a reference into spin channels [(C [nao, nmo], e [nmo], occ [nmo])]: one for a
+    restricted reference (C 2-D), two (alpha, beta) for an unrestricted one (C [2, nao, nmo]
+    or a pair of matrices, as PySCF's UHF holds them)."""
+    if isinstance(mo_coeff, (list, tuple)) or np.asarray(mo_coeff).ndim == 3:
+        return [(np.asarray(mo_coeff[s], dtype=np.float64), np.asarray(mo_energy[s], dtype=np.float64),
+                 np.asarray(mo_occ[s], dtype=np.float64)) for s in range(2)]
+    return [(np.asarray(mo_coeff, dtype=np.float64), np.asarray(mo_energy, dtype=np.float64),
+             np.asarray(mo_occ, dtype=np.float64))]
 
 
 # ----------------------------------------------------------------------------- memory plan
@@ -76,12 +115,14 @@ class MemoryPlan:
     minimum: int  # smallest budget that could run at all (bytes)
 
 
-def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
+def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
                 preferred_aux_block_bytes=None, preferred_pair_rows=512,
                 occ_block_limit=None, pair_scratch_bytes=None) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes.
 
-    itemsize: bytes per element of the stored (ia|P) / B. The backend's preferences:
+    spaces: [(nocc, nvir)] of active orbitals per spin channel (one: restricted; two: alpha,
+    beta: both three-center tensors are stored). itemsize: bytes per element of the stored
+    (ia|P) / B. The backend's preferences:
     preferred_aux_block_bytes, the size of one block of unpacked (mn|P) (None: as large as
     fits); preferred_pair_rows, the (i, a) rows of one pair-energy GEMM (small blocks waste
     less on the diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most
@@ -89,7 +130,9 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
     pair_scratch_bytes(nb, nvir), the memory one pair-energy call needs beyond its B blocks
     (default: ~5 fp64 [nb, nvir, nb, nvir] temporaries).
     """
-    fixed = 3 * naux * naux * 8 + 2 * nao * nao * 8  # (P|Q), its factor, C
+    nocc = max(o for o, _ in spaces)
+    nvir = max(v for _, v in spaces)
+    fixed = 3 * naux * naux * 8 + 2 * len(spaces) * nao * nao * 8  # (P|Q), its factor, C per spin
 
     def transform_bytes(nP):  # fp64: packed + unpacked integrals, device copy, half/full transform
         return nP * 8 * (nao * (nao + 1) // 2 + 2 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir)
@@ -101,7 +144,7 @@ def plan_memory(budget, nao, nocc, nvir, naux, largest_shell, itemsize,
     def whiten_bytes(nb):
         return 4 * nb * nvir * naux * itemsize
 
-    store = nocc * nvir * naux * itemsize
+    store = sum(o * v for o, v in spaces) * naux * itemsize
     least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
     if least > budget:
         raise InputError(
@@ -149,70 +192,138 @@ def whiten_three_center(backend, factor, iaP):
     return whiten(backend, factor, iaP)
 
 
-def pair_energies(backend, store, e_occ, e_vir, occ_block, naux, progress=None):
-    """Step 4: (E_os, E_ss) over all active i, j, using e_ij = e_ji (blocks I >= J only).
+def pair_energies(backend, stores, channels, occ_block, naux, progress=None):
+    """Step 4: (E_os, E_ss) of all active pairs, in fp64 (module docstring: restricted and
+    unrestricted sums). stores[s] holds B of channel s [nocc_s, nvir_s, naux]; channels[s]
+    has its e_occ [nocc_s], e_vir [nvir_s] (Eh) on the device."""
+    same = [_channel_pairs(s, s, channels, occ_block) for s in range(len(channels))]
+    cross = [_channel_pairs(0, 1, channels, occ_block)] if len(channels) == 2 else []
+    total = sum(len(blocks) for blocks in same + cross)
+    done = [0]
 
-    store holds B [nocc, nvir, naux]; e_occ [nocc], e_vir [nvir] (Eh) on the device.
-    Off-diagonal block pairs count twice; sums are fp64.
-    """
-    blocks = block_ranges(e_occ.shape[0], occ_block)
-    npairs = len(blocks) * (len(blocks) + 1) // 2
+    def tick():
+        done[0] += 1
+        if progress:
+            progress("pair energies", done[0], total)
+
+    sums = [_pair_sums(backend, stores, channels, s, s, same[s], naux, tick) for s in range(len(channels))]
+    if len(channels) == 1:
+        return sums[0]  # restricted: the closed-shell sums are E_os and E_ss
+    e_os, _ = _pair_sums(backend, stores, channels, 0, 1, cross[0], naux, tick)
+    return e_os, 0.5 * (sums[0][1] + sums[1][1])
+
+
+def _channel_pairs(s, t, channels, occ_block):
+    """Occupied block pairs (I of channel s, J of channel t, weight): within one channel I >= J,
+    off-diagonal pairs counted twice (e_ij = e_ji); across channels every (I, J) once."""
+    blocks_i = block_ranges(channels[s].e_occ.shape[0], occ_block)
+    blocks_j = block_ranges(channels[t].e_occ.shape[0], occ_block)
+    if s != t:
+        return [(bi, bj, 1.0) for bi in blocks_i for bj in blocks_j]
+    return [(bi, bj, 1.0 if n == m else 2.0) for n, bi in enumerate(blocks_i) for m, bj in enumerate(blocks_j[:n + 1])]
+
+
+def _pair_sums(backend, stores, channels, s, t, pairs, naux, tick):
+    """(sum (ia|jb)^2 / D, sum (ia|jb)[(ia|jb) - (ib|ja)] / D) over `pairs` of occupied blocks of
+    channels s and t (across channels only the first: no exchange between spins)."""
     e_os = e_ss = 0.0
-    done = 0
-    for bi, (i0, i1) in enumerate(blocks):
-        b_i = store.read_occ(i0, i1, naux)
-        for j0, j1 in blocks[: bi + 1]:
-            b_j = b_i if j0 == i0 else store.read_occ(j0, j1, naux)
-            os_block, ss_block = backend.pair_energy(b_i, b_j, e_occ[i0:i1], e_occ[j0:j1], e_vir)
-            weight = 1.0 if j0 == i0 else 2.0
-            e_os += weight * os_block
-            e_ss += weight * ss_block
-            done += 1
-            if progress:
-                progress("pair energies", done, npairs)
+    cached = {}
+    for (i0, i1), (j0, j1), weight in pairs:
+        if (i0, i1) not in cached:
+            cached.clear()
+            cached[(i0, i1)] = stores[s].read_occ(i0, i1, naux)
+        b_i = cached[(i0, i1)]
+        b_j = b_i if s == t and j0 == i0 else stores[t].read_occ(j0, j1, naux)
+        e_vir_j = None if s == t else channels[t].e_vir  # another spin's virtuals: no exchange
+        os_block, ss_block = backend.pair_energy(b_i, b_j, channels[s].e_occ[i0:i1],
+                                                 channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
+        e_os += weight * os_block
+        e_ss += weight * ss_block
+        tick()
     return e_os, e_ss
+
+
+def singles_energy(channels):
+    """ROHF-MBPT(2) singles: sum_s sum_ia |f_ia|^2 / (e_i - e_a) over active i, a, fp64 (Eh);
+    0 for canonical references (f_ia = 0)."""
+    return float(sum(np.sum(ch.f_ov ** 2 / (ch.e_occ_host[:, None] - ch.e_vir_host[None, :]))
+                     for ch in channels if ch.f_ov is not None))
 
 
 # ----------------------------------------------------------------------------- driver
 
 @dataclass
+class SpinChannel:
+    """One spin channel's active orbitals: C_occ [nao, nocc], C_vir [nao, nvir] and e_occ,
+    e_vir (Eh) on the device; the same energies on the host (fp64), and f_ov [nocc, nvir], the
+    occupied-virtual Fock block of non-canonical (ROHF semicanonical) orbitals, or None."""
+
+    name: str  # '' (restricted), 'alpha' or 'beta'
+    c_occ: object
+    c_vir: object
+    e_occ: object
+    e_vir: object
+    e_occ_host: np.ndarray
+    e_vir_host: np.ndarray
+    f_ov: np.ndarray | None
+    nfrozen: int
+
+    @property
+    def nocc(self):
+        return self.e_occ_host.size
+
+    @property
+    def nvir(self):
+        return self.e_vir_host.size
+
+
+@dataclass
 class CorrelationEnergy:
-    """DF-MP2 correlation energy (Eh) with its sizes, timings (s) and what ran."""
+    """DF-MP2 correlation energy (Eh) with its sizes, timings (s) and what ran. nocc, nvir and
+    nfrozen are ints for a restricted reference, (alpha, beta) tuples for an unrestricted one."""
 
     e_corr_os: float
     e_corr_ss: float
-    nocc: int
-    nvir: int
+    nocc: object
+    nvir: object
     naux: int
     nao: int
-    nfrozen: int
+    nfrozen: object
     metric: str
     plan: MemoryPlan
     timings: dict = field(default_factory=dict)
     kernels: dict = field(default_factory=dict)
+    e_corr_singles: float = 0.0  # ROHF-MBPT(2) singles (0 for canonical references)
 
     @property
     def e_corr(self) -> float:
-        return self.e_corr_os + self.e_corr_ss
+        return self.e_corr_os + self.e_corr_ss + self.e_corr_singles
 
     @property
     def e_scs(self) -> float:
-        """Grimme's spin-component-scaled correlation energy: 6/5 E_os + 1/3 E_ss."""
-        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0
+        """Grimme's spin-component-scaled correlation energy: 6/5 E_os + 1/3 E_ss (+ the ROHF
+        singles, as Psi4 counts them)."""
+        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self.e_corr_singles
 
 
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
-                 max_memory=None, scratch=None, progress=None) -> CorrelationEnergy:
-    """DF-MP2 correlation energy of a closed-shell reference.
+                 max_memory=None, scratch=None, progress=None, fock_mo=None) -> CorrelationEnergy:
+    """DF-MP2 correlation energy of a restricted or unrestricted reference.
 
     integrals: provider with nao, naux, metric(), aux_blocks(limit), block(p0, p1), largest_shell().
-    mo_coeff [nao, nmo], mo_energy [nmo] (Eh), mo_occ [nmo]; frozen as in `active_orbitals`.
-    max_memory: budget in MB (default: 80% of available RAM, or of free GPU memory).
+    Restricted: mo_coeff [nao, nmo], mo_energy [nmo] (Eh), mo_occ [nmo] (0/2). Unrestricted:
+    each of them per spin ([2, nao, nmo], [2, nmo], [2, nmo], occupations 0/1). frozen as in
+    `active_orbitals` (unrestricted: `frozen_per_spin`). fock_mo: per spin, the Fock matrix in
+    the (semicanonical) MO basis [nmo, nmo] of a non-canonical reference (ROHF), for the
+    singles; None for canonical orbitals. max_memory: budget in MB (default: 80% of available
+    RAM, or of free GPU memory).
     """
-    occ_index, vir_index, nfrozen = active_orbitals(mo_occ, frozen)
-    nocc, nvir = occ_index.size, vir_index.size
+    refs = spin_channels(mo_coeff, mo_energy, mo_occ)
+    names = [""] if len(refs) == 1 else ["alpha", "beta"]
+    selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
+                in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
-    plan = plan_for(backend, integrals, nocc, nvir, max_memory)
+    plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory)
     backend.expect_blocks(plan.aux_block, plan.occ_block)
     timings = {}
 
@@ -229,54 +340,76 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
 
     # the transform and the orbital energies stay fp64 in every precision: rounding (mn|P) to
     # fp32 before the transform costs ~2e-6 Eh on benzene/cc-pVTZ (see README, precision)
-    c_occ = backend.to_device(np.asarray(mo_coeff)[:, occ_index], fp64=True)
-    c_vir = backend.to_device(np.asarray(mo_coeff)[:, vir_index], fp64=True)
-    e_occ = backend.to_device(np.asarray(mo_energy)[occ_index], fp64=True)
-    e_vir = backend.to_device(np.asarray(mo_energy)[vir_index], fp64=True)
+    channels = []
+    for s, ((coeff, energy, _), (occ_index, vir_index, nfrozen)) in enumerate(zip(refs, selected)):
+        f_ov = None if fock_mo is None else np.asarray(fock_mo[s], dtype=np.float64)[np.ix_(occ_index, vir_index)]
+        channels.append(SpinChannel(
+            name=names[s],
+            c_occ=backend.to_device(coeff[:, occ_index], fp64=True),
+            c_vir=backend.to_device(coeff[:, vir_index], fp64=True),
+            e_occ=backend.to_device(energy[occ_index], fp64=True),
+            e_vir=backend.to_device(energy[vir_index], fp64=True),
+            e_occ_host=energy[occ_index], e_vir_host=energy[vir_index], f_ov=f_ov, nfrozen=nfrozen))
 
-    shape = (nocc, nvir, naux)
-    store = MemoryStore(backend, shape) if plan.storage == "memory" else \
-        DiskStore(backend, shape, scratch)
+    def new_store(ch):
+        shape = (ch.nocc, ch.nvir, naux)
+        return MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(backend, shape, scratch)
+
+    stores = []
     try:
+        for ch in channels:
+            stores.append(new_store(ch))
         aux_blocks = integrals.aux_blocks(plan.aux_block)
-        for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P)
+        for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P), each spin
             ao_block = integrals.block(p0, p1)
             clock = lap("integrals", clock)
             ao_block = backend.to_device(ao_block, fp64=True)
-            store.write_aux(p0, p1, transform_to_mo(backend, ao_block, c_occ, c_vir))
+            for ch, store in zip(channels, stores):
+                store.write_aux(p0, p1, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
             del ao_block
             clock = lap("transform", clock)
             if progress:
                 progress("AO->MO transform", n + 1, len(aux_blocks))
 
-        occ_blocks = block_ranges(nocc, plan.occ_block)
-        for n, (i0, i1) in enumerate(occ_blocks):  # 3. B = (ia|P) L^-T
-            store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
-            if progress:
-                progress("whitening", n + 1, len(occ_blocks))
+        for ch, store in zip(channels, stores):  # 3. B = (ia|P) L^-T, each spin
+            occ_blocks = block_ranges(ch.nocc, plan.occ_block)
+            for n, (i0, i1) in enumerate(occ_blocks):
+                store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
+                if progress:
+                    progress("whitening", n + 1, len(occ_blocks))
         clock = lap("whiten", clock)
 
-        e_os, e_ss = pair_energies(backend, store, e_occ, e_vir, plan.occ_block,  # 4. energies
+        e_os, e_ss = pair_energies(backend, stores, channels, plan.occ_block,  # 4. energies
                                    factor.nkept, progress)
         lap("pair_energies", clock)
     finally:
-        store.close()
+        for store in stores:
+            store.close()
+    e_singles = singles_energy(channels)
+    if any(ch.f_ov is not None for ch in channels):
+        backend.calls["host:singles"] += 1  # fp64 on the host: nocc x nvir per spin
 
-    for name, value in (("opposite-spin", e_os), ("same-spin", e_ss)):
+    for name, value in (("opposite-spin", e_os), ("same-spin", e_ss), ("singles", e_singles)):
         if not np.isfinite(value):
             raise ComputationError(f"the {name} MP2 energy is not finite ({value})")
+
+    def per_spin(values):
+        return values[0] if len(values) == 1 else tuple(values)
+
     return CorrelationEnergy(
-        e_corr_os=e_os, e_corr_ss=e_ss, nocc=nocc, nvir=nvir, naux=naux, nao=nao,
-        nfrozen=nfrozen, metric=factor.describe(), plan=plan, timings=timings,
-        kernels=dict(backend.calls))
+        e_corr_os=e_os, e_corr_ss=e_ss, e_corr_singles=e_singles,
+        nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
+        naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
+        metric=factor.describe(), plan=plan, timings=timings, kernels=dict(backend.calls))
 
 
-def plan_for(backend, integrals, nocc, nvir, max_memory) -> MemoryPlan:
-    """The memory plan of a run with `nocc` active occupied and `nvir` virtual orbitals."""
-    return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, nocc, nvir,
+def plan_for(backend, integrals, spaces, max_memory) -> MemoryPlan:
+    """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel."""
+    return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, spaces,
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
                        backend.preferred_aux_block_bytes, backend.preferred_pair_rows,
-                       backend.occ_block_limit(nvir, integrals.naux), backend.pair_scratch_bytes)
+                       backend.occ_block_limit(max(v for _, v in spaces), integrals.naux),
+                       backend.pair_scratch_bytes)
 
 
 def _budget_bytes(backend, max_memory):

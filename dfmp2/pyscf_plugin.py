@@ -1,10 +1,11 @@
-"""PySCF plugin: a drop-in for pyscf.mp.dfmp2.DFMP2 on closed-shell references.
+"""PySCF plugin: a drop-in for pyscf.mp.dfmp2.DFMP2 (RHF) and pyscf.mp.dfump2.DFUMP2 (UHF),
+and ROHF-MBPT(2) for ROHF references (semicanonical orbitals, singles included, as Psi4).
 
     from dfmp2 import DFMP2
     pt = DFMP2(mf, frozen=1, device="cpu", precision="fp64")
     pt = DFMP2(mf, device="trn1", simulate=True)   # NKI kernels on the emulator
     e_corr = pt.kernel()      # or pt.run() -> pt
-    pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_scs, pt.e_tot
+    pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_scs, pt.e_tot, pt.e_corr_singles (ROHF)
 
 The MP2 auxiliary basis defaults to the MP2-fit (RI) set for the orbital basis, also when the
 SCF was density-fitted with a JK-fit basis (which PySCF's own DFMP2 would reuse).
@@ -16,9 +17,13 @@ from .driver import run_mean_field
 
 
 class DFMP2:
-    """Options for one DF-MP2 calculation on a converged RHF `mf`; `kernel()` runs it.
+    """Options for one DF-MP2 calculation on a converged RHF, UHF or ROHF `mf` (density-fitted
+    or not); `kernel()` runs it, the method following the object.
 
-    frozen: None, an int (lowest orbitals) or a list of orbital indices (PySCF convention).
+    frozen: None, an int (lowest orbitals, of each spin), a list of orbital indices (the same
+    for both spins) or, for UHF/ROHF, a pair of lists [[alpha...], [beta...]] (PySCF convention).
+    e_corr_ss is the sum of the alpha-alpha and beta-beta parts; e_corr includes the ROHF
+    singles (e_corr_singles, 0 otherwise).
     max_memory: MB (default: mf.max_memory). Energies are in Hartree.
     """
 
@@ -40,6 +45,7 @@ class DFMP2:
         self.e_corr = None
         self.e_corr_os = None
         self.e_corr_ss = None
+        self.e_corr_singles = None
 
     @property
     def e_tot(self):
@@ -59,6 +65,7 @@ class DFMP2:
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
         self.e_corr_ss = self.result.e_corr_ss
+        self.e_corr_singles = self.result.e_corr_singles
         return self.e_corr
 
     def run(self, **options):

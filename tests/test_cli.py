@@ -28,13 +28,15 @@ import dfmp2
 ROOT = Path(__file__).resolve().parents[1]
 WATER = ROOT / "examples" / "water.xyz"
 BENZENE = ROOT / "examples" / "benzene.xyz"
+METHYL = ROOT / "examples" / "methyl.xyz"
 CUDA = torch.cuda.is_available()
 TIMEOUT_S = 600
 WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 JSON_KEYS = {"e_hf", "e_corr", "e_corr_os", "e_corr_ss", "e_scs", "e_tot", "nbasis", "nocc",
              "nvir", "naux", "nfrozen", "basis", "auxbasis", "scf", "device", "precision",
-             "timings", "version", "kernels", "backend"}
+             "timings", "version", "kernels", "backend", "reference", "spin_square", "e_corr_singles",
+             "transform"}
 
 WATER_LINES = ["O   0.000000   0.000000   0.117300",
                "H   0.000000   0.757200  -0.469200",
@@ -73,6 +75,8 @@ SUCCESS_RUNS = {
     "lowercase": ["run", "lower.xyz", "--json", "out.json"],
     "trn1_sim": ["run", WATER, "--device", "trn1", "--simulate", "--json", "out.json"],
     "trn2_sim": ["run", WATER, "--device", "trn2", "--simulate", "--json", "out.json"],
+    "methyl_uhf": ["run", METHYL, "--spin", "1", "--json", "out.json"],
+    "methyl_rohf": ["run", METHYL, "--spin", "1", "--reference", "rohf", "--frozen-core", "--json", "out.json"],
     "trn2_sim_fp32_transform": ["run", WATER, "--device", "trn2", "--simulate", "--transform", "fp32",
                                 "--json", "out.json"],
 }
@@ -213,7 +217,11 @@ CASES = [
     Case("no-electrons-left", ["run", "{water}", "--charge", "20"], needles=("electron",)),
     Case("odd-electron-count", ["run", "{water}", "--charge", "1"], needles=("electron",)),
     Case("impossible-spin", ["run", "{water}", "--spin", "1"], needles=("spin", "10 electrons")),
-    Case("open-shell-spin", ["run", "{water}", "--spin", "2"], needles=("closed-shell", "RHF")),
+    Case("rhf-for-an-open-shell", ["run", "{water}", "--spin", "2", "--reference", "rhf"],
+         needles=("RHF", "closed shell", "2S = 2")),
+    Case("unknown-reference", ["run", "{water}", "--spin", "2", "--reference", "ghf"], needles=("ghf", "rohf")),
+    Case("odd-electrons-with-spin-0", ["run", "{methyl}"], needles=("odd electron count", "--spin")),
+    Case("impossible-spin-for-radical", ["run", "{methyl}", "--spin", "2"], needles=("spin 2", "9 electrons")),
     Case("unknown-device", ["run", "{water}", "--device", "tpu"], needles=("tpu",)),
     Case("simulate-on-cpu", ["run", "{water}", "--simulate"], needles=("--simulate",)),
     Case("trainium-fp64", ["run", "{water}", "--device", "trn1", "--simulate", "--precision", "fp64"],
@@ -243,6 +251,8 @@ CASES = [
     # runtime failures: exit status 1
     Case("scf-not-converging", ["run", "{water}", "--scf-max-cycle", "1"], code=1,
          needles=("SCF", "converge")),
+    Case("uhf-not-converging", ["run", "{methyl}", "--spin", "1", "--scf-max-cycle", "1"], code=1,
+         needles=("UHF SCF", "converge")),
     Case("cuda-without-gpu", ["run", "{water}", "--device", "cuda"], code=1,
          needles=("cuda",)),
     Case("trainium-without-neuron-sdk", ["run", "{water}", "--device", "trn2"], code=1,
@@ -258,8 +268,8 @@ CASE_PARAMS = [
 
 
 def _case_args(case):
-    args = [str(WATER) if a == "{water}" else str(BENZENE) if a == "{benzene}" else a
-            for a in case.args]
+    files = {"{water}": str(WATER), "{benzene}": str(BENZENE), "{methyl}": str(METHYL)}
+    args = [files.get(a, a) for a in case.args]
     return args + (["--json", "out.json"] if case.json else [])
 
 
@@ -379,3 +389,31 @@ def test_simulated_trainium_run_with_plain_fp32_transform(runs):
     assert "host:slice_operands" not in plain["kernels"] and plain["kernels"]["ao2mo_kernel"] >= 1
     assert abs(plain["e_corr"] - cpu["e_corr"]) < 1e-6
     assert "transform fp32" in runs["trn2_sim_fp32_transform"].proc.stdout
+
+
+@pytest.mark.parametrize("name, reference", [("methyl_uhf", "uhf"), ("methyl_rohf", "rohf")])
+def test_open_shell_runs(runs, name, reference):
+    """`dfmp2 run examples/methyl.xyz --spin 1` (UHF by default; ROHF-MBPT(2) on request)
+    against PySCF's own UHF/ROHF and, for UHF, its DFUMP2 with the same auxiliary basis."""
+    from pyscf import df, gto, scf
+    from pyscf.mp.dfump2 import DFUMP2
+
+    record = runs[name].record
+    assert record["reference"] == reference and record["spin"] == 1
+    mol = gto.M(atom=str(METHYL), basis="cc-pvdz", spin=1, verbose=0)
+    mf = getattr(scf, reference.upper())(mol).density_fit()
+    mf.conv_tol = 1e-11
+    mf.kernel()
+    assert abs(record["e_hf"] - mf.e_tot) < 1e-8
+    assert record["spin_square"] == pytest.approx(mf.spin_square()[0], abs=1e-6)
+    stdout = runs[name].proc.stdout
+    assert "nocc 5a/4b" in stdout if reference == "uhf" else "nocc 4a/3b (1a/1b frozen)" in stdout
+    if reference == "uhf":
+        pt = DFUMP2(mf)
+        pt.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+        pt.kernel()
+        assert abs(record["e_corr"] - pt.e_corr) < 1e-8 and record["e_corr_singles"] == 0.0
+        assert record["nocc"] == [5, 4] and record["nvir"] == [24, 25]
+    else:
+        assert record["e_corr_singles"] < 0 and "E(corr, singles)" in stdout
+        assert record["nfrozen"] == [1, 1]

@@ -192,6 +192,26 @@ def test_pair_energy_diagonal_block(target, api, n, nvir, naux):
         min(128, nvir - 128 * a) for a in range(tiles))
 
 
+@pytest.mark.parametrize("target, api", TARGETS)
+@pytest.mark.parametrize("ni, nj, nvir_a, nvir_b, naux", [
+    (1, 1, 7, 9, 7), (2, 3, 129, 127, 129), (3, 2, 300, 513, 200), (33, 2, 7, 1, 7), (2, 1, 1, 1100, 300)])
+def test_opposite_spin_pair_energy(target, api, ni, nj, nvir_a, nvir_b, naux):
+    """An alpha-beta block (exchange = 0): sum_iJaB (ia|JB)^2 / D over all a, B, different
+    virtual counts per spin, ragged sizes; no exchange term; matmul columns all of V, once."""
+    rng = np.random.default_rng(ni + nvir_a + nvir_b)
+    b_i = rng.standard_normal((ni, nvir_a, naux)) * 0.1
+    b_j = rng.standard_normal((nj, nvir_b, naux)) * 0.1
+    e_i, e_j = rng.uniform(-2, -0.5, ni), rng.uniform(-2, -0.5, nj)
+    e_a, e_b = rng.uniform(0.2, 3.0, nvir_a), rng.uniform(0.2, 3.0, nvir_b)
+    backend = NkiBackend(target, simulate=True, nki_api=api)
+    e_os, e_ss = backend.pair_energy(f32(b_i), f32(b_j), f32(e_i), f32(e_j), f32(e_a), f32(e_b))
+    iajb = np.einsum("iaq,jbq->iajb", b_i, b_j)
+    denom = e_i[:, None, None, None] - e_a[None, :, None, None] + e_j[None, None, :, None] - e_b[None, None, None, :]
+    reference = np.sum(iajb ** 2 / denom)
+    assert abs(e_os - reference) <= REL_TOL * abs(reference) and e_ss == 0.0
+    assert backend.trace.matmul_columns == ni * nj * -(-naux // 128) * -(-nvir_a // 128) * nvir_b
+
+
 def test_pair_energy_streams_b_j_for_any_size():
     """naux 2304 with nvir 1400: a B_j row (100 KB per partition) does not fit next to B_i, so it
     is streamed over the auxiliary index; model-only (one emulated launch per shape)."""

@@ -10,7 +10,7 @@ from dfmp2.kernels import get_backend
 from dfmp2.linalg import factor_metric, whiten
 from dfmp2.pipeline import MB, active_orbitals, plan_memory
 
-SIZES = dict(nao=114, nocc=15, nvir=93, naux=420, largest_shell=11, itemsize=8)
+SIZES = dict(nao=114, spaces=[(15, 93)], naux=420, largest_shell=11, itemsize=8)
 
 
 def test_plan_memory_storage_follows_the_budget():

@@ -521,8 +521,9 @@ class NkiBackend:
     def _orbital_slices(self, c_occ, c_vir):
         """([(slices, sum_m |C_mi|) of each <= 512-column chunk of C_occ], slices of C_vir), the
         slices [S, nao, n] in device HBM, cut on the host from the fp64 C once per pair of
-        coefficient tensors (one per run); transform "fp32": S = 1, C rounded to fp32."""
-        cached = self._operand_cache.get("orbitals")
+        coefficient tensors (one per spin channel of a run); transform "fp32": S = 1, C rounded to fp32."""
+        key = ("orbitals", id(c_occ), id(c_vir))  # one entry per spin channel
+        cached = self._operand_cache.get(key)
         if cached is not None and cached[0] is c_occ and cached[1] is c_vir:
             return cached[2]
         occ = np.asarray(self.to_host(c_occ), dtype=np.float64)
@@ -536,7 +537,7 @@ class NkiBackend:
         slices = ([(cut(occ[:, i0:i0 + FREE]), np.abs(occ[:, i0:i0 + FREE]).sum(axis=0))
                    for i0 in range(0, occ.shape[1], FREE)],
                   cut(vir))
-        self._operand_cache["orbitals"] = (c_occ, c_vir, slices)
+        self._operand_cache[key] = (c_occ, c_vir, slices)
         return slices
 
     def _placeholder(self, shape):
@@ -556,19 +557,21 @@ class NkiBackend:
         out[tuple(slice(0, n) for n in digits.shape)] = digits
         return out
 
-    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
-        """(E_os, E_ss) summed over all i in b_i, j in b_j ([n, nvir, naux] each; b_j is b_i for a
-        diagonal block I = J) via pair_energy_kernel, a launch per block of at most PAIR_BLOCK
-        x PAIR_BLOCK pairs (only j <= i on the diagonal), on all physical cores of the logical
-        core; B stays in device HBM and only the per-pair partials come back, summed in fp64."""
+    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
+        """(E_os, E_ss) summed over all i in b_i, j in b_j ([n, nvir, naux], [n, nvir_j, naux]; b_j
+        is b_i for a diagonal block I = J; e_vir_j: b_j's virtual energies when b_j is the other
+        spin, which has no exchange with b_i: E_ss = 0) via pair_energy_kernel, a launch per
+        block of at most PAIR_BLOCK x PAIR_BLOCK pairs (only j <= i on the diagonal), on all
+        physical cores of the logical core; B stays in device HBM and only the per-pair
+        partials come back, summed in fp64."""
         diagonal = b_j is b_i
+        exchange = int(e_vir_j is None)
         ni, nvir, naux = b_i.shape
-        nj = b_j.shape[0]
+        nj, nvir_j = b_j.shape[0], b_j.shape[1]
         b_i = self._aux_rows(b_i)
         b_j = b_i if diagonal else self._aux_rows(b_j)
-        e_vir32 = e_vir.to(torch.float32)
-        e_vir_col = e_vir32.reshape(nvir, 1).contiguous()
-        neg_e_vir_rows = (-e_vir32).expand(P, nvir).contiguous()
+        e_vir_col = e_vir.to(torch.float32).reshape(nvir, 1).contiguous()
+        neg_e_vir_rows = (-(e_vir if e_vir_j is None else e_vir_j).to(torch.float32)).expand(P, nvir_j).contiguous()
         e_os = e_ex = 0.0
         blocks_i, blocks_j = pair_blocks(ni), pair_blocks(nj)
         for bi, (i0, i1) in enumerate(blocks_i):
@@ -580,7 +583,8 @@ class NkiBackend:
                     b_i[i0:i1], b_j[j0:j1],
                     e_i[i0:i1].to(torch.float32).expand(P, n_i).contiguous(),
                     e_j[j0:j1].to(torch.float32).expand(P, n_j).contiguous(),
-                    e_vir_col, neg_e_vir_rows, triangle), 2 * pairs * nvir * nvir * naux, grid=self.lnc)
+                    e_vir_col, neg_e_vir_rows, triangle, exchange), 2 * pairs * nvir * nvir_j * naux,
+                    grid=self.lnc)
                 sums = self.to_host(partials).astype(np.float64).reshape(P, n_i, n_j, 2).sum(axis=0)
                 weight = np.ones((n_i, n_j))
                 if triangle:  # pairs j < i stand for (i, j) and (j, i); j > i were not formed
@@ -588,7 +592,7 @@ class NkiBackend:
                 weight *= 2.0 if diagonal and not triangle else 1.0  # block (I, J) for (J, I) too
                 e_os += float((weight * sums[..., 0]).sum())
                 e_ex += float((weight * sums[..., 1]).sum())
-        return e_os, e_os - e_ex
+        return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
     def _aux_rows(self, b):
         """B [n, nvir, naux] as the kernels' [n, naux, nvir] (auxiliary index on the rows): a view
@@ -631,13 +635,14 @@ class NkiBackend:
 
 # ---- host reference math for model-only runs (same inputs and outputs as the kernels) ------------
 
-def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle):
+def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle, exchange):
     """Per-pair (os, exchange) sums in row 0 of the kernel's partials layout [128, NI, NJ, 2]."""
     iajb = torch.einsum("iqa,jqb->ijab", b_i, b_j)
     denom = (e_i_rows[0][:, None, None, None] + e_j_rows[0][None, :, None, None]
              - e_vir_col[:, 0][None, None, :, None] + neg_e_vir_rows[0][None, None, None, :])
     t = iajb / denom
-    sums = torch.stack([(t * iajb).sum(dim=(2, 3)), (t * iajb.transpose(2, 3)).sum(dim=(2, 3))], dim=-1)
+    ex = (t * iajb.transpose(2, 3)).sum(dim=(2, 3)) if exchange else torch.zeros(iajb.shape[:2])
+    sums = torch.stack([(t * iajb).sum(dim=(2, 3)), ex], dim=-1)
     if triangle:
         sums *= torch.tril(torch.ones(sums.shape[:2]))[:, :, None]
     out = torch.zeros((P, sums.numel()), dtype=torch.float32)

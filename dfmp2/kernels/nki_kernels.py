@@ -332,13 +332,16 @@ GROUP = 3  # PSUM banks of V (and as many of X) accumulated at once: 2 x 3 + 1 t
 
 
 @nki.jit
-def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle):
+def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle, exchange):
     """MP2 pair energies of a block of occupied pairs; each (ia|jb) is formed once, on chip.
 
-    b_i [NI, NAUX, NVIR], b_j [NJ, NAUX, NVIR]: whitened B, occupied-major, auxiliary index on
+    b_i [NI, NAUX, NVIR], b_j [NJ, NAUX, NVB]: whitened B, occupied-major, auxiliary index on
     the rows (any sizes: ragged last tiles, no padding). e_i_rows [128, NI], e_j_rows [128, NJ]:
-    occupied energies on every partition; e_vir_col [NVIR, 1]; neg_e_vir_rows [128, NVIR]: -e_b.
-    triangle = 1: b_j is b_i and only the pairs j <= i are formed (a diagonal block I = J).
+    occupied energies on every partition; e_vir_col [NVIR, 1]: e_a; neg_e_vir_rows [128, NVB]:
+    -e_b. triangle = 1: b_j is b_i and only the pairs j <= i are formed (a diagonal block I = J).
+    exchange = 1: i and j have the same spin (a and b the same virtuals, NVB = NVIR); exchange = 0:
+    opposite spins (an alpha-beta block of an unrestricted reference): V = (ia|jb) for all b, no
+    exchange sum (its partials stay 0), and NVB may differ from NVIR.
 
     Per pair (i, j), 128-row block A of virtuals a (ragged last block of MA rows):
         V[A, b] = (ia|jb) = sum_Q B_i[Q, a] B_j[Q, b]     for b >= A's first virtual
@@ -360,14 +363,14 @@ def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, 
     them in fp64 (E_os = sum os, E_ss = E_os - sum ex).
     """
     NI, NAUX, NVIR = b_i.shape
-    NJ = b_j.shape[0]
+    NJ, NVB = b_j.shape[0], b_j.shape[2]
     nq = (NAUX + P - 1) // P
     na = (NVIR + P - 1) // P
-    resident = nq * NVIR * 4 <= RESIDENT_BYTES
+    resident = nq * NVB * 4 <= RESIDENT_BYTES
     out = nl.ndarray((P, 2 * NI * NJ), dtype=nl.float32, buffer=nl.shared_hbm)
     ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
     ej = nl.ndarray((P, NJ), dtype=nl.float32, buffer=nl.sbuf)
-    neg_eb = nl.ndarray((P, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+    neg_eb = nl.ndarray((P, NVB), dtype=nl.float32, buffer=nl.sbuf)
     ea = nl.ndarray((P, na), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=ei, src=e_i_rows)
     nisa.dma_copy(dst=ej, src=e_j_rows)
@@ -383,21 +386,22 @@ def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, 
         sums = nl.ndarray((P, 2 * NJ), dtype=nl.float32, buffer=nl.sbuf)  # (os, ex) per pair of row i
         nisa.memset(dst=sums, value=0.0)
         for j in range(i + 1 if triangle == 1 else NJ):
-            _pair_sums(bi, b_j, i, j, triangle == 1 and j == i, resident, ei, ej, ea, neg_eb,
-                       sums[:, 2 * j:2 * j + 2])
+            _pair_sums(bi, b_j, i, j, triangle == 1 and j == i, resident, exchange == 1, ei, ej, ea,
+                       neg_eb, sums[:, 2 * j:2 * j + 2])
         nisa.dma_copy(dst=out[:, 2 * i * NJ:2 * (i + 1) * NJ], src=sums)
     return out
 
 
-def _pair_sums(bi, b_j, i, j, same, resident, ei, ej, ea, neg_eb, sums):
+def _pair_sums(bi, b_j, i, j, same, resident, exchange, ei, ej, ea, neg_eb, sums):
     """sums [128, 2] += per-partition (os, ex) of pair (i, j); bi: B_i in SBUF [128, nq, NVIR];
-    same: j == i in a triangle (B_j is B_i). A function, so that its tiles die when it returns."""
-    NAUX, NVIR = b_j.shape[1], b_j.shape[2]
+    same: j == i in a triangle (B_j is B_i); exchange: same spin (else only os, over all b).
+    A function, so that its tiles die when it returns."""
+    NAUX, NVIR, NVB = b_j.shape[1], bi.shape[2], b_j.shape[2]
     nq = (NAUX + P - 1) // P
     na = (NVIR + P - 1) // P
     bj = bi
     if resident and not same:
-        bj = nl.ndarray((P, nq, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+        bj = nl.ndarray((P, nq, NVB), dtype=nl.float32, buffer=nl.sbuf)
         for q in nl.affine_range(nq):
             qs = min(P, NAUX - q * P)
             nisa.dma_copy(dst=bj[0:qs, q, :], src=b_j[j, q * P:q * P + qs, :])
@@ -410,27 +414,32 @@ def _pair_sums(bi, b_j, i, j, same, resident, ei, ej, ea, neg_eb, sums):
         shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_j - e_a
         nisa.tensor_tensor(dst=shift[0:ma], data1=eij[0:ma], data2=ea[0:ma, a:a + 1],
                            op=nl.subtract)
-        chunks = [(c0, min(c0 + FREE, NVIR)) for c0 in range(a0, NVIR, FREE)]
+        # same spin: b from A's first virtual on (the blocks below are X's transposes); across
+        # spins: every b
+        first = a0 if exchange else 0
+        chunks = [(c0, min(c0 + FREE, NVB)) for c0 in range(first, NVB, FREE)]
         for g0 in range(0, len(chunks), GROUP):
             group = chunks[g0:g0 + GROUP]
-            span1 = group[-1][1]  # last column of this group
+            span0, span1 = group[0][0], group[-1][1]  # columns of this group
             v = nl.ndarray((P, GROUP, FREE), dtype=nl.float32, buffer=nl.psum)
-            x = nl.ndarray((P, GROUP, FREE), dtype=nl.float32, buffer=nl.psum)
+            if exchange:
+                x = nl.ndarray((P, GROUP, FREE), dtype=nl.float32, buffer=nl.psum)
             for q in nl.affine_range(nq):
                 qs = min(P, NAUX - q * P)
-                if streamed:  # B_j[Q, a0:span1] for this block and group only
-                    tile = nl.ndarray((P, span1 - a0), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=tile[0:qs, :], src=b_j[j, q * P:q * P + qs, a0:span1])
-                    bj_stat = tile[0:qs, 0:ma]
-                else:
+                if streamed:  # B_j[Q, span0:span1] for this block and group only
+                    tile = nl.ndarray((P, span1 - span0), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=tile[0:qs, :], src=b_j[j, q * P:q * P + qs, span0:span1])
+                    if exchange:  # span0 = a0: B_j[Q, A] is the tile's first columns
+                        bj_stat = tile[0:qs, 0:ma]
+                elif exchange:
                     bj_stat = bj[0:qs, q, a0:a0 + ma]
                 for c in range(len(group)):
                     c0, c1 = group[c]
-                    bj_move = tile[0:qs, c0 - a0:c1 - a0] if streamed else bj[0:qs, q, c0:c1]
+                    bj_move = tile[0:qs, c0 - span0:c1 - span0] if streamed else bj[0:qs, q, c0:c1]
                     nisa.nc_matmul(dst=v[0:ma, c, 0:c1 - c0], stationary=bi[0:qs, q, a0:a0 + ma],
                                    moving=bj_move)
                     x0 = max(c0, a0 + ma)
-                    if x0 < c1:
+                    if exchange and x0 < c1:
                         nisa.nc_matmul(dst=x[0:ma, c, x0 - c0:c1 - c0], stationary=bj_stat,
                                        moving=bi[0:qs, q, x0:c1])
             for c in range(len(group)):
@@ -447,13 +456,13 @@ def _pair_sums(bi, b_j, i, j, same, resident, ei, ej, ea, neg_eb, sums):
                 ex_col = sums[0:ma, 1:2]
                 _add_dot(os_col, t[0:ma, 0:w], v[0:ma, c, 0:w], 1.0)  # sum T V
                 o = max(c0, a0 + ma) - c0
-                if o < w:
+                if exchange and o < w:
                     tx = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # X / D
                     nisa.tensor_tensor(dst=tx[0:ma, o:w], data1=inv_d[0:ma, o:w],
                                        data2=x[0:ma, c, o:w], op=nl.multiply)
                     _add_dot(os_col, tx[0:ma, o:w], x[0:ma, c, o:w], 1.0)  # sum X^2 / D
                     _add_dot(ex_col, t[0:ma, o:w], x[0:ma, c, o:w], 2.0)  # 2 sum T X
-                if g0 + c == 0:  # the diagonal block V[A, A], transposed on the Tensor Engine
+                if exchange and g0 + c == 0:  # the diagonal block V[A, A], transposed on the Tensor Engine
                     v_diag = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.tensor_copy(dst=v_diag[0:ma, 0:ma], src=v[0:ma, 0, 0:ma])
                     v_diag_t = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)

@@ -137,28 +137,32 @@ class TorchBackend:
         return torch.linalg.solve_triangular(lower.transpose(0, 1), rows, upper=True,
                                              left=False).view(x.shape)
 
-    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir):
+    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
         """Opposite- and same-spin MP2 energy of one block of occupied pairs, in fp64.
 
-        b_i [ni, nvir, naux], b_j [nj, nvir, naux]: whitened B; e_i [ni], e_j [nj], e_vir [nvir]
-        (Eh, compute dtype). Returns (e_os, e_ss) summed over all i in block I, j in block J:
-          (ia|jb) = sum_P B_ia^P B_jb^P
-          e_os = sum (ia|jb)^2 / D,  e_ss = sum (ia|jb) [(ia|jb) - (ib|ja)] / D,
-          D = e_i + e_j - e_a - e_b.
+        b_i [ni, nvir, naux], b_j [nj, nvir_j, naux]: whitened B; e_i [ni], e_j [nj], e_vir [nvir]
+        (Eh, compute dtype); e_vir_j [nvir_j]: the virtual energies of b_j when b_j belongs to
+        the other spin (None: b_j shares b_i's virtuals). Returns (e_os, e_ss) summed over all i
+        in block I, j in block J:
+          (ia|jb) = sum_P B_ia^P B_jb^P,  D = e_i + e_j - e_a - e_b
+          e_os = sum (ia|jb)^2 / D,  e_ss = sum (ia|jb) [(ia|jb) - (ib|ja)] / D
+        (e_ss = 0 across spins: no exchange between an alpha and a beta pair).
         """
         self.calls["pair_energy"] += 1
         ni, nvir, naux = b_i.shape
-        nj = b_j.shape[0]
-        # (ia|jb) = B_i B_j^T  as one GEMM  [ni*nvir, naux] x [naux, nj*nvir], then fp64
+        nj, nvir_j = b_j.shape[0], b_j.shape[1]
+        # (ia|jb) = B_i B_j^T  as one GEMM  [ni*nvir, naux] x [naux, nj*nvir_j], then fp64
         iajb = torch.matmul(b_i.reshape(ni * nvir, naux),
-                            b_j.reshape(nj * nvir, naux).transpose(0, 1))
-        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
+                            b_j.reshape(nj * nvir_j, naux).transpose(0, 1))
+        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
-        e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
+        e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
         # t_iajb = (ia|jb) / D_ijab, built in one buffer
         t = torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
         torch.div(iajb, t, out=t)
-        ibja = iajb.permute(0, 3, 2, 1).contiguous()  # (ib|ja) in [i, a, j, b] order
         e_os = torch.dot(t.view(-1), iajb.view(-1))
+        if e_vir_j is not None:
+            return float(e_os), 0.0
+        ibja = iajb.permute(0, 3, 2, 1).contiguous()  # (ib|ja) in [i, a, j, b] order
         e_exchange = torch.dot(t.view(-1), ibja.view(-1))
         return float(e_os), float(e_os - e_exchange)
