@@ -1,7 +1,8 @@
 """Time the DF-MP2 step (3-center integrals -> energy; SCF excluded) of dfmp2 and PySCF side by side.
 
 Two worker processes, started together and driven alternately in one run:
-  - PySCF: `pyscf.mp.dfmp2.DFMP2` with the same MP2-fit auxiliary basis, `with_t2=False`, a
+  - PySCF: `pyscf.mp.dfmp2.DFMP2` (closed shell) or `pyscf.mp.dfump2.DFUMP2` (--spin > 0: a UHF
+    reference) with the same MP2-fit auxiliary basis, `with_t2=False`, a
     fresh DF object per call so nothing is cached. This process never imports torch or
     dfmp2 (so it runs exactly as a PySCF user's script would).
   - dfmp2: `dfmp2.DFMP2(...).kernel()` in fp64 and fp32.
@@ -11,6 +12,7 @@ each call). Both workers run with OMP_WAIT_POLICY=PASSIVE unless the caller set 
 the per-round ratios PySCF time / dfmp2 time (> 1: dfmp2 is faster).
 
     python benchmarks/bench_vs_pyscf.py examples/benzene.xyz --basis cc-pvtz --repeat 7
+    python benchmarks/bench_vs_pyscf.py examples/naphthalene.xyz --basis cc-pvtz --charge 1 --spin 1
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _scf(xyz, basis):
-    """The same tightly converged DF-RHF in every worker (PySCF only)."""
+def _scf(xyz, basis, charge=0, spin=0):
+    """The same tightly converged DF-RHF (DF-UHF for spin > 0) in every worker (PySCF only)."""
     from pyscf import gto, scf
 
-    mol = gto.M(atom=xyz, basis=basis, verbose=0)
-    mf = scf.RHF(mol).density_fit()
+    mol = gto.M(atom=xyz, basis=basis, charge=charge, spin=spin, verbose=0)
+    mf = (scf.UHF if spin else scf.RHF)(mol).density_fit()
     mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
     mf.kernel()
     assert mf.converged
@@ -46,31 +48,34 @@ def _frozen(mol, frozen_core):
     return chemcore(mol) if frozen_core else None
 
 
-def pyscf_worker(conn, xyz, basis, frozen_core):
+def pyscf_worker(conn, xyz, basis, frozen_core, charge, spin):
     import pyscf
     from pyscf import df
-    from pyscf.mp import dfmp2
+    from pyscf.mp import dfmp2, dfump2
 
-    mol, mf = _scf(xyz, basis)
+    mol, mf = _scf(xyz, basis, charge, spin)
     aux = df.make_auxbasis(mol, mp2fit=True)
     frozen = _frozen(mol, frozen_core)
-    conn.send({"nao": mol.nao, "nocc": mol.nelectron // 2 - (frozen or 0), "pyscf": pyscf.__version__,
+    nocc = [n - (frozen or 0) for n in mol.nelec] if spin else mol.nelectron // 2 - (frozen or 0)
+    conn.send({"nao": mol.nao, "nocc": nocc, "pyscf": pyscf.__version__,
+               "reference": "uhf" if spin else "rhf",
                "auxbasis": aux if isinstance(aux, str) else "mp2fit"})
+    peer = dfump2.DFUMP2 if spin else dfmp2.DFMP2
     while conn.recv() is not None:
         start = time.perf_counter()
-        pt = dfmp2.DFMP2(mf, frozen=frozen)
+        pt = peer(mf, frozen=frozen)
         pt.with_df = df.DF(mol, auxbasis=aux)
         pt.kernel(with_t2=False)
         conn.send((time.perf_counter() - start, pt.e_corr, None))
 
 
-def dfmp2_worker(conn, xyz, basis, frozen_core, device):
+def dfmp2_worker(conn, xyz, basis, frozen_core, charge, spin, device):
     import dfmp2  # first, as in the CLI: it sets the OpenMP wait policy before torch/PySCF load
     import torch
     from dfmp2 import DFMP2
     from dfmp2.kernels import device_report
 
-    mol, mf = _scf(xyz, basis)
+    mol, mf = _scf(xyz, basis, charge, spin)
     frozen = _frozen(mol, frozen_core)
     conn.send({"dfmp2": dfmp2.__version__, "torch": torch.__version__,
                "device": device_report()[device][1], "threads": torch.get_num_threads()})
@@ -87,6 +92,8 @@ def main(argv=None):
     parser.add_argument("--basis", default="cc-pvtz")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--no-frozen-core", action="store_true")
+    parser.add_argument("--charge", type=int, default=0)
+    parser.add_argument("--spin", type=int, default=0, help="2S; > 0: UHF, PySCF's DFUMP2 as the peer")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--gap", type=float, default=0.0, help="idle seconds before each timed call")
     parser.add_argument("--json", default=None, help="write the measurements here")
@@ -100,7 +107,8 @@ def main(argv=None):
     workers = {}
     for name, target, extra in (("pyscf", pyscf_worker, ()), ("dfmp2", dfmp2_worker, (args.device,))):
         parent, child = ctx.Pipe()
-        process = ctx.Process(target=target, args=(child, args.xyz, args.basis, frozen_core, *extra))
+        process = ctx.Process(target=target, args=(child, args.xyz, args.basis, frozen_core, args.charge,
+                                                   args.spin, *extra))
         process.start()
         workers[name] = (parent, process)
     info = {name: conn.recv() for name, (conn, _) in workers.items()}
@@ -130,7 +138,8 @@ def main(argv=None):
     ratios = {name: statistics.median(p / d for p, d in zip(times["pyscf"], times[name]))
               for name in contenders if name != "pyscf"}
     sizes = info["pyscf"]
-    print(f"{os.path.basename(args.xyz)} / {args.basis}: nao {sizes['nao']}, active nocc "
+    print(f"{os.path.basename(args.xyz)} / {args.basis} ({sizes['reference'].upper()}, charge {args.charge}, "
+          f"2S {args.spin}): nao {sizes['nao']}, active nocc "
           f"{sizes['nocc']}, aux {sizes['auxbasis']}; {info['dfmp2']['device']}; "
           f"{args.repeat} timed rounds (medians)")
     best = {name: min(v) for name, v in times.items()}
@@ -148,6 +157,7 @@ def main(argv=None):
     if args.json:
         record = {
             "molecule": os.path.basename(args.xyz), "basis": args.basis, "sizes": sizes, "gap": args.gap,
+            "charge": args.charge, "spin": args.spin, "reference": sizes["reference"],
             "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
             "frozen_core": frozen_core, "repeat": args.repeat, "median_seconds": medians,
             "median_ratio_pyscf_over_dfmp2": ratios, "best_seconds": best,

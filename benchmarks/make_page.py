@@ -170,9 +170,12 @@ def peer_table(peers):
     for p in peers:
         ratios = p.get("median_ratio_pyscf_over_dfmp2") or p.get("median_ratio_peer_over_dfmp2", {})
         peer = "PySCF (CPU)" if "median_ratio_pyscf_over_dfmp2" in p else "gpu4pyscf (GPU)"
+        if p.get("reference") == "uhf":
+            peer = "PySCF DFUMP2 (CPU)"
+        shell = f" ({p['reference'].upper()}, charge {p['charge']}, 2S {p['spin']})" if p.get("spin") else ""
         for code, seconds in p["median_seconds"].items():
             ratio = f"{ratios[code]:.2f}" if code in ratios else "1.00"
-            rows.append(f"| {p['molecule']} / {p['basis']} | {peer} | {code} | {seconds:.3f} | {ratio} | "
+            rows.append(f"| {p['molecule']} / {p['basis']}{shell} | {peer} | {code} | {seconds:.3f} | {ratio} | "
                         f"{p['e_corr'][code]:.10f} |")
     return "\n".join(rows)
 
@@ -270,10 +273,19 @@ calls of the busiest engine, and MODEL seconds = launch + host_transfer + device
 slices. "Now": each (ia|jb) formed once, B resident in HBM, 32 x 32-pair launches split over the
 two physical cores of a trn2 logical core, (mn|P) slices sent as int8 digits, ragged tiles. The
 useful fraction now counts the 128 x 128 array per streamed column (a ragged tile's empty rows
-are waste), a stricter measure than before; the whole-run figure includes the exact-product
-transform's 35 slice products (needed for 1 uEh, see README), the pair kernel's is in brackets.
-"Without the upload" subtracts the host -> device transfer of the (mn|P) digits, the one step
-whose cost is the host link rather than the NeuronCore.
+are waste), a stricter measure than before; the pair kernel's own figure is in brackets. Two
+transforms: `exact` (the default: 35 slice products per (mn|P) tile for exact sums, needed for
+1 uEh on diffuse and large basis sets, see README; (mn|P) crosses as 5 int8 digits per element)
+and `plain fp32` (`--transform fp32`: one fp32 product per half, the arithmetic of the A10G's
+fp32 run; 4 bytes per element cross). "Without the upload" subtracts the host -> device transfer
+of (mn|P), the one step whose cost is the host link rather than the NeuronCore.
+
+Where the time goes (medium, trn2, plain fp32 transform, 0.220 s): the upload of (mn|P) (1.6 GB
+at the fitted 10.3 GB/s) is 0.156 s, 71%; 16 launches 0.016 s; the pair kernel's device time
+0.024 s, the transform's ~0.01 s. With the exact transform the upload is 0.196 s and the
+transform's Tensor Engine and TwoSum work add ~0.05 s (0.313 s). Nothing here overlaps the
+upload with the kernels (the model is serial); overlapping them, or computing (mn|P) on the
+device, is what would take medium below ~0.1 s.
 
 {before_after_table(bench)}
 

@@ -46,6 +46,8 @@ class DFMP2:
         self.e_corr_os = None
         self.e_corr_ss = None
         self.e_corr_singles = None
+        self.reference = None
+        self.spin_square = None
 
     @property
     def e_tot(self):
@@ -66,6 +68,8 @@ class DFMP2:
         self.e_corr_os = self.result.e_corr_os
         self.e_corr_ss = self.result.e_corr_ss
         self.e_corr_singles = self.result.e_corr_singles
+        self.reference = self.result.reference  # rhf, uhf or rohf
+        self.spin_square = self.result.spin_square  # <S^2> of the reference
         return self.e_corr
 
     def run(self, **options):

@@ -43,3 +43,21 @@ def test_cuda_disk_store_matches(tmp_path):
                            scratch=str(tmp_path))
     assert tight.correlation.plan.storage == "disk"
     assert abs(tight.e_corr - roomy.e_corr) < 1e-10
+
+
+@pytest.mark.parametrize("precision, tol", [("fp64", 1e-8), ("fp32", 1e-6)])
+def test_cuda_uhf_and_rohf(precision, tol):
+    """Open shells on the GPU: UHF against PySCF's DFUMP2, ROHF-MBPT(2) against the CPU."""
+    from pyscf import df, gto, scf
+    from pyscf.mp.dfump2 import DFUMP2
+
+    mol = gto.M(atom="O 0 0 0.6035; O 0 0 -0.6035", basis="cc-pvdz", spin=2, verbose=0)
+    uhf = scf.UHF(mol).density_fit().run(conv_tol=1e-12)
+    ref = DFUMP2(uhf, frozen=1)
+    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    ref.kernel()
+    pt = DFMP2(uhf, frozen=1, device="cuda", precision=precision).run()
+    assert abs(pt.e_corr - ref.e_corr) < tol and abs(pt.e_corr_ss - ref.e_corr_ss) < tol
+    rohf = scf.ROHF(mol).density_fit().run(conv_tol=1e-12)
+    cpu, gpu = DFMP2(rohf, frozen=1).run(), DFMP2(rohf, frozen=1, device="cuda", precision=precision).run()
+    assert abs(gpu.e_corr - cpu.e_corr) < tol and gpu.e_corr_singles == pytest.approx(cpu.e_corr_singles)

@@ -178,3 +178,31 @@ def test_unconverged_and_generalized_references_are_refused():
     ghf = scf.GHF(mol).run()
     with pytest.raises(InputError, match="GHF"):
         DFMP2(ghf).kernel()
+    complex_uhf = scf.UHF(mol).run()
+    complex_uhf.mo_coeff = complex_uhf.mo_coeff.astype(complex)
+    with pytest.raises(InputError, match="complex orbitals"):
+        DFMP2(complex_uhf).kernel()
+
+
+def test_plugin_exposes_the_reference():
+    mf = mean_field("NH2", cls="ROHF")
+    pt = DFMP2(mf).run()
+    assert pt.reference == "rohf" and pt.spin_square == pytest.approx(0.75)
+    assert pt.e_corr_singles < 0 and pt.e_tot == pytest.approx(mf.e_tot + pt.e_corr)
+
+
+def test_uhf_disk_store_for_both_spins(tmp_path):
+    """A budget that holds neither spin's tensor in memory: both go to scratch files (deleted
+    afterwards), the energy is the in-memory one."""
+    from dfmp2.driver import run_mean_field
+    from dfmp2.pipeline import MB
+
+    mf = mean_field("O2", scf_mode="df")
+    roomy = run_mean_field(mf, frozen=2)
+    plan = roomy.correlation.plan
+    assert plan.storage == "memory"
+    tight = run_mean_field(mf, frozen=2, max_memory=plan.minimum * 1.02 / MB, scratch=str(tmp_path))
+    assert tight.correlation.plan.storage == "disk"
+    assert abs(tight.e_corr - roomy.e_corr) < 1e-10
+    assert abs(tight.e_corr_ss - roomy.e_corr_ss) < 1e-10
+    assert list(tmp_path.iterdir()) == []
