@@ -32,7 +32,7 @@ def test_page_from_results(tmp_path):
     make_page.main(["--results", str(results), "--out", str(out)])
     text = out.read_text()
     assert "| small | 128/16/384 | cpu fp64 |" in text
-    assert "trn1 (emulated)" in text and "MODEL" in text and "not measurements" in text
+    assert "trn1 (emulated, exact transform)" in text and "MODEL" in text and "not measurements" in text
     assert "| benzene.xyz / cc-pvtz | PySCF (CPU) | dfmp2-fp64 | 0.400 | 1.25 |" in text
     # the calibrated model's breakdown and the calibration row against the measured trn1 GEMM
     assert "| small | trn1 (nki 0.2) | trn1 |" in text and "calibrated MODEL" in text
