@@ -35,7 +35,7 @@ def test_page_from_results(tmp_path):
     assert "trn1 (emulated, exact transform)" in text and "MODEL" in text and "not measurements" in text
     assert "| benzene.xyz / cc-pvtz | PySCF (CPU) | dfmp2-fp64 | 0.400 | 1.25 |" in text
     # the calibrated model's breakdown and the calibration row against the measured trn1 GEMM
-    assert "| small | trn1 (nki 0.2) | trn1 |" in text and "calibrated MODEL" in text
+    assert "| small | trn1 (nki 0.2) | exact | trn1 |" in text and "calibrated MODEL" in text
     assert "| gemm | 512 | 512 x 512 x 512 | trn1 | 0.2 |" in text and "| 1.3 | 1.00 |" in text
     png = tmp_path / "docs" / "benchmarks_time.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
