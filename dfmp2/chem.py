@@ -25,6 +25,9 @@ from .errors import ComputationError, InputError
 
 SCF_CONV_TOL = 1e-11  # Hartree; with SCF_CONV_TOL_GRAD keeps e_corr stable to well below 1e-8 Eh
 SCF_CONV_TOL_GRAD = 1e-7
+# Kohn-Sham: the DFT grid's noise keeps the orbital gradient above ~1e-7; 1e-10 Eh / 1e-6 still
+# leaves the energy stable to ~1e-10 Eh
+KS_CONV_TOL, KS_CONV_TOL_GRAD = 1e-10, 1e-6
 SCF_MAX_CYCLE = 100
 REFERENCES = ("rhf", "uhf", "rohf")
 
@@ -159,26 +162,59 @@ def choose_reference(spin: int, reference: str | None) -> str:
     return reference
 
 
-def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str = "rhf"):
-    """Converged RHF, UHF or ROHF (`reference`). scf='df': density-fitted with PySCF's default
-    JK-fit basis; scf='exact': conventional four-center integrals. Raises ComputationError if
-    not converged."""
+def fitting_basis(mol, mp2fit: bool):
+    """The auxiliary basis PySCF pairs with mol's orbital basis (mp2fit: the RI/MP2-fit set, else
+    the JK-fit set), element by element: the named set where PySCF ships it for that element,
+    else PySCF's generated even-tempered set (`pyscf.df.addons.aug_etb`). Returns (basis as
+    PySCF takes it, sorted elements that got a generated set)."""
+    from pyscf import df
+
+    with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on stderr
+        warnings.simplefilter("ignore")
+        aux = df.make_auxbasis(mol, mp2fit=mp2fit)
+    if isinstance(aux, str):
+        return aux, []
+    return aux, sorted(k for k, v in aux.items() if not isinstance(v, str))
+
+
+def check_xc(xc: str) -> None:
+    """InputError unless PySCF's libxc can parse the xc string (checked before any SCF)."""
+    from pyscf.dft import libxc
+
+    try:
+        libxc.parse_xc(xc)
+    except (KeyError, ValueError) as exc:
+        raise InputError(f"xc {xc!r} is not a functional PySCF knows ({exc})") from None
+
+
+def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str = "rhf",
+            jk_auxbasis=None, xc: str | None = None):
+    """Converged RHF, UHF or ROHF (`reference`). scf='df': density-fitted with `jk_auxbasis`
+    (default: `fitting_basis(mol, mp2fit=False)`, PySCF's JK-fit set, generated per element where
+    it has none); scf='exact': conventional four-center integrals. Raises ComputationError if
+    not converged. xc: Kohn-Sham instead of Hartree-Fock (RKS, UKS, ROKS) with that PySCF xc
+    string (PySCF's default grid)."""
+    from pyscf import dft
     from pyscf import scf as pyscf_scf
 
     if scf not in ("df", "exact"):
         raise InputError(f"unknown SCF mode {scf!r} (use 'df' or 'exact')")
     reference = choose_reference(mol.spin, reference)
-    mf = {"rhf": pyscf_scf.RHF, "uhf": pyscf_scf.UHF, "rohf": pyscf_scf.ROHF}[reference](mol)
+    if xc is None:
+        mf = {"rhf": pyscf_scf.RHF, "uhf": pyscf_scf.UHF, "rohf": pyscf_scf.ROHF}[reference](mol)
+    else:
+        check_xc(xc)
+        mf = {"rhf": dft.RKS, "uhf": dft.UKS, "rohf": dft.ROKS}[reference](mol, xc=xc)
     if scf == "df":
-        mf = mf.density_fit()  # auxbasis: pyscf.df.make_auxbasis(mol), the JK-fit set
-    mf.conv_tol = SCF_CONV_TOL
-    mf.conv_tol_grad = SCF_CONV_TOL_GRAD
+        mf = mf.density_fit(auxbasis=jk_auxbasis if jk_auxbasis is not None else fitting_basis(mol, False)[0])
+    mf.conv_tol = SCF_CONV_TOL if xc is None else KS_CONV_TOL
+    mf.conv_tol_grad = SCF_CONV_TOL_GRAD if xc is None else KS_CONV_TOL_GRAD
     mf.max_cycle = max_cycle
     mf.verbose = 0
     mf.kernel()
     if not mf.converged:
         raise ComputationError(
-            f"{reference.upper()} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
+            f"{reference.upper() if xc is None else reference.upper().replace('HF', 'KS')} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
     return mf
 
 
@@ -205,20 +241,25 @@ class MeanField:
     semicanonical orbitals, with fock_mo [2, nmo, nmo] (Eh) their Fock matrices (off-diagonal
     occupied-virtual blocks: the singles). spin_square: <S^2> of the reference."""
 
-    reference: str  # rhf, uhf or rohf
+    reference: str  # rhf, uhf or rohf; rks, uks or roks for Kohn-Sham orbitals
     mo_coeff: np.ndarray
     mo_energy: np.ndarray
     mo_occ: np.ndarray
-    e_hf: float
+    e_ref: float  # the reference's total energy (HF or KS), Eh
     nelectron: int
     spin_square: float = 0.0
     fock_mo: np.ndarray | None = None
+    xc: str | None = None  # the functional of a Kohn-Sham reference
 
 
-def mean_field_orbitals(mf) -> MeanField:
-    """Extract the reference from a converged PySCF RHF, UHF or ROHF object (density-fitted or
-    not), refusing what DF-MP2 here cannot use (GHF, complex orbitals, unconverged SCF)."""
+def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
+    """Extract the reference from a converged PySCF RHF, UHF or ROHF object, or their Kohn-Sham
+    counterparts (RKS, UKS, ROKS: `reference` rks/uks/roks, energy `e_ref`), density-fitted or
+    not, refusing what DF-MP2 here cannot use: GHF, complex orbitals, unconverged SCF,
+    occupations other than 0/2 (restricted) or 0/1 per spin summing to the electron count, and
+    (unless allow_non_aufbau) a highest occupied orbital energy not below the lowest virtual."""
     from pyscf import scf as pyscf_scf
+    from pyscf.dft.rks import KohnShamDFT
 
     if isinstance(mf, pyscf_scf.ghf.GHF):
         raise InputError(f"{type(mf).__name__} is a generalized (GHF) reference: dfmp2 takes RHF, UHF or ROHF")
@@ -233,6 +274,7 @@ def mean_field_orbitals(mf) -> MeanField:
     if mf.mo_coeff is None or not getattr(mf, "converged", False):
         raise InputError(f"the {reference.upper()} mean field is not converged: run mf.kernel() to "
                          "convergence first")
+    label = reference.replace("hf", "ks") if isinstance(mf, KohnShamDFT) else reference
     if np.iscomplexobj(mf.mo_coeff):
         raise InputError("complex orbitals: dfmp2 takes real RHF, UHF or ROHF references")
     if reference == "rhf" and mf.mol.spin != 0:
@@ -240,15 +282,57 @@ def mean_field_orbitals(mf) -> MeanField:
     mo_coeff = np.asarray(mf.mo_coeff, dtype=np.float64)
     if mo_coeff.ndim != (3 if reference == "uhf" else 2):
         raise InputError(f"mo_coeff has shape {mo_coeff.shape}, not that of a {reference.upper()} reference")
-    common = dict(reference=reference, e_hf=float(mf.e_tot), nelectron=int(mf.mol.nelectron))
+    _check_occupations(np.asarray(mf.mo_occ, dtype=np.float64), reference, mf.mol)
+    common = dict(reference=label, e_ref=float(mf.e_tot), nelectron=int(mf.mol.nelectron),
+                  xc=getattr(mf, "xc", None) if isinstance(mf, KohnShamDFT) else None)
     if reference == "rhf":
-        return MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
-                         mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), **common)
-    spin_square = float(mf.spin_square()[0])
-    if reference == "uhf":
-        return MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
-                         mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), spin_square=spin_square, **common)
-    return MeanField(**semicanonical_orbitals(mf), spin_square=spin_square, **common)
+        out = MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
+                        mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), **common)
+    elif reference == "uhf":
+        out = MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
+                        mo_occ=np.asarray(mf.mo_occ, dtype=np.float64),
+                        spin_square=float(mf.spin_square()[0]), **common)
+    else:
+        out = MeanField(**semicanonical_orbitals(mf), spin_square=float(mf.spin_square()[0]), **common)
+    if not allow_non_aufbau:
+        _check_aufbau(out)
+    return out
+
+
+def _check_occupations(mo_occ, reference, mol):
+    """Occupations 0/2 (RHF), 0/1 per spin (UHF), 0/1/2 with 2S singly occupied (ROHF), summing
+    to the electron count; InputError naming the first problem otherwise."""
+    nalpha, nbeta = mol.nelec
+    allowed = {"rhf": (0.0, 2.0), "uhf": (0.0, 1.0), "rohf": (0.0, 1.0, 2.0)}[reference]
+    channels = [("alpha ", mo_occ[0]), ("beta ", mo_occ[1])] if reference == "uhf" else [("", mo_occ)]
+    for name, occ in channels:
+        bad = [k for k, n in enumerate(occ) if min(abs(n - a) for a in allowed) > 1e-8]
+        if bad:
+            raise InputError(f"{name}orbital {bad[0]} has occupation {occ[bad[0]]:g}: a {reference.upper()} "
+                             f"reference needs occupations {' or '.join(f'{a:g}' for a in allowed)}")
+    expected = {"rhf": [mol.nelectron], "uhf": [nalpha, nbeta], "rohf": [mol.nelectron]}[reference]
+    for (name, occ), n in zip(channels, expected):
+        if abs(occ.sum() - n) > 1e-8:
+            raise InputError(f"the {name}occupations sum to {occ.sum():g}, but the molecule has {n} "
+                             f"{name}electrons")
+    if reference == "rohf" and int(round(np.sum(np.abs(mo_occ - 1.0) < 1e-8))) != nalpha - nbeta:
+        raise InputError(f"{int(round(np.sum(np.abs(mo_occ - 1.0) < 1e-8)))} singly occupied orbitals, "
+                         f"but 2S = {nalpha - nbeta}")
+
+
+def _check_aufbau(ref):
+    """InputError unless every spin channel's highest occupied orbital energy is below its lowest
+    virtual one (a non-aufbau reference, e.g. swapped occupations, is refused unless asked for)."""
+    coeffs = [(ref.mo_energy, ref.mo_occ, "")] if ref.mo_coeff.ndim == 2 else \
+        [(ref.mo_energy[s], ref.mo_occ[s], ("alpha ", "beta ")[s]) for s in range(2)]
+    for energy, occ, name in coeffs:
+        occupied, virtual = energy[occ > 0], energy[occ == 0]
+        if occupied.size and virtual.size and occupied.max() >= virtual.min():
+            homo, lumo = int(np.flatnonzero(occ > 0)[np.argmax(occupied)]), int(np.flatnonzero(occ == 0)[np.argmin(virtual)])
+            raise InputError(
+                f"not an aufbau reference: {name}occupied orbital {homo} ({occupied.max():.6f} Eh) is not below "
+                f"virtual orbital {lumo} ({virtual.min():.6f} Eh); pass allow_non_aufbau=True if that is "
+                "deliberate")
 
 
 def semicanonical_orbitals(mf) -> dict:
@@ -308,8 +392,9 @@ class ThreeCenterIntegrals:
         from pyscf import df
 
         self.mol = mol
+        self.generated = []  # elements given PySCF's generated (even-tempered) set
         if auxbasis is None:
-            auxbasis = df.make_auxbasis(mol, mp2fit=True)
+            auxbasis, self.generated = fitting_basis(mol, mp2fit=True)
         elif isinstance(auxbasis, str):
             _check_basis_name(auxbasis, sorted({mol.atom_pure_symbol(i) for i in range(mol.natm)}))
         self.auxbasis = _describe_basis(auxbasis)

@@ -55,6 +55,11 @@ TRANSFORM_OPTION = click.option(
 @click.option("--reference", default=None, metavar="rhf|uhf|rohf",
               help="SCF reference [default: rhf for --spin 0, uhf otherwise]; rohf gives ROHF-MBPT(2) "
                    "on semicanonical orbitals, singles included (as Psi4).")
+@click.option("--xc", default=None, metavar="NAME",
+              help="Double-hybrid DFT: B2PLYP, B2GPPLYP, DSD-BLYP, DSD-PBEP86, DSD-PBEPBE, PBE0-DH, PBE0-2, "
+                   "or a PySCF xc string for the KS part with --c-os/--c-ss. E = E_KS + c_os E_os + c_ss E_ss.")
+@click.option("--c-os", type=float, default=None, help="With a custom --xc: the opposite-spin MP2 scaling.")
+@click.option("--c-ss", type=float, default=None, help="With a custom --xc: the same-spin MP2 scaling.")
 @click.option("--frozen-core", is_flag=True, help="Freeze the usual core orbitals of each element.")
 @click.option("--scf", type=click.Choice(["df", "exact"]), default="df", show_default=True,
               help="SCF with density fitting (JK-fit basis) or exact four-center integrals.")
@@ -75,7 +80,7 @@ TRANSFORM_OPTION = click.option(
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def run(molecule, basis, auxbasis, charge, spin, reference, frozen_core, scf, device, precision, simulate,
+def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
         nki_api, transform, max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
@@ -92,7 +97,7 @@ def run(molecule, basis, auxbasis, charge, spin, reference, frozen_core, scf, de
                          frozen_core=frozen_core, scf=scf, device=device, precision=precision,
                          simulate=simulate, max_memory=max_memory, scratch=scratch,
                          scf_max_cycle=scf_max_cycle, progress=progress, nki_api=nki_api,
-                         transform=transform, reference=reference)
+                         transform=transform, reference=reference, xc=xc, c_os=c_os, c_ss=c_ss)
         if progress:
             progress.clear()
         record = result.as_dict()
@@ -269,13 +274,16 @@ def _print_summary(r):
         f"  memory      budget {mem['budget_mb']:.0f} MB, (ia|P) in {mem['storage']}, "
         f"aux block {mem['aux_block']}, occ block {mem['occ_block']}",
         "",
-        f"  E(HF)             {r['e_hf']:20.12f} Eh",
+        f"  {'E(' + r['reference'].upper() + ')':17s} {r['e_ref']:20.12f} Eh"
+        + (f" ({r['xc']})" if r.get("xc") else ""),
         f"  E(corr, os)       {r['e_corr_os']:20.12f} Eh",
         f"  E(corr, ss)       {r['e_corr_ss']:20.12f} Eh",
         *([f"  E(corr, singles)  {r['e_corr_singles']:20.12f} Eh"] if r["reference"] == "rohf" else []),
         f"  E(corr)           {r['e_corr']:20.12f} Eh",
         f"  E(corr, SCS)      {r['e_scs']:20.12f} Eh",
-        f"  E(total)          {r['e_tot']:20.12f} Eh",
+        *([f"  E(PT2)            {r['e_pt2']:20.12f} Eh  = {r['c_os']:g} E(os) + {r['c_ss']:g} E(ss) "
+           f"({r['xc']}: {r['xc_citation']})"] if r.get("e_pt2") is not None else []),
+        f"  E(total)          {r['e_tot']:20.12f} Eh" + ("  = E(KS) + E(PT2)" if r.get("e_pt2") is not None else ""),
         "",
         "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
     ]

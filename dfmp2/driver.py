@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import __version__, chem
+from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .kernels import get_backend
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
@@ -24,9 +25,9 @@ PEAK_MODEL_NOTE = ("peak model (uncalibrated): the emulator trace at published p
 class DFMP2Result:
     """Energies in Hartree, timings in seconds, and a record of what ran where."""
 
-    e_hf: float
+    e_ref: float  # the reference's total energy: E(HF), or E(KS) for rks/uks/roks
     correlation: CorrelationEnergy
-    reference: str  # rhf, uhf or rohf
+    reference: str  # rhf, uhf, rohf, or rks, uks, roks (Kohn-Sham orbitals)
     basis: str
     auxbasis: str
     scf: str
@@ -47,20 +48,35 @@ class DFMP2Result:
     notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
     neuron_versions: dict | None = None  # Trainium host: installed nki, neuronx-cc, torch-neuronx, torch-xla
     spin_square: float = 0.0  # <S^2> of the reference
+    xc: str | None = None  # the functional of a Kohn-Sham reference
+    auxbasis_generated: dict = field(default_factory=dict)  # "scf"/"mp2" -> elements with a generated set
+    double_hybrid: DoubleHybrid | None = None  # a double-hybrid run: E = E_KS + c_os E_os + c_ss E_ss
 
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
     e_corr_ss = property(lambda self: self.correlation.e_corr_ss)
     e_corr_singles = property(lambda self: self.correlation.e_corr_singles)
     e_scs = property(lambda self: self.correlation.e_scs)
-    e_tot = property(lambda self: self.e_hf + self.correlation.e_corr)
+    @property
+    def e_pt2(self):
+        """A double hybrid's scaled MP2 part, c_os E_os + c_ss E_ss (Eh); None otherwise."""
+        dh = self.double_hybrid
+        return None if dh is None else dh.c_os * self.e_corr_os + dh.c_ss * self.e_corr_ss
+
+    @property
+    def e_tot(self):
+        """E_ref + E_corr, or for a double hybrid E_KS + E_PT2."""
+        return self.e_ref + (self.correlation.e_corr if self.double_hybrid is None else self.e_pt2)
+
+    # E(HF) only for Hartree-Fock references: a KS energy is never reported as E(HF)
+    e_hf = property(lambda self: None if self.reference.endswith("ks") else self.e_ref)
     kernels = property(lambda self: self.correlation.kernels)  # kernel name -> call count
 
     def as_dict(self) -> dict:
         corr = self.correlation
         record = {
             "formula": self.formula,
-            "e_hf": self.e_hf, "e_corr": self.e_corr, "e_corr_os": self.e_corr_os,
+            "e_ref": self.e_ref, "e_hf": self.e_hf, "xc": self.xc, "e_corr": self.e_corr, "e_corr_os": self.e_corr_os,
             "e_corr_ss": self.e_corr_ss, "e_corr_singles": self.e_corr_singles,
             "e_scs": self.e_scs, "e_tot": self.e_tot,
             "reference": self.reference, "spin_square": self.spin_square,
@@ -75,10 +91,15 @@ class DFMP2Result:
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block},
             "timings": dict(self.timings), "version": __version__,
             "simulated": self.simulated, "notes": list(self.notes),
+            "auxbasis_generated": dict(self.auxbasis_generated),
             "kernel_specializations": {k: [[list(a) if isinstance(a, tuple) else a for a in s]
                                            for s in sorted(v, key=repr)]
                                        for k, v in self.kernel_specializations.items()},
         }
+        if self.double_hybrid is not None:
+            dh = self.double_hybrid
+            record.update({"xc": dh.name, "xc_ks": dh.xc, "c_os": dh.c_os, "c_ss": dh.c_ss,
+                           "xc_citation": dh.citation, "e_ks": self.e_ref, "e_pt2": self.e_pt2})
         if self.nki_api:
             record["nki_api"] = self.nki_api
         if self.neuron_versions:
@@ -99,26 +120,36 @@ def _per_spin(value):
 
 def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
                    max_memory=None, scratch=None, progress=None, basis=None,
-                   nki_api=None, transform=None) -> DFMP2Result:
-    """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf` (density-fitted or not)."""
+                   nki_api=None, transform=None, allow_non_aufbau=False) -> DFMP2Result:
+    """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf`, or RKS/UKS/ROKS (density-fitted
+    or not). allow_non_aufbau: accept occupied orbitals above virtual ones (deliberate)."""
     backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
-    reference = chem.mean_field_orbitals(mf)
+    reference = chem.mean_field_orbitals(mf, allow_non_aufbau)
     integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
+    notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if allow_non_aufbau else []
     return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
-                      basis, {})
+                      basis, {}, notes, {"mp2": integrals.generated})
 
 
 def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
             scf="df", device="cpu", precision=None, simulate=False, max_memory=None, scratch=None,
             scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None, transform=None,
-            reference=None) -> DFMP2Result:
+            reference=None, xc=None, c_os=None, c_ss=None) -> DFMP2Result:
     """Read an XYZ file, run the SCF (`reference` rhf/uhf/rohf, default RHF for spin 0 and UHF
-    otherwise; `scf`='df' or 'exact'), then DF-MP2."""
+    otherwise; `scf`='df' or 'exact'), then DF-MP2. xc: a double hybrid (`functionals`; a custom
+    PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part, then
+    E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals."""
     backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
     reference = chem.choose_reference(spin, reference)
+    if xc is None and (c_os is not None or c_ss is not None):
+        raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
+    dh = double_hybrid(xc, c_os, c_ss) if xc is not None else None
+    if dh is not None:
+        chem.check_xc(dh.xc)
     atoms = chem.read_xyz(path)
     mol = chem.build_molecule(atoms, basis, charge, spin)
     integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
+    jk_auxbasis, jk_generated = chem.fitting_basis(mol, mp2fit=False) if scf == "df" else (None, [])
     nfrozen = chem.frozen_core_count(mol) if frozen_core else 0
     nalpha, nbeta = (mol.nelectron + spin) // 2, (mol.nelectron - spin) // 2
     spins = [nalpha] if reference == "rhf" else [nalpha, nbeta]
@@ -130,14 +161,18 @@ def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=
     if progress:
         progress("SCF", 0, 1)
     start = time.perf_counter()
-    mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle, reference=reference)
+    mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle, reference=reference, jk_auxbasis=jk_auxbasis,
+                      xc=dh.xc if dh else None)
     timings = {"scf": time.perf_counter() - start}
-    return _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, nfrozen or None, max_memory,
-                      scratch, progress, basis, timings)
+    result = _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, nfrozen or None, max_memory,
+                        scratch, progress, basis, timings, [],
+                        {"scf": jk_generated, "mp2": integrals.generated})
+    result.double_hybrid = dh
+    return result
 
 
 def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress, basis,
-               timings) -> DFMP2Result:
+               timings, notes, generated) -> DFMP2Result:
     start = time.perf_counter()
     corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                         reference.mo_occ, frozen=frozen, max_memory=max_memory, scratch=scratch,
@@ -146,8 +181,9 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
     timings["mp2"] = time.perf_counter() - start
     simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator
     return DFMP2Result(
-        e_hf=reference.e_hf, correlation=corr, reference=reference.reference,
-        spin_square=reference.spin_square, basis=basis or chem.basis_name(mf.mol),
+        e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
+        spin_square=reference.spin_square, xc=reference.xc,
+        auxbasis_generated={k: list(v) for k, v in generated.items() if v}, basis=basis or chem.basis_name(mf.mol),
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
         device=backend.device_name, device_description=backend.describe(),
         precision=backend.precision, backend=backend.name, transform=backend.transform,
@@ -157,5 +193,10 @@ def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, p
         modelled_seconds=backend.modelled_seconds() if simulated else None,
         modelled=backend.modelled() if simulated else None,
         trace=backend.trace.as_dict() if simulated else None,
-        nki_api=getattr(backend, "nki_api", None), notes=list(getattr(backend, "notes", [])),
+        nki_api=getattr(backend, "nki_api", None),
+        notes=list(getattr(backend, "notes", [])) + notes + [
+            f"no named {kind} auxiliary set in PySCF for {', '.join(elements)}: PySCF's generated "
+            "even-tempered set (aug_etb) used for " + ("it" if len(elements) == 1 else "them")
+            for kind, elements in (("JK-fit (SCF)", generated.get("scf")), ("MP2-fit", generated.get("mp2")))
+            if elements],
         neuron_versions=getattr(backend, "neuron_versions", None))

@@ -415,8 +415,8 @@ def plan_for(backend, integrals, spaces, max_memory) -> MemoryPlan:
 def _budget_bytes(backend, max_memory):
     """Memory budget in bytes: --max-memory MB, capped by free GPU memory on a GPU."""
     if max_memory is not None:
-        if max_memory <= 0:
-            raise InputError(f"--max-memory must be positive, got {max_memory}")
+        if not np.isfinite(max_memory) or max_memory <= 0:
+            raise InputError(f"--max-memory must be a positive, finite number of MB, got {max_memory}")
         budget = int(max_memory * MB)
     else:
         budget = int(0.8 * available_ram_bytes())

@@ -28,7 +28,7 @@ class DFMP2:
     """
 
     def __init__(self, mf, frozen=None, auxbasis=None, device="cpu", precision=None, simulate=False,
-                 nki_api=None, transform=None):
+                 nki_api=None, transform=None, allow_non_aufbau=False):
         self._scf = mf
         self.mol = mf.mol
         self.frozen = frozen
@@ -37,11 +37,13 @@ class DFMP2:
         self.precision = precision  # None: fp64, or fp32 on trn1/trn2
         self.simulate = simulate  # trn1/trn2 only: run the NKI kernels on dfmp2's emulator
         self.nki_api = nki_api  # with simulate: the NKI release the emulator follows (None: newest)
+        self.allow_non_aufbau = allow_non_aufbau  # accept a deliberately non-aufbau reference
         self.transform = transform  # trn1/trn2: AO->MO transform "exact" (None: default) or "fp32"
         self.max_memory = getattr(mf, "max_memory", None)
         self.verbose = getattr(mf, "verbose", 0)
         self.result = None
-        self.e_hf = None
+        self.e_hf = None  # None for a Kohn-Sham reference (its energy is e_ref)
+        self.e_ref = None
         self.e_corr = None
         self.e_corr_os = None
         self.e_corr_ss = None
@@ -51,7 +53,7 @@ class DFMP2:
 
     @property
     def e_tot(self):
-        return None if self.e_corr is None else self.e_hf + self.e_corr
+        return None if self.e_corr is None else self.e_ref + self.e_corr
 
     @property
     def e_scs(self):
@@ -62,8 +64,10 @@ class DFMP2:
         self.result = run_mean_field(self._scf, auxbasis=self.auxbasis, frozen=self.frozen,
                                      device=self.device, precision=self.precision,
                                      simulate=self.simulate, max_memory=self.max_memory,
-                                     nki_api=self.nki_api, transform=self.transform)
+                                     nki_api=self.nki_api, transform=self.transform,
+                                     allow_non_aufbau=self.allow_non_aufbau)
         self.e_hf = self.result.e_hf
+        self.e_ref = self.result.e_ref
         self.e_corr = self.result.e_corr
         self.e_corr_os = self.result.e_corr_os
         self.e_corr_ss = self.result.e_corr_ss
@@ -72,12 +76,32 @@ class DFMP2:
         self.spin_square = self.result.spin_square  # <S^2> of the reference
         return self.e_corr
 
+    def double_hybrid_energy(self, xc=None, c_os=None, c_ss=None):
+        """E_KS + c_os E_os + c_ss E_ss (Eh) of the Kohn-Sham reference this object ran on: xc
+        names a double hybrid (`dfmp2.functionals`; its KS part must be the reference's xc), or
+        give c_os and c_ss for a custom one. Runs kernel() first if needed."""
+        from .errors import InputError
+        from .functionals import double_hybrid
+
+        if self.result is None:
+            self.kernel()
+        if not self.result.reference.endswith("ks"):
+            raise InputError(f"a double hybrid needs a Kohn-Sham reference, not {self.result.reference.upper()}")
+        dh = double_hybrid(xc if xc is not None else self._scf.xc, c_os, c_ss)
+        if dh.name != "custom" and _xc_key(dh.xc) != _xc_key(self._scf.xc):
+            raise InputError(f"{dh.name}'s KS part is {dh.xc!r}, but the reference used xc {self._scf.xc!r}")
+        return self.e_ref + dh.c_os * self.e_corr_os + dh.c_ss * self.e_corr_ss
+
     def run(self, **options):
         """Set any of the constructor's options, run `kernel()`, return self."""
         for name, value in options.items():
-            if name not in ("frozen", "auxbasis", "device", "precision", "simulate", "nki_api", "transform",
+            if name not in ("frozen", "auxbasis", "device", "precision", "simulate", "nki_api", "transform", "allow_non_aufbau",
                             "max_memory", "verbose"):
                 raise TypeError(f"DFMP2.run() got an unknown option {name!r}")
             setattr(self, name, value)
         self.kernel()
         return self
+
+
+def _xc_key(xc: str) -> str:
+    return "".join(str(xc).upper().split())
