@@ -438,6 +438,24 @@ class ThreeCenterIntegrals:
         return lib.unpack_tril(np.asarray(packed.T, order="C"))
 
 
+def write_molden(mol, path, mo_coeff, occupations) -> None:
+    """Orbitals [nao, nmo] with their occupations to a Molden file (PySCF's writer), written
+    beside `path` and renamed into place: never a partial file."""
+    import tempfile
+
+    from pyscf.tools import molden
+
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, tmp = tempfile.mkstemp(prefix=".dfmp2-", suffix=".molden", dir=directory)
+    os.close(handle)
+    try:
+        molden.from_mo(mol, tmp, mo_coeff, occ=occupations)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def basis_name(mol) -> str:
     return _describe_basis(mol.basis)
 

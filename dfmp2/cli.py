@@ -78,16 +78,20 @@ TRANSFORM_OPTION = click.option(
 @click.option("--scf-max-cycle", type=int, default=100, show_default=True,
               help="SCF iterations before giving up (exit 1).")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
+@click.option("--natorbs", "natorbs_path", default=None, metavar="FILE.molden",
+              help="Write the unrelaxed MP2 natural orbitals and occupations (RHF references).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
-        nki_api, transform, max_memory, scratch, scf_max_cycle, json_path, quiet, debug):
+        nki_api, transform, max_memory, scratch, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
     def compute():
         if json_path is not None:
             _check_output_path(json_path)
+        if natorbs_path is not None:
+            _check_output_path(natorbs_path, "--natorbs")
         if scratch is not None and not os.path.isdir(scratch):
             raise InputError(f"--scratch {scratch}: no such directory")
         if scf_max_cycle < 1:
@@ -97,10 +101,19 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
                          frozen_core=frozen_core, scf=scf, device=device, precision=precision,
                          simulate=simulate, max_memory=max_memory, scratch=scratch,
                          scf_max_cycle=scf_max_cycle, progress=progress, nki_api=nki_api,
-                         transform=transform, reference=reference, xc=xc, c_os=c_os, c_ss=c_ss)
+                         transform=transform, reference=reference, xc=xc, c_os=c_os, c_ss=c_ss,
+                         with_rdm1=natorbs_path is not None)
         if progress:
             progress.clear()
         record = result.as_dict()
+        if natorbs_path is not None:
+            from .chem import write_molden
+            from .pipeline import natural_orbitals
+
+            mf = result.mean_field
+            occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), mf.mo_coeff)
+            write_molden(mf.mol, natorbs_path, orbitals, occupations)
+            record["natorbs"] = {"path": natorbs_path, "occupations": occupations.tolist()}
         record["molecule"] = molecule
         record["charge"] = charge
         record["spin"] = spin
@@ -217,12 +230,12 @@ def _package_version(name):
         return "not installed"
 
 
-def _check_output_path(path):
+def _check_output_path(path, option="--json"):
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise InputError(f"--json {path}: directory {directory} does not exist")
+        raise InputError(f"{option} {path}: directory {directory} does not exist")
     if os.path.isdir(path):
-        raise InputError(f"--json {path}: is a directory")
+        raise InputError(f"{option} {path}: is a directory")
 
 
 def _write_json_atomically(path, record):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import __version__, chem
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
@@ -51,6 +53,17 @@ class DFMP2Result:
     xc: str | None = None  # the functional of a Kohn-Sham reference
     auxbasis_generated: dict = field(default_factory=dict)  # "scf"/"mp2" -> elements with a generated set
     double_hybrid: DoubleHybrid | None = None  # a double-hybrid run: E = E_KS + c_os E_os + c_ss E_ss
+    mean_field: object = None  # the PySCF SCF object of a run_xyz run (for densities / orbitals)
+
+    def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
+        """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis [nmo, nmo] (or AO with
+        ao_repr): the reference occupations (frozen orbitals 2 or 0) plus the MP2 correction on
+        the active orbitals; trace = electron count (PySCF dfmp2_native's conventions)."""
+        occ_index, vir_index, p_oo, p_vv = self.correlation.rdm1_active
+        dm = np.diag(np.asarray(mo_occ, dtype=np.float64))
+        dm[np.ix_(occ_index, occ_index)] += p_oo
+        dm[np.ix_(vir_index, vir_index)] += p_vv
+        return mo_coeff @ dm @ mo_coeff.T if ao_repr else dm
 
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
@@ -120,7 +133,7 @@ def _per_spin(value):
 
 def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
                    max_memory=None, scratch=None, progress=None, basis=None,
-                   nki_api=None, transform=None, allow_non_aufbau=False) -> DFMP2Result:
+                   nki_api=None, transform=None, allow_non_aufbau=False, with_rdm1=False) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf`, or RKS/UKS/ROKS (density-fitted
     or not). allow_non_aufbau: accept occupied orbitals above virtual ones (deliberate)."""
     backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
@@ -128,19 +141,22 @@ def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None,
     integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if allow_non_aufbau else []
     return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
-                      basis, {}, notes, {"mp2": integrals.generated})
+                      basis, {}, notes, {"mp2": integrals.generated}, with_rdm1)
 
 
 def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
             scf="df", device="cpu", precision=None, simulate=False, max_memory=None, scratch=None,
             scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None, transform=None,
-            reference=None, xc=None, c_os=None, c_ss=None) -> DFMP2Result:
+            reference=None, xc=None, c_os=None, c_ss=None, with_rdm1=False) -> DFMP2Result:
     """Read an XYZ file, run the SCF (`reference` rhf/uhf/rohf, default RHF for spin 0 and UHF
     otherwise; `scf`='df' or 'exact'), then DF-MP2. xc: a double hybrid (`functionals`; a custom
     PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part, then
     E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals."""
     backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
     reference = chem.choose_reference(spin, reference)
+    if with_rdm1 and reference != "rhf":
+        raise InputError("MP2 densities and natural orbitals of open-shell (UHF/ROHF) references are not "
+                         "implemented yet")
     if xc is None and (c_os is not None or c_ss is not None):
         raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
     dh = double_hybrid(xc, c_os, c_ss) if xc is not None else None
@@ -166,17 +182,18 @@ def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=
     timings = {"scf": time.perf_counter() - start}
     result = _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, nfrozen or None, max_memory,
                         scratch, progress, basis, timings, [],
-                        {"scf": jk_generated, "mp2": integrals.generated})
+                        {"scf": jk_generated, "mp2": integrals.generated}, with_rdm1)
     result.double_hybrid = dh
+    result.mean_field = mf
     return result
 
 
 def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress, basis,
-               timings, notes, generated) -> DFMP2Result:
+               timings, notes, generated, with_rdm1=False) -> DFMP2Result:
     start = time.perf_counter()
     corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                         reference.mo_occ, frozen=frozen, max_memory=max_memory, scratch=scratch,
-                        progress=progress, fock_mo=reference.fock_mo)
+                        progress=progress, fock_mo=reference.fock_mo, with_rdm1=with_rdm1)
     timings.update(corr.timings)
     timings["mp2"] = time.perf_counter() - start
     simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator

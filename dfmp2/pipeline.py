@@ -243,6 +243,29 @@ def _pair_sums(backend, stores, channels, s, t, pairs, naux, tick):
     return e_os, e_ss
 
 
+def unrelaxed_density(backend, store, channel, occ_block, naux):
+    """Unrelaxed MP2 density of a closed-shell reference in the active space, fp64 (host):
+    P_ij = -2 sum_kab t_ik^ab (2 t_jk^ab - t_jk^ba), P_ab = 2 sum_ijc t_ij^ac (2 t_ij^bc - t_ij^cb),
+    from the same (ia|kb) as the energy, formed for all i against a block of k at a time (t2 is
+    never stored). Returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
+    nocc, nvir = channel.nocc, channel.nvir
+    b_occ = store.read_occ(0, nocc, naux)
+    k_block = max(1, min(nocc, occ_block * occ_block // max(nocc, 1)))  # nocc x nk ~ one pair block
+    p_oo, p_vv = np.zeros((nocc, nocc)), np.zeros((nvir, nvir))
+    for k0, k1 in block_ranges(nocc, k_block):
+        oo, vv = backend.density_block(b_occ, b_occ[k0:k1], channel.e_occ, channel.e_occ[k0:k1], channel.e_vir)
+        p_oo += backend.to_host(oo)
+        p_vv += backend.to_host(vv)
+    return p_oo, p_vv
+
+
+def natural_orbitals(rdm1_mo, mo_coeff):
+    """Eigen-decomposition of an MO-basis 1-RDM: (occupations in descending order [nmo],
+    natural orbitals as AO coefficients [nao, nmo])."""
+    occupations, vectors = np.linalg.eigh(rdm1_mo)
+    return occupations[::-1], mo_coeff @ vectors[:, ::-1]
+
+
 def singles_energy(channels):
     """ROHF-MBPT(2) singles: sum_s sum_ia |f_ia|^2 / (e_i - e_a) over active i, a, fp64 (Eh);
     0 for canonical references (f_ia = 0)."""
@@ -294,6 +317,9 @@ class CorrelationEnergy:
     timings: dict = field(default_factory=dict)
     kernels: dict = field(default_factory=dict)
     e_corr_singles: float = 0.0  # ROHF-MBPT(2) singles (0 for canonical references)
+    # with_rdm1 (restricted): the unrelaxed MP2 density correction on the active orbitals, fp64:
+    # (occ_index, vir_index, P_oo, P_vv) with indices into the reference's MOs
+    rdm1_active: tuple | None = None
 
     @property
     def e_corr(self) -> float:
@@ -307,7 +333,8 @@ class CorrelationEnergy:
 
 
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
-                 max_memory=None, scratch=None, progress=None, fock_mo=None) -> CorrelationEnergy:
+                 max_memory=None, scratch=None, progress=None, fock_mo=None,
+                 with_rdm1=False) -> CorrelationEnergy:
     """DF-MP2 correlation energy of a restricted or unrestricted reference.
 
     integrals: provider with nao, naux, metric(), aux_blocks(limit), block(p0, p1), largest_shell().
@@ -316,10 +343,13 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
     `active_orbitals` (unrestricted: `frozen_per_spin`). fock_mo: per spin, the Fock matrix in
     the (semicanonical) MO basis [nmo, nmo] of a non-canonical reference (ROHF), for the
     singles; None for canonical orbitals. max_memory: budget in MB (default: 80% of available
-    RAM, or of free GPU memory).
+    RAM, or of free GPU memory). with_rdm1 (restricted references): also the unrelaxed MP2
+    density (`unrelaxed_density`).
     """
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
     names = [""] if len(refs) == 1 else ["alpha", "beta"]
+    if with_rdm1 and len(refs) != 1:
+        raise InputError("MP2 densities of unrestricted (UHF/ROHF) references are not implemented yet")
     selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
                 in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
@@ -381,7 +411,12 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
 
         e_os, e_ss = pair_energies(backend, stores, channels, plan.occ_block,  # 4. energies
                                    factor.nkept, progress)
-        lap("pair_energies", clock)
+        clock = lap("pair_energies", clock)
+        rdm1 = None
+        if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
+            rdm1 = (selected[0][0], selected[0][1],
+                    *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, factor.nkept))
+            lap("density", clock)
     finally:
         for store in stores:
             store.close()
@@ -400,7 +435,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         e_corr_os=e_os, e_corr_ss=e_ss, e_corr_singles=e_singles,
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
-        metric=factor.describe(), plan=plan, timings=timings, kernels=dict(backend.calls))
+        metric=factor.describe(), plan=plan, timings=timings, kernels=dict(backend.calls),
+        rdm1_active=rdm1)
 
 
 def plan_for(backend, integrals, spaces, max_memory) -> MemoryPlan:

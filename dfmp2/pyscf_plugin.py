@@ -13,7 +13,10 @@ SCF was density-fitted with a JK-fit basis (which PySCF's own DFMP2 would reuse)
 
 from __future__ import annotations
 
+import numpy as np
+
 from .driver import run_mean_field
+from .pipeline import natural_orbitals
 
 
 class DFMP2:
@@ -59,13 +62,14 @@ class DFMP2:
     def e_scs(self):
         return None if self.result is None else self.result.e_scs
 
-    def kernel(self):
-        """Compute and return the DF-MP2 correlation energy (Eh)."""
+    def kernel(self, with_rdm1=False):
+        """Compute and return the DF-MP2 correlation energy (Eh); with_rdm1: also the unrelaxed
+        density (make_rdm1 asks for it)."""
         self.result = run_mean_field(self._scf, auxbasis=self.auxbasis, frozen=self.frozen,
                                      device=self.device, precision=self.precision,
                                      simulate=self.simulate, max_memory=self.max_memory,
                                      nki_api=self.nki_api, transform=self.transform,
-                                     allow_non_aufbau=self.allow_non_aufbau)
+                                     allow_non_aufbau=self.allow_non_aufbau, with_rdm1=with_rdm1)
         self.e_hf = self.result.e_hf
         self.e_ref = self.result.e_ref
         self.e_corr = self.result.e_corr
@@ -75,6 +79,25 @@ class DFMP2:
         self.reference = self.result.reference  # rhf, uhf or rohf
         self.spin_square = self.result.spin_square  # <S^2> of the reference
         return self.e_corr
+
+    def make_rdm1(self, relaxed=False, ao_repr=False):
+        """The unrelaxed DF-MP2 one-particle density (PySCF dfmp2_native's conventions): MO basis
+        [nmo, nmo] by default (AO with ao_repr), reference occupations plus the MP2 correction,
+        trace = electron count; built blockwise from the (ia|kb) blocks (no t2 stored).
+        Restricted references; relaxed=True (Z-vector) is not implemented."""
+        from .errors import InputError
+
+        if relaxed:
+            raise InputError("the relaxed MP2 density (Z-vector) is not implemented; use relaxed=False")
+        if self.result is None or self.result.correlation.rdm1_active is None:
+            self.kernel(with_rdm1=True)
+        return self.result.make_rdm1(np.asarray(self._scf.mo_coeff), self._scf.mo_occ, ao_repr)
+
+    def make_natorbs(self, rdm1_mo=None, relaxed=False):
+        """(natocc, natorb): natural occupations, descending, and natural orbitals [nao, nmo] (AO
+        coefficients) of `rdm1_mo` (default: make_rdm1(relaxed))."""
+        dm = self.make_rdm1(relaxed=relaxed) if rdm1_mo is None else np.asarray(rdm1_mo)
+        return natural_orbitals(dm, np.asarray(self._scf.mo_coeff))
 
     def double_hybrid_energy(self, xc=None, c_os=None, c_ss=None):
         """E_KS + c_os E_os + c_ss E_ss (Eh) of the Kohn-Sham reference this object ran on: xc

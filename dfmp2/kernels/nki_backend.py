@@ -594,6 +594,13 @@ class NkiBackend:
                 e_ex += float((weight * sums[..., 1]).sum())
         return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir):
+        """The MP2 density has no NKI kernel yet: refused, not run elsewhere."""
+        from ..errors import ComputationError
+
+        raise ComputationError(f"MP2 densities (make_rdm1, natural orbitals) have no NKI kernel yet: "
+                               f"run them with device cpu or cuda; nothing was computed on {self.target}")
+
     def _aux_rows(self, b):
         """B [n, nvir, naux] as the kernels' [n, naux, nvir] (auxiliary index on the rows): a view
         when the storage already has that layout, else one transposing copy in device HBM."""

@@ -130,6 +130,24 @@ class TorchBackend:
         """Memory of one pair-energy call beyond its B blocks: ~5 fp64 [nb, nvir, nb, nvir]."""
         return 5 * occ_block * occ_block * nvir * nvir * 8
 
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir):
+        """Unrelaxed closed-shell MP2 density from the pairs (i, k), all i, k in one block, fp64:
+          (ia|kb) = sum_P B_ia^P B_kb^P,  t = (ia|kb) / D,  T = 2 t_ik^ab - t_ik^ba
+          P_ij += -2 sum_kab t_ik^ab T_jk^ab     P_ab += 2 sum_ikc t_ik^ac T_ik^bc
+        b_occ [nocc, nvir, naux], b_k [nk, nvir, naux]; returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
+        self.calls["density_block"] += 1
+        nocc, nvir, naux = b_occ.shape
+        nk = b_k.shape[0]
+        iakb = torch.matmul(b_occ.reshape(nocc * nvir, naux), b_k.reshape(nk * nvir, naux).transpose(0, 1))
+        iakb = iakb.to(torch.float64).view(nocc, nvir, nk, nvir)
+        e_ia = (e_occ[:, None] - e_vir[None, :]).to(torch.float64)
+        e_kb = (e_k[:, None] - e_vir[None, :]).to(torch.float64)
+        t = iakb / (e_ia[:, :, None, None] + e_kb[None, None, :, :])
+        big_t = 2.0 * t - t.transpose(1, 3)
+        p_oo = -2.0 * torch.einsum("iakb,jakb->ij", t, big_t)
+        p_vv = 2.0 * torch.einsum("iakc,ibkc->ab", t, big_t)
+        return p_oo, p_vv
+
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """B = X L^-T for X [..., n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
         self.calls["trsm"] += 1
