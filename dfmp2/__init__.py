@@ -21,11 +21,11 @@ from .errors import ComputationError, DFMP2Error, InputError  # noqa: E402
 
 def __getattr__(name):
     # The PySCF plugin imports torch and PySCF; load it on first use only.
-    if name == "DFMP2":
-        from .pyscf_plugin import DFMP2
+    if name in ("DFMP2", "DFUMP2"):
+        from . import pyscf_plugin
 
-        return DFMP2
+        return getattr(pyscf_plugin, name)
     raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")
 
 
-__all__ = ["DFMP2", "DFMP2Error", "InputError", "ComputationError", "__version__"]
+__all__ = ["DFMP2", "DFUMP2", "DFMP2Error", "InputError", "ComputationError", "__version__"]

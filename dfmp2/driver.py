@@ -133,7 +133,8 @@ def _per_spin(value):
 
 def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
                    max_memory=None, scratch=None, progress=None, basis=None,
-                   nki_api=None, transform=None, allow_non_aufbau=False, with_rdm1=False) -> DFMP2Result:
+                   nki_api=None, transform=None, allow_non_aufbau=False, with_rdm1=False,
+                   with_t2=False) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf`, or RKS/UKS/ROKS (density-fitted
     or not). allow_non_aufbau: accept occupied orbitals above virtual ones (deliberate)."""
     backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
@@ -141,7 +142,7 @@ def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None,
     integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if allow_non_aufbau else []
     return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
-                      basis, {}, notes, {"mp2": integrals.generated}, with_rdm1)
+                      basis, {}, notes, {"mp2": integrals.generated}, with_rdm1, with_t2)
 
 
 def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
@@ -189,11 +190,12 @@ def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=
 
 
 def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress, basis,
-               timings, notes, generated, with_rdm1=False) -> DFMP2Result:
+               timings, notes, generated, with_rdm1=False, with_t2=False) -> DFMP2Result:
     start = time.perf_counter()
     corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                         reference.mo_occ, frozen=frozen, max_memory=max_memory, scratch=scratch,
-                        progress=progress, fock_mo=reference.fock_mo, with_rdm1=with_rdm1)
+                        progress=progress, fock_mo=reference.fock_mo, with_rdm1=with_rdm1,
+                        with_t2=with_t2)
     timings.update(corr.timings)
     timings["mp2"] = time.perf_counter() - start
     simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator

@@ -320,6 +320,7 @@ class CorrelationEnergy:
     # with_rdm1 (restricted): the unrelaxed MP2 density correction on the active orbitals, fp64:
     # (occ_index, vir_index, P_oo, P_vv) with indices into the reference's MOs
     rdm1_active: tuple | None = None
+    t2: np.ndarray | None = None  # with_t2 (restricted): t_ij^ab [nocc, nocc, nvir, nvir], active orbitals
 
     @property
     def e_corr(self) -> float:
@@ -334,7 +335,7 @@ class CorrelationEnergy:
 
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
                  max_memory=None, scratch=None, progress=None, fock_mo=None,
-                 with_rdm1=False) -> CorrelationEnergy:
+                 with_rdm1=False, with_t2=False) -> CorrelationEnergy:
     """DF-MP2 correlation energy of a restricted or unrestricted reference.
 
     integrals: provider with nao, naux, metric(), aux_blocks(limit), block(p0, p1), largest_shell().
@@ -350,10 +351,17 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
     names = [""] if len(refs) == 1 else ["alpha", "beta"]
     if with_rdm1 and len(refs) != 1:
         raise InputError("MP2 densities of unrestricted (UHF/ROHF) references are not implemented yet")
+    if with_t2 and len(refs) != 1:
+        raise InputError("with_t2 is available for restricted references only")
     selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
                 in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory)
+    if with_t2:
+        t2_bytes = (selected[0][0].size * selected[0][1].size) ** 2 * 8
+        if t2_bytes > plan.budget // 2:
+            raise InputError(f"with_t2: t2 needs {t2_bytes / MB:.4g} MB, more than half the memory budget "
+                             f"({plan.budget / MB:.4g} MB); run without it (energies and densities need no t2)")
     backend.expect_blocks(plan.aux_block, plan.occ_block)
     timings = {}
 
@@ -416,7 +424,12 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
             rdm1 = (selected[0][0], selected[0][1],
                     *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, factor.nkept))
-            lap("density", clock)
+            clock = lap("density", clock)
+        t2 = None
+        if with_t2:  # PySCF's t2[i, j, a, b], on the host in fp64
+            ch = channels[0]
+            b = stores[0].read_occ(0, ch.nocc, factor.nkept)
+            t2 = backend.to_host(backend.amplitudes(b, b, ch.e_occ, ch.e_occ, ch.e_vir))
     finally:
         for store in stores:
             store.close()
@@ -436,7 +449,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
         metric=factor.describe(), plan=plan, timings=timings, kernels=dict(backend.calls),
-        rdm1_active=rdm1)
+        rdm1_active=rdm1, t2=t2)
 
 
 def plan_for(backend, integrals, spaces, max_memory) -> MemoryPlan:

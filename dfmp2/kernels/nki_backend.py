@@ -601,6 +601,13 @@ class NkiBackend:
         raise ComputationError(f"MP2 densities (make_rdm1, natural orbitals) have no NKI kernel yet: "
                                f"run them with device cpu or cuda; nothing was computed on {self.target}")
 
+    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
+        """t2 is not formed on a NeuronCore (the pair kernel keeps (ia|jb) on chip): refused."""
+        from ..errors import ComputationError
+
+        raise ComputationError(f"with_t2: the amplitudes are not formed on {self.target} (the pair kernel "
+                               "never leaves (ia|jb) the chip); run with device cpu or cuda")
+
     def _aux_rows(self, b):
         """B [n, nvir, naux] as the kernels' [n, naux, nvir] (auxiliary index on the rows): a view
         when the storage already has that layout, else one transposing copy in device HBM."""

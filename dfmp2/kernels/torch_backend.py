@@ -130,6 +130,17 @@ class TorchBackend:
         """Memory of one pair-energy call beyond its B blocks: ~5 fp64 [nb, nvir, nb, nvir]."""
         return 5 * occ_block * occ_block * nvir * nvir * 8
 
+    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
+        """t_ij^ab = (ia|jb) / D_ijab, fp64 [ni, nj, nvir, nvir] (PySCF's t2 layout)."""
+        self.calls["amplitudes"] += 1
+        ni, nvir, naux = b_i.shape
+        nj = b_j.shape[0]
+        iajb = torch.matmul(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir, naux).transpose(0, 1))
+        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
+        e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
+        e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
+        return (iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])).permute(0, 2, 1, 3)
+
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir):
         """Unrelaxed closed-shell MP2 density from the pairs (i, k), all i, k in one block, fp64:
           (ia|kb) = sum_P B_ia^P B_kb^P,  t = (ia|kb) / D,  T = 2 t_ik^ab - t_ik^ba
