@@ -122,7 +122,7 @@ def run_gpu4pyscf_peer(xyz, basis, repeat):
 
     def dfmp2_run(precision):
         def run():
-            e = DFMP2(mf, frozen=frozen, device="cuda", precision=precision).kernel()
+            e, _ = DFMP2(mf, frozen=frozen, device="cuda", precision=precision).kernel()
             torch.cuda.synchronize()
             return e
         return run

@@ -83,8 +83,8 @@ def test_frozen_list_including_a_virtual():
 def test_plugin_conventions():
     mf = converged_rhf("water")
     pt = DFMP2(mf)
-    e = pt.kernel()
-    assert e == pt.e_corr
+    e, t2 = pt.kernel()  # PySCF's (e_corr, t2)
+    assert e == pt.e_corr and t2 is None
     assert pt.e_tot == pytest.approx(mf.e_tot + e, abs=1e-12)
     assert pt.e_scs == pytest.approx(1.2 * pt.e_corr_os + pt.e_corr_ss / 3, abs=1e-12)
     assert pt.run(frozen=1) is pt and pt.result.correlation.nfrozen == 1
