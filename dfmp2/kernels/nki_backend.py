@@ -373,7 +373,7 @@ class NkiBackend:
         kernel = getattr(self.kernels, kernel_name)
         if self.simulate and self.model_only and (kernel_name, shapes, grid) in self._trace_cache:
             self._record(self._trace_cache[(kernel_name, shapes, grid)], host_bytes, kernel_name)
-            return self._resident(_REFERENCE[kernel_name](*(
+            return self._outputs(_REFERENCE[kernel_name](*(
                 a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in arrays)))
         if self.simulate:
             with emulator.target(self.target, self.nki_api):
@@ -381,8 +381,14 @@ class NkiBackend:
                 out = launcher(*(_kernel_array(a) if isinstance(a, torch.Tensor) else a for a in arrays))
             self._record(kernel.last_trace, host_bytes, kernel_name)
             self._trace_cache[(kernel_name, shapes, grid)] = kernel.last_trace
-            return self._resident(torch.from_numpy(out))
+            return self._outputs(out)
         return (kernel[grid] if grid > 1 else kernel)(*arrays)
+
+    def _outputs(self, out):
+        """A kernel's output(s) (array or tuple of arrays) as tensors resident in device HBM."""
+        if isinstance(out, tuple):
+            return tuple(self._outputs(o) for o in out)
+        return self._resident(out if isinstance(out, torch.Tensor) else torch.from_numpy(out))
 
     def _record(self, trace: Trace, host_bytes_in=None, step=None) -> None:
         """Add a kernel trace (host_bytes_in: its arguments' host -> device bytes; the result
@@ -595,11 +601,55 @@ class NkiBackend:
         return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir):
-        """The MP2 density has no NKI kernel yet: refused, not run elsewhere."""
+        """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel
+        (t and T stay on chip): launches over occupied blocks I >= J of at most `density_rows`
+        orbitals (P_oo is symmetric), P_vv from the diagonal ones; each launch forms the
+        amplitudes of its I and J rows again (the price of keeping t2 on chip: about
+        nocc / (2 rows) times the energy's Tensor Engine work). Partials come back and are summed
+        in fp64: returns (P_oo [nocc, nocc], P_vv [nvir, nvir]) as host tensors (torch backend's
+        formulas)."""
         from ..errors import ComputationError
 
-        raise ComputationError(f"MP2 densities (make_rdm1, natural orbitals) have no NKI kernel yet: "
-                               f"run them with device cpu or cuda; nothing was computed on {self.target}")
+        nocc, nvir, naux = b_occ.shape
+        rows = self.density_rows(nvir, naux)
+        if rows < 1:
+            raise ComputationError(f"the NKI density kernel holds the amplitudes of one (i, k) pair in SBUF: "
+                                   f"nvir {nvir} with naux {naux} does not fit on {self.target}")
+        b_all, b_kk = self._aux_rows(b_occ), self._aux_rows(b_k)
+        nk = b_k.shape[0]
+        e_vir32 = e_vir.to(torch.float32)
+        e_vir_col = e_vir32.reshape(nvir, 1).contiguous()
+        neg_e_vir_rows = (-e_vir32).expand(P, nvir).contiguous()
+        e_k_rows = e_k.to(torch.float32).expand(P, nk).contiguous()
+        oo = np.zeros((nocc, nocc))
+        vv = np.zeros((nvir, nvir))
+        blocks = [(i0, min(i0 + rows, nocc)) for i0 in range(0, nocc, rows)]
+        for bi, (i0, i1) in enumerate(blocks):
+            for j0, j1 in blocks[:bi + 1]:
+                diagonal = int(i0 == j0)
+                useful = 2 * ((i1 - i0) + (0 if diagonal else j1 - j0)) * nk * nvir * nvir * naux \
+                    + diagonal * 2 * (i1 - i0) * nk * nvir ** 3
+                part_oo, part_vv = self._launch("density_kernel", (
+                    b_all[i0:i1], b_all[j0:j1], b_kk,
+                    e_occ[i0:i1].to(torch.float32).expand(P, i1 - i0).contiguous(),
+                    e_occ[j0:j1].to(torch.float32).expand(P, j1 - j0).contiguous(),
+                    e_k_rows, e_vir_col, neg_e_vir_rows, diagonal), useful)
+                block = self.to_host(part_oo).astype(np.float64).sum(axis=0).reshape(i1 - i0, j1 - j0)
+                oo[i0:i1, j0:j1] += block
+                if not diagonal:
+                    oo[j0:j1, i0:i1] += block.T
+                else:
+                    vv += self.to_host(part_vv).astype(np.float64)
+        return torch.from_numpy(-2.0 * oo), torch.from_numpy(2.0 * vv)
+
+    def density_rows(self, nvir, naux):
+        """Occupied orbitals per side of one density launch: the amplitudes t^T and T^T of each
+        [nvir, nvir] pair (4 bytes per element, over 128 partitions), P_vv and three B rows
+        in the target's usable SBUF, with room for the working tiles."""
+        per_pair = -(-nvir // P) * nvir * 4  # one [nvir, nvir] fp32 array per partition
+        b_rows = 3 * -(-naux // P) * nvir * 4
+        room = TARGETS[self.target].sbuf_usable_bytes_per_partition - b_rows - per_pair - 24 * 1024
+        return max(0, min(16, room // (2 * per_pair)))
 
     def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
         """t2 is not formed on a NeuronCore (the pair kernel keeps (ia|jb) on chip): refused."""
@@ -680,4 +730,25 @@ _REFERENCE = {
     "ao2mo_kernel": lambda digits, scale, cos, cvs, grid: torch.einsum(
         "pmn,mi,na->pai", _digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
     "pair_energy_kernel": _ref_pair_energy,
+    "density_kernel": lambda *args: _ref_density(*args),
 }
+
+
+def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_vir_rows, with_vv):
+    """density_kernel's outputs (oo partials in row 0, vv) by host math (model-only runs)."""
+    e_vir = e_vir_col[:, 0].double()
+
+    def amplitudes(b, e):
+        v = torch.einsum("iqa,kqc->iakc", b.double(), b_k.double())
+        d = (e[:, None, None, None] - e_vir[None, :, None, None] + e_k_rows[0].double()[None, None, :, None]
+             - e_vir[None, None, None, :])
+        t = v / d
+        return t, 2.0 * t - t.permute(0, 3, 2, 1)
+
+    t_i, big_t_i = amplitudes(b_i, e_i_rows[0].double())
+    _, big_t_j = amplitudes(b_j, e_j_rows[0].double())
+    oo = torch.zeros((P, b_i.shape[0] * b_j.shape[0]), dtype=torch.float32)
+    oo[0] = torch.einsum("iakc,jakc->ij", t_i, big_t_j).reshape(-1).float()
+    vv = torch.einsum("iakc,ibkc->ab", t_i, big_t_i).float() if with_vv else \
+        torch.zeros((e_vir.numel(), e_vir.numel()), dtype=torch.float32)
+    return oo, vv

@@ -493,3 +493,139 @@ def _add_dot(column, a, b, scale):
     if scale != 1.0:
         nisa.tensor_scalar(dst=part[0:rows], data=part[0:rows], op0=nl.multiply, operand0=scale)
     nisa.tensor_tensor(dst=column, data1=column, data2=part[0:rows], op=nl.add)
+
+
+@nki.jit
+def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_vir_rows, with_vv):
+    """Unrelaxed closed-shell MP2 density contributions of the pairs (i, k) and (j, k), i in
+    block I, j in block J, k in block K; t and T never leave the chip.
+
+    b_i [NI, NAUX, NVIR], b_j [NJ, NAUX, NVIR], b_k [NK, NAUX, NVIR]: whitened B, auxiliary index
+    on the rows. e_*_rows [128, N*]: occupied energies on every partition; e_vir_col [NVIR, 1];
+    neg_e_vir_rows [128, NVIR]: -e_a. with_vv = 1 (a diagonal launch, J = I): also P_vv.
+    Per pair (i, k), c in 128-row blocks (partitions), a in 512-column chunks:
+        W[c, a] = (ia|kc) = sum_Q B_k[Q, c] B_i[Q, a]      U[c, a] = (ic|ka) = sum_Q B_i[Q, c] B_k[Q, a]
+        t^T[c, a] = W / D,   T^T[c, a] = (2 W - U) / D,   D = e_i + e_k - e_a - e_c
+    so that (t, T the PySCF amplitudes t_ik^ac, T_ik^ac = 2 t_ik^ac - t_ik^ca):
+        oo[i, j]  += sum_{c, a} t_ik^T[c, a] T_jk^T[c, a]    (host: P_ij = -2 sum_k oo)
+        vv[a, b]  += sum_c t_ik^T[c, a] T_ik^T[c, b]         (host: P_ab = 2 sum vv; J = I only)
+    Returns (oo partials [128, NI * NJ] per partition, vv [NVIR, NVIR]).
+    """
+    NI, NAUX, NVIR = b_i.shape
+    NJ, NK = b_j.shape[0], b_k.shape[0]
+    nq = (NAUX + P - 1) // P
+    nc = (NVIR + P - 1) // P
+    oo_out = nl.ndarray((P, NI * NJ), dtype=nl.float32, buffer=nl.shared_hbm)
+    vv_out = nl.ndarray((NVIR, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
+    ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
+    ej = nl.ndarray((P, NJ), dtype=nl.float32, buffer=nl.sbuf)
+    ek = nl.ndarray((P, NK), dtype=nl.float32, buffer=nl.sbuf)
+    neg_ea = nl.ndarray((P, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+    ec = nl.ndarray((P, nc), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ei, src=e_i_rows)
+    nisa.dma_copy(dst=ej, src=e_j_rows)
+    nisa.dma_copy(dst=ek, src=e_k_rows)
+    nisa.dma_copy(dst=neg_ea, src=neg_e_vir_rows)
+    for c in nl.affine_range(nc):
+        mc = min(P, NVIR - c * P)
+        nisa.dma_copy(dst=ec[0:mc, c:c + 1], src=e_vir_col[c * P:c * P + mc, :])
+    oo = nl.ndarray((P, NI * NJ), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=oo, value=0.0)
+    vv = nl.ndarray((P, nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # vv[a, b], a on partitions
+    nisa.memset(dst=vv, value=0.0)
+    for k in range(NK):
+        bk = _load_rows(b_k, k, nq)
+        t_i = nl.ndarray((P, NI * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # t^T of (i, k)
+        big_t_j = nl.ndarray((P, NJ * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # T^T of (j, k)
+        for i in range(NI):
+            _amplitudes(_load_rows(b_i, i, nq), bk, NAUX, ei[:, i:i + 1], ek[:, k:k + 1], ec, neg_ea,
+                        t_i[:, i * nc:(i + 1) * nc, :], None)
+        for j in range(NJ):
+            _amplitudes(_load_rows(b_j, j, nq), bk, NAUX, ej[:, j:j + 1], ek[:, k:k + 1], ec, neg_ea,
+                        None, big_t_j[:, j * nc:(j + 1) * nc, :])
+        for i in range(NI):
+            for j in range(NJ):
+                for c in range(nc):
+                    mc = min(P, NVIR - c * P)
+                    _add_wide_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], t_i[0:mc, i * nc + c, :],
+                                  big_t_j[0:mc, j * nc + c, :])
+        if with_vv == 1:  # J = I: vv[a, b] += sum_c t^T[c, a] T^T[c, b]
+            for i in range(NI):
+                for a in range(nc):
+                    ma = min(P, NVIR - a * P)
+                    for b0 in range(0, NVIR, FREE):
+                        b1 = min(b0 + FREE, NVIR)
+                        acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                        for c in range(nc):
+                            mc = min(P, NVIR - c * P)
+                            nisa.nc_matmul(dst=acc[0:ma, 0:b1 - b0], stationary=t_i[0:mc, i * nc + c, a * P:a * P + ma],
+                                           moving=big_t_j[0:mc, i * nc + c, b0:b1])
+                        part = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_copy(dst=part[0:ma, 0:b1 - b0], src=acc[0:ma, 0:b1 - b0])
+                        nisa.tensor_tensor(dst=vv[0:ma, a, b0:b1], data1=vv[0:ma, a, b0:b1],
+                                           data2=part[0:ma, 0:b1 - b0], op=nl.add)
+    nisa.dma_copy(dst=oo_out, src=oo)
+    for a in nl.affine_range(nc):
+        ma = min(P, NVIR - a * P)
+        nisa.dma_copy(dst=vv_out[a * P:a * P + ma, :], src=vv[0:ma, a, :])
+    return oo_out, vv_out
+
+
+def _load_rows(b, row, nq):
+    """B[row] [NAUX, NVIR] into SBUF [128, nq, NVIR] (auxiliary index on the partitions)."""
+    NAUX, NVIR = b.shape[1], b.shape[2]
+    tile = nl.ndarray((P, nq, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+    for q in nl.affine_range(nq):
+        qs = min(P, NAUX - q * P)
+        nisa.dma_copy(dst=tile[0:qs, q, :], src=b[row, q * P:q * P + qs, :])
+    return tile
+
+
+def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out):
+    """t^T[c, a] = (ia|kc) / D into t_out and/or T^T[c, a] = (2 (ia|kc) - (ic|ka)) / D into
+    big_t_out ([128, nc, NVIR] each, c on partitions); bi, bk: B rows in SBUF [128, nq, NVIR]."""
+    NVIR = bi.shape[2]
+    nq = bi.shape[1]
+    nc = (NVIR + P - 1) // P
+    eik = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=eik, data1=e_i, data2=e_k, op=nl.add)
+    for c in range(nc):
+        c0 = c * P
+        mc = min(P, NVIR - c0)
+        shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_k - e_c
+        nisa.tensor_tensor(dst=shift[0:mc], data1=eik[0:mc], data2=ec[0:mc, c:c + 1], op=nl.subtract)
+        for a0 in range(0, NVIR, FREE):
+            a1 = min(a0 + FREE, NVIR)
+            w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+            u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+            for q in range(nq):
+                qs = min(P, NAUX - q * P)
+                nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk[0:qs, q, c0:c0 + mc], moving=bi[0:qs, q, a0:a1])
+                if big_t_out is not None:
+                    nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi[0:qs, q, c0:c0 + mc],
+                                   moving=bk[0:qs, q, a0:a1])
+            inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=inv_d[0:mc, 0:a1 - a0], data=neg_ea[0:mc, a0:a1], op0=nl.add,
+                               operand0=shift[0:mc])
+            nisa.reciprocal(dst=inv_d[0:mc, 0:a1 - a0], data=inv_d[0:mc, 0:a1 - a0])
+            if t_out is not None:
+                nisa.tensor_tensor(dst=t_out[0:mc, c, a0:a1], data1=w[0:mc, 0:a1 - a0],
+                                   data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
+            if big_t_out is not None:
+                two_w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=two_w[0:mc, 0:a1 - a0], data=w[0:mc, 0:a1 - a0], op0=nl.multiply,
+                                   operand0=2.0)
+                nisa.tensor_tensor(dst=two_w[0:mc, 0:a1 - a0], data1=two_w[0:mc, 0:a1 - a0],
+                                   data2=u[0:mc, 0:a1 - a0], op=nl.subtract)
+                nisa.tensor_tensor(dst=big_t_out[0:mc, c, a0:a1], data1=two_w[0:mc, 0:a1 - a0],
+                                   data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
+
+
+def _add_wide_dot(column, a, b):
+    """column [MA, 1] += sum over the free axis of a * b (a, b [MA, W], any W)."""
+    rows, width = a.shape[0], a.shape[1]
+    prod = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod[0:rows, 0:width], data1=a, data2=b, op=nl.multiply)
+    part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=part[0:rows], op=nl.add, data=prod[0:rows, 0:width], axis=(1,))
+    nisa.tensor_tensor(dst=column, data1=column, data2=part[0:rows], op=nl.add)
