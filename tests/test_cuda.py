@@ -61,3 +61,20 @@ def test_cuda_uhf_and_rohf(precision, tol):
     rohf = scf.ROHF(mol).density_fit().run(conv_tol=1e-12)
     cpu, gpu = DFMP2(rohf, frozen=1).run(), DFMP2(rohf, frozen=1, device="cuda", precision=precision).run()
     assert abs(gpu.e_corr - cpu.e_corr) < tol and gpu.e_corr_singles == pytest.approx(cpu.e_corr_singles)
+
+
+def test_cuda_density_and_double_hybrid():
+    """The unrelaxed density and a double hybrid's PT2 part on the GPU equal the CPU's."""
+    import numpy as np
+    from pyscf import dft, gto
+
+    from dfmp2.functionals import DOUBLE_HYBRIDS
+
+    mf = converged_rhf("ethylene")
+    cpu, gpu = DFMP2(mf, frozen=2).make_rdm1(), DFMP2(mf, frozen=2, device="cuda").make_rdm1()
+    assert np.abs(gpu - cpu).max() < 1e-10
+    mol = gto.M(atom="O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692", basis="cc-pvdz", verbose=0)
+    ks = dft.RKS(mol, xc=DOUBLE_HYBRIDS["B2PLYP"].xc).run(conv_tol=1e-10)
+    e_cpu = DFMP2(ks).double_hybrid_energy("B2PLYP")
+    e_gpu = DFMP2(ks, device="cuda").double_hybrid_energy("B2PLYP")
+    assert abs(e_gpu - e_cpu) < 1e-10
