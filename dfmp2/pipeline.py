@@ -113,6 +113,7 @@ class MemoryPlan:
     occ_block: int  # occupied orbitals per whitening / pair-energy block
     storage: str  # 'memory' or 'disk' for the [nocc, nvir, naux] tensor
     minimum: int  # smallest budget that could run at all (bytes)
+    slab_rows: int = 0  # occupied rows of B read at once in the pair stage (a multiple of occ_block)
 
 
 def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
@@ -161,9 +162,17 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
         aux_block = max(largest_shell, aux_block // 2)
 
     occ_block = min(nocc, occ_block_limit or nocc, max(1, -(-preferred_pair_rows // max(nvir, 1))))
-    while occ_block > 1 and max(pair_bytes(occ_block), whiten_bytes(occ_block)) > room:
+    # out of core, the pair blocks take at most half of what is left: the other half holds the
+    # B_I slab that B_J blocks stream against (fewer slabs, fewer reads)
+    limit = room if storage == "memory" else room // 2
+    while occ_block > 1 and max(pair_bytes(occ_block), whiten_bytes(occ_block)) > limit:
         occ_block -= 1
-    return MemoryPlan(budget, aux_block, occ_block, storage, least)
+    slab_rows = nocc
+    if storage == "disk":  # an I slab of B in what the pair blocks (with their B_J) leave
+        row = nvir * naux * itemsize
+        slabs = max(occ_block, (room - pair_bytes(occ_block)) // row)
+        slab_rows = min(nocc, slabs // occ_block * occ_block)
+    return MemoryPlan(budget, aux_block, occ_block, storage, least, slab_rows)
 
 
 def block_ranges(n, size):
@@ -192,10 +201,13 @@ def whiten_three_center(backend, factor, iaP):
     return whiten(backend, factor, iaP)
 
 
-def pair_energies(backend, stores, channels, occ_block, naux, progress=None):
+def pair_energies(backend, stores, channels, occ_block, naux, progress=None, slab_rows=0):
     """Step 4: (E_os, E_ss) of all active pairs, in fp64 (module docstring: restricted and
     unrestricted sums). stores[s] holds B of channel s [nocc_s, nvir_s, naux]; channels[s]
-    has its e_occ [nocc_s], e_vir [nvir_s] (Eh) on the device."""
+    has its e_occ [nocc_s], e_vir [nvir_s] (Eh) on the device. B_I is read in slabs of
+    `slab_rows` occupied rows (default: all), once each; the blocks B_J (`occ_block` rows) of
+    earlier slabs are streamed against it, read once per I slab."""
+    slab_rows = slab_rows or max(ch.nocc for ch in channels)
     same = [_channel_pairs(s, s, channels, occ_block) for s in range(len(channels))]
     cross = [_channel_pairs(0, 1, channels, occ_block)] if len(channels) == 2 else []
     total = sum(len(blocks) for blocks in same + cross)
@@ -206,10 +218,11 @@ def pair_energies(backend, stores, channels, occ_block, naux, progress=None):
         if progress:
             progress("pair energies", done[0], total)
 
-    sums = [_pair_sums(backend, stores, channels, s, s, same[s], naux, tick) for s in range(len(channels))]
+    sums = [_pair_sums(backend, stores, channels, s, s, occ_block, slab_rows, naux, tick)
+            for s in range(len(channels))]
     if len(channels) == 1:
         return sums[0]  # restricted: the closed-shell sums are E_os and E_ss
-    e_os, _ = _pair_sums(backend, stores, channels, 0, 1, cross[0], naux, tick)
+    e_os, _ = _pair_sums(backend, stores, channels, 0, 1, occ_block, slab_rows, naux, tick)
     return e_os, 0.5 * (sums[0][1] + sums[1][1])
 
 
@@ -223,23 +236,31 @@ def _channel_pairs(s, t, channels, occ_block):
     return [(bi, bj, 1.0 if n == m else 2.0) for n, bi in enumerate(blocks_i) for m, bj in enumerate(blocks_j[:n + 1])]
 
 
-def _pair_sums(backend, stores, channels, s, t, pairs, naux, tick):
-    """(sum (ia|jb)^2 / D, sum (ia|jb)[(ia|jb) - (ib|ja)] / D) over `pairs` of occupied blocks of
-    channels s and t (across channels only the first: no exchange between spins)."""
+def _pair_sums(backend, stores, channels, s, t, occ_block, slab_rows, naux, tick):
+    """(sum (ia|jb)^2 / D, sum (ia|jb)[(ia|jb) - (ib|ja)] / D) over the occupied pairs of
+    channels s and t (within one channel blocks I >= J, off-diagonal ones twice; across
+    channels every (I, J) once and only the first sum: no exchange between spins)."""
     e_os = e_ss = 0.0
-    cached = {}
-    for (i0, i1), (j0, j1), weight in pairs:
-        if (i0, i1) not in cached:
-            cached.clear()
-            cached[(i0, i1)] = stores[s].read_occ(i0, i1, naux)
-        b_i = cached[(i0, i1)]
-        b_j = b_i if s == t and j0 == i0 else stores[t].read_occ(j0, j1, naux)
-        e_vir_j = None if s == t else channels[t].e_vir  # another spin's virtuals: no exchange
-        os_block, ss_block = backend.pair_energy(b_i, b_j, channels[s].e_occ[i0:i1],
-                                                 channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
-        e_os += weight * os_block
-        e_ss += weight * ss_block
-        tick()
+    e_vir_j = None if s == t else channels[t].e_vir  # another spin's virtuals: no exchange
+    blocks_j = block_ranges(channels[t].nocc, occ_block)
+    for si0, si1 in block_ranges(channels[s].nocc, slab_rows):
+        slab_i = stores[s].read_occ(si0, si1, naux)
+        # B_J: inside this slab a view, else one streamed read per (slab, J block)
+        for j0, j1 in (blocks_j if s != t else [b for b in blocks_j if b[0] < si1]):
+            inside = s == t and j0 >= si0
+            b_j = slab_i[j0 - si0:j1 - si0] if inside else stores[t].read_occ(j0, j1, naux)
+            for i0, i1 in block_ranges(si1 - si0, occ_block):
+                if s == t and j0 > si0 + i0:
+                    continue  # blocks J <= I only
+                diagonal = s == t and j0 == si0 + i0
+                b_i = slab_i[i0:i1]
+                os_block, ss_block = backend.pair_energy(
+                    b_i, b_i if diagonal else b_j, channels[s].e_occ[si0 + i0:si0 + i1],
+                    channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
+                weight = 1.0 if diagonal or s != t else 2.0
+                e_os += weight * os_block
+                e_ss += weight * ss_block
+                tick()
     return e_os, e_ss
 
 
@@ -321,6 +342,7 @@ class CorrelationEnergy:
     # (occ_index, vir_index, P_oo, P_vv) with indices into the reference's MOs
     rdm1_active: tuple | None = None
     t2: np.ndarray | None = None  # with_t2 (restricted): t_ij^ab [nocc, nocc, nvir, nvir], active orbitals
+    io: dict = field(default_factory=dict)  # scratch traffic: bytes_written, bytes_read, tensor_bytes
 
     @property
     def e_corr(self) -> float:
@@ -418,7 +440,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         clock = lap("whiten", clock)
 
         e_os, e_ss = pair_energies(backend, stores, channels, plan.occ_block,  # 4. energies
-                                   factor.nkept, progress)
+                                   factor.nkept, progress, plan.slab_rows)
         clock = lap("pair_energies", clock)
         rdm1 = None
         if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
@@ -431,6 +453,9 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
             b = stores[0].read_occ(0, ch.nocc, factor.nkept)
             t2 = backend.to_host(backend.amplitudes(b, b, ch.e_occ, ch.e_occ, ch.e_vir))
     finally:
+        io = {"bytes_written": sum(st.io()["bytes_written"] for st in stores),
+              "bytes_read": sum(st.io()["bytes_read"] for st in stores),
+              "tensor_bytes": sum(ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize}
         for store in stores:
             store.close()
     e_singles = singles_energy(channels)
@@ -449,7 +474,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
         metric=factor.describe(), plan=plan, timings=timings, kernels=dict(backend.calls),
-        rdm1_active=rdm1, t2=t2)
+        rdm1_active=rdm1, t2=t2, io=io)
 
 
 def plan_for(backend, integrals, spaces, max_memory) -> MemoryPlan:

@@ -35,12 +35,23 @@ class MemoryStore:
         block = self.data[i0:i1]
         return block if naux is None or naux == block.shape[2] else block[:, :, :naux].contiguous()
 
+    def io(self) -> dict:
+        return {"bytes_written": 0, "bytes_read": 0}  # nothing leaves memory
+
     def close(self):
         self.data = None
 
 
 class DiskStore:
-    """The tensor held in an HDF5 file under `directory` (default: the system temp dir)."""
+    """The tensor in an HDF5 file under `directory` (default: the system temp dir), laid out for
+    how the pipeline moves it, so that every byte is written at most twice and read in
+    contiguous pieces:
+      - the transform's block [nocc, nvir, p1 - p0] of each auxiliary block is one contiguous
+        dataset, written sequentially once (no chunk is rewritten by later blocks);
+      - whitening reads occupied rows [i0:i1] of every block (contiguous within each) and
+        writes B [nocc, nvir, nkept] row-contiguous, once;
+      - the pair stage reads contiguous occupied slabs of B.
+    bytes_written / bytes_read count the array bytes moved; the file is deleted on close()."""
 
     kind = "disk"
 
@@ -48,22 +59,49 @@ class DiskStore:
         import h5py
 
         self.backend = backend
+        self.shape = tuple(shape)
         self._tmpdir = tempfile.TemporaryDirectory(prefix="dfmp2-", dir=directory)
         self.path = os.path.join(self._tmpdir.name, "three_center.h5")
         self._file = h5py.File(self.path, "w")
-        dtype = np.float64 if backend.itemsize == 8 else np.float32
-        chunk = (1, shape[1], shape[2])
-        self.data = self._file.create_dataset("B", shape=shape, dtype=dtype, chunks=chunk)
+        self._dtype = np.float64 if backend.itemsize == 8 else np.float32
+        self._blocks = []  # [(p0, p1, dataset)] of the transform's output
+        self._b = None  # whitened B [nocc, nvir, nkept]
+        self._whitened = np.zeros(shape[0], dtype=bool)
+        self.bytes_written = 0
+        self.bytes_read = 0
 
     def write_aux(self, p0, p1, block):
-        self.data[:, :, p0:p1] = self.backend.to_host(block)
+        data = np.ascontiguousarray(self.backend.to_host(block), dtype=self._dtype)
+        self._blocks.append((p0, p1, self._file.create_dataset(f"aux_{p0}", data=data)))
+        self.bytes_written += data.nbytes
 
     def write_occ(self, i0, i1, block):
-        self.data[i0:i1, :, : block.shape[2]] = self.backend.to_host(block)
+        data = np.ascontiguousarray(self.backend.to_host(block), dtype=self._dtype)
+        if self._b is None:
+            self._b = self._file.create_dataset("B", shape=(self.shape[0], self.shape[1], data.shape[2]),
+                                                dtype=self._dtype)
+        self._b[i0:i1] = data
+        self._whitened[i0:i1] = True
+        self.bytes_written += data.nbytes
+        if self._whitened.all():  # the transform's blocks are no longer needed
+            for p0, _, _ in self._blocks:
+                del self._file[f"aux_{p0}"]
+            self._blocks = []
 
     def read_occ(self, i0, i1, naux=None):
-        naux = self.data.shape[2] if naux is None else naux
-        return self.backend.to_device(self.data[i0:i1, :, :naux])
+        if self._whitened[i0:i1].all():
+            naux = self._b.shape[2] if naux is None else naux
+            data = self._b[i0:i1, :, :naux]
+        else:
+            data = np.empty((i1 - i0, self.shape[1], self.shape[2]), dtype=self._dtype)
+            for p0, p1, dataset in self._blocks:
+                data[:, :, p0:p1] = dataset[i0:i1]
+            data = data if naux is None else data[:, :, :naux]
+        self.bytes_read += data.nbytes
+        return self.backend.to_device(data)
+
+    def io(self) -> dict:
+        return {"bytes_written": self.bytes_written, "bytes_read": self.bytes_read}
 
     def close(self):
         if self._file is not None:
