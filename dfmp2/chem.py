@@ -188,7 +188,7 @@ def check_xc(xc: str) -> None:
 
 
 def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str = "rhf",
-            jk_auxbasis=None, xc: str | None = None):
+            jk_auxbasis=None, xc: str | None = None, progress=None):
     """Converged RHF, UHF or ROHF (`reference`). scf='df': density-fitted with `jk_auxbasis`
     (default: `fitting_basis(mol, mp2fit=False)`, PySCF's JK-fit set, generated per element where
     it has none); scf='exact': conventional four-center integrals. Raises ComputationError if
@@ -211,6 +211,8 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
     mf.conv_tol_grad = SCF_CONV_TOL_GRAD if xc is None else KS_CONV_TOL_GRAD
     mf.max_cycle = max_cycle
     mf.verbose = 0
+    if progress is not None:  # one call per SCF cycle
+        mf.callback = lambda envs: progress("SCF cycle", int(envs.get("cycle", 0)) + 1, None)
     mf.kernel()
     if not mf.converged:
         raise ComputationError(

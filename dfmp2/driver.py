@@ -177,11 +177,9 @@ def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=
             label = f"{name} " if reference != "rhf" else ""
             raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], max_memory)  # fail before SCF
-    if progress:
-        progress("SCF", 0, 1)
     start = time.perf_counter()
     mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle, reference=reference, jk_auxbasis=jk_auxbasis,
-                      xc=dh.xc if dh else None)
+                      xc=dh.xc if dh else None, progress=progress)
     timings = {"scf": time.perf_counter() - start}
     result = _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, nfrozen or None, max_memory,
                         scratch, progress, basis, timings, [],

@@ -417,3 +417,22 @@ def test_open_shell_runs(runs, name, reference):
     else:
         assert record["e_corr_singles"] < 0 and "E(corr, singles)" in stdout
         assert record["nfrozen"] == [1, 1]
+
+
+def test_progress_line_is_rate_limited_with_an_eta():
+    """820 pair-energy updates in 2 s redraw the line ~9 times, not 820; the last one always;
+    an ETA once a step has run a second; SCF cycles show elapsed time without a total."""
+    from dfmp2.cli import _Progress
+
+    now = [0.0]
+    lines = []
+    progress = _Progress(interval=0.25, clock=lambda: now[0], write=lines.append)
+    for done in range(1, 821):
+        now[0] += 2.0 / 820
+        progress("pair energies", done, 820)
+    assert 5 <= progress.redraws <= 12, progress.redraws
+    assert "820/820 (100%" in lines[-1]
+    assert any("ETA" in line for line in lines)
+    now[0] += 1.0
+    progress("SCF cycle", 3, None)
+    assert lines[-1].startswith("\r  SCF cycle: 3 (0 s)")
