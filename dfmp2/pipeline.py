@@ -384,7 +384,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
         if t2_bytes > plan.budget // 2:
             raise InputError(f"with_t2: t2 needs {t2_bytes / MB:.4g} MB, more than half the memory budget "
                              f"({plan.budget / MB:.4g} MB); run without it (energies and densities need no t2)")
-    backend.expect_blocks(plan.aux_block, plan.occ_block)
+    backend.prepare(plan)
     timings = {}
 
     def lap(name, start):
@@ -479,11 +479,11 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
 
 def plan_for(backend, integrals, spaces, max_memory) -> MemoryPlan:
     """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel."""
+    hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
     return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, spaces,
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
-                       backend.preferred_aux_block_bytes, backend.preferred_pair_rows,
-                       backend.occ_block_limit(max(v for _, v in spaces), integrals.naux),
-                       backend.pair_scratch_bytes)
+                       hints.aux_block_bytes, hints.pair_rows, hints.occ_block_limit,
+                       hints.pair_scratch_bytes)
 
 
 def _budget_bytes(backend, max_memory):

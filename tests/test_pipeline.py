@@ -144,3 +144,18 @@ def test_out_of_core_writes_each_byte_at_most_twice(tmp_path):
     assert io["bytes_read"] <= 4 * tensor and r1 - r0 <= 4 * tensor * 1.1 + 2 * MB
     record = tight.as_dict()
     assert record["io"] == io and record["memory"]["slab_rows"] >= tight.correlation.plan.occ_block
+
+
+def test_every_backend_implements_the_protocol():
+    """TorchBackend and NkiBackend both satisfy kernels.protocol.Backend (no NKI-only hooks
+    called on the torch backend), and their plan hints say what each prefers."""
+    from dfmp2.kernels.nki_backend import NkiBackend
+    from dfmp2.kernels.protocol import Backend
+    from dfmp2.kernels.torch_backend import TorchBackend
+
+    cpu, trn = TorchBackend("cpu", "fp64"), NkiBackend("trn2", simulate=True)
+    assert isinstance(cpu, Backend) and isinstance(trn, Backend)
+    assert not isinstance(object(), Backend)
+    cpu_hints, trn_hints = cpu.plan_hints(93, 420), trn.plan_hints(93, 420)
+    assert cpu_hints.pair_scratch_bytes(4, 93) > 0 and trn_hints.pair_scratch_bytes(4, 93) == 0
+    assert trn_hints.aux_block_bytes > cpu_hints.aux_block_bytes and trn_hints.pair_rows > cpu_hints.pair_rows

@@ -16,7 +16,7 @@ the DMA rate (`device:copy`).
 
 Compile economy: gemm, syrk and ao2mo calls are padded to tile multiples and, when the result
 fits inside a shape the kernel already ran with, up to that shape (ao2mo: the run's largest
-auxiliary block, `expect_blocks`); trsm and pair energies take ragged shapes unpadded, the pair
+auxiliary block, `prepare`); trsm and pair energies take ragged shapes unpadded, the pair
 energies in blocks of at most PAIR_BLOCK orbitals (at most 4 specializations).
 """
 
@@ -35,6 +35,7 @@ import torch
 from . import emulator
 from .emulator import cost_model
 from .emulator.core import TARGETS, Trace
+from .protocol import PlanHints
 
 P = 128
 FREE = 512
@@ -244,7 +245,7 @@ class NkiBackend:
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
         self._operand_cache = {}  # operands made once per run (the orbital slices)
-        self._aux_block = 0  # largest auxiliary block of the run (see expect_blocks)
+        self._aux_block = 0  # largest auxiliary block of the run (see prepare)
         # device HBM residency: storage address -> a tensor owning it. Kernel outputs, zeros()
         # and to_device() results live in HBM; an argument that does not is a host -> device
         # transfer at its launch, and to_host() of a resident tensor a device -> host one.
@@ -252,12 +253,6 @@ class NkiBackend:
         # physical cores per launch: a trn2 logical NeuronCore (LNC=2, neuronx-cc's default
         # there) is two; trn1 runs LNC=1
         self.lnc = TARGETS[target].max_lnc
-        # (mn|P) blocks of ~256 MB fp64 on the host (128 functions at nao 512): each transform
-        # launch costs ~1 ms, so fewer, larger ones; all occupied orbitals in one block for
-        # whitening and pair energies (memory permitting): B stays in HBM and the kernels cut
-        # it into launches themselves (pair_blocks)
-        self.preferred_aux_block_bytes = 256 * 2**20
-        self.preferred_pair_rows = 1 << 40
 
     # ---- data movement ---------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:
@@ -681,20 +676,18 @@ class NkiBackend:
         nocc, nvir, naux = shape
         return self.zeros((nocc, naux, nvir)).permute(0, 2, 1)
 
-    def expect_blocks(self, aux_block: int, occ_block: int) -> None:
+    def prepare(self, plan) -> None:
         """The run's largest auxiliary block: every ao2mo call is padded to it, since
         shell-aligned blocks differ in size and a later one may be the largest."""
-        self._aux_block = aux_block
+        self._aux_block = plan.aux_block
 
-    def occ_block_limit(self, nvir: int, naux: int) -> int | None:
-        """No limit: the pair kernel streams B over the auxiliary index, and pair_energy cuts
-        any block into launches of PAIR_BLOCK orbitals; the whole tensor in one block (memory
-        permitting) gives the fewest launches."""
-        return None
-
-    def pair_scratch_bytes(self, occ_block: int, nvir: int) -> int:
-        """Host/device memory the pair stage needs beyond the B blocks: none (V is on chip)."""
-        return 0
+    def plan_hints(self, nvir: int, naux: int) -> PlanHints:
+        """(mn|P) blocks of ~256 MB (each transform launch costs ~1 ms: fewer, larger ones); all
+        occupied orbitals in one pair block (no limit: the pair kernel streams B over the
+        auxiliary index and cuts any block into launches of PAIR_BLOCK orbitals); no pair
+        scratch beyond B (V never leaves the chip)."""
+        return PlanHints(aux_block_bytes=256 * 2**20, pair_rows=1 << 40, occ_block_limit=None,
+                         pair_scratch_bytes=lambda nb, nv: 0)
 
 
 # ---- host reference math for model-only runs (same inputs and outputs as the kernels) ------------

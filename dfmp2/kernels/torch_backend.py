@@ -13,6 +13,8 @@ from collections import Counter
 import numpy as np
 import torch
 
+from .protocol import PlanHints
+
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 
@@ -53,12 +55,6 @@ class TorchBackend:
         self.precision = precision
         self.compute_dtype = _DTYPES[precision]
         self.itemsize = torch.finfo(self.compute_dtype).bits // 8
-        # (mn|P) block size: cache-sized on a CPU (the first half-transform is bandwidth-bound),
-        # large on a GPU (fewer, bigger GEMMs); the memory budget caps both
-        self.preferred_aux_block_bytes = 512 * 2**20 if device == "cuda" else 16 * 2**20
-        # rows (i, a) of one pair-energy GEMM: ~3 occupied orbitals per block on a CPU keeps
-        # the GEMM efficient and the I = J blocks cheap; a GPU wants far larger GEMMs
-        self.preferred_pair_rows = 8192 if device == "cuda" else 512
         self.calls = Counter()
 
     # ---- data movement -------------------------------------------------------------
@@ -110,12 +106,19 @@ class TorchBackend:
         full = torch.matmul(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
         return full.permute(1, 2, 0)
 
-    def expect_blocks(self, aux_block: int, occ_block: int) -> None:
-        """The run's largest block sizes; torch needs no shape planning."""
+    def prepare(self, plan) -> None:
+        """Nothing to set up: torch takes any block shape (the protocol's hook for backends
+        that compile per shape)."""
 
-    def occ_block_limit(self, nvir: int, naux: int) -> int:
-        """No on-chip memory limit on the pair-energy block here (the budget decides)."""
-        return 1 << 30
+    def plan_hints(self, nvir: int, naux: int) -> PlanHints:
+        """(mn|P) blocks cache-sized on a CPU (the first half-transform is bandwidth-bound),
+        large on a GPU (fewer, bigger GEMMs); ~512 (i, a) rows per pair GEMM on a CPU (~3
+        occupied orbitals: efficient GEMMs, cheap I = J blocks), 8192 on a GPU; no occupied
+        limit; ~5 fp64 [nb, nvir, nb, nvir] temporaries per pair call."""
+        cuda = self.device.type == "cuda"
+        return PlanHints(aux_block_bytes=512 * 2**20 if cuda else 16 * 2**20,
+                         pair_rows=8192 if cuda else 512, occ_block_limit=None,
+                         pair_scratch_bytes=lambda nb, nv: 5 * nb * nb * nv * nv * 8)
 
     def three_center_layout(self, shape):
         """Device storage for the [nocc, nvir, naux] three-center tensor (plain, contiguous)."""
@@ -126,9 +129,6 @@ class TorchBackend:
         """dst[...] = src (storage writes)."""
         dst.copy_(src)
 
-    def pair_scratch_bytes(self, occ_block: int, nvir: int) -> int:
-        """Memory of one pair-energy call beyond its B blocks: ~5 fp64 [nb, nvir, nb, nvir]."""
-        return 5 * occ_block * occ_block * nvir * nvir * 8
 
     def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
         """t_ij^ab = (ia|jb) / D_ijab, fp64 [ni, nj, nvir, nvir] (PySCF's t2 layout)."""
