@@ -325,9 +325,9 @@ def _check_occupations(mo_occ, reference, mol):
 def _check_aufbau(ref):
     """InputError unless every spin channel's highest occupied orbital energy is below its lowest
     virtual one (a non-aufbau reference, e.g. swapped occupations, is refused unless asked for)."""
-    coeffs = [(ref.mo_energy, ref.mo_occ, "")] if ref.mo_coeff.ndim == 2 else \
+    channels = [(ref.mo_energy, ref.mo_occ, "")] if ref.mo_coeff.ndim == 2 else \
         [(ref.mo_energy[s], ref.mo_occ[s], ("alpha ", "beta ")[s]) for s in range(2)]
-    for energy, occ, name in coeffs:
+    for energy, occ, name in channels:
         occupied, virtual = energy[occ > 0], energy[occ == 0]
         if occupied.size and virtual.size and occupied.max() >= virtual.min():
             homo, lumo = int(np.flatnonzero(occ > 0)[np.argmax(occupied)]), int(np.flatnonzero(occ == 0)[np.argmin(virtual)])

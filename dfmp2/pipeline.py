@@ -208,9 +208,8 @@ def pair_energies(backend, stores, channels, occ_block, naux, progress=None, sla
     `slab_rows` occupied rows (default: all), once each; the blocks B_J (`occ_block` rows) of
     earlier slabs are streamed against it, read once per I slab."""
     slab_rows = slab_rows or max(ch.nocc for ch in channels)
-    same = [_channel_pairs(s, s, channels, occ_block) for s in range(len(channels))]
-    cross = [_channel_pairs(0, 1, channels, occ_block)] if len(channels) == 2 else []
-    total = sum(len(blocks) for blocks in same + cross)
+    nblocks = [len(block_ranges(ch.nocc, occ_block)) for ch in channels]
+    total = sum(n * (n + 1) // 2 for n in nblocks) + (nblocks[0] * nblocks[1] if len(channels) == 2 else 0)
     done = [0]
 
     def tick():
@@ -224,16 +223,6 @@ def pair_energies(backend, stores, channels, occ_block, naux, progress=None, sla
         return sums[0]  # restricted: the closed-shell sums are E_os and E_ss
     e_os, _ = _pair_sums(backend, stores, channels, 0, 1, occ_block, slab_rows, naux, tick)
     return e_os, 0.5 * (sums[0][1] + sums[1][1])
-
-
-def _channel_pairs(s, t, channels, occ_block):
-    """Occupied block pairs (I of channel s, J of channel t, weight): within one channel I >= J,
-    off-diagonal pairs counted twice (e_ij = e_ji); across channels every (I, J) once."""
-    blocks_i = block_ranges(channels[s].e_occ.shape[0], occ_block)
-    blocks_j = block_ranges(channels[t].e_occ.shape[0], occ_block)
-    if s != t:
-        return [(bi, bj, 1.0) for bi in blocks_i for bj in blocks_j]
-    return [(bi, bj, 1.0 if n == m else 2.0) for n, bi in enumerate(blocks_i) for m, bj in enumerate(blocks_j[:n + 1])]
 
 
 def _pair_sums(backend, stores, channels, s, t, occ_block, slab_rows, naux, tick):

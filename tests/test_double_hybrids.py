@@ -60,6 +60,18 @@ def test_plugin_double_hybrid_matches_pyscf_ks_plus_scaled_dfmp2():
         pt.double_hybrid_energy("DSD-BLYP")  # the reference is not DSD-BLYP's KS part
 
 
+def _pyscf_reference(mol, functional, ks, mp2):
+    """PySCF's DF-KS with `functional`'s hybrid part (the JK-fit set dfmp2 picks, its SCF
+    convergence) and PySCF's DF-MP2 class `mp2` on those orbitals with cc-pVDZ-RI."""
+    mf = ks(mol, xc=DOUBLE_HYBRIDS[functional].xc).density_fit(auxbasis=df.make_auxbasis(mol))
+    mf.conv_tol, mf.conv_tol_grad = 1e-10, 1e-6
+    mf.kernel()
+    ref = mp2(mf)
+    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    ref.kernel()
+    return mf, ref
+
+
 def test_cli_double_hybrid_closed_and_open_shell(tmp_path):
     """`dfmp2 run --xc B2PLYP`: JSON xc/c_os/c_ss/e_ks/e_pt2/e_tot against PySCF's DF-RKS (same
     JK-fit set, default grid) + 0.27 DFMP2; the OH radical (--spin 1) runs UKS + DFUMP2."""
@@ -70,13 +82,7 @@ def test_cli_double_hybrid_closed_and_open_shell(tmp_path):
     r = json.loads((tmp_path / "w.json").read_text(encoding="utf-8"))
     assert (r["xc"], r["c_os"], r["c_ss"], r["reference"]) == ("B2PLYP", 0.27, 0.27, "rks")
     assert r["e_hf"] is None and "E(PT2)" in proc.stdout
-    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
-    mf = dft.RKS(mol, xc=DOUBLE_HYBRIDS["B2PLYP"].xc).density_fit(auxbasis=df.make_auxbasis(mol))
-    mf.conv_tol, mf.conv_tol_grad = 1e-10, 1e-6
-    mf.kernel()
-    ref = dfmp2.DFMP2(mf)
-    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
-    ref.kernel()
+    mf, ref = _pyscf_reference(gto.M(atom=WATER, basis="cc-pvdz", verbose=0), "B2PLYP", dft.RKS, dfmp2.DFMP2)
     assert abs(r["e_ks"] - mf.e_tot) < 1e-8
     assert abs(r["e_pt2"] - 0.27 * ref.e_corr) < 1e-8
     assert abs(r["e_tot"] - (mf.e_tot + 0.27 * ref.e_corr)) < 1e-8
@@ -88,13 +94,8 @@ def test_cli_double_hybrid_closed_and_open_shell(tmp_path):
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "oh.json").read_text(encoding="utf-8"))
     assert r["reference"] == "uks" and (r["c_os"], r["c_ss"]) == (0.51, 0.36)
-    mol = gto.M(atom="O 0 0 0; H 0 0 0.9697", basis="cc-pvdz", spin=1, verbose=0)
-    mf = dft.UKS(mol, xc=DOUBLE_HYBRIDS["DSD-PBEP86"].xc).density_fit(auxbasis=df.make_auxbasis(mol))
-    mf.conv_tol, mf.conv_tol_grad = 1e-10, 1e-6
-    mf.kernel()
-    ref = dfump2.DFUMP2(mf)
-    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
-    ref.kernel()
+    _, ref = _pyscf_reference(gto.M(atom="O 0 0 0; H 0 0 0.9697", basis="cc-pvdz", spin=1, verbose=0),
+                              "DSD-PBEP86", dft.UKS, dfump2.DFUMP2)
     assert abs(r["e_pt2"] - (0.51 * ref.e_corr_os + 0.36 * ref.e_corr_ss)) < 1e-8
 
 

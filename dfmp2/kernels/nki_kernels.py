@@ -365,19 +365,15 @@ def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, 
     NI, NAUX, NVIR = b_i.shape
     NJ, NVB = b_j.shape[0], b_j.shape[2]
     nq = (NAUX + P - 1) // P
-    na = (NVIR + P - 1) // P
     resident = nq * NVB * 4 <= RESIDENT_BYTES
     out = nl.ndarray((P, 2 * NI * NJ), dtype=nl.float32, buffer=nl.shared_hbm)
     ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
     ej = nl.ndarray((P, NJ), dtype=nl.float32, buffer=nl.sbuf)
     neg_eb = nl.ndarray((P, NVB), dtype=nl.float32, buffer=nl.sbuf)
-    ea = nl.ndarray((P, na), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=ei, src=e_i_rows)
     nisa.dma_copy(dst=ej, src=e_j_rows)
     nisa.dma_copy(dst=neg_eb, src=neg_e_vir_rows)
-    for a in nl.affine_range(na):
-        ma = min(P, NVIR - a * P)
-        nisa.dma_copy(dst=ea[0:ma, a:a + 1], src=e_vir_col[a * P:a * P + ma, :])
+    ea = _vir_column(e_vir_col)
     for i in _program_rows(NI, nl.num_programs(), nl.program_id(0), triangle):
         bi = nl.ndarray((P, nq, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # B_i, resident
         for q in nl.affine_range(nq):
@@ -482,11 +478,24 @@ def _program_rows(n, programs, pid, triangle):
     return [i for i in range(n) if i % programs == pid]
 
 
-def _add_dot(column, a, b, scale):
-    """column [MA, 1] += scale * sum over the free axis of a * b (a, b [MA, W]; b may be PSUM)."""
+def _vir_column(e_vir_col):
+    """e_vir_col [NVIR, 1] in SBUF as [128, ceil(NVIR / 128)]: virtual 128 t + p on partition p,
+    column t (one per-partition scalar per 128-row block of virtuals)."""
+    NVIR = e_vir_col.shape[0]
+    n = (NVIR + P - 1) // P
+    column = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    for t in nl.affine_range(n):
+        rows = min(P, NVIR - t * P)
+        nisa.dma_copy(dst=column[0:rows, t:t + 1], src=e_vir_col[t * P:t * P + rows, :])
+    return column
+
+
+def _add_dot(column, a, b, scale=1.0):
+    """column [MA, 1] += scale * sum over the free axis of a * b (a, b [MA, W], any W; b may be
+    PSUM)."""
     rows = a.shape[0]
     width = a.shape[1]
-    prod = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+    prod = nl.ndarray((P, max(FREE, width)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=prod[0:rows, 0:width], data1=a, data2=b, op=nl.multiply)
     part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=part[0:rows], op=nl.add, data=prod[0:rows, 0:width], axis=(1,))
@@ -521,14 +530,11 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e
     ej = nl.ndarray((P, NJ), dtype=nl.float32, buffer=nl.sbuf)
     ek = nl.ndarray((P, NK), dtype=nl.float32, buffer=nl.sbuf)
     neg_ea = nl.ndarray((P, NVIR), dtype=nl.float32, buffer=nl.sbuf)
-    ec = nl.ndarray((P, nc), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=ei, src=e_i_rows)
     nisa.dma_copy(dst=ej, src=e_j_rows)
     nisa.dma_copy(dst=ek, src=e_k_rows)
     nisa.dma_copy(dst=neg_ea, src=neg_e_vir_rows)
-    for c in nl.affine_range(nc):
-        mc = min(P, NVIR - c * P)
-        nisa.dma_copy(dst=ec[0:mc, c:c + 1], src=e_vir_col[c * P:c * P + mc, :])
+    ec = _vir_column(e_vir_col)
     oo = nl.ndarray((P, NI * NJ), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=oo, value=0.0)
     vv = nl.ndarray((P, nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # vv[a, b], a on partitions
@@ -547,8 +553,8 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e
             for j in range(NJ):
                 for c in range(nc):
                     mc = min(P, NVIR - c * P)
-                    _add_wide_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], t_i[0:mc, i * nc + c, :],
-                                  big_t_j[0:mc, j * nc + c, :])
+                    _add_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], t_i[0:mc, i * nc + c, :],
+                             big_t_j[0:mc, j * nc + c, :])
         if with_vv == 1:  # J = I: vv[a, b] += sum_c t^T[c, a] T^T[c, b]
             for i in range(NI):
                 for a in range(nc):
@@ -619,13 +625,3 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out):
                                    data2=u[0:mc, 0:a1 - a0], op=nl.subtract)
                 nisa.tensor_tensor(dst=big_t_out[0:mc, c, a0:a1], data1=two_w[0:mc, 0:a1 - a0],
                                    data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
-
-
-def _add_wide_dot(column, a, b):
-    """column [MA, 1] += sum over the free axis of a * b (a, b [MA, W], any W)."""
-    rows, width = a.shape[0], a.shape[1]
-    prod = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows, 0:width], data1=a, data2=b, op=nl.multiply)
-    part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=part[0:rows], op=nl.add, data=prod[0:rows, 0:width], axis=(1,))
-    nisa.tensor_tensor(dst=column, data1=column, data2=part[0:rows], op=nl.add)

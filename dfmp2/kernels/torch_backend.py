@@ -129,17 +129,21 @@ class TorchBackend:
         """dst[...] = src (storage writes)."""
         dst.copy_(src)
 
-
-    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
-        """t_ij^ab = (ia|jb) / D_ijab, fp64 [ni, nj, nvir, nvir] (PySCF's t2 layout)."""
-        self.calls["amplitudes"] += 1
+    @staticmethod
+    def _amplitude_block(b_i, b_j, e_i, e_j, e_vir):
+        """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM."""
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
         iajb = torch.matmul(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir, naux).transpose(0, 1))
         iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
         e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
-        return (iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])).permute(0, 2, 1, 3)
+        return iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])
+
+    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
+        """t_ij^ab = (ia|jb) / D_ijab, fp64 [ni, nj, nvir, nvir] (PySCF's t2 layout)."""
+        self.calls["amplitudes"] += 1
+        return self._amplitude_block(b_i, b_j, e_i, e_j, e_vir).permute(0, 2, 1, 3)
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir):
         """Unrelaxed closed-shell MP2 density from the pairs (i, k), all i, k in one block, fp64:
@@ -147,13 +151,7 @@ class TorchBackend:
           P_ij += -2 sum_kab t_ik^ab T_jk^ab     P_ab += 2 sum_ikc t_ik^ac T_ik^bc
         b_occ [nocc, nvir, naux], b_k [nk, nvir, naux]; returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
         self.calls["density_block"] += 1
-        nocc, nvir, naux = b_occ.shape
-        nk = b_k.shape[0]
-        iakb = torch.matmul(b_occ.reshape(nocc * nvir, naux), b_k.reshape(nk * nvir, naux).transpose(0, 1))
-        iakb = iakb.to(torch.float64).view(nocc, nvir, nk, nvir)
-        e_ia = (e_occ[:, None] - e_vir[None, :]).to(torch.float64)
-        e_kb = (e_k[:, None] - e_vir[None, :]).to(torch.float64)
-        t = iakb / (e_ia[:, :, None, None] + e_kb[None, None, :, :])
+        t = self._amplitude_block(b_occ, b_k, e_occ, e_k, e_vir)
         big_t = 2.0 * t - t.transpose(1, 3)
         p_oo = -2.0 * torch.einsum("iakb,jakb->ij", t, big_t)
         p_vv = 2.0 * torch.einsum("iakc,ibkc->ab", t, big_t)
