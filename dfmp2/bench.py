@@ -22,6 +22,7 @@ from .errors import InputError
 from .kernels import get_backend
 from .pipeline import block_ranges, dfmp2_energy
 from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from .settings import Settings, settings_from
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")
 
@@ -62,26 +63,26 @@ def resolve_shape(shape=None, nbasis=None, nocc=None, naux=None):
     return nbasis, nocc, naux
 
 
-def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate=False,
-              repeat=3, max_memory=None, progress=None, model_only=False, nki_api=None,
-              transform=None) -> dict:
-    """Cold + `repeat` warm passes of the pipeline on the synthetic problem -> a JSON-able record."""
+def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = None, **changes) -> dict:
+    """Cold + `repeat` warm passes of the pipeline on the synthetic problem -> a JSON-able record.
+    settings (keyword `changes` on top): its hardware and resource groups."""
+    settings = settings_from(settings, **changes)
+    device, simulate = settings.device, settings.simulate
     if repeat < 1:
         raise InputError(f"--repeat must be at least 1, got {repeat}")
     if seed < 0:
         raise InputError(f"--seed must be non-negative, got {seed}")
-    backend_check = get_backend(device, precision, simulate, model_only, nki_api, transform)  # fail fast
+    backend_check = settings.backend()  # fail fast
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
     passes = []
     for n in range(repeat + 1):
-        backend = backend_check if n == 0 else get_backend(device, precision, simulate, model_only, nki_api,
-                                                           transform)
+        backend = backend_check if n == 0 else settings.backend()
         integrals = SyntheticIntegrals(nbasis, nocc, naux, seed)
         start = time.perf_counter()
-        result = dfmp2_energy(backend, integrals, coeff, energies, occupations, max_memory=max_memory)
+        result = dfmp2_energy(backend, integrals, coeff, energies, occupations, settings)
         passes.append((time.perf_counter() - start, result, backend))
-        if progress:
-            progress("bench passes", n + 1, repeat + 1)
+        if settings.progress:
+            settings.progress("bench passes", n + 1, repeat + 1)
     cold_seconds, cold, _ = passes[0]
     warm = passes[1:]
     energies_seen = {p[1].e_corr for p in passes}
@@ -96,7 +97,7 @@ def run_bench(nbasis, nocc, naux, seed=0, device="cpu", precision=None, simulate
         "shape": {"nbasis": nbasis, "nocc": nocc, "nvir": nbasis - nocc, "naux": naux, "seed": seed},
         "device": device, "precision": backend.precision, "transform": backend.transform,
         "simulated": simulate,
-        "model_only": model_only, "notes": list(getattr(backend, "notes", [])),
+        "model_only": settings.model_only, "notes": list(getattr(backend, "notes", [])),
         "backend": backend.name, "device_description": backend.describe(),
         "e_corr": result.e_corr, "e_corr_os": result.e_corr_os, "e_corr_ss": result.e_corr_ss,
         "energy_identical_across_passes": len(energies_seen) == 1,

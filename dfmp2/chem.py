@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ComputationError, InputError
+from .settings import SCF_MAX_CYCLE
 
 # PySCF is imported lazily inside functions so that `dfmp2 --help` and `dfmp2 info` stay fast.
 
@@ -28,7 +29,6 @@ SCF_CONV_TOL_GRAD = 1e-7
 # Kohn-Sham: the DFT grid's noise keeps the orbital gradient above ~1e-7; 1e-10 Eh / 1e-6 still
 # leaves the energy stable to ~1e-10 Eh
 KS_CONV_TOL, KS_CONV_TOL_GRAD = 1e-10, 1e-6
-SCF_MAX_CYCLE = 100
 REFERENCES = ("rhf", "uhf", "rohf")
 
 

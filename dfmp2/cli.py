@@ -16,6 +16,7 @@ import click
 
 from . import __version__
 from .errors import DFMP2Error, InputError
+from .settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
 
@@ -98,12 +99,12 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
         if scf_max_cycle < 1:
             raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
-        result = run_xyz(molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
-                         frozen_core=frozen_core, scf=scf, device=device, precision=precision,
-                         simulate=simulate, max_memory=max_memory, scratch=scratch,
-                         scf_max_cycle=scf_max_cycle, progress=progress, nki_api=nki_api,
-                         transform=transform, reference=reference, xc=xc, c_os=c_os, c_ss=c_ss,
-                         with_rdm1=natorbs_path is not None)
+        settings = Settings(basis=basis, auxbasis=auxbasis, charge=charge, spin=spin, reference=reference,
+                            scf=scf, scf_max_cycle=scf_max_cycle, frozen_core=frozen_core, xc=xc,
+                            c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
+                            precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
+                            max_memory=max_memory, scratch=scratch, progress=progress)
+        result = run_xyz(molecule, settings)
         if progress:
             progress.clear()
         record = result.as_dict()
@@ -173,9 +174,9 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
             return record
         sizes = resolve_shape(shape, nbasis, nocc, naux)
         progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
-        record = run_bench(*sizes, seed=seed, device=device, precision=precision, simulate=simulate,
-                           repeat=repeat, max_memory=max_memory, progress=progress,
-                           model_only=model_only, nki_api=nki_api, transform=transform)
+        settings = Settings(device=device, precision=precision, simulate=simulate, model_only=model_only,
+                            nki_api=nki_api, transform=transform, max_memory=max_memory, progress=progress)
+        record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings)
         if progress:
             progress.clear()
         record["shape"]["name"] = shape

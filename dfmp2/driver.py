@@ -13,8 +13,8 @@ import numpy as np
 from . import __version__, chem
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
-from .kernels import get_backend
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
+from .settings import Settings, settings_from
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
               "transfer + max(tensor_engine, dma, vector, scalar); the engine entries of the "
@@ -133,76 +133,78 @@ def _per_spin(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def run_mean_field(mf, auxbasis=None, frozen=None, device="cpu", precision=None, simulate=False,
-                   max_memory=None, scratch=None, progress=None, basis=None,
-                   nki_api=None, transform=None, allow_non_aufbau=False, with_rdm1=False,
-                   with_t2=False) -> DFMP2Result:
+def run_mean_field(mf, settings: Settings | None = None, **changes) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf`, or RKS/UKS/ROKS (density-fitted
-    or not). allow_non_aufbau: accept occupied orbitals above virtual ones (deliberate)."""
-    backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
-    reference = chem.mean_field_orbitals(mf, allow_non_aufbau)
-    integrals = chem.ThreeCenterIntegrals(mf.mol, auxbasis)
-    notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if allow_non_aufbau else []
-    return _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress,
-                      basis, {}, notes, {"mp2": integrals.generated}, with_rdm1, with_t2)
+    or not). `settings` (keyword `changes` applied on top): its correlation, hardware and
+    resource groups are used; allow_non_aufbau accepts occupied orbitals above virtual ones."""
+    settings = settings_from(settings, **changes)
+    backend = settings.backend()
+    reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
+    integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
+    return _correlate(backend, mf, reference, integrals, settings, chem.basis_name(mf.mol), {}, notes,
+                      {"mp2": integrals.generated})
 
 
-def run_xyz(path, basis="cc-pvdz", auxbasis=None, charge=0, spin=0, frozen_core=False,
-            scf="df", device="cpu", precision=None, simulate=False, max_memory=None, scratch=None,
-            scf_max_cycle=chem.SCF_MAX_CYCLE, progress=None, nki_api=None, transform=None,
-            reference=None, xc=None, c_os=None, c_ss=None, with_rdm1=False) -> DFMP2Result:
-    """Read an XYZ file, run the SCF (`reference` rhf/uhf/rohf, default RHF for spin 0 and UHF
-    otherwise; `scf`='df' or 'exact'), then DF-MP2. xc: a double hybrid (`functionals`; a custom
-    PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part, then
-    E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals."""
-    backend = get_backend(device, precision, simulate, nki_api=nki_api, transform=transform)
-    reference = chem.choose_reference(spin, reference)
-    if with_rdm1 and reference != "rhf":
+def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
+    """Read an XYZ file, run the SCF (settings.reference rhf/uhf/rohf, default RHF for spin 0 and
+    UHF otherwise; settings.scf 'df' or 'exact'), then DF-MP2. settings.xc: a double hybrid
+    (`functionals`; a custom PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part,
+    then E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals. Keyword `changes` are
+    applied on top of `settings` (default Settings())."""
+    settings = settings_from(settings, **changes)
+    backend = settings.backend()
+    reference = chem.choose_reference(settings.spin, settings.reference)
+    if settings.with_rdm1 and reference != "rhf":
         raise InputError("MP2 densities and natural orbitals of open-shell (UHF/ROHF) references are not "
                          "implemented yet")
-    if xc is None and (c_os is not None or c_ss is not None):
+    if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
         raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
-    dh = double_hybrid(xc, c_os, c_ss) if xc is not None else None
+    if settings.frozen_core and settings.frozen is not None:
+        raise InputError("give frozen_core or frozen, not both")
+    dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
     if dh is not None:
         chem.check_xc(dh.xc)
+    spin = settings.spin
     atoms = chem.read_xyz(path)
-    mol = chem.build_molecule(atoms, basis, charge, spin)
-    integrals = chem.ThreeCenterIntegrals(mol, auxbasis)
-    jk_auxbasis, jk_generated = chem.fitting_basis(mol, mp2fit=False) if scf == "df" else (None, [])
-    nfrozen = chem.frozen_core_count(mol) if frozen_core else 0
+    mol = chem.build_molecule(atoms, settings.basis, settings.charge, spin)
+    integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
+    jk_auxbasis, jk_generated = (chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df"
+                                 else (None, []))
+    nfrozen = chem.frozen_core_count(mol) if settings.frozen_core else 0
     nalpha, nbeta = (mol.nelectron + spin) // 2, (mol.nelectron - spin) // 2
     spins = [nalpha] if reference == "rhf" else [nalpha, nbeta]
     for n, name in zip(spins, ("alpha", "beta")):
         if n <= nfrozen:
             label = f"{name} " if reference != "rhf" else ""
             raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
-    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], max_memory)  # fail before SCF
+    if settings.frozen_core:
+        settings = settings.replace(frozen=nfrozen or None)
+    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins],
+             settings.max_memory)  # fail before the SCF
     start = time.perf_counter()
-    mf = chem.run_scf(mol, scf, max_cycle=scf_max_cycle, reference=reference, jk_auxbasis=jk_auxbasis,
-                      xc=dh.xc if dh else None, progress=progress)
+    mf = chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
+                      jk_auxbasis=jk_auxbasis, xc=dh.xc if dh else None, progress=settings.progress)
     timings = {"scf": time.perf_counter() - start}
-    result = _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, nfrozen or None, max_memory,
-                        scratch, progress, basis, timings, [],
-                        {"scf": jk_generated, "mp2": integrals.generated}, with_rdm1)
+    result = _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, settings, settings.basis,
+                        timings, [], {"scf": jk_generated, "mp2": integrals.generated})
     result.double_hybrid = dh
     result.mean_field = mf
     return result
 
 
-def _correlate(backend, mf, reference, integrals, frozen, max_memory, scratch, progress, basis,
-               timings, notes, generated, with_rdm1=False, with_t2=False) -> DFMP2Result:
+def _correlate(backend, mf, reference, integrals, settings, basis, timings, notes,
+               generated) -> DFMP2Result:
     start = time.perf_counter()
     corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
-                        reference.mo_occ, frozen=frozen, max_memory=max_memory, scratch=scratch,
-                        progress=progress, fock_mo=reference.fock_mo, with_rdm1=with_rdm1,
-                        with_t2=with_t2)
+                        reference.mo_occ, settings, fock_mo=reference.fock_mo)
     timings.update(corr.timings)
     timings["mp2"] = time.perf_counter() - start
     simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator
     return DFMP2Result(
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
         spin_square=reference.spin_square, xc=reference.xc,
-        auxbasis_generated={k: list(v) for k, v in generated.items() if v}, basis=basis or chem.basis_name(mf.mol),
+        auxbasis_generated={k: list(v) for k, v in generated.items() if v}, basis=basis,
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
         device=backend.device_name, device_description=backend.describe(),
         precision=backend.precision, backend=backend.name, transform=backend.transform,

@@ -27,6 +27,7 @@ import numpy as np
 
 from .errors import ComputationError, InputError
 from .linalg import factor_metric, whiten
+from .settings import Settings, settings_from
 from .storage import DiskStore, MemoryStore
 
 MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
@@ -344,20 +345,23 @@ class CorrelationEnergy:
         return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self.e_corr_singles
 
 
-def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
-                 max_memory=None, scratch=None, progress=None, fock_mo=None,
-                 with_rdm1=False, with_t2=False) -> CorrelationEnergy:
+def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
+                 fock_mo=None, **changes) -> CorrelationEnergy:
     """DF-MP2 correlation energy of a restricted or unrestricted reference.
 
     integrals: provider with nao, naux, metric(), aux_blocks(limit), block(p0, p1), largest_shell().
     Restricted: mo_coeff [nao, nmo], mo_energy [nmo] (Eh), mo_occ [nmo] (0/2). Unrestricted:
-    each of them per spin ([2, nao, nmo], [2, nmo], [2, nmo], occupations 0/1). frozen as in
-    `active_orbitals` (unrestricted: `frozen_per_spin`). fock_mo: per spin, the Fock matrix in
-    the (semicanonical) MO basis [nmo, nmo] of a non-canonical reference (ROHF), for the
-    singles; None for canonical orbitals. max_memory: budget in MB (default: 80% of available
-    RAM, or of free GPU memory). with_rdm1 (restricted references): also the unrelaxed MP2
-    density (`unrelaxed_density`).
+    each of them per spin ([2, nao, nmo], [2, nmo], [2, nmo], occupations 0/1). fock_mo: per
+    spin, the Fock matrix in the (semicanonical) MO basis [nmo, nmo] of a non-canonical
+    reference (ROHF), for the singles; None for canonical orbitals.
+    settings (keyword `changes` on top): frozen (as in `active_orbitals`; unrestricted:
+    `frozen_per_spin`), max_memory (MB; default 80% of available RAM, or of free GPU memory),
+    scratch, progress, with_rdm1 (restricted: also the unrelaxed MP2 density,
+    `unrelaxed_density`), with_t2.
     """
+    settings = settings_from(settings, **changes)
+    frozen, max_memory, progress = settings.frozen, settings.max_memory, settings.progress
+    with_rdm1, with_t2 = settings.with_rdm1, settings.with_t2
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
     names = [""] if len(refs) == 1 else ["alpha", "beta"]
     if with_rdm1 and len(refs) != 1:
@@ -402,7 +406,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, frozen=None,
 
     def new_store(ch):
         shape = (ch.nocc, ch.nvir, naux)
-        return MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(backend, shape, scratch)
+        return MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(backend, shape, settings.scratch)
 
     stores = []
     try:

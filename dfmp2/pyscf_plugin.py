@@ -21,6 +21,7 @@ from pyscf.lib import logger
 from .driver import run_mean_field
 from .errors import InputError
 from .pipeline import natural_orbitals
+from .settings import Settings
 
 
 class DFMP2(lib.StreamObject):
@@ -91,6 +92,13 @@ class DFMP2(lib.StreamObject):
         log.info("max_memory %s MB", self.max_memory)
         return self
 
+    def settings(self, **changes) -> Settings:
+        """This object's options as dfmp2 Settings (keyword `changes` on top)."""
+        return Settings(auxbasis=self._auxbasis_choice(), frozen=self.frozen, device=self.device,
+                        precision=self.precision, simulate=self.simulate, nki_api=self.nki_api,
+                        transform=self.transform, allow_non_aufbau=self.allow_non_aufbau,
+                        max_memory=self.max_memory).replace(**changes)
+
     def _auxbasis_choice(self):
         """with_df if the user set one (its auxmol, or the basis it would build), else auxbasis."""
         if self.with_df is None:
@@ -121,12 +129,7 @@ class DFMP2(lib.StreamObject):
             mf.mo_coeff = self.mo_coeff if mo_coeff is None else mo_coeff
             mf.mo_energy = self.mo_energy if mo_energy is None else mo_energy
             mf.mo_occ = self.mo_occ
-        self.result = run_mean_field(mf, auxbasis=self._auxbasis_choice(), frozen=self.frozen,
-                                     device=self.device, precision=self.precision,
-                                     simulate=self.simulate, max_memory=self.max_memory,
-                                     nki_api=self.nki_api, transform=self.transform,
-                                     allow_non_aufbau=self.allow_non_aufbau, with_rdm1=with_rdm1,
-                                     with_t2=with_t2)
+        self.result = run_mean_field(mf, self.settings(with_rdm1=with_rdm1, with_t2=with_t2))
         if self._moved:
             self.result.notes.append(self._moved)
         for name in ("e_hf", "e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles",

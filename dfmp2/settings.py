@@ -1,0 +1,79 @@
+"""The settings of a run: one object from the CLI or the plugin down to the pipeline.
+
+    settings = Settings(basis="cc-pvtz", frozen_core=True, device="trn1", simulate=True)
+    run_xyz("water.xyz", settings)                  # or run_xyz("water.xyz", basis="cc-pvtz", ...)
+
+Groups: the chemistry (molecule set-up and SCF: used by `run_xyz` only), the correlation step,
+the hardware (which backend), the resources (memory budget in MB, scratch and checkpoint
+directories) and the run's companions (a progress callback, the distributed team), which are
+not part of what a checkpoint belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+SCF_MAX_CYCLE = 100
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a DF-MP2 run is asked to do (see the module docstring)."""
+
+    # chemistry: molecule and SCF (run_xyz)
+    basis: str = "cc-pvdz"
+    auxbasis: str | None = None  # MP2 auxiliary basis (None: the MP2-fit set for `basis`)
+    charge: int = 0
+    spin: int = 0  # 2S
+    reference: str | None = None  # rhf, uhf, rohf (None: rhf for spin 0, else uhf)
+    scf: str = "df"  # df (JK-fit) or exact
+    scf_max_cycle: int = SCF_MAX_CYCLE
+    frozen_core: bool = False  # freeze PySCF's chemical core (run_xyz)
+    xc: str | None = None  # a double hybrid's name, or a PySCF xc string with c_os, c_ss
+    c_os: float | None = None
+    c_ss: float | None = None
+    # the correlation step
+    frozen: object = None  # None, an int, a list of indices, or [[alpha...], [beta...]]
+    allow_non_aufbau: bool = False
+    with_rdm1: bool = False  # also the unrelaxed MP2 density (restricted)
+    with_t2: bool = False  # also t2 [nocc, nocc, nvir, nvir] (restricted)
+    # hardware
+    device: str = "cpu"
+    precision: str | None = None  # None: fp64, or fp32 on trn1/trn2
+    simulate: bool = False  # trn1/trn2: NKI kernels on the emulator
+    model_only: bool = False  # with simulate: emulate each kernel shape once (bench)
+    nki_api: str | None = None
+    transform: str | None = None  # trn1/trn2: exact (default) or fp32
+    # resources
+    max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: 80% of free RAM
+    scratch: str | None = None  # directory of the out-of-core scratch file
+    checkpoint: str | None = None  # directory that keeps B and the pair-loop progress across runs
+    # companions: not part of what a result or a checkpoint belongs to
+    progress: object = field(default=None, compare=False, repr=False)  # progress(step, done, total)
+    team: object = field(default=None, compare=False, repr=False)  # dfmp2.distributed.Team or None
+
+    def replace(self, **changes) -> Settings:
+        """A copy with `changes`; unknown names are a TypeError naming them."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise TypeError(f"unknown setting(s): {', '.join(unknown)}")
+        return replace(self, **changes)
+
+    def backend(self):
+        """The kernel backend these settings ask for (dfmp2.kernels.get_backend)."""
+        from .kernels import get_backend
+
+        return get_backend(self.device, self.precision, self.simulate, self.model_only,
+                           self.nki_api, self.transform)
+
+    def recorded(self) -> dict:
+        """The settings that determine a result (companions left out), JSON-able."""
+        record = asdict(self)
+        for name in ("progress", "team"):
+            record.pop(name)
+        return record
+
+
+def settings_from(settings: Settings | None = None, **changes) -> Settings:
+    """`settings` (default: Settings()) with keyword `changes` applied."""
+    return (settings or Settings()).replace(**changes)
