@@ -194,6 +194,34 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
     it has none); scf='exact': conventional four-center integrals. Raises ComputationError if
     not converged. xc: Kohn-Sham instead of Hartree-Fock (RKS, UKS, ROKS) with that PySCF xc
     string (PySCF's default grid)."""
+    mf = _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc)
+    if progress is not None:  # one call per SCF cycle
+        mf.callback = lambda envs: progress("SCF cycle", int(envs.get("cycle", 0)) + 1, None)
+    mf.kernel()
+    if not mf.converged:
+        raise ComputationError(
+            f"{reference.upper() if xc is None else reference.upper().replace('HF', 'KS')} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
+    return mf
+
+
+def scf_arrays(mf) -> dict:
+    """What a converged SCF is, for a checkpoint: mo_coeff, mo_energy, mo_occ, e_tot (Eh)."""
+    return {"mo_coeff": np.asarray(mf.mo_coeff), "mo_energy": np.asarray(mf.mo_energy),
+            "mo_occ": np.asarray(mf.mo_occ), "e_tot": np.float64(mf.e_tot)}
+
+
+def restored_scf(mol, arrays, scf: str = "df", reference: str = "rhf", jk_auxbasis=None, xc=None):
+    """The SCF object `run_scf` would return, holding `arrays` (`scf_arrays` of an earlier run)
+    instead of iterating again."""
+    mf = _scf_object(mol, scf, SCF_MAX_CYCLE, reference, jk_auxbasis, xc)
+    mf.mo_coeff, mf.mo_energy, mf.mo_occ = arrays["mo_coeff"], arrays["mo_energy"], arrays["mo_occ"]
+    mf.e_tot = float(arrays["e_tot"])
+    mf.converged = True
+    return mf
+
+
+def _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc):
+    """The configured (not yet run) PySCF mean-field object of `run_scf`."""
     from pyscf import dft
     from pyscf import scf as pyscf_scf
 
@@ -211,12 +239,6 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
     mf.conv_tol_grad = SCF_CONV_TOL_GRAD if xc is None else KS_CONV_TOL_GRAD
     mf.max_cycle = max_cycle
     mf.verbose = 0
-    if progress is not None:  # one call per SCF cycle
-        mf.callback = lambda envs: progress("SCF cycle", int(envs.get("cycle", 0)) + 1, None)
-    mf.kernel()
-    if not mf.converged:
-        raise ComputationError(
-            f"{reference.upper() if xc is None else reference.upper().replace('HF', 'KS')} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
     return mf
 
 

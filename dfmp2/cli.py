@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -77,6 +78,9 @@ TRANSFORM_OPTION = click.option(
               help="Memory budget in MB [default: 80% of available RAM].")
 @click.option("--scratch", default=None, metavar="DIR",
               help="Directory for the scratch file used when (ia|P) exceeds the budget.")
+@click.option("--checkpoint", default=None, metavar="DIR",
+              help="Keep the SCF, B and finished pair blocks in DIR; the same command with the same DIR "
+                   "resumes from them (a different run is refused).")
 @click.option("--scf-max-cycle", type=int, default=100, show_default=True,
               help="SCF iterations before giving up (exit 1).")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
@@ -85,7 +89,7 @@ TRANSFORM_OPTION = click.option(
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
-        nki_api, transform, max_memory, scratch, scf_max_cycle, json_path, natorbs_path, quiet, debug):
+        nki_api, transform, max_memory, scratch, checkpoint, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
@@ -103,7 +107,7 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
                             scf=scf, scf_max_cycle=scf_max_cycle, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
-                            max_memory=max_memory, scratch=scratch, progress=progress)
+                            max_memory=max_memory, scratch=scratch, checkpoint=checkpoint, progress=progress)
         result = run_xyz(molecule, settings)
         if progress:
             progress.clear()
@@ -189,15 +193,35 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
         _print_kernel_bench(record) if "kernel" in record else _print_bench(record)
 
 
+class _Terminated(BaseException):
+    """SIGTERM (or SIGHUP), raised in the main thread so that cleanup (finally blocks) runs."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated(signum)
+
+
 def _guarded(compute, debug):
-    """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug."""
+    """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug.
+    SIGINT, SIGTERM and SIGHUP stop the run: scratch files are removed on the way out (a
+    --checkpoint directory is kept), no output file is written, exit 128 + signal number."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_terminated)
     try:
         return compute()
     except DFMP2Error as error:
         if debug:
             raise
         _fail(str(error), error.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
+    except KeyboardInterrupt:
+        _fail("interrupted (SIGINT); scratch removed", 128 + signal.SIGINT)
+    except _Terminated as stop:
+        _fail(f"stopped by {signal.Signals(stop.signum).name}; scratch removed", 128 + stop.signum)
+    except (click.exceptions.Exit, click.ClickException):
         raise
     except Exception as error:  # an unexpected failure: one line (exit 1), traceback only with --debug
         if debug:
@@ -309,6 +333,7 @@ def _print_summary(r):
         f"  metric      {r['metric_factorization']}",
         f"  memory      budget {mem['budget_mb']:.0f} MB, (ia|P) in {mem['storage']}, "
         f"aux block {mem['aux_block']}, occ block {mem['occ_block']}",
+        *_checkpoint_lines(r.get("checkpoint")),
         "",
         f"  {'E(' + r['reference'].upper() + ')':17s} {r['e_ref']:20.12f} Eh"
         + (f" ({r['xc']})" if r.get("xc") else ""),
@@ -328,6 +353,15 @@ def _print_summary(r):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
     click.echo("\n".join(lines))
+
+
+def _checkpoint_lines(ck):
+    if not ck:
+        return []
+    reused = [name for name, key in (("SCF", "reused_scf"), ("B", "reused_B")) if ck.get(key)]
+    if ck["reused_pair_tasks"]:
+        reused.append(f"{ck['reused_pair_tasks']}/{ck['pair_tasks']} pair blocks")
+    return [f"  checkpoint  {ck['directory']} (reused: {', '.join(reused) or 'nothing, new'})"]
 
 
 def _print_bench(r):
@@ -407,8 +441,8 @@ def main(argv=None):
         cli.main(args=argv, prog_name="dfmp2", standalone_mode=False)
     except click.exceptions.Exit as stop:
         sys.exit(stop.exit_code)
-    except click.exceptions.Abort:
-        _fail("aborted", 1)
+    except click.exceptions.Abort:  # Ctrl-C outside a command's computation
+        _fail("interrupted (SIGINT)", 128 + signal.SIGINT)
     except click.ClickException as error:
         _fail(error.format_message(), 2 if isinstance(error, click.UsageError) else error.exit_code)
     except DFMP2Error:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import __version__, chem
+from .checkpoint import Checkpoint, version_identity
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
@@ -104,6 +105,7 @@ class DFMP2Result:
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block,
                        "slab_rows": corr.plan.slab_rows},
             "io": dict(corr.io),
+            "checkpoint": corr.checkpoint,
             "timings": dict(self.timings), "version": __version__,
             "simulated": self.simulated, "notes": list(self.notes),
             "auxbasis_generated": dict(self.auxbasis_generated),
@@ -183,14 +185,34 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins],
              settings.max_memory)  # fail before the SCF
     start = time.perf_counter()
-    mf = chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
-                      jk_auxbasis=jk_auxbasis, xc=dh.xc if dh else None, progress=settings.progress)
+    checkpoint = held = None
+    if settings.checkpoint is not None:  # refuse another run's checkpoint before the SCF
+        checkpoint = Checkpoint(settings.checkpoint)
+        checkpoint.claim("run", _run_identity(atoms, settings, reference))
+        held = checkpoint.load_arrays("scf")
+    if held is not None:
+        mf = chem.restored_scf(mol, held, settings.scf, reference, jk_auxbasis, dh.xc if dh else None)
+    else:
+        mf = chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
+                          jk_auxbasis=jk_auxbasis, xc=dh.xc if dh else None, progress=settings.progress)
+        if checkpoint is not None:
+            checkpoint.save_arrays("scf", **chem.scf_arrays(mf))
     timings = {"scf": time.perf_counter() - start}
     result = _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, settings, settings.basis,
                         timings, [], {"scf": jk_generated, "mp2": integrals.generated})
+    if checkpoint is not None:
+        result.correlation.checkpoint["reused_scf"] = held is not None
     result.double_hybrid = dh
     result.mean_field = mf
     return result
+
+
+def _run_identity(atoms, settings, reference) -> dict:
+    """What a checkpoint's SCF belongs to: the molecule and the chemistry settings."""
+    chemistry = ("basis", "auxbasis", "charge", "spin", "scf", "xc", "c_os", "c_ss", "frozen_core", "frozen")
+    return {**version_identity(), "reference": reference,
+            "atoms": [[a.symbol, *map(float, a.xyz)] for a in atoms],
+            **{name: getattr(settings, name) for name in chemistry}}
 
 
 def _correlate(backend, mf, reference, integrals, settings, basis, timings, notes,

@@ -19,12 +19,14 @@ O(nocc^2 nvir^2).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .checkpoint import Checkpoint, array_digest, version_identity
 from .errors import ComputationError, InputError
 from .linalg import factor_metric, whiten
 from .settings import Settings, settings_from
@@ -119,7 +121,7 @@ class MemoryPlan:
 
 def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
                 preferred_aux_block_bytes=None, preferred_pair_rows=512,
-                occ_block_limit=None, pair_scratch_bytes=None) -> MemoryPlan:
+                occ_block_limit=None, pair_scratch_bytes=None, on_disk=False) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes.
 
     spaces: [(nocc, nvir)] of active orbitals per spin channel (one: restricted; two: alpha,
@@ -153,7 +155,7 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
             f"needs at least {least / MB:.3g} MB even in the smallest blocks "
             f"(nao={nao}, nocc={nocc}, nvir={nvir}, naux={naux}); the memory budget is "
             f"{budget / MB:.3g} MB (--max-memory)")
-    storage = "memory" if least + store <= budget else "disk"
+    storage = "memory" if least + store <= budget and not on_disk else "disk"
     room = budget - fixed - (store if storage == "memory" else 0)
 
     aux_block = naux
@@ -202,56 +204,79 @@ def whiten_three_center(backend, factor, iaP):
     return whiten(backend, factor, iaP)
 
 
-def pair_energies(backend, stores, channels, occ_block, naux, progress=None, slab_rows=0):
-    """Step 4: (E_os, E_ss) of all active pairs, in fp64 (module docstring: restricted and
-    unrestricted sums). stores[s] holds B of channel s [nocc_s, nvir_s, naux]; channels[s]
-    has its e_occ [nocc_s], e_vir [nvir_s] (Eh) on the device. B_I is read in slabs of
-    `slab_rows` occupied rows (default: all), once each; the blocks B_J (`occ_block` rows) of
-    earlier slabs are streamed against it, read once per I slab."""
-    slab_rows = slab_rows or max(ch.nocc for ch in channels)
-    nblocks = [len(block_ranges(ch.nocc, occ_block)) for ch in channels]
-    total = sum(n * (n + 1) // 2 for n in nblocks) + (nblocks[0] * nblocks[1] if len(channels) == 2 else 0)
-    done = [0]
+@dataclass(frozen=True)
+class PairTask:
+    """One block pair of step 4: occupied rows [i0, i1) of channel s against rows [j0, j1) of
+    channel t (within a channel J <= I, an off-diagonal block standing for (I, J) and (J, I))."""
 
-    def tick():
-        done[0] += 1
-        if progress:
-            progress("pair energies", done[0], total)
+    s: int
+    t: int
+    i0: int
+    i1: int
+    j0: int
+    j1: int
 
-    sums = [_pair_sums(backend, stores, channels, s, s, occ_block, slab_rows, naux, tick)
-            for s in range(len(channels))]
-    if len(channels) == 1:
-        return sums[0]  # restricted: the closed-shell sums are E_os and E_ss
-    e_os, _ = _pair_sums(backend, stores, channels, 0, 1, occ_block, slab_rows, naux, tick)
-    return e_os, 0.5 * (sums[0][1] + sums[1][1])
+    @property
+    def diagonal(self) -> bool:
+        return self.s == self.t and self.i0 == self.j0
+
+    @property
+    def weight(self) -> float:
+        return 2.0 if self.s == self.t and not self.diagonal else 1.0
 
 
-def _pair_sums(backend, stores, channels, s, t, occ_block, slab_rows, naux, tick):
-    """(sum (ia|jb)^2 / D, sum (ia|jb)[(ia|jb) - (ib|ja)] / D) over the occupied pairs of
-    channels s and t (within one channel blocks I >= J, off-diagonal ones twice; across
-    channels every (I, J) once and only the first sum: no exchange between spins)."""
-    e_os = e_ss = 0.0
-    e_vir_j = None if s == t else channels[t].e_vir  # another spin's virtuals: no exchange
-    blocks_j = block_ranges(channels[t].nocc, occ_block)
-    for si0, si1 in block_ranges(channels[s].nocc, slab_rows):
-        slab_i = stores[s].read_occ(si0, si1, naux)
-        # B_J: inside this slab a view, else one streamed read per (slab, J block)
-        for j0, j1 in (blocks_j if s != t else [b for b in blocks_j if b[0] < si1]):
-            inside = s == t and j0 >= si0
-            b_j = slab_i[j0 - si0:j1 - si0] if inside else stores[t].read_occ(j0, j1, naux)
-            for i0, i1 in block_ranges(si1 - si0, occ_block):
-                if s == t and j0 > si0 + i0:
-                    continue  # blocks J <= I only
-                diagonal = s == t and j0 == si0 + i0
-                b_i = slab_i[i0:i1]
-                os_block, ss_block = backend.pair_energy(
-                    b_i, b_i if diagonal else b_j, channels[s].e_occ[si0 + i0:si0 + i1],
-                    channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
-                weight = 1.0 if diagonal or s != t else 2.0
-                e_os += weight * os_block
-                e_ss += weight * ss_block
-                tick()
-    return e_os, e_ss
+def pair_tasks(nocc, occ_block) -> list:
+    """The pair tasks of channels with nocc[s] active occupied orbitals, in their canonical
+    order: channel pairs (0, 0), (1, 1), then (0, 1) (no exchange between spins); I, then J."""
+    channel_pairs = [(s, s) for s in range(len(nocc))] + ([(0, 1)] if len(nocc) == 2 else [])
+    return [PairTask(s, t, i0, i1, j0, j1)
+            for s, t in channel_pairs
+            for i0, i1 in block_ranges(nocc[s], occ_block)
+            for j0, j1 in block_ranges(nocc[t], occ_block) if s != t or j0 <= i0]
+
+
+def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, record):
+    """Step 4 for the tasks `todo` (indices into `tasks`): record(k, E_os part, E_ss part) of
+    each, fp64 (module docstring: the per-task sums; `combine_pair_sums` adds them up).
+    stores[s] holds B of channel s [nocc_s, nvir_s, naux]; channels[s] has its e_occ, e_vir
+    (Eh) on the device. B_I is read in slabs of `slab_rows` occupied rows, once each; the B_J
+    blocks the slab's tasks need are streamed against it, read once per slab (a view when J
+    lies inside the slab)."""
+    groups = {}
+    for k in todo:
+        groups.setdefault((tasks[k].s, tasks[k].t), []).append(k)
+    for (s, t), members in groups.items():
+        e_vir_j = None if s == t else channels[t].e_vir  # another spin's virtuals: no exchange
+        for si0, si1 in block_ranges(channels[s].nocc, slab_rows):
+            here = [k for k in members if si0 <= tasks[k].i0 < si1]
+            if not here:
+                continue
+            slab_i = stores[s].read_occ(si0, si1, naux)
+            for j0, j1 in sorted({(tasks[k].j0, tasks[k].j1) for k in here}):
+                inside = s == t and j0 >= si0
+                b_j = slab_i[j0 - si0:j1 - si0] if inside else stores[t].read_occ(j0, j1, naux)
+                for k in (k for k in here if tasks[k].j0 == j0):
+                    task = tasks[k]
+                    b_i = slab_i[task.i0 - si0:task.i1 - si0]
+                    e_os, e_ss = backend.pair_energy(
+                        b_i, b_i if task.diagonal else b_j, channels[s].e_occ[task.i0:task.i1],
+                        channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
+                    record(k, e_os, e_ss)
+
+
+def combine_pair_sums(tasks, sums, nchannels):
+    """(E_os, E_ss) from the per-task sums [ntasks, 2] (fp64), each added exactly once and
+    correctly rounded (math.fsum): the same energy whatever order, budget or number of
+    processes computed the tasks. Restricted: E_os = sum w (ia|jb)^2/D, E_ss = sum w
+    (ia|jb)[(ia|jb) - (ib|ja)]/D; unrestricted: E_os from (alpha, beta) blocks,
+    E_ss = 1/2 (alpha-alpha + beta-beta)."""
+    def total(column, s, t):
+        return math.fsum(task.weight * sums[k, column] for k, task in enumerate(tasks)
+                         if (task.s, task.t) == (s, t))
+
+    if nchannels == 1:
+        return total(0, 0, 0), total(1, 0, 0)
+    return total(0, 0, 1), 0.5 * (total(1, 0, 0) + total(1, 1, 1))
 
 
 def unrelaxed_density(backend, store, channel, occ_block, naux):
@@ -333,6 +358,7 @@ class CorrelationEnergy:
     rdm1_active: tuple | None = None
     t2: np.ndarray | None = None  # with_t2 (restricted): t_ij^ab [nocc, nocc, nvir, nvir], active orbitals
     io: dict = field(default_factory=dict)  # scratch traffic: bytes_written, bytes_read, tensor_bytes
+    checkpoint: dict | None = None  # --checkpoint: its directory and what this run reused from it
 
     @property
     def e_corr(self) -> float:
@@ -356,7 +382,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     reference (ROHF), for the singles; None for canonical orbitals.
     settings (keyword `changes` on top): frozen (as in `active_orbitals`; unrestricted:
     `frozen_per_spin`), max_memory (MB; default 80% of available RAM, or of free GPU memory),
-    scratch, progress, with_rdm1 (restricted: also the unrelaxed MP2 density,
+    scratch, checkpoint (a directory keeping B and the finished pair tasks: a run with the same
+    inputs resumes from them), progress, with_rdm1 (restricted: also the unrelaxed MP2 density,
     `unrelaxed_density`), with_t2.
     """
     settings = settings_from(settings, **changes)
@@ -371,7 +398,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
                 in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
-    plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory)
+    plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
+                    on_disk=settings.checkpoint is not None)
     if with_t2:
         t2_bytes = (selected[0][0].size * selected[0][1].size) ** 2 * 8
         if t2_bytes > plan.budget // 2:
@@ -388,8 +416,6 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     clock = time.perf_counter()
     metric = integrals.metric()
     clock = lap("integrals", clock)
-    factor = metric_cholesky(backend, metric)  # 1. J = L L^T
-    clock = lap("metric", clock)
 
     # the transform and the orbital energies stay fp64 in every precision: rounding (mn|P) to
     # fp32 before the transform costs ~2e-6 Eh on benzene/cc-pVTZ (see README, precision)
@@ -404,51 +430,93 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             e_vir=backend.to_device(energy[vir_index], fp64=True),
             e_occ_host=energy[occ_index], e_vir_host=energy[vir_index], f_ov=f_ov, nfrozen=nfrozen))
 
-    def new_store(ch):
-        shape = (ch.nocc, ch.nvir, naux)
-        return MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(backend, shape, settings.scratch)
-
-    stores = []
+    checkpoint = None
+    if settings.checkpoint is not None:  # this run's identity; B and finished pair tasks if held
+        checkpoint = Checkpoint(settings.checkpoint)
+        checkpoint.claim("pipeline", _pipeline_identity(backend, refs, selected, fock_mo, metric, nao))
+    stores, journal = [], None
+    reused = {"B": False, "pair_tasks": 0}
     try:
-        for ch in channels:
-            stores.append(new_store(ch))
-        aux_blocks = integrals.aux_blocks(plan.aux_block)
-        for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P), each spin
-            ao_block = integrals.block(p0, p1)
-            clock = lap("integrals", clock)
-            ao_block = backend.to_device(ao_block, fp64=True)
-            for ch, store in zip(channels, stores):
-                store.write_aux(p0, p1, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
-            del ao_block
-            clock = lap("transform", clock)
-            if progress:
-                progress("AO->MO transform", n + 1, len(aux_blocks))
-
-        for ch, store in zip(channels, stores):  # 3. B = (ia|P) L^-T, each spin
-            occ_blocks = block_ranges(ch.nocc, plan.occ_block)
-            for n, (i0, i1) in enumerate(occ_blocks):
-                store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
+        if checkpoint is not None and checkpoint.holds("B"):
+            stores = [DiskStore.reopen(backend, checkpoint.path(f"B_{ch.name or 'restricted'}.h5"),
+                                       (ch.nocc, ch.nvir, naux)) for ch in channels]
+            if any(store is None for store in stores):  # a B file lost or damaged: make it again
+                for store in stores:
+                    if store is not None:
+                        store.close()
+                stores = []
+                checkpoint.drop("B")
+        if stores:
+            nkept, metric_label = checkpoint.manifest["B"]["nkept"], checkpoint.manifest["B"]["metric"]
+            reused["B"] = True
+        else:
+            factor = metric_cholesky(backend, metric)  # 1. J = L L^T
+            clock = lap("metric", clock)
+            for ch in channels:
+                shape = (ch.nocc, ch.nvir, naux)
+                stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
+                    backend, shape, settings.scratch,
+                    checkpoint.path(f"B_{ch.name or 'restricted'}.h5") if checkpoint else None))
+            aux_blocks = integrals.aux_blocks(plan.aux_block)
+            for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P), each spin
+                ao_block = integrals.block(p0, p1)
+                clock = lap("integrals", clock)
+                ao_block = backend.to_device(ao_block, fp64=True)
+                for ch, store in zip(channels, stores):
+                    store.write_aux(p0, p1, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
+                del ao_block
+                clock = lap("transform", clock)
                 if progress:
-                    progress("whitening", n + 1, len(occ_blocks))
-        clock = lap("whiten", clock)
+                    progress("AO->MO transform", n + 1, len(aux_blocks))
 
-        e_os, e_ss = pair_energies(backend, stores, channels, plan.occ_block,  # 4. energies
-                                   factor.nkept, progress, plan.slab_rows)
+            for ch, store in zip(channels, stores):  # 3. B = (ia|P) L^-T, each spin
+                occ_blocks = block_ranges(ch.nocc, plan.occ_block)
+                for n, (i0, i1) in enumerate(occ_blocks):
+                    store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
+                    if progress:
+                        progress("whitening", n + 1, len(occ_blocks))
+            clock = lap("whiten", clock)
+            nkept, metric_label = factor.nkept, factor.describe()
+            if checkpoint is not None:
+                checkpoint.claim("B", {"nkept": nkept, "metric": metric_label})
+
+        # 4. pair energies, task by task (finished tasks of an interrupted run are kept)
+        tasks = pair_tasks([ch.nocc for ch in channels], plan.occ_block)
+        sums = np.zeros((len(tasks), 2))
+        finished = set()
+        if checkpoint is not None:
+            journal = checkpoint.journal({"occ_block": plan.occ_block, "ntasks": len(tasks)}, len(tasks))
+            finished = set(journal.restore(sums))
+            reused["pair_tasks"] = len(finished)
+
+        def record(k, e_os, e_ss):
+            sums[k] = (e_os, e_ss)
+            if journal is not None:
+                journal.record(k, e_os, e_ss)
+            finished.add(k)
+            if progress:
+                progress("pair energies", len(finished), len(tasks))
+
+        pair_energies(backend, stores, channels, tasks, [k for k in range(len(tasks)) if k not in finished],
+                      nkept, plan.slab_rows, record)
+        e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
         clock = lap("pair_energies", clock)
         rdm1 = None
         if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
             rdm1 = (selected[0][0], selected[0][1],
-                    *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, factor.nkept))
+                    *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, nkept))
             clock = lap("density", clock)
         t2 = None
         if with_t2:  # PySCF's t2[i, j, a, b], on the host in fp64
             ch = channels[0]
-            b = stores[0].read_occ(0, ch.nocc, factor.nkept)
+            b = stores[0].read_occ(0, ch.nocc, nkept)
             t2 = backend.to_host(backend.amplitudes(b, b, ch.e_occ, ch.e_occ, ch.e_vir))
     finally:
         io = {"bytes_written": sum(st.io()["bytes_written"] for st in stores),
               "bytes_read": sum(st.io()["bytes_read"] for st in stores),
               "tensor_bytes": sum(ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize}
+        if journal is not None:
+            journal.close()
         for store in stores:
             store.close()
     e_singles = singles_energy(channels)
@@ -466,17 +534,34 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         e_corr_os=e_os, e_corr_ss=e_ss, e_corr_singles=e_singles,
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
-        metric=factor.describe(), plan=plan, timings=timings, kernels=dict(backend.calls),
-        rdm1_active=rdm1, t2=t2, io=io)
+        metric=metric_label, plan=plan, timings=timings, kernels=dict(backend.calls),
+        rdm1_active=rdm1, t2=t2, io=io,
+        checkpoint=None if checkpoint is None else {
+            "directory": checkpoint.directory, "reused_B": reused["B"],
+            "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks)})
 
 
-def plan_for(backend, integrals, spaces, max_memory) -> MemoryPlan:
-    """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel."""
+def _pipeline_identity(backend, refs, selected, fock_mo, metric, nao) -> dict:
+    """What a checkpoint's B and pair sums belong to: the orbitals (hashed), the active spaces,
+    the auxiliary metric (hashed), the backend's arithmetic and the dfmp2 version."""
+    return {**version_identity(), "nao": nao, "naux": int(metric.shape[0]),
+            "orbitals": array_digest(*[a for ref in refs for a in ref],
+                                     *(fock_mo if fock_mo is not None else [None])),
+            "active": array_digest(*[a for occ, vir, _ in selected for a in (occ, vir)]),
+            "spaces": [[int(o.size), int(v.size)] for o, v, _ in selected],
+            "metric": array_digest(np.asarray(metric)), "device": backend.device_name,
+            "backend": backend.name, "precision": backend.precision, "transform": backend.transform,
+            "nki_api": getattr(backend, "nki_api", None)}
+
+
+def plan_for(backend, integrals, spaces, max_memory, on_disk=False) -> MemoryPlan:
+    """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel (on_disk:
+    B kept on disk whatever the budget, as a checkpoint does)."""
     hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
     return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, spaces,
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
                        hints.aux_block_bytes, hints.pair_rows, hints.occ_block_limit,
-                       hints.pair_scratch_bytes)
+                       hints.pair_scratch_bytes, on_disk)
 
 
 def _budget_bytes(backend, max_memory):

@@ -43,25 +43,29 @@ class MemoryStore:
 
 
 class DiskStore:
-    """The tensor in an HDF5 file under `directory` (default: the system temp dir), laid out for
-    how the pipeline moves it, so that every byte is written at most twice and read in
-    contiguous pieces:
+    """The tensor in HDF5 files, laid out for how the pipeline moves it, so that every byte is
+    written at most twice and read in contiguous pieces:
       - the transform's block [nocc, nvir, p1 - p0] of each auxiliary block is one contiguous
-        dataset, written sequentially once (no chunk is rewritten by later blocks);
+        dataset of a scratch file, written sequentially once (no chunk is rewritten later);
       - whitening reads occupied rows [i0:i1] of every block (contiguous within each) and
-        writes B [nocc, nvir, nkept] row-contiguous, once;
+        writes B [nocc, nvir, nkept] row-contiguous, once, to its own file; the scratch file
+        is deleted when the last row is written;
       - the pair stage reads contiguous occupied slabs of B.
-    bytes_written / bytes_read count the array bytes moved; the file is deleted on close()."""
+    Both files live in a temporary directory under `directory` (default: the system's), deleted
+    on close(), unless `path` names where to keep B (a checkpoint): that file is kept and marked
+    complete once every row is written (`reopen` reads it back). bytes_written / bytes_read
+    count the array bytes moved."""
 
     kind = "disk"
 
-    def __init__(self, backend, shape, directory=None):
+    def __init__(self, backend, shape, directory=None, path=None):
         import h5py
 
         self.backend = backend
         self.shape = tuple(shape)
         self._tmpdir = tempfile.TemporaryDirectory(prefix="dfmp2-", dir=directory)
-        self.path = os.path.join(self._tmpdir.name, "three_center.h5")
+        self.path = path or os.path.join(self._tmpdir.name, "B.h5")
+        self._aux_file = h5py.File(os.path.join(self._tmpdir.name, "three_center.h5"), "w")
         self._file = h5py.File(self.path, "w")
         self._dtype = np.float64 if backend.itemsize == 8 else np.float32
         self._blocks = []  # [(p0, p1, dataset)] of the transform's output
@@ -70,9 +74,35 @@ class DiskStore:
         self.bytes_written = 0
         self.bytes_read = 0
 
+    @classmethod
+    def reopen(cls, backend, path, shape):
+        """The complete B a kept store wrote (read only); None if the file is missing, unreadable
+        (a kill while it was written) or incomplete."""
+        import h5py
+
+        try:
+            handle = h5py.File(path, "r")
+        except (OSError, ValueError):
+            return None
+        if not handle.attrs.get("complete", False) or "B" not in handle \
+                or tuple(handle["B"].shape[:2]) != tuple(shape[:2]):
+            handle.close()
+            return None
+        store = cls.__new__(cls)
+        store.backend, store.shape, store._tmpdir, store.path = backend, tuple(shape), None, path
+        store._aux_file, store._file, store._b, store._blocks = None, handle, handle["B"], []
+        store._dtype = handle["B"].dtype
+        store._whitened = np.ones(shape[0], dtype=bool)
+        store.bytes_written = store.bytes_read = 0
+        return store
+
+    @property
+    def complete(self) -> bool:
+        return bool(self._whitened.all())
+
     def write_aux(self, p0, p1, block):
         data = np.ascontiguousarray(self.backend.to_host(block), dtype=self._dtype)
-        self._blocks.append((p0, p1, self._file.create_dataset(f"aux_{p0}", data=data)))
+        self._blocks.append((p0, p1, self._aux_file.create_dataset(f"aux_{p0}", data=data)))
         self.bytes_written += data.nbytes
 
     def write_occ(self, i0, i1, block):
@@ -84,9 +114,10 @@ class DiskStore:
         self._whitened[i0:i1] = True
         self.bytes_written += data.nbytes
         if self._whitened.all():  # the transform's blocks are no longer needed
-            for p0, _, _ in self._blocks:
-                del self._file[f"aux_{p0}"]
             self._blocks = []
+            self._close_aux()
+            self._file.attrs["complete"] = True
+            self._file.flush()
 
     def read_occ(self, i0, i1, naux=None):
         if self._whitened[i0:i1].all():
@@ -103,8 +134,18 @@ class DiskStore:
     def io(self) -> dict:
         return {"bytes_written": self.bytes_written, "bytes_read": self.bytes_read}
 
+    def _close_aux(self):
+        if self._aux_file is not None:
+            name = self._aux_file.filename
+            self._aux_file.close()
+            self._aux_file = None
+            os.unlink(name)
+
     def close(self):
+        self._close_aux()
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tmpdir is not None:
             self._tmpdir.cleanup()
+            self._tmpdir = None

@@ -1,0 +1,191 @@
+"""Checkpoint/restart: a directory that keeps a run's expensive intermediates across processes.
+
+    DIR/manifest.json      what the checkpoint belongs to, one section per layer:
+                             "run"      molecule, bases, charge, spin, reference, SCF, xc, frozen,
+                                        dfmp2 version (driver)
+                             "pipeline" hashes of the orbitals and the metric, active spaces,
+                                        device, precision, transform (pipeline)
+                             "B"        the whitened tensors are complete: their shapes, the
+                                        metric factorisation
+                             "pairs"    the pair-task list the journal indexes (occupied block)
+    DIR/scf.npz            the converged reference (mo_coeff, mo_energy, mo_occ, e_tot)
+    DIR/B_<channel>.h5     B [nocc, nvir, naux] per spin channel (storage.DiskStore, kept)
+    DIR/pairs.journal      finished pair tasks: (task index, E_os part, E_ss part) records,
+                           appended as each task finishes (fp64)
+
+A section written by an earlier run must equal this run's, else the run is refused (InputError,
+naming what differs). Every file is written atomically (temporary name, then rename) except the
+journal, which is append-only: a record torn by a kill is ignored on reading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import time
+
+import numpy as np
+
+from . import __version__
+from .errors import InputError
+
+MANIFEST = "manifest.json"
+RECORD = struct.Struct("<qdd")  # task index, E_os part, E_ss part
+SYNC_SECONDS = 5.0  # the journal is fsync'ed at most this often (a kill of the process loses nothing)
+
+
+def array_digest(*arrays) -> str:
+    """sha256 of the arrays' shapes, dtypes and bytes (identifies orbitals, metrics)."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        if array is None:
+            digest.update(b"none")
+            continue
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.shape}{array.dtype}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+class Checkpoint:
+    """The checkpoint directory `directory` (created if missing; its parent must exist)."""
+
+    def __init__(self, directory):
+        self.directory = os.path.abspath(directory)
+        if not os.path.isdir(self.directory):
+            parent = os.path.dirname(self.directory)
+            if not os.path.isdir(parent):
+                raise InputError(f"--checkpoint {directory}: directory {parent} does not exist")
+            os.makedirs(self.directory, exist_ok=True)
+        self.label = directory
+        self.manifest = self._read_manifest()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _read_manifest(self) -> dict:
+        try:
+            with open(self.path(MANIFEST), encoding="utf-8") as handle:
+                manifest = json.load(handle)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            raise InputError(f"--checkpoint {self.label}: unreadable {MANIFEST} ({error})") from None
+        if not isinstance(manifest, dict):
+            raise InputError(f"--checkpoint {self.label}: {MANIFEST} is not a dfmp2 checkpoint")
+        return manifest
+
+    def _write_manifest(self):
+        self._atomic_write(MANIFEST, lambda handle: handle.write(
+            json.dumps(self.manifest, indent=1, sort_keys=True).encode()))
+
+    def _atomic_write(self, name, write):
+        handle, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=self.directory)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                write(out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path(name))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def claim(self, section: str, identity: dict) -> bool:
+        """Record that this run is `identity` in `section`; True if an earlier run recorded the
+        same (resuming), False if the section is new. A different earlier identity: InputError."""
+        identity = json.loads(json.dumps(identity))  # what JSON keeps (tuples -> lists)
+        held = self.manifest.get(section)
+        if held is None:
+            self.manifest[section] = identity
+            self._write_manifest()
+            return False
+        if held != identity:
+            diff = [key for key in sorted(set(held) | set(identity)) if held.get(key) != identity.get(key)]
+            shown = "; ".join(f"{key}: {_short(held.get(key))} there, {_short(identity.get(key))} now"
+                              for key in diff[:3])
+            raise InputError(f"--checkpoint {self.label} belongs to another run ({section} differs: {shown}); "
+                             "use another directory, or delete it to start over")
+        return True
+
+    def holds(self, section: str) -> bool:
+        return section in self.manifest
+
+    def drop(self, section: str):
+        if self.manifest.pop(section, None) is not None:
+            self._write_manifest()
+
+    def save_arrays(self, name: str, **arrays):
+        """DIR/name.npz, atomically."""
+        self._atomic_write(f"{name}.npz", lambda handle: np.savez(handle, **arrays))
+
+    def load_arrays(self, name: str) -> dict | None:
+        path = self.path(f"{name}.npz")
+        if not os.path.exists(path):
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+
+    def journal(self, tasks_identity: dict, ntasks: int) -> PairJournal:
+        """The pair-task journal for this task list; progress made for another task list (a
+        different occupied block after a budget change) is discarded."""
+        if self.holds("pairs") and self.manifest["pairs"] != json.loads(json.dumps(tasks_identity)):
+            self.drop("pairs")
+            if os.path.exists(self.path("pairs.journal")):
+                os.unlink(self.path("pairs.journal"))
+        self.claim("pairs", tasks_identity)
+        return PairJournal(self.path("pairs.journal"), ntasks)
+
+
+class PairJournal:
+    """Append-only record of finished pair tasks (fp64 partial sums)."""
+
+    def __init__(self, path, ntasks):
+        self.path = path
+        self.ntasks = ntasks
+        self._handle = None
+        self._synced = time.monotonic()
+
+    def restore(self, sums: np.ndarray) -> list:
+        """Fill sums[k] = (E_os part, E_ss part) of the finished tasks; returns their indices.
+        A torn last record (a kill in mid-write) is ignored."""
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, "rb") as handle:
+            data = handle.read()
+        done = []
+        for offset in range(0, len(data) - RECORD.size + 1, RECORD.size):
+            index, e_os, e_ss = RECORD.unpack_from(data, offset)
+            if 0 <= index < self.ntasks:
+                sums[index] = (e_os, e_ss)
+                done.append(index)
+        if len(data) % RECORD.size:  # drop the torn tail so that appends stay aligned
+            with open(self.path, "r+b") as handle:
+                handle.truncate(len(data) - len(data) % RECORD.size)
+        return done
+
+    def record(self, index: int, e_os: float, e_ss: float):
+        if self._handle is None:
+            self._handle = open(self.path, "ab", buffering=0)
+        self._handle.write(RECORD.pack(index, e_os, e_ss))
+        if time.monotonic() - self._synced > SYNC_SECONDS:
+            os.fsync(self._handle.fileno())
+            self._synced = time.monotonic()
+
+    def close(self):
+        if self._handle is not None:
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+            self._handle = None
+
+
+def _short(value):
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def version_identity() -> dict:
+    return {"dfmp2": __version__}

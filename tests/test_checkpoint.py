@@ -1,0 +1,141 @@
+"""Checkpoint/restart and signals, by stopping real `dfmp2 run` processes.
+
+The runs are slowed in the pair stage by tests/faults/sitecustomize.py (a sleep before each
+pair block), so that SIGKILL/SIGTERM/SIGINT land after some blocks have finished and before
+the last; the arithmetic is untouched. Reference energies come from uninterrupted in-process
+runs without a checkpoint.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dfmp2.checkpoint import RECORD
+from dfmp2.driver import run_xyz
+
+from conftest import ROOT
+
+BENZENE = os.path.join(ROOT, "examples", "benzene.xyz")
+FAULTS = os.path.join(ROOT, "tests", "faults")
+DELAY_S = "0.4"  # per pair block: 10 blocks on benzene/cc-pVDZ
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """Benzene/cc-pVDZ without a checkpoint: the energy a resumed run must reproduce."""
+    return run_xyz(BENZENE)
+
+
+def start(args, delay=None):
+    env = dict(os.environ)
+    if delay is not None:
+        env["PYTHONPATH"] = os.pathsep.join([FAULTS, env.get("PYTHONPATH", "")])
+        env["DFMP2_TEST_PAIR_DELAY"] = delay
+    return subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True)
+
+
+def finished_blocks(checkpoint):
+    path = os.path.join(checkpoint, "pairs.journal")
+    return os.path.getsize(path) // RECORD.size if os.path.exists(path) else 0
+
+
+def wait_for_blocks(proc, checkpoint, count, timeout=240):
+    deadline = time.monotonic() + timeout
+    while finished_blocks(checkpoint) < count:
+        assert proc.poll() is None, f"the run ended before {count} pair blocks: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no pair-stage progress"
+        time.sleep(0.05)
+
+
+def test_resume_after_sigkill_redoes_no_finished_work(tmp_path, uninterrupted):
+    checkpoint, out = tmp_path / "ck", tmp_path / "out.json"
+    args = [BENZENE, "--checkpoint", checkpoint, "--json", out, "--quiet"]
+    proc = start(args, delay=DELAY_S)
+    wait_for_blocks(proc, checkpoint, 4)
+    proc.kill()  # SIGKILL: no cleanup of any kind
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists()
+    kept = finished_blocks(checkpoint)
+    assert kept >= 4
+
+    resumed = subprocess.run([sys.executable, "-m", "dfmp2", "run", *map(str, args)], capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    record = json.loads(out.read_text())
+    ck = record["checkpoint"]
+    total = ck["pair_tasks"]
+    assert total >= 6 and kept < total
+    assert ck["reused_scf"] and ck["reused_B"] and ck["reused_pair_tasks"] == kept
+    assert record["kernels"].get("pair_energy") == total - kept  # finished blocks not recomputed
+    assert "ao2mo" not in record["kernels"]  # neither the transform nor the whitening ran again
+    for key in ("e_corr", "e_corr_os", "e_corr_ss", "e_tot"):
+        assert abs(record[key] - getattr(uninterrupted, key)) < 1e-12, key
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_removes_scratch_keeps_checkpoint(tmp_path, signum, code):
+    checkpoint, scratch, out = tmp_path / "ck", tmp_path / "scratch", tmp_path / "out.json"
+    scratch.mkdir()
+    proc = start([BENZENE, "--checkpoint", checkpoint, "--scratch", scratch, "--json", out], delay=DELAY_S)
+    wait_for_blocks(proc, checkpoint, 1)
+    assert os.listdir(scratch)  # the run's scratch directory exists while it runs
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code
+    assert stderr.strip().count("\n") == 0 and "Traceback" not in stderr
+    assert signal.Signals(signum).name in stderr
+    assert "E(corr)" not in stdout and not out.exists()
+    assert os.listdir(scratch) == []
+    assert {"manifest.json", "scf.npz", "B_restricted.h5", "pairs.journal"} <= set(os.listdir(checkpoint))
+
+
+def test_checkpoint_of_another_run_is_refused(tmp_path):
+    checkpoint = tmp_path / "ck"
+    water = os.path.join(ROOT, "examples", "water.xyz")
+    first = subprocess.run([sys.executable, "-m", "dfmp2", "run", water, "--checkpoint", checkpoint, "--quiet"],
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    other_basis = subprocess.run([sys.executable, "-m", "dfmp2", "run", water, "--checkpoint", checkpoint,
+                                  "--basis", "cc-pvtz"], capture_output=True, text=True, timeout=600)
+    assert other_basis.returncode == 2
+    assert "belongs to another run" in other_basis.stderr and "basis" in other_basis.stderr
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["run"]["dfmp2"] = "0.0.1"
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    other_version = subprocess.run([sys.executable, "-m", "dfmp2", "run", water, "--checkpoint", checkpoint],
+                                   capture_output=True, text=True, timeout=600)
+    assert other_version.returncode == 2 and "dfmp2" in other_version.stderr
+
+
+def test_plugin_checkpoint_open_shell(tmp_path):
+    """UHF through the plugin: a second run on the same checkpoint reuses B and every pair
+    block, and both equal a run without a checkpoint."""
+    from pyscf import gto, scf
+
+    from dfmp2 import DFMP2
+
+    mol = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
+    mf = scf.UHF(mol).run(conv_tol=1e-11)
+    plain = DFMP2(mf).run()
+    first = DFMP2(mf)
+    first.checkpoint = str(tmp_path / "ck")
+    first.run()
+    again = DFMP2(mf)
+    again.checkpoint = str(tmp_path / "ck")
+    again.run()
+    ck = again.result.correlation.checkpoint
+    assert ck["reused_B"] and ck["reused_pair_tasks"] == ck["pair_tasks"] == 3
+    assert again.result.kernels.get("pair_energy") is None
+    assert abs(first.e_corr - plain.e_corr) < 1e-12 and again.e_corr == first.e_corr
+    other = DFMP2(mf, frozen=1)
+    other.checkpoint = str(tmp_path / "ck")
+    with pytest.raises(Exception, match="belongs to another run"):
+        other.run()
