@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import time
@@ -20,6 +19,7 @@ from . import __version__
 from .driver import MODEL_NOTE, PEAK_MODEL_NOTE
 from .errors import InputError
 from .kernels import get_backend
+from .memory import MB, peak_resident_bytes
 from .pipeline import block_ranges, dfmp2_energy
 from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from .settings import Settings, settings_from
@@ -107,9 +107,11 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
         "warm_seconds": [p[0] for p in warm],
         "gflop": sum(flops.values()), "nominal_gflop": nominal_gflop(nbasis, nocc, naux),
         "kernels": dict(result.kernels),
-        "memory": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                   "storage": result.plan.storage, "aux_block": result.plan.aux_block,
-                   "occ_block": result.plan.occ_block},
+        "memory": {"peak_rss_mb": peak_resident_bytes() / MB, "budget_mb": result.plan.budget / MB,
+                   "baseline_mb": result.plan.baseline / MB, "storage": result.plan.storage,
+                   "aux_block": result.plan.aux_block, "occ_block": result.plan.occ_block,
+                   "slab_rows": result.plan.slab_rows},
+        "io": dict(result.io),
         "machine": {"cpu": _cpu(), "platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
     }

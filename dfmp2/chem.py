@@ -98,9 +98,10 @@ def read_xyz(path: str) -> list:
     return atoms
 
 
-def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0):
+def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_memory=None):
     """PySCF Mole from atoms (Angstrom). Checks the basis, and that charge and spin (2S) are
-    possible for the electron count."""
+    possible for the electron count. max_memory (MB, the whole process's, PySCF's meaning):
+    what PySCF's SCF and integral code may use (they go out of core beyond it)."""
     from pyscf import gto
 
     _check_basis_name(basis, sorted({a.symbol for a in atoms}))
@@ -123,8 +124,21 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0):
     mol.charge = charge
     mol.spin = spin
     mol.verbose = 0
+    if max_memory is not None:
+        mol.max_memory = max_memory
     mol.build()
     return mol
+
+
+def release_integrals(mf) -> None:
+    """Free the SCF's own integrals (DF tensor or four-center ERIs) of a mean field this run
+    made, once its orbitals are taken: MP2 uses its own, and they would count against the
+    memory budget."""
+    with_df = getattr(mf, "with_df", None)
+    if with_df is not None:
+        with_df.reset()
+    if getattr(mf, "_eri", None) is not None:
+        mf._eri = None
 
 
 def _atomic_number(symbol: str) -> int:

@@ -331,8 +331,9 @@ def _print_summary(r):
         *[f"  note        {note}" for note in r.get("notes", [])],
         f"  kernels     {kernels}",
         f"  metric      {r['metric_factorization']}",
-        f"  memory      budget {mem['budget_mb']:.0f} MB, (ia|P) in {mem['storage']}, "
-        f"aux block {mem['aux_block']}, occ block {mem['occ_block']}",
+        f"  memory      budget {mem['budget_mb']:.0f} MB (process; {mem['baseline_mb']:.0f} MB resident before "
+        f"MP2, peak {mem['peak_rss_mb']:.0f} MB), (ia|P) in {mem['storage']}, aux block {mem['aux_block']}, "
+        f"occ block {mem['occ_block']}",
         *_checkpoint_lines(r.get("checkpoint")),
         "",
         f"  {'E(' + r['reference'].upper() + ')':17s} {r['e_ref']:20.12f} Eh"

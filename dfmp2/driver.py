@@ -14,6 +14,7 @@ from . import __version__, chem
 from .checkpoint import Checkpoint, version_identity
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
+from .memory import MB, peak_resident_bytes
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
 from .settings import Settings, settings_from
 
@@ -55,6 +56,7 @@ class DFMP2Result:
     auxbasis_generated: dict = field(default_factory=dict)  # "scf"/"mp2" -> elements with a generated set
     double_hybrid: DoubleHybrid | None = None  # a double-hybrid run: E = E_KS + c_os E_os + c_ss E_ss
     mean_field: object = None  # the PySCF SCF object of a run_xyz run (for densities / orbitals)
+    peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
 
     def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
         """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis [nmo, nmo] (or AO with
@@ -103,7 +105,8 @@ class DFMP2Result:
             "metric_factorization": corr.metric,
             "memory": {"budget_mb": corr.plan.budget / 1e6, "storage": corr.plan.storage,
                        "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block,
-                       "slab_rows": corr.plan.slab_rows},
+                       "slab_rows": corr.plan.slab_rows, "baseline_mb": corr.plan.baseline / MB,
+                       "peak_rss_mb": self.peak_rss_bytes / MB},
             "io": dict(corr.io),
             "checkpoint": corr.checkpoint,
             "timings": dict(self.timings), "version": __version__,
@@ -169,7 +172,7 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         chem.check_xc(dh.xc)
     spin = settings.spin
     atoms = chem.read_xyz(path)
-    mol = chem.build_molecule(atoms, settings.basis, settings.charge, spin)
+    mol = chem.build_molecule(atoms, settings.basis, settings.charge, spin, settings.max_memory)
     integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
     jk_auxbasis, jk_generated = (chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df"
                                  else (None, []))
@@ -198,7 +201,9 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         if checkpoint is not None:
             checkpoint.save_arrays("scf", **chem.scf_arrays(mf))
     timings = {"scf": time.perf_counter() - start}
-    result = _correlate(backend, mf, chem.mean_field_orbitals(mf), integrals, settings, settings.basis,
+    orbitals = chem.mean_field_orbitals(mf)
+    chem.release_integrals(mf)
+    result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis,
                         timings, [], {"scf": jk_generated, "mp2": integrals.generated})
     if checkpoint is not None:
         result.correlation.checkpoint["reused_scf"] = held is not None
@@ -242,4 +247,4 @@ def _correlate(backend, mf, reference, integrals, settings, basis, timings, note
             "even-tempered set (aug_etb) used for " + ("it" if len(elements) == 1 else "them")
             for kind, elements in (("JK-fit (SCF)", generated.get("scf")), ("MP2-fit", generated.get("mp2")))
             if elements],
-        neuron_versions=getattr(backend, "neuron_versions", None))
+        neuron_versions=getattr(backend, "neuron_versions", None), peak_rss_bytes=peak_resident_bytes())

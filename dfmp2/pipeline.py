@@ -20,7 +20,6 @@ O(nocc^2 nvir^2).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -29,12 +28,9 @@ import numpy as np
 from .checkpoint import Checkpoint, array_digest, version_identity
 from .errors import ComputationError, InputError
 from .linalg import factor_metric, whiten
+from .memory import MB, MemoryPlan, plan_for, release_freed_memory  # noqa: F401  (MB, MemoryPlan: re-exported)
 from .settings import Settings, settings_from
 from .storage import DiskStore, MemoryStore
-
-MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
-MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
-
 
 # ----------------------------------------------------------------------------- orbitals
 
@@ -103,79 +99,6 @@ def spin_channels(mo_coeff, mo_energy, mo_occ):
                  np.asarray(mo_occ[s], dtype=np.float64)) for s in range(2)]
     return [(np.asarray(mo_coeff, dtype=np.float64), np.asarray(mo_energy, dtype=np.float64),
              np.asarray(mo_occ, dtype=np.float64))]
-
-
-# ----------------------------------------------------------------------------- memory plan
-
-@dataclass
-class MemoryPlan:
-    """Block sizes and storage chosen from a memory budget (bytes)."""
-
-    budget: int
-    aux_block: int  # auxiliary functions per AO->MO transform block
-    occ_block: int  # occupied orbitals per whitening / pair-energy block
-    storage: str  # 'memory' or 'disk' for the [nocc, nvir, naux] tensor
-    minimum: int  # smallest budget that could run at all (bytes)
-    slab_rows: int = 0  # occupied rows of B read at once in the pair stage (a multiple of occ_block)
-
-
-def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
-                preferred_aux_block_bytes=None, preferred_pair_rows=512,
-                occ_block_limit=None, pair_scratch_bytes=None, on_disk=False) -> MemoryPlan:
-    """Choose block sizes so that the working set of each step fits `budget` bytes.
-
-    spaces: [(nocc, nvir)] of active orbitals per spin channel (one: restricted; two: alpha,
-    beta: both three-center tensors are stored). itemsize: bytes per element of the stored
-    (ia|P) / B. The backend's preferences:
-    preferred_aux_block_bytes, the size of one block of unpacked (mn|P) (None: as large as
-    fits); preferred_pair_rows, the (i, a) rows of one pair-energy GEMM (small blocks waste
-    less on the diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most
-    occupied orbitals one pair-energy kernel can hold (e.g. on-chip memory);
-    pair_scratch_bytes(nb, nvir), the memory one pair-energy call needs beyond its B blocks
-    (default: ~5 fp64 [nb, nvir, nb, nvir] temporaries).
-    """
-    nocc = max(o for o, _ in spaces)
-    nvir = max(v for _, v in spaces)
-    fixed = 3 * naux * naux * 8 + 2 * len(spaces) * nao * nao * 8  # (P|Q), its factor, C per spin
-
-    def transform_bytes(nP):  # fp64: packed + unpacked integrals, device copy, half/full transform
-        return nP * 8 * (nao * (nao + 1) // 2 + 2 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir)
-
-    def pair_bytes(nb):  # two B blocks (+ host copies) and the backend's temporaries
-        scratch = pair_scratch_bytes(nb, nvir) if pair_scratch_bytes else 5 * nb * nb * nvir * nvir * 8
-        return 4 * nb * nvir * naux * itemsize + scratch
-
-    def whiten_bytes(nb):
-        return 4 * nb * nvir * naux * itemsize
-
-    store = sum(o * v for o, v in spaces) * naux * itemsize
-    least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
-    if least > budget:
-        raise InputError(
-            f"needs at least {least / MB:.3g} MB even in the smallest blocks "
-            f"(nao={nao}, nocc={nocc}, nvir={nvir}, naux={naux}); the memory budget is "
-            f"{budget / MB:.3g} MB (--max-memory)")
-    storage = "memory" if least + store <= budget and not on_disk else "disk"
-    room = budget - fixed - (store if storage == "memory" else 0)
-
-    aux_block = naux
-    if preferred_aux_block_bytes:  # but at least MIN_AUX_BLOCK functions, to keep GEMMs efficient
-        aux_block = min(naux, max(largest_shell, MIN_AUX_BLOCK, preferred_aux_block_bytes // (8 * nao * nao)))
-    while aux_block > largest_shell and transform_bytes(aux_block) > room:
-        aux_block = max(largest_shell, aux_block // 2)
-
-    occ_block = min(nocc, occ_block_limit or nocc, max(1, -(-preferred_pair_rows // max(nvir, 1))))
-    # out of core, the pair blocks take at most half of what is left: the other half holds the
-    # B_I slab that B_J blocks stream against (fewer slabs, fewer reads)
-    limit = room if storage == "memory" else room // 2
-    while occ_block > 1 and max(pair_bytes(occ_block), whiten_bytes(occ_block)) > limit:
-        occ_block -= 1
-    slab_rows = nocc
-    if storage == "disk":  # an I slab of B in what the pair blocks (with their B_J) leave
-        row = nvir * naux * itemsize
-        slabs = max(occ_block, (room - pair_bytes(occ_block)) // row)
-        slab_rows = min(nocc, slabs // occ_block * occ_block)
-    return MemoryPlan(budget, aux_block, occ_block, storage, least, slab_rows)
 
 
 def block_ranges(n, size):
@@ -262,6 +185,8 @@ def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, recor
                         b_i, b_i if task.diagonal else b_j, channels[s].e_occ[task.i0:task.i1],
                         channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
                     record(k, e_os, e_ss)
+            slab_i = b_j = None
+            release_freed_memory()
 
 
 def combine_pair_sums(tasks, sums, nchannels):
@@ -402,9 +327,10 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                     on_disk=settings.checkpoint is not None)
     if with_t2:
         t2_bytes = (selected[0][0].size * selected[0][1].size) ** 2 * 8
-        if t2_bytes > plan.budget // 2:
-            raise InputError(f"with_t2: t2 needs {t2_bytes / MB:.4g} MB, more than half the memory budget "
-                             f"({plan.budget / MB:.4g} MB); run without it (energies and densities need no t2)")
+        if t2_bytes > (plan.budget - plan.baseline) // 2:
+            raise InputError(f"with_t2: t2 needs {t2_bytes / MB:.4g} MB, more than half of the memory budget's "
+                             f"{(plan.budget - plan.baseline) / MB:.4g} MB above what the process already holds; "
+                             "run without it (energies and densities need no t2)")
     backend.prepare(plan)
     timings = {}
 
@@ -465,6 +391,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 for ch, store in zip(channels, stores):
                     store.write_aux(p0, p1, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
                 del ao_block
+                release_freed_memory()
                 clock = lap("transform", clock)
                 if progress:
                     progress("AO->MO transform", n + 1, len(aux_blocks))
@@ -473,6 +400,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 occ_blocks = block_ranges(ch.nocc, plan.occ_block)
                 for n, (i0, i1) in enumerate(occ_blocks):
                     store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
+                    release_freed_memory()
                     if progress:
                         progress("whitening", n + 1, len(occ_blocks))
             clock = lap("whiten", clock)
@@ -552,39 +480,3 @@ def _pipeline_identity(backend, refs, selected, fock_mo, metric, nao) -> dict:
             "metric": array_digest(np.asarray(metric)), "device": backend.device_name,
             "backend": backend.name, "precision": backend.precision, "transform": backend.transform,
             "nki_api": getattr(backend, "nki_api", None)}
-
-
-def plan_for(backend, integrals, spaces, max_memory, on_disk=False) -> MemoryPlan:
-    """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel (on_disk:
-    B kept on disk whatever the budget, as a checkpoint does)."""
-    hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
-    return plan_memory(_budget_bytes(backend, max_memory), integrals.nao, spaces,
-                       integrals.naux, integrals.largest_shell(), backend.itemsize,
-                       hints.aux_block_bytes, hints.pair_rows, hints.occ_block_limit,
-                       hints.pair_scratch_bytes, on_disk)
-
-
-def _budget_bytes(backend, max_memory):
-    """Memory budget in bytes: --max-memory MB, capped by free GPU memory on a GPU."""
-    if max_memory is not None:
-        if not np.isfinite(max_memory) or max_memory <= 0:
-            raise InputError(f"--max-memory must be a positive, finite number of MB, got {max_memory}")
-        budget = int(max_memory * MB)
-    else:
-        budget = int(0.8 * available_ram_bytes())
-    device_free = backend.memory_limit_bytes()
-    if device_free is not None:
-        budget = min(budget, int(0.9 * device_free))
-    return budget
-
-
-def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else the physical memory size."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

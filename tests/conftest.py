@@ -60,3 +60,14 @@ def mp2fit_auxbasis(mol):
 def load_reference_cases():
     with open(REFERENCE_FILE, encoding="utf-8") as handle:
         return json.load(handle)["cases"]
+
+
+@pytest.fixture
+def arrays_only_budget(monkeypatch):
+    """For in-process tests of tight plans (disk storage, smallest blocks): --max-memory counts
+    the pipeline's arrays only, as if the process had no footprint of its own. The pytest
+    process's resident set drifts by megabytes between calls, more than a tight plan's slack;
+    the whole-process budget is tested on real runs in test_memory_budget.py."""
+    from dfmp2 import memory
+
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 0)

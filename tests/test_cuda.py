@@ -33,7 +33,7 @@ def test_cuda_fp32_within_envelope():
     assert abs(e32 - e64) < 1e-6
 
 
-def test_cuda_disk_store_matches(tmp_path):
+def test_cuda_disk_store_matches(tmp_path, arrays_only_budget):
     from dfmp2.driver import run_mean_field
     from dfmp2.pipeline import MB
 

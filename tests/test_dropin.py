@@ -85,7 +85,7 @@ def test_mo_coeff_and_logger_follow_pyscf():
     assert isinstance(pt, lib.StreamObject) and pt.run() is pt
 
 
-def test_with_t2_refused_when_it_would_not_fit():
+def test_with_t2_refused_when_it_would_not_fit(arrays_only_budget):
     mf = converged_rhf("ethylene")
     pt = DFMP2(mf)
     pt.max_memory = 1.3  # MB: enough for the energy (needs 1.12 MB), not for t2 (0.82 MB) twice

@@ -75,7 +75,7 @@ def test_specializations_do_not_grow_with_the_molecule():
         assert_few_specializations(DFMP2(mean_field(name), device="trn1", simulate=True).run().result)
 
 
-def test_small_memory_budget_on_simulated_trn1_still_few_specializations():
+def test_small_memory_budget_on_simulated_trn1_still_few_specializations(arrays_only_budget):
     mf = converged_rhf("ethylene")
     from dfmp2.driver import run_mean_field
     from dfmp2.pipeline import MB

@@ -191,7 +191,7 @@ def test_plugin_exposes_the_reference():
     assert pt.e_corr_singles < 0 and pt.e_tot == pytest.approx(mf.e_tot + pt.e_corr)
 
 
-def test_uhf_disk_store_for_both_spins(tmp_path):
+def test_uhf_disk_store_for_both_spins(tmp_path, arrays_only_budget):
     """A budget that holds neither spin's tensor in memory: both go to scratch files (deleted
     afterwards), the energy is the in-memory one."""
     from dfmp2.driver import run_mean_field

@@ -31,7 +31,7 @@ def test_plan_memory_prefers_cache_sized_integral_blocks():
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
-def test_disk_store_and_smallest_blocks_give_the_same_energy(precision, tmp_path):
+def test_disk_store_and_smallest_blocks_give_the_same_energy(precision, tmp_path, arrays_only_budget):
     mf = converged_rhf("ethylene")
     in_memory = DFMP2(mf, frozen=2, precision=precision).run()
     assert in_memory.result.correlation.plan.storage == "memory"
@@ -123,7 +123,7 @@ def _process_io():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc/self/io")
-def test_out_of_core_writes_each_byte_at_most_twice(tmp_path):
+def test_out_of_core_writes_each_byte_at_most_twice(tmp_path, arrays_only_budget):
     """Scratch traffic of a disk run: the transform writes each (ia|P) block once, whitening
     writes B once (<= 2x the tensor, counted by the store and by the kernel's write() bytes:
     no HDF5 chunk is rewritten), reads stay near the tensor size (was ~100x with aux-block

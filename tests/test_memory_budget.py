@@ -1,0 +1,69 @@
+"""--max-memory bounds the whole process: real runs at several budgets, their peak resident
+memory measured by the kernel (wait4's ru_maxrss of the child), not by dfmp2's own count."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SHAPE = ["--nbasis", "360", "--nocc", "50", "--naux", "1100"]  # (ia|P) 136 MB in fp64
+TOLERANCE = 1.10  # peak within 10% of the budget
+
+
+def measured_run(args, tmp_path, name):
+    """Run `python -m dfmp2 ARGS --json` -> (exit status, record or None, peak RSS in MB, stderr)."""
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.Popen([sys.executable, "-m", "dfmp2", *map(str, args), "--quiet", "--json", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    stderr = proc.stderr.read()
+    proc.stderr.close()
+    code = os.waitstatus_to_exitcode(status)
+    record = json.loads(out.read_text()) if code == 0 else None
+    return code, record, usage.ru_maxrss * 1024 / 1e6, stderr
+
+
+@pytest.fixture(scope="module")
+def unbounded(tmp_path_factory):
+    """The synthetic shape with no budget: its baseline and its energy."""
+    code, record, peak, stderr = measured_run(["bench", *SHAPE, "--repeat", "1"],
+                                              tmp_path_factory.mktemp("unbounded"), "unbounded")
+    assert code == 0, stderr
+    return record, peak
+
+
+@pytest.mark.parametrize("above", [90, 150])
+def test_peak_stays_within_the_budget(tmp_path, unbounded, above):
+    """Budgets a little above the process's own footprint (out of core, small blocks) to
+    roomier ones: the peak of the whole process stays within 10% of each."""
+    record, peak_unbounded = unbounded
+    budget = round(record["memory"]["baseline_mb"] + above)
+    assert peak_unbounded > budget  # the budget makes a difference
+    code, bounded, peak, stderr = measured_run(["bench", *SHAPE, "--repeat", "1", "--max-memory", budget],
+                                               tmp_path, f"b{above}")
+    assert code == 0, stderr
+    assert peak <= TOLERANCE * budget, (peak, budget, bounded["memory"])
+    assert bounded["memory"]["storage"] == ("disk" if above < 100 else bounded["memory"]["storage"])
+    assert abs(bounded["e_corr"] - record["e_corr"]) < 1e-10
+
+
+def test_molecule_with_scf_stays_within_the_budget(tmp_path):
+    """The SCF (PySCF, told the same budget) and the MP2 steps together."""
+    budget = 480
+    code, record, peak, stderr = measured_run(
+        ["run", os.path.join(ROOT, "examples", "benzene.xyz"), "--basis", "cc-pvtz", "--frozen-core",
+         "--max-memory", budget], tmp_path, "benzene")
+    assert code == 0, stderr
+    assert peak <= TOLERANCE * budget, (peak, record["memory"])
+    assert record["memory"]["peak_rss_mb"] <= TOLERANCE * budget
+
+
+def test_budget_below_the_process_footprint_is_bad_input(tmp_path):
+    code, _, _, stderr = measured_run(["run", os.path.join(ROOT, "examples", "water.xyz"), "--max-memory", 50],
+                                      tmp_path, "tiny")
+    assert code == 2
+    assert "below this process's own footprint" in stderr and stderr.count("\n") == 1
