@@ -234,6 +234,14 @@ def restored_scf(mol, arrays, scf: str = "df", reference: str = "rhf", jk_auxbas
     return mf
 
 
+def restored_scf_from(mf, arrays):
+    """A copy of the converged mean field `mf` holding `arrays` (`scf_arrays`, e.g. rank 0's)."""
+    mf = mf.copy()
+    mf.mo_coeff, mf.mo_energy, mf.mo_occ = arrays["mo_coeff"], arrays["mo_energy"], arrays["mo_occ"]
+    mf.e_tot = float(arrays["e_tot"])
+    return mf
+
+
 def _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc):
     """The configured (not yet run) PySCF mean-field object of `run_scf`."""
     from pyscf import dft

@@ -17,6 +17,7 @@ import click
 
 from . import __version__
 from .errors import DFMP2Error, InputError
+from .distributed import DEFAULT_TIMEOUT_S, Team, launched_ranks
 from .settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
@@ -81,6 +82,9 @@ TRANSFORM_OPTION = click.option(
 @click.option("--checkpoint", default=None, metavar="DIR",
               help="Keep the SCF, B and finished pair blocks in DIR; the same command with the same DIR "
                    "resumes from them (a different run is refused).")
+@click.option("--rank-timeout", type=float, default=DEFAULT_TIMEOUT_S, show_default=True, metavar="SECONDS",
+              help="Under torchrun: how long a rank waits for the others (the SCF on rank 0 included) "
+                   "before it gives up with an error.")
 @click.option("--scf-max-cycle", type=int, default=100, show_default=True,
               help="SCF iterations before giving up (exit 1).")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
@@ -89,7 +93,7 @@ TRANSFORM_OPTION = click.option(
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
-        nki_api, transform, max_memory, scratch, checkpoint, scf_max_cycle, json_path, natorbs_path, quiet, debug):
+        nki_api, transform, max_memory, scratch, checkpoint, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
@@ -102,15 +106,20 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
             raise InputError(f"--scratch {scratch}: no such directory")
         if scf_max_cycle < 1:
             raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
-        progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
+        team = Team.join(device, simulate, rank_timeout) if launched_ranks() > 1 else None
+        root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
+        progress = _Progress() if (root and not quiet and sys.stderr.isatty()) else None
         settings = Settings(basis=basis, auxbasis=auxbasis, charge=charge, spin=spin, reference=reference,
                             scf=scf, scf_max_cycle=scf_max_cycle, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
-                            max_memory=max_memory, scratch=scratch, checkpoint=checkpoint, progress=progress)
+                            max_memory=max_memory, scratch=scratch, checkpoint=checkpoint, progress=progress,
+                            team=team)
         result = run_xyz(molecule, settings)
         if progress:
             progress.clear()
+        if not root:
+            return None
         record = result.as_dict()
         if natorbs_path is not None:
             from .chem import write_molden
@@ -128,7 +137,7 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
         return record
 
     record = _guarded(compute, debug)
-    if not quiet:
+    if record is not None and not quiet:
         _print_summary(record)
 
 
@@ -335,6 +344,7 @@ def _print_summary(r):
         f"MP2, peak {mem['peak_rss_mb']:.0f} MB), (ia|P) in {mem['storage']}, aux block {mem['aux_block']}, "
         f"occ block {mem['occ_block']}",
         *_checkpoint_lines(r.get("checkpoint")),
+        *_rank_lines(r.get("distributed")),
         "",
         f"  {'E(' + r['reference'].upper() + ')':17s} {r['e_ref']:20.12f} Eh"
         + (f" ({r['xc']})" if r.get("xc") else ""),
@@ -363,6 +373,17 @@ def _checkpoint_lines(ck):
     if ck["reused_pair_tasks"]:
         reused.append(f"{ck['reused_pair_tasks']}/{ck['pair_tasks']} pair blocks")
     return [f"  checkpoint  {ck['directory']} (reused: {', '.join(reused) or 'nothing, new'})"]
+
+
+def _rank_lines(distributed):
+    if not distributed:
+        return []
+    lines = [f"  ranks       {distributed['ranks']} ({distributed['backend']}); per rank:"]
+    for r in distributed["per_rank"] or []:
+        lines.append(f"    rank {r['rank']}: {r['pair_tasks']} pair blocks in {r['pair_seconds']:.2f} s, "
+                     f"{r['aux_functions']} aux functions, sent {r['bytes_sent'] / 1e6:.1f} MB, "
+                     f"received {r['bytes_received'] / 1e6:.1f} MB, peak {r['peak_rss_mb']:.0f} MB")
+    return lines
 
 
 def _print_bench(r):

@@ -109,6 +109,7 @@ class DFMP2Result:
                        "peak_rss_mb": self.peak_rss_bytes / MB},
             "io": dict(corr.io),
             "checkpoint": corr.checkpoint,
+            "distributed": corr.distributed,
             "timings": dict(self.timings), "version": __version__,
             "simulated": self.simulated, "notes": list(self.notes),
             "auxbasis_generated": dict(self.auxbasis_generated),
@@ -144,6 +145,9 @@ def run_mean_field(mf, settings: Settings | None = None, **changes) -> DFMP2Resu
     resource groups are used; allow_non_aufbau accepts occupied orbitals above virtual ones."""
     settings = settings_from(settings, **changes)
     backend = settings.backend()
+    if settings.team is not None and settings.team.size > 1:  # every rank uses rank 0's orbitals
+        held = settings.team.broadcast_object(chem.scf_arrays(mf))
+        mf = chem.restored_scf_from(mf, held)
     reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
     integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
@@ -193,6 +197,15 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         checkpoint = Checkpoint(settings.checkpoint)
         checkpoint.claim("run", _run_identity(atoms, settings, reference))
         held = checkpoint.load_arrays("scf")
+    team = settings.team if settings.team is not None and settings.team.size > 1 else None
+    if team is not None:  # one SCF, on rank 0, broadcast
+        if checkpoint is not None:
+            raise InputError("--checkpoint with several ranks is not available yet: run it in one process")
+        if team.is_root:
+            held = chem.scf_arrays(chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle,
+                                                reference=reference, jk_auxbasis=jk_auxbasis,
+                                                xc=dh.xc if dh else None, progress=settings.progress))
+        held = team.broadcast_object(held)
     if held is not None:
         mf = chem.restored_scf(mol, held, settings.scf, reference, jk_auxbasis, dh.xc if dh else None)
     else:

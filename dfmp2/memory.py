@@ -36,7 +36,7 @@ class MemoryPlan:
 def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
                 preferred_aux_block_bytes=None, preferred_pair_rows=512,
                 occ_block_limit=None, pair_scratch_bytes=None, on_disk=False, baseline=0,
-                device_limit=None) -> MemoryPlan:
+                device_limit=None, ranks=1) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes, the whole
     process's: `baseline` bytes are already resident (the arrays get budget - baseline, and
     at most `device_limit` bytes on a GPU).
@@ -49,7 +49,8 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
     less on the diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most
     occupied orbitals one pair-energy kernel can hold (e.g. on-chip memory);
     pair_scratch_bytes(nb, nvir), the memory one pair-energy call needs beyond its B blocks
-    (default: ~5 fp64 [nb, nvir, nb, nvir] temporaries).
+    (default: ~5 fp64 [nb, nvir, nb, nvir] temporaries). ranks > 1: each of `ranks` processes
+    holds about 2/ranks of the tensor (dfmp2.distributed), in memory.
     """
     nocc = max(o for o, _ in spaces)
     nvir = max(v for _, v in spaces)
@@ -68,6 +69,8 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
         return 4 * nb * nvir * naux * itemsize
 
     store = sum(o * v for o, v in spaces) * naux * itemsize
+    if ranks > 1:  # this rank's rows and one visiting rank's (or its columns and its rows)
+        store = min(store, -(-store * 2 // ranks))
     least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
     if budget <= baseline:
         raise InputError(
@@ -82,6 +85,10 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
             f"{where} above the {baseline / MB:.4g} MB already resident; nao={nao}, nocc={nocc}, nvir={nvir}, "
             f"naux={naux}); the memory budget is {budget / MB:.4g} MB (--max-memory)")
     storage = "memory" if least + store <= arrays and not on_disk else "disk"
+    if storage == "disk" and ranks > 1:
+        raise InputError(f"each of the {ranks} ranks needs {(baseline + least + store) / MB:.4g} MB to hold its "
+                         f"share of (ia|P) in memory; the budget is {budget / MB:.4g} MB per process "
+                         "(--max-memory): give more, or use more ranks (out-of-core storage is for one process)")
     room = arrays - fixed - (store if storage == "memory" else 0)
 
     aux_block = naux
@@ -104,7 +111,7 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
     return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline)
 
 
-def plan_for(backend, integrals, spaces, max_memory, on_disk=False) -> MemoryPlan:
+def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1) -> MemoryPlan:
     """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel (on_disk:
     B kept on disk whatever the budget, as a checkpoint does)."""
     hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
@@ -114,7 +121,7 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False) -> MemoryPla
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
                        hints.aux_block_bytes, hints.pair_rows, hints.occ_block_limit,
                        hints.pair_scratch_bytes, on_disk, baseline,
-                       None if device_free is None else int(0.9 * device_free))
+                       None if device_free is None else int(0.9 * device_free), ranks)
 
 
 def budget_bytes(max_memory, baseline=None):

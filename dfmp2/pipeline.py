@@ -20,6 +20,7 @@ O(nocc^2 nvir^2).
 from __future__ import annotations
 
 import math
+from collections import Counter
 import time
 from dataclasses import dataclass, field
 
@@ -284,6 +285,7 @@ class CorrelationEnergy:
     t2: np.ndarray | None = None  # with_t2 (restricted): t_ij^ab [nocc, nocc, nvir, nvir], active orbitals
     io: dict = field(default_factory=dict)  # scratch traffic: bytes_written, bytes_read, tensor_bytes
     checkpoint: dict | None = None  # --checkpoint: its directory and what this run reused from it
+    distributed: dict | None = None  # several ranks: their number, backend and per-rank summaries (rank 0)
 
     @property
     def e_corr(self) -> float:
@@ -324,7 +326,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
-                    on_disk=settings.checkpoint is not None)
+                    on_disk=settings.checkpoint is not None,
+                    ranks=settings.team.size if settings.team is not None else 1)
     if with_t2:
         t2_bytes = (selected[0][0].size * selected[0][1].size) ** 2 * 8
         if t2_bytes > (plan.budget - plan.baseline) // 2:
@@ -360,6 +363,20 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     if settings.checkpoint is not None:  # this run's identity; B and finished pair tasks if held
         checkpoint = Checkpoint(settings.checkpoint)
         checkpoint.claim("pipeline", _pipeline_identity(backend, refs, selected, fock_mo, metric, nao))
+    team = settings.team if settings.team is not None and settings.team.size > 1 else None
+    if team is not None:  # steps 1-4 over the ranks (dfmp2.distributed)
+        if settings.checkpoint is not None or with_rdm1 or with_t2:
+            raise InputError("with several ranks, --checkpoint, densities and t2 are not available yet: "
+                             "run them in one process")
+        e_os, e_ss, nkept, metric_label, per_rank = energy_over_ranks(
+            backend, integrals, metric, channels, plan, team, progress, lap)
+        result = _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings,
+                                     None, None, {"bytes_written": 0, "bytes_read": 0, "tensor_bytes": sum(
+                                         ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize},
+                                     None, {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
+        if per_rank:  # rank 0: the kernels of the whole job
+            result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
+        return result
     stores, journal = [], None
     reused = {"B": False, "pair_tasks": 0}
     try:
@@ -447,6 +464,15 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             journal.close()
         for store in stores:
             store.close()
+    return _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
+                               None if checkpoint is None else {
+                                   "directory": checkpoint.directory, "reused_B": reused["B"],
+                                   "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks)})
+
+
+def _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
+                        checkpoint, distributed=None) -> CorrelationEnergy:
+    """The result record, with the ROHF singles added and every energy checked to be finite."""
     e_singles = singles_energy(channels)
     if any(ch.f_ov is not None for ch in channels):
         backend.calls["host:singles"] += 1  # fp64 on the host: nocc x nvir per spin
@@ -463,10 +489,95 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
         metric=metric_label, plan=plan, timings=timings, kernels=dict(backend.calls),
-        rdm1_active=rdm1, t2=t2, io=io,
-        checkpoint=None if checkpoint is None else {
-            "directory": checkpoint.directory, "reused_B": reused["B"],
-            "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks)})
+        rdm1_active=rdm1, t2=t2, io=io, checkpoint=checkpoint, distributed=distributed)
+
+
+def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress, lap):
+    """Steps 1-4 split over the ranks of `team` (dfmp2.distributed's module docstring): each
+    rank transforms a share of the auxiliary blocks, the all-to-all gives it B rows of the
+    occupied blocks it owns, it whitens them and computes the pair tasks of its blocks I with
+    every B_J passing by on the ring; the per-task sums are all-reduced (fp64) and added in the
+    canonical order. Returns (E_os, E_ss, nkept, metric label, per-rank summaries on rank 0)."""
+    import time as clock_module
+
+    from .distributed import aux_shares, block_owners, pass_blocks, rows_from_columns
+
+    clock = clock_module.perf_counter()
+    factor = metric_cholesky(backend, metric)  # 1. J = L L^T, on every rank
+    clock = lap("metric", clock)
+    naux, size, rank = metric.shape[0], team.size, team.rank
+    # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
+    shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
+    occ_block = min(plan.occ_block, max(1, -(-max(ch.nocc for ch in channels) // (4 * size))))
+    column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
+    c0, c1 = column_ranges[rank]
+    columns = [None] * len(channels)
+    for n, (p0, p1) in enumerate(shares[rank]):  # 2. (ia|P) = C_mi C_na (mn|P), this rank's P
+        ao_block = backend.to_device(integrals.block(p0, p1), fp64=True)
+        for s, ch in enumerate(channels):
+            block = transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir)
+            if columns[s] is None:
+                columns[s] = backend.zeros((ch.nocc, ch.nvir, c1 - c0))  # stored as the backend stores B
+            backend.copy_into(columns[s][:, :, p0 - c0:p1 - c0], block)
+        del ao_block
+        release_freed_memory()
+        if progress:
+            progress("AO->MO transform", n + 1, len(shares[rank]))
+    clock = lap("transform", clock)
+
+    blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
+    owners = block_owners([len(b) for b in blocks], size)
+    rows = []
+    for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
+        if columns[s] is None:  # no auxiliary block here (more ranks than blocks)
+            columns[s] = backend.zeros((ch.nocc, ch.nvir, 0))
+        mine = rows_from_columns(team, columns[s], blocks[s], owners[s], column_ranges, naux)
+        columns[s] = None
+        rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
+        release_freed_memory()
+    clock = lap("whiten", clock)
+
+    tasks = pair_tasks([ch.nocc for ch in channels], occ_block)
+    sums = np.zeros((len(tasks), 2))
+    mine = [k for k, task in enumerate(tasks) if owners[task.s][task.i0 // occ_block] == rank]
+    done = [0]
+    b_dtype = backend.zeros((1,)).dtype
+    start = clock_module.perf_counter()
+    for s, t in sorted({(tasks[k].s, tasks[k].t) for k in range(len(tasks))}, key=lambda st: (st[0] != st[1], st)):
+        e_vir_j = None if s == t else channels[t].e_vir
+        visiting = dict(rows[t])  # 4. B_J of rank (rank - k) at ring step k
+        for k in range(size):
+            source = (rank - k) % size
+            if k:
+                arriving = [b for b, owner in enumerate(owners[t]) if owner == source]
+                visiting = pass_blocks(team, visiting, arriving, lambda b: (
+                    blocks[t][b][1] - blocks[t][b][0], channels[t].nvir, factor.nkept),
+                    b_dtype, channels[t].e_vir.device)
+            for n in mine:
+                task = tasks[n]
+                j = task.j0 // occ_block
+                if (task.s, task.t) != (s, t) or owners[t][j] != source:
+                    continue
+                b_i = rows[s][task.i0 // occ_block]
+                sums[n] = backend.pair_energy(b_i, b_i if task.diagonal else visiting[j],
+                                              channels[s].e_occ[task.i0:task.i1], channels[t].e_occ[task.j0:task.j1],
+                                              channels[s].e_vir, e_vir_j)
+                done[0] += 1
+                if progress:
+                    progress("pair energies", done[0], len(mine))
+        visiting = None
+    pair_seconds = clock_module.perf_counter() - start
+    sums = team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
+    lap("pair_energies", clock)
+    from .memory import peak_resident_bytes
+
+    summary = {"rank": rank, "pair_tasks": len(mine), "occ_block": occ_block, "pair_seconds": pair_seconds,
+               "occupied_blocks": [sum(1 for o in owner if o == rank) for owner in owners],
+               "aux_functions": c1 - c0, "bytes_sent": team.bytes_sent, "bytes_received": team.bytes_received,
+               "peak_rss_mb": peak_resident_bytes() / MB, "kernels": dict(backend.calls)}
+    per_rank = team.gather_objects(summary)
+    e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
+    return e_os, e_ss, factor.nkept, factor.describe(), per_rank
 
 
 def _pipeline_identity(backend, refs, selected, fock_mo, metric, nao) -> dict:

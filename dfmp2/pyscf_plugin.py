@@ -18,6 +18,7 @@ import numpy as np
 from pyscf import lib
 from pyscf.lib import logger
 
+from .distributed import Team, launched_ranks
 from .driver import run_mean_field
 from .errors import InputError
 from .pipeline import natural_orbitals
@@ -130,7 +131,8 @@ class DFMP2(lib.StreamObject):
             mf.mo_coeff = self.mo_coeff if mo_coeff is None else mo_coeff
             mf.mo_energy = self.mo_energy if mo_energy is None else mo_energy
             mf.mo_occ = self.mo_occ
-        self.result = run_mean_field(mf, self.settings(with_rdm1=with_rdm1, with_t2=with_t2))
+        team = Team.join(self.device, self.simulate) if launched_ranks() > 1 else None  # under torchrun
+        self.result = run_mean_field(mf, self.settings(with_rdm1=with_rdm1, with_t2=with_t2, team=team))
         if self._moved:
             self.result.notes.append(self._moved)
         for name in ("e_hf", "e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles",

@@ -10,7 +10,8 @@ from conftest import converged_rhf
 from dfmp2 import DFMP2, InputError
 from dfmp2.kernels import get_backend
 from dfmp2.linalg import factor_metric, whiten
-from dfmp2.pipeline import MB, active_orbitals, plan_memory
+from dfmp2.memory import plan_memory
+from dfmp2.pipeline import MB, active_orbitals
 
 SIZES = dict(nao=114, spaces=[(15, 93)], naux=420, largest_shell=11, itemsize=8)
 

@@ -1,0 +1,247 @@
+"""Many processes through torch.distributed: gloo on CPUs, NCCL on NVIDIA GPUs, XLA on NeuronCores.
+
+    torchrun --nproc-per-node N -m dfmp2 run molecule.xyz ...
+
+One SCF (rank 0), broadcast. Then the pipeline's steps, split over the ranks:
+  1. every rank factors the metric (naux^2, small);
+  2. rank q transforms a contiguous share of the auxiliary blocks: (ia|P) for all i, a and
+     its P [nocc, nvir, nP_q];
+  3. an all-to-all (pairwise sends) gives each rank its occupied blocks with every P, which
+     it whitens: B_I [rows, nvir, naux] for the blocks it owns (dealt out by the pair work
+     each brings, so that the triangle I >= J is shared evenly: `block_owners`);
+  4. pair tasks (I, J) are computed by the owner of I: the B_J blocks travel around a ring,
+     one rank's blocks per step, N steps; each task's fp64 sums are all-reduced and added in
+     the canonical order (math.fsum), so the energy is that of one process.
+Each rank holds ~2/N of the tensor (its rows plus one visiting rank's), plus one block.
+Collectives time out after `timeout` seconds and any failure of another rank (a dead
+process closes its connections) becomes a ComputationError: no rank hangs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from datetime import timedelta
+
+import numpy as np
+
+from .errors import ComputationError, InputError
+
+DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 included)
+
+
+def launched_ranks() -> int:
+    """WORLD_SIZE of a torchrun/srun launch (1 when not launched as several processes)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise InputError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number of processes") from None
+
+
+def communication_backend(device: str, simulate: bool) -> str:
+    """gloo for CPUs (and the NKI emulator, which runs on the CPU), nccl for cuda, xla for
+    Trainium NeuronCores (torch-neuronx)."""
+    if device == "cuda":
+        return "nccl"
+    if device in ("trn1", "trn2") and not simulate:
+        return "xla"
+    return "gloo"
+
+
+class Team:
+    """The ranks of one run. rank 0 prints and writes the results."""
+
+    def __init__(self, rank: int, size: int, backend: str, timeout_s: float):
+        self.rank, self.size, self.backend, self.timeout_s = rank, size, backend, timeout_s
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    @classmethod
+    def join(cls, device: str, simulate: bool, timeout_s: float = DEFAULT_TIMEOUT_S) -> Team:
+        """Join the process group torchrun (or srun with MASTER_ADDR/PORT, RANK, WORLD_SIZE)
+        describes."""
+        import torch
+        import torch.distributed as dist
+
+        backend = communication_backend(device, simulate)
+        if backend == "nccl":
+            if not dist.is_nccl_available():
+                raise ComputationError("--device cuda with several ranks needs NCCL, which this torch lacks")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if backend == "xla":
+            try:
+                importlib.import_module("torch_xla.distributed.xla_backend")  # registers the "xla" backend
+            except ImportError as error:
+                raise ComputationError(f"several ranks on {device} need torch-xla from the Neuron SDK ({error})") from None
+        if not dist.is_initialized():
+            missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+            if missing:
+                raise InputError(f"WORLD_SIZE is set but {', '.join(missing)} is not: launch with torchrun "
+                                 "(or set the rendezvous variables, see infra/README.md)")
+            try:
+                dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            except Exception as error:  # rendezvous failures surface as assorted exception types
+                raise ComputationError(f"could not join the {backend} process group: {error}") from None
+        return cls(dist.get_rank(), dist.get_world_size(), backend, timeout_s)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def _run(self, what, operation, *args, **kwargs):
+        try:
+            return operation(*args, **kwargs)
+        except Exception as error:
+            raise ComputationError(f"rank {self.rank}/{self.size}: {what} failed; another rank stopped or "
+                                   f"timed out ({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
+
+    def broadcast_object(self, obj):
+        """rank 0's `obj` on every rank (pickled)."""
+        import torch.distributed as dist
+
+        box = [obj if self.is_root else None]
+        self._run("broadcast", dist.broadcast_object_list, box, src=0)
+        return box[0]
+
+    def gather_objects(self, obj) -> list | None:
+        """[obj of rank 0, ..., obj of rank N-1] on rank 0; None elsewhere."""
+        import torch.distributed as dist
+
+        if self.backend == "nccl":  # gather_object is not supported by NCCL
+            everything = [None] * self.size
+            self._run("all_gather_object", dist.all_gather_object, everything, obj)
+            return everything if self.is_root else None
+        box = [None] * self.size if self.is_root else None
+        self._run("gather_object", dist.gather_object, obj, box, dst=0)
+        return box
+
+    def all_reduce_sum(self, array: np.ndarray) -> np.ndarray:
+        """The elementwise fp64 sum of `array` over the ranks."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64)).to(self._device())
+        self._run("all_reduce", dist.all_reduce, tensor, op=dist.ReduceOp.SUM)
+        return tensor.cpu().numpy()
+
+    def exchange(self, outgoing: dict, incoming: dict):
+        """Pairwise exchange: send outgoing[rank] (a tensor) to each other rank and receive
+        incoming[rank] (preallocated tensors, filled in place) from it; N - 1 steps of
+        (send to rank + k, receive from rank - k)."""
+        for k in range(1, self.size):
+            self.swap(outgoing.get((self.rank + k) % self.size), (self.rank + k) % self.size,
+                      incoming.get((self.rank - k) % self.size), (self.rank - k) % self.size)
+
+    def swap(self, send, dst, recv, src):
+        """Send `send` to rank dst while receiving into `recv` from rank src (either may be None)."""
+        import torch.distributed as dist
+
+        request = None
+        if send is not None:
+            send = send.contiguous()
+            request = self._run("send", dist.isend, send, dst)
+            self.bytes_sent += send.numel() * send.element_size()
+        if recv is not None:
+            self._run("receive", dist.recv, recv, src)
+            self.bytes_received += recv.numel() * recv.element_size()
+        if request is not None:
+            self._run("send", request.wait)
+
+    def _device(self):
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def close(self):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- who owns what
+
+def aux_shares(aux_blocks: list, size: int) -> list:
+    """Split the auxiliary blocks [(p0, p1)] into `size` contiguous runs of about equal width:
+    [[(p0, p1), ...] of rank 0, ...]."""
+    naux = aux_blocks[-1][1]
+    shares = [[] for _ in range(size)]
+    for p0, p1 in aux_blocks:
+        shares[min(size - 1, (p0 + p1) // 2 * size // naux)].append((p0, p1))
+    return shares
+
+
+def block_owners(nblocks: list, size: int) -> list:
+    """Owner rank of each occupied block of each spin channel ([[rank of block b] per channel]):
+    the owner of block I computes its pair tasks, I against every J <= I of its channel (I + 1
+    tasks) and, for the alpha channel of an unrestricted reference, against every beta block.
+    Blocks are dealt largest work first to the least loaded rank (ties: lowest rank)."""
+    work = []
+    for s, n in enumerate(nblocks):
+        cross = nblocks[1] if s == 0 and len(nblocks) == 2 else 0
+        work += [(b + 1 + cross, s, b) for b in range(n)]
+    owners = [[0] * n for n in nblocks]
+    load = [0] * size
+    for weight, s, b in sorted(work, key=lambda item: (-item[0], item[1], item[2])):
+        rank = min(range(size), key=lambda r: (load[r], r))
+        owners[s][b] = rank
+        load[rank] += weight
+    return owners
+
+
+# ----------------------------------------------------------------------------- moving B
+
+def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ranges: list, naux: int) -> dict:
+    """The all-to-all of step 3: this rank's transform output `columns` [nocc, nvir, its P]
+    (auxiliary columns column_ranges[rank]) -> {b: [rows of block b, nvir, naux]} for the
+    occupied blocks b it owns, every P, gathered from all ranks."""
+    import torch
+
+    mine = [b for b, owner in enumerate(owners) if owner == team.rank]
+    nrows = [sum(blocks[b][1] - blocks[b][0] for b, owner in enumerate(owners) if owner == q)
+             for q in range(team.size)]
+    nvir = columns.shape[1]
+    full = torch.empty((nrows[team.rank], nvir, naux), dtype=columns.dtype, device=columns.device)
+
+    def rows_of(q):  # my columns of rank q's blocks, stacked
+        parts = [columns[blocks[b][0]:blocks[b][1]] for b, owner in enumerate(owners) if owner == q]
+        return torch.cat(parts) if parts else None
+
+    c0, c1 = column_ranges[team.rank]
+    if nrows[team.rank]:
+        full[:, :, c0:c1] = rows_of(team.rank)
+    for k in range(1, team.size):
+        dst, src = (team.rank + k) % team.size, (team.rank - k) % team.size
+        send = rows_of(dst) if nrows[dst] and c1 > c0 else None
+        s0, s1 = column_ranges[src]
+        recv = (torch.empty((nrows[team.rank], nvir, s1 - s0), dtype=columns.dtype, device=columns.device)
+                if nrows[team.rank] and s1 > s0 else None)
+        team.swap(send, dst, recv, src)
+        if recv is not None:
+            full[:, :, s0:s1] = recv
+        del send, recv
+    out, row = {}, 0
+    for b in mine:
+        n = blocks[b][1] - blocks[b][0]
+        out[b] = full[row:row + n]
+        row += n
+    return out
+
+
+def pass_blocks(team: Team, visiting: dict, arriving: list, shape_of, dtype, device) -> dict:
+    """One ring step: send the blocks `visiting` {b: tensor} to rank + 1 while receiving the
+    blocks `arriving` [b] (shape_of(b)) from rank - 1, one block at a time (each sent block is
+    dropped once it has left)."""
+    import torch
+
+    sending = sorted(visiting)
+    received = {}
+    for n in range(max(len(sending), len(arriving))):
+        send = visiting.pop(sending[n]) if n < len(sending) else None
+        recv = None
+        if n < len(arriving):
+            recv = torch.empty(shape_of(arriving[n]), dtype=dtype, device=device)
+        team.swap(send, (team.rank + 1) % team.size, recv, (team.rank - 1) % team.size)
+        if recv is not None:
+            received[arriving[n]] = recv
+    return received

@@ -1,0 +1,129 @@
+"""Several processes through torch.distributed (gloo, CPU): the energy of one process, from
+real `torchrun` launches; a rank that dies makes the others fail, not hang."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dfmp2.driver import run_xyz
+
+from conftest import ROOT
+
+EXAMPLES = os.path.join(ROOT, "examples")
+FAULTS = os.path.join(ROOT, "tests", "faults")
+
+
+def torchrun(nproc, *args, script=None, timeout=600):
+    """`torchrun --standalone --nproc-per-node nproc -m dfmp2 run ARGS` (or a script)."""
+    target = [script] if script else ["-m", "dfmp2", "run", *map(str, args)]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={nproc}", *target], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def assert_same_energy(record, reference):
+    for key in ("e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles", "e_tot"):
+        assert abs(record[key] - getattr(reference, key)) < 1e-10, key
+
+
+@pytest.fixture(scope="module")
+def benzene_one_process():
+    return run_xyz(os.path.join(EXAMPLES, "benzene.xyz"), frozen_core=True)
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_gloo_ranks_give_the_one_process_energy(tmp_path, nproc, benzene_one_process):
+    out = tmp_path / "out.json"
+    proc = torchrun(nproc, os.path.join(EXAMPLES, "benzene.xyz"), "--frozen-core", "--json", out)
+    record = json.loads(out.read_text())
+    assert_same_energy(record, benzene_one_process)
+    assert proc.stdout.count("E(corr)  ") == 1  # rank 0 alone prints
+    dist = record["distributed"]
+    assert dist["ranks"] == nproc and dist["backend"] == "gloo"
+    ranks = dist["per_rank"]
+    assert [r["rank"] for r in ranks] == list(range(nproc))
+    assert sum(r["aux_functions"] for r in ranks) == record["naux"]  # every P transformed once
+    tasks = [r["pair_tasks"] for r in ranks]
+    assert min(tasks) > 0 and max(tasks) <= 1.5 * min(tasks)  # the triangle I >= J shared evenly
+    assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in ranks)
+    assert record["kernels"]["pair_energy"] == sum(tasks)
+
+
+@pytest.mark.parametrize("reference", ["uhf", "rohf"])
+def test_open_shell_over_two_ranks(tmp_path, reference):
+    methyl = os.path.join(EXAMPLES, "methyl.xyz")
+    one = run_xyz(methyl, spin=1, reference=reference)
+    out = tmp_path / "out.json"
+    torchrun(2, methyl, "--spin", 1, "--reference", reference, "--json", out)
+    assert_same_energy(json.loads(out.read_text()), one)
+
+
+def test_simulated_trn1_ranks(tmp_path):
+    """Each rank runs the NKI kernels on the emulator; gloo moves B between them."""
+    water = os.path.join(EXAMPLES, "water.xyz")
+    one = run_xyz(water, device="trn1", simulate=True)
+    out = tmp_path / "out.json"
+    torchrun(2, water, "--device", "trn1", "--simulate", "--json", out)
+    record = json.loads(out.read_text())
+    assert_same_energy(record, one)
+    assert record["kernels"]["pair_energy_kernel"] > 0 and record["simulated"]
+
+
+def test_plugin_under_torchrun(tmp_path):
+    """A PySCF script under torchrun: every rank makes its own SCF; rank 0's orbitals are used."""
+    from pyscf import gto, scf
+
+    from dfmp2 import DFMP2
+
+    atom = "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
+    out = tmp_path / "plugin.json"
+    script = tmp_path / "script.py"
+    script.write_text(f"""
+import json, os
+from pyscf import gto, scf
+from dfmp2 import DFMP2
+mol = gto.M(atom={atom!r}, basis="cc-pvdz", verbose=0)
+mf = scf.RHF(mol).run(conv_tol=1e-11)
+pt = DFMP2(mf).run()
+if int(os.environ["RANK"]) == 0:
+    json.dump({{"e_corr": pt.e_corr, "ranks": pt.result.correlation.distributed["ranks"]}},
+              open({str(out)!r}, "w"))
+""")
+    torchrun(2, script=str(script))
+    record = json.loads(out.read_text())
+    mf = scf.RHF(gto.M(atom=atom, basis="cc-pvdz", verbose=0)).run(conv_tol=1e-11)
+    assert record["ranks"] == 2
+    assert abs(record["e_corr"] - DFMP2(mf).run().e_corr) < 1e-10
+
+
+def test_a_dead_rank_makes_the_other_fail_not_hang(tmp_path):
+    """Two ranks launched by hand (no torchrun agent to stop the survivor): rank 1 is killed
+    in mid-run; rank 0 exits 1 with one line naming the lost peer, in seconds."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                   RANK=str(rank), LOCAL_RANK=str(rank), DFMP2_TEST_PAIR_DELAY="0.5",
+                   PYTHONPATH=os.pathsep.join([FAULTS, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen([sys.executable, "-m", "dfmp2", "run", os.path.join(EXAMPLES, "benzene.xyz"),
+                                       "--rank-timeout", "60", "--json", tmp_path / f"r{rank}.json"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    time.sleep(10)  # both have joined; rank 0 is in the SCF or the MP2 steps
+    assert procs[0].poll() is None
+    procs[1].kill()
+    procs[1].communicate()
+    start = time.monotonic()
+    _, stderr = procs[0].communicate(timeout=120)
+    assert procs[0].returncode == 1
+    assert time.monotonic() - start < 50  # the lost connection, not the 60 s timeout
+    assert stderr.strip().count("\n") == 0 and "rank 0/2" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "r0.json").exists()
