@@ -19,7 +19,7 @@ from . import __version__
 from .driver import MODEL_NOTE, PEAK_MODEL_NOTE
 from .errors import InputError
 from .kernels import get_backend
-from .memory import MB, peak_resident_bytes
+from .memory import MB, peak_resident_bytes, resident_bytes
 from .pipeline import block_ranges, dfmp2_energy
 from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from .settings import Settings, settings_from
@@ -119,11 +119,15 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
         import torch
 
         record["memory"]["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    if not simulate:
-        rate = measured_gemm_tflops(backend)
+    if not simulate:  # a square GEMM as large as the budget leaves room for (3 n^2 elements)
+        room = max(0, result.plan.budget - resident_bytes())
+        n = max(256, min(2048, int((room / (3 * backend.itemsize)) ** 0.5) // 64 * 64))
+        rate = measured_gemm_tflops(backend, n)
         record["device_gemm_tflops"] = rate
+        record["device_gemm_size"] = n
         record["pair_energies_fraction_of_gemm_rate"] = (
             stages["pair_energies"]["tflops"] / rate if stages["pair_energies"]["tflops"] else None)
+    record["memory"]["peak_rss_mb"] = peak_resident_bytes() / MB  # the whole run's, GEMM rate included
     if device in ("trn1", "trn2"):
         record["nki_api"] = backend.nki_api
     if simulate:
@@ -214,7 +218,7 @@ def measured_gemm_tflops(backend, n: int = 2048, repeat: int = 5) -> float:
     """This device's square-GEMM rate in the run's precision (median of `repeat`, after warm-up)."""
     import torch
 
-    a = torch.ones((n, n), dtype=backend.compute_dtype, device=backend.device) / n
+    a = torch.full((n, n), 1.0 / n, dtype=backend.compute_dtype, device=backend.device)
     times = []
     for _ in range(repeat + 1):
         backend.synchronize()

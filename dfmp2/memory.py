@@ -165,7 +165,16 @@ def resident_bytes() -> int:
 
 
 def peak_resident_bytes() -> int:
-    """The process's peak resident set size so far (bytes)."""
+    """The process's peak resident set size so far (bytes): VmHWM on Linux (getrusage's
+    ru_maxrss would include the parent's resident set at fork time, inherited through exec),
+    else ru_maxrss."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
     import sys
 

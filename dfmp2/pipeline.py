@@ -159,13 +159,14 @@ def pair_tasks(nocc, occ_block) -> list:
             for j0, j1 in block_ranges(nocc[t], occ_block) if s != t or j0 <= i0]
 
 
-def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, record):
+def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, record, load_slab=None):
     """Step 4 for the tasks `todo` (indices into `tasks`): record(k, E_os part, E_ss part) of
     each, fp64 (module docstring: the per-task sums; `combine_pair_sums` adds them up).
     stores[s] holds B of channel s [nocc_s, nvir_s, naux]; channels[s] has its e_occ, e_vir
     (Eh) on the device. B_I is read in slabs of `slab_rows` occupied rows, once each; the B_J
     blocks the slab's tasks need are streamed against it, read once per slab (a view when J
-    lies inside the slab)."""
+    lies inside the slab). load_slab(s, i0, i1): B_I of a slab when it must be made first (out
+    of core, whitening each slab as the pair stage reaches it); default: read from the store."""
     groups = {}
     for k in todo:
         groups.setdefault((tasks[k].s, tasks[k].t), []).append(k)
@@ -175,7 +176,7 @@ def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, recor
             here = [k for k in members if si0 <= tasks[k].i0 < si1]
             if not here:
                 continue
-            slab_i = stores[s].read_occ(si0, si1, naux)
+            slab_i = load_slab(s, si0, si1) if load_slab else stores[s].read_occ(si0, si1, naux)
             for j0, j1 in sorted({(tasks[k].j0, tasks[k].j1) for k in here}):
                 inside = s == t and j0 >= si0
                 b_j = slab_i[j0 - si0:j1 - si0] if inside else stores[t].read_occ(j0, j1, naux)
@@ -186,7 +187,7 @@ def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, recor
                         b_i, b_i if task.diagonal else b_j, channels[s].e_occ[task.i0:task.i1],
                         channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
                     record(k, e_os, e_ss)
-            slab_i = b_j = None
+            slab_i = b_i = b_j = None  # views keep a slab alive: drop them all before the next
             release_freed_memory()
 
 
@@ -328,12 +329,17 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
                     on_disk=settings.checkpoint is not None,
                     ranks=settings.team.size if settings.team is not None else 1)
+    if with_rdm1 and plan.storage == "disk":  # unrelaxed_density holds all of B at once
+        raise InputError(f"the MP2 density needs (ia|P) in memory, which the budget ({plan.budget / MB:.4g} MB, "
+                         f"--max-memory) does not hold{' with --checkpoint' if settings.checkpoint else ''}: "
+                         "give more memory (out-of-core densities are not implemented)")
     if with_t2:
         t2_bytes = (selected[0][0].size * selected[0][1].size) ** 2 * 8
-        if t2_bytes > (plan.budget - plan.baseline) // 2:
-            raise InputError(f"with_t2: t2 needs {t2_bytes / MB:.4g} MB, more than half of the memory budget's "
-                             f"{(plan.budget - plan.baseline) / MB:.4g} MB above what the process already holds; "
-                             "run without it (energies and densities need no t2)")
+        if t2_bytes > plan.budget - plan.minimum:
+            raise InputError(f"with_t2: t2 needs {t2_bytes / MB:.4g} MB, more than the memory budget leaves "
+                             f"({(plan.budget - plan.minimum) / MB:.4g} MB of {plan.budget / MB:.4g} MB after the "
+                             "process and the energy's smallest blocks); run without it (energies and densities "
+                             "need no t2)")
     backend.prepare(plan)
     timings = {}
 
@@ -377,7 +383,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         if per_rank:  # rank 0: the kernels of the whole job
             result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
         return result
-    stores, journal = [], None
+    stores, journal, load_slab = [], None, None
+    fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
     reused = {"B": False, "pair_tasks": 0}
     try:
         if checkpoint is not None and checkpoint.holds("B"):
@@ -413,7 +420,10 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 if progress:
                     progress("AO->MO transform", n + 1, len(aux_blocks))
 
-            for ch, store in zip(channels, stores):  # 3. B = (ia|P) L^-T, each spin
+            # out of core (no checkpoint) each I slab is whitened when the pair stage reaches it,
+            # so that (ia|P) is read once in all: step 3 then runs inside step 4 (load_slab)
+            fused = plan.storage == "disk" and checkpoint is None
+            for ch, store in zip(channels, [] if fused else stores):  # 3. B = (ia|P) L^-T, each spin
                 occ_blocks = block_ranges(ch.nocc, plan.occ_block)
                 for n, (i0, i1) in enumerate(occ_blocks):
                     store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
@@ -422,6 +432,21 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                         progress("whitening", n + 1, len(occ_blocks))
             clock = lap("whiten", clock)
             nkept, metric_label = factor.nkept, factor.describe()
+            if fused:
+                def whitened_slab(s, i0, i1):  # 3. B = (ia|P) L^-T for the rows of one I slab
+                    start = time.perf_counter()
+                    if stores[s].whitened(i0, i1):
+                        return stores[s].read_occ(i0, i1, nkept)
+                    slab = backend.zeros((i1 - i0, channels[s].nvir, nkept))
+                    for b0, b1 in block_ranges(i1 - i0, plan.occ_block):
+                        block = whiten_three_center(backend, factor, stores[s].read_occ(i0 + b0, i0 + b1))
+                        stores[s].write_occ(i0 + b0, i0 + b1, block)
+                        backend.copy_into(slab[b0:b1], block)
+                        del block
+                        release_freed_memory()
+                    fused_seconds[0] += time.perf_counter() - start
+                    return slab
+                load_slab = whitened_slab
             if checkpoint is not None:
                 checkpoint.claim("B", {"nkept": nkept, "metric": metric_label})
 
@@ -443,9 +468,11 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 progress("pair energies", len(finished), len(tasks))
 
         pair_energies(backend, stores, channels, tasks, [k for k in range(len(tasks)) if k not in finished],
-                      nkept, plan.slab_rows, record)
+                      nkept, plan.slab_rows, record, load_slab)
         e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
         clock = lap("pair_energies", clock)
+        timings["pair_energies"] -= fused_seconds[0]
+        timings["whiten"] = timings.get("whiten", 0.0) + fused_seconds[0]
         rdm1 = None
         if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
             rdm1 = (selected[0][0], selected[0][1],

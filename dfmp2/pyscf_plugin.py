@@ -116,7 +116,7 @@ class DFMP2(lib.StreamObject):
     def kernel(self, mo_energy=None, mo_coeff=None, eris=None, with_t2=False, with_rdm1=False):
         """Compute the DF-MP2 correlation energy (Eh); returns (e_corr, t2) as PySCF does, t2
         [nocc, nocc, nvir, nvir] (active orbitals) only with with_t2=True (restricted references,
-        refused when it would not fit in half the memory budget), else None. with_rdm1: also the
+        refused when it would not fit in what the memory budget leaves), else None. with_rdm1: also the
         unrelaxed density (make_rdm1 asks for it)."""
         if eris is not None:
             raise InputError("eris= is not used by dfmp2 (the DF integrals are made by the kernels)")

@@ -50,7 +50,9 @@ class DiskStore:
       - whitening reads occupied rows [i0:i1] of every block (contiguous within each) and
         writes B [nocc, nvir, nkept] row-contiguous, once, to its own file; the scratch file
         is deleted when the last row is written;
-      - the pair stage reads contiguous occupied slabs of B.
+      - the pair stage reads contiguous occupied slabs of B (out of core without a checkpoint,
+        each slab's rows of (ia|P) are read once, whitened and written as the pair stage
+        reaches them, so that (ia|P) is read once in all).
     Both files live in a temporary directory under `directory` (default: the system's), deleted
     on close(), unless `path` names where to keep B (a checkpoint): that file is kept and marked
     complete once every row is written (`reopen` reads it back). bytes_written / bytes_read
@@ -99,6 +101,10 @@ class DiskStore:
     @property
     def complete(self) -> bool:
         return bool(self._whitened.all())
+
+    def whitened(self, i0, i1) -> bool:
+        """Rows [i0, i1) of B are written."""
+        return bool(self._whitened[i0:i1].all())
 
     def write_aux(self, p0, p1, block):
         data = np.ascontiguousarray(self.backend.to_host(block), dtype=self._dtype)
