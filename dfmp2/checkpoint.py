@@ -62,6 +62,8 @@ class Checkpoint:
             os.makedirs(self.directory, exist_ok=True)
         self.label = directory
         self.manifest = self._read_manifest()
+        # names this checkpoint's scratch directories (storage.remove_scratch)
+        self.tag = "ck" + hashlib.sha256(self.directory.encode()).hexdigest()[:12]
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -132,12 +134,14 @@ class Checkpoint:
     def journal(self, tasks_identity: dict, ntasks: int) -> PairJournal:
         """The pair-task journal for this task list; progress made for another task list (a
         different occupied block after a budget change) is discarded."""
+        path = self.path("pairs.journal")
         if self.holds("pairs") and self.manifest["pairs"] != json.loads(json.dumps(tasks_identity)):
+            if os.path.exists(path):  # the journal first: a journal never outlives its section
+                os.unlink(path)
             self.drop("pairs")
-            if os.path.exists(self.path("pairs.journal")):
-                os.unlink(self.path("pairs.journal"))
-        self.claim("pairs", tasks_identity)
-        return PairJournal(self.path("pairs.journal"), ntasks)
+        if not self.claim("pairs", tasks_identity) and os.path.exists(path):
+            os.unlink(path)  # records without a section that says what they index: not trusted
+        return PairJournal(path, ntasks)
 
 
 class PairJournal:

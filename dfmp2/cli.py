@@ -115,7 +115,11 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
                             precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
                             max_memory=max_memory, scratch=scratch, checkpoint=checkpoint, progress=progress,
                             team=team)
-        result = run_xyz(molecule, settings)
+        try:
+            result = run_xyz(molecule, settings)
+        finally:
+            if team is not None:
+                team.close()
         if progress:
             progress.clear()
         if not root:
@@ -211,14 +215,16 @@ class _Terminated(BaseException):
 
 
 def _raise_terminated(signum, frame):
-    raise _Terminated(signum)
+    for other in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the cleanup
+        signal.signal(other, signal.SIG_IGN)
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated(signum)
 
 
 def _guarded(compute, debug):
     """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug.
     SIGINT, SIGTERM and SIGHUP stop the run: scratch files are removed on the way out (a
     --checkpoint directory is kept), no output file is written, exit 128 + signal number."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _raise_terminated)
     try:
         return compute()

@@ -1,4 +1,4 @@
-"""Many processes through torch.distributed: gloo on CPUs, NCCL on NVIDIA GPUs, XLA on NeuronCores.
+"""Many processes through torch.distributed: gloo on CPUs (and the NKI emulator), NCCL on NVIDIA GPUs.
 
     torchrun --nproc-per-node N -m dfmp2 run molecule.xyz ...
 
@@ -19,7 +19,6 @@ process closes its connections) becomes a ComputationError: no rank hangs.
 
 from __future__ import annotations
 
-import importlib
 import os
 from datetime import timedelta
 
@@ -39,12 +38,15 @@ def launched_ranks() -> int:
 
 
 def communication_backend(device: str, simulate: bool) -> str:
-    """gloo for CPUs (and the NKI emulator, which runs on the CPU), nccl for cuda, xla for
-    Trainium NeuronCores (torch-neuronx)."""
+    """gloo for CPUs (and the NKI emulator, which runs on the CPU), nccl for cuda. Several
+    ranks on Trainium hardware are refused: B lives in device memory there and would move
+    through torch-xla's process group, whose point-to-point sends this code path would need
+    and which has not been run on a NeuronCore here."""
     if device == "cuda":
         return "nccl"
     if device in ("trn1", "trn2") and not simulate:
-        return "xla"
+        raise InputError(f"several ranks on {device} hardware are not implemented yet (only with --simulate): "
+                         "run one process per instance")
     return "gloo"
 
 
@@ -68,11 +70,6 @@ class Team:
             if not dist.is_nccl_available():
                 raise ComputationError("--device cuda with several ranks needs NCCL, which this torch lacks")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        if backend == "xla":
-            try:
-                importlib.import_module("torch_xla.distributed.xla_backend")  # registers the "xla" backend
-            except ImportError as error:
-                raise ComputationError(f"several ranks on {device} need torch-xla from the Neuron SDK ({error})") from None
         if not dist.is_initialized():
             missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
             if missing:
@@ -124,28 +121,22 @@ class Team:
         self._run("all_reduce", dist.all_reduce, tensor, op=dist.ReduceOp.SUM)
         return tensor.cpu().numpy()
 
-    def exchange(self, outgoing: dict, incoming: dict):
-        """Pairwise exchange: send outgoing[rank] (a tensor) to each other rank and receive
-        incoming[rank] (preallocated tensors, filled in place) from it; N - 1 steps of
-        (send to rank + k, receive from rank - k)."""
-        for k in range(1, self.size):
-            self.swap(outgoing.get((self.rank + k) % self.size), (self.rank + k) % self.size,
-                      incoming.get((self.rank - k) % self.size), (self.rank - k) % self.size)
-
     def swap(self, send, dst, recv, src):
-        """Send `send` to rank dst while receiving into `recv` from rank src (either may be None)."""
+        """Send `send` to rank dst while receiving into `recv` from rank src (either may be None),
+        as one batch (NCCL would deadlock on a blocking receive from the rank it sends to)."""
         import torch.distributed as dist
 
-        request = None
+        operations = []
         if send is not None:
             send = send.contiguous()
-            request = self._run("send", dist.isend, send, dst)
+            operations.append(dist.P2POp(dist.isend, send, dst))
             self.bytes_sent += send.numel() * send.element_size()
         if recv is not None:
-            self._run("receive", dist.recv, recv, src)
+            operations.append(dist.P2POp(dist.irecv, recv, src))
             self.bytes_received += recv.numel() * recv.element_size()
-        if request is not None:
-            self._run("send", request.wait)
+        if operations:
+            for request in self._run("send/receive", dist.batch_isend_irecv, operations):
+                self._run("send/receive", request.wait)
 
     def _device(self):
         import torch

@@ -189,18 +189,19 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
             raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
     if settings.frozen_core:
         settings = settings.replace(frozen=nfrozen or None)
-    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins],
-             settings.max_memory)  # fail before the SCF
+    team = settings.team if settings.team is not None and settings.team.size > 1 else None
+    if team is not None and (settings.checkpoint is not None or settings.with_rdm1):
+        raise InputError("with several ranks, --checkpoint and --natorbs are not available yet: "
+                         "run them in one process")
+    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
+             ranks=team.size if team is not None else 1)  # fail before the SCF
     start = time.perf_counter()
     checkpoint = held = None
     if settings.checkpoint is not None:  # refuse another run's checkpoint before the SCF
         checkpoint = Checkpoint(settings.checkpoint)
         checkpoint.claim("run", _run_identity(atoms, settings, reference))
         held = checkpoint.load_arrays("scf")
-    team = settings.team if settings.team is not None and settings.team.size > 1 else None
     if team is not None:  # one SCF, on rank 0, broadcast
-        if checkpoint is not None:
-            raise InputError("--checkpoint with several ranks is not available yet: run it in one process")
         if team.is_root:
             held = chem.scf_arrays(chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle,
                                                 reference=reference, jk_auxbasis=jk_auxbasis,

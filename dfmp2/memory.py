@@ -126,12 +126,13 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1) -> 
 
 def budget_bytes(max_memory, baseline=None):
     """The whole process's budget in bytes: --max-memory MB, or by default what is resident
-    now plus 80% of the RAM still available."""
+    now plus 80% of the RAM still available (shared among the node's ranks under torchrun)."""
     if max_memory is not None:
         if not np.isfinite(max_memory) or max_memory <= 0:
             raise InputError(f"--max-memory must be a positive, finite number of MB, got {max_memory}")
         return int(max_memory * MB)
-    return (resident_bytes() if baseline is None else baseline) + int(0.8 * available_ram_bytes())
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # processes sharing this node
+    return (resident_bytes() if baseline is None else baseline) + int(0.8 * available_ram_bytes() / local_ranks)
 
 
 _LIBC = []

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .errors import ComputationError, InputError
 from .linalg import factor_metric, whiten
 from .memory import MB, MemoryPlan, plan_for, release_freed_memory  # noqa: F401  (MB, MemoryPlan: re-exported)
 from .settings import Settings, settings_from
-from .storage import DiskStore, MemoryStore
+from .storage import DiskStore, MemoryStore, remove_scratch
 
 # ----------------------------------------------------------------------------- orbitals
 
@@ -326,9 +326,14 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
                 in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
+    team = settings.team if settings.team is not None and settings.team.size > 1 else None
+    if team is not None and (settings.checkpoint is not None or with_rdm1 or with_t2):
+        raise InputError("with several ranks, --checkpoint, densities and t2 are not available yet: "
+                         "run them in one process")
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
-                    on_disk=settings.checkpoint is not None,
-                    ranks=settings.team.size if settings.team is not None else 1)
+                    on_disk=settings.checkpoint is not None, ranks=team.size if team is not None else 1)
+    if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
+        plan = team.broadcast_object(plan)
     if with_rdm1 and plan.storage == "disk":  # unrelaxed_density holds all of B at once
         raise InputError(f"the MP2 density needs (ia|P) in memory, which the budget ({plan.budget / MB:.4g} MB, "
                          f"--max-memory) does not hold{' with --checkpoint' if settings.checkpoint else ''}: "
@@ -369,11 +374,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     if settings.checkpoint is not None:  # this run's identity; B and finished pair tasks if held
         checkpoint = Checkpoint(settings.checkpoint)
         checkpoint.claim("pipeline", _pipeline_identity(backend, refs, selected, fock_mo, metric, nao))
-    team = settings.team if settings.team is not None and settings.team.size > 1 else None
     if team is not None:  # steps 1-4 over the ranks (dfmp2.distributed)
-        if settings.checkpoint is not None or with_rdm1 or with_t2:
-            raise InputError("with several ranks, --checkpoint, densities and t2 are not available yet: "
-                             "run them in one process")
         e_os, e_ss, nkept, metric_label, per_rank = energy_over_ranks(
             backend, integrals, metric, channels, plan, team, progress, lap)
         result = _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings,
@@ -402,11 +403,15 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         else:
             factor = metric_cholesky(backend, metric)  # 1. J = L L^T
             clock = lap("metric", clock)
+            prefix = "dfmp2-"
+            if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
+                prefix = f"dfmp2-{checkpoint.tag}-"
+                remove_scratch(settings.scratch, prefix)
             for ch in channels:
                 shape = (ch.nocc, ch.nvir, naux)
                 stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
                     backend, shape, settings.scratch,
-                    checkpoint.path(f"B_{ch.name or 'restricted'}.h5") if checkpoint else None))
+                    checkpoint.path(f"B_{ch.name or 'restricted'}.h5") if checkpoint else None, prefix))
             aux_blocks = integrals.aux_blocks(plan.aux_block)
             for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P), each spin
                 ao_block = integrals.block(p0, p1)
@@ -535,6 +540,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     naux, size, rank = metric.shape[0], team.size, team.rank
     # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
     shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
+    backend.prepare(replace(plan, aux_block=max(p1 - p0 for share in shares for p0, p1 in share)))
     occ_block = min(plan.occ_block, max(1, -(-max(ch.nocc for ch in channels) // (4 * size))))
     column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
     c0, c1 = column_ranges[rank]

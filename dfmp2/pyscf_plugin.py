@@ -6,6 +6,10 @@ and ROHF-MBPT(2) for ROHF references (semicanonical orbitals, singles included, 
     e_corr, t2 = pt.kernel()                         # t2 None unless kernel(with_t2=True)
     pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_scs, pt.e_tot, pt.e_corr_singles (ROHF)
     dm = pt.make_rdm1(); natocc, natorb = pt.make_natorbs()
+    pt.checkpoint = "ck"                             # keep B and finished pair blocks; rerun resumes
+
+Under torchrun the object joins the process group and splits the work over the ranks (every
+rank's script makes its own SCF; rank 0's orbitals are used).
 
 The MP2 auxiliary basis: `pt.with_df` when the user sets it (its auxiliary basis, as PySCF
 would build it), else `auxbasis=`, else the MP2-fit (RI) set for the orbital basis, also when

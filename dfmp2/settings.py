@@ -11,7 +11,7 @@ not part of what a checkpoint belongs to.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 SCF_MAX_CYCLE = 100
 
@@ -65,13 +65,6 @@ class Settings:
 
         return get_backend(self.device, self.precision, self.simulate, self.model_only,
                            self.nki_api, self.transform)
-
-    def recorded(self) -> dict:
-        """The settings that determine a result (companions left out), JSON-able."""
-        record = asdict(self)
-        for name in ("progress", "team"):
-            record.pop(name)
-        return record
 
 
 def settings_from(settings: Settings | None = None, **changes) -> Settings:

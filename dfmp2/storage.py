@@ -55,17 +55,18 @@ class DiskStore:
         reaches them, so that (ia|P) is read once in all).
     Both files live in a temporary directory under `directory` (default: the system's), deleted
     on close(), unless `path` names where to keep B (a checkpoint): that file is kept and marked
-    complete once every row is written (`reopen` reads it back). bytes_written / bytes_read
+    complete once every row is written (`reopen` reads it back). `prefix` names the temporary
+    directory (a checkpointed run uses its own, to find what a killed run left behind). bytes_written / bytes_read
     count the array bytes moved."""
 
     kind = "disk"
 
-    def __init__(self, backend, shape, directory=None, path=None):
+    def __init__(self, backend, shape, directory=None, path=None, prefix="dfmp2-"):
         import h5py
 
         self.backend = backend
         self.shape = tuple(shape)
-        self._tmpdir = tempfile.TemporaryDirectory(prefix="dfmp2-", dir=directory)
+        self._tmpdir = tempfile.TemporaryDirectory(prefix=prefix, dir=directory)
         self.path = path or os.path.join(self._tmpdir.name, "B.h5")
         self._aux_file = h5py.File(os.path.join(self._tmpdir.name, "three_center.h5"), "w")
         self._file = h5py.File(self.path, "w")
@@ -124,12 +125,15 @@ class DiskStore:
             self._close_aux()
             self._file.attrs["complete"] = True
             self._file.flush()
+            os.fsync(self._file.id.get_vfd_handle())  # on disk before a checkpoint says B is complete
 
     def read_occ(self, i0, i1, naux=None):
         if self._whitened[i0:i1].all():
             naux = self._b.shape[2] if naux is None else naux
             data = self._b[i0:i1, :, :naux]
         else:
+            if naux is not None:  # only B is read with a column count: never hand out (ia|P) as B
+                raise RuntimeError(f"rows {i0}:{i1} of B are not whitened yet")
             data = np.empty((i1 - i0, self.shape[1], self.shape[2]), dtype=self._dtype)
             for p0, p1, dataset in self._blocks:
                 data[:, :, p0:p1] = dataset[i0:i1]
@@ -155,3 +159,13 @@ class DiskStore:
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None
+
+
+def remove_scratch(directory, prefix):
+    """Delete the scratch directories named prefix* under `directory` (default: the system's
+    temporary directory): what a run killed with SIGKILL could not remove."""
+    import glob
+    import shutil
+
+    for path in glob.glob(os.path.join(directory or tempfile.gettempdir(), glob.escape(prefix) + "*")):
+        shutil.rmtree(path, ignore_errors=True)
