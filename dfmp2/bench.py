@@ -107,7 +107,7 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
         "warm_seconds": [p[0] for p in warm],
         "gflop": sum(flops.values()), "nominal_gflop": nominal_gflop(nbasis, nocc, naux),
         "kernels": dict(result.kernels),
-        "memory": {"peak_rss_mb": peak_resident_bytes() / MB, "budget_mb": result.plan.budget / MB,
+        "memory": {"budget_mb": result.plan.budget / MB,
                    "baseline_mb": result.plan.baseline / MB, "storage": result.plan.storage,
                    "aux_block": result.plan.aux_block, "occ_block": result.plan.occ_block,
                    "slab_rows": result.plan.slab_rows},

@@ -228,15 +228,17 @@ def restored_scf(mol, arrays, scf: str = "df", reference: str = "rhf", jk_auxbas
     """The SCF object `run_scf` would return, holding `arrays` (`scf_arrays` of an earlier run)
     instead of iterating again."""
     mf = _scf_object(mol, scf, SCF_MAX_CYCLE, reference, jk_auxbasis, xc)
-    mf.mo_coeff, mf.mo_energy, mf.mo_occ = arrays["mo_coeff"], arrays["mo_energy"], arrays["mo_occ"]
-    mf.e_tot = float(arrays["e_tot"])
     mf.converged = True
-    return mf
+    return _hold_arrays(mf, arrays)
 
 
 def restored_scf_from(mf, arrays):
     """A copy of the converged mean field `mf` holding `arrays` (`scf_arrays`, e.g. rank 0's)."""
-    mf = mf.copy()
+    return _hold_arrays(mf.copy(), arrays)
+
+
+def _hold_arrays(mf, arrays):
+    """`mf` with the orbitals and energy of `arrays` (`scf_arrays`)."""
     mf.mo_coeff, mf.mo_energy, mf.mo_occ = arrays["mo_coeff"], arrays["mo_energy"], arrays["mo_occ"]
     mf.e_tot = float(arrays["e_tot"])
     return mf

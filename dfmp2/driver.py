@@ -201,17 +201,18 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         checkpoint = Checkpoint(settings.checkpoint)
         checkpoint.claim("run", _run_identity(atoms, settings, reference))
         held = checkpoint.load_arrays("scf")
+    xc = dh.xc if dh else None
+
+    def scf():
+        return chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
+                            jk_auxbasis=jk_auxbasis, xc=xc, progress=settings.progress)
+
     if team is not None:  # one SCF, on rank 0, broadcast
-        if team.is_root:
-            held = chem.scf_arrays(chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle,
-                                                reference=reference, jk_auxbasis=jk_auxbasis,
-                                                xc=dh.xc if dh else None, progress=settings.progress))
-        held = team.broadcast_object(held)
+        held = team.broadcast_object(chem.scf_arrays(scf()) if team.is_root else None)
     if held is not None:
-        mf = chem.restored_scf(mol, held, settings.scf, reference, jk_auxbasis, dh.xc if dh else None)
+        mf = chem.restored_scf(mol, held, settings.scf, reference, jk_auxbasis, xc)
     else:
-        mf = chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
-                          jk_auxbasis=jk_auxbasis, xc=dh.xc if dh else None, progress=settings.progress)
+        mf = scf()
         if checkpoint is not None:
             checkpoint.save_arrays("scf", **chem.scf_arrays(mf))
     timings = {"scf": time.perf_counter() - start}

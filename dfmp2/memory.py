@@ -169,13 +169,9 @@ def peak_resident_bytes() -> int:
     """The process's peak resident set size so far (bytes): VmHWM on Linux (getrusage's
     ru_maxrss would include the parent's resident set at fork time, inherited through exec),
     else ru_maxrss."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = _proc_field_bytes("/proc/self/status", "VmHWM:")
+    if peak is not None:
+        return peak
     import resource
     import sys
 
@@ -185,11 +181,17 @@ def peak_resident_bytes() -> int:
 
 def available_ram_bytes() -> int:
     """MemAvailable from /proc/meminfo (Linux), else the physical memory size."""
+    available = _proc_field_bytes("/proc/meminfo", "MemAvailable:")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _proc_field_bytes(path, key):
+    """The `key ... N kB` line of a /proc file in bytes; None where there is no such file or line."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
+        with open(path, encoding="ascii") as handle:
             for line in handle:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None

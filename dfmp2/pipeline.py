@@ -29,7 +29,7 @@ import numpy as np
 from .checkpoint import Checkpoint, array_digest, version_identity
 from .errors import ComputationError, InputError
 from .linalg import factor_metric, whiten
-from .memory import MB, MemoryPlan, plan_for, release_freed_memory  # noqa: F401  (MB, MemoryPlan: re-exported)
+from .memory import MB, MemoryPlan, peak_resident_bytes, plan_for, release_freed_memory  # noqa: F401  (MB, MemoryPlan: re-exported)
 from .settings import Settings, settings_from
 from .storage import DiskStore, MemoryStore, remove_scratch
 
@@ -412,18 +412,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
                     backend, shape, settings.scratch,
                     checkpoint.path(f"B_{ch.name or 'restricted'}.h5") if checkpoint else None, prefix))
-            aux_blocks = integrals.aux_blocks(plan.aux_block)
-            for n, (p0, p1) in enumerate(aux_blocks):  # 2. (ia|P) = C_mi C_na (mn|P), each spin
-                ao_block = integrals.block(p0, p1)
-                clock = lap("integrals", clock)
-                ao_block = backend.to_device(ao_block, fp64=True)
-                for ch, store in zip(channels, stores):
-                    store.write_aux(p0, p1, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
-                del ao_block
-                release_freed_memory()
-                clock = lap("transform", clock)
-                if progress:
-                    progress("AO->MO transform", n + 1, len(aux_blocks))
+            clock = transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels,
+                                         stores, lap, clock, progress)  # 2. (ia|P), each spin
 
             # out of core (no checkpoint) each I slab is whitened when the pair stage reaches it,
             # so that (ia|P) is read once in all: step 3 then runs inside step 4 (load_slab)
@@ -524,17 +514,32 @@ def _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, 
         rdm1_active=rdm1, t2=t2, io=io, checkpoint=checkpoint, distributed=distributed)
 
 
+def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, lap, clock, progress, first=0):
+    """Step 2 for the auxiliary blocks [(p0, p1)]: (ia|P) = C_mi C_na (mn|P) of each spin channel,
+    written to stores[s] at columns p - first. Returns the clock after the last lap."""
+    for n, (p0, p1) in enumerate(aux_blocks):
+        ao_block = integrals.block(p0, p1)
+        clock = lap("integrals", clock)
+        ao_block = backend.to_device(ao_block, fp64=True)
+        for ch, store in zip(channels, stores):
+            store.write_aux(p0 - first, p1 - first, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
+        del ao_block
+        release_freed_memory()
+        clock = lap("transform", clock)
+        if progress:
+            progress("AO->MO transform", n + 1, len(aux_blocks))
+    return clock
+
+
 def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress, lap):
     """Steps 1-4 split over the ranks of `team` (dfmp2.distributed's module docstring): each
     rank transforms a share of the auxiliary blocks, the all-to-all gives it B rows of the
     occupied blocks it owns, it whitens them and computes the pair tasks of its blocks I with
     every B_J passing by on the ring; the per-task sums are all-reduced (fp64) and added in the
     canonical order. Returns (E_os, E_ss, nkept, metric label, per-rank summaries on rank 0)."""
-    import time as clock_module
-
     from .distributed import aux_shares, block_owners, pass_blocks, rows_from_columns
 
-    clock = clock_module.perf_counter()
+    clock = time.perf_counter()
     factor = metric_cholesky(backend, metric)  # 1. J = L L^T, on every rank
     clock = lap("metric", clock)
     naux, size, rank = metric.shape[0], team.size, team.rank
@@ -544,28 +549,16 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     occ_block = min(plan.occ_block, max(1, -(-max(ch.nocc for ch in channels) // (4 * size))))
     column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
     c0, c1 = column_ranges[rank]
-    columns = [None] * len(channels)
-    for n, (p0, p1) in enumerate(shares[rank]):  # 2. (ia|P) = C_mi C_na (mn|P), this rank's P
-        ao_block = backend.to_device(integrals.block(p0, p1), fp64=True)
-        for s, ch in enumerate(channels):
-            block = transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir)
-            if columns[s] is None:
-                columns[s] = backend.zeros((ch.nocc, ch.nvir, c1 - c0))  # stored as the backend stores B
-            backend.copy_into(columns[s][:, :, p0 - c0:p1 - c0], block)
-        del ao_block
-        release_freed_memory()
-        if progress:
-            progress("AO->MO transform", n + 1, len(shares[rank]))
-    clock = lap("transform", clock)
+    columns = [MemoryStore(backend, (ch.nocc, ch.nvir, c1 - c0)) for ch in channels]  # this rank's P
+    clock = transform_aux_blocks(backend, integrals, shares[rank], channels, columns, lap, clock, progress,
+                                 first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
 
     blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
     owners = block_owners([len(b) for b in blocks], size)
     rows = []
     for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
-        if columns[s] is None:  # no auxiliary block here (more ranks than blocks)
-            columns[s] = backend.zeros((ch.nocc, ch.nvir, 0))
-        mine = rows_from_columns(team, columns[s], blocks[s], owners[s], column_ranges, naux)
-        columns[s] = None
+        mine = rows_from_columns(team, columns[s].data, blocks[s], owners[s], column_ranges, naux)
+        columns[s].close()
         rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
         release_freed_memory()
     clock = lap("whiten", clock)
@@ -575,8 +568,8 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     mine = [k for k, task in enumerate(tasks) if owners[task.s][task.i0 // occ_block] == rank]
     done = [0]
     b_dtype = backend.zeros((1,)).dtype
-    start = clock_module.perf_counter()
-    for s, t in sorted({(tasks[k].s, tasks[k].t) for k in range(len(tasks))}, key=lambda st: (st[0] != st[1], st)):
+    start = time.perf_counter()
+    for s, t in dict.fromkeys((task.s, task.t) for task in tasks):  # channel pairs, canonical order
         e_vir_j = None if s == t else channels[t].e_vir
         visiting = dict(rows[t])  # 4. B_J of rank (rank - k) at ring step k
         for k in range(size):
@@ -599,11 +592,9 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
                 if progress:
                     progress("pair energies", done[0], len(mine))
         visiting = None
-    pair_seconds = clock_module.perf_counter() - start
+    pair_seconds = time.perf_counter() - start
     sums = team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
     lap("pair_energies", clock)
-    from .memory import peak_resident_bytes
-
     summary = {"rank": rank, "pair_tasks": len(mine), "occ_block": occ_block, "pair_seconds": pair_seconds,
                "occupied_blocks": [sum(1 for o in owner if o == rank) for owner in owners],
                "aux_functions": c1 - c0, "bytes_sent": team.bytes_sent, "bytes_received": team.bytes_received,

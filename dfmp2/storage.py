@@ -99,10 +99,6 @@ class DiskStore:
         store.bytes_written = store.bytes_read = 0
         return store
 
-    @property
-    def complete(self) -> bool:
-        return bool(self._whitened.all())
-
     def whitened(self, i0, i1) -> bool:
         """Rows [i0, i1) of B are written."""
         return bool(self._whitened[i0:i1].all())
