@@ -26,6 +26,14 @@ def test_same_seed_same_energy_bit_for_bit():
     assert run_bench(*SMALL, seed=8, repeat=1)["e_corr"] != first["e_corr"]
 
 
+def test_repeat_zero_times_the_cold_pass_alone():
+    warm = run_bench(*SMALL, seed=7, repeat=1)
+    cold = run_bench(*SMALL, seed=7, repeat=0)
+    assert (warm["timed_passes"], cold["timed_passes"]) == ("warm", "cold")
+    assert cold["warm_seconds"] == [cold["cold_seconds"]] and cold["total_seconds"] == cold["cold_seconds"]
+    assert cold["e_corr"] == warm["e_corr"]
+
+
 def test_problem_blocks_do_not_depend_on_how_the_aux_index_is_split():
     ints = SyntheticIntegrals(40, 6, 50, seed=3)
     whole = ints.block(0, 50)
@@ -177,7 +185,7 @@ def test_bench_cli_json(tmp_path):
 @pytest.mark.parametrize("args, code, needle", [
     (["--shape", "huge"], 2, "huge"),
     (["--nbasis", "10"], 2, "--nocc"),
-    (["--shape", "small", "--repeat", "0"], 2, "--repeat"),
+    (["--shape", "small", "--repeat", "-1"], 2, "--repeat"),
     (["--shape", "small", "--device", "tpu"], 2, "tpu"),
     (["--shape", "small", "--device", "trn1"], 1, "Neuron SDK"),
     (["--kernel", "gemm", "--size", "512", "--device", "cpu"], 2, "--device trn1|trn2 --simulate"),
