@@ -12,6 +12,12 @@
     DIR/B_<channel>.h5     B [nocc, nvir, naux] per spin channel (storage.DiskStore, kept)
     DIR/pairs.journal      finished pair tasks: (task index, E_os part, E_ss part) records,
                            appended as each task finishes (fp64)
+With several ranks (dfmp2.distributed; DIR on a file system every rank sees), rank 0 alone
+writes the manifest and scf.npz; each rank r keeps its own rows and journal:
+    DIR/B_<channel>.rank<r>.h5   rank r's whitened occupied blocks (one dataset per block)
+    DIR/pairs.rank<r>.journal    the pair tasks rank r finished
+The "B" and "pairs" sections then also record the number of ranks and the occupied block:
+another layout (rank count, budget) recomputes B and the pair tasks (the SCF is reused).
 
 A section written by an earlier run must equal this run's, else the run is refused (InputError,
 naming what differs). Every file is written atomically (temporary name, then rename) except the
@@ -20,6 +26,7 @@ journal, which is append-only: a record torn by a kill is ignored on reading.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -33,6 +40,7 @@ from . import __version__
 from .errors import InputError
 
 MANIFEST = "manifest.json"
+FILES = {"B": "B_*.h5", "pairs": "pairs*.journal"}  # the files each section vouches for
 RECORD = struct.Struct("<qdd")  # task index, E_os part, E_ss part
 SYNC_SECONDS = 5.0  # the journal is fsync'ed at most this often (a kill of the process loses nothing)
 
@@ -131,17 +139,56 @@ class Checkpoint:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
 
-    def journal(self, tasks_identity: dict, ntasks: int) -> PairJournal:
-        """The pair-task journal for this task list; progress made for another task list (a
-        different occupied block after a budget change) is discarded."""
-        path = self.path("pairs.journal")
-        if self.holds("pairs") and self.manifest["pairs"] != json.loads(json.dumps(tasks_identity)):
-            if os.path.exists(path):  # the journal first: a journal never outlives its section
-                os.unlink(path)
-            self.drop("pairs")
-        if not self.claim("pairs", tasks_identity) and os.path.exists(path):
-            os.unlink(path)  # records without a section that says what they index: not trusted
-        return PairJournal(path, ntasks)
+    def reset(self, section: str):
+        """Forget `section` and delete its files (FILES): the files first, so that no file
+        outlives the section that says what it holds."""
+        for path in glob.glob(os.path.join(glob.escape(self.directory), FILES[section])):
+            os.unlink(path)
+        self.drop(section)
+
+    def claim_pairs(self, tasks_identity: dict):
+        """Make the "pairs" section this task list's. Journals kept for another list (another
+        occupied block after a budget change, another rank count) or for none are deleted."""
+        if self.manifest.get("pairs") != json.loads(json.dumps(tasks_identity)):
+            self.reset("pairs")
+            self.claim("pairs", tasks_identity)
+
+    def journal(self, ntasks: int, rank: int | None = None) -> PairJournal:
+        """The journal of one process (rank None) or of rank `rank`; claim_pairs first."""
+        return PairJournal(self.path("pairs.journal" if rank is None else f"pairs.rank{rank}.journal"), ntasks)
+
+    def save_blocks(self, name: str, blocks: dict):
+        """DIR/name.h5 with one dataset per block {b: host array}, atomically and fsync'ed."""
+        import h5py
+
+        handle, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=self.directory)
+        os.close(handle)
+        try:
+            with h5py.File(tmp, "w") as out:
+                for b, block in blocks.items():
+                    out.create_dataset(f"block_{b}", data=block)
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())
+            os.replace(tmp, self.path(f"{name}.h5"))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def load_blocks(self, name: str, shapes: dict) -> dict | None:
+        """{b: host array} from DIR/name.h5 if it holds every block with the expected shape
+        {b: shape}; None if it is missing, unreadable or different."""
+        import h5py
+
+        try:
+            with h5py.File(self.path(f"{name}.h5"), "r") as held:
+                if set(held) != {f"block_{b}" for b in shapes}:
+                    return None
+                blocks = {b: held[f"block_{b}"][...] for b in shapes}
+        except (OSError, ValueError, KeyError):
+            return None
+        if any(tuple(blocks[b].shape) != tuple(shape) for b, shape in shapes.items()):
+            return None
+        return blocks
 
 
 class PairJournal:

@@ -165,7 +165,7 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
 @TRANSFORM_OPTION
 @click.option("--precision", default=None, metavar="fp64|fp32",
               help="GEMM precision [default: fp64; fp32 on trn1/trn2].")
-@click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one.")
+@click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one (0: time the cold pass).")
 @click.option("--max-memory", type=float, default=None, metavar="MB", help="Memory budget in MB.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
@@ -231,6 +231,8 @@ def _guarded(compute, debug):
     except DFMP2Error as error:
         if debug:
             raise
+        if getattr(error, "reported_by_rank0", False):  # rank 0 says it once for every rank
+            sys.exit(error.exit_code)
         _fail(str(error), error.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted (SIGINT); scratch removed", 128 + signal.SIGINT)

@@ -13,6 +13,8 @@ One SCF (rank 0), broadcast. Then the pipeline's steps, split over the ranks:
      one rank's blocks per step, N steps; each task's fp64 sums are all-reduced and added in
      the canonical order (math.fsum), so the energy is that of one process.
 Each rank holds ~2/N of the tensor (its rows plus one visiting rank's), plus one block.
+With --checkpoint, rank 0 decides over the checkpoint for all (`Team.on_root`) and each rank
+keeps its own B blocks and pair journal there (dfmp2.checkpoint).
 Collectives time out after `timeout` seconds and any failure of another rank (a dead
 process closes its connections) becomes a ComputationError: no rank hangs.
 """
@@ -99,6 +101,28 @@ class Team:
         box = [obj if self.is_root else None]
         self._run("broadcast", dist.broadcast_object_list, box, src=0)
         return box[0]
+
+    def barrier(self):
+        """Wait until every rank has reached this point."""
+        import torch.distributed as dist
+
+        self._run("barrier", dist.barrier)
+
+    def on_root(self, work):
+        """work() run by rank 0 alone; its value on every rank. An InputError/ComputationError it
+        raises is raised on every rank (rank 0 decides, e.g. over a checkpoint, for all)."""
+        outcome = None
+        if self.is_root:
+            try:
+                outcome = ("value", work())
+            except (InputError, ComputationError) as error:
+                outcome = ("error", type(error).__name__, str(error))
+        outcome = self.broadcast_object(outcome)
+        if outcome[0] == "error":
+            error = {"InputError": InputError, "ComputationError": ComputationError}[outcome[1]](outcome[2])
+            error.reported_by_rank0 = not self.is_root  # the CLI prints it on rank 0 only
+            raise error
+        return outcome[1]
 
     def gather_objects(self, obj) -> list | None:
         """[obj of rank 0, ..., obj of rank N-1] on rank 0; None elsewhere."""

@@ -190,38 +190,44 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
     if settings.frozen_core:
         settings = settings.replace(frozen=nfrozen or None)
     team = settings.team if settings.team is not None and settings.team.size > 1 else None
-    if team is not None and (settings.checkpoint is not None or settings.with_rdm1):
-        raise InputError("with several ranks, --checkpoint and --natorbs are not available yet: "
-                         "run them in one process")
+    if team is not None and settings.with_rdm1:
+        raise InputError("with several ranks, --natorbs is not available yet: run it in one process")
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
              ranks=team.size if team is not None else 1)  # fail before the SCF
     start = time.perf_counter()
-    checkpoint = held = None
-    if settings.checkpoint is not None:  # refuse another run's checkpoint before the SCF
-        checkpoint = Checkpoint(settings.checkpoint)
-        checkpoint.claim("run", _run_identity(atoms, settings, reference))
-        held = checkpoint.load_arrays("scf")
     xc = dh.xc if dh else None
 
-    def scf():
-        return chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
-                            jk_auxbasis=jk_auxbasis, xc=xc, progress=settings.progress)
-
-    if team is not None:  # one SCF, on rank 0, broadcast
-        held = team.broadcast_object(chem.scf_arrays(scf()) if team.is_root else None)
-    if held is not None:
-        mf = chem.restored_scf(mol, held, settings.scf, reference, jk_auxbasis, xc)
-    else:
-        mf = scf()
+    def reference_scf():
+        """(the SCF, or the arrays a checkpoint holds; reused?). Another run's checkpoint is
+        refused before the SCF."""
+        checkpoint = None
+        if settings.checkpoint is not None:
+            checkpoint = Checkpoint(settings.checkpoint)
+            checkpoint.claim("run", _run_identity(atoms, settings, reference))
+            held = checkpoint.load_arrays("scf")
+            if held is not None:
+                return held, True
+        mf = chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
+                          jk_auxbasis=jk_auxbasis, xc=xc, progress=settings.progress)
         if checkpoint is not None:
             checkpoint.save_arrays("scf", **chem.scf_arrays(mf))
+        return mf, False
+
+    def arrays_of_reference_scf():  # rank 0's, to broadcast
+        mf, reused = reference_scf()
+        return (mf if reused else chem.scf_arrays(mf)), reused
+
+    # one process: its SCF; several: one SCF on rank 0 (or its checkpoint's), broadcast
+    mf, reused_scf = reference_scf() if team is None else team.on_root(arrays_of_reference_scf)
+    if isinstance(mf, dict):  # SCF arrays (checkpoint, rank 0)
+        mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_auxbasis, xc)
     timings = {"scf": time.perf_counter() - start}
     orbitals = chem.mean_field_orbitals(mf)
     chem.release_integrals(mf)
     result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis,
                         timings, [], {"scf": jk_generated, "mp2": integrals.generated})
-    if checkpoint is not None:
-        result.correlation.checkpoint["reused_scf"] = held is not None
+    if settings.checkpoint is not None:
+        result.correlation.checkpoint["reused_scf"] = reused_scf
     result.double_hybrid = dh
     result.mean_field = mf
     return result

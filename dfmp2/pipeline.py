@@ -327,11 +327,11 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
     team = settings.team if settings.team is not None and settings.team.size > 1 else None
-    if team is not None and (settings.checkpoint is not None or with_rdm1 or with_t2):
-        raise InputError("with several ranks, --checkpoint, densities and t2 are not available yet: "
-                         "run them in one process")
+    if team is not None and (with_rdm1 or with_t2):
+        raise InputError("with several ranks, densities and t2 are not available yet: run them in one process")
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
-                    on_disk=settings.checkpoint is not None, ranks=team.size if team is not None else 1)
+                    on_disk=settings.checkpoint is not None and team is None,  # ranks keep B in memory too
+                    ranks=team.size if team is not None else 1)
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
     if with_rdm1 and plan.storage == "disk":  # unrelaxed_density holds all of B at once
@@ -372,15 +372,20 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
 
     checkpoint = None
     if settings.checkpoint is not None:  # this run's identity; B and finished pair tasks if held
-        checkpoint = Checkpoint(settings.checkpoint)
-        checkpoint.claim("pipeline", _pipeline_identity(backend, refs, selected, fock_mo, metric, nao))
+        checkpoint = Checkpoint(settings.checkpoint)  # (several ranks: rank 0 decides and writes)
+        identity = _pipeline_identity(backend, refs, selected, fock_mo, metric, nao)
+        if team is None:
+            checkpoint.claim("pipeline", identity)
+        else:  # rank 0 decides for every rank
+            team.on_root(lambda: checkpoint.claim("pipeline", identity))
     if team is not None:  # steps 1-4 over the ranks (dfmp2.distributed)
-        e_os, e_ss, nkept, metric_label, per_rank = energy_over_ranks(
-            backend, integrals, metric, channels, plan, team, progress, lap)
+        e_os, e_ss, nkept, metric_label, per_rank, reused = energy_over_ranks(
+            backend, integrals, metric, channels, plan, team, progress, lap, checkpoint)
         result = _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings,
                                      None, None, {"bytes_written": 0, "bytes_read": 0, "tensor_bytes": sum(
                                          ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize},
-                                     None, {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
+                                     None if checkpoint is None else {"directory": checkpoint.directory, **reused},
+                                     {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
         if per_rank:  # rank 0: the kernels of the whole job
             result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
         return result
@@ -388,7 +393,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
     reused = {"B": False, "pair_tasks": 0}
     try:
-        if checkpoint is not None and checkpoint.holds("B"):
+        if checkpoint is not None and "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):
             stores = [DiskStore.reopen(backend, checkpoint.path(f"B_{ch.name or 'restricted'}.h5"),
                                        (ch.nocc, ch.nvir, naux)) for ch in channels]
             if any(store is None for store in stores):  # a B file lost or damaged: make it again
@@ -396,7 +401,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                     if store is not None:
                         store.close()
                 stores = []
-                checkpoint.drop("B")
+        if checkpoint is not None and not stores:  # B of another layout (ranks) or a killed run's
+            checkpoint.reset("B")
         if stores:
             nkept, metric_label = checkpoint.manifest["B"]["nkept"], checkpoint.manifest["B"]["metric"]
             reused["B"] = True
@@ -450,7 +456,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         sums = np.zeros((len(tasks), 2))
         finished = set()
         if checkpoint is not None:
-            journal = checkpoint.journal({"occ_block": plan.occ_block, "ntasks": len(tasks)}, len(tasks))
+            checkpoint.claim_pairs({"occ_block": plan.occ_block, "ntasks": len(tasks)})
+            journal = checkpoint.journal(len(tasks))
             finished = set(journal.restore(sums))
             reused["pair_tasks"] = len(finished)
 
@@ -531,17 +538,18 @@ def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, lap, 
     return clock
 
 
-def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress, lap):
+def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress, lap, checkpoint=None):
     """Steps 1-4 split over the ranks of `team` (dfmp2.distributed's module docstring): each
     rank transforms a share of the auxiliary blocks, the all-to-all gives it B rows of the
     occupied blocks it owns, it whitens them and computes the pair tasks of its blocks I with
     every B_J passing by on the ring; the per-task sums are all-reduced (fp64) and added in the
-    canonical order. Returns (E_os, E_ss, nkept, metric label, per-rank summaries on rank 0)."""
+    canonical order. With a checkpoint each rank keeps its B blocks and a journal of its
+    finished tasks there (dfmp2.checkpoint); a rerun with as many ranks and the same blocks
+    reuses them. Returns (E_os, E_ss, nkept, metric label, per-rank summaries on rank 0,
+    {"reused_B", "reused_pair_tasks", "pair_tasks"})."""
     from .distributed import aux_shares, block_owners, pass_blocks, rows_from_columns
 
     clock = time.perf_counter()
-    factor = metric_cholesky(backend, metric)  # 1. J = L L^T, on every rank
-    clock = lap("metric", clock)
     naux, size, rank = metric.shape[0], team.size, team.rank
     # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
     shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
@@ -549,51 +557,82 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     occ_block = min(plan.occ_block, max(1, -(-max(ch.nocc for ch in channels) // (4 * size))))
     column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
     c0, c1 = column_ranges[rank]
-    columns = [MemoryStore(backend, (ch.nocc, ch.nvir, c1 - c0)) for ch in channels]  # this rank's P
-    clock = transform_aux_blocks(backend, integrals, shares[rank], channels, columns, lap, clock, progress,
-                                 first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
-
     blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
     owners = block_owners([len(b) for b in blocks], size)
-    rows = []
-    for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
-        mine = rows_from_columns(team, columns[s].data, blocks[s], owners[s], column_ranges, naux)
-        columns[s].close()
-        rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
-        release_freed_memory()
-    clock = lap("whiten", clock)
+    layout = {"ranks": size, "occ_block": occ_block}  # what a checkpoint's B and journals depend on
+
+    held = held_rows(team, checkpoint, layout, blocks, owners, channels) if checkpoint is not None else None
+    reused_b = held is not None
+    if reused_b:  # B of this layout, kept by an earlier run (every rank's)
+        rows, nkept, metric_label = held
+        rows = [{b: backend.to_device(block) for b, block in channel_rows.items()} for channel_rows in rows]
+    else:
+        factor = metric_cholesky(backend, metric)  # 1. J = L L^T, on every rank
+        clock = lap("metric", clock)
+        columns = [MemoryStore(backend, (ch.nocc, ch.nvir, c1 - c0)) for ch in channels]  # this rank's P
+        clock = transform_aux_blocks(backend, integrals, shares[rank], channels, columns, lap, clock, progress,
+                                     first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
+        rows = []
+        for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
+            mine = rows_from_columns(team, columns[s].data, blocks[s], owners[s], column_ranges, naux)
+            columns[s].close()
+            rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
+            release_freed_memory()
+        nkept, metric_label = factor.nkept, factor.describe()
+        if checkpoint is not None:
+            for s in range(len(channels)):
+                checkpoint.save_blocks(rank_blocks_name(channels[s], rank),
+                                       {b: backend.to_host(block) for b, block in rows[s].items()})
+            team.barrier()  # every rank's blocks are on disk before the manifest says B is complete
+            team.on_root(lambda: checkpoint.claim("B", {"nkept": nkept, "metric": metric_label, **layout}))
+        clock = lap("whiten", clock)
 
     tasks = pair_tasks([ch.nocc for ch in channels], occ_block)
     sums = np.zeros((len(tasks), 2))
     mine = [k for k, task in enumerate(tasks) if owners[task.s][task.i0 // occ_block] == rank]
-    done = [0]
+    finished, journal = set(), None
+    if checkpoint is not None:  # rank 0 makes the pairs section this task list's (journals of others go)
+        team.on_root(lambda: checkpoint.claim_pairs({"occ_block": occ_block, "ntasks": len(tasks), **layout}))
+        journal = checkpoint.journal(len(tasks), rank)
+        journaled = np.zeros_like(sums)
+        finished = set(journal.restore(journaled)) & set(mine)  # each task's sums from its owner only
+        sums[sorted(finished)] = journaled[sorted(finished)]
+    reused_tasks = len(finished)
     b_dtype = backend.zeros((1,)).dtype
     start = time.perf_counter()
-    for s, t in dict.fromkeys((task.s, task.t) for task in tasks):  # channel pairs, canonical order
-        e_vir_j = None if s == t else channels[t].e_vir
-        visiting = dict(rows[t])  # 4. B_J of rank (rank - k) at ring step k
-        for k in range(size):
-            source = (rank - k) % size
-            if k:
-                arriving = [b for b, owner in enumerate(owners[t]) if owner == source]
-                visiting = pass_blocks(team, visiting, arriving, lambda b: (
-                    blocks[t][b][1] - blocks[t][b][0], channels[t].nvir, factor.nkept),
-                    b_dtype, channels[t].e_vir.device)
-            for n in mine:
-                task = tasks[n]
-                j = task.j0 // occ_block
-                if (task.s, task.t) != (s, t) or owners[t][j] != source:
-                    continue
-                b_i = rows[s][task.i0 // occ_block]
-                sums[n] = backend.pair_energy(b_i, b_i if task.diagonal else visiting[j],
-                                              channels[s].e_occ[task.i0:task.i1], channels[t].e_occ[task.j0:task.j1],
-                                              channels[s].e_vir, e_vir_j)
-                done[0] += 1
-                if progress:
-                    progress("pair energies", done[0], len(mine))
-        visiting = None
+    try:
+        for s, t in dict.fromkeys((task.s, task.t) for task in tasks):  # channel pairs, canonical order
+            e_vir_j = None if s == t else channels[t].e_vir
+            visiting = dict(rows[t])  # 4. B_J of rank (rank - k) at ring step k
+            for k in range(size):
+                source = (rank - k) % size
+                if k:
+                    arriving = [b for b, owner in enumerate(owners[t]) if owner == source]
+                    visiting = pass_blocks(team, visiting, arriving, lambda b: (
+                        blocks[t][b][1] - blocks[t][b][0], channels[t].nvir, nkept),
+                        b_dtype, channels[t].e_vir.device)
+                for n in mine:
+                    task = tasks[n]
+                    j = task.j0 // occ_block
+                    if (task.s, task.t) != (s, t) or owners[t][j] != source or n in finished:
+                        continue
+                    b_i = rows[s][task.i0 // occ_block]
+                    sums[n] = backend.pair_energy(b_i, b_i if task.diagonal else visiting[j],
+                                                  channels[s].e_occ[task.i0:task.i1],
+                                                  channels[t].e_occ[task.j0:task.j1], channels[s].e_vir, e_vir_j)
+                    if journal is not None:
+                        journal.record(n, *sums[n])
+                    finished.add(n)
+                    if progress:
+                        progress("pair energies", len(finished), len(mine))
+            visiting = None
+    finally:
+        if journal is not None:
+            journal.close()
     pair_seconds = time.perf_counter() - start
     sums = team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
+    reused = {"reused_B": reused_b, "pair_tasks": len(tasks),
+              "reused_pair_tasks": int(team.all_reduce_sum(np.array([reused_tasks]))[0])}
     lap("pair_energies", clock)
     summary = {"rank": rank, "pair_tasks": len(mine), "occ_block": occ_block, "pair_seconds": pair_seconds,
                "occupied_blocks": [sum(1 for o in owner if o == rank) for owner in owners],
@@ -601,7 +640,27 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
                "peak_rss_mb": peak_resident_bytes() / MB, "kernels": dict(backend.calls)}
     per_rank = team.gather_objects(summary)
     e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
-    return e_os, e_ss, factor.nkept, factor.describe(), per_rank
+    return e_os, e_ss, nkept, metric_label, per_rank, reused
+
+
+def rank_blocks_name(channel, rank) -> str:
+    """The checkpoint file (without .h5) of one rank's whitened blocks of one spin channel."""
+    return f"B_{channel.name or 'restricted'}.rank{rank}"
+
+
+def held_rows(team, checkpoint, layout, blocks, owners, channels):
+    """This rank's whitened blocks as an earlier run of the same layout kept them in the
+    checkpoint: ([{b: host array} per channel], nkept, metric label), or None on every rank
+    unless every rank holds all of its blocks (then rank 0 resets the B section)."""
+    held = team.on_root(lambda: checkpoint.manifest.get("B"))
+    if held is not None and all(held.get(key) == value for key, value in layout.items()):
+        rows = [checkpoint.load_blocks(rank_blocks_name(ch, team.rank), {
+            b: (i1 - i0, ch.nvir, held["nkept"]) for b, (i0, i1) in enumerate(blocks[s])
+            if owners[s][b] == team.rank}) for s, ch in enumerate(channels)]
+        if not team.all_reduce_sum(np.array([float(any(r is None for r in rows))]))[0]:
+            return rows, held["nkept"], held["metric"]
+    team.on_root(lambda: checkpoint.reset("B"))
+    return None
 
 
 def _pipeline_identity(backend, refs, selected, fock_mo, metric, nao) -> dict:

@@ -3,6 +3,7 @@ real `torchrun` launches; a rank that dies makes the others fail, not hang."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -127,3 +128,105 @@ def test_a_dead_rank_makes_the_other_fail_not_hang(tmp_path):
     assert time.monotonic() - start < 50  # the lost connection, not the 60 s timeout
     assert stderr.strip().count("\n") == 0 and "rank 0/2" in stderr and "Traceback" not in stderr
     assert not (tmp_path / "r0.json").exists()
+
+
+def journaled_tasks(checkpoint):
+    """Pair tasks the ranks' journals hold."""
+    from dfmp2.checkpoint import RECORD
+
+    return sum(os.path.getsize(os.path.join(checkpoint, name)) // RECORD.size
+               for name in os.listdir(checkpoint) if name.startswith("pairs.rank") and name.endswith(".journal"))
+
+
+def kill_tree(pid):
+    """SIGKILL `pid` and every process descended from it (torchrun starts its workers in
+    sessions of their own, so a process group does not reach them)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_checkpoint_over_ranks_resumes_after_a_kill(tmp_path, benzene_one_process):
+    """2 ranks with --checkpoint are killed (SIGKILL, every process) in the pair stage; the same
+    command reuses the SCF, every rank's B and exactly the journaled tasks; 3 ranks then (another
+    layout) reuse the SCF alone and replace the 2-rank files."""
+    checkpoint, out = tmp_path / "ck", tmp_path / "out.json"
+    args = [os.path.join(EXAMPLES, "benzene.xyz"), "--frozen-core", "--checkpoint", checkpoint, "--json", out]
+    env = dict(os.environ, DFMP2_TEST_PAIR_DELAY="0.4",
+               PYTHONPATH=os.pathsep.join([FAULTS, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             "-m", "dfmp2", "run", *map(str, args)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() or journaled_tasks(checkpoint) < 4:
+        assert proc.poll() is None, "the run ended before 4 pair tasks"
+        assert time.monotonic() < deadline, "no pair-stage progress"
+        time.sleep(0.05)
+    kill_tree(proc.pid)  # torchrun and both ranks: no cleanup of any kind
+    proc.wait()
+    time.sleep(1)
+    kept = journaled_tasks(checkpoint)
+    assert not out.exists()
+
+    torchrun(2, *args)
+    record = json.loads(out.read_text())
+    ck = record["checkpoint"]
+    assert ck["reused_scf"] and ck["reused_B"] and ck["reused_pair_tasks"] == kept < ck["pair_tasks"]
+    assert record["kernels"]["pair_energy"] == ck["pair_tasks"] - kept  # finished tasks not recomputed
+    assert "ao2mo" not in record["kernels"]  # neither the transform nor the whitening ran again
+    for key in ("e_corr", "e_corr_os", "e_corr_ss", "e_tot"):
+        assert abs(record[key] - getattr(benzene_one_process, key)) < 1e-12, key
+
+    torchrun(3, *args)
+    record = json.loads(out.read_text())
+    ck = record["checkpoint"]
+    assert ck["reused_scf"] and not ck["reused_B"] and ck["reused_pair_tasks"] == 0
+    assert abs(record["e_corr"] - benzene_one_process.e_corr) < 1e-12
+    files = set(os.listdir(checkpoint))
+    assert {f"B_restricted.rank{r}.h5" for r in range(3)} <= files and "B_restricted.rank3.h5" not in files
+    assert {name for name in files if name.startswith("pairs")} == {f"pairs.rank{r}.journal" for r in range(3)}
+
+
+def test_checkpoint_of_another_run_is_refused_by_every_rank(tmp_path):
+    """Rank 0 reads the checkpoint and decides for all: both ranks exit 2, one message."""
+    water = os.path.join(EXAMPLES, "water.xyz")
+    checkpoint = tmp_path / "ck"
+    torchrun(2, water, "--checkpoint", checkpoint, "--quiet")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "dfmp2", "run", water, "--checkpoint", str(checkpoint), "--basis", "cc-pvtz"],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dfmp2: error:")]
+    assert len(errors) == 1 and "belongs to another run" in errors[0] and "basis" in errors[0]
+    assert proc.stderr.count("exitcode  : 2") == 2 or proc.stderr.count("exitcode: 2") >= 1
+
+
+def test_a_lost_rank_file_makes_every_rank_remake_b(tmp_path):
+    """One rank's B file gone: no rank reuses B (the ranks agree), the journals still count."""
+    water = os.path.join(EXAMPLES, "water.xyz")
+    checkpoint, out = tmp_path / "ck", tmp_path / "out.json"
+    torchrun(2, water, "--checkpoint", checkpoint, "--json", out)
+    first = json.loads(out.read_text())
+    os.unlink(checkpoint / "B_restricted.rank1.h5")
+    torchrun(2, water, "--checkpoint", checkpoint, "--json", out)
+    record = json.loads(out.read_text())
+    ck = record["checkpoint"]
+    assert ck["reused_scf"] and not ck["reused_B"] and ck["reused_pair_tasks"] == ck["pair_tasks"]
+    assert record["kernels"]["ao2mo"] > 0 and "pair_energy" not in record["kernels"]
+    assert (checkpoint / "B_restricted.rank1.h5").exists()
+    assert abs(record["e_corr"] - first["e_corr"]) < 1e-12
