@@ -40,16 +40,45 @@ def launched_ranks() -> int:
 
 
 def communication_backend(device: str, simulate: bool) -> str:
-    """gloo for CPUs (and the NKI emulator, which runs on the CPU), nccl for cuda. Several
-    ranks on Trainium hardware are refused: B lives in device memory there and would move
-    through torch-xla's process group, whose point-to-point sends this code path would need
-    and which has not been run on a NeuronCore here."""
-    if device == "cuda":
-        return "nccl"
-    if device in ("trn1", "trn2") and not simulate:
-        raise InputError(f"several ranks on {device} hardware are not implemented yet (only with --simulate): "
-                         "run one process per instance")
-    return "gloo"
+    """nccl for cuda (device memory moves between GPUs); gloo otherwise: CPUs, the NKI emulator
+    and NeuronCores, whose blocks are staged through host memory (`Staging`): gloo is the one
+    engine here whose point-to-point sends could be run, and torch-xla's process group lacks
+    receives in some releases."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def pin_neuron_core() -> str | None:
+    """Give this rank its own NeuronCore: NEURON_RT_VISIBLE_CORES = LOCAL_RANK unless the launch
+    set it (the Neuron runtime otherwise reserves every core for the first process). Must run
+    before the runtime starts (before the NKI backend makes its device). Returns the value."""
+    if "NEURON_RT_VISIBLE_CORES" not in os.environ:
+        os.environ["NEURON_RT_VISIBLE_CORES"] = os.environ.get("LOCAL_RANK", "0")
+    return os.environ["NEURON_RT_VISIBLE_CORES"]
+
+
+class Staging:
+    """How blocks cross ranks. NCCL and CPU tensors go as they are; with gloo, the blocks of a
+    device backend (NeuronCores, or the emulator, where it is modelled) go through host memory:
+    to_wire before a send (backend.to_host: a counted device -> host transfer), from_wire after
+    a receive (backend.to_device)."""
+
+    def __init__(self, backend, team):
+        self.backend = backend
+        self.staged = team.backend == "gloo" and backend.device_name != "cpu"
+
+    def to_wire(self, tensor):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(self.backend.to_host(tensor))) if self.staged else tensor
+
+    def from_wire(self, tensor):
+        return self.backend.to_device(tensor.numpy()) if self.staged else tensor
+
+    def device(self, tensor):
+        """Where a receive buffer for blocks like `tensor` lives: the host when staged."""
+        import torch
+
+        return torch.device("cpu") if self.staged else tensor.device
 
 
 class Team:
@@ -59,6 +88,7 @@ class Team:
         self.rank, self.size, self.backend, self.timeout_s = rank, size, backend, timeout_s
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.neuron_cores = None
 
     @classmethod
     def join(cls, device: str, simulate: bool, timeout_s: float = DEFAULT_TIMEOUT_S) -> Team:
@@ -68,6 +98,7 @@ class Team:
         import torch.distributed as dist
 
         backend = communication_backend(device, simulate)
+        neuron_cores = pin_neuron_core() if device in ("trn1", "trn2") and not simulate else None
         if backend == "nccl":
             if not dist.is_nccl_available():
                 raise ComputationError("--device cuda with several ranks needs NCCL, which this torch lacks")
@@ -81,7 +112,9 @@ class Team:
                 dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
             except Exception as error:  # rendezvous failures surface as assorted exception types
                 raise ComputationError(f"could not join the {backend} process group: {error}") from None
-        return cls(dist.get_rank(), dist.get_world_size(), backend, timeout_s)
+        team = cls(dist.get_rank(), dist.get_world_size(), backend, timeout_s)
+        team.neuron_cores = neuron_cores  # NEURON_RT_VISIBLE_CORES of this rank (Trainium hardware)
+        return team
 
     @property
     def is_root(self) -> bool:
@@ -206,7 +239,8 @@ def block_owners(nblocks: list, size: int) -> list:
 
 # ----------------------------------------------------------------------------- moving B
 
-def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ranges: list, naux: int) -> dict:
+def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ranges: list, naux: int,
+                      staging: Staging) -> dict:
     """The all-to-all of step 3: this rank's transform output `columns` [nocc, nvir, its P]
     (auxiliary columns column_ranges[rank]) -> {b: [rows of block b, nvir, naux]} for the
     occupied blocks b it owns, every P, gathered from all ranks."""
@@ -216,10 +250,11 @@ def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ra
     nrows = [sum(blocks[b][1] - blocks[b][0] for b, owner in enumerate(owners) if owner == q)
              for q in range(team.size)]
     nvir = columns.shape[1]
-    full = torch.empty((nrows[team.rank], nvir, naux), dtype=columns.dtype, device=columns.device)
+    device = staging.device(columns)
+    full = torch.empty((nrows[team.rank], nvir, naux), dtype=columns.dtype, device=device)
 
     def rows_of(q):  # my columns of rank q's blocks, stacked
-        parts = [columns[blocks[b][0]:blocks[b][1]] for b, owner in enumerate(owners) if owner == q]
+        parts = [staging.to_wire(columns[blocks[b][0]:blocks[b][1]]) for b, owner in enumerate(owners) if owner == q]
         return torch.cat(parts) if parts else None
 
     c0, c1 = column_ranges[team.rank]
@@ -229,7 +264,7 @@ def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ra
         dst, src = (team.rank + k) % team.size, (team.rank - k) % team.size
         send = rows_of(dst) if nrows[dst] and c1 > c0 else None
         s0, s1 = column_ranges[src]
-        recv = (torch.empty((nrows[team.rank], nvir, s1 - s0), dtype=columns.dtype, device=columns.device)
+        recv = (torch.empty((nrows[team.rank], nvir, s1 - s0), dtype=columns.dtype, device=device)
                 if nrows[team.rank] and s1 > s0 else None)
         team.swap(send, dst, recv, src)
         if recv is not None:
@@ -238,25 +273,26 @@ def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ra
     out, row = {}, 0
     for b in mine:
         n = blocks[b][1] - blocks[b][0]
-        out[b] = full[row:row + n]
+        out[b] = staging.from_wire(full[row:row + n])
         row += n
     return out
 
 
-def pass_blocks(team: Team, visiting: dict, arriving: list, shape_of, dtype, device) -> dict:
+def pass_blocks(team: Team, visiting: dict, arriving: list, shape_of, dtype, device, staging: Staging) -> dict:
     """One ring step: send the blocks `visiting` {b: tensor} to rank + 1 while receiving the
-    blocks `arriving` [b] (shape_of(b)) from rank - 1, one block at a time (each sent block is
-    dropped once it has left)."""
+    blocks `arriving` [b] (shape_of(b), on `device`) from rank - 1, one block at a time (each
+    sent block is dropped once it has left)."""
     import torch
 
     sending = sorted(visiting)
     received = {}
+    wire_device = torch.device("cpu") if staging.staged else device
     for n in range(max(len(sending), len(arriving))):
-        send = visiting.pop(sending[n]) if n < len(sending) else None
+        send = staging.to_wire(visiting.pop(sending[n])) if n < len(sending) else None
         recv = None
         if n < len(arriving):
-            recv = torch.empty(shape_of(arriving[n]), dtype=dtype, device=device)
+            recv = torch.empty(shape_of(arriving[n]), dtype=dtype, device=wire_device)
         team.swap(send, (team.rank + 1) % team.size, recv, (team.rank - 1) % team.size)
         if recv is not None:
-            received[arriving[n]] = recv
+            received[arriving[n]] = staging.from_wire(recv)
     return received

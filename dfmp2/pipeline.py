@@ -393,6 +393,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
     reused = {"B": False, "pair_tasks": 0}
     try:
+        if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
+            remove_scratch(settings.scratch, f"dfmp2-{checkpoint.tag}-")
         if checkpoint is not None and "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):
             stores = [DiskStore.reopen(backend, checkpoint.path(f"B_{ch.name or 'restricted'}.h5"),
                                        (ch.nocc, ch.nvir, naux)) for ch in channels]
@@ -409,10 +411,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         else:
             factor = metric_cholesky(backend, metric)  # 1. J = L L^T
             clock = lap("metric", clock)
-            prefix = "dfmp2-"
-            if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
-                prefix = f"dfmp2-{checkpoint.tag}-"
-                remove_scratch(settings.scratch, prefix)
+            prefix = "dfmp2-" if checkpoint is None else f"dfmp2-{checkpoint.tag}-"
             for ch in channels:
                 shape = (ch.nocc, ch.nvir, naux)
                 stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
@@ -547,7 +546,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     finished tasks there (dfmp2.checkpoint); a rerun with as many ranks and the same blocks
     reuses them. Returns (E_os, E_ss, nkept, metric label, per-rank summaries on rank 0,
     {"reused_B", "reused_pair_tasks", "pair_tasks"})."""
-    from .distributed import aux_shares, block_owners, pass_blocks, rows_from_columns
+    from .distributed import Staging, aux_shares, block_owners, pass_blocks, rows_from_columns
 
     clock = time.perf_counter()
     naux, size, rank = metric.shape[0], team.size, team.rank
@@ -560,6 +559,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
     owners = block_owners([len(b) for b in blocks], size)
     layout = {"ranks": size, "occ_block": occ_block}  # what a checkpoint's B and journals depend on
+    staging = Staging(backend, team)  # gloo moves host memory: device blocks go through the host
 
     held = held_rows(team, checkpoint, layout, blocks, owners, channels) if checkpoint is not None else None
     reused_b = held is not None
@@ -574,7 +574,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
                                      first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
         rows = []
         for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
-            mine = rows_from_columns(team, columns[s].data, blocks[s], owners[s], column_ranges, naux)
+            mine = rows_from_columns(team, columns[s].data, blocks[s], owners[s], column_ranges, naux, staging)
             columns[s].close()
             rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
             release_freed_memory()
@@ -610,7 +610,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
                     arriving = [b for b, owner in enumerate(owners[t]) if owner == source]
                     visiting = pass_blocks(team, visiting, arriving, lambda b: (
                         blocks[t][b][1] - blocks[t][b][0], channels[t].nvir, nkept),
-                        b_dtype, channels[t].e_vir.device)
+                        b_dtype, channels[t].e_vir.device, staging)
                 for n in mine:
                     task = tasks[n]
                     j = task.j0 // occ_block
@@ -637,6 +637,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     summary = {"rank": rank, "pair_tasks": len(mine), "occ_block": occ_block, "pair_seconds": pair_seconds,
                "occupied_blocks": [sum(1 for o in owner if o == rank) for owner in owners],
                "aux_functions": c1 - c0, "bytes_sent": team.bytes_sent, "bytes_received": team.bytes_received,
+               "staged_through_host": staging.staged, "neuron_cores": team.neuron_cores,
                "peak_rss_mb": peak_resident_bytes() / MB, "kernels": dict(backend.calls)}
     per_rank = team.gather_objects(summary)
     e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))

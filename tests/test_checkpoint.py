@@ -55,8 +55,9 @@ def wait_for_blocks(proc, checkpoint, count, timeout=240):
 
 
 def test_resume_after_sigkill_redoes_no_finished_work(tmp_path, uninterrupted):
-    checkpoint, out = tmp_path / "ck", tmp_path / "out.json"
-    args = [BENZENE, "--checkpoint", checkpoint, "--json", out, "--quiet"]
+    checkpoint, out, scratch = tmp_path / "ck", tmp_path / "out.json", tmp_path / "scratch"
+    scratch.mkdir()
+    args = [BENZENE, "--checkpoint", checkpoint, "--json", out, "--quiet", "--scratch", scratch]
     proc = start(args, delay=DELAY_S)
     wait_for_blocks(proc, checkpoint, 4)
     proc.kill()  # SIGKILL: no cleanup of any kind
@@ -78,6 +79,7 @@ def test_resume_after_sigkill_redoes_no_finished_work(tmp_path, uninterrupted):
     assert "ao2mo" not in record["kernels"]  # neither the transform nor the whitening ran again
     for key in ("e_corr", "e_corr_os", "e_corr_ss", "e_tot"):
         assert abs(record[key] - getattr(uninterrupted, key)) < 1e-12, key
+    assert os.listdir(scratch) == []  # the killed run's scratch directory went with the rerun
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

@@ -53,7 +53,7 @@ def test_gloo_ranks_give_the_one_process_energy(tmp_path, nproc, benzene_one_pro
     assert sum(r["aux_functions"] for r in ranks) == record["naux"]  # every P transformed once
     tasks = [r["pair_tasks"] for r in ranks]
     assert min(tasks) > 0 and max(tasks) <= 1.5 * min(tasks)  # the triangle I >= J shared evenly
-    assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in ranks)
+    assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 and not r["staged_through_host"] for r in ranks)
     assert record["kernels"]["pair_energy"] == sum(tasks)
 
 
@@ -67,7 +67,8 @@ def test_open_shell_over_two_ranks(tmp_path, reference):
 
 
 def test_simulated_trn1_ranks(tmp_path):
-    """Each rank runs the NKI kernels on the emulator; gloo moves B between them."""
+    """Each rank runs the NKI kernels on the emulator; gloo moves B between them through host
+    memory (as it would between NeuronCores)."""
     water = os.path.join(EXAMPLES, "water.xyz")
     one = run_xyz(water, device="trn1", simulate=True)
     out = tmp_path / "out.json"
@@ -75,6 +76,8 @@ def test_simulated_trn1_ranks(tmp_path):
     record = json.loads(out.read_text())
     assert_same_energy(record, one)
     assert record["kernels"]["pair_energy_kernel"] > 0 and record["simulated"]
+    # gloo moves host memory: the blocks leave and enter the (modelled) device through the host
+    assert all(r["staged_through_host"] for r in record["distributed"]["per_rank"])
 
 
 def test_plugin_under_torchrun(tmp_path):
@@ -230,3 +233,16 @@ def test_a_lost_rank_file_makes_every_rank_remake_b(tmp_path):
     assert record["kernels"]["ao2mo"] > 0 and "pair_energy" not in record["kernels"]
     assert (checkpoint / "B_restricted.rank1.h5").exists()
     assert abs(record["e_corr"] - first["e_corr"]) < 1e-12
+
+
+def test_neuroncore_ranks_go_over_gloo_each_on_its_own_core(monkeypatch):
+    """Several ranks on Trainium hardware: gloo (host-staged), and each rank reserves the
+    NeuronCore of its LOCAL_RANK unless the launch chose the cores."""
+    from dfmp2.distributed import communication_backend, pin_neuron_core
+
+    assert [communication_backend(d, False) for d in ("cpu", "cuda", "trn1", "trn2")] == ["gloo", "nccl", "gloo", "gloo"]
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert pin_neuron_core() == "3" and os.environ["NEURON_RT_VISIBLE_CORES"] == "3"
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-5")
+    assert pin_neuron_core() == "4-5"
