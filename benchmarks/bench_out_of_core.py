@@ -17,7 +17,7 @@ it. The block device's own counters (/sys/dev/block) give the bytes that really 
 and went to the disk in each disk run. --repeat 0 times one cold pass (big shapes).
 
     python benchmarks/bench_out_of_core.py --nbasis 1600 --nocc 100 --naux 4000 \
-        --disk-budget 1500 --leave-free 3.5 --repeat 0 --rounds 1 --json ...
+        --disk-budget 2000 --leave-free 3.5 --repeat 0 --rounds 1 --json ...
 """
 
 import argparse
@@ -93,9 +93,13 @@ class MemoryHold:
 
 
 def device_counters(directory):
-    """(bytes read, bytes written) so far by the block device holding `directory`."""
+    """(bytes read, bytes written) so far by the block device holding `directory`; None where
+    it has no block device (tmpfs, overlay, btrfs subvolumes)."""
     dev = os.stat(directory).st_dev
-    with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat", encoding="ascii") as handle:
+    path = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="ascii") as handle:
         fields = [int(v) for v in handle.read().split()]
     return fields[2] * 512, fields[6] * 512  # sectors read, sectors written (512 bytes each)
 
@@ -139,7 +143,8 @@ def main():
             before = device_counters(args.scratch)
             runs["disk"].append(bench(shape, args.disk_budget, args.scratch, args.repeat))
             after = device_counters(args.scratch)
-        device_io.append({"bytes_read": after[0] - before[0], "bytes_written": after[1] - before[1]})
+        if before is not None:
+            device_io.append({"bytes_read": after[0] - before[0], "bytes_written": after[1] - before[1]})
     seconds = {k: statistics.median(r["total_seconds"] for r in v) for k, v in runs.items()}
     disk = runs["disk"][-1]
     stages = {k: statistics.median(r["stages"][k]["seconds"] for r in runs["disk"])
@@ -158,7 +163,7 @@ def main():
         "energies_equal": abs(runs["disk"][-1]["e_corr"] - runs["memory"][-1]["e_corr"]) < 1e-10,
         "e_corr": {k: v[-1]["e_corr"] for k, v in runs.items()},
         "block_device_io_per_disk_run": device_io,
-        "device_read_over_store_read": device_io[-1]["bytes_read"] / max(1, io["bytes_read"]),
+        "device_read_over_store_read": device_io[-1]["bytes_read"] / max(1, io["bytes_read"]) if device_io else None,
         "memory_held_during_disk_runs": held,
         "repeat": args.repeat, "timed_passes": disk.get("timed_passes"),
         "rounds": args.rounds, "machine": disk["machine"], "commit": disk.get("commit"),

@@ -12,8 +12,9 @@
     DIR/B_<channel>.h5     B [nocc, nvir, naux] per spin channel (storage.DiskStore, kept)
     DIR/pairs.journal      finished pair tasks: (task index, E_os part, E_ss part) records,
                            appended as each task finishes (fp64)
-With several ranks (dfmp2.distributed; DIR on a file system every rank sees), rank 0 alone
-writes the manifest and scf.npz; each rank r keeps its own rows and journal:
+With several ranks (dfmp2.distributed), DIR must be one directory every rank sees (a shared
+file system: each run checks that every rank reads the random stamp rank 0 writes). Rank 0
+alone reads and writes the manifest and scf.npz; each rank r keeps its own rows and journal:
     DIR/B_<channel>.rank<r>.h5   rank r's whitened occupied blocks (one dataset per block)
     DIR/pairs.rank<r>.journal    the pair tasks rank r finished
 The "B" and "pairs" sections then also record the number of ranks and the occupied block:
@@ -40,7 +41,7 @@ from . import __version__
 from .errors import InputError
 
 MANIFEST = "manifest.json"
-FILES = {"B": "B_*.h5", "pairs": "pairs*.journal"}  # the files each section vouches for
+FILES = {"B": ("B_*.h5", ".B_*"), "pairs": ("pairs*.journal",)}  # each section's files (and temporaries)
 RECORD = struct.Struct("<qdd")  # task index, E_os part, E_ss part
 SYNC_SECONDS = 5.0  # the journal is fsync'ed at most this often (a kill of the process loses nothing)
 
@@ -61,17 +62,24 @@ def array_digest(*arrays) -> str:
 class Checkpoint:
     """The checkpoint directory `directory` (created if missing; its parent must exist)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, read=True):
+        """read=False: a rank other than 0, which writes its own files here but leaves the
+        manifest to rank 0 (`sees_stamp` checks that it sees rank 0's)."""
         self.directory = os.path.abspath(directory)
+        self.label = directory
+        self.tag = "ck" + hashlib.sha256(self.directory.encode()).hexdigest()[:12]  # names its scratch
+        self.manifest = {}
+        if read:
+            self.open()
+
+    def open(self):
+        """Create the directory if missing (its parent must exist) and read the manifest."""
         if not os.path.isdir(self.directory):
             parent = os.path.dirname(self.directory)
             if not os.path.isdir(parent):
-                raise InputError(f"--checkpoint {directory}: directory {parent} does not exist")
+                raise InputError(f"--checkpoint {self.label}: directory {parent} does not exist")
             os.makedirs(self.directory, exist_ok=True)
-        self.label = directory
         self.manifest = self._read_manifest()
-        # names this checkpoint's scratch directories (storage.remove_scratch)
-        self.tag = "ck" + hashlib.sha256(self.directory.encode()).hexdigest()[:12]
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -142,9 +150,23 @@ class Checkpoint:
     def reset(self, section: str):
         """Forget `section` and delete its files (FILES): the files first, so that no file
         outlives the section that says what it holds."""
-        for path in glob.glob(os.path.join(glob.escape(self.directory), FILES[section])):
-            os.unlink(path)
+        for pattern in FILES[section]:
+            for path in glob.glob(os.path.join(glob.escape(self.directory), pattern)):
+                os.unlink(path)
         self.drop(section)
+
+    def stamp(self) -> str:
+        """Write a new random stamp into the manifest (rank 0 of several); returns it."""
+        self.manifest["stamp"] = os.urandom(8).hex()
+        self._write_manifest()
+        return self.manifest["stamp"]
+
+    def sees_stamp(self, stamp: str) -> bool:
+        """This process reads `stamp` in the manifest: it sees the directory rank 0 writes."""
+        try:
+            return self._read_manifest().get("stamp") == stamp
+        except InputError:
+            return False
 
     def claim_pairs(self, tasks_identity: dict):
         """Make the "pairs" section this task list's. Journals kept for another list (another
@@ -157,8 +179,9 @@ class Checkpoint:
         """The journal of one process (rank None) or of rank `rank`; claim_pairs first."""
         return PairJournal(self.path("pairs.journal" if rank is None else f"pairs.rank{rank}.journal"), ntasks)
 
-    def save_blocks(self, name: str, blocks: dict):
-        """DIR/name.h5 with one dataset per block {b: host array}, atomically and fsync'ed."""
+    def save_blocks(self, name: str, blocks: dict, to_host=np.asarray):
+        """DIR/name.h5 with one dataset per block {b: array} (to_host(array): a host copy, made
+        one block at a time), atomically and fsync'ed."""
         import h5py
 
         handle, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=self.directory)
@@ -166,7 +189,7 @@ class Checkpoint:
         try:
             with h5py.File(tmp, "w") as out:
                 for b, block in blocks.items():
-                    out.create_dataset(f"block_{b}", data=block)
+                    out.create_dataset(f"block_{b}", data=to_host(block))
             with open(tmp, "rb") as written:
                 os.fsync(written.fileno())
             os.replace(tmp, self.path(f"{name}.h5"))

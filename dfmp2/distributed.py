@@ -142,20 +142,34 @@ class Team:
         self._run("barrier", dist.barrier)
 
     def on_root(self, work):
-        """work() run by rank 0 alone; its value on every rank. An InputError/ComputationError it
-        raises is raised on every rank (rank 0 decides, e.g. over a checkpoint, for all)."""
-        outcome = None
+        """work() run by rank 0 alone; its value on every rank. An error it raises is raised on
+        every rank (an InputError/ComputationError as itself, anything else as a
+        ComputationError naming it; rank 0 raises the original): rank 0 decides, e.g. over a
+        checkpoint, for all, and no rank waits for an answer that will not come."""
         if self.is_root:
             try:
-                outcome = ("value", work())
-            except (InputError, ComputationError) as error:
-                outcome = ("error", type(error).__name__, str(error))
-        outcome = self.broadcast_object(outcome)
+                value = work()
+            except Exception as error:
+                kind = type(error).__name__ if isinstance(error, (InputError, ComputationError)) else None
+                self.broadcast_object(("error", kind, str(error) if kind else
+                                       f"rank 0 failed: {type(error).__name__}: {error}"))
+                raise
+            self.broadcast_object(("value", value))
+            return value
+        outcome = self.broadcast_object(None)
         if outcome[0] == "error":
-            error = {"InputError": InputError, "ComputationError": ComputationError}[outcome[1]](outcome[2])
-            error.reported_by_rank0 = not self.is_root  # the CLI prints it on rank 0 only
+            error = InputError(outcome[2]) if outcome[1] == "InputError" else ComputationError(outcome[2])
+            error.reported_by_rank0 = True  # the CLI prints it on rank 0 only
             raise error
         return outcome[1]
+
+    def agree(self, ok: bool, message: str):
+        """Raise InputError(message) on every rank unless `ok` holds on every rank (printed by
+        rank 0 alone)."""
+        if self.all_reduce_sum(np.array([0.0 if ok else 1.0]))[0]:
+            error = InputError(message)
+            error.reported_by_rank0 = not self.is_root
+            raise error
 
     def gather_objects(self, obj) -> list | None:
         """[obj of rank 0, ..., obj of rank N-1] on rank 0; None elsewhere."""

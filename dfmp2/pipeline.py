@@ -372,12 +372,15 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
 
     checkpoint = None
     if settings.checkpoint is not None:  # this run's identity; B and finished pair tasks if held
-        checkpoint = Checkpoint(settings.checkpoint)  # (several ranks: rank 0 decides and writes)
         identity = _pipeline_identity(backend, refs, selected, fock_mo, metric, nao)
         if team is None:
+            checkpoint = Checkpoint(settings.checkpoint)
             checkpoint.claim("pipeline", identity)
-        else:  # rank 0 decides for every rank
-            team.on_root(lambda: checkpoint.claim("pipeline", identity))
+        else:  # rank 0 reads, decides and writes for every rank, which must all see its directory
+            checkpoint = Checkpoint(settings.checkpoint, read=False)
+            stamp = team.on_root(lambda: shared_checkpoint(checkpoint, identity))
+            team.agree(checkpoint.sees_stamp(stamp), f"--checkpoint {settings.checkpoint}: not every rank sees "
+                       "the directory rank 0 writes (several ranks need one directory on a shared file system)")
     if team is not None:  # steps 1-4 over the ranks (dfmp2.distributed)
         e_os, e_ss, nkept, metric_label, per_rank, reused = energy_over_ranks(
             backend, integrals, metric, channels, plan, team, progress, lap, checkpoint)
@@ -581,8 +584,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
         nkept, metric_label = factor.nkept, factor.describe()
         if checkpoint is not None:
             for s in range(len(channels)):
-                checkpoint.save_blocks(rank_blocks_name(channels[s], rank),
-                                       {b: backend.to_host(block) for b, block in rows[s].items()})
+                checkpoint.save_blocks(rank_blocks_name(channels[s], rank), rows[s], backend.to_host)
             team.barrier()  # every rank's blocks are on disk before the manifest says B is complete
             team.on_root(lambda: checkpoint.claim("B", {"nkept": nkept, "metric": metric_label, **layout}))
         clock = lap("whiten", clock)
@@ -642,6 +644,14 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     per_rank = team.gather_objects(summary)
     e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
     return e_os, e_ss, nkept, metric_label, per_rank, reused
+
+
+def shared_checkpoint(checkpoint, identity) -> str:
+    """Rank 0: read the checkpoint, claim its pipeline section (InputError if it is another
+    run's) and stamp it; returns the stamp every rank must then read."""
+    checkpoint.open()
+    checkpoint.claim("pipeline", identity)
+    return checkpoint.stamp()
 
 
 def rank_blocks_name(channel, rank) -> str:

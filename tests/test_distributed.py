@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
+import h5py
 import pytest
 
+from dfmp2.distributed import block_owners
 from dfmp2.driver import run_xyz
 
 from conftest import ROOT
@@ -200,23 +202,52 @@ def test_checkpoint_over_ranks_resumes_after_a_kill(tmp_path, benzene_one_proces
     ck = record["checkpoint"]
     assert ck["reused_scf"] and not ck["reused_B"] and ck["reused_pair_tasks"] == 0
     assert abs(record["e_corr"] - benzene_one_process.e_corr) < 1e-12
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert manifest["B"]["ranks"] == 3 and manifest["pairs"]["ranks"] == 3
+    occ_block = record["distributed"]["per_rank"][0]["occ_block"]
+    owners = block_owners([-(-record["nocc"] // occ_block)], 3)[0]
+    for rank in range(3):  # each file holds exactly the blocks its rank owns under 3 ranks
+        with h5py.File(checkpoint / f"B_restricted.rank{rank}.h5", "r") as held:
+            assert set(held) == {f"block_{b}" for b, owner in enumerate(owners) if owner == rank}
     files = set(os.listdir(checkpoint))
-    assert {f"B_restricted.rank{r}.h5" for r in range(3)} <= files and "B_restricted.rank3.h5" not in files
     assert {name for name in files if name.startswith("pairs")} == {f"pairs.rank{r}.journal" for r in range(3)}
+    assert not [name for name in files if name.startswith(".")]  # no temporaries left
+
+
+def by_hand(tmp_path, args_of_rank, nproc=2):
+    """Ranks launched one by one (no torchrun agent, which stops the others at the first
+    failure): [(exit status, stderr) of each rank]."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *map(str, args_of_rank(rank))],
+                              env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       WORLD_SIZE=str(nproc), RANK=str(rank), LOCAL_RANK=str(rank)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+             for rank in range(nproc)]
+    return [(proc.wait(timeout=300), proc.stderr.read()) for proc in procs]
 
 
 def test_checkpoint_of_another_run_is_refused_by_every_rank(tmp_path):
-    """Rank 0 reads the checkpoint and decides for all: both ranks exit 2, one message."""
+    """Rank 0 reads the checkpoint and decides for all: both ranks exit 2, rank 0 alone says why."""
     water = os.path.join(EXAMPLES, "water.xyz")
     checkpoint = tmp_path / "ck"
     torchrun(2, water, "--checkpoint", checkpoint, "--quiet")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "-m", "dfmp2", "run", water, "--checkpoint", str(checkpoint), "--basis", "cc-pvtz"],
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("dfmp2: error:")]
-    assert len(errors) == 1 and "belongs to another run" in errors[0] and "basis" in errors[0]
-    assert proc.stderr.count("exitcode  : 2") == 2 or proc.stderr.count("exitcode: 2") >= 1
+    (code0, err0), (code1, err1) = by_hand(tmp_path, lambda rank: [
+        water, "--checkpoint", checkpoint, "--basis", "cc-pvtz"])
+    assert (code0, code1) == (2, 2)
+    assert err0.strip().count("\n") == 0 and "belongs to another run" in err0 and "basis" in err0
+    assert err1.strip() == ""
+
+
+def test_checkpoint_not_shared_by_the_ranks_is_refused(tmp_path):
+    """Ranks that see different directories (node-local paths) would each keep files rank 0
+    cannot manage: refused before anything is computed or reused."""
+    water = os.path.join(EXAMPLES, "water.xyz")
+    (code0, err0), (code1, err1) = by_hand(tmp_path, lambda rank: [water, "--checkpoint", tmp_path / f"ck{rank}"])
+    assert (code0, code1) == (2, 2)
+    assert "not every rank sees the directory" in err0 and err1.strip() == ""
+    assert not [name for name in os.listdir(tmp_path / "ck0") if name.startswith(("B_", "pairs"))]
 
 
 def test_a_lost_rank_file_makes_every_rank_remake_b(tmp_path):
