@@ -33,6 +33,12 @@ class MemoryPlan:
     baseline: int = 0  # the process's resident memory when the plan was made (bytes)
 
 
+def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:
+    """~5 fp64 [nb, nvir, nb, nvir] temporaries: (ia|jb), the denominators, the amplitudes and
+    their exchange partners of one pair-energy call (the torch backend's; the plan's default)."""
+    return 5 * nb * nb * nvir * nvir * 8
+
+
 def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
                 preferred_aux_block_bytes=None, preferred_pair_rows=512,
                 occ_block_limit=None, pair_scratch_bytes=None, on_disk=False, baseline=0,
@@ -49,7 +55,7 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
     less on the diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most
     occupied orbitals one pair-energy kernel can hold (e.g. on-chip memory);
     pair_scratch_bytes(nb, nvir), the memory one pair-energy call needs beyond its B blocks
-    (default: ~5 fp64 [nb, nvir, nb, nvir] temporaries). ranks > 1: each of `ranks` processes
+    (default: `fp64_pair_temporaries_bytes`). ranks > 1: each of `ranks` processes
     holds about 2/ranks of the tensor (dfmp2.distributed), in memory.
     """
     nocc = max(o for o, _ in spaces)
@@ -62,7 +68,7 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
         return nP * 8 * (nao * (nao + 1) + 2 * nao * nao + 2 * nao * nocc + 2 * nocc * nvir)
 
     def pair_bytes(nb):  # two B blocks (+ host copies) and the backend's temporaries
-        scratch = pair_scratch_bytes(nb, nvir) if pair_scratch_bytes else 5 * nb * nb * nvir * nvir * 8
+        scratch = (pair_scratch_bytes or fp64_pair_temporaries_bytes)(nb, nvir)
         return 4 * nb * nvir * naux * itemsize + scratch
 
     def whiten_bytes(nb):

@@ -13,6 +13,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from ..memory import fp64_pair_temporaries_bytes
 from .protocol import PlanHints
 
 
@@ -118,7 +119,7 @@ class TorchBackend:
         cuda = self.device.type == "cuda"
         return PlanHints(aux_block_bytes=512 * 2**20 if cuda else 16 * 2**20,
                          pair_rows=8192 if cuda else 512, occ_block_limit=None,
-                         pair_scratch_bytes=lambda nb, nv: 5 * nb * nb * nv * nv * 8)
+                         pair_scratch_bytes=fp64_pair_temporaries_bytes)
 
     def three_center_layout(self, shape):
         """Device storage for the [nocc, nvir, naux] three-center tensor (plain, contiguous)."""
