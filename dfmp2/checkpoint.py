@@ -175,6 +175,12 @@ class Checkpoint:
             self.reset("pairs")
             self.claim("pairs", tasks_identity)
 
+    @staticmethod
+    def b_name(channel: str, rank: int | None = None) -> str:
+        """The B file of a spin channel ("" restricted, "alpha", "beta") without ".h5": of one
+        process (rank None) or of rank `rank`'s blocks."""
+        return f"B_{channel or 'restricted'}" + ("" if rank is None else f".rank{rank}")
+
     def journal(self, ntasks: int, rank: int | None = None) -> PairJournal:
         """The journal of one process (rank None) or of rank `rank`; claim_pairs first."""
         return PairJournal(self.path("pairs.journal" if rank is None else f"pairs.rank{rank}.journal"), ntasks)

@@ -74,11 +74,11 @@ class Staging:
     def from_wire(self, tensor):
         return self.backend.to_device(tensor.numpy()) if self.staged else tensor
 
-    def device(self, tensor):
-        """Where a receive buffer for blocks like `tensor` lives: the host when staged."""
+    def wire_device(self, device):
+        """Where blocks of `device` travel (send and receive buffers): the host when staged."""
         import torch
 
-        return torch.device("cpu") if self.staged else tensor.device
+        return torch.device("cpu") if self.staged else device
 
 
 class Team:
@@ -264,7 +264,7 @@ def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ra
     nrows = [sum(blocks[b][1] - blocks[b][0] for b, owner in enumerate(owners) if owner == q)
              for q in range(team.size)]
     nvir = columns.shape[1]
-    device = staging.device(columns)
+    device = staging.wire_device(columns.device)
     full = torch.empty((nrows[team.rank], nvir, naux), dtype=columns.dtype, device=device)
 
     def rows_of(q):  # my columns of rank q's blocks, stacked
@@ -300,7 +300,7 @@ def pass_blocks(team: Team, visiting: dict, arriving: list, shape_of, dtype, dev
 
     sending = sorted(visiting)
     received = {}
-    wire_device = torch.device("cpu") if staging.staged else device
+    wire_device = staging.wire_device(device)
     for n in range(max(len(sending), len(arriving))):
         send = staging.to_wire(visiting.pop(sending[n])) if n < len(sending) else None
         recv = None

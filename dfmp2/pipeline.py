@@ -399,7 +399,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
             remove_scratch(settings.scratch, f"dfmp2-{checkpoint.tag}-")
         if checkpoint is not None and "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):
-            stores = [DiskStore.reopen(backend, checkpoint.path(f"B_{ch.name or 'restricted'}.h5"),
+            stores = [DiskStore.reopen(backend, checkpoint.path(checkpoint.b_name(ch.name) + ".h5"),
                                        (ch.nocc, ch.nvir, naux)) for ch in channels]
             if any(store is None for store in stores):  # a B file lost or damaged: make it again
                 for store in stores:
@@ -419,7 +419,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 shape = (ch.nocc, ch.nvir, naux)
                 stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
                     backend, shape, settings.scratch,
-                    checkpoint.path(f"B_{ch.name or 'restricted'}.h5") if checkpoint else None, prefix))
+                    checkpoint.path(checkpoint.b_name(ch.name) + ".h5") if checkpoint else None, prefix))
             clock = transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels,
                                          stores, lap, clock, progress)  # 2. (ia|P), each spin
 
@@ -584,7 +584,7 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
         nkept, metric_label = factor.nkept, factor.describe()
         if checkpoint is not None:
             for s in range(len(channels)):
-                checkpoint.save_blocks(rank_blocks_name(channels[s], rank), rows[s], backend.to_host)
+                checkpoint.save_blocks(checkpoint.b_name(channels[s].name, rank), rows[s], backend.to_host)
             team.barrier()  # every rank's blocks are on disk before the manifest says B is complete
             team.on_root(lambda: checkpoint.claim("B", {"nkept": nkept, "metric": metric_label, **layout}))
         clock = lap("whiten", clock)
@@ -598,7 +598,8 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
         journal = checkpoint.journal(len(tasks), rank)
         journaled = np.zeros_like(sums)
         finished = set(journal.restore(journaled)) & set(mine)  # each task's sums from its owner only
-        sums[sorted(finished)] = journaled[sorted(finished)]
+        kept = sorted(finished)
+        sums[kept] = journaled[kept]
     reused_tasks = len(finished)
     b_dtype = backend.zeros((1,)).dtype
     start = time.perf_counter()
@@ -654,18 +655,13 @@ def shared_checkpoint(checkpoint, identity) -> str:
     return checkpoint.stamp()
 
 
-def rank_blocks_name(channel, rank) -> str:
-    """The checkpoint file (without .h5) of one rank's whitened blocks of one spin channel."""
-    return f"B_{channel.name or 'restricted'}.rank{rank}"
-
-
 def held_rows(team, checkpoint, layout, blocks, owners, channels):
     """This rank's whitened blocks as an earlier run of the same layout kept them in the
     checkpoint: ([{b: host array} per channel], nkept, metric label), or None on every rank
     unless every rank holds all of its blocks (then rank 0 resets the B section)."""
     held = team.on_root(lambda: checkpoint.manifest.get("B"))
     if held is not None and all(held.get(key) == value for key, value in layout.items()):
-        rows = [checkpoint.load_blocks(rank_blocks_name(ch, team.rank), {
+        rows = [checkpoint.load_blocks(checkpoint.b_name(ch.name, team.rank), {
             b: (i1 - i0, ch.nvir, held["nkept"]) for b, (i0, i1) in enumerate(blocks[s])
             if owners[s][b] == team.rank}) for s, ch in enumerate(channels)]
         if not team.all_reduce_sum(np.array([float(any(r is None for r in rows))]))[0]:
