@@ -1,5 +1,5 @@
 """`python -m dfmp2 ...` (and `torchrun ... -m dfmp2 run ...`): the command line."""
 
-from .cli import main
+from .entry import main
 
 main()

@@ -1,39 +1,52 @@
 """Checkpoint/restart: a directory that keeps a run's expensive intermediates across processes.
 
-    DIR/manifest.json      what the checkpoint belongs to, one section per layer:
-                             "run"      molecule, bases, charge, spin, reference, SCF, xc, frozen,
-                                        dfmp2 version (driver)
+    DIR/manifest.json      what the checkpoint belongs to and which files dfmp2 wrote there:
+                             "format"   "dfmp2-checkpoint" (a manifest of anything else is refused)
+                             "files"    every file this program created in DIR, with its section
+                                        and, once complete, its size and sha256: nothing else in
+                                        DIR is ever read, replaced or deleted
+                             "run"      molecule, bases, ECPs, charge, spin, reference, SCF, xc,
+                                        frozen, dfmp2 version (driver)
                              "pipeline" hashes of the orbitals and the metric, active spaces,
                                         device, precision, transform (pipeline)
                              "B"        the whitened tensors are complete: their shapes, the
                                         metric factorisation
                              "pairs"    the pair-task list the journal indexes (occupied block)
+    DIR/dfmp2.lock         held (flock) by the run using DIR; a second run is refused at once
     DIR/scf.npz            the converged reference (mo_coeff, mo_energy, mo_occ, e_tot)
     DIR/B_<channel>.h5     B [nocc, nvir, naux] per spin channel (storage.DiskStore, kept)
-    DIR/pairs.journal      finished pair tasks: (task index, E_os part, E_ss part) records,
-                           appended as each task finishes (fp64)
+    DIR/pairs.journal      finished pair tasks: (task index, E_os part, E_ss part, crc32)
+                           records, appended as each task finishes (fp64)
 With several ranks (dfmp2.distributed), DIR must be one directory every rank sees (a shared
 file system: each run checks that every rank reads the random stamp rank 0 writes). Rank 0
-alone reads and writes the manifest and scf.npz; each rank r keeps its own rows and journal:
+alone reads and writes the manifest and scf.npz (and lists every rank's files in it before
+they are written); each rank r keeps its own rows and journal:
     DIR/B_<channel>.rank<r>.h5   rank r's whitened occupied blocks (one dataset per block)
     DIR/pairs.rank<r>.journal    the pair tasks rank r finished
 The "B" and "pairs" sections then also record the number of ranks and the occupied block:
 another layout (rank count, budget) recomputes B and the pair tasks (the SCF is reused).
 
-A section written by an earlier run must equal this run's, else the run is refused (InputError,
-naming what differs). Every file is written atomically (temporary name, then rename) except the
-journal, which is append-only: a record torn by a kill is ignored on reading.
+Trust: a file is used only when the manifest (of format "dfmp2-checkpoint", in a section
+that equals this run's identity) vouches for it, and only after its size and sha256 match
+(journal records: each its crc32). A damaged or missing file is recomputed and announced
+(`notes`). A section written by an earlier run must equal this run's, else the run is refused
+(InputError, naming what differs). An existing non-empty directory without a manifest is
+refused unless allow_other_files (dfmp2 then writes beside the other files, never over them).
+Every file is written atomically (".NAME.partial", then rename) except the journal, which is
+append-only: a record torn by a kill is ignored on reading.
 """
 
 from __future__ import annotations
 
-import glob
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import struct
-import tempfile
 import time
+import zlib
 
 import numpy as np
 
@@ -41,9 +54,16 @@ from . import __version__
 from .errors import InputError
 
 MANIFEST = "manifest.json"
-FILES = {"B": ("B_*.h5", ".B_*"), "pairs": ("pairs*.journal",)}  # each section's files (and temporaries)
-RECORD = struct.Struct("<qdd")  # task index, E_os part, E_ss part
+LOCK = "dfmp2.lock"
+FORMAT = "dfmp2-checkpoint"
+FORMAT_VERSION = 2
+RECORD = struct.Struct("<qddI")  # task index, E_os part, E_ss part, crc32 of the first three
 SYNC_SECONDS = 5.0  # the journal is fsync'ed at most this often (a kill of the process loses nothing)
+# the names dfmp2 writes in a checkpoint directory (and their temporaries), beside the manifest
+# (and .manifest.json.partial) and the lock
+OUR_NAMES = re.compile(r"^\.?(scf\.npz|B_(restricted|alpha|beta)(\.rank\d+)?\.h5"
+                       r"|pairs(\.rank\d+)?\.journal)(\.partial)?$")
+_HELD = {}  # directory -> [Checkpoint, users]: one open checkpoint (and lock) per directory per process
 
 
 def array_digest(*arrays) -> str:
@@ -59,30 +79,118 @@ def array_digest(*arrays) -> str:
     return digest.hexdigest()
 
 
-class Checkpoint:
-    """The checkpoint directory `directory` (created if missing; its parent must exist)."""
+def file_digest(path) -> dict:
+    """{"size": bytes, "sha256": hex} of the file at `path`."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return {"size": os.path.getsize(path), "sha256": digest.hexdigest()}
 
-    def __init__(self, directory, read=True):
-        """read=False: a rank other than 0, which writes its own files here but leaves the
-        manifest to rank 0 (`sees_stamp` checks that it sees rank 0's)."""
+
+def open_checkpoint(directory, allow_other_files=False) -> Checkpoint:
+    """The checkpoint in `directory`, opened and locked for this process (one object per
+    directory: the driver and the pipeline share it); close() when done."""
+    key = os.path.abspath(directory)
+    if key not in _HELD:
+        checkpoint = Checkpoint(directory)
+        checkpoint.open(allow_other_files)
+        _HELD[key] = [checkpoint, 0]
+    _HELD[key][1] += 1
+    return _HELD[key][0]
+
+
+class Checkpoint:
+    """The checkpoint directory `directory` (created if missing; its parent must exist).
+    open_checkpoint() opens and locks it; unopened, it is a rank other than 0, which writes its
+    own files there but leaves the manifest to rank 0 (`sees_stamp` checks that it sees rank 0's)."""
+
+    def __init__(self, directory):
         self.directory = os.path.abspath(directory)
-        self.label = directory
+        self.label = str(directory)
         self.tag = "ck" + hashlib.sha256(self.directory.encode()).hexdigest()[:12]  # names its scratch
         self.manifest = {}
-        if read:
-            self.open()
+        self.notes = []  # what was found damaged and recomputed (for the result's notes)
+        self._lock = None
 
-    def open(self):
-        """Create the directory if missing (its parent must exist) and read the manifest."""
+    # -- opening, locking, closing
+
+    def open(self, allow_other_files=False):
+        """Check and create the directory, lock it (InputError if another process holds it)
+        and read the manifest; a non-empty directory without one is refused unless
+        allow_other_files."""
+        if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
+            raise InputError(f"--checkpoint {self.label}: is a file, not a directory")
         if not os.path.isdir(self.directory):
             parent = os.path.dirname(self.directory)
             if not os.path.isdir(parent):
                 raise InputError(f"--checkpoint {self.label}: directory {parent} does not exist")
-            os.makedirs(self.directory, exist_ok=True)
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+            except OSError as error:
+                raise InputError(f"--checkpoint {self.label}: cannot create it ({error.strerror})") from None
+        try:
+            entries = set(os.listdir(self.directory))
+        except OSError as error:
+            raise InputError(f"--checkpoint {self.label}: cannot read it ({error.strerror})") from None
+        if MANIFEST not in entries and entries - {LOCK}:
+            if not allow_other_files:
+                shown = ", ".join(sorted(entries - {LOCK})[:3]) + (", ..." if len(entries) > 4 else "")
+                raise InputError(f"--checkpoint {self.label}: the directory holds files ({shown}) but no dfmp2 "
+                                 f"{MANIFEST}: give a new or empty directory (or --checkpoint-allow-other-files "
+                                 "to write beside them; dfmp2 never touches files it did not write)")
+            self._refuse_look_alikes(entries, {})
+        self._acquire_lock()
         self.manifest = self._read_manifest()
+        self._refuse_look_alikes(entries, self.manifest.get("files", {}))
+        if not self.manifest:
+            self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                             "files": {LOCK: {"section": None, "state": "lock"}}}
+            self._write_manifest()
+
+    def _refuse_look_alikes(self, entries, files):
+        """InputError if a file of the directory bears a name dfmp2 would write (OUR_NAMES) but
+        the manifest's `files` do not list it: it is someone else's and would be overwritten."""
+        foreign = sorted(name for name in entries if OUR_NAMES.match(name) and name not in files)
+        if foreign:
+            raise InputError(f"--checkpoint {self.label}: {foreign[0]} there was not written by dfmp2 (the "
+                             "manifest does not list it) and would be overwritten: move it, or use another "
+                             "directory")
+
+    def _acquire_lock(self):
+        try:
+            fd = os.open(self.path(LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise InputError(f"--checkpoint {self.label}: cannot write there ({error.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise InputError(f"--checkpoint {self.label} is in use by process {holder}: wait for it, "
+                                 "or give another directory") from None
+            raise InputError(f"--checkpoint {self.label}: cannot lock {LOCK} ({error.strerror})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock = fd
+
+    def close(self):
+        """Release this process's use of the directory (the lock goes with the last user)."""
+        held = _HELD.get(self.directory)
+        if held is not None and held[0] is self:
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            del _HELD[self.directory]
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
+
+    # -- the manifest
 
     def _read_manifest(self) -> dict:
         try:
@@ -91,19 +199,23 @@ class Checkpoint:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as error:
-            raise InputError(f"--checkpoint {self.label}: unreadable {MANIFEST} ({error})") from None
-        if not isinstance(manifest, dict):
-            raise InputError(f"--checkpoint {self.label}: {MANIFEST} is not a dfmp2 checkpoint")
+            raise InputError(f"--checkpoint {self.label}: unreadable {MANIFEST} ({error}); delete the "
+                             "directory to start over") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
+                or not isinstance(manifest.get("files"), dict):
+            raise InputError(f"--checkpoint {self.label}: {MANIFEST} is not a dfmp2 checkpoint manifest (of "
+                             "this version); give another directory, or delete it to start over")
         return manifest
 
     def _write_manifest(self):
-        self._atomic_write(MANIFEST, lambda handle: handle.write(
-            json.dumps(self.manifest, indent=1, sort_keys=True).encode()))
+        text = json.dumps(self.manifest, indent=1, sort_keys=True).encode()
+        self._atomic_write(MANIFEST, lambda handle: handle.write(text))
 
     def _atomic_write(self, name, write):
-        handle, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=self.directory)
+        """DIR/name written as .name.partial, fsync'ed, then renamed into place."""
+        tmp = self.path(f".{name}.partial")
         try:
-            with os.fdopen(handle, "wb") as out:
+            with open(tmp, "wb") as out:
                 write(out)
                 out.flush()
                 os.fsync(out.fileno())
@@ -111,6 +223,66 @@ class Checkpoint:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    # -- the files dfmp2 wrote
+
+    def register(self, section: str | None, *names):
+        """List `names` as files of `section` that this program is about to write (before any
+        is created, so that a killed run's files are known to be its own). A file of that name
+        that the manifest does not list is not dfmp2's: InputError, it is never overwritten."""
+        files = self.manifest["files"]
+        for name in names:
+            if name not in files and os.path.lexists(self.path(name)):
+                raise InputError(f"--checkpoint {self.label}: {name} there was not written by dfmp2 (the "
+                                 f"manifest does not list it) and would be overwritten: move it, or use "
+                                 "another directory")
+        for name in names:
+            files[name] = {"section": section, "state": "writing"}
+        self._write_manifest()
+
+    def vouch(self, name: str, digest: dict | None = None):
+        """Record that DIR/name is complete, with its size and sha256 (`file_digest`, computed
+        here unless given: another rank's file)."""
+        self.manifest["files"][name] = {"section": self.manifest["files"][name]["section"], "state": "complete",
+                                        **(digest or file_digest(self.path(name)))}
+        self._write_manifest()
+
+    def check(self, name: str, entry: dict | None = None) -> str | None:
+        """None if DIR/name is what the manifest (or `entry`, rank 0's record of it) vouches
+        for, size and sha256; else why not ("missing", "damaged: ...")."""
+        entry = entry if entry is not None else self.manifest.get("files", {}).get(name)
+        if not entry or entry.get("state") != "complete":
+            return "not complete"
+        path = self.path(name)
+        if not os.path.isfile(path):
+            return "missing"
+        size = os.path.getsize(path)
+        if size != entry["size"]:
+            return f"damaged: {size} bytes where {entry['size']} were written"
+        if file_digest(path)["sha256"] != entry["sha256"]:
+            return "damaged: its sha256 differs from the one recorded when it was written"
+        return None
+
+    def damaged(self, name: str, reason: str, what: str):
+        """Announce that DIR/name could not be used (`reason`) and `what` was recomputed."""
+        self.notes.append(f"checkpoint {self.label}: {name} {reason}; {what} recomputed")
+
+    def reset(self, section: str):
+        """Forget `section` and delete its files (those the manifest lists for it, and only
+        those): the section first, so that no section vouches for a file being deleted."""
+        self.drop(section)
+        files = self.manifest["files"]
+        mine = [name for name, entry in files.items() if entry.get("section") == section]
+        for name in mine:
+            try:
+                os.unlink(self.path(name))
+            except FileNotFoundError:
+                pass
+            del files[name]
+        if mine:
+            self._write_manifest()
+
+    # -- sections
 
     def claim(self, section: str, identity: dict) -> bool:
         """Record that this run is `identity` in `section`; True if an earlier run recorded the
@@ -136,24 +308,26 @@ class Checkpoint:
         if self.manifest.pop(section, None) is not None:
             self._write_manifest()
 
-    def save_arrays(self, name: str, **arrays):
-        """DIR/name.npz, atomically."""
+    def save_arrays(self, name: str, section: str, **arrays):
+        """DIR/name.npz of `section`, atomically, vouched for."""
+        self.register(section, f"{name}.npz", f".{name}.npz.partial")
         self._atomic_write(f"{name}.npz", lambda handle: np.savez(handle, **arrays))
+        del self.manifest["files"][f".{name}.npz.partial"]
+        self.vouch(f"{name}.npz")
 
-    def load_arrays(self, name: str) -> dict | None:
-        path = self.path(f"{name}.npz")
-        if not os.path.exists(path):
-            return None
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-
-    def reset(self, section: str):
-        """Forget `section` and delete its files (FILES): the files first, so that no file
-        outlives the section that says what it holds."""
-        for pattern in FILES[section]:
-            for path in glob.glob(os.path.join(glob.escape(self.directory), pattern)):
-                os.unlink(path)
-        self.drop(section)
+    def load_arrays(self, name: str, what: str) -> dict | None:
+        """DIR/name.npz if the manifest vouches for it (size, sha256) and it reads back; else
+        None, and where a file was there but unusable, a note naming it and `what` is redone."""
+        reason = self.check(f"{name}.npz")
+        if reason is None:
+            try:
+                with np.load(self.path(f"{name}.npz"), allow_pickle=False) as data:
+                    return {key: data[key] for key in data.files}
+            except (OSError, ValueError, KeyError) as error:
+                reason = f"unreadable ({error})"
+        if reason != "not complete":
+            self.damaged(f"{name}.npz", reason, what)
+        return None
 
     def stamp(self) -> str:
         """Write a new random stamp into the manifest (rank 0 of several); returns it."""
@@ -168,12 +342,16 @@ class Checkpoint:
         except InputError:
             return False
 
-    def claim_pairs(self, tasks_identity: dict):
-        """Make the "pairs" section this task list's. Journals kept for another list (another
-        occupied block after a budget change, another rank count) or for none are deleted."""
+    def claim_pairs(self, tasks_identity: dict, journals):
+        """Make the "pairs" section this task list's, its journals the files `journals` (names).
+        Journals kept for another list (another occupied block after a budget change, another
+        rank count) or for none are deleted."""
         if self.manifest.get("pairs") != json.loads(json.dumps(tasks_identity)):
             self.reset("pairs")
             self.claim("pairs", tasks_identity)
+        fresh = [name for name in journals if name not in self.manifest["files"]]
+        if fresh:
+            self.register("pairs", *fresh)
 
     @staticmethod
     def b_name(channel: str, rank: int | None = None) -> str:
@@ -181,17 +359,21 @@ class Checkpoint:
         process (rank None) or of rank `rank`'s blocks."""
         return f"B_{channel or 'restricted'}" + ("" if rank is None else f".rank{rank}")
 
+    @staticmethod
+    def journal_name(rank: int | None = None) -> str:
+        return "pairs.journal" if rank is None else f"pairs.rank{rank}.journal"
+
     def journal(self, ntasks: int, rank: int | None = None) -> PairJournal:
         """The journal of one process (rank None) or of rank `rank`; claim_pairs first."""
-        return PairJournal(self.path("pairs.journal" if rank is None else f"pairs.rank{rank}.journal"), ntasks)
+        return PairJournal(self.path(self.journal_name(rank)), ntasks)
 
-    def save_blocks(self, name: str, blocks: dict, to_host=np.asarray):
+    def save_blocks(self, name: str, blocks: dict, to_host=np.asarray) -> dict:
         """DIR/name.h5 with one dataset per block {b: array} (to_host(array): a host copy, made
-        one block at a time), atomically and fsync'ed."""
+        one block at a time), atomically and fsync'ed (rank 0 listed both names beforehand).
+        Returns its `file_digest`, for rank 0 to vouch for it."""
         import h5py
 
-        handle, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=self.directory)
-        os.close(handle)
+        tmp = self.path(f".{name}.h5.partial")
         try:
             with h5py.File(tmp, "w") as out:
                 for b, block in blocks.items():
@@ -202,26 +384,32 @@ class Checkpoint:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        return file_digest(self.path(f"{name}.h5"))
 
-    def load_blocks(self, name: str, shapes: dict) -> dict | None:
-        """{b: host array} from DIR/name.h5 if it holds every block with the expected shape
-        {b: shape}; None if it is missing, unreadable or different."""
+    def load_blocks(self, name: str, shapes: dict, entry: dict | None) -> tuple:
+        """({b: host array}, None) from DIR/name.h5 if `entry` (rank 0's manifest record of the
+        file) vouches for it and it holds every block with the expected shape {b: shape};
+        (None, why not) otherwise."""
         import h5py
 
+        reason = self.check(f"{name}.h5", entry or {})
+        if reason is not None:
+            return None, reason
         try:
             with h5py.File(self.path(f"{name}.h5"), "r") as held:
                 if set(held) != {f"block_{b}" for b in shapes}:
-                    return None
+                    return None, "holds other blocks"
                 blocks = {b: held[f"block_{b}"][...] for b in shapes}
-        except (OSError, ValueError, KeyError):
-            return None
+        except (OSError, ValueError, KeyError) as error:
+            return None, f"unreadable ({error})"
         if any(tuple(blocks[b].shape) != tuple(shape) for b, shape in shapes.items()):
-            return None
-        return blocks
+            return None, "holds blocks of other shapes"
+        return blocks, None
 
 
 class PairJournal:
-    """Append-only record of finished pair tasks (fp64 partial sums)."""
+    """Append-only record of finished pair tasks (fp64 partial sums), each record with the
+    crc32 of its contents."""
 
     def __init__(self, path, ntasks):
         self.path = path
@@ -229,28 +417,32 @@ class PairJournal:
         self._handle = None
         self._synced = time.monotonic()
 
-    def restore(self, sums: np.ndarray) -> list:
-        """Fill sums[k] = (E_os part, E_ss part) of the finished tasks; returns their indices.
-        A torn last record (a kill in mid-write) is ignored."""
+    def restore(self, sums: np.ndarray) -> tuple:
+        """Fill sums[k] = (E_os part, E_ss part) of the finished tasks; returns (their indices,
+        the number of damaged records: a wrong crc32 or index; those tasks are recomputed). A
+        torn last record (a kill in mid-write) is ignored."""
         if not os.path.exists(self.path):
-            return []
+            return [], 0
         with open(self.path, "rb") as handle:
             data = handle.read()
-        done = []
+        done, damaged = [], 0
         for offset in range(0, len(data) - RECORD.size + 1, RECORD.size):
-            index, e_os, e_ss = RECORD.unpack_from(data, offset)
-            if 0 <= index < self.ntasks:
-                sums[index] = (e_os, e_ss)
-                done.append(index)
+            index, e_os, e_ss, crc = RECORD.unpack_from(data, offset)
+            if crc != _crc(index, e_os, e_ss) or not 0 <= index < self.ntasks \
+                    or not (np.isfinite(e_os) and np.isfinite(e_ss)):
+                damaged += 1
+                continue
+            sums[index] = (e_os, e_ss)
+            done.append(index)
         if len(data) % RECORD.size:  # drop the torn tail so that appends stay aligned
             with open(self.path, "r+b") as handle:
                 handle.truncate(len(data) - len(data) % RECORD.size)
-        return done
+        return done, damaged
 
     def record(self, index: int, e_os: float, e_ss: float):
         if self._handle is None:
             self._handle = open(self.path, "ab", buffering=0)
-        self._handle.write(RECORD.pack(index, e_os, e_ss))
+        self._handle.write(RECORD.pack(index, e_os, e_ss, _crc(index, e_os, e_ss)))
         if time.monotonic() - self._synced > SYNC_SECONDS:
             os.fsync(self._handle.fileno())
             self._synced = time.monotonic()
@@ -260,6 +452,10 @@ class PairJournal:
             os.fsync(self._handle.fileno())
             self._handle.close()
             self._handle = None
+
+
+def _crc(index, e_os, e_ss) -> int:
+    return zlib.crc32(struct.pack("<qdd", index, e_os, e_ss))
 
 
 def _short(value):

@@ -487,21 +487,11 @@ class ThreeCenterIntegrals:
 
 
 def write_molden(mol, path, mo_coeff, occupations) -> None:
-    """Orbitals [nao, nmo] with their occupations to a Molden file (PySCF's writer), written
-    beside `path` and renamed into place: never a partial file."""
-    import tempfile
-
+    """Orbitals [nao, nmo] with their occupations to a Molden file at `path` (PySCF's writer;
+    dfmp2.outputs stages it and puts it in place)."""
     from pyscf.tools import molden
 
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, tmp = tempfile.mkstemp(prefix=".dfmp2-", suffix=".molden", dir=directory)
-    os.close(handle)
-    try:
-        molden.from_mo(mol, tmp, mo_coeff, occ=occupations)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    molden.from_mo(mol, path, mo_coeff, occ=occupations)
 
 
 def basis_name(mol) -> str:
@@ -514,6 +504,8 @@ def formula(mol) -> str:
     for i in range(mol.natm):
         symbol = mol.atom_pure_symbol(i)
         counts[symbol] = counts.get(symbol, 0) + 1
-    hill = ["C", "H"] if "C" in counts else []
-    order = hill + sorted(k for k in counts if k not in hill)
+    # Hill order: C first and H second when there is carbon, then the rest alphabetically;
+    # without carbon, every element alphabetically (H included)
+    first = [k for k in ("C", "H") if k in counts] if "C" in counts else []
+    order = first + sorted(k for k in counts if k not in first)
     return "".join(f"{k}{counts[k] if counts[k] > 1 else ''}" for k in order)

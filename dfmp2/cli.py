@@ -10,13 +10,13 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 
 import click
 
 from . import __version__
 from .errors import DFMP2Error, InputError
+from .outputs import Outputs
 from .distributed import DEFAULT_TIMEOUT_S, Team, launched_ranks
 from .settings import Settings
 
@@ -82,6 +82,9 @@ TRANSFORM_OPTION = click.option(
 @click.option("--checkpoint", default=None, metavar="DIR",
               help="Keep the SCF, B and finished pair blocks in DIR; the same command with the same DIR "
                    "resumes from them (a different run is refused).")
+@click.option("--checkpoint-allow-other-files", is_flag=True,
+              help="Use a --checkpoint directory that already holds other files (without a dfmp2 manifest): "
+                   "dfmp2 writes beside them and never reads, replaces or deletes them.")
 @click.option("--rank-timeout", type=float, default=DEFAULT_TIMEOUT_S, show_default=True, metavar="SECONDS",
               help="Under torchrun: how long a rank waits for the others (the SCF on rank 0 included) "
                    "before it gives up with an error.")
@@ -93,15 +96,17 @@ TRANSFORM_OPTION = click.option(
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
-        nki_api, transform, max_memory, scratch, checkpoint, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
+        nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
+    outputs = Outputs()
+
     def compute():
         if json_path is not None:
-            _check_output_path(json_path)
+            outputs.add("--json", json_path, stdout_ok=True)
         if natorbs_path is not None:
-            _check_output_path(natorbs_path, "--natorbs")
+            outputs.add("--natorbs", natorbs_path)
         if scratch is not None and not os.path.isdir(scratch):
             raise InputError(f"--scratch {scratch}: no such directory")
         if scf_max_cycle < 1:
@@ -113,7 +118,8 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
                             scf=scf, scf_max_cycle=scf_max_cycle, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
-                            max_memory=max_memory, scratch=scratch, checkpoint=checkpoint, progress=progress,
+                            max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
+                            checkpoint_allow_other_files=checkpoint_allow_other_files, progress=progress,
                             team=team)
         try:
             result = run_xyz(molecule, settings)
@@ -131,17 +137,18 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
 
             mf = result.mean_field
             occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), mf.mo_coeff)
-            write_molden(mf.mol, natorbs_path, orbitals, occupations)
+            outputs.write("--natorbs", lambda path: write_molden(mf.mol, path, orbitals, occupations))
             record["natorbs"] = {"path": natorbs_path, "occupations": occupations.tolist()}
         record["molecule"] = molecule
         record["charge"] = charge
         record["spin"] = spin
         if json_path is not None:
-            _write_json_atomically(json_path, record)
+            outputs.write("--json", lambda path: _write_json(path, record))
+        outputs.commit()
         return record
 
-    record = _guarded(compute, debug)
-    if record is not None and not quiet:
+    record = _guarded(compute, debug, outputs)
+    if record is not None and not quiet and not outputs.to_stdout():
         _print_summary(record)
 
 
@@ -177,32 +184,33 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
     or model one NKI kernel call (--kernel)."""
     from .bench import resolve_shape, run_bench, run_kernel_bench
 
+    outputs = Outputs()
+
     def compute():
         if json_path is not None:
-            _check_output_path(json_path)
+            outputs.add("--json", json_path, stdout_ok=True)
         if kernel is not None or size is not None:
             if kernel is None or size is None:
                 raise InputError("--kernel and --size go together")
             if any(v is not None for v in (shape, nbasis, nocc, naux)) or model_only:
                 raise InputError("--kernel models one kernel call: no --shape/--nbasis/--nocc/--naux/--model-only")
             record = run_kernel_bench(kernel, size, device, simulate, nki_api, seed)
-            if json_path is not None:
-                _write_json_atomically(json_path, record)
-            return record
-        sizes = resolve_shape(shape, nbasis, nocc, naux)
-        progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
-        settings = Settings(device=device, precision=precision, simulate=simulate, model_only=model_only,
-                            nki_api=nki_api, transform=transform, max_memory=max_memory, progress=progress)
-        record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings)
-        if progress:
-            progress.clear()
-        record["shape"]["name"] = shape
+        else:
+            sizes = resolve_shape(shape, nbasis, nocc, naux)
+            progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
+            settings = Settings(device=device, precision=precision, simulate=simulate, model_only=model_only,
+                                nki_api=nki_api, transform=transform, max_memory=max_memory, progress=progress)
+            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings)
+            if progress:
+                progress.clear()
+            record["shape"]["name"] = shape
         if json_path is not None:
-            _write_json_atomically(json_path, record)
+            outputs.write("--json", lambda path: _write_json(path, record))
+        outputs.commit()
         return record
 
-    record = _guarded(compute, debug)
-    if not quiet:
+    record = _guarded(compute, debug, outputs)
+    if not quiet and not outputs.to_stdout():
         _print_kernel_bench(record) if "kernel" in record else _print_bench(record)
 
 
@@ -220,12 +228,14 @@ def _raise_terminated(signum, frame):
     raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated(signum)
 
 
-def _guarded(compute, debug):
+def _guarded(compute, debug, outputs):
     """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug.
     SIGINT, SIGTERM and SIGHUP stop the run: scratch files are removed on the way out (a
-    --checkpoint directory is kept), no output file is written, exit 128 + signal number."""
+    --checkpoint directory is kept), no output file is written, exit 128 + signal number.
+    `outputs` staged but not committed are discarded whatever happens."""
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(signum, _raise_terminated)
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # an inherited ignore (nohup) is respected
+            signal.signal(signum, _raise_terminated)
     try:
         return compute()
     except DFMP2Error as error:
@@ -244,6 +254,8 @@ def _guarded(compute, debug):
         if debug:
             raise
         _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
+    finally:
+        outputs.discard()
 
 
 @cli.command()
@@ -273,26 +285,11 @@ def _package_version(name):
         return "not installed"
 
 
-def _check_output_path(path, option="--json"):
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise InputError(f"{option} {path}: directory {directory} does not exist")
-    if os.path.isdir(path):
-        raise InputError(f"{option} {path}: is a directory")
-
-
-def _write_json_atomically(path, record):
-    """Write to a temporary file beside `path`, then rename: never a partial file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, tmp = tempfile.mkstemp(prefix=".dfmp2-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(record, out, indent=2)
-            out.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def _write_json(path, record):
+    """The record as JSON at `path`; NaN or infinity is an error, not invalid JSON."""
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(record, out, indent=2, allow_nan=False)
+        out.write("\n")
 
 
 class _Progress:
@@ -471,8 +468,10 @@ def main(argv=None):
         cli.main(args=argv, prog_name="dfmp2", standalone_mode=False)
     except click.exceptions.Exit as stop:
         sys.exit(stop.exit_code)
-    except click.exceptions.Abort:  # Ctrl-C outside a command's computation
+    except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C outside a command's computation
         _fail("interrupted (SIGINT)", 128 + signal.SIGINT)
+    except _Terminated as stop:
+        _fail(f"stopped by {signal.Signals(stop.signum).name}", 128 + stop.signum)
     except click.ClickException as error:
         _fail(error.format_message(), 2 if isinstance(error, click.UsageError) else error.exit_code)
     except DFMP2Error:

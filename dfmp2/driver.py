@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import __version__, chem
-from .checkpoint import Checkpoint, version_identity
+from .checkpoint import open_checkpoint, version_identity
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, peak_resident_bytes
@@ -196,36 +196,44 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
              ranks=team.size if team is not None else 1)  # fail before the SCF
     start = time.perf_counter()
     xc = dh.xc if dh else None
+    opened = []  # the checkpoint this process opened (rank 0's, of several)
 
     def reference_scf():
-        """(the SCF, or the arrays a checkpoint holds; reused?). Another run's checkpoint is
-        refused before the SCF."""
+        """(the SCF, or the arrays a checkpoint vouches for; reused?). Another run's checkpoint
+        is refused before the SCF."""
         checkpoint = None
         if settings.checkpoint is not None:
-            checkpoint = Checkpoint(settings.checkpoint)
-            checkpoint.claim("run", _run_identity(atoms, settings, reference))
-            held = checkpoint.load_arrays("scf")
-            if held is not None:
-                return held, True
+            checkpoint = open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files)
+            opened.append(checkpoint)
+            if checkpoint.claim("run", _run_identity(atoms, settings, reference, mol)):
+                held = checkpoint.load_arrays("scf", "the SCF was")
+                if held is not None:
+                    return held, True
+                for section in ("pairs", "B", "pipeline"):  # made from the orbitals of the lost SCF
+                    checkpoint.reset(section)
         mf = chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
                           jk_auxbasis=jk_auxbasis, xc=xc, progress=settings.progress)
         if checkpoint is not None:
-            checkpoint.save_arrays("scf", **chem.scf_arrays(mf))
+            checkpoint.save_arrays("scf", "run", **chem.scf_arrays(mf))
         return mf, False
 
     def arrays_of_reference_scf():  # rank 0's, to broadcast
         mf, reused = reference_scf()
         return (mf if reused else chem.scf_arrays(mf)), reused
 
-    # one process: its SCF; several: one SCF on rank 0 (or its checkpoint's), broadcast
-    mf, reused_scf = reference_scf() if team is None else team.on_root(arrays_of_reference_scf)
-    if isinstance(mf, dict):  # SCF arrays (checkpoint, rank 0)
-        mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_auxbasis, xc)
-    timings = {"scf": time.perf_counter() - start}
-    orbitals = chem.mean_field_orbitals(mf)
-    chem.release_integrals(mf)
-    result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis,
-                        timings, [], {"scf": jk_generated, "mp2": integrals.generated})
+    try:
+        # one process: its SCF; several: one SCF on rank 0 (or its checkpoint's), broadcast
+        mf, reused_scf = reference_scf() if team is None else team.on_root(arrays_of_reference_scf)
+        if isinstance(mf, dict):  # SCF arrays (checkpoint, rank 0)
+            mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_auxbasis, xc)
+        timings = {"scf": time.perf_counter() - start}
+        orbitals = chem.mean_field_orbitals(mf)
+        chem.release_integrals(mf)
+        result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis,
+                            timings, [], {"scf": jk_generated, "mp2": integrals.generated})
+    finally:
+        for checkpoint in opened:
+            checkpoint.close()
     if settings.checkpoint is not None:
         result.correlation.checkpoint["reused_scf"] = reused_scf
     result.double_hybrid = dh
@@ -233,7 +241,7 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
     return result
 
 
-def _run_identity(atoms, settings, reference) -> dict:
+def _run_identity(atoms, settings, reference, mol) -> dict:
     """What a checkpoint's SCF belongs to: the molecule and the chemistry settings."""
     chemistry = ("basis", "auxbasis", "charge", "spin", "scf", "xc", "c_os", "c_ss", "frozen_core", "frozen")
     return {**version_identity(), "reference": reference,
@@ -263,7 +271,7 @@ def _correlate(backend, mf, reference, integrals, settings, basis, timings, note
         modelled=backend.modelled() if simulated else None,
         trace=backend.trace.as_dict() if simulated else None,
         nki_api=getattr(backend, "nki_api", None),
-        notes=list(getattr(backend, "notes", [])) + notes + [
+        notes=list(getattr(backend, "notes", [])) + notes + list((corr.checkpoint or {}).get("notes", [])) + [
             f"no named {kind} auxiliary set in PySCF for {', '.join(elements)}: PySCF's generated "
             "even-tempered set (aug_etb) used for " + ("it" if len(elements) == 1 else "them")
             for kind, elements in (("JK-fit (SCF)", generated.get("scf")), ("MP2-fit", generated.get("mp2")))

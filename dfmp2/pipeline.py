@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .checkpoint import Checkpoint, array_digest, version_identity
+from .checkpoint import Checkpoint, array_digest, open_checkpoint, version_identity
 from .errors import ComputationError, InputError
 from .linalg import factor_metric, whiten
 from .memory import MB, MemoryPlan, peak_resident_bytes, plan_for, release_freed_memory  # noqa: F401  (MB, MemoryPlan: re-exported)
@@ -371,134 +371,146 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             e_occ_host=energy[occ_index], e_vir_host=energy[vir_index], f_ov=f_ov, nfrozen=nfrozen))
 
     checkpoint = None
-    if settings.checkpoint is not None:  # this run's identity; B and finished pair tasks if held
-        identity = _pipeline_identity(backend, refs, selected, fock_mo, metric, nao)
-        if team is None:
-            checkpoint = Checkpoint(settings.checkpoint)
-            checkpoint.claim("pipeline", identity)
-        else:  # rank 0 reads, decides and writes for every rank, which must all see its directory
-            checkpoint = Checkpoint(settings.checkpoint, read=False)
-            stamp = team.on_root(lambda: shared_checkpoint(checkpoint, identity))
-            team.agree(checkpoint.sees_stamp(stamp), f"--checkpoint {settings.checkpoint}: not every rank sees "
-                       "the directory rank 0 writes (several ranks need one directory on a shared file system)")
-    if team is not None:  # steps 1-4 over the ranks (dfmp2.distributed)
-        e_os, e_ss, nkept, metric_label, per_rank, reused = energy_over_ranks(
-            backend, integrals, metric, channels, plan, team, progress, lap, checkpoint)
-        result = _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings,
-                                     None, None, {"bytes_written": 0, "bytes_read": 0, "tensor_bytes": sum(
-                                         ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize},
-                                     None if checkpoint is None else {"directory": checkpoint.directory, **reused},
-                                     {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
-        if per_rank:  # rank 0: the kernels of the whole job
-            result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
-        return result
-    stores, journal, load_slab = [], None, None
-    fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
-    reused = {"B": False, "pair_tasks": 0}
     try:
-        if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
-            remove_scratch(settings.scratch, f"dfmp2-{checkpoint.tag}-")
-        if checkpoint is not None and "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):
-            stores = [DiskStore.reopen(backend, checkpoint.path(checkpoint.b_name(ch.name) + ".h5"),
-                                       (ch.nocc, ch.nvir, naux)) for ch in channels]
-            if any(store is None for store in stores):  # a B file lost or damaged: make it again
-                for store in stores:
-                    if store is not None:
-                        store.close()
-                stores = []
-        if checkpoint is not None and not stores:  # B of another layout (ranks) or a killed run's
-            checkpoint.reset("B")
-        if stores:
-            nkept, metric_label = checkpoint.manifest["B"]["nkept"], checkpoint.manifest["B"]["metric"]
-            reused["B"] = True
-        else:
-            factor = metric_cholesky(backend, metric)  # 1. J = L L^T
-            clock = lap("metric", clock)
-            prefix = "dfmp2-" if checkpoint is None else f"dfmp2-{checkpoint.tag}-"
-            for ch in channels:
-                shape = (ch.nocc, ch.nvir, naux)
-                stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
-                    backend, shape, settings.scratch,
-                    checkpoint.path(checkpoint.b_name(ch.name) + ".h5") if checkpoint else None, prefix))
-            clock = transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels,
-                                         stores, lap, clock, progress)  # 2. (ia|P), each spin
+        if settings.checkpoint is not None:  # this run's identity; B and finished pair tasks if held
+            identity = _pipeline_identity(backend, refs, selected, fock_mo, metric, nao)
+            if team is None:
+                checkpoint = open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files)
+                checkpoint.claim("pipeline", identity)
+            else:  # rank 0 reads, decides and writes for every rank, which must all see its directory
+                opened = []
+                try:
+                    stamp = team.on_root(lambda: shared_checkpoint(opened, settings, identity))
+                finally:
+                    checkpoint = opened[0] if opened else Checkpoint(settings.checkpoint)
+                team.agree(checkpoint.sees_stamp(stamp), f"--checkpoint {settings.checkpoint}: not every rank "
+                           "sees the directory rank 0 writes (several ranks need one directory on a shared file "
+                           "system)")
+        if team is not None:  # steps 1-4 over the ranks (dfmp2.distributed)
+            e_os, e_ss, nkept, metric_label, per_rank, reused = energy_over_ranks(
+                backend, integrals, metric, channels, plan, team, progress, lap, checkpoint)
+            result = _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings,
+                                         None, None, {"bytes_written": 0, "bytes_read": 0, "tensor_bytes": sum(
+                                             ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize},
+                                         None if checkpoint is None else {"directory": checkpoint.directory, **reused,
+                                                                          "notes": list(checkpoint.notes)},
+                                         {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
+            if per_rank:  # rank 0: the kernels of the whole job
+                result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
+            return result
+        stores, journal, load_slab = [], None, None
+        fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
+        reused = {"B": False, "pair_tasks": 0}
+        try:
+            if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
+                remove_scratch(settings.scratch, f"dfmp2-{checkpoint.tag}-")
+            b_files = [] if checkpoint is None else [checkpoint.b_name(ch.name) + ".h5" for ch in channels]
+            if checkpoint is not None and "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):
+                stores = held_b(backend, checkpoint, b_files, [(ch.nocc, ch.nvir, naux) for ch in channels])
+            if checkpoint is not None and not stores:  # B of another layout (ranks), a killed run's, damaged
+                checkpoint.reset("B")
+                checkpoint.register("B", *b_files)
+            if stores:
+                nkept, metric_label = checkpoint.manifest["B"]["nkept"], checkpoint.manifest["B"]["metric"]
+                reused["B"] = True
+            else:
+                factor = metric_cholesky(backend, metric)  # 1. J = L L^T
+                clock = lap("metric", clock)
+                prefix = "dfmp2-" if checkpoint is None else f"dfmp2-{checkpoint.tag}-"
+                for ch in channels:
+                    shape = (ch.nocc, ch.nvir, naux)
+                    stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
+                        backend, shape, settings.scratch,
+                        checkpoint.path(checkpoint.b_name(ch.name) + ".h5") if checkpoint else None, prefix))
+                clock = transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels,
+                                             stores, lap, clock, progress)  # 2. (ia|P), each spin
 
-            # out of core (no checkpoint) each I slab is whitened when the pair stage reaches it,
-            # so that (ia|P) is read once in all: step 3 then runs inside step 4 (load_slab)
-            fused = plan.storage == "disk" and checkpoint is None
-            for ch, store in zip(channels, [] if fused else stores):  # 3. B = (ia|P) L^-T, each spin
-                occ_blocks = block_ranges(ch.nocc, plan.occ_block)
-                for n, (i0, i1) in enumerate(occ_blocks):
-                    store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
-                    release_freed_memory()
-                    if progress:
-                        progress("whitening", n + 1, len(occ_blocks))
-            clock = lap("whiten", clock)
-            nkept, metric_label = factor.nkept, factor.describe()
-            if fused:
-                def whitened_slab(s, i0, i1):  # 3. B = (ia|P) L^-T for the rows of one I slab
-                    start = time.perf_counter()
-                    if stores[s].whitened(i0, i1):
-                        return stores[s].read_occ(i0, i1, nkept)
-                    slab = backend.zeros((i1 - i0, channels[s].nvir, nkept))
-                    for b0, b1 in block_ranges(i1 - i0, plan.occ_block):
-                        block = whiten_three_center(backend, factor, stores[s].read_occ(i0 + b0, i0 + b1))
-                        stores[s].write_occ(i0 + b0, i0 + b1, block)
-                        backend.copy_into(slab[b0:b1], block)
-                        del block
+                # out of core (no checkpoint) each I slab is whitened when the pair stage reaches it,
+                # so that (ia|P) is read once in all: step 3 then runs inside step 4 (load_slab)
+                fused = plan.storage == "disk" and checkpoint is None
+                for ch, store in zip(channels, [] if fused else stores):  # 3. B = (ia|P) L^-T, each spin
+                    occ_blocks = block_ranges(ch.nocc, plan.occ_block)
+                    for n, (i0, i1) in enumerate(occ_blocks):
+                        store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
                         release_freed_memory()
-                    fused_seconds[0] += time.perf_counter() - start
-                    return slab
-                load_slab = whitened_slab
+                        if progress:
+                            progress("whitening", n + 1, len(occ_blocks))
+                clock = lap("whiten", clock)
+                nkept, metric_label = factor.nkept, factor.describe()
+                if fused:
+                    def whitened_slab(s, i0, i1):  # 3. B = (ia|P) L^-T for the rows of one I slab
+                        start = time.perf_counter()
+                        if stores[s].whitened(i0, i1):
+                            return stores[s].read_occ(i0, i1, nkept)
+                        slab = backend.zeros((i1 - i0, channels[s].nvir, nkept))
+                        for b0, b1 in block_ranges(i1 - i0, plan.occ_block):
+                            block = whiten_three_center(backend, factor, stores[s].read_occ(i0 + b0, i0 + b1))
+                            stores[s].write_occ(i0 + b0, i0 + b1, block)
+                            backend.copy_into(slab[b0:b1], block)
+                            del block
+                            release_freed_memory()
+                        fused_seconds[0] += time.perf_counter() - start
+                        return slab
+                    load_slab = whitened_slab
+                if checkpoint is not None:  # each file's size and digest, then the section that vouches
+                    for name in b_files:
+                        checkpoint.vouch(name)
+                    checkpoint.claim("B", {"nkept": nkept, "metric": metric_label})
+
+            # 4. pair energies, task by task (finished tasks of an interrupted run are kept)
+            tasks = pair_tasks([ch.nocc for ch in channels], plan.occ_block)
+            sums = np.zeros((len(tasks), 2))
+            finished = set()
             if checkpoint is not None:
-                checkpoint.claim("B", {"nkept": nkept, "metric": metric_label})
+                checkpoint.claim_pairs({"occ_block": plan.occ_block, "ntasks": len(tasks)}, [checkpoint.journal_name()])
+                journal = checkpoint.journal(len(tasks))
+                done, damaged = journal.restore(sums)
+                if damaged:
+                    checkpoint.damaged(checkpoint.journal_name(), f"had {damaged} damaged record(s)",
+                                       "those pair blocks were")
+                finished = set(done)
+                reused["pair_tasks"] = len(finished)
 
-        # 4. pair energies, task by task (finished tasks of an interrupted run are kept)
-        tasks = pair_tasks([ch.nocc for ch in channels], plan.occ_block)
-        sums = np.zeros((len(tasks), 2))
-        finished = set()
-        if checkpoint is not None:
-            checkpoint.claim_pairs({"occ_block": plan.occ_block, "ntasks": len(tasks)})
-            journal = checkpoint.journal(len(tasks))
-            finished = set(journal.restore(sums))
-            reused["pair_tasks"] = len(finished)
+            def record(k, e_os, e_ss):
+                sums[k] = (e_os, e_ss)
+                if journal is not None:
+                    journal.record(k, e_os, e_ss)
+                finished.add(k)
+                if progress:
+                    progress("pair energies", len(finished), len(tasks))
 
-        def record(k, e_os, e_ss):
-            sums[k] = (e_os, e_ss)
+            pair_energies(backend, stores, channels, tasks, [k for k in range(len(tasks)) if k not in finished],
+                          nkept, plan.slab_rows, record, load_slab)
+            e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
+            clock = lap("pair_energies", clock)
+            timings["pair_energies"] -= fused_seconds[0]
+            timings["whiten"] = timings.get("whiten", 0.0) + fused_seconds[0]
+            rdm1 = None
+            if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
+                rdm1 = (selected[0][0], selected[0][1],
+                        *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, nkept))
+                clock = lap("density", clock)
+            t2 = None
+            if with_t2:  # PySCF's t2[i, j, a, b], on the host in fp64
+                ch = channels[0]
+                b = stores[0].read_occ(0, ch.nocc, nkept)
+                t2 = backend.to_host(backend.amplitudes(b, b, ch.e_occ, ch.e_occ, ch.e_vir))
+        finally:
+            io = {"bytes_written": sum(st.io()["bytes_written"] for st in stores),
+                  "bytes_read": sum(st.io()["bytes_read"] for st in stores),
+                  "tensor_bytes": sum(ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize}
             if journal is not None:
-                journal.record(k, e_os, e_ss)
-            finished.add(k)
-            if progress:
-                progress("pair energies", len(finished), len(tasks))
-
-        pair_energies(backend, stores, channels, tasks, [k for k in range(len(tasks)) if k not in finished],
-                      nkept, plan.slab_rows, record, load_slab)
-        e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
-        clock = lap("pair_energies", clock)
-        timings["pair_energies"] -= fused_seconds[0]
-        timings["whiten"] = timings.get("whiten", 0.0) + fused_seconds[0]
-        rdm1 = None
-        if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
-            rdm1 = (selected[0][0], selected[0][1],
-                    *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, nkept))
-            clock = lap("density", clock)
-        t2 = None
-        if with_t2:  # PySCF's t2[i, j, a, b], on the host in fp64
-            ch = channels[0]
-            b = stores[0].read_occ(0, ch.nocc, nkept)
-            t2 = backend.to_host(backend.amplitudes(b, b, ch.e_occ, ch.e_occ, ch.e_vir))
+                journal.close()
+            for store in stores:
+                store.close()
+        return _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
+                                   None if checkpoint is None else {
+                                       "directory": checkpoint.directory, "reused_B": reused["B"],
+                                       "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks),
+                                       "notes": list(checkpoint.notes)})
     finally:
-        io = {"bytes_written": sum(st.io()["bytes_written"] for st in stores),
-              "bytes_read": sum(st.io()["bytes_read"] for st in stores),
-              "tensor_bytes": sum(ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize}
-        if journal is not None:
-            journal.close()
-        for store in stores:
-            store.close()
-    return _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
-                               None if checkpoint is None else {
-                                   "directory": checkpoint.directory, "reused_B": reused["B"],
-                                   "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks)})
+        if checkpoint is not None:
+            checkpoint.close()
 
 
 def _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
@@ -582,11 +594,21 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
             rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
             release_freed_memory()
         nkept, metric_label = factor.nkept, factor.describe()
-        if checkpoint is not None:
-            for s in range(len(channels)):
-                checkpoint.save_blocks(checkpoint.b_name(channels[s].name, rank), rows[s], backend.to_host)
-            team.barrier()  # every rank's blocks are on disk before the manifest says B is complete
-            team.on_root(lambda: checkpoint.claim("B", {"nkept": nkept, "metric": metric_label, **layout}))
+        if checkpoint is not None:  # rank 0 lists every rank's files, each rank writes its own, then
+            # rank 0 records their digests and the section that vouches for them
+            names = [checkpoint.b_name(ch.name, r) for r in range(size) for ch in channels]
+            team.on_root(lambda: checkpoint.register("B", *[n for name in names
+                                                            for n in (f"{name}.h5", f".{name}.h5.partial")]))
+            digests = {f"{checkpoint.b_name(ch.name, rank)}.h5": checkpoint.save_blocks(
+                checkpoint.b_name(ch.name, rank), rows[s], backend.to_host) for s, ch in enumerate(channels)}
+            every = team.gather_objects(digests)
+
+            def vouch_for_every_rank():
+                for rank_digests in every:
+                    for name, digest in rank_digests.items():
+                        checkpoint.vouch(name, digest)
+                checkpoint.claim("B", {"nkept": nkept, "metric": metric_label, **layout})
+            team.on_root(vouch_for_every_rank)
         clock = lap("whiten", clock)
 
     tasks = pair_tasks([ch.nocc for ch in channels], occ_block)
@@ -594,10 +616,18 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     mine = [k for k, task in enumerate(tasks) if owners[task.s][task.i0 // occ_block] == rank]
     finished, journal = set(), None
     if checkpoint is not None:  # rank 0 makes the pairs section this task list's (journals of others go)
-        team.on_root(lambda: checkpoint.claim_pairs({"occ_block": occ_block, "ntasks": len(tasks), **layout}))
+        team.on_root(lambda: checkpoint.claim_pairs({"occ_block": occ_block, "ntasks": len(tasks), **layout},
+                                                    [checkpoint.journal_name(r) for r in range(size)]))
         journal = checkpoint.journal(len(tasks), rank)
         journaled = np.zeros_like(sums)
-        finished = set(journal.restore(journaled)) & set(mine)  # each task's sums from its owner only
+        done, damaged = journal.restore(journaled)
+        every = team.gather_objects(damaged)
+        if team.is_root:
+            for r, count in enumerate(every):
+                if count:
+                    checkpoint.damaged(checkpoint.journal_name(r), f"had {count} damaged record(s)",
+                                       "those pair blocks were")
+        finished = set(done) & set(mine)  # each task's sums from its owner only
         kept = sorted(finished)
         sums[kept] = journaled[kept]
     reused_tasks = len(finished)
@@ -647,25 +677,53 @@ def energy_over_ranks(backend, integrals, metric, channels, plan, team, progress
     return e_os, e_ss, nkept, metric_label, per_rank, reused
 
 
-def shared_checkpoint(checkpoint, identity) -> str:
-    """Rank 0: read the checkpoint, claim its pipeline section (InputError if it is another
-    run's) and stamp it; returns the stamp every rank must then read."""
-    checkpoint.open()
-    checkpoint.claim("pipeline", identity)
-    return checkpoint.stamp()
+def shared_checkpoint(opened, settings, identity) -> str:
+    """Rank 0: open the checkpoint (appended to `opened`), claim its pipeline section
+    (InputError if it is another run's) and stamp it; returns the stamp every rank must then
+    read."""
+    opened.append(open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files))
+    opened[0].claim("pipeline", identity)
+    return opened[0].stamp()
+
+
+def held_b(backend, checkpoint, names, shapes) -> list:
+    """The stores of the complete B files `names` (shapes [nocc, nvir, naux]) that the
+    checkpoint's manifest vouches for (size and sha256 checked), or [] if any is not usable
+    (a damaged or missing one is announced in checkpoint.notes)."""
+    if not checkpoint.holds("B"):
+        return []
+    reasons = [checkpoint.check(name) for name in names]
+    stores = [DiskStore.reopen(backend, checkpoint.path(name), shape) if reason is None else None
+              for name, shape, reason in zip(names, shapes, reasons)]
+    if all(store is not None for store in stores):
+        return stores
+    for name, store, reason in zip(names, stores, reasons):
+        if store is None:
+            checkpoint.damaged(name, reason or "unreadable", "B (transform and whitening) was")
+        else:
+            store.close()
+    return []
 
 
 def held_rows(team, checkpoint, layout, blocks, owners, channels):
     """This rank's whitened blocks as an earlier run of the same layout kept them in the
-    checkpoint: ([{b: host array} per channel], nkept, metric label), or None on every rank
-    unless every rank holds all of its blocks (then rank 0 resets the B section)."""
-    held = team.on_root(lambda: checkpoint.manifest.get("B"))
+    checkpoint (each file checked against rank 0's manifest record: size and sha256):
+    ([{b: host array} per channel], nkept, metric label), or None on every rank unless every
+    rank holds all of its blocks (then rank 0 resets the B section, and notes a damaged file)."""
+    held, files = team.on_root(lambda: (checkpoint.manifest.get("B"), {
+        name: entry for name, entry in checkpoint.manifest["files"].items() if entry.get("section") == "B"}))
     if held is not None and all(held.get(key) == value for key, value in layout.items()):
-        rows = [checkpoint.load_blocks(checkpoint.b_name(ch.name, team.rank), {
+        loaded = [(name, *checkpoint.load_blocks(name, {
             b: (i1 - i0, ch.nvir, held["nkept"]) for b, (i0, i1) in enumerate(blocks[s])
-            if owners[s][b] == team.rank}) for s, ch in enumerate(channels)]
-        if not team.all_reduce_sum(np.array([float(any(r is None for r in rows))]))[0]:
-            return rows, held["nkept"], held["metric"]
+            if owners[s][b] == team.rank}, files.get(name + ".h5")))
+            for s, ch in enumerate(channels) for name in [checkpoint.b_name(ch.name, team.rank)]]
+        failures = [(name + ".h5", reason) for name, rows, reason in loaded if rows is None]
+        if not team.all_reduce_sum(np.array([float(bool(failures))]))[0]:
+            return [rows for _, rows, _ in loaded], held["nkept"], held["metric"]
+        every = team.gather_objects(failures)
+        if team.is_root:
+            for name, reason in (f for rank_failures in every for f in rank_failures):
+                checkpoint.damaged(name, reason, "B (transform and whitening) was")
     team.on_root(lambda: checkpoint.reset("B"))
     return None
 

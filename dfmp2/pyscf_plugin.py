@@ -45,7 +45,8 @@ class DFMP2(lib.StreamObject):
     _keys = {"frozen", "auxbasis", "device", "precision", "simulate", "nki_api", "transform",
              "allow_non_aufbau", "with_df", "mo_coeff", "mo_occ", "mo_energy", "result", "e_hf",
              "e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference",
-             "spin_square", "t2", "max_memory", "mol", "stdout", "verbose", "checkpoint"}
+             "spin_square", "t2", "max_memory", "mol", "stdout", "verbose", "checkpoint",
+             "checkpoint_allow_other_files"}
 
     def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, auxbasis=None, device="cpu",
                  precision=None, simulate=False, nki_api=None, transform=None, allow_non_aufbau=False):
@@ -68,6 +69,7 @@ class DFMP2(lib.StreamObject):
         self.transform = transform  # trn1/trn2: AO->MO transform "exact" (None: default) or "fp32"
         self.allow_non_aufbau = allow_non_aufbau  # accept a deliberately non-aufbau reference
         self.checkpoint = None  # a directory: keep B and finished pair tasks, resume from them
+        self.checkpoint_allow_other_files = False  # use a checkpoint directory holding other files
         self.result = None
         self.e_hf = None  # None for a Kohn-Sham reference (its energy is e_ref)
         self.e_ref = None
@@ -103,7 +105,8 @@ class DFMP2(lib.StreamObject):
         return Settings(auxbasis=self._auxbasis_choice(), frozen=self.frozen, device=self.device,
                         precision=self.precision, simulate=self.simulate, nki_api=self.nki_api,
                         transform=self.transform, allow_non_aufbau=self.allow_non_aufbau,
-                        max_memory=self.max_memory, checkpoint=self.checkpoint).replace(**changes)
+                        max_memory=self.max_memory, checkpoint=self.checkpoint,
+                        checkpoint_allow_other_files=self.checkpoint_allow_other_files).replace(**changes)
 
     def _auxbasis_choice(self):
         """with_df if the user set one (its auxmol, or the basis it would build), else auxbasis."""

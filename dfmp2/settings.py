@@ -48,6 +48,8 @@ class Settings:
     max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: 80% of free RAM
     scratch: str | None = None  # directory of the out-of-core scratch file
     checkpoint: str | None = None  # directory that keeps B and the pair-loop progress across runs
+    checkpoint_allow_other_files: bool = False  # a non-empty checkpoint directory without a manifest is
+    # refused unless this is set (dfmp2 then writes beside the files there, never over them)
     # companions: not part of what a result or a checkpoint belongs to
     progress: object = field(default=None, compare=False, repr=False)  # progress(step, done, total)
     team: object = field(default=None, compare=False, repr=False)  # dfmp2.distributed.Team or None

@@ -68,6 +68,7 @@ class DiskStore:
         self.shape = tuple(shape)
         self._tmpdir = tempfile.TemporaryDirectory(prefix=prefix, dir=directory)
         self.path = path or os.path.join(self._tmpdir.name, "B.h5")
+        self._kept = path is not None
         self._aux_file = h5py.File(os.path.join(self._tmpdir.name, "three_center.h5"), "w")
         self._file = h5py.File(self.path, "w")
         self._dtype = np.float64 if backend.itemsize == 8 else np.float32
@@ -92,7 +93,7 @@ class DiskStore:
             handle.close()
             return None
         store = cls.__new__(cls)
-        store.backend, store.shape, store._tmpdir, store.path = backend, tuple(shape), None, path
+        store.backend, store.shape, store._tmpdir, store.path, store._kept = backend, tuple(shape), None, path, True
         store._aux_file, store._file, store._b, store._blocks = None, handle, handle["B"], []
         store._dtype = handle["B"].dtype
         store._whitened = np.ones(shape[0], dtype=bool)
@@ -122,6 +123,14 @@ class DiskStore:
             self._file.attrs["complete"] = True
             self._file.flush()
             os.fsync(self._file.id.get_vfd_handle())  # on disk before a checkpoint says B is complete
+            if self._kept:  # a checkpoint's B:
+                # closed, so that its bytes are final when the checkpoint takes their digest, and
+                # read back read-only
+                import h5py
+
+                self._file.close()
+                self._file = h5py.File(self.path, "r")
+                self._b = self._file["B"]
 
     def read_occ(self, i0, i1, naux=None):
         if self._whitened[i0:i1].all():
