@@ -20,7 +20,7 @@ from . import __version__
 from .driver import MODEL_NOTE, PEAK_MODEL_NOTE
 from .errors import InputError
 from .kernels import get_backend
-from .memory import MB, peak_resident_bytes, resident_bytes
+from .memory import MB, peak_resident_bytes, plan_for, resident_bytes
 from .pipeline import block_ranges, dfmp2_energy
 from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from .settings import Settings, settings_from
@@ -71,9 +71,11 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
     device, simulate = settings.device, settings.simulate
     if repeat < 0:
         raise InputError(f"--repeat must be 0 or more, got {repeat}")
-    if seed < 0:
-        raise InputError(f"--seed must be non-negative, got {seed}")
+    if not 0 <= seed < 2**64:
+        raise InputError(f"--seed must be in 0 .. 2^64 - 1 (the Philox key), got {seed}")
     backend_check = settings.backend()  # fail fast
+    # the budget is checked before anything of the problem's size is made
+    plan_for(backend_check, SyntheticIntegrals(nbasis, nocc, naux, seed), [(nocc, nbasis - nocc)], settings.max_memory)
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
     passes = []
     for n in range(repeat + 1):

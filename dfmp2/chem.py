@@ -46,56 +46,112 @@ def _element_symbols() -> dict:
     return {s.upper(): s for s in ELEMENTS[1:]}
 
 
+MAX_ATOMS = 100_000  # more is not a molecule a DF-MP2 run can treat
+MAX_LINE = 4096  # characters in one line of an XYZ file
+MAX_TRAILER = 65536  # bytes read past the last atom line: blank lines only
+MIN_DISTANCE = 0.3  # Angstrom; the shortest bond there is (H2) is 0.74
+
+
 def read_xyz(path: str) -> list:
-    """Read a standard XYZ file (count, comment, `Symbol x y z` in Angstrom) -> [Atom]."""
+    """Read a standard XYZ file (count, comment, `Symbol x y z` in Angstrom, ASCII element
+    symbols in any case) -> [Atom]. Reads no more than a valid XYZ of its atom count can hold
+    (lines of at most MAX_LINE characters, then MAX_TRAILER bytes of blank lines); atoms closer
+    than MIN_DISTANCE are refused, naming their lines."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, not an XYZ file")
     try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+        with open(path, "rb") as handle:
+            return _parse_xyz(path, handle)
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file") from None
-    if not lines or not lines[0].strip():
+    except OSError as error:
+        raise InputError(f"{path}: cannot read it ({error.strerror})") from None
+
+
+def _parse_xyz(path, handle) -> list:
+    lineno = 0
+
+    def next_line():
+        nonlocal lineno
+        raw = handle.readline(MAX_LINE + 1)
+        lineno += 1
+        if len(raw) > MAX_LINE:
+            raise InputError(f"{path}, line {lineno}: longer than {MAX_LINE} characters: not an XYZ file")
+        return None if raw == b"" else raw.decode("utf-8")
+
+    first = next_line()
+    if first is None or not first.strip():
         raise InputError(f"{path}, line 1: expected the number of atoms, found an empty line")
     try:
-        natom = int(lines[0].split()[0])
+        natom = int(first.split()[0])
     except ValueError:
-        raise InputError(
-            f"{path}, line 1: expected the number of atoms, found {lines[0].strip()!r}") from None
+        raise InputError(f"{path}, line 1: expected the number of atoms, found {first.strip()!r}") from None
     if natom < 1:
         raise InputError(f"{path}, line 1: the number of atoms must be positive, found {natom}")
-
-    elements = _element_symbols()
-    body = lines[2:]
-    atom_lines = [(n + 3, text) for n, text in enumerate(body) if text.strip()]
-    if len(atom_lines) != natom:
-        raise InputError(
-            f"{path}: line 1 says {natom} atoms but the file has {len(atom_lines)} atom lines")
-    if len(lines) < 2:
+    if natom > MAX_ATOMS:
+        raise InputError(f"{path}, line 1: {natom} atoms, more than dfmp2 can treat (at most {MAX_ATOMS})")
+    if next_line() is None:
         raise InputError(f"{path}: missing the comment line (line 2)")
 
-    atoms = []
-    for lineno, text in atom_lines:
-        fields = text.split()
-        if len(fields) < 4:
-            raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z', found {text.strip()!r}")
-        symbol = elements.get(fields[0].upper())
-        if symbol is None:
-            raise InputError(f"{path}, line {lineno}: unknown element {fields[0]!r}")
-        coords = []
-        for field in fields[1:4]:
-            try:
-                value = float(field)
-            except ValueError:
-                raise InputError(
-                    f"{path}, line {lineno}: coordinate {field!r} is not a number") from None
-            if not math.isfinite(value):
-                raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not finite")
-            coords.append(value)
-        atoms.append(Atom(symbol, tuple(coords)))
+    elements = _element_symbols()
+    atoms, lines = [], []
+    blank = 0
+    while len(atoms) < natom:
+        text = next_line()
+        if text is None:
+            raise InputError(f"{path}: line 1 says {natom} atoms but the file has {len(atoms)} atom lines")
+        if not text.strip():
+            blank += len(text)
+            if blank > MAX_TRAILER:
+                raise InputError(f"{path}, line {lineno}: more than {MAX_TRAILER} bytes of blank lines among "
+                                 "the atoms: not an XYZ file")
+            continue
+        atoms.append(_parse_atom(path, lineno, text, elements))
+        lines.append(lineno)
+    trailer = handle.read(MAX_TRAILER + 1)
+    if trailer.strip() or len(trailer) > MAX_TRAILER:
+        raise InputError(f"{path}: the file goes on after the {natom} atoms line 1 announces (past line {lineno}; "
+                         "one geometry per file)")
+    _check_distances(path, atoms, lines)
     return atoms
+
+
+def _parse_atom(path, lineno, text, elements) -> Atom:
+    """One `Symbol x y z` line (further columns ignored)."""
+    fields = text.split()
+    if len(fields) < 4:
+        raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z', found {text.strip()!r}")
+    name = fields[0]
+    symbol = elements.get(name.upper()) if name.isascii() and name.isalpha() else None
+    if symbol is None:
+        raise InputError(f"{path}, line {lineno}: unknown element {name!r}")
+    coords = []
+    for field in fields[1:4]:
+        try:
+            value = float(field)
+        except ValueError:
+            raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not a number") from None
+        if not math.isfinite(value):
+            raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not finite")
+        coords.append(value)
+    return Atom(symbol, tuple(coords))
+
+
+def _check_distances(path, atoms, lines) -> None:
+    """InputError naming the first pair of atoms closer than MIN_DISTANCE (Angstrom)."""
+    from scipy.spatial import cKDTree
+
+    xyz = np.array([a.xyz for a in atoms], dtype=np.float64)
+    pairs = sorted(cKDTree(xyz).query_pairs(MIN_DISTANCE))
+    if pairs:
+        i, j = pairs[0]
+        distance = float(np.linalg.norm(xyz[i] - xyz[j]))
+        where = "at the same position" if distance == 0 else f"{distance:.3g} Angstrom apart"
+        raise InputError(f"{path}, lines {lines[i]} and {lines[j]}: atoms {i + 1} ({atoms[i].symbol}) and "
+                         f"{j + 1} ({atoms[j].symbol}) are {where}; atoms closer than {MIN_DISTANCE} Angstrom are "
+                         "not a molecule")
 
 
 def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_memory=None):
@@ -127,6 +183,14 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_
     if max_memory is not None:
         mol.max_memory = max_memory
     mol.build()
+    nalpha, nbeta = mol.nelec
+    if nalpha >= mol.nao_nr():
+        raise InputError(f"charge {charge} and 2S {spin} put {nalpha} alpha electrons in the {mol.nao_nr()} orbitals "
+                         f"of {basis}: " + ("more than they hold" if nalpha > mol.nao_nr() else
+                                            "none is left virtual, so there is nothing to correlate"))
+    if nbeta == 0:
+        raise InputError(f"2S = {spin} leaves no beta electron ({nelectron} electron{'s' if nelectron > 1 else ''} in "
+                         "all): DF-MP2 here needs at least one occupied orbital of each spin")
     return mol
 
 

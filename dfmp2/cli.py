@@ -7,6 +7,7 @@ Exit status: 0 success, 2 bad input (one line on stderr), 1 runtime failure (one
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -21,6 +22,7 @@ from .distributed import DEFAULT_TIMEOUT_S, Team, launched_ranks
 from .settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
+SEED_MAX = 2**64 - 1  # the Philox key is 64 bits
 
 
 def _fail(message: str, code: int):
@@ -111,6 +113,8 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
             raise InputError(f"--scratch {scratch}: no such directory")
         if scf_max_cycle < 1:
             raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
+        if not (math.isfinite(rank_timeout) and rank_timeout > 0):
+            raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout:g}")
         team = Team.join(device, simulate, rank_timeout) if launched_ranks() > 1 else None
         root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
         progress = _Progress() if (root and not quiet and sys.stderr.isatty()) else None
@@ -158,7 +162,8 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
 @click.option("--nbasis", type=int, default=None, help="Basis functions (instead of --shape).")
 @click.option("--nocc", type=int, default=None, help="Occupied orbitals (instead of --shape).")
 @click.option("--naux", type=int, default=None, help="Auxiliary functions (instead of --shape).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Philox seed of the synthetic problem.")
+@click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True,
+              help="Philox seed of the synthetic problem (0 to 2^64 - 1).")
 @click.option("--kernel", default=None, metavar="gemm|syrk|trsm|ao2mo|pair_energy",
               help="Instead of the pipeline: the MODELLED warm time of one NKI kernel call at --size "
                    "(with --device trn1|trn2 --simulate).")

@@ -14,7 +14,7 @@ from . import __version__, chem
 from .checkpoint import open_checkpoint, version_identity
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
-from .memory import MB, peak_resident_bytes
+from .memory import MB, SCF_GROWTH, peak_resident_bytes, release_freed_memory
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
 from .settings import Settings, settings_from
 
@@ -193,7 +193,7 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
     if team is not None and settings.with_rdm1:
         raise InputError("with several ranks, --natorbs is not available yet: run it in one process")
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
-             ranks=team.size if team is not None else 1)  # fail before the SCF
+             ranks=team.size if team is not None else 1, growth=SCF_GROWTH)  # fail before the SCF
     start = time.perf_counter()
     xc = dh.xc if dh else None
     opened = []  # the checkpoint this process opened (rank 0's, of several)
@@ -229,6 +229,7 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         timings = {"scf": time.perf_counter() - start}
         orbitals = chem.mean_field_orbitals(mf)
         chem.release_integrals(mf)
+        release_freed_memory()
         result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis,
                             timings, [], {"scf": jk_generated, "mp2": integrals.generated})
     finally:

@@ -9,6 +9,8 @@ Dispersion corrections (-D2, -D3BJ, -NL variants) are not included.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from .errors import InputError
@@ -63,4 +65,7 @@ def double_hybrid(xc: str, c_os: float | None = None, c_ss: float | None = None)
     if c_os is None or c_ss is None:
         raise InputError(f"--xc {xc!r} is not a double hybrid dfmp2 knows ({', '.join(DOUBLE_HYBRIDS)}); "
                          "for a custom one give its KS part as a PySCF xc string with --c-os and --c-ss")
+    for name, value in (("--c-os", c_os), ("--c-ss", c_ss)):
+        if not math.isfinite(float(value)):
+            raise InputError(f"{name} must be a finite number, got {value}")
     return DoubleHybrid("custom", xc, float(c_os), float(c_ss), "user-defined")

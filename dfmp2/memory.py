@@ -17,7 +17,12 @@ import numpy as np
 from .errors import InputError
 
 MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
-MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
+MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
+MIN_AUX_BLOCK = 32
+# what the SCF adds to the process's resident set once its integrals are released (modules, caches,
+# thread stacks; measured 15 MB on benzene/cc-pVTZ): allowed for when the budget is checked
+# before the SCF, so that a budget too small for the MP2 steps is refused before the SCF runs
+SCF_GROWTH = 48 * MB  # auxiliary functions per transform block, unless the budget forces fewer
 
 
 @dataclass
@@ -42,7 +47,7 @@ def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:
 def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
                 preferred_aux_block_bytes=None, preferred_pair_rows=512,
                 occ_block_limit=None, pair_scratch_bytes=None, on_disk=False, baseline=0,
-                device_limit=None, ranks=1) -> MemoryPlan:
+                device_limit=None, ranks=1, growth=0) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes, the whole
     process's: `baseline` bytes are already resident (the arrays get budget - baseline, and
     at most `device_limit` bytes on a GPU).
@@ -78,17 +83,19 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
     if ranks > 1:  # this rank's rows and one visiting rank's (or its columns and its rows)
         store = min(store, -(-store * 2 // ranks))
     least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
+    resident = (f"{baseline / MB:.4g} MB already resident" if not growth else
+                f"{baseline / MB:.4g} MB resident ({(baseline - growth) / MB:.4g} MB now and {growth / MB:.3g} MB "
+                "allowed for what the SCF leaves)")
     if budget <= baseline:
         raise InputError(
-            f"--max-memory {budget / MB:.4g} MB is below this process's own footprint: {baseline / MB:.4g} MB "
-            f"are already resident (Python, torch, PySCF and the reference); give at least "
-            f"{(baseline + least) / MB:.4g} MB")
+            f"--max-memory {budget / MB:.4g} MB is below this process's own footprint: {resident} (Python, torch, "
+            f"PySCF and the reference); give at least {(baseline + least) / MB:.4g} MB")
     arrays = budget - baseline if device_limit is None else min(budget - baseline, device_limit)
     if least > arrays:
         where = "" if device_limit is None or budget - baseline <= device_limit else " of GPU memory"
         raise InputError(
             f"needs at least {(baseline + least) / MB:.4g} MB even in the smallest blocks ({least / MB:.3g} MB"
-            f"{where} above the {baseline / MB:.4g} MB already resident; nao={nao}, nocc={nocc}, nvir={nvir}, "
+            f"{where} above the {resident}; nao={nao}, nocc={nocc}, nvir={nvir}, "
             f"naux={naux}); the memory budget is {budget / MB:.4g} MB (--max-memory)")
     storage = "memory" if least + store <= arrays and not on_disk else "disk"
     if storage == "disk" and ranks > 1:
@@ -117,25 +124,29 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
     return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline)
 
 
-def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1) -> MemoryPlan:
+def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0) -> MemoryPlan:
     """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel (on_disk:
-    B kept on disk whatever the budget, as a checkpoint does)."""
+    B kept on disk whatever the budget, as a checkpoint does). growth: bytes the process is
+    expected to add to its resident set before the MP2 steps (a check made before the SCF
+    allows SCF_GROWTH for what the SCF leaves behind)."""
     hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
-    baseline = resident_bytes()
+    release_freed_memory()  # the footprint measured is what is in use, not freed pages the heap keeps
+    baseline = resident_bytes() + growth
     device_free = backend.memory_limit_bytes()
     return plan_memory(budget_bytes(max_memory, baseline), integrals.nao, spaces,
                        integrals.naux, integrals.largest_shell(), backend.itemsize,
                        hints.aux_block_bytes, hints.pair_rows, hints.occ_block_limit,
                        hints.pair_scratch_bytes, on_disk, baseline,
-                       None if device_free is None else int(0.9 * device_free), ranks)
+                       None if device_free is None else int(0.9 * device_free), ranks, growth)
 
 
 def budget_bytes(max_memory, baseline=None):
     """The whole process's budget in bytes: --max-memory MB, or by default what is resident
     now plus 80% of the RAM still available (shared among the node's ranks under torchrun)."""
     if max_memory is not None:
-        if not np.isfinite(max_memory) or max_memory <= 0:
-            raise InputError(f"--max-memory must be a positive, finite number of MB, got {max_memory}")
+        if not np.isfinite(max_memory) or not 0 < max_memory <= MAX_BUDGET_MB:
+            raise InputError(f"--max-memory must be a positive number of MB up to {MAX_BUDGET_MB:.0e} "
+                             f"(an exabyte), got {max_memory:g}")
         return int(max_memory * MB)
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # processes sharing this node
     return (resident_bytes() if baseline is None else baseline) + int(0.8 * available_ram_bytes() / local_ranks)

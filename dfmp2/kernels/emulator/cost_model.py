@@ -15,7 +15,7 @@ Everything here is a model, never a measurement. One kernel call costs
     vector/scalar  per instruction: (fixed + elements per partition) / engine clock
 
 Constants and where they come from (see docs/benchmarks.md, "Calibration"):
-  - peaks, clocks, DMA engines, HBM bandwidth: AWS's architecture guides (../docs/nki-facts.md);
+  - peaks, clocks, DMA engines, HBM bandwidth: AWS's architecture guides (docs/hardware-facts.md);
   - 64 cycles fixed cost per instruction: the performance guide's "60-100 cycles";
   - 65% DMA efficiency: the guides' "60-70% of HBM bandwidth is good";
   - launch and host_transfer: fitted (two unknowns, two equations) to a sibling library's warm
