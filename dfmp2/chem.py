@@ -154,14 +154,76 @@ def _check_distances(path, atoms, lines) -> None:
                          "not a molecule")
 
 
-def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_memory=None):
-    """PySCF Mole from atoms (Angstrom). Checks the basis, and that charge and spin (2S) are
-    possible for the electron count. max_memory (MB, the whole process's, PySCF's meaning):
-    what PySCF's SCF and integral code may use (they go out of core beyond it)."""
+ECP_FROM_BSE_MIN_Z = 37  # ECPs are also looked up in the Basis Set Exchange's data from Rb on, where
+# PySCF's library has gaps (the def2 ECPs of Ce-Lu); lighter elements never load it (start-up time)
+
+
+@dataclass(frozen=True)
+class EffectiveCorePotentials:
+    """The ECPs of a run: `pyscf` {element: ECP as PySCF's mol.ecp takes it}, `record`
+    {element: {"name": where it came from, "core_electrons": n}}, and `off`: {element: the
+    ECP a named basis carries that --ecp none turned off, e.g. "28-electron def2-svp"}."""
+
+    pyscf: dict
+    record: dict
+    off: dict
+
+    def core_electrons(self, symbol: str) -> int:
+        return self.record[symbol]["core_electrons"] if symbol in self.record else 0
+
+
+def choose_ecp(symbols, basis: str, ecp: str | None = "auto") -> EffectiveCorePotentials:
+    """ECPs for the elements `symbols`. ecp "auto" (or None): the ECP that ships with the orbital
+    basis `basis` for each element that has one (def2: Rb-Rn), as Psi4, ORCA and Turbomole do;
+    "none": all-electron (what auto would have used is kept in `off`, for a note); any other
+    name: that ECP library for every element it covers (InputError if it covers none)."""
+    choice = "auto" if ecp is None else str(ecp).strip()
+    name = basis if choice.lower() in ("auto", "none") else choice
+    found = {}
+    for symbol in sorted(set(symbols)):
+        potential = _ecp_of(name, symbol)
+        if potential is not None:
+            found[symbol] = potential
+    if choice.lower() == "none":
+        return EffectiveCorePotentials({}, {}, {el: f"{n}-electron {label}" for el, (_, label, n) in found.items()})
+    if choice.lower() != "auto" and not found:
+        raise InputError(f"--ecp {choice}: no ECP of that name for any element here ({', '.join(sorted(set(symbols)))}); "
+                         "use auto, none, or an ECP name PySCF or the Basis Set Exchange knows")
+    return EffectiveCorePotentials({el: data for el, (data, _, _) in found.items()},
+                                   {el: {"name": label, "core_electrons": n} for el, (_, label, n) in found.items()}, {})
+
+
+def _ecp_of(name: str, symbol: str):
+    """(ECP as PySCF takes it, label, core electrons) of ECP library `name` for `symbol`: PySCF's
+    library first, then (from Rb on) the Basis Set Exchange's data; None where neither has one."""
+    from pyscf.gto import basis as basis_lib
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data = basis_lib.load_ecp(name, symbol)
+    except (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError):
+        data = None
+    if data:
+        return name, name, int(data[0])
+    if _atomic_number(symbol) >= ECP_FROM_BSE_MIN_Z:
+        potential = _bse_shells(name, symbol)[1]
+        if potential:
+            return potential, f"{_bse_name(name)} ({BSE})", int(potential[0])
+    return None
+
+
+def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_memory=None,
+                   ecp: EffectiveCorePotentials | None = None):
+    """PySCF Mole from atoms (Angstrom) with the ECPs `ecp` (choose_ecp; None: all-electron).
+    Checks the basis, and that charge and spin (2S) are possible for the electron count (the
+    electrons an ECP replaces not counted). max_memory (MB, the whole process's, PySCF's
+    meaning): what PySCF's SCF and integral code may use (they go out of core beyond it)."""
     from pyscf import gto
 
+    ecp = ecp or EffectiveCorePotentials({}, {}, {})
     _check_basis_name(basis, sorted({a.symbol for a in atoms}))
-    nuclear_charge = sum(_atomic_number(a.symbol) for a in atoms)
+    nuclear_charge = sum(_atomic_number(a.symbol) - ecp.core_electrons(a.symbol) for a in atoms)
     nelectron = nuclear_charge - charge
     if nelectron <= 0:
         raise InputError(f"charge {charge} leaves {nelectron} electrons")
@@ -177,6 +239,7 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_
     mol.atom = [(a.symbol, a.xyz) for a in atoms]
     mol.unit = "Angstrom"
     mol.basis = basis
+    mol.ecp = dict(ecp.pyscf)
     mol.charge = charge
     mol.spin = spin
     mol.verbose = 0
@@ -240,19 +303,131 @@ def choose_reference(spin: int, reference: str | None) -> str:
     return reference
 
 
-def fitting_basis(mol, mp2fit: bool):
+GENERATED = "generated (PySCF's even-tempered aug_etb)"
+BSE = "Basis Set Exchange"
+
+
+@dataclass
+class FittingSet:
+    """An auxiliary basis chosen element by element: `basis` as PySCF takes it (a name, or
+    {atom label: name or shells}) and `sources` {element: where its set came from: a PySCF
+    name, "NAME (Basis Set Exchange)", or GENERATED}."""
+
+    basis: object
+    sources: dict
+
+    @property
+    def generated(self) -> list:
+        """Elements that got PySCF's generated set."""
+        return sorted(el for el, source in self.sources.items() if source == GENERATED)
+
+    def describe(self) -> str:
+        """One name where every element's set has it, else 'H, O: name; I: name (source)'."""
+        labels = {}
+        for element, source in sorted(self.sources.items()):
+            labels.setdefault(source, []).append(element)
+        if len(labels) == 1:
+            return next(iter(labels))
+        return "; ".join(f"{', '.join(elements)}: {source}" for source, elements in labels.items())
+
+
+def fitting_basis(mol, mp2fit: bool) -> FittingSet:
     """The auxiliary basis PySCF pairs with mol's orbital basis (mp2fit: the RI/MP2-fit set, else
     the JK-fit set), element by element: the named set where PySCF ships it for that element,
-    else PySCF's generated even-tempered set (`pyscf.df.addons.aug_etb`). Returns (basis as
-    PySCF takes it, sorted elements that got a generated set)."""
+    else the same set from the Basis Set Exchange's data (e.g. def2-SVP-RIFIT for Rb-Rn, which
+    PySCF's def2-svp-ri lacks), else PySCF's generated even-tempered set (`aug_etb`)."""
     from pyscf import df
+    from pyscf.df.addons import predefined_auxbasis
 
     with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on stderr
         warnings.simplefilter("ignore")
         aux = df.make_auxbasis(mol, mp2fit=mp2fit)
+    labels = _atom_labels(mol)
     if isinstance(aux, str):
-        return aux, []
-    return aux, sorted(k for k, v in aux.items() if not isinstance(v, str))
+        return FittingSet(aux, {symbol: aux for symbol in labels.values()})
+    wanted = predefined_auxbasis(mol, mol.basis, mp2fit=mp2fit) if isinstance(mol.basis, str) else None
+    sources = {}
+    for label, value in list(aux.items()):
+        symbol = labels.get(label, label)
+        if isinstance(value, str):
+            sources[symbol] = value
+            continue
+        shells = _bse_shells(wanted, symbol)[0] if wanted else None
+        if shells:
+            aux[label] = shells
+            sources[symbol] = f"{_bse_name(wanted)} ({BSE})"
+        else:
+            sources[symbol] = GENERATED
+    return FittingSet(aux, sources)
+
+
+def named_fitting_set(name: str, mol) -> FittingSet:
+    """The auxiliary basis `name` for every element of mol: PySCF's where its library has the
+    element, else the Basis Set Exchange's set of that name (PySCF's "-ri" sets are BSE's
+    "-rifit"); InputError naming an element neither has."""
+    labels = _atom_labels(mol)
+    basis, sources = {}, {}
+    for label, symbol in labels.items():
+        if _pyscf_library_has(name, symbol):
+            basis[label], sources[symbol] = name, name
+            continue
+        shells = _bse_shells(name, symbol)[0]
+        if not shells:
+            raise InputError(f"auxiliary basis {name!r} is unknown or has no functions for {symbol}")
+        basis[label], sources[symbol] = shells, f"{_bse_name(name)} ({BSE})"
+    if all(source == name for source in sources.values()):
+        return FittingSet(name, sources)
+    return FittingSet(basis, sources)
+
+
+def _atom_labels(mol) -> dict:
+    """{atom label as mol writes it (e.g. 'ghost-Xe'): its element symbol}."""
+    return {mol.atom_symbol(i): mol.atom_pure_symbol(i) for i in range(mol.natm)}
+
+
+def _pyscf_library_has(name: str, symbol: str) -> bool:
+    """PySCF's own basis library (not its Basis Set Exchange fallback) has `name` for `symbol`."""
+    from pyscf.gto import basis as basis_lib
+
+    alias = basis_lib._format_basis_name(name)
+    if alias not in basis_lib.ALIAS and not basis_lib._is_pople_basis(alias):
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return bool(basis_lib.load(name, symbol))
+    except (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError):
+        return False
+
+
+def _bse_name(name: str) -> str:
+    """The Basis Set Exchange's name of a PySCF basis name: PySCF's "-ri" fitting sets are the
+    BSE's "-rifit" ones, its def2-XXX-jkfit aliases the def2-universal-jkfit set."""
+    lower = name.lower()
+    if lower.endswith("-ri"):
+        return lower + "fit"
+    if lower.startswith("def2-") and lower.endswith("-jkfit"):
+        return "def2-universal-jkfit"
+    return lower
+
+
+def _bse_shells(name: str, symbol: str) -> tuple:
+    """(shells, ECP) of basis `name` for `symbol` from the Basis Set Exchange package's data
+    (shipped with it: no network), each as PySCF takes it or None where it has none."""
+    import basis_set_exchange
+    from pyscf.gto import basis as basis_lib
+
+    try:
+        text = basis_set_exchange.get_basis(_bse_name(name), elements=[symbol], fmt="nwchem", header=False)
+    except (KeyError, ValueError, RuntimeError):
+        return None, None
+    orbital, _, ecp = text.partition("\nECP\n")
+    try:
+        shells = basis_lib.parse(orbital, symbol) if symbol in orbital else None
+        potential = basis_lib.parse_ecp("ECP\n" + ecp, symbol) if ecp else None
+    except (KeyError, ValueError, RuntimeError):
+        return None, None
+    return shells or None, potential or None
 
 
 def check_xc(xc: str) -> None:
@@ -322,7 +497,7 @@ def _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc):
         check_xc(xc)
         mf = {"rhf": dft.RKS, "uhf": dft.UKS, "rohf": dft.ROKS}[reference](mol, xc=xc)
     if scf == "df":
-        mf = mf.density_fit(auxbasis=jk_auxbasis if jk_auxbasis is not None else fitting_basis(mol, False)[0])
+        mf = mf.density_fit(auxbasis=jk_auxbasis if jk_auxbasis is not None else fitting_basis(mol, False).basis)
     mf.conv_tol = SCF_CONV_TOL if xc is None else KS_CONV_TOL
     mf.conv_tol_grad = SCF_CONV_TOL_GRAD if xc is None else KS_CONV_TOL_GRAD
     mf.max_cycle = max_cycle
@@ -471,11 +646,51 @@ def semicanonical_orbitals(mf) -> dict:
     return {key: np.asarray(value) for key, value in out.items()}
 
 
-def frozen_core_count(mol) -> int:
-    """Usual number of core orbitals (1 for Li-Ne, 5 for Na-Ar, ...), ECP electrons removed."""
-    from pyscf.data.elements import chemcore
+NOBLE_GAS_CORES = (0, 2, 10, 18, 36, 54, 86, 118)  # electrons of the closed shells He ... Og
 
-    return int(chemcore(mol))
+
+def frozen_core_count(mol) -> int:
+    """Core orbitals to freeze. Atoms without an ECP: PySCF's `chemcore` table (0 for H-Be, 1 for
+    B-Mg, 5 for Al-Ca, ...). Atoms with an ECP: Psi4's rule, the previous noble-gas core (and
+    the 4f shell from Hf on) less the electrons the ECP replaces: 4 orbitals for every def2-ECP
+    element (e.g. I: 36 - 28 = 8 electrons)."""
+    from pyscf.data.elements import chemcore_atm
+
+    frozen = 0
+    for i in range(mol.natm):
+        z = _atomic_number(mol.atom_pure_symbol(i))
+        if mol.atom_charge(i) == 0:  # a ghost atom: no electrons
+            continue
+        ecp_electrons = mol.atom_nelec_core(i)
+        if not ecp_electrons:
+            frozen += chemcore_atm[z]
+            continue
+        period = next(n for n, closed in enumerate(NOBLE_GAS_CORES) if z <= closed)
+        core = NOBLE_GAS_CORES[period - 1]
+        if period >= 6 and z - core >= 18:  # the (n-2)f shell, full from Hf on
+            core += 14
+        frozen += max(core - ecp_electrons, 0) // 2
+    return frozen
+
+
+def ecp_record(mol, labels: dict | None = None) -> dict:
+    """{element: {"name", "core_electrons"}} of the atoms of mol that carry an ECP (`labels`:
+    choose_ecp's record, naming where each came from; else mol.ecp's names)."""
+    record = {}
+    for i in range(mol.natm):
+        electrons = mol.atom_nelec_core(i)
+        symbol = mol.atom_pure_symbol(i)
+        if not electrons or symbol in record:
+            continue
+        if labels and symbol in labels:
+            name = labels[symbol]["name"]
+        elif isinstance(mol.ecp, str):
+            name = mol.ecp
+        else:
+            given = (mol.ecp or {}).get(mol.atom_symbol(i), (mol.ecp or {}).get(symbol))
+            name = given if isinstance(given, str) else "given with the molecule"
+        record[symbol] = {"name": name, "core_electrons": int(electrons)}
+    return record
 
 
 # ----------------------------------------------------------------------------- integrals
@@ -498,19 +713,23 @@ class ThreeCenterIntegrals:
 
     nao, naux: sizes. metric(): (P|Q) [naux, naux]. block(p0, p1): (mn|P) as [p1-p0, nao, nao].
     aux_blocks(limit): shell-aligned (p0, p1) ranges of at most `limit` functions where possible.
+    fitting: the FittingSet (where each element's set came from).
     """
 
     def __init__(self, mol, auxbasis=None):
         from pyscf import df
 
         self.mol = mol
-        self.generated = []  # elements given PySCF's generated (even-tempered) set
         if auxbasis is None:
-            auxbasis, self.generated = fitting_basis(mol, mp2fit=True)
+            self.fitting = fitting_basis(mol, mp2fit=True)
         elif isinstance(auxbasis, str):
-            _check_basis_name(auxbasis, sorted({mol.atom_pure_symbol(i) for i in range(mol.natm)}))
-        self.auxbasis = _describe_basis(auxbasis)
-        self.auxmol = df.addons.make_auxmol(mol, auxbasis)
+            self.fitting = named_fitting_set(auxbasis, mol)
+        else:  # a basis as PySCF takes it (e.g. a with_df's auxmol._basis)
+            self.fitting = FittingSet(auxbasis, {symbol: _describe_basis(auxbasis)
+                                                 for symbol in _atom_labels(mol).values()})
+        self.generated = self.fitting.generated  # elements given PySCF's generated (even-tempered) set
+        self.auxbasis = self.fitting.describe()
+        self.auxmol = df.addons.make_auxmol(mol, self.fitting.basis)
         self.nao = mol.nao_nr()
         self.naux = self.auxmol.nao_nr()
         self._aux_loc = self.auxmol.ao_loc_nr()

@@ -55,6 +55,9 @@ TRANSFORM_OPTION = click.option(
 @click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis (any PySCF name).")
 @click.option("--auxbasis", default=None,
               help="MP2 auxiliary basis [default: the MP2-fit/RI set for --basis].")
+@click.option("--ecp", default="auto", show_default=True, metavar="auto|none|NAME",
+              help="Effective core potentials: auto uses those the basis carries (def2: Rb-Rn, as Psi4, ORCA "
+                   "and Turbomole do); none runs every atom all-electron; or an ECP library's name.")
 @click.option("--charge", type=int, default=0, show_default=True, help="Molecular charge.")
 @click.option("--spin", type=int, default=0, show_default=True,
               help="2S (number of unpaired electrons); > 0 runs UHF unless --reference says otherwise.")
@@ -97,7 +100,7 @@ TRANSFORM_OPTION = click.option(
               help="Write the unrelaxed MP2 natural orbitals and occupations (RHF references).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
+def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
         nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
@@ -118,7 +121,7 @@ def run(molecule, basis, auxbasis, charge, spin, reference, xc, c_os, c_ss, froz
         team = Team.join(device, simulate, rank_timeout) if launched_ranks() > 1 else None
         root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
         progress = _Progress() if (root and not quiet and sys.stderr.isatty()) else None
-        settings = Settings(basis=basis, auxbasis=auxbasis, charge=charge, spin=spin, reference=reference,
+        settings = Settings(basis=basis, auxbasis=auxbasis, ecp=ecp, charge=charge, spin=spin, reference=reference,
                             scf=scf, scf_max_cycle=scf_max_cycle, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
@@ -341,6 +344,8 @@ def _print_summary(r):
         f"dfmp2 {r['version']}: DF-MP2 (RI-MP2) correlation energy",
         f"  molecule    {r['formula']} from {r['molecule']}, charge {r['charge']}, 2S {r['spin']}",
         f"  basis       {r['basis']}, MP2 auxiliary basis {r['auxbasis']}, SCF {scf}",
+        *([f"  ecp         " + ", ".join(f"{el}: {e['name']} ({e['core_electrons']} core electrons)"
+                                      for el, e in sorted(r["ecp"].items()))] if r.get("ecp") else []),
         f"  reference   {reference}",
         f"  sizes       nbasis {r['nbasis']}, nocc {spins(r['nocc'])}{frozen}, nvir {spins(r['nvir'])}, "
         f"naux {r['naux']}",

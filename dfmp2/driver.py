@@ -54,6 +54,8 @@ class DFMP2Result:
     spin_square: float = 0.0  # <S^2> of the reference
     xc: str | None = None  # the functional of a Kohn-Sham reference
     auxbasis_generated: dict = field(default_factory=dict)  # "scf"/"mp2" -> elements with a generated set
+    auxbasis_sources: dict = field(default_factory=dict)  # "scf"/"mp2" -> {element: where its set came from}
+    ecp: dict = field(default_factory=dict)  # element -> {"name", "core_electrons"} of the ECPs used
     double_hybrid: DoubleHybrid | None = None  # a double-hybrid run: E = E_KS + c_os E_os + c_ss E_ss
     mean_field: object = None  # the PySCF SCF object of a run_xyz run (for densities / orbitals)
     peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
@@ -113,6 +115,8 @@ class DFMP2Result:
             "timings": dict(self.timings), "version": __version__,
             "simulated": self.simulated, "notes": list(self.notes),
             "auxbasis_generated": dict(self.auxbasis_generated),
+            "auxbasis_sources": {k: dict(v) for k, v in self.auxbasis_sources.items()},
+            "ecp": {k: dict(v) for k, v in self.ecp.items()},
             "kernel_specializations": {k: [[list(a) if isinstance(a, tuple) else a for a in s]
                                            for s in sorted(v, key=repr)]
                                        for k, v in self.kernel_specializations.items()},
@@ -151,8 +155,10 @@ def run_mean_field(mf, settings: Settings | None = None, **changes) -> DFMP2Resu
     reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
     integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
-    return _correlate(backend, mf, reference, integrals, settings, chem.basis_name(mf.mol), {}, notes,
-                      {"mp2": integrals.generated})
+    result = _correlate(backend, mf, reference, integrals, settings, chem.basis_name(mf.mol), {}, notes,
+                        {"mp2": integrals.fitting})
+    result.ecp = chem.ecp_record(mf.mol)  # whatever ECPs the user's molecule carries
+    return result
 
 
 def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
@@ -176,10 +182,11 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         chem.check_xc(dh.xc)
     spin = settings.spin
     atoms = chem.read_xyz(path)
-    mol = chem.build_molecule(atoms, settings.basis, settings.charge, spin, settings.max_memory)
+    ecp = chem.choose_ecp([a.symbol for a in atoms], settings.basis, settings.ecp)
+    mol = chem.build_molecule(atoms, settings.basis, settings.charge, spin, settings.max_memory, ecp)
     integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
-    jk_auxbasis, jk_generated = (chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df"
-                                 else (None, []))
+    jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
+    jk_auxbasis = jk_fitting.basis if jk_fitting is not None else None
     nfrozen = chem.frozen_core_count(mol) if settings.frozen_core else 0
     nalpha, nbeta = (mol.nelectron + spin) // 2, (mol.nelectron - spin) // 2
     spins = [nalpha] if reference == "rhf" else [nalpha, nbeta]
@@ -230,8 +237,10 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         orbitals = chem.mean_field_orbitals(mf)
         chem.release_integrals(mf)
         release_freed_memory()
-        result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis,
-                            timings, [], {"scf": jk_generated, "mp2": integrals.generated})
+        result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis, timings,
+                            [f"ECPs off (--ecp none): {el} all-electron in {settings.basis}, a basis made for its "
+                             f"{label} ECP" for el, label in sorted(ecp.off.items())],
+                            {"scf": jk_fitting, "mp2": integrals.fitting})
     finally:
         for checkpoint in opened:
             checkpoint.close()
@@ -239,6 +248,7 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         result.correlation.checkpoint["reused_scf"] = reused_scf
     result.double_hybrid = dh
     result.mean_field = mf
+    result.ecp = chem.ecp_record(mol, ecp.record)
     return result
 
 
@@ -247,11 +257,16 @@ def _run_identity(atoms, settings, reference, mol) -> dict:
     chemistry = ("basis", "auxbasis", "charge", "spin", "scf", "xc", "c_os", "c_ss", "frozen_core", "frozen")
     return {**version_identity(), "reference": reference,
             "atoms": [[a.symbol, *map(float, a.xyz)] for a in atoms],
+            "ecp": chem.ecp_record(mol),
             **{name: getattr(settings, name) for name in chemistry}}
 
 
 def _correlate(backend, mf, reference, integrals, settings, basis, timings, notes,
-               generated) -> DFMP2Result:
+               fittings) -> DFMP2Result:
+    """The MP2 steps on `reference` and the result record; fittings: {"scf"/"mp2": FittingSet or
+    None} (where each element's auxiliary set came from)."""
+    fittings = {kind: fitting for kind, fitting in fittings.items() if fitting is not None}
+    generated = {kind: fitting.generated for kind, fitting in fittings.items()}
     start = time.perf_counter()
     corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                         reference.mo_occ, settings, fock_mo=reference.fock_mo)
@@ -262,7 +277,9 @@ def _correlate(backend, mf, reference, integrals, settings, basis, timings, note
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
         spin_square=reference.spin_square, xc=reference.xc,
         auxbasis_generated={k: list(v) for k, v in generated.items() if v}, basis=basis,
-        auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf), scf_auxbasis=chem.scf_auxbasis_name(mf),
+        auxbasis_sources={kind: dict(fitting.sources) for kind, fitting in fittings.items()},
+        auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf),
+        scf_auxbasis=fittings["scf"].describe() if "scf" in fittings else chem.scf_auxbasis_name(mf),
         device=backend.device_name, device_description=backend.describe(),
         precision=backend.precision, backend=backend.name, transform=backend.transform,
         formula=chem.formula(mf.mol),

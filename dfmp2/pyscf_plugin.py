@@ -118,7 +118,7 @@ class DFMP2(lib.StreamObject):
             return self.with_df.auxbasis
         from .chem import fitting_basis
 
-        return fitting_basis(self.mol, mp2fit=False)[0]  # what an unset pyscf.df.DF builds: JK-fit
+        return fitting_basis(self.mol, mp2fit=False).basis  # what an unset pyscf.df.DF builds: JK-fit
 
     def kernel(self, mo_energy=None, mo_coeff=None, eris=None, with_t2=False, with_rdm1=False):
         """Compute the DF-MP2 correlation energy (Eh); returns (e_corr, t2) as PySCF does, t2

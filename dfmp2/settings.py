@@ -22,6 +22,7 @@ class Settings:
 
     # chemistry: molecule and SCF (run_xyz)
     basis: str = "cc-pvdz"
+    ecp: str = "auto"  # auto: the ECPs the basis carries (def2: Rb-Rn); none: all-electron; or a name
     auxbasis: str | None = None  # MP2 auxiliary basis (None: the MP2-fit set for `basis`)
     charge: int = 0
     spin: int = 0  # 2S
