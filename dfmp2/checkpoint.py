@@ -140,6 +140,7 @@ class Checkpoint:
                                  f"{MANIFEST}: give a new or empty directory (or --checkpoint-allow-other-files "
                                  "to write beside them; dfmp2 never touches files it did not write)")
             self._refuse_look_alikes(entries, {})
+        self._read_manifest()  # a manifest of something else is refused before anything is written here
         self._acquire_lock()
         self.manifest = self._read_manifest()
         self._refuse_look_alikes(entries, self.manifest.get("files", {}))

@@ -381,8 +381,10 @@ def named_fitting_set(name: str, mol) -> FittingSet:
 
 
 def _atom_labels(mol) -> dict:
-    """{atom label as mol writes it (e.g. 'ghost-Xe'): its element symbol}."""
-    return {mol.atom_symbol(i): mol.atom_pure_symbol(i) for i in range(mol.natm)}
+    """{atom label as mol writes it (e.g. 'GHOST-Xe'): its element symbol ('Xe')}."""
+    from pyscf.data.elements import _std_symbol_without_ghost
+
+    return {mol.atom_symbol(i): _std_symbol_without_ghost(mol.atom_symbol(i)) for i in range(mol.natm)}
 
 
 def _pyscf_library_has(name: str, symbol: str) -> bool:
@@ -658,9 +660,9 @@ def frozen_core_count(mol) -> int:
 
     frozen = 0
     for i in range(mol.natm):
-        z = _atomic_number(mol.atom_pure_symbol(i))
         if mol.atom_charge(i) == 0:  # a ghost atom: no electrons
             continue
+        z = _atomic_number(mol.atom_pure_symbol(i))
         ecp_electrons = mol.atom_nelec_core(i)
         if not ecp_electrons:
             frozen += chemcore_atm[z]

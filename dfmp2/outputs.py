@@ -92,14 +92,18 @@ class Outputs:
         """Stage `option`'s contents: write(path) writes the whole file at `path`."""
         target = self._targets[option]
         directory = tempfile.gettempdir() if target.in_place else os.path.dirname(target.real)
-        handle, staged = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial", dir=directory)
-        os.close(handle)
-        target.staged = staged
-        write(staged)
-        if not target.in_place:
-            mode = (stat.S_IMODE(os.stat(target.real).st_mode) if os.path.exists(target.real)
-                    else 0o666 & ~current_umask())
-            os.chmod(staged, mode)
+        try:
+            handle, staged = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial", dir=directory)
+            os.close(handle)
+            target.staged = staged
+            write(staged)
+            if not target.in_place:
+                mode = (stat.S_IMODE(os.stat(target.real).st_mode) if os.path.exists(target.real)
+                        else 0o666 & ~current_umask())
+                os.chmod(staged, mode)
+        except OSError as error:
+            raise ComputationError(f"{option} {target.path}: {error.strerror or error}; no output file was "
+                                   "written") from None
 
     def commit(self):
         """Put every staged output in place (module docstring); on failure none stays."""

@@ -84,18 +84,26 @@ def test_model_only_gives_the_full_emulations_modelled_time():
 
 
 def test_calibrated_model_of_a_pipeline_run():
-    """The calibrated model: one launch per kernel call, serial launch + host transfer plus the
-    slowest engine per call, Tensor Engine work as issued vs needed."""
+    """Structural invariants of the calibrated model on a pipeline run (they hold whatever the
+    fitted constants are, and fail if the model's bookkeeping changes): one launch per kernel
+    call, counted against the backend's own call counter; each launch costs what one call of a
+    kernel bench costs; the per-step costs add up to the total; engines overlap within a call
+    (device time between the busiest engine's and the sum of all engines'). Then real
+    properties of dfmp2's kernels: Tensor Engine work as issued vs needed, and B kept in HBM."""
     trn = run_bench(*SMALL, device="trn1", simulate=True, repeat=1)
-    nki_calls = sum(n for name, n in trn["kernels"].items() if name.endswith("_kernel"))
+    nki_calls = {name: n for name, n in trn["kernels"].items() if name.endswith("_kernel")}
     for target in ("trn1", "trn2"):
         model = trn["modelled"][target]
         parts = model["breakdown"]
-        assert model["launches"] == nki_calls
-        assert parts["launch"] == pytest.approx(nki_calls * 0.982e-3)
-        engines = max(parts["tensor_engine"], parts["dma"], parts["vector"], parts["scalar"])
-        assert engines <= parts["device"] <= parts["tensor_engine"] + parts["dma"] + parts["vector"] + parts["scalar"]
-        assert model["seconds"] == pytest.approx(parts["launch"] + parts["host_transfer"] + parts["device"])
+        assert model["launches"] == sum(nki_calls.values())
+        one_call = run_kernel_bench("gemm", 128, target, simulate=True)
+        assert one_call["launches"] == 1
+        assert parts["launch"] == pytest.approx(model["launches"] * one_call["modelled"]["breakdown"]["launch"])
+        steps = model["seconds_by_step"]
+        assert sum(step["seconds"] for step in steps.values()) == pytest.approx(model["seconds"], rel=1e-12)
+        assert {name: step["launches"] for name, step in steps.items() if step["launches"]} == nki_calls
+        engines = [parts["tensor_engine"], parts["dma"], parts["vector"], parts["scalar"]]
+        assert max(engines) <= parts["device"] < sum(engines)
         # the transform's 35 slice products (for exact sums) and ragged tiles are Tensor Engine
         # work beyond the algorithm's minimum
         assert 0.005 < model["tensor_engine_useful_fraction"] < 0.5
@@ -106,7 +114,6 @@ def test_calibrated_model_of_a_pipeline_run():
             assert pair["max_instructions_per_launch"] < model["instruction_limit"] / 100
             # B stays in device HBM: the pair and whitening launches upload almost nothing (the
             # e vectors), the transform uploads the (mn|P) digits
-            steps = model["seconds_by_step"]
             for kernel in ("pair_energy_kernel", "trsm_kernel"):
                 assert steps[kernel]["upload_seconds"] < 0.02 * steps["ao2mo_kernel"]["upload_seconds"]
         # calibrated (launch and transfer costs) is slower than the peak model
@@ -114,14 +121,34 @@ def test_calibrated_model_of_a_pipeline_run():
     assert "not a measurement" in trn["modelled_note"]
 
 
-@pytest.mark.parametrize("size, measured_ms", [(512, 1.3), (1024, 2.3)])
-def test_kernel_model_reproduces_the_measured_trn1_gemm(size, measured_ms):
-    """The calibration: warm trn1 NKI GEMM per call, 512^3 1.3 ms and 1024^3 2.3 ms (measured by a
-    sibling library on trn1.2xlarge); the model must land within 25%."""
+# Warm per-call times of a sibling library's NKI GEMM on trn1.2xlarge (neuronx-cc 2.24), the two
+# figures the model's launch cost and host<->device rate were fitted to (docs/hardware-facts.md)
+GEMM_CALIBRATION_MS = [(512, 1.3), (1024, 2.3)]
+
+
+@pytest.mark.parametrize("size, published_ms", GEMM_CALIBRATION_MS)
+def test_kernel_model_reproduces_its_trn1_gemm_calibration_inputs(size, published_ms):
+    """A regression guard of the calibration, NOT a validation of the model: the launch cost and
+    the host<->device rate are two unknowns fitted to exactly these two published timings (two
+    equations), so the model lands on them by construction. What this catches is drift: a change
+    to gemm_kernel's trace (bytes crossing, engine work) or to the fitted constants that leaves
+    the model off its own calibration points (1%: the constants are rounded to 3-4 digits)."""
     record = run_kernel_bench("gemm", size, "trn1", simulate=True)
-    assert record["modelled"]["seconds"] * 1e3 == pytest.approx(measured_ms, rel=0.25)
-    assert record["published_trn1_ms"] == measured_ms and record["launches"] == 1
+    assert record["modelled"]["seconds"] * 1e3 == pytest.approx(published_ms, rel=0.01)
+    assert record["published_trn1_ms"] == published_ms and record["launches"] == 1
+    assert record["model_over_published"] == pytest.approx(1.0, rel=0.01)
     assert record["modelled"]["tensor_engine_useful_fraction"] == pytest.approx(1.0)
+
+
+def test_fitted_launch_cost_within_the_published_launch_estimate():
+    """A check of the fit against a figure it was not fitted to: the same sibling library's
+    separately published estimate of the launch overhead, "~1-3 ms per call" on trn1
+    (docs/hardware-facts.md). The fit used only the two GEMM timings; the launch cost it gives
+    must fall inside that range, with 10% of slack for the "~". A loose check: the estimate is a
+    range, and may rest on the same kind of GEMM timings."""
+    for size, _ in GEMM_CALIBRATION_MS:
+        launch_ms = run_kernel_bench("gemm", size, "trn1", simulate=True)["modelled"]["breakdown"]["launch"] * 1e3
+        assert 0.9 <= launch_ms <= 3.3, launch_ms
 
 
 @pytest.mark.parametrize("kernel", ["syrk", "trsm", "ao2mo", "pair_energy"])

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from dfmp2.checkpoint import RECORD
+from dfmp2.errors import InputError
 from dfmp2.driver import run_xyz
 
 from conftest import ROOT
@@ -139,5 +140,117 @@ def test_plugin_checkpoint_open_shell(tmp_path):
     assert abs(first.e_corr - plain.e_corr) < 1e-12 and again.e_corr == first.e_corr
     other = DFMP2(mf, frozen=1)
     other.checkpoint = str(tmp_path / "ck")
-    with pytest.raises(Exception, match="belongs to another run"):
+    with pytest.raises(InputError, match="belongs to another run"):
         other.run()
+
+
+# ----------------------------------------------------------------------------- trust (issue 21)
+
+WATER = os.path.join(ROOT, "examples", "water.xyz")
+OTHER_WATER = "3\nanother geometry\nO 0 0 0\nH 0 0.8 -0.5\nH 0 -0.8 -0.5\n"
+
+
+def dfmp2_run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "dfmp2", "run", *map(str, args)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=600, cwd=cwd)
+
+
+def snapshot(directory):
+    """{name: bytes} of every file in `directory`."""
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+@pytest.fixture(scope="module")
+def water_checkpoint(tmp_path_factory):
+    """A complete checkpoint of water/cc-pVDZ and the run's record."""
+    directory = tmp_path_factory.mktemp("water-ck")
+    out = directory / "out.json"
+    proc = dfmp2_run(WATER, "--checkpoint", directory / "ck", "--json", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return directory / "ck", json.loads(out.read_text())
+
+
+def copy_of(checkpoint, tmp_path):
+    import shutil
+
+    target = tmp_path / "ck"
+    shutil.copytree(checkpoint, target)
+    return target
+
+
+def test_a_checkpoint_without_its_manifest_is_not_trusted(tmp_path, water_checkpoint):
+    """The defect: with manifest.json deleted, another geometry reused the old SCF (E_corr -0.432
+    instead of -0.221, "reused: SCF"). Now nothing unvouched is used, nor touched: exit 2."""
+    checkpoint = copy_of(water_checkpoint[0], tmp_path)
+    os.unlink(checkpoint / "manifest.json")
+    before = snapshot(checkpoint)
+    (tmp_path / "other.xyz").write_text(OTHER_WATER)
+    proc = dfmp2_run(tmp_path / "other.xyz", "--checkpoint", checkpoint, "--json", tmp_path / "out.json")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "no dfmp2 manifest.json" in proc.stderr
+    assert snapshot(checkpoint) == before and not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("name, reused, recomputed", [
+    ("scf.npz", (), "the SCF was"),
+    ("B_restricted.h5", ("reused_scf",), "B (transform and whitening) was"),
+    ("pairs.journal", ("reused_scf", "reused_B"), "those pair blocks were"),
+])
+def test_a_damaged_file_is_recomputed_and_announced(tmp_path, water_checkpoint, name, reused, recomputed):
+    """One byte of a vouched-for file flipped: size and sha256 (journal records: crc32) catch it,
+    the run recomputes what it held, gives the undamaged energy and says so in its notes."""
+    source, first = water_checkpoint
+    checkpoint = copy_of(source, tmp_path)
+    data = bytearray((checkpoint / name).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (checkpoint / name).write_bytes(bytes(data))
+    out = tmp_path / "out.json"
+    proc = dfmp2_run(WATER, "--checkpoint", checkpoint, "--json", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    assert abs(record["e_corr"] - first["e_corr"]) < 1e-12
+    notes = [note for note in record["notes"] if name in note]
+    assert len(notes) == 1 and "damaged" in notes[0] and recomputed in notes[0], record["notes"]
+    ck = record["checkpoint"]
+    for key in ("reused_scf", "reused_B"):
+        assert ck[key] == (key in reused), (key, ck)
+    if name == "pairs.journal":
+        assert ck["reused_pair_tasks"] == 0 and record["kernels"]["pair_energy"] == ck["pair_tasks"]
+
+
+def test_files_dfmp2_did_not_write_are_never_deleted(tmp_path):
+    """--checkpoint on a directory holding the user's B_*.h5, .B_* and pairs*.journal deleted them
+    when it reset its B and pair sections. Now: refused without a flag; with it, dfmp2 writes
+    beside them, and a reset (a damaged B) removes only its own files."""
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    mine = {"B_mine.h5": b"user data 1", ".B_hidden": b"user data 2", "pairs7.journal": b"user data 3"}
+    for name, data in mine.items():
+        (checkpoint / name).write_bytes(data)
+    refused = dfmp2_run(WATER, "--checkpoint", checkpoint)
+    assert refused.returncode == 2 and "--checkpoint-allow-other-files" in refused.stderr
+    assert snapshot(checkpoint) == mine
+    for _ in range(2):
+        proc = dfmp2_run(WATER, "--checkpoint", checkpoint, "--checkpoint-allow-other-files", "--quiet")
+        assert proc.returncode == 0, proc.stderr
+        data = bytearray((checkpoint / "B_restricted.h5").read_bytes())  # the next run resets B
+        data[len(data) // 2] ^= 0x01
+        (checkpoint / "B_restricted.h5").write_bytes(bytes(data))
+    assert {name: (checkpoint / name).read_bytes() for name in mine} == mine
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert not set(mine) & set(manifest["files"])
+
+
+def test_a_second_run_on_a_checkpoint_in_use_is_refused_at_once(tmp_path):
+    """Two runs sharing one --checkpoint: the second exits 2 naming the first's process, before
+    its SCF (it used to fail after it with an HDF5 lock error)."""
+    checkpoint = tmp_path / "ck"
+    first = start([BENZENE, "--checkpoint", checkpoint, "--quiet"], delay=DELAY_S)
+    try:
+        wait_for_blocks(first, checkpoint, 1)
+        second = dfmp2_run(BENZENE, "--checkpoint", checkpoint, "--scf-max-cycle", "1")
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"in use by process {first.pid}" in second.stderr
+    finally:
+        first.kill()
+        first.communicate()

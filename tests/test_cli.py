@@ -119,12 +119,22 @@ def test_run_json_has_all_keys_and_consistent_energies(runs):
     r = runs["default"].record
     missing = JSON_KEYS - set(r)
     assert not missing, f"JSON lacks {sorted(missing)}"
-    assert r["e_corr"] < 0
-    assert abs(r["e_corr"] - (r["e_corr_os"] + r["e_corr_ss"])) <= 1e-12
-    assert abs(r["e_tot"] - (r["e_hf"] + r["e_corr"])) <= 1e-12
-    assert abs(r["e_scs"] - (1.2 * r["e_corr_os"] + r["e_corr_ss"] / 3.0)) <= 1e-12
-    assert r["e_corr_os"] < 0 and r["e_corr_ss"] < 0
-    assert r["e_hf"] == pytest.approx(-76.0268, abs=2e-3)  # RHF/cc-pVDZ water, Angstrom geometry
+    # every energy against PySCF's DF-RHF (the JK-fit set dfmp2 uses) and DFMP2 (the MP2-fit set),
+    # SCS with Grimme's published scalings (6/5 opposite-spin, 1/3 same-spin) of PySCF's parts
+    from pyscf import df, gto, scf
+    from pyscf.mp.dfmp2 import DFMP2
+
+    mol = gto.M(atom=str(WATER), basis="cc-pvdz", verbose=0)
+    mf = scf.RHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
+    mf.conv_tol = 1e-11
+    mf.kernel()
+    pt = DFMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    pt.kernel()
+    assert abs(r["e_hf"] - mf.e_tot) < 1e-8
+    for key, value in (("e_corr", pt.e_corr), ("e_corr_os", pt.e_corr_os), ("e_corr_ss", pt.e_corr_ss),
+                       ("e_tot", pt.e_tot), ("e_scs", 1.2 * pt.e_corr_os + pt.e_corr_ss / 3)):
+        assert abs(r[key] - value) < 1e-8, key
     assert r["nocc"] == 5 and r["nfrozen"] == 0
     assert r["nocc"] + r["nvir"] == r["nbasis"] == 24
     assert r["naux"] > r["nbasis"]
@@ -191,6 +201,7 @@ class Case:
     args: list  # "{water}" / "{benzene}" are replaced by the example files
     code: int = 2
     needles: tuple = ()  # substrings (str) or regexes (re.Pattern) the error line must contain
+    absent: tuple = ()  # substrings the error line must not contain
     files: dict = field(default_factory=dict)  # name -> text, written into the case directory
     json: bool = True  # add --json out.json
 
@@ -237,7 +248,7 @@ CASES = [
     Case("unknown-transform", ["run", "{water}", "--device", "trn2", "--simulate", "--transform", "bf16"],
          needles=("bf16", "exact", "fp32")),
     # water/cc-pVDZ fits in ~0.2 MB, so 1 MB is "too small" only for a larger molecule
-    Case("max-memory-too-small", ["run", "{benzene}", "--max-memory", "1"],
+    Case("max-memory-too-small", ["run", "{benzene}", "--max-memory", "1", "--scf-max-cycle", "1"],
          needles=(re.compile(r"memory", re.I), "MB")),
     Case("max-memory-negative", ["run", "{water}", "--max-memory", "-5"], needles=("max-memory",)),
     Case("charge-not-an-integer", ["run", "{water}", "--charge", "abc"], needles=("abc",)),
@@ -248,6 +259,57 @@ CASES = [
          needles=("nodir",), json=False),
     Case("json-is-a-directory", ["run", "{water}", "--json", "sub"], needles=("sub",),
          files={"sub/keep": ""}, json=False),
+    # issue 21, found before the SCF: the cases with --scf-max-cycle 1 would fail with exit 1 (SCF
+    # not converged) if the SCF ran before the check
+    Case("atoms-at-one-position", ["run", "bad.xyz", "--scf-max-cycle", "1"],
+         needles=("bad.xyz", "lines 4 and 5", "same position"), files={"bad.xyz": xyz(3, GOOD[0], GOOD[1], GOOD[1])}),
+    Case("atoms-too-close", ["run", "bad.xyz", "--scf-max-cycle", "1"],
+         needles=("lines 4 and 5", "0.1 Angstrom apart"),
+         files={"bad.xyz": xyz(3, GOOD[0], GOOD[1], "H 0.0 0.7572 -0.3692")}),
+    Case("more-electrons-than-orbitals", ["run", "{water}", "--charge", "-40", "--scf-max-cycle", "1"],
+         needles=("25 alpha electrons", "24 orbitals", "more than they hold")),
+    Case("no-virtual-orbital-left", ["run", "{water}", "--charge", "-38", "--scf-max-cycle", "1"],
+         needles=("24 alpha electrons", "none is left virtual")),
+    Case("no-beta-electron", ["run", "h2.xyz", "--spin", "2"], needles=("2S = 2", "no beta electron"),
+         absent=("frozen",), files={"h2.xyz": xyz(2, "H 0 0 0", "H 0 0 0.74")}),
+    Case("max-memory-huge", ["run", "{water}", "--max-memory", "1e305"], needles=("--max-memory", "1e+305")),
+    Case("max-memory-nan", ["run", "{water}", "--max-memory", "nan"], needles=("--max-memory",)),
+    Case("c-os-not-finite", ["run", "{water}", "--xc", "b3lyp", "--c-os", "nan", "--c-ss", "0.3"],
+         needles=("--c-os", "finite")),
+    Case("c-ss-not-finite", ["run", "{water}", "--xc", "b3lyp", "--c-os", "0.5", "--c-ss", "inf"],
+         needles=("--c-ss", "finite")),
+    Case("rank-timeout-negative", ["run", "{water}", "--rank-timeout", "-1"], needles=("--rank-timeout",)),
+    Case("rank-timeout-not-finite", ["run", "{water}", "--rank-timeout", "nan"], needles=("--rank-timeout",)),
+    Case("checkpoint-is-a-file", ["run", "{water}", "--checkpoint", "afile", "--scf-max-cycle", "1"],
+         needles=("--checkpoint afile", "not a directory"), files={"afile": "mine"}),
+    Case("checkpoint-holds-files-but-no-manifest", ["run", "{water}", "--checkpoint", "ck", "--scf-max-cycle", "1"],
+         needles=("--checkpoint ck", "manifest", "--checkpoint-allow-other-files"),
+         files={"ck/B_mine.h5": "x", "ck/.B_x": "y", "ck/pairs7.journal": "z"}),
+    Case("checkpoint-file-looks-like-dfmp2s", ["run", "{water}", "--checkpoint", "ck", "--checkpoint-allow-other-files",
+                                              "--scf-max-cycle", "1"],
+         needles=("B_restricted.h5", "not written by dfmp2"), files={"ck/B_restricted.h5": "the user's"}),
+    Case("checkpoint-manifest-not-dfmp2s", ["run", "{water}", "--checkpoint", "ck", "--scf-max-cycle", "1"],
+         needles=("manifest.json", "not a dfmp2 checkpoint manifest"), files={"ck/manifest.json": '{"a": 1}'}),
+    Case("symbol-long-s", ["run", "bad.xyz"], needles=("line 3", "unknown element"),
+         files={"bad.xyz": xyz(3, "\u017f 0.0 0.0 0.1173", GOOD[1], GOOD[2])}),  # U+017F upper-cases to S
+    Case("symbol-dotless-i", ["run", "bad.xyz"], needles=("line 3", "unknown element"),
+         files={"bad.xyz": xyz(3, "\u0131 0.0 0.0 0.1173", GOOD[1], GOOD[2])}),  # U+0131 upper-cases to I
+    Case("xyz-line-too-long", ["run", "bad.xyz"], needles=("line 2", "longer than"),
+         files={"bad.xyz": "3\n" + "x" * 5000 + "\n" + "\n".join(GOOD) + "\n"}),
+    Case("xyz-atom-count-absurd", ["run", "bad.xyz"], needles=("line 1", "at most"),
+         files={"bad.xyz": xyz(10**9, *GOOD)}),
+    Case("xyz-two-geometries", ["run", "bad.xyz"], needles=("one geometry per file",),
+         files={"bad.xyz": xyz(3, *GOOD) + xyz(3, *GOOD)}),
+    Case("seed-too-large", ["bench", "--shape", "small", "--seed", str(2**64)], needles=("--seed",)),
+    Case("seed-negative", ["bench", "--shape", "small", "--seed", "-1"], needles=("--seed",)),
+    Case("json-under-a-file", ["run", "{water}", "--json", "afile/j.json", "--scf-max-cycle", "1"],
+         needles=("--json afile/j.json",), files={"afile": "x"}, json=False),
+    Case("natorbs-directory-missing", ["run", "{water}", "--natorbs", "nodir/n.molden", "--scf-max-cycle", "1"],
+         needles=("--natorbs nodir/n.molden", "does not exist")),
+    Case("json-and-natorbs-one-file", ["run", "{water}", "--natorbs", "same.out", "--json", "same.out"],
+         needles=("same file",), json=False),
+    Case("natorbs-to-stdout", ["run", "{water}", "--natorbs", "-"], needles=("--natorbs -", "only for --json")),
+    Case("ecp-name-covers-nothing", ["run", "{water}", "--ecp", "def2-svp"], needles=("--ecp def2-svp", "no ECP")),
     # runtime failures: exit status 1
     Case("scf-not-converging", ["run", "{water}", "--scf-max-cycle", "1"], code=1,
          needles=("SCF", "converge")),
@@ -311,6 +373,8 @@ def test_failure_is_one_line_with_exit_status(failures, case):
             assert needle.search(line), f"{needle.pattern!r} not in {line!r}"
         else:
             assert needle in line, f"{needle!r} not in {line!r}"
+    for needle in case.absent:
+        assert needle not in line, f"{needle!r} in {line!r}"
     # no JSON file and no temporary file left behind, nothing created
     assert _listing(directory) == before
 

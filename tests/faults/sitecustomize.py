@@ -1,7 +1,9 @@
-"""Fault injection for tests that kill real runs: with DFMP2_TEST_PAIR_DELAY=SECONDS in the
+"""Fault injection for tests that stop real runs: with DFMP2_TEST_PAIR_DELAY=SECONDS in the
 environment (and this directory on PYTHONPATH), each pair-energy block of the torch backend
 first sleeps that long, so that a test can stop the process in the middle of the pair stage
-at a predictable point. Nothing else changes; without the variable this file does nothing."""
+at a predictable point; with DFMP2_TEST_PAIR_MARK=PATH as well, the first block creates PATH
+before it sleeps (the test then knows the run is in its pair stage). Nothing else changes;
+without the variables this file does nothing."""
 
 import os
 
@@ -11,9 +13,12 @@ if os.environ.get("DFMP2_TEST_PAIR_DELAY"):
     from dfmp2.kernels import torch_backend
 
     _delay = float(os.environ["DFMP2_TEST_PAIR_DELAY"])
+    _mark = os.environ.get("DFMP2_TEST_PAIR_MARK")
     _pair_energy = torch_backend.TorchBackend.pair_energy
 
     def _slow_pair_energy(self, *args, **kwargs):
+        if _mark:
+            open(_mark, "a").close()
         time.sleep(_delay)
         return _pair_energy(self, *args, **kwargs)
 

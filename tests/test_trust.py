@@ -1,0 +1,246 @@
+"""Defects a hostile-input battery found (issue 21), each reproduced through the real command
+line: molecules that crashed, output files that replaced what was at their path or appeared
+without their siblings, signals, and memory checked too late. (Bad input that must be one line
+with exit status 2 is in test_cli.py's table; checkpoint trust in test_checkpoint.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from test_cli import describe, dfmp2_cli, run_all
+from test_memory_budget import measured_run
+
+WATER = Path(ROOT) / "examples" / "water.xyz"
+FAULTS = Path(ROOT) / "tests" / "faults"
+
+# carbon without hydrogen (the Hill formula's "C, H, then the rest" crashed with KeyError: 'H')
+NO_HYDROGEN = {
+    "CO": ("C 0 0 0", "O 0 0 1.128"),
+    "CO2": ("C 0 0 0", "O 0 0 1.16", "O 0 0 -1.16"),
+    "CS2": ("C 0 0 0", "S 0 0 1.553", "S 0 0 -1.553"),
+    "CCl4": ("C 0 0 0", "Cl 1.0202 1.0202 1.0202", "Cl -1.0202 -1.0202 1.0202", "Cl -1.0202 1.0202 -1.0202",
+             "Cl 1.0202 -1.0202 -1.0202"),
+}
+
+
+def xyz_text(lines, comment="molecule"):
+    return f"{len(lines)}\n{comment}\n" + "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def no_hydrogen_runs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("no-hydrogen")
+    for name, lines in NO_HYDROGEN.items():
+        (directory / f"{name}.xyz").write_text(xyz_text(lines))
+    procs = run_all({name: (["run", f"{name}.xyz", "--json", f"{name}.json", "--quiet"], directory)
+                     for name in NO_HYDROGEN})
+    return directory, procs
+
+
+@pytest.mark.parametrize("name", list(NO_HYDROGEN))
+def test_carbon_compounds_without_hydrogen_run(no_hydrogen_runs, name):
+    directory, procs = no_hydrogen_runs
+    assert procs[name].returncode == 0, describe(procs[name])
+    record = json.loads((directory / f"{name}.json").read_text())
+    assert record["formula"] == name
+
+
+def test_carbon_monoxide_energy_against_pyscf(no_hydrogen_runs):
+    """The run that used to crash gives PySCF's DF-MP2 (same JK-fit SCF, same MP2-fit set)."""
+    from pyscf import df, gto, scf
+    from pyscf.mp.dfmp2 import DFMP2
+
+    directory, procs = no_hydrogen_runs
+    record = json.loads((directory / "CO.json").read_text())
+    mol = gto.M(atom="; ".join(NO_HYDROGEN["CO"]), basis="cc-pvdz", verbose=0)
+    mf = scf.RHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
+    mf.conv_tol = 1e-11
+    mf.kernel()
+    pt = DFMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    pt.kernel()
+    assert abs(record["e_hf"] - mf.e_tot) < 1e-8
+    assert abs(record["e_corr"] - pt.e_corr) < 1e-8
+
+
+@pytest.mark.parametrize("atoms, expected", [
+    (["C"] * 60, "C60"),  # fullerene: carbon, no hydrogen
+    (["C", "H", "Cl", "Cl", "Cl"], "CHCl3"),
+    (["Na", "Cl"], "ClNa"),  # no carbon: alphabetical
+    (["O", "H", "H"], "H2O"),
+    (["Br", "C", "N"], "CBrN"),
+])
+def test_hill_formula(atoms, expected):
+    from pyscf import gto
+
+    from dfmp2.chem import formula
+
+    mol = gto.M(atom=[(symbol, (0.0, 0.0, 1.5 * n)) for n, symbol in enumerate(atoms)], basis="sto-3g",
+                spin=None, verbose=0)
+    assert formula(mol) == expected
+
+
+# ----------------------------------------------------------------------------- output files
+
+def test_json_through_a_symlink_keeps_the_link(tmp_path):
+    (tmp_path / "real.json").write_text("old\n")
+    (tmp_path / "link.json").symlink_to("real.json")
+    proc = dfmp2_cli("run", WATER, "--json", "link.json", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert (tmp_path / "link.json").is_symlink() and os.readlink(tmp_path / "link.json") == "real.json"
+    assert json.loads((tmp_path / "real.json").read_text())["formula"] == "H2O"
+
+
+def test_json_into_a_fifo_is_written_in_place(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    proc = dfmp2_cli("run", WATER, "--json", "pipe", "--quiet", cwd=tmp_path)
+    reader.join(timeout=60)
+    assert proc.returncode == 0, describe(proc)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the FIFO, not a regular file put in its place
+    assert json.loads(received[0])["formula"] == "H2O"
+
+
+def test_json_to_a_full_device_fails_and_leaves_the_device(tmp_path):
+    """As root `--json /dev/full` replaced the device node with a regular file."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    before = os.lstat("/dev/full")
+    proc = dfmp2_cli("run", WATER, "--json", "/dev/full", cwd=tmp_path)
+    after = os.lstat("/dev/full")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--json /dev/full" in proc.stderr
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
+    assert "E(corr)" not in proc.stdout
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_new_output_files_honour_the_umask(tmp_path, umask, mode):
+    proc = subprocess.run([sys.executable, "-c", f"import os, sys; os.umask({umask}); "
+                           "from dfmp2.entry import main; sys.argv[0] = 'dfmp2'; main()",
+                           "run", str(WATER), "--json", "out.json", "--natorbs", "out.molden", "--quiet"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, describe(proc)
+    for name in ("out.json", "out.molden"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == mode, name
+
+
+def test_replaced_output_keeps_its_mode(tmp_path):
+    target = tmp_path / "out.json"
+    target.write_text("old\n")
+    os.chmod(target, 0o640)
+    proc = dfmp2_cli("run", WATER, "--json", "out.json", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640 and target.read_text() != "old\n"
+
+
+def test_json_to_standard_output(tmp_path):
+    proc = dfmp2_cli("run", WATER, "--json", "-", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert json.loads(proc.stdout)["formula"] == "H2O"  # stdout holds the JSON alone
+    assert os.listdir(tmp_path) == []
+
+
+def start_slowed(args, cwd, mark, delay="3", **popen):
+    """`python -m dfmp2 ARGS` with each pair block slowed by `delay` s; `mark` appears once the
+    run is in its pair stage (tests/faults/sitecustomize.py)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FAULTS), os.environ.get("PYTHONPATH", "")]),
+               DFMP2_TEST_PAIR_DELAY=delay, DFMP2_TEST_PAIR_MARK=str(mark))
+    return subprocess.Popen([sys.executable, "-m", "dfmp2", *map(str, args)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def wait_for(mark, proc, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not mark.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never reached its pair stage"
+        time.sleep(0.05)
+
+
+def test_a_failed_run_writes_none_of_its_outputs(tmp_path):
+    """--natorbs ok.molden --json X, where writing X fails after the run: ok.molden used to be
+    written. Here X's directory disappears while the run is in its pair stage."""
+    (tmp_path / "keep.json").write_text("previous\n")
+    (tmp_path / "gone").mkdir()
+    mark = tmp_path.parent / f"{tmp_path.name}.mark"
+    proc = start_slowed(["run", WATER, "--natorbs", "ok.molden", "--json", "gone/j.json"], tmp_path, mark)
+    wait_for(mark, proc)
+    os.rmdir(tmp_path / "gone")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, (stdout, stderr)
+    assert stderr.count("\n") == 1 and "--json gone/j.json" in stderr and "Traceback" not in stderr
+    assert sorted(os.listdir(tmp_path)) == ["keep.json"]  # no ok.molden, no temporary file
+
+
+def test_outputs_are_checked_before_the_scf(tmp_path):
+    """A bad output path is exit 2 naming the option, before anything is computed (an SCF
+    allowed one cycle would fail with exit 1 if it ran)."""
+    (tmp_path / "afile").write_text("")
+    for option, path in (("--json", "afile/j.json"), ("--natorbs", "nodir/n.molden"), ("--checkpoint", "afile")):
+        proc = dfmp2_cli("run", WATER, option, path, "--scf-max-cycle", "1", cwd=tmp_path)
+        assert proc.returncode == 2, describe(proc)
+        assert proc.stderr.startswith(f"dfmp2: error: {option} {path}") and proc.stderr.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- signals
+
+@pytest.mark.parametrize("delay", [0.15, 0.4, 0.8, 1.5])
+def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, delay):
+    """SIGINT during the start-up imports (torch and PySCF take a second or two) or later."""
+    proc = subprocess.Popen([sys.executable, "-m", "dfmp2", "run", str(WATER), "--json", "out.json"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip(f"the run finished within {delay} s")
+    assert proc.returncode == 130, (stdout, stderr)
+    assert stderr.count("\n") == 1 and "interrupted (SIGINT)" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_an_inherited_sighup_ignore_is_respected(tmp_path):
+    """Under nohup (SIGHUP ignored) a hangup must not stop the run."""
+    mark = tmp_path.parent / f"{tmp_path.name}.mark"
+    proc = start_slowed(["run", WATER, "--json", "out.json", "--quiet"], tmp_path, mark, delay="1",
+                        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    wait_for(mark, proc)
+    proc.send_signal(signal.SIGHUP)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (stdout, stderr)
+    assert json.loads((tmp_path / "out.json").read_text())["formula"] == "H2O"
+
+
+# ----------------------------------------------------------------------------- memory
+
+def test_bench_checks_its_budget_before_allocating(tmp_path):
+    """`bench --nbasis 100000 --nocc 10 --naux 10` allocated 18.6 GiB before any budget check."""
+    code, _, peak_mb, stderr = measured_run(["bench", "--nbasis", "100000", "--nocc", "10", "--naux", "10"],
+                                            tmp_path, "huge")
+    assert code == 2 and "needs at least" in stderr and stderr.count("\n") == 1
+    assert peak_mb < 1500, peak_mb
+
+
+def test_memory_floor_is_refused_before_the_scf(tmp_path):
+    """A budget too small for the MP2 steps: exit 2 before the SCF (one SCF cycle allowed, so an
+    SCF that ran would fail with exit 1), and the same answer every time."""
+    for _ in range(2):
+        proc = dfmp2_cli("run", Path(ROOT) / "examples" / "benzene.xyz", "--basis", "cc-pvtz", "--max-memory", 360,
+                         "--scf-max-cycle", "1", cwd=tmp_path)
+        assert proc.returncode == 2, describe(proc)
+        assert "needs at least" in proc.stderr and "allowed for what the SCF leaves" in proc.stderr
