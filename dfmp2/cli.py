@@ -112,8 +112,8 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
             outputs.add("--json", json_path, stdout_ok=True)
         if natorbs_path is not None:
             outputs.add("--natorbs", natorbs_path)
-        if scratch is not None and not os.path.isdir(scratch):
-            raise InputError(f"--scratch {scratch}: no such directory")
+        if scratch is not None:
+            _check_scratch(scratch)
         if scf_max_cycle < 1:
             raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
         if not (math.isfinite(rank_timeout) and rank_timeout > 0):
@@ -291,6 +291,18 @@ def _package_version(name):
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def _check_scratch(directory):
+    """InputError unless `directory` exists and a scratch directory can be made in it."""
+    import tempfile
+
+    if not os.path.isdir(directory):
+        raise InputError(f"--scratch {directory}: no such directory")
+    try:
+        tempfile.TemporaryDirectory(prefix=".dfmp2-probe-", dir=directory).cleanup()
+    except OSError as error:
+        raise InputError(f"--scratch {directory}: cannot write there ({error.strerror})") from None
 
 
 def _write_json(path, record):

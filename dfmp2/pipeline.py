@@ -404,12 +404,13 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         try:
             if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
                 remove_scratch(settings.scratch, f"dfmp2-{checkpoint.tag}-")
-            b_files = [] if checkpoint is None else [checkpoint.b_name(ch.name) + ".h5" for ch in channels]
-            if checkpoint is not None and "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):
+            b_files = [None] * len(channels)  # where B is kept: a checkpoint's files
+            if checkpoint is not None:
+                b_files = [checkpoint.b_name(ch.name) + ".h5" for ch in channels]
                 stores = held_b(backend, checkpoint, b_files, [(ch.nocc, ch.nvir, naux) for ch in channels])
-            if checkpoint is not None and not stores:  # B of another layout (ranks), a killed run's, damaged
-                checkpoint.reset("B")
-                checkpoint.register("B", *b_files)
+                if not stores:  # none, another layout's (ranks), a killed run's or a damaged one
+                    checkpoint.reset("B")
+                    checkpoint.register("B", *b_files)
             if stores:
                 nkept, metric_label = checkpoint.manifest["B"]["nkept"], checkpoint.manifest["B"]["metric"]
                 reused["B"] = True
@@ -417,11 +418,10 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 factor = metric_cholesky(backend, metric)  # 1. J = L L^T
                 clock = lap("metric", clock)
                 prefix = "dfmp2-" if checkpoint is None else f"dfmp2-{checkpoint.tag}-"
-                for ch in channels:
+                for ch, kept in zip(channels, b_files):
                     shape = (ch.nocc, ch.nvir, naux)
                     stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
-                        backend, shape, settings.scratch,
-                        checkpoint.path(checkpoint.b_name(ch.name) + ".h5") if checkpoint else None, prefix))
+                        backend, shape, settings.scratch, kept and checkpoint.path(kept), prefix))
                 clock = transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels,
                                              stores, lap, clock, progress)  # 2. (ia|P), each spin
 
@@ -687,10 +687,10 @@ def shared_checkpoint(opened, settings, identity) -> str:
 
 
 def held_b(backend, checkpoint, names, shapes) -> list:
-    """The stores of the complete B files `names` (shapes [nocc, nvir, naux]) that the
-    checkpoint's manifest vouches for (size and sha256 checked), or [] if any is not usable
-    (a damaged or missing one is announced in checkpoint.notes)."""
-    if not checkpoint.holds("B"):
+    """The stores of the complete B files `names` (shapes [nocc, nvir, naux]) of one process
+    that the checkpoint's manifest vouches for (size and sha256 checked), or [] if there are
+    none or any is not usable (a damaged or missing one is announced in checkpoint.notes)."""
+    if "ranks" in checkpoint.manifest.get("B", {"ranks": None}):  # none, or several ranks' blocks
         return []
     reasons = [checkpoint.check(name) for name in names]
     stores = [DiskStore.reopen(backend, checkpoint.path(name), shape) if reason is None else None

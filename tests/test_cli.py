@@ -306,6 +306,13 @@ CASES = [
          needles=("--json afile/j.json",), files={"afile": "x"}, json=False),
     Case("natorbs-directory-missing", ["run", "{water}", "--natorbs", "nodir/n.molden", "--scf-max-cycle", "1"],
          needles=("--natorbs nodir/n.molden", "does not exist")),
+    # /proc: a directory where nothing can be created, even by root (Linux)
+    Case("json-not-writable", ["run", "{water}", "--json", "/proc/out.json", "--scf-max-cycle", "1"],
+         needles=("--json /proc/out.json", "cannot write"), json=False),
+    Case("scratch-not-writable", ["run", "{water}", "--scratch", "/proc", "--scf-max-cycle", "1"],
+         needles=("--scratch /proc", "cannot write")),
+    Case("checkpoint-not-writable", ["run", "{water}", "--checkpoint", "/proc/ck", "--scf-max-cycle", "1"],
+         needles=("--checkpoint /proc/ck", "cannot")),
     Case("json-and-natorbs-one-file", ["run", "{water}", "--natorbs", "same.out", "--json", "same.out"],
          needles=("same file",), json=False),
     Case("natorbs-to-stdout", ["run", "{water}", "--natorbs", "-"], needles=("--natorbs -", "only for --json")),

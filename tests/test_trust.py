@@ -107,13 +107,13 @@ def test_json_into_a_fifo_is_written_in_place(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     received = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
     reader.start()
     proc = dfmp2_cli("run", WATER, "--json", "pipe", "--quiet", cwd=tmp_path)
     reader.join(timeout=60)
     assert proc.returncode == 0, describe(proc)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the FIFO, not a regular file put in its place
-    assert json.loads(received[0])["formula"] == "H2O"
+    assert received and json.loads(received[0])["formula"] == "H2O"
 
 
 def test_json_to_a_full_device_fails_and_leaves_the_device(tmp_path):
