@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import dfmp2
+from conftest import converged_rhf, pyscf_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 WATER = ROOT / "examples" / "water.xyz"
@@ -119,21 +120,13 @@ def test_run_json_has_all_keys_and_consistent_energies(runs):
     r = runs["default"].record
     missing = JSON_KEYS - set(r)
     assert not missing, f"JSON lacks {sorted(missing)}"
-    # every energy against PySCF's DF-RHF (the JK-fit set dfmp2 uses) and DFMP2 (the MP2-fit set),
-    # SCS with Grimme's published scalings (6/5 opposite-spin, 1/3 same-spin) of PySCF's parts
-    from pyscf import df, gto, scf
-    from pyscf.mp.dfmp2 import DFMP2
-
-    mol = gto.M(atom=str(WATER), basis="cc-pvdz", verbose=0)
-    mf = scf.RHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
-    mf.conv_tol = 1e-11
-    mf.kernel()
-    pt = DFMP2(mf)
-    pt.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
-    pt.kernel()
+    # every energy against PySCF's DF-RHF (its default JK-fit set, as dfmp2's) and DFMP2 (the
+    # MP2-fit set), SCS with Grimme's published scalings (6/5 opposite-spin, 1/3 same-spin)
+    mf = converged_rhf("water", atom=str(WATER), scf_mode="df")
+    e_corr, e_os, e_ss = pyscf_reference(mf, "cc-pvdz-ri")
     assert abs(r["e_hf"] - mf.e_tot) < 1e-8
-    for key, value in (("e_corr", pt.e_corr), ("e_corr_os", pt.e_corr_os), ("e_corr_ss", pt.e_corr_ss),
-                       ("e_tot", pt.e_tot), ("e_scs", 1.2 * pt.e_corr_os + pt.e_corr_ss / 3)):
+    for key, value in (("e_corr", e_corr), ("e_corr_os", e_os), ("e_corr_ss", e_ss), ("e_tot", mf.e_tot + e_corr),
+                       ("e_scs", 1.2 * e_os + e_ss / 3)):
         assert abs(r[key] - value) < 1e-8, key
     assert r["nocc"] == 5 and r["nfrozen"] == 0
     assert r["nocc"] + r["nvir"] == r["nbasis"] == 24
