@@ -108,14 +108,17 @@ def test_json_into_a_fifo_is_written_in_place(tmp_path):
 
 
 def test_json_to_a_full_device_fails_and_leaves_the_device(tmp_path):
-    """As root `--json /dev/full` replaced the device node with a regular file."""
-    if not os.path.exists("/dev/full"):
-        pytest.skip("no /dev/full")
-    before = os.lstat("/dev/full")
-    proc = dfmp2_cli("run", WATER, "--json", "/dev/full", cwd=tmp_path)
-    after = os.lstat("/dev/full")
-    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--json /dev/full" in proc.stderr
-    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
+    """As root `--json /dev/full` replaced the device node with a regular file. The test makes a
+    node of its own (the /dev/full device, 1:7) so that a regression cannot destroy the machine's."""
+    node = tmp_path / "full"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except (PermissionError, OSError) as error:
+        pytest.skip(f"cannot make a device node here ({error})")
+    proc = dfmp2_cli("run", WATER, "--json", node, cwd=tmp_path)
+    after = os.lstat(node)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and f"--json {node}" in proc.stderr, describe(proc)
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == os.makedev(1, 7)
     assert "E(corr)" not in proc.stdout
 
 

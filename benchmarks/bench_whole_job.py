@@ -1,0 +1,101 @@
+"""The whole job as a user waits for it: `dfmp2 run MOLECULE.xyz` as typed (start-up, SCF, MP2,
+output) against the PySCF script that does the same (DF-RHF with PySCF's default JK-fit set,
+then PySCF's DFMP2 with the MP2-fit set dfmp2 uses), side by side, alternating, wall clock of
+each whole process.
+
+    python benchmarks/bench_whole_job.py examples/benzene.xyz --basis cc-pvtz --rounds 3
+    python benchmarks/bench_whole_job.py examples/water.xyz --other-checkout /tmp/old   # + an older dfmp2
+
+Round 0 is a discarded warm-up (file caches). Each later round runs every contender once, in
+turn; the report gives per-contender medians and the median of the per-round ratios
+PySCF / contender (> 1: the contender is faster), with each contender's E(total). With
+--other-checkout DIR, `python -m dfmp2 run` from that checkout (PYTHONPATH=DIR) runs as a
+third contender, e.g. the commit before a change. Writes benchmarks/results/whole_job_*.json
+with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+PYSCF_SCRIPT = """
+import json, sys
+from pyscf import gto, scf, df
+from pyscf.mp import dfmp2
+mol = gto.M(atom=sys.argv[1], basis=sys.argv[2], verbose=0)
+mf = scf.RHF(mol).density_fit()
+mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
+mf.kernel()
+pt = dfmp2.DFMP2(mf)
+pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
+pt.kernel()
+json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr}, open(sys.argv[3], "w"))
+"""
+
+
+def timed(command, env=None):
+    """(wall seconds, exit status) of one process."""
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{command[:4]}... failed: {proc.stderr.strip()}")
+    return seconds
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("molecule")
+    parser.add_argument("--basis", default="cc-pvdz")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
+    parser.add_argument("--other-checkout", default=None, help="another dfmp2 checkout to time too")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    molecule = os.path.abspath(args.molecule)
+    out = tempfile.mkdtemp(prefix="whole-job-")
+    dfmp2_script = os.path.join(os.path.dirname(sys.executable), "dfmp2")
+    contenders = {
+        "pyscf": ([sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis, os.path.join(out, "pyscf.json")], None),
+        "dfmp2": ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
+                   "--json", os.path.join(out, "dfmp2.json")], None),
+    }
+    if args.other_checkout:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(args.other_checkout))
+        contenders["dfmp2-other"] = ([sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis,
+                                      "--quiet", "--json", os.path.join(out, "dfmp2-other.json")], env)
+    seconds = {name: [] for name in contenders}
+    for round_ in range(args.rounds + 1):
+        for name, (command, env) in contenders.items():
+            t = timed(command, env)
+            if round_:
+                seconds[name].append(t)
+        if round_:
+            print(f"round {round_}: " + ", ".join(f"{name} {s[-1]:.2f} s" for name, s in seconds.items()))
+    energies = {name: json.load(open(os.path.join(out, f"{name}.json")))["e_tot"] for name in contenders}
+    record = {
+        "molecule": os.path.relpath(molecule), "basis": args.basis, "rounds": args.rounds,
+        "seconds": seconds, "median_seconds": {n: statistics.median(s) for n, s in seconds.items()},
+        "median_ratio_pyscf_over": {n: statistics.median(p / s for p, s in zip(seconds["pyscf"], seconds[n]))
+                                    for n in contenders if n != "pyscf"},
+        "e_tot": energies, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+    }
+    for name in contenders:
+        ratio = record["median_ratio_pyscf_over"].get(name)
+        print(f"{name:12s} median {record['median_seconds'][name]:7.2f} s" +
+              (f"   PySCF / {name} = {ratio:.2f}" if ratio else "") + f"   E(total) {energies[name]:.10f}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(record, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
