@@ -133,21 +133,26 @@ class Checkpoint:
             entries = set(os.listdir(self.directory))
         except OSError as error:
             raise InputError(f"--checkpoint {self.label}: cannot read it ({error.strerror})") from None
-        if MANIFEST not in entries and entries - {LOCK}:
+        others = sorted(entries - {LOCK})
+        if MANIFEST not in entries and others:
             if not allow_other_files:
-                shown = ", ".join(sorted(entries - {LOCK})[:3]) + (", ..." if len(entries) > 4 else "")
+                shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
                 raise InputError(f"--checkpoint {self.label}: the directory holds files ({shown}) but no dfmp2 "
                                  f"{MANIFEST}: give a new or empty directory (or --checkpoint-allow-other-files "
                                  "to write beside them; dfmp2 never touches files it did not write)")
             self._refuse_look_alikes(entries, {})
         self._read_manifest()  # a manifest of something else is refused before anything is written here
         self._acquire_lock()
-        self.manifest = self._read_manifest()
-        self._refuse_look_alikes(entries, self.manifest.get("files", {}))
-        if not self.manifest:
-            self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                             "files": {LOCK: {"section": None, "state": "lock"}}}
-            self._write_manifest()
+        try:
+            self.manifest = self._read_manifest()
+            self._refuse_look_alikes(entries, self.manifest.get("files", {}))
+            if not self.manifest:
+                self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                                 "files": {LOCK: {"section": None, "state": "lock"}}}
+                self._write_manifest()
+        except BaseException:
+            self._release_lock()
+            raise
 
     def _refuse_look_alikes(self, entries, files):
         """InputError if a file of the directory bears a name dfmp2 would write (OUR_NAMES) but
@@ -184,6 +189,9 @@ class Checkpoint:
             if held[1] > 0:
                 return
             del _HELD[self.directory]
+        self._release_lock()
+
+    def _release_lock(self):
         if self._lock is not None:
             os.close(self._lock)  # releases the flock
             self._lock = None

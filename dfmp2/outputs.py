@@ -81,9 +81,6 @@ class Outputs:
                 raise InputError(f"{option} and {other.option} cannot both write to standard output")
         self._targets[option] = target
 
-    def __contains__(self, option):
-        return option in self._targets
-
     def to_stdout(self) -> bool:
         """Some output goes to standard output (then nothing else is printed there)."""
         return any(t.real == "-" for t in self._targets.values())
@@ -116,16 +113,23 @@ class Outputs:
             for current in (t for t in targets if not t.in_place):
                 if os.path.exists(current.real):  # kept until the commit is done, to undo it
                     current.backup = current.staged + ".previous"
-                    os.link(current.real, current.backup)
+                    try:
+                        os.link(current.real, current.backup)
+                    except OSError:  # a file system without hard links: moved aside instead
+                        os.replace(current.real, current.backup)
                 os.replace(current.staged, current.real)
                 current.staged = None
                 done.append(current)
         except BaseException as error:
-            for target in reversed(done):  # the previous contents back
+            unfinished = [current] if current is not None and not current.in_place and current not in done else []
+            for target in reversed(done + unfinished):  # the previous contents back
                 if target.backup is not None:
-                    os.replace(target.backup, target.real)
+                    if os.path.exists(target.real) and os.path.samefile(target.backup, target.real):
+                        os.unlink(target.backup)  # never replaced (rename between links of one file does nothing)
+                    else:
+                        os.replace(target.backup, target.real)
                     target.backup = None
-                else:
+                elif target in done:  # it did not exist before
                     os.unlink(target.real)
             self.discard()
             if isinstance(error, OSError):

@@ -181,6 +181,41 @@ def test_a_failed_run_writes_none_of_its_outputs(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["keep.json"]  # no ok.molden, no temporary file
 
 
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_outputs_commit_gives_back_what_it_replaced(tmp_path, monkeypatch, hard_links):
+    """Two outputs, the second cannot be put in place: the first gets its previous contents back
+    (kept as a hard link, or moved aside where the file system has none) and nothing else stays."""
+    from dfmp2 import outputs
+    from dfmp2.errors import ComputationError
+
+    first, second = tmp_path / "a.json", tmp_path / "b.molden"
+    first.write_text("previous")
+    second.write_text("previous too")
+    staged = outputs.Outputs()
+    staged.add("--json", str(first))
+    staged.add("--natorbs", str(second))
+    staged.write("--json", lambda path: Path(path).write_text("new"))
+    staged.write("--natorbs", lambda path: Path(path).write_text("new"))
+    replace = os.replace
+
+    def failing_replace(source, target):  # putting the second in place fails (not restoring it)
+        if str(target) == str(second) and str(source).endswith(".partial"):
+            raise OSError(28, "No space left on device")
+        return replace(source, target)
+
+    def no_link(source, target):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(outputs.os, "replace", failing_replace)
+    if not hard_links:
+        monkeypatch.setattr(outputs.os, "link", no_link)
+    with pytest.raises(ComputationError, match="--natorbs .*No space left"):
+        staged.commit()
+    monkeypatch.undo()
+    assert first.read_text() == "previous" and second.read_text() == "previous too"
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.molden"]
+
+
 def test_outputs_are_checked_before_the_scf(tmp_path):
     """A bad output path is exit 2 naming the option, before anything is computed (an SCF
     allowed one cycle would fail with exit 1 if it ran)."""
