@@ -675,18 +675,16 @@ def frozen_core_count(mol) -> int:
     return frozen
 
 
-def ecp_record(mol, labels: dict | None = None) -> dict:
-    """{element: {"name", "core_electrons"}} of the atoms of mol that carry an ECP (`labels`:
-    choose_ecp's record, naming where each came from; else mol.ecp's names)."""
+def ecp_record(mol) -> dict:
+    """{element: {"name", "core_electrons"}} of the atoms of mol that carry an ECP (the name
+    mol.ecp gives it; "given with the molecule" for ECP data)."""
     record = {}
     for i in range(mol.natm):
         electrons = mol.atom_nelec_core(i)
         symbol = mol.atom_pure_symbol(i)
         if not electrons or symbol in record:
             continue
-        if labels and symbol in labels:
-            name = labels[symbol]["name"]
-        elif isinstance(mol.ecp, str):
+        if isinstance(mol.ecp, str):
             name = mol.ecp
         else:
             given = (mol.ecp or {}).get(mol.atom_symbol(i), (mol.ecp or {}).get(symbol))

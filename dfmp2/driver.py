@@ -14,7 +14,7 @@ from . import __version__, chem
 from .checkpoint import open_checkpoint, version_identity
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
-from .memory import MB, SCF_GROWTH, peak_resident_bytes, release_freed_memory
+from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
 from .settings import Settings, settings_from
 
@@ -212,7 +212,7 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         if settings.checkpoint is not None:
             checkpoint = open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files)
             opened.append(checkpoint)
-            if checkpoint.claim("run", _run_identity(atoms, settings, reference, mol)):
+            if checkpoint.claim("run", _run_identity(atoms, settings, reference, ecp)):
                 held = checkpoint.load_arrays("scf", "the SCF was")
                 if held is not None:
                     return held, True
@@ -236,7 +236,6 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         timings = {"scf": time.perf_counter() - start}
         orbitals = chem.mean_field_orbitals(mf)
         chem.release_integrals(mf)
-        release_freed_memory()
         result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis, timings,
                             [f"ECPs off (--ecp none): {el} all-electron in {settings.basis}, a basis made for its "
                              f"{label} ECP" for el, label in sorted(ecp.off.items())],
@@ -248,16 +247,16 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
         result.correlation.checkpoint["reused_scf"] = reused_scf
     result.double_hybrid = dh
     result.mean_field = mf
-    result.ecp = chem.ecp_record(mol, ecp.record)
+    result.ecp = dict(ecp.record)
     return result
 
 
-def _run_identity(atoms, settings, reference, mol) -> dict:
+def _run_identity(atoms, settings, reference, ecp) -> dict:
     """What a checkpoint's SCF belongs to: the molecule and the chemistry settings."""
     chemistry = ("basis", "auxbasis", "charge", "spin", "scf", "xc", "c_os", "c_ss", "frozen_core", "frozen")
     return {**version_identity(), "reference": reference,
             "atoms": [[a.symbol, *map(float, a.xyz)] for a in atoms],
-            "ecp": chem.ecp_record(mol),
+            "ecp": ecp.record,
             **{name: getattr(settings, name) for name in chemistry}}
 
 
