@@ -52,7 +52,7 @@ TRANSFORM_OPTION = click.option(
 
 @cli.command()
 @click.argument("molecule", metavar="MOLECULE.xyz")
-@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis (any PySCF name).")
+@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis: any name in PySCF's library or the Basis Set Exchange's data.")
 @click.option("--auxbasis", default=None,
               help="MP2 auxiliary basis [default: the MP2-fit/RI set for --basis].")
 @click.option("--ecp", default="auto", show_default=True, metavar="auto|none|NAME",
