@@ -30,6 +30,8 @@ SCF_CONV_TOL_GRAD = 1e-7
 # leaves the energy stable to ~1e-10 Eh
 KS_CONV_TOL, KS_CONV_TOL_GRAD = 1e-10, 1e-6
 REFERENCES = ("rhf", "uhf", "rohf")
+# what PySCF's basis and ECP loaders raise for a name or element they do not have
+BASIS_LOOKUP_ERRORS = (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError)
 
 
 # ----------------------------------------------------------------------------- molecules
@@ -202,7 +204,7 @@ def _ecp_of(name: str, symbol: str):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             data = basis_lib.load_ecp(name, symbol)
-    except (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError):
+    except BASIS_LOOKUP_ERRORS:
         data = None
     if data:
         return name, name, int(data[0])
@@ -283,7 +285,7 @@ def _check_basis_name(basis: str, symbols: list) -> None:
             with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on stderr
                 warnings.simplefilter("ignore")
                 shells = basis_lib.load(basis, symbol)
-        except (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError):
+        except BASIS_LOOKUP_ERRORS:
             shells = None
         if not shells:
             raise InputError(f"basis {basis!r} is unknown or has no functions for {symbol}")
@@ -398,7 +400,7 @@ def _pyscf_library_has(name: str, symbol: str) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return bool(basis_lib.load(name, symbol))
-    except (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError):
+    except BASIS_LOOKUP_ERRORS:
         return False
 
 
