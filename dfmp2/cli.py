@@ -30,6 +30,15 @@ def _fail(message: str, code: int):
     sys.exit(code)
 
 
+class _SignalExit(SystemExit):
+    """Exit status 128 + N after a signal, once cleanup has run (main leaves with os._exit)."""
+
+
+def _stop(message: str, code: int):
+    click.echo(f"dfmp2: error: {message}", err=True)
+    raise _SignalExit(code)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="dfmp2")
 @click.pass_context
@@ -241,11 +250,15 @@ def _guarded(compute, debug, outputs):
     SIGINT, SIGTERM and SIGHUP stop the run: scratch files are removed on the way out (a
     --checkpoint directory is kept), no output file is written, exit 128 + signal number.
     `outputs` staged but not committed are discarded whatever happens."""
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # an inherited ignore (nohup) is respected
-            signal.signal(signum, _raise_terminated)
+    stopping = [signum for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+                if signal.getsignal(signum) is not signal.SIG_IGN]  # an inherited ignore (nohup) is respected
+    for signum in stopping:
+        signal.signal(signum, _raise_terminated)
     try:
-        return compute()
+        record = compute()
+        for signum in stopping:  # the outputs are in place: the run has succeeded, whatever comes now
+            signal.signal(signum, signal.SIG_IGN)
+        return record
     except DFMP2Error as error:
         if debug:
             raise
@@ -253,9 +266,9 @@ def _guarded(compute, debug, outputs):
             sys.exit(error.exit_code)
         _fail(str(error), error.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted (SIGINT); scratch removed", 128 + signal.SIGINT)
+        _stop("interrupted (SIGINT); scratch removed", 128 + signal.SIGINT)
     except _Terminated as stop:
-        _fail(f"stopped by {signal.Signals(stop.signum).name}; scratch removed", 128 + stop.signum)
+        _stop(f"stopped by {signal.Signals(stop.signum).name}; scratch removed", 128 + stop.signum)
     except (click.exceptions.Exit, click.ClickException):
         raise
     except Exception as error:  # an unexpected failure: one line (exit 1), traceback only with --debug
@@ -485,15 +498,28 @@ def _print_kernel_bench(r):
 
 
 def main(argv=None):
-    """Entry point: click's own usage errors also become one line with exit status 2."""
+    """Entry point: click's own usage errors also become one line with exit status 2; after a
+    signal the process leaves with os._exit(128 + N) once its cleanup has run: through the
+    interpreter's own exit, about 1 interrupted run in 8 ended killed by SIGINT after printing
+    its message (CPython re-raises a KeyboardInterrupt it once saw unhandled in code run on a
+    library's behalf, even one caught since)."""
+    try:
+        _run_commands(argv)
+    except _SignalExit as stop:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stop.code)
+
+
+def _run_commands(argv):
     try:
         cli.main(args=argv, prog_name="dfmp2", standalone_mode=False)
     except click.exceptions.Exit as stop:
         sys.exit(stop.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C outside a command's computation
-        _fail("interrupted (SIGINT)", 128 + signal.SIGINT)
+        _stop("interrupted (SIGINT)", 128 + signal.SIGINT)
     except _Terminated as stop:
-        _fail(f"stopped by {signal.Signals(stop.signum).name}", 128 + stop.signum)
+        _stop(f"stopped by {signal.Signals(stop.signum).name}", 128 + stop.signum)
     except click.ClickException as error:
         _fail(error.format_message(), 2 if isinstance(error, click.UsageError) else error.exit_code)
     except DFMP2Error:
