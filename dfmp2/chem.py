@@ -200,12 +200,7 @@ def _ecp_of(name: str, symbol: str):
     library first, then (from Rb on) the Basis Set Exchange's data; None where neither has one."""
     from pyscf.gto import basis as basis_lib
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            data = basis_lib.load_ecp(name, symbol)
-    except BASIS_LOOKUP_ERRORS:
-        data = None
+    data = _loaded(basis_lib.load_ecp, name, symbol)
     if data:
         return name, name, int(data[0])
     if _atomic_number(symbol) >= ECP_FROM_BSE_MIN_Z:
@@ -277,17 +272,12 @@ def _atomic_number(symbol: str) -> int:
 
 
 def _check_basis_name(basis: str, symbols: list) -> None:
-    """Raise InputError unless PySCF ships `basis` for every element in `symbols`."""
+    """Raise InputError unless PySCF has `basis` for every element in `symbols` (its library, or
+    the Basis Set Exchange's data it loads names it lacks from)."""
     from pyscf.gto import basis as basis_lib
 
     for symbol in symbols:
-        try:
-            with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on stderr
-                warnings.simplefilter("ignore")
-                shells = basis_lib.load(basis, symbol)
-        except BASIS_LOOKUP_ERRORS:
-            shells = None
-        if not shells:
+        if not _loaded(basis_lib.load, basis, symbol):
             raise InputError(f"basis {basis!r} is unknown or has no functions for {symbol}")
 
 
@@ -396,12 +386,18 @@ def _pyscf_library_has(name: str, symbol: str) -> bool:
     alias = basis_lib._format_basis_name(name)
     if alias not in basis_lib.ALIAS and not basis_lib._is_pople_basis(alias):
         return False
+    return bool(_loaded(basis_lib.load, name, symbol))
+
+
+def _loaded(loader, name: str, symbol: str):
+    """loader(name, symbol) (PySCF's basis_lib.load or load_ecp), or None where PySCF has no such
+    name or element; PySCF's suggestion to install basis-set-exchange kept off stderr."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return bool(basis_lib.load(name, symbol))
+            return loader(name, symbol)
     except BASIS_LOOKUP_ERRORS:
-        return False
+        return None
 
 
 def _bse_name(name: str) -> str:

@@ -18,11 +18,11 @@ from .errors import InputError
 
 MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
 MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
-MIN_AUX_BLOCK = 32
+MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
 # what the SCF adds to the process's resident set once its integrals are released (modules, caches,
 # thread stacks; measured 15 MB on benzene/cc-pVTZ): allowed for when the budget is checked
 # before the SCF, so that a budget too small for the MP2 steps is refused before the SCF runs
-SCF_GROWTH = 48 * MB  # auxiliary functions per transform block, unless the budget forces fewer
+SCF_GROWTH = 48 * MB
 
 
 @dataclass
