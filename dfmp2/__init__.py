@@ -16,16 +16,17 @@ __version__ = "0.1.0"
 # pyscf before dfmp2 can export OMP_WAIT_POLICY=PASSIVE itself).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .errors import ComputationError, DFMP2Error, InputError  # noqa: E402
+from .errors import ComputationError, DFMP2Error, InputError, MemoryBudgetError  # noqa: E402
 
 
 def __getattr__(name):
     # The PySCF plugin imports torch and PySCF; load it on first use only.
-    if name in ("DFMP2", "DFUMP2"):
+    if name in ("DFMP2", "DFUMP2", "DFROMP2"):
         from . import pyscf_plugin
 
         return getattr(pyscf_plugin, name)
     raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")
 
 
-__all__ = ["DFMP2", "DFUMP2", "DFMP2Error", "InputError", "ComputationError", "__version__"]
+__all__ = ["DFMP2", "DFUMP2", "DFROMP2", "DFMP2Error", "InputError", "MemoryBudgetError", "ComputationError",
+           "__version__"]

@@ -548,20 +548,30 @@ def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
     from pyscf import scf as pyscf_scf
     from pyscf.dft.rks import KohnShamDFT
 
-    if isinstance(mf, pyscf_scf.ghf.GHF):
+    kinds = (pyscf_scf.ghf.GHF, pyscf_scf.rohf.ROHF, pyscf_scf.uhf.UHF, pyscf_scf.hf.RHF)
+    ks_kinds = (KohnShamDFT,)
+    if is_periodic(mf):  # gamma-point PBC mean fields: their own classes
+        from pyscf.pbc import scf as pbc_scf
+        from pyscf.pbc.dft.rks import KohnShamDFT as PeriodicKohnShamDFT
+
+        check_gamma_point(mf)
+        kinds = (pbc_scf.ghf.GHF, pbc_scf.rohf.ROHF, pbc_scf.uhf.UHF, pbc_scf.hf.RHF)
+        ks_kinds = (PeriodicKohnShamDFT,)
+    if isinstance(mf, kinds[0]):
         raise InputError(f"{type(mf).__name__} is a generalized (GHF) reference: dfmp2 takes RHF, UHF or ROHF")
-    if isinstance(mf, pyscf_scf.rohf.ROHF):
+    if isinstance(mf, kinds[1]):
         reference = "rohf"
-    elif isinstance(mf, pyscf_scf.uhf.UHF):
+    elif isinstance(mf, kinds[2]):
         reference = "uhf"
-    elif isinstance(mf, pyscf_scf.hf.RHF):
+    elif isinstance(mf, kinds[3]):
         reference = "rhf"
     else:
-        raise InputError(f"{type(mf).__name__} is not a PySCF RHF, UHF or ROHF object")
+        raise InputError(f"{type(mf).__name__} is not a PySCF RHF, UHF or ROHF object (molecular, or periodic at "
+                         "the gamma point)")
     if mf.mo_coeff is None or not getattr(mf, "converged", False):
         raise InputError(f"the {reference.upper()} mean field is not converged: run mf.kernel() to "
                          "convergence first")
-    label = reference.replace("hf", "ks") if isinstance(mf, KohnShamDFT) else reference
+    label = reference.replace("hf", "ks") if isinstance(mf, ks_kinds) else reference
     if np.iscomplexobj(mf.mo_coeff):
         raise InputError("complex orbitals: dfmp2 takes real RHF, UHF or ROHF references")
     if reference == "rhf" and mf.mol.spin != 0:
@@ -571,7 +581,7 @@ def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
         raise InputError(f"mo_coeff has shape {mo_coeff.shape}, not that of a {reference.upper()} reference")
     _check_occupations(np.asarray(mf.mo_occ, dtype=np.float64), reference, mf.mol)
     common = dict(reference=label, e_ref=float(mf.e_tot), nelectron=int(mf.mol.nelectron),
-                  xc=getattr(mf, "xc", None) if isinstance(mf, KohnShamDFT) else None)
+                  xc=getattr(mf, "xc", None) if isinstance(mf, ks_kinds) else None)
     if reference == "rhf":
         out = MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
                         mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), **common)
@@ -579,11 +589,32 @@ def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
         out = MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
                         mo_occ=np.asarray(mf.mo_occ, dtype=np.float64),
                         spin_square=float(mf.spin_square()[0]), **common)
+    elif not np.any(np.asarray(mf.mo_occ) == 1):  # a closed-shell ROHF is RHF: the same arithmetic
+        out = MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
+                        mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), **common)
     else:
         out = MeanField(**semicanonical_orbitals(mf), spin_square=float(mf.spin_square()[0]), **common)
     if not allow_non_aufbau:
         _check_aufbau(out)
     return out
+
+
+def reference_kind(mf) -> str:
+    """'rhf', 'uhf' or 'rohf' of a PySCF mean field (Kohn-Sham ones too), by its class."""
+    from pyscf import scf as pyscf_scf
+
+    if mf.istype("ROHF"):
+        return "rohf"
+    if mf.istype("UHF") or isinstance(mf, pyscf_scf.uhf.UHF):
+        return "uhf"
+    return "rhf"
+
+
+def is_kohn_sham(mf) -> bool:
+    """True for a Kohn-Sham mean field (RKS, UKS, ROKS; molecular or periodic)."""
+    from pyscf.dft.rks import KohnShamDFT
+
+    return isinstance(mf, KohnShamDFT)
 
 
 def _check_occupations(mo_occ, reference, mol):
@@ -765,6 +796,65 @@ class ThreeCenterIntegrals:
                                   shls_slice=(0, nbas, 0, nbas, shell0, shell1))
         # packed is [npair, nP] in Fortran order, i.e. [nP, npair] in memory
         return lib.unpack_tril(np.asarray(packed.T, order="C"))
+
+
+class PeriodicCholeskyVectors:
+    """The gamma-point three-center integrals of a periodic (PBC) mean field's Gaussian density
+    fitting (pyscf.pbc.df.GDF), which holds them already whitened: L_mn^P with (mn|ls) ~
+    sum_P L_mn^P L_ls^P. The ThreeCenterIntegrals interface with the identity as metric, so that
+    steps 1 and 3 of the pipeline leave them as they are. Only the positive-definite (3-D, or
+    infinite-vacuum 2-D) case: a negative part (truncated Coulomb of 2-D cells) is refused."""
+
+    def __init__(self, with_df):
+        from pyscf.pbc import df as pbc_df
+
+        if not isinstance(with_df, pbc_df.GDF):
+            raise InputError(f"periodic mean fields are supported with Gaussian density fitting (GDF, "
+                             f"mf.density_fit()), not {type(with_df).__name__}")
+        cell = with_df.cell
+        if cell.dimension == 2 and cell.low_dim_ft_type != "inf_vacuum":
+            raise InputError("2-D cells with a truncated Coulomb operator have a negative-definite part in "
+                             "their density fitting, which dfmp2 does not handle")
+        self.with_df = with_df
+        self.mol = cell
+        self.nao = cell.nao_nr()
+        self.naux = int(with_df.get_naoaux())  # builds the integrals if they are not there yet
+        name = _describe_basis(with_df.auxbasis) if with_df.auxbasis is not None else "PySCF's default GDF set"
+        self.auxbasis = f"{name} (the mean field's GDF, gamma point)"
+        self.fitting = FittingSet(with_df.auxbasis, {symbol: self.auxbasis for symbol in _atom_labels(cell).values()})
+        self.generated = []
+
+    def metric(self) -> np.ndarray:
+        """The identity [naux, naux]: the vectors are already whitened."""
+        return np.eye(self.naux)
+
+    def largest_shell(self) -> int:
+        return 1
+
+    def aux_blocks(self, limit: int) -> list:
+        return [(p0, min(p0 + max(1, limit), self.naux)) for p0 in range(0, self.naux, max(1, limit))]
+
+    def block(self, p0: int, p1: int) -> np.ndarray:
+        """L_mn^P for P in [p0, p1): [p1-p0, nao, nao], fp64 (gamma point: real)."""
+        kpts = np.zeros((2, 3))
+        parts = [real.reshape(-1, self.nao, self.nao)
+                 for real, _, sign in self.with_df.sr_loop(kpts, compact=False, blksize=p1 - p0, aux_slice=(p0, p1))
+                 if sign == 1]
+        return np.ascontiguousarray(np.concatenate(parts), dtype=np.float64)
+
+
+def check_gamma_point(mf) -> None:
+    """InputError unless the periodic mean field `mf` is at the gamma point alone."""
+    from pyscf.pbc import scf as pbc_scf
+
+    if isinstance(mf, pbc_scf.khf.KSCF) or (isinstance(mf, pbc_scf.hf.SCF) and np.any(mf.kpt != 0)):
+        raise InputError(f"{type(mf).__name__} samples k-points other than gamma: dfmp2 takes gamma-point "
+                         "periodic mean fields (pyscf.pbc.scf.RHF/UHF/ROHF at kpt 0) only")
+
+
+def is_periodic(mf) -> bool:
+    """True for a PySCF PBC mean field (its `mol` is a pyscf.pbc Cell)."""
+    return hasattr(getattr(mf, "mol", None), "lattice_vectors")
 
 
 def write_molden(mol, path, mo_coeff, occupations) -> None:

@@ -15,7 +15,7 @@ from .checkpoint import open_checkpoint, version_identity
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
-from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for
+from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for, three_center_mo
 from .settings import Settings, settings_from
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
@@ -143,22 +143,36 @@ def _per_spin(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def run_mean_field(mf, settings: Settings | None = None, **changes) -> DFMP2Result:
+def run_mean_field(mf, settings: Settings | None = None, integrals=None, **changes) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf`, or RKS/UKS/ROKS (density-fitted
-    or not). `settings` (keyword `changes` applied on top): its correlation, hardware and
-    resource groups are used; allow_non_aufbau accepts occupied orbitals above virtual ones."""
+    or not; molecular, or periodic at the gamma point). `settings` (keyword `changes` applied on
+    top): its correlation, hardware and resource groups are used; allow_non_aufbau accepts
+    occupied orbitals above virtual ones. integrals: the three-center provider (default:
+    chem.ThreeCenterIntegrals in settings.auxbasis)."""
     settings = settings_from(settings, **changes)
     backend = settings.backend()
     if settings.team is not None and settings.team.size > 1:  # every rank uses rank 0's orbitals
         held = settings.team.broadcast_object(chem.scf_arrays(mf))
         mf = chem.restored_scf_from(mf, held)
     reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
-    integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    if integrals is None:
+        integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
     result = _correlate(backend, mf, reference, integrals, settings, chem.basis_name(mf.mol), {}, notes,
                         {"mp2": integrals.fitting})
     result.ecp = chem.ecp_record(mf.mol)  # whatever ECPs the user's molecule carries
     return result
+
+
+def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, **changes) -> list:
+    """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
+    per spin channel, host arrays [nocc * nvir, naux] (PySCF's ovL layout)."""
+    settings = settings_from(settings, **changes)
+    reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
+    if integrals is None:
+        integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    return three_center_mo(settings.backend(), integrals, reference.mo_coeff, reference.mo_energy,
+                           reference.mo_occ, settings)
 
 
 def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
@@ -288,7 +302,8 @@ def _correlate(backend, mf, reference, integrals, settings, basis, timings, note
         modelled=backend.modelled() if simulated else None,
         trace=backend.trace.as_dict() if simulated else None,
         nki_api=getattr(backend, "nki_api", None),
-        notes=list(getattr(backend, "notes", [])) + notes + list((corr.checkpoint or {}).get("notes", [])) + [
+        notes=list(getattr(backend, "notes", [])) + notes + list(corr.notes)
+        + list((corr.checkpoint or {}).get("notes", [])) + [
             f"no named {kind} auxiliary set in PySCF for {', '.join(elements)}: PySCF's generated "
             "even-tempered set (aug_etb) used for " + ("it" if len(elements) == 1 else "them")
             for kind, elements in (("JK-fit (SCF)", generated.get("scf")), ("MP2-fit", generated.get("mp2")))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, MemoryBudgetError
 
 MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
 MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
@@ -87,19 +87,19 @@ def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
                 f"{baseline / MB:.4g} MB resident ({(baseline - growth) / MB:.4g} MB now and {growth / MB:.3g} MB "
                 "allowed for what the SCF leaves)")
     if budget <= baseline:
-        raise InputError(
+        raise MemoryBudgetError(
             f"--max-memory {budget / MB:.4g} MB is below this process's own footprint: {resident} (Python, torch, "
             f"PySCF and the reference); give at least {(baseline + least) / MB:.4g} MB")
     arrays = budget - baseline if device_limit is None else min(budget - baseline, device_limit)
     if least > arrays:
         where = "" if device_limit is None or budget - baseline <= device_limit else " of GPU memory"
-        raise InputError(
+        raise MemoryBudgetError(
             f"needs at least {(baseline + least) / MB:.4g} MB even in the smallest blocks ({least / MB:.3g} MB"
             f"{where} above the {resident}; nao={nao}, nocc={nocc}, nvir={nvir}, "
             f"naux={naux}); the memory budget is {budget / MB:.4g} MB (--max-memory)")
     storage = "memory" if least + store <= arrays and not on_disk else "disk"
     if storage == "disk" and ranks > 1:
-        raise InputError(f"each of the {ranks} ranks needs {(baseline + least + store) / MB:.4g} MB to hold its "
+        raise MemoryBudgetError(f"each of the {ranks} ranks needs {(baseline + least + store) / MB:.4g} MB to hold its "
                          f"share of (ia|P) in memory; the budget is {budget / MB:.4g} MB per process "
                          "(--max-memory): give more, or use more ranks (out-of-core storage is for one process)")
     room = arrays - fixed - (store if storage == "memory" else 0)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .checkpoint import Checkpoint, array_digest, open_checkpoint, version_identity
-from .errors import ComputationError, InputError
+from .errors import ComputationError, InputError, MemoryBudgetError
 from .linalg import factor_metric, whiten
 from .memory import MB, MemoryPlan, peak_resident_bytes, plan_for, release_freed_memory  # noqa: F401  (MB, MemoryPlan: re-exported)
 from .settings import Settings, settings_from
@@ -206,17 +206,60 @@ def combine_pair_sums(tasks, sums, nchannels):
     return total(0, 0, 1), 0.5 * (total(1, 0, 0) + total(1, 1, 1))
 
 
-def unrelaxed_density(backend, store, channel, occ_block, naux):
+def amplitudes_t2(backend, stores, channels, naux):
+    """PySCF's t2 from B, fp64 on the host: restricted t_ij^ab = (ia|jb) / D_ijab [nocc, nocc,
+    nvir, nvir]; unrestricted (t2aa, t2ab, t2bb) with t_ij^ab = [(ia|jb) - (ib|ja)] / D for the
+    same spin (alpha i, a; beta J, B in t2ab [nocca, noccb, nvira, nvirb])."""
+    b = [store.read_occ(0, ch.nocc, naux) for store, ch in zip(stores, channels)]
+
+    def t(s, u):  # t_ij^ab = (ia|jb) / D_ijab between channels s and u
+        e_vir_j = None if s == u else channels[u].e_vir
+        return backend.to_host(backend.amplitudes(b[s], b[u], channels[s].e_occ, channels[u].e_occ,
+                                                  channels[s].e_vir, e_vir_j))
+
+    if len(channels) == 1:
+        return t(0, 0)
+    same = [t(s, s) for s in range(2)]
+    same = [x - x.transpose(0, 1, 3, 2) for x in same]  # (ia|jb) - (ib|ja) over the same D
+    return same[0], t(0, 1), same[1]
+
+
+def given_three_center(backend, given, channels, occ_block):
+    """Stores holding B given per channel ([nocc * nvir, naux] arrays or HDF5 datasets, PySCF's
+    ovL layout; any whitening of the metric gives the same energies), read in occupied blocks.
+    Returns (stores, naux); InputError if a shape does not match the active orbitals."""
+    if len(given) != len(channels):
+        raise InputError(f"given (ia|P) integrals for {len(given)} spin channel(s); this reference has {len(channels)}")
+    naux = {int(ovl.shape[-1]) for ovl in given}
+    for ovl, ch in zip(given, channels):
+        if len(ovl.shape) != 2 or ovl.shape[0] != ch.nocc * ch.nvir or len(naux) != 1:
+            raise InputError(f"given (ia|P) integrals have shape {tuple(ovl.shape)}, not [nocc * nvir, naux] = "
+                             f"[{ch.nocc} * {ch.nvir}, naux] of the active orbitals{f' ({ch.name})' if ch.name else ''}"
+                             ": were they made with other orbitals or frozen orbitals?")
+    naux = naux.pop()
+    stores = []
+    for ovl, ch in zip(given, channels):
+        store = MemoryStore(backend, (ch.nocc, ch.nvir, naux))
+        for i0, i1 in block_ranges(ch.nocc, occ_block):
+            rows = np.asarray(ovl[i0 * ch.nvir:i1 * ch.nvir], dtype=np.float64).reshape(i1 - i0, ch.nvir, naux)
+            store.write_occ(i0, i1, backend.to_device(rows))
+        stores.append(store)
+    return stores, naux
+
+
+def unrelaxed_density(backend, store, channel, occ_block, naux, scaling=(1.0, 1.0)):
     """Unrelaxed MP2 density of a closed-shell reference in the active space, fp64 (host):
-    P_ij = -2 sum_kab t_ik^ab (2 t_jk^ab - t_jk^ba), P_ab = 2 sum_ijc t_ij^ac (2 t_ij^bc - t_ij^cb),
-    from the same (ia|kb) as the energy, formed for all i against a block of k at a time (t2 is
-    never stored). Returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
+    P_ij = -2 sum_kab t_ik^ab T_jk^ab, P_ab = 2 sum_ijc t_ij^ac T_ij^bc, T = (c_os + c_ss) t - c_ss t^T
+    (MP2: scaling (c_os, c_ss) = (1, 1), T = 2 t_ij^ab - t_ij^ba; SCS-MP2: the density of
+    c_os E_os + c_ss E_ss), from the same (ia|kb) as the energy, formed for all i against a block
+    of k at a time (t2 is never stored). Returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
     nocc, nvir = channel.nocc, channel.nvir
     b_occ = store.read_occ(0, nocc, naux)
     k_block = max(1, min(nocc, occ_block * occ_block // max(nocc, 1)))  # nocc x nk ~ one pair block
     p_oo, p_vv = np.zeros((nocc, nocc)), np.zeros((nvir, nvir))
     for k0, k1 in block_ranges(nocc, k_block):
-        oo, vv = backend.density_block(b_occ, b_occ[k0:k1], channel.e_occ, channel.e_occ[k0:k1], channel.e_vir)
+        oo, vv = backend.density_block(b_occ, b_occ[k0:k1], channel.e_occ, channel.e_occ[k0:k1], channel.e_vir,
+                                       scaling)
         p_oo += backend.to_host(oo)
         p_vv += backend.to_host(vv)
     return p_oo, p_vv
@@ -283,20 +326,78 @@ class CorrelationEnergy:
     # with_rdm1 (restricted): the unrelaxed MP2 density correction on the active orbitals, fp64:
     # (occ_index, vir_index, P_oo, P_vv) with indices into the reference's MOs
     rdm1_active: tuple | None = None
-    t2: np.ndarray | None = None  # with_t2 (restricted): t_ij^ab [nocc, nocc, nvir, nvir], active orbitals
+    # with_t2: t_ij^ab [nocc, nocc, nvir, nvir] of the active orbitals (restricted), or for an
+    # unrestricted reference (t2aa, t2ab, t2bb), same-spin ones antisymmetrised (PySCF's t2)
+    t2: object = None
+    singles_included: bool = True  # e_corr includes e_corr_singles (ROHF; include_singles)
+    notes: list = field(default_factory=list)  # announcements (e.g. t2 not kept for lack of memory)
     io: dict = field(default_factory=dict)  # scratch traffic: bytes_written, bytes_read, tensor_bytes
     checkpoint: dict | None = None  # --checkpoint: its directory and what this run reused from it
     distributed: dict | None = None  # several ranks: their number, backend and per-rank summaries (rank 0)
 
     @property
     def e_corr(self) -> float:
-        return self.e_corr_os + self.e_corr_ss + self.e_corr_singles
+        return self.e_corr_os + self.e_corr_ss + self._singles
+
+    @property
+    def _singles(self) -> float:
+        return self.e_corr_singles if self.singles_included else 0.0
 
     @property
     def e_scs(self) -> float:
         """Grimme's spin-component-scaled correlation energy: 6/5 E_os + 1/3 E_ss (+ the ROHF
         singles, as Psi4 counts them)."""
-        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self.e_corr_singles
+        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self._singles
+
+
+def device_channels(backend, refs, selected, fock_mo=None) -> list:
+    """The SpinChannel of each (C, e, occ) in `refs` with its active orbitals `selected`
+    [(occ_index, vir_index, nfrozen)], on the device. The transform and the orbital energies
+    stay fp64 in every precision: rounding (mn|P) to fp32 before the transform costs ~2e-6 Eh
+    on benzene/cc-pVTZ (see README, precision)."""
+    names = [""] if len(refs) == 1 else ["alpha", "beta"]
+    channels = []
+    for s, ((coeff, energy, _), (occ_index, vir_index, nfrozen)) in enumerate(zip(refs, selected)):
+        f_ov = None if fock_mo is None else np.asarray(fock_mo[s], dtype=np.float64)[np.ix_(occ_index, vir_index)]
+        channels.append(SpinChannel(
+            name=names[s],
+            c_occ=backend.to_device(coeff[:, occ_index], fp64=True),
+            c_vir=backend.to_device(coeff[:, vir_index], fp64=True),
+            e_occ=backend.to_device(energy[occ_index], fp64=True),
+            e_vir=backend.to_device(energy[vir_index], fp64=True),
+            e_occ_host=energy[occ_index], e_vir_host=energy[vir_index], f_ov=f_ov, nfrozen=nfrozen))
+    return channels
+
+
+def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
+                    **changes) -> list:
+    """Steps 1-3 only: B_ia^Q = sum_P (ia|P) [L^-T]_PQ of each spin channel's active orbitals
+    (settings.frozen), as host arrays [nocc * nvir, naux_kept] (PySCF's ovL layout), in memory.
+    Arguments as `dfmp2_energy`; MemoryBudgetError if the budget cannot hold B in memory."""
+    settings = settings_from(settings, **changes)
+    refs = spin_channels(mo_coeff, mo_energy, mo_occ)
+    names = [""] if len(refs) == 1 else ["alpha", "beta"]
+    selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
+                in zip(refs, frozen_per_spin(settings.frozen, len(refs)), names)]
+    plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], settings.max_memory)
+    if plan.storage == "disk":
+        raise MemoryBudgetError(f"(ia|P) does not fit in the memory budget ({plan.budget / MB:.4g} MB) to be "
+                                "returned in memory: give more memory, or save it to a file (ovL_to_save)")
+    backend.prepare(plan)
+    channels = device_channels(backend, refs, selected)
+    factor = metric_cholesky(backend, integrals.metric())  # 1. J = L L^T
+    stores = [MemoryStore(backend, (ch.nocc, ch.nvir, integrals.naux)) for ch in channels]
+    transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, stores,
+                         lambda name, clock: clock, 0.0, settings.progress)  # 2. (ia|P)
+    out = []
+    for ch, store in zip(channels, stores):  # 3. B = (ia|P) L^-T
+        b = np.empty((ch.nocc * ch.nvir, factor.nkept))
+        for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
+            block = whiten_three_center(backend, factor, store.read_occ(i0, i1))
+            b[i0 * ch.nvir:i1 * ch.nvir] = backend.to_host(block).reshape(-1, factor.nkept)
+        store.close()
+        out.append(b)
+    return out
 
 
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
@@ -312,39 +413,56 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     `frozen_per_spin`), max_memory (MB; default 80% of available RAM, or of free GPU memory),
     scratch, checkpoint (a directory keeping B and the finished pair tasks: a run with the same
     inputs resumes from them), progress, with_rdm1 (restricted: also the unrelaxed MP2 density,
-    `unrelaxed_density`), with_t2.
+    `unrelaxed_density`; rdm1_scaling), with_t2 (True, False or "if_room"), include_singles,
+    force_outcore, three_center (B given: steps 1-3 skipped).
     """
     settings = settings_from(settings, **changes)
     frozen, max_memory, progress = settings.frozen, settings.max_memory, settings.progress
-    with_rdm1, with_t2 = settings.with_rdm1, settings.with_t2
+    with_rdm1, with_t2, given = settings.with_rdm1, settings.with_t2, settings.three_center
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
     names = [""] if len(refs) == 1 else ["alpha", "beta"]
     if with_rdm1 and len(refs) != 1:
         raise InputError("MP2 densities of unrestricted (UHF/ROHF) references are not implemented yet")
-    if with_t2 and len(refs) != 1:
-        raise InputError("with_t2 is available for restricted references only")
     selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
                 in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
     nao, naux = integrals.nao, integrals.naux
     team = settings.team if settings.team is not None and settings.team.size > 1 else None
-    if team is not None and (with_rdm1 or with_t2):
-        raise InputError("with several ranks, densities and t2 are not available yet: run them in one process")
+    if team is not None and (with_rdm1 or with_t2 is True or given is not None):
+        raise InputError("with several ranks, densities, t2 and given (ia|P) are not available yet: run them "
+                         "in one process")
+    if given is not None and settings.checkpoint is not None:
+        raise InputError("given (ia|P) integrals (eris=) and a checkpoint do not go together: the checkpoint "
+                         "keeps its own")
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
-                    on_disk=settings.checkpoint is not None and team is None,  # ranks keep B in memory too
-                    ranks=team.size if team is not None else 1)
+                    on_disk=team is None and (settings.checkpoint is not None or settings.force_outcore),
+                    ranks=team.size if team is not None else 1)  # ranks keep B in memory
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
     if with_rdm1 and plan.storage == "disk":  # unrelaxed_density holds all of B at once
-        raise InputError(f"the MP2 density needs (ia|P) in memory, which the budget ({plan.budget / MB:.4g} MB, "
-                         f"--max-memory) does not hold{' with --checkpoint' if settings.checkpoint else ''}: "
-                         "give more memory (out-of-core densities are not implemented)")
-    if with_t2:
-        t2_bytes = (selected[0][0].size * selected[0][1].size) ** 2 * 8
-        if t2_bytes > plan.budget - plan.minimum:
-            raise InputError(f"with_t2: t2 needs {t2_bytes / MB:.4g} MB, more than the memory budget leaves "
-                             f"({(plan.budget - plan.minimum) / MB:.4g} MB of {plan.budget / MB:.4g} MB after the "
-                             "process and the energy's smallest blocks); run without it (energies and densities "
-                             "need no t2)")
+        raise MemoryBudgetError(
+            f"the MP2 density needs (ia|P) in memory, which the budget ({plan.budget / MB:.4g} MB, --max-memory) "
+            f"does not hold{' with --checkpoint' if settings.checkpoint else ''}"
+            f"{' with force_outcore' if settings.force_outcore else ''}: give more memory (out-of-core densities "
+            "are not implemented)")
+    if given is not None and plan.storage == "disk":
+        raise MemoryBudgetError(f"given (ia|P) integrals (eris=) are read into memory, which the budget "
+                                f"({plan.budget / MB:.4g} MB) does not hold: give more memory, or let dfmp2 make "
+                                "them (out of core)")
+    notes = []
+    t2_bytes = 8 * (sum((o.size * v.size) ** 2 for o, v, _ in selected)
+                    + (0 if len(selected) == 1 else 2 * math.prod(o.size * v.size for o, v, _ in selected)))
+    if with_t2 and team is None and t2_bytes > plan.budget - plan.minimum:
+        message = (f"t2 needs {t2_bytes / MB:.4g} MB, more than the memory budget leaves ({(plan.budget - plan.minimum) / MB:.4g} "
+                   f"MB of {plan.budget / MB:.4g} MB after the process and the energy's smallest blocks)")
+        if with_t2 is True:
+            raise MemoryBudgetError(f"with_t2: {message}; run without it (energies and densities need no t2)")
+        notes.append(f"t2 not kept: {message}; the energy is complete (give more memory to keep t2)")
+    elif with_t2 and team is not None:
+        notes.append("t2 not kept: with several ranks t2 is not available yet (run in one process to keep it)")
+    elif with_t2 == "if_room" and not backend.forms_amplitudes:
+        notes.append(f"t2 not kept: the {backend.device_name} kernels do not form the amplitudes (the energy is "
+                     "complete; device cpu or cuda keeps t2)")
+    with_t2 = bool(with_t2) and team is None and not notes
     backend.prepare(plan)
     timings = {}
 
@@ -357,18 +475,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     metric = integrals.metric()
     clock = lap("integrals", clock)
 
-    # the transform and the orbital energies stay fp64 in every precision: rounding (mn|P) to
-    # fp32 before the transform costs ~2e-6 Eh on benzene/cc-pVTZ (see README, precision)
-    channels = []
-    for s, ((coeff, energy, _), (occ_index, vir_index, nfrozen)) in enumerate(zip(refs, selected)):
-        f_ov = None if fock_mo is None else np.asarray(fock_mo[s], dtype=np.float64)[np.ix_(occ_index, vir_index)]
-        channels.append(SpinChannel(
-            name=names[s],
-            c_occ=backend.to_device(coeff[:, occ_index], fp64=True),
-            c_vir=backend.to_device(coeff[:, vir_index], fp64=True),
-            e_occ=backend.to_device(energy[occ_index], fp64=True),
-            e_vir=backend.to_device(energy[vir_index], fp64=True),
-            e_occ_host=energy[occ_index], e_vir_host=energy[vir_index], f_ov=f_ov, nfrozen=nfrozen))
+    channels = device_channels(backend, refs, selected, fock_mo)
 
     checkpoint = None
     try:
@@ -397,6 +504,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                                          {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
             if per_rank:  # rank 0: the kernels of the whole job
                 result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
+            result.singles_included, result.notes = settings.include_singles, notes
             return result
         stores, journal, load_slab = [], None, None
         fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
@@ -405,16 +513,19 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             if checkpoint is not None:  # scratch a killed run of this checkpoint left behind goes first
                 remove_scratch(settings.scratch, f"dfmp2-{checkpoint.tag}-")
             b_files = [None] * len(channels)  # where B is kept: a checkpoint's files
-            if checkpoint is not None:
+            if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
+                stores, nkept = given_three_center(backend, given, channels, plan.occ_block)
+                metric_label = "given"
+            elif checkpoint is not None:
                 b_files = [checkpoint.b_name(ch.name) + ".h5" for ch in channels]
                 stores = held_b(backend, checkpoint, b_files, [(ch.nocc, ch.nvir, naux) for ch in channels])
                 if not stores:  # none, another layout's (ranks), a killed run's or a damaged one
                     checkpoint.reset("B")
                     checkpoint.register("B", *b_files)
-            if stores:
+            if stores and given is None:
                 nkept, metric_label = checkpoint.manifest["B"]["nkept"], checkpoint.manifest["B"]["metric"]
                 reused["B"] = True
-            else:
+            elif given is None:
                 factor = metric_cholesky(backend, metric)  # 1. J = L L^T
                 clock = lap("metric", clock)
                 prefix = "dfmp2-" if checkpoint is None else f"dfmp2-{checkpoint.tag}-"
@@ -488,13 +599,10 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             rdm1 = None
             if with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 rdm1 = (selected[0][0], selected[0][1],
-                        *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, nkept))
+                        *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, nkept,
+                                           settings.rdm1_scaling))
                 clock = lap("density", clock)
-            t2 = None
-            if with_t2:  # PySCF's t2[i, j, a, b], on the host in fp64
-                ch = channels[0]
-                b = stores[0].read_occ(0, ch.nocc, nkept)
-                t2 = backend.to_host(backend.amplitudes(b, b, ch.e_occ, ch.e_occ, ch.e_vir))
+            t2 = amplitudes_t2(backend, stores, channels, nkept) if with_t2 else None
         finally:
             io = {"bytes_written": sum(st.io()["bytes_written"] for st in stores),
                   "bytes_read": sum(st.io()["bytes_read"] for st in stores),
@@ -503,11 +611,13 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 journal.close()
             for store in stores:
                 store.close()
-        return _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
-                                   None if checkpoint is None else {
-                                       "directory": checkpoint.directory, "reused_B": reused["B"],
-                                       "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks),
-                                       "notes": list(checkpoint.notes)})
+        result = _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2,
+                                     io, None if checkpoint is None else {
+                                         "directory": checkpoint.directory, "reused_B": reused["B"],
+                                         "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks),
+                                         "notes": list(checkpoint.notes)})
+        result.singles_included, result.notes = settings.include_singles, notes
+        return result
     finally:
         if checkpoint is not None:
             checkpoint.close()

@@ -1,55 +1,61 @@
-"""PySCF plugin: a drop-in for pyscf.mp.dfmp2.DFMP2 (RHF) and pyscf.mp.dfump2.DFUMP2 (UHF),
-and ROHF-MBPT(2) for ROHF references (semicanonical orbitals, singles included, as Psi4).
+"""PySCF plugin: drop-ins for PySCF's DF-MP2 classes, with PySCF's conventions.
 
-    from dfmp2 import DFMP2                          # instead of: from pyscf.mp.dfmp2 import DFMP2
-    pt = DFMP2(mf, frozen=1)                         # device="cuda" / "trn1" + simulate=True, ...
-    e_corr, t2 = pt.kernel()                         # t2 None unless kernel(with_t2=True)
-    pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.e_scs, pt.e_tot, pt.e_corr_singles (ROHF)
-    dm = pt.make_rdm1(); natocc, natorb = pt.make_natorbs()
-    pt.checkpoint = "ck"                             # keep B and finished pair blocks; rerun resumes
+    from dfmp2 import DFMP2            # instead of: from pyscf.mp.dfmp2 import DFMP2 (or dfump2's DFUMP2)
+    pt = DFMP2(mf, frozen=1)           # device="cuda" / "trn1" + simulate=True, ...
+    e_corr, t2 = pt.kernel()           # t2 kept when the memory budget allows it (PySCF's default)
+    pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.emp2_scs, pt.e_tot, pt.e_corr_singles (ROHF)
+    eris = pt.ao2mo(ovL_to_save="ovL.h5"); pt.kernel(eris=eris)    # keep / reuse (ia|P)
+    dm = pt.make_rdm1(); natocc, natorb = pt.make_natorbs()       # closed shells
+
+    from dfmp2.native import DFMP2, SCSMP2   # instead of pyscf.mp.dfmp2_native (kernel() -> e_corr)
+
+One class per convention, whatever the reference: `DFMP2` (= `DFUMP2` = `DFROMP2`) follows the
+mean field (RHF, UHF, ROHF or their Kohn-Sham counterparts, molecular or periodic at the gamma
+point); ROHF references get ROHF-MBPT(2) (semicanonical orbitals, singles included unless
+include_singles=False, as PySCF's DFROMP2 and Psi4).
+
+The auxiliary basis, as PySCF chooses it: `pt.with_df` is the mean field's when it has one (a
+density-fitted SCF's JK-fit set: the note in the log says how to ask for the MP2-fit set, the
+better choice for MP2), else a `pyscf.df.DF` with the MP2-fit set of the orbital basis;
+`auxbasis=` replaces it. `pyscf.mp.dfmp2_native`'s classes always take the MP2-fit set (or
+`auxbasis`). Periodic mean fields use their GDF three-center integrals as they are.
 
 Under torchrun the object joins the process group and splits the work over the ranks (every
 rank's script makes its own SCF; rank 0's orbitals are used).
-
-The MP2 auxiliary basis: `pt.with_df` when the user sets it (its auxiliary basis, as PySCF
-would build it), else `auxbasis=`, else the MP2-fit (RI) set for the orbital basis, also when
-the SCF was density-fitted with a JK-fit basis (which PySCF's own DFMP2 would reuse).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 from pyscf import lib
 from pyscf.lib import logger
 
+from . import chem
 from .distributed import Team, launched_ranks
-from .driver import run_mean_field
+from .driver import run_mean_field, three_center_of_mean_field
 from .errors import InputError
-from .pipeline import natural_orbitals
+from .pipeline import active_orbitals, frozen_per_spin, natural_orbitals
 from .settings import Settings
+from .storage import open_ovl, save_ovl
+
+IF_ROOM = "if_room"  # kernel's with_t2 default: keep t2 when the memory budget allows it
+GRADIENTS_PENDING = "analytic DF-MP2 gradients (and relaxed densities) are not implemented in dfmp2 yet"
 
 
-class DFMP2(lib.StreamObject):
-    """DF-MP2 on a converged RHF, UHF or ROHF `mf` (or RKS/UKS/ROKS; density-fitted or not),
-    with PySCF's conventions: `kernel()` returns (e_corr, t2), `run()` returns self, `verbose`
-    and `stdout` drive `pyscf.lib.logger`.
-
-    frozen: None, an int (lowest orbitals, of each spin), a list of orbital indices (the same
-    for both spins) or, for UHF/ROHF, a pair of lists [[alpha...], [beta...]].
-    mo_coeff, mo_occ (and kernel's mo_energy): orbitals to use instead of the mean field's.
-    e_corr_ss is the sum of the alpha-alpha and beta-beta parts; e_corr includes the ROHF
-    singles (e_corr_singles, 0 otherwise). max_memory: MB (default: mf.max_memory).
-    device, precision, simulate, nki_api, transform: where and how the kernels run (dfmp2).
-    """
+class _DFMP2Base(lib.StreamObject):
+    """What both conventions share: options, the run, the results and PySCF's attributes."""
 
     _keys = {"frozen", "auxbasis", "device", "precision", "simulate", "nki_api", "transform",
              "allow_non_aufbau", "with_df", "mo_coeff", "mo_occ", "mo_energy", "result", "e_hf",
              "e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference",
              "spin_square", "t2", "max_memory", "mol", "stdout", "verbose", "checkpoint",
-             "checkpoint_allow_other_files"}
+             "checkpoint_allow_other_files", "force_outcore", "include_singles", "converged"}
 
-    def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, auxbasis=None, device="cpu",
-                 precision=None, simulate=False, nki_api=None, transform=None, allow_non_aufbau=False):
+    def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, mo_energy=None, *, auxbasis=None,
+                 device="cpu", precision=None, simulate=False, nki_api=None, transform=None,
+                 allow_non_aufbau=False):
         mf, self._moved = _host_mean_field(mf)
         self._scf = mf
         self.mol = mf.mol
@@ -59,9 +65,9 @@ class DFMP2(lib.StreamObject):
         self.frozen = frozen
         self.mo_coeff = mf.mo_coeff if mo_coeff is None else mo_coeff
         self.mo_occ = mf.mo_occ if mo_occ is None else mo_occ
-        self.mo_energy = mf.mo_energy
-        self.with_df = None  # set it to choose the MP2 auxiliary basis as in PySCF
-        self.auxbasis = auxbasis
+        self.mo_energy = mf.mo_energy if mo_energy is None else mo_energy
+        self.auxbasis = auxbasis  # kept for dump_flags; with_df carries the choice
+        self.with_df = None
         self.device = device
         self.precision = precision  # None: fp64, or fp32 on trn1/trn2
         self.simulate = simulate  # trn1/trn2 only: run the NKI kernels on dfmp2's emulator
@@ -70,9 +76,12 @@ class DFMP2(lib.StreamObject):
         self.allow_non_aufbau = allow_non_aufbau  # accept a deliberately non-aufbau reference
         self.checkpoint = None  # a directory: keep B and finished pair tasks, resume from them
         self.checkpoint_allow_other_files = False  # use a checkpoint directory holding other files
+        self.force_outcore = False  # keep (ia|P) on disk whatever the budget (as PySCF's)
+        self.include_singles = True  # ROHF: add the singles to e_corr
+        self.converged = False
         self.result = None
-        self.e_hf = None  # None for a Kohn-Sham reference (its energy is e_ref)
-        self.e_ref = None
+        self.e_hf = None if chem.is_kohn_sham(mf) else mf.e_tot  # None for a Kohn-Sham reference
+        self.e_ref = mf.e_tot
         self.e_corr = None
         self.e_corr_os = None
         self.e_corr_ss = None
@@ -80,88 +89,177 @@ class DFMP2(lib.StreamObject):
         self.reference = None
         self.spin_square = None
         self.t2 = None
+        self._noted_jk_fit = False
+        self._nocc = self._nmo = None  # PySCF's overrides of nocc and nmo (its helpers read them)
 
+    # ------------------------------------------------------------------ PySCF's attributes
     @property
     def e_tot(self):
         return None if self.e_corr is None else self.e_ref + self.e_corr
 
     @property
+    def emp2(self):
+        return self.e_corr
+
+    @property
+    def emp2_scs(self):
+        """PySCF's SCS-MP2 correlation energy, 6/5 E_os + 1/3 E_ss (no ROHF singles; e_scs has them)."""
+        return None if self.e_corr is None else 1.2 * self.e_corr_os + self.e_corr_ss / 3.0
+
+    @property
+    def e_tot_scs(self):
+        return None if self.e_corr is None else self.e_ref + self.emp2_scs
+
+    @property
     def e_scs(self):
+        """Grimme's SCS-MP2 correlation energy with the ROHF singles (Psi4's convention)."""
         return None if self.result is None else self.result.e_scs
+
+    def _active(self):
+        """[(occ_index, vir_index, nfrozen)] per spin channel of this object's frozen orbitals."""
+        occ = np.asarray(self.mo_occ)
+        if occ.ndim == 1 and chem.reference_kind(self._scf) == "rohf":  # alpha and beta occupations
+            occ = np.array([occ > 0, occ > 1], dtype=float)
+        per_spin = [occ] if occ.ndim == 1 else [occ[0], occ[1]]
+        return [active_orbitals(o, f) for o, f in zip(per_spin, frozen_per_spin(self.frozen, len(per_spin)))]
+
+    def _per_spin(self, values):
+        return values[0] if len(values) == 1 else tuple(values)
+
+    @property
+    def nocc(self):
+        """Active occupied orbitals (a pair for UHF/ROHF)."""
+        return self._per_spin([o.size for o, _, _ in self._active()])
+
+    @property
+    def nmo(self):
+        """Active orbitals (a pair for UHF/ROHF)."""
+        return self._per_spin([o.size + v.size for o, v, _ in self._active()])
+
+    def get_nocc(self):
+        return self.nocc
+
+    def get_nmo(self):
+        return self.nmo
+
+    def get_frozen_mask(self):
+        """True for the active orbitals [nmo] (a pair of masks for UHF/ROHF), as PySCF's."""
+        masks = []
+        for (occ_index, vir_index, _), n in zip(self._active(), np.atleast_2d(np.asarray(self.mo_occ)).shape[-1:] * 2):
+            mask = np.zeros(n, dtype=bool)
+            mask[occ_index] = mask[vir_index] = True
+            masks.append(mask)
+        return self._per_spin(masks[:len(self._active())])
+
+    def nuc_grad_method(self):
+        raise NotImplementedError(GRADIENTS_PENDING)
+
+    def Gradients(self):  # noqa: N802 (PySCF's name)
+        raise NotImplementedError(GRADIENTS_PENDING)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.delete()
+
+    def delete(self):
+        """Let go of what the run holds (t2, the result's arrays); energies stay."""
+        self.t2 = None
+        if self.result is not None:
+            self.result.correlation.t2 = None
+            self.result.correlation.rdm1_active = None
+
+    def reset(self, mol=None):
+        if mol is not None:
+            self.mol = mol
+        if self.with_df is not None:
+            self.with_df.reset(mol)
+        self._scf.reset(mol)
+        self.result = None
+        return self
 
     def dump_flags(self, verbose=None):
         log = logger.new_logger(self, verbose)
         log.info("")
         log.info("******** %s (dfmp2) ********", self.__class__.__name__)
+        log.info("nocc = %s, nmo = %s", self.nocc, self.nmo)
         log.info("frozen orbitals = %s", self.frozen)
         log.info("device = %s, precision = %s%s", self.device, self.precision or "default",
                  " (emulated)" if self.simulate else "")
-        log.info("auxiliary basis = %s", self._auxbasis_choice() or "MP2-fit set for the orbital basis")
-        log.info("max_memory %s MB", self.max_memory)
+        log.info("auxiliary basis = %s", self._integrals().auxbasis)
+        log.info("max_memory %s MB (current use %d MB)", self.max_memory, lib.current_memory()[0])
         return self
 
+    # ------------------------------------------------------------------ the run
     def settings(self, **changes) -> Settings:
         """This object's options as dfmp2 Settings (keyword `changes` on top)."""
-        return Settings(auxbasis=self._auxbasis_choice(), frozen=self.frozen, device=self.device,
-                        precision=self.precision, simulate=self.simulate, nki_api=self.nki_api,
-                        transform=self.transform, allow_non_aufbau=self.allow_non_aufbau,
-                        max_memory=self.max_memory, checkpoint=self.checkpoint,
+        return Settings(frozen=self.frozen, device=self.device, precision=self.precision,
+                        simulate=self.simulate, nki_api=self.nki_api, transform=self.transform,
+                        allow_non_aufbau=self.allow_non_aufbau, max_memory=self.max_memory,
+                        checkpoint=self.checkpoint, force_outcore=self.force_outcore,
+                        include_singles=self.include_singles,
                         checkpoint_allow_other_files=self.checkpoint_allow_other_files).replace(**changes)
 
-    def _auxbasis_choice(self):
-        """with_df if the user set one (its auxmol, or the basis it would build), else auxbasis."""
-        if self.with_df is None:
-            return self.auxbasis
-        if getattr(self.with_df, "auxmol", None) is not None:
-            return self.with_df.auxmol._basis
-        if self.with_df.auxbasis is not None:
-            return self.with_df.auxbasis
-        from .chem import fitting_basis
+    def _integrals(self):
+        """The three-center integrals of this object's auxiliary basis."""
+        return chem.ThreeCenterIntegrals(self.mol, self.auxbasis)
 
-        return fitting_basis(self.mol, mp2fit=False).basis  # what an unset pyscf.df.DF builds: JK-fit
-
-    def kernel(self, mo_energy=None, mo_coeff=None, eris=None, with_t2=False, with_rdm1=False):
-        """Compute the DF-MP2 correlation energy (Eh); returns (e_corr, t2) as PySCF does, t2
-        [nocc, nocc, nvir, nvir] (active orbitals) only with with_t2=True (restricted references,
-        refused when it would not fit in what the memory budget leaves), else None. with_rdm1: also the
-        unrelaxed density (make_rdm1 asks for it)."""
-        if eris is not None:
-            raise InputError("eris= is not used by dfmp2 (the DF integrals are made by the kernels)")
-        log = logger.new_logger(self)
-        if self.verbose >= logger.INFO:
-            self.dump_flags()
-        cput = (logger.process_clock(), logger.perf_counter())
+    def _mean_field(self, mo_coeff=None, mo_energy=None):
+        """The mean field with this object's (or the given) orbitals."""
         mf = self._scf
         if mo_coeff is not None or mo_energy is not None or self.mo_coeff is not mf.mo_coeff \
-                or self.mo_occ is not mf.mo_occ:
+                or self.mo_occ is not mf.mo_occ or self.mo_energy is not mf.mo_energy:
             mf = mf.copy()
             mf.mo_coeff = self.mo_coeff if mo_coeff is None else mo_coeff
             mf.mo_energy = self.mo_energy if mo_energy is None else mo_energy
             mf.mo_occ = self.mo_occ
+        return mf
+
+    def _run(self, mo_energy=None, mo_coeff=None, **changes):
+        """Run DF-MP2 with `changes` to the settings; sets the energies and returns the result."""
+        log = logger.new_logger(self)
+        if self.verbose >= logger.INFO:
+            self.dump_flags()
+        cput = (logger.process_clock(), logger.perf_counter())
         team = Team.join(self.device, self.simulate) if launched_ranks() > 1 else None  # under torchrun
-        self.result = run_mean_field(mf, self.settings(with_rdm1=with_rdm1, with_t2=with_t2, team=team))
+        integrals = self._integrals()
+        self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy),
+                                     self.settings(team=team, **changes), integrals=integrals)
         if self._moved:
             self.result.notes.append(self._moved)
-        for name in ("e_hf", "e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles",
-                     "reference", "spin_square"):
+        for name in ("e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference", "spin_square"):
             setattr(self, name, getattr(self.result, name))
-        self.t2 = self.result.correlation.t2
+        self.e_hf = self.result.e_hf
+        self.converged = True
+        for note in self.result.notes:
+            log.note("dfmp2: %s", note)
         log.note("E(%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot, self.e_corr)
-        log.note("E(SCS-%s) = %.15g  E_corr = %.15g", self.__class__.__name__,
-                 self.e_ref + self.e_scs, self.e_scs)
+        log.note("E(SCS-%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot_scs, self.emp2_scs)
+        log.info("E_corr(same-spin) = %.15g", self.e_corr_ss)
+        log.info("E_corr(oppo-spin) = %.15g", self.e_corr_os)
+        if self.e_corr_singles:
+            log.info("E_corr(singles) = %.15g%s", self.e_corr_singles,
+                     "" if self.include_singles else " (not included: include_singles=False)")
         log.timer(self.__class__.__name__, *cput)
-        return self.e_corr, self.t2
+        return self.result
 
     def make_rdm1(self, relaxed=False, ao_repr=False):
-        """The unrelaxed DF-MP2 one-particle density (PySCF dfmp2_native's conventions): MO basis
-        [nmo, nmo] by default (AO with ao_repr), reference occupations plus the MP2 correction,
-        trace = electron count; built blockwise from the (ia|kb) blocks (no t2 stored).
-        Restricted references; relaxed=True (Z-vector) is not implemented."""
+        """The unrelaxed DF-MP2 one-particle density: MO basis [nmo, nmo] by default (AO with
+        ao_repr), reference occupations plus the MP2 correction, trace = electron count; built
+        blockwise from the (ia|kb) blocks (no t2 needed). Closed-shell references; relaxed=True
+        (Z-vector) and open shells come with the analytic gradients."""
         if relaxed:
-            raise InputError("the relaxed MP2 density (Z-vector) is not implemented; use relaxed=False")
+            raise NotImplementedError(GRADIENTS_PENDING + ": use relaxed=False")
+        if chem.reference_kind(self._scf) != "rhf":
+            raise NotImplementedError("MP2 densities of open-shell (UHF/ROHF) references are not implemented in "
+                                      "dfmp2 yet (they come with the analytic gradients)")
         if self.result is None or self.result.correlation.rdm1_active is None:
-            self.kernel(with_rdm1=True)
+            self._run(with_rdm1=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False)
         return self.result.make_rdm1(np.asarray(self.mo_coeff), self.mo_occ, ao_repr)
+
+    def _rdm1_scaling(self):
+        return (1.0, 1.0)
 
     def make_natorbs(self, rdm1_mo=None, relaxed=False):
         """(natocc, natorb): natural occupations, descending, and natural orbitals [nao, nmo] (AO
@@ -172,11 +270,11 @@ class DFMP2(lib.StreamObject):
     def double_hybrid_energy(self, xc=None, c_os=None, c_ss=None):
         """E_KS + c_os E_os + c_ss E_ss (Eh) of the Kohn-Sham reference this object ran on: xc
         names a double hybrid (`dfmp2.functionals`; its KS part must be the reference's xc), or
-        give c_os and c_ss for a custom one. Runs kernel() first if needed."""
+        give c_os and c_ss for a custom one. Runs the energy first if needed."""
         from .functionals import double_hybrid
 
         if self.result is None:
-            self.kernel()
+            self._run(with_t2=False)
         if not self.result.reference.endswith("ks"):
             raise InputError(f"a double hybrid needs a Kohn-Sham reference, not {self.result.reference.upper()}")
         dh = double_hybrid(xc if xc is not None else self._scf.xc, c_os, c_ss)
@@ -185,7 +283,212 @@ class DFMP2(lib.StreamObject):
         return self.e_ref + dh.c_os * self.e_corr_os + dh.c_ss * self.e_corr_ss
 
 
-DFUMP2 = DFMP2  # the method follows the mean field (UHF objects give PySCF's DFUMP2 energies)
+class DFMP2(_DFMP2Base):
+    """DF-MP2 on a converged RHF, UHF or ROHF `mf` (or RKS/UKS/ROKS; density-fitted or not;
+    periodic at the gamma point) with pyscf.mp.dfmp2.DFMP2's conventions: `kernel()` returns
+    (e_corr, t2), `run()` returns self, `with_df` chooses the auxiliary basis, `verbose` and
+    `stdout` drive `pyscf.lib.logger`.
+
+    frozen: None, an int (lowest orbitals, of each spin), a list of orbital indices (the same
+    for both spins) or, for UHF/ROHF, a pair of lists [[alpha...], [beta...]].
+    mo_coeff, mo_occ, mo_energy: orbitals to use instead of the mean field's.
+    e_corr_ss is the sum of the alpha-alpha and beta-beta parts; e_corr includes the ROHF
+    singles (e_corr_singles; include_singles=False leaves them out). max_memory: MB (default:
+    mf.max_memory). auxbasis: the MP2 auxiliary basis (replaces with_df).
+    device, precision, simulate, nki_api, transform: where and how the kernels run (dfmp2).
+    """
+
+    def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, mo_energy=None, **options):
+        super().__init__(mf, frozen, mo_coeff, mo_occ, mo_energy, **options)
+        from pyscf import df
+
+        if self.auxbasis is not None:
+            self.with_df = df.DF(self.mol, auxbasis=self.auxbasis)
+        elif getattr(mf, "with_df", None):  # PySCF's choice: the SCF's own fitting (JK-fit)
+            self.with_df = mf.with_df
+        else:
+            self.with_df = df.DF(self.mol)
+            self.with_df.auxbasis = df.make_auxbasis(self.mol, mp2fit=True)
+
+    def _integrals(self):
+        """The three-center integrals of with_df: a periodic GDF's as they are, else those of its
+        auxiliary basis (its auxmol, its auxbasis, or the JK-fit set an unset DF object builds)."""
+        if self.with_df is None:
+            raise InputError("with_df is None: set it to a pyscf.df.DF object (or pass auxbasis=)")
+        if chem.is_periodic(self._scf):
+            chem.check_gamma_point(self._scf)
+            return chem.PeriodicCholeskyVectors(self.with_df)
+        if getattr(self.with_df, "auxmol", None) is not None:
+            basis = self.with_df.auxmol.basis  # as it was asked for (names): the same functions
+        elif self.with_df.auxbasis is not None:
+            basis = self.with_df.auxbasis
+        elif getattr(self.with_df, "_cderi", None) is not None:
+            raise InputError("with_df holds three-center integrals (_cderi) but names no auxiliary basis (auxbasis "
+                             "or auxmol): dfmp2 makes its integrals from the basis; set with_df.auxbasis")
+        else:
+            basis = chem.fitting_basis(self.mol, mp2fit=False).basis  # what an unset pyscf.df.DF builds
+        integrals = chem.ThreeCenterIntegrals(self.mol, basis)
+        if self.with_df is getattr(self._scf, "with_df", None) and not self._noted_jk_fit:
+            better = chem.fitting_basis(self.mol, mp2fit=True).describe()
+            if integrals.auxbasis != better:
+                logger.note(self, "dfmp2: DF-MP2 uses the mean field's fitting set %s (as PySCF's DFMP2 does); "
+                            "the MP2-fit set %s is made for MP2 and more accurate: DFMP2(mf, auxbasis=%r) or "
+                            "pt.with_df = pyscf.df.DF(mol, auxbasis=%r)", integrals.auxbasis, better, better, better)
+            self._noted_jk_fit = True
+        return integrals
+
+    def density_fit(self, auxbasis=None, with_df=None):
+        """A copy that uses `with_df`, or a new pyscf.df.DF in `auxbasis` (PySCF's MP2.density_fit)."""
+        from pyscf import df
+
+        new = copy.copy(self)
+        if with_df is not None:
+            new.with_df = with_df
+        if auxbasis is not None:
+            new.with_df = df.DF(self.mol, auxbasis=auxbasis)
+        return new
+
+    def kernel(self, mo_energy=None, mo_coeff=None, eris=None, with_t2=IF_ROOM):
+        """Compute the DF-MP2 correlation energy (Eh); returns (e_corr, t2) as PySCF does.
+        t2: [nocc, nocc, nvir, nvir] of the active orbitals (restricted) or (t2aa, t2ab, t2bb)
+        (unrestricted; ROHF: semicanonical orbitals); with_t2 IF_ROOM (default) keeps it when the
+        memory budget allows it (else None and a note says why), True insists (MemoryError if it
+        does not fit), False skips it. eris: from ao2mo() (or PySCF's, anything with .ovL):
+        the (ia|P) integrals are taken from it instead of being made."""
+        given = None if eris is None else _ovl_per_spin(eris.ovL)
+        self._run(mo_energy, mo_coeff, with_t2=with_t2, three_center=given)
+        self.t2 = self.result.correlation.t2
+        return self.e_corr, self.t2
+
+    def ao2mo(self, mo_coeff=None, ovL=None, ovL_to_save=None):
+        """The whitened (ia|P) integrals of the active orbitals as PySCF's eris: `.ovL` [nocc * nvir,
+        naux] (a list of two for UHF/ROHF). ovL: take them as given (an array, a list of two, or
+        the path of an HDF5 file written with ovL_to_save, PySCF's or dfmp2's); ovL_to_save: also
+        write them to that HDF5 file (datasets 'ovL', or 'ovL0' and 'ovL1')."""
+        if ovL is not None:
+            if isinstance(ovL, str):
+                return ThreeCenterMO(*open_ovl(ovL))
+            return ThreeCenterMO(ovL)
+        ovl = three_center_of_mean_field(self._mean_field(mo_coeff), self.settings(), self._integrals())
+        packed = ovl[0] if len(ovl) == 1 else ovl
+        if ovL_to_save is None:
+            return ThreeCenterMO(packed)
+        save_ovl(ovL_to_save, ovl)
+        return ThreeCenterMO(*open_ovl(ovL_to_save))
+
+    def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True, relaxed=False):
+        """The unrelaxed DF-MP2 one-particle density with pyscf.mp.dfmp2's signature: MO basis
+        [nmo, nmo] (AO with ao_repr; the active orbitals only with with_frozen=False), built
+        blockwise from (ia|kb), or by PySCF's formula from `t2` when one is given. Closed-shell
+        references; relaxed=True comes with the analytic gradients."""
+        from pyscf.mp import mp2
+
+        if t2 is not None:
+            if chem.reference_kind(self._scf) != "rhf":
+                raise NotImplementedError("MP2 densities of open-shell (UHF/ROHF) references are not implemented "
+                                          "in dfmp2 yet (they come with the analytic gradients)")
+            return mp2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
+        if with_frozen:
+            return super().make_rdm1(relaxed=relaxed, ao_repr=ao_repr)
+        mask = self.get_frozen_mask()
+        dm = super().make_rdm1(relaxed=relaxed)[np.ix_(mask, mask)]
+        coeff = np.asarray(self.mo_coeff)[:, mask]
+        return coeff @ dm @ coeff.T if ao_repr else dm
+
+    def make_rdm2(self, t2=None, ao_repr=False):
+        """The unrelaxed MP2 two-particle density of a closed-shell (RHF) reference from t2
+        (default: the kept one), as PySCF's make_rdm2 builds it ([nmo]*4, O(nmo^4) memory)."""
+        from pyscf.mp import mp2
+
+        if chem.reference_kind(self._scf) != "rhf":
+            raise NotImplementedError("the MP2 2-RDM of open-shell references is not implemented in dfmp2")
+        if t2 is None:
+            if self.t2 is None:
+                self.kernel(with_t2=True)
+            t2 = self.t2
+        return mp2.make_rdm2(self, t2, ao_repr=ao_repr)
+
+
+DFUMP2 = DFROMP2 = DFMP2  # the method follows the mean field (UHF: DFUMP2's energies; ROHF: DFROMP2's)
+
+
+class ThreeCenterMO:
+    """The whitened (ia|P) integrals of one run's active orbitals, PySCF's eris layout: `ovL`
+    [nocc * nvir, naux] (restricted) or [ovL_alpha, ovL_beta]; arrays or HDF5 datasets (then
+    `close()` closes their file)."""
+
+    def __init__(self, ovL, handle=None):  # noqa: N803 (PySCF's name)
+        self.ovL = ovL
+        self._handle = handle
+
+    @property
+    def naux(self):
+        return int(_ovl_per_spin(self.ovL)[0].shape[-1])
+
+    def close(self):
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def _ovl_per_spin(ovl) -> list:
+    """[ovL] of a restricted eris, [ovL_alpha, ovL_beta] of an unrestricted one."""
+    if isinstance(ovl, (list, tuple)):
+        return list(ovl)
+    if getattr(ovl, "ndim", 2) == 3:  # a stacked [2, nocc * nvir, naux]
+        return [ovl[0], ovl[1]]
+    return [ovl]
+
+
+class NativeDFMP2(_DFMP2Base):
+    """pyscf.mp.dfmp2_native's conventions (`dfmp2.native.DFMP2`): DFMP2(mf, frozen, auxbasis),
+    the auxiliary basis is the MP2-fit set for the orbital basis unless `auxbasis` names one
+    (the mean field's with_df is not used), `kernel()` returns e_corr and keeps no t2, and the
+    object can be used in a with-block. e_corr = ps E_os + pt E_ss (1, 1 for MP2; the SCS
+    classes scale them), its density that of the same scaled energy."""
+
+    _keys = _DFMP2Base._keys | {"ps", "pt", "cphf_max_cycle", "cphf_tol", "e_scf"}
+
+    def __init__(self, mf, frozen=None, auxbasis=None, **options):
+        super().__init__(mf, frozen, auxbasis=auxbasis, **options)
+        self.e_scf = mf.e_tot
+        self.ps = 1.0  # opposite-spin scaling of e_corr and of the density
+        self.pt = 1.0  # same-spin scaling
+        self.cphf_max_cycle = 100  # the relaxed density's CPHF (not implemented yet)
+        self.cphf_tol = getattr(mf, "conv_tol", 1e-9)
+
+    @property
+    def e_tot(self):
+        return None if self.e_corr is None else self.e_scf + self.e_corr
+
+    def kernel(self):
+        """The (scaled) DF-MP2 correlation energy, Eh."""
+        return self.calculate_energy()
+
+    def calculate_energy(self):
+        self._run(with_t2=False)
+        self.e_corr = self.ps * self.e_corr_os + self.pt * self.e_corr_ss + \
+            (self.e_corr_singles if self.include_singles else 0.0)
+        return self.e_corr
+
+    def _rdm1_scaling(self):
+        return (self.ps, self.pt)
+
+    def make_rdm1_unrelaxed(self, ao_repr=False):
+        return self.make_rdm1(relaxed=False, ao_repr=ao_repr)
+
+    def make_rdm1_relaxed(self, ao_repr=False):
+        return self.make_rdm1(relaxed=True, ao_repr=ao_repr)
+
+
+class NativeSCSMP2(NativeDFMP2):
+    """Spin-component-scaled DF-MP2 with pyscf.mp.dfmp2_native's conventions: e_corr =
+    ps E_os + pt E_ss (default 6/5 and 1/3, Grimme's) and the density of that energy."""
+
+    def __init__(self, mf, ps=6 / 5, pt=1 / 3, *args, **kwargs):
+        super().__init__(mf, *args, **kwargs)
+        self.ps = ps
+        self.pt = pt
 
 
 def _host_mean_field(mf):
@@ -203,4 +506,4 @@ def _xc_key(xc: str) -> str:
     return "".join(str(xc).upper().split())
 
 
-__all__ = ["DFMP2", "DFUMP2"]
+__all__ = ["DFMP2", "DFUMP2", "DFROMP2", "ThreeCenterMO", "NativeDFMP2", "NativeSCSMP2", "IF_ROOM"]

@@ -37,7 +37,9 @@ class Settings:
     frozen: object = None  # None, an int, a list of indices, or [[alpha...], [beta...]]
     allow_non_aufbau: bool = False
     with_rdm1: bool = False  # also the unrelaxed MP2 density (restricted)
-    with_t2: bool = False  # also t2 [nocc, nocc, nvir, nvir] (restricted)
+    rdm1_scaling: tuple = (1.0, 1.0)  # (c_os, c_ss): the density of c_os E_os + c_ss E_ss (SCS-MP2)
+    with_t2: object = False  # True, False, or "if_room": kept when the memory budget allows it
+    include_singles: bool = True  # ROHF-MBPT(2): add the singles to e_corr (they are computed either way)
     # hardware
     device: str = "cpu"
     precision: str | None = None  # None: fp64, or fp32 on trn1/trn2
@@ -48,12 +50,16 @@ class Settings:
     # resources
     max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: 80% of free RAM
     scratch: str | None = None  # directory of the out-of-core scratch file
+    force_outcore: bool = False  # keep (ia|P) on disk whatever the budget (PySCF's force_outcore)
     checkpoint: str | None = None  # directory that keeps B and the pair-loop progress across runs
     checkpoint_allow_other_files: bool = False  # a non-empty checkpoint directory without a manifest is
     # refused unless this is set (dfmp2 then writes beside the files there, never over them)
     # companions: not part of what a result or a checkpoint belongs to
     progress: object = field(default=None, compare=False, repr=False)  # progress(step, done, total)
     team: object = field(default=None, compare=False, repr=False)  # dfmp2.distributed.Team or None
+    # B_ia^Q given per spin channel ([nocc * nvir, naux] arrays or HDF5 datasets, active orbitals,
+    # PySCF's ovL layout): steps 1-3 are skipped (the plugin's kernel(eris=...))
+    three_center: object = field(default=None, compare=False, repr=False)
 
     def replace(self, **changes) -> Settings:
         """A copy with `changes`; unknown names are a TypeError naming them."""

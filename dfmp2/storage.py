@@ -174,3 +174,47 @@ def remove_scratch(directory, prefix):
 
     for path in glob.glob(os.path.join(directory or tempfile.gettempdir(), glob.escape(prefix) + "*")):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def ovl_names(nspin: int) -> list:
+    """The HDF5 dataset names of B in PySCF's ovL files: 'ovL' (restricted), 'ovL0', 'ovL1'."""
+    return ["ovL"] if nspin == 1 else [f"ovL{s}" for s in range(nspin)]
+
+
+def save_ovl(path, arrays) -> None:
+    """Write B per spin channel ([nocc * nvir, naux] each) to the HDF5 file `path` in PySCF's
+    layout (`ovl_names`), whole or not at all: written beside it, then renamed into place."""
+    import h5py
+
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, partial = tempfile.mkstemp(prefix=".dfmp2-ovL-", suffix=".h5", dir=directory)
+    os.close(handle)
+    try:
+        with h5py.File(partial, "w") as out:
+            for name, array in zip(ovl_names(len(arrays)), arrays):
+                out.create_dataset(name, data=np.asarray(array))
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.unlink(partial)
+        raise
+
+
+def open_ovl(path):
+    """(ovL, open file) of an HDF5 file of B in PySCF's layout: ovL is the 'ovL' dataset, or
+    the list of 'ovL0' and 'ovL1'; InputError if the file holds neither."""
+    import h5py
+
+    from .errors import InputError
+
+    try:
+        handle = h5py.File(os.fspath(path), "r")
+    except OSError as error:
+        raise InputError(f"ovL {path}: not a readable HDF5 file ({error})") from None
+    if "ovL" in handle:
+        return handle["ovL"], handle
+    if "ovL0" in handle and "ovL1" in handle:
+        return [handle["ovL0"], handle["ovL1"]], handle
+    handle.close()
+    raise InputError(f"ovL {path}: no 'ovL' (or 'ovL0' and 'ovL1') dataset: not an (ia|P) file of PySCF or dfmp2")

@@ -51,7 +51,7 @@ def test_plugin_double_hybrid_matches_pyscf_ks_plus_scaled_dfmp2():
     ref = dfmp2.DFMP2(mf)
     ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
     ref.kernel()
-    pt = DFMP2(mf).run()
+    pt = DFMP2(mf, auxbasis="cc-pvdz-ri").run()
     assert abs(pt.e_corr - ref.e_corr) < 1e-8  # DFMP2(mf_ks).run(): the PT2 energy of a KS reference
     assert abs(pt.double_hybrid_energy("b2plyp") - (mf.e_tot + 0.27 * ref.e_corr)) < 1e-8
     # custom coefficients: PySCF's opposite- and same-spin parts (not dfmp2's own), scaled

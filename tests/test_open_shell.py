@@ -54,7 +54,7 @@ def test_uhf_matches_pyscf_dfump2(name, scf_mode):
     aux = df.make_auxbasis(mf.mol, mp2fit=True)
     for frozen in (None, 1, [[0], [0, 1]]):
         e_ref, os_ref, ss_ref = dfump2(mf, aux, frozen)
-        pt = DFMP2(mf, frozen=frozen).run()
+        pt = DFMP2(mf, frozen=frozen, auxbasis=aux).run()
         assert pt.result.reference == "uhf" and pt.e_corr_singles == 0.0
         assert abs(pt.e_corr - e_ref) < FP64_TOL, frozen
         assert abs(pt.e_corr_os - os_ref) < FP64_TOL, frozen

@@ -210,6 +210,7 @@ class NkiBackend:
     compute_dtype = torch.float32
     itemsize = 4
     has_fp64 = False  # no fp64 anywhere on a NeuronCore
+    forms_amplitudes = False  # (ia|jb) never leaves the chip: no t2
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,
                  transform: str = "exact"):
@@ -595,7 +596,7 @@ class NkiBackend:
                 e_ex += float((weight * sums[..., 1]).sum())
         return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir):
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel
         (t and T stay on chip): launches over occupied blocks I >= J of at most `density_rows`
         orbitals (P_oo is symmetric), P_vv from the diagonal ones; each launch forms the
@@ -605,6 +606,10 @@ class NkiBackend:
         formulas)."""
         from ..errors import ComputationError
 
+        if tuple(scaling) != (1.0, 1.0):
+            raise ComputationError(f"the NKI density kernel forms the MP2 density (T = 2 t - t^T); the scaled "
+                                   f"(SCS) density {tuple(scaling)} is not implemented on {self.target}: run with "
+                                   "device cpu or cuda")
         nocc, nvir, naux = b_occ.shape
         rows = self.density_rows(nvir, naux)
         if rows < 1:
@@ -646,7 +651,7 @@ class NkiBackend:
         room = TARGETS[self.target].sbuf_usable_bytes_per_partition - b_rows - per_pair - 24 * 1024
         return max(0, min(16, room // (2 * per_pair)))
 
-    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
+    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
         """t2 is not formed on a NeuronCore (the pair kernel keeps (ia|jb) on chip): refused."""
         from ..errors import ComputationError
 

@@ -48,6 +48,7 @@ class TorchBackend:
     name = "torch"
     transform = "fp64"  # the AO->MO transform runs in fp64 in both precisions (see pipeline)
     has_fp64 = True
+    forms_amplitudes = True
 
     def __init__(self, device: str, precision: str):
         self.device_name = device
@@ -131,29 +132,33 @@ class TorchBackend:
         dst.copy_(src)
 
     @staticmethod
-    def _amplitude_block(b_i, b_j, e_i, e_j, e_vir):
-        """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM."""
+    def _amplitude_block(b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
+        """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM
+        (e_vir_j: b_j's virtual energies when they are another spin's; None: e_vir)."""
         ni, nvir, naux = b_i.shape
-        nj = b_j.shape[0]
-        iajb = torch.matmul(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir, naux).transpose(0, 1))
-        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
+        nj, nvir_j = b_j.shape[0], b_j.shape[1]
+        iajb = torch.matmul(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir_j, naux).transpose(0, 1))
+        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
-        e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
+        e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
         return iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])
 
-    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir):
-        """t_ij^ab = (ia|jb) / D_ijab, fp64 [ni, nj, nvir, nvir] (PySCF's t2 layout)."""
+    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
+        """t_ij^ab = (ia|jb) / D_ijab, fp64 [ni, nj, nvir, nvir_j] (PySCF's t2 layout); e_vir_j:
+        b_j's virtual energies when b_j is the other spin (None: b_i's)."""
         self.calls["amplitudes"] += 1
-        return self._amplitude_block(b_i, b_j, e_i, e_j, e_vir).permute(0, 2, 1, 3)
+        return self._amplitude_block(b_i, b_j, e_i, e_j, e_vir, e_vir_j).permute(0, 2, 1, 3)
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir):
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
         """Unrelaxed closed-shell MP2 density from the pairs (i, k), all i, k in one block, fp64:
-          (ia|kb) = sum_P B_ia^P B_kb^P,  t = (ia|kb) / D,  T = 2 t_ik^ab - t_ik^ba
+          (ia|kb) = sum_P B_ia^P B_kb^P,  t = (ia|kb) / D,  T = (c_os + c_ss) t_ik^ab - c_ss t_ik^ba
           P_ij += -2 sum_kab t_ik^ab T_jk^ab     P_ab += 2 sum_ikc t_ik^ac T_ik^bc
+        scaling (c_os, c_ss): (1, 1) for MP2 (T = 2 t - t^T), SCS weights for the SCS-MP2 density.
         b_occ [nocc, nvir, naux], b_k [nk, nvir, naux]; returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
         self.calls["density_block"] += 1
+        c_os, c_ss = scaling
         t = self._amplitude_block(b_occ, b_k, e_occ, e_k, e_vir)
-        big_t = 2.0 * t - t.transpose(1, 3)
+        big_t = (c_os + c_ss) * t - c_ss * t.transpose(1, 3)
         p_oo = -2.0 * torch.einsum("iakb,jakb->ij", t, big_t)
         p_vv = 2.0 * torch.einsum("iakc,ibkc->ab", t, big_t)
         return p_oo, p_vv

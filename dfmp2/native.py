@@ -1,0 +1,19 @@
+"""Drop-ins for pyscf.mp.dfmp2_native and pyscf.mp.dfump2_native, with their conventions:
+
+    from dfmp2.native import DFMP2, SCSMP2   # instead of: from pyscf.mp.dfmp2_native import DFMP2, SCSMP2
+    with DFMP2(mf, frozen=2) as pt:          # DFMP2(mf, frozen=None, auxbasis=None)
+        e_corr = pt.kernel()                 # a float; no t2
+        natocc, natorb = pt.make_natorbs()   # closed shells (relaxed: with the gradients)
+
+The auxiliary basis is the MP2-fit set of the orbital basis unless `auxbasis` names one; the
+SCS classes report e_corr = ps E_os + pt E_ss (6/5, 1/3) and the density of that energy. The
+reference (RHF, UHF, ROHF) chooses the method, so DFUMP2 and SCSUMP2 are the same classes.
+"""
+
+from .pyscf_plugin import NativeDFMP2 as DFMP2
+from .pyscf_plugin import NativeSCSMP2 as SCSMP2
+
+DFRMP2 = DFUMP2 = DFMP2
+SCSDFRMP2 = SCSUMP2 = SCSDFUMP2 = SCSMP2
+
+__all__ = ["DFMP2", "DFRMP2", "DFUMP2", "SCSMP2", "SCSDFRMP2", "SCSUMP2", "SCSDFUMP2"]
