@@ -333,7 +333,10 @@ def fitting_basis(mol, mp2fit: bool) -> FittingSet:
 
     with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on stderr
         warnings.simplefilter("ignore")
-        aux = df.make_auxbasis(mol, mp2fit=mp2fit)
+        try:
+            aux = df.make_auxbasis(mol, mp2fit=mp2fit)
+        except KeyError:  # PySCF 2.14 fails on some names it derives (6-311G**: '6311gststrifit'):
+            aux = df.addons.aug_etb(mol)  # no named set then; its generated set, announced as such
     labels = _atom_labels(mol)
     if isinstance(aux, str):
         return FittingSet(aux, {symbol: aux for symbol in labels.values()})
@@ -351,6 +354,20 @@ def fitting_basis(mol, mp2fit: bool) -> FittingSet:
         else:
             sources[symbol] = GENERATED
     return FittingSet(aux, sources)
+
+
+def pyscf_fitting_choice(mol, mp2fit: bool = True):
+    """The auxiliary basis PySCF's make_auxbasis picks for mol (what its DFMP2 uses without
+    density fitting in the SCF), or where it fails on a name it derives (PySCF 2.14, 6-311G**),
+    `fitting_basis`'s."""
+    from pyscf import df
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return df.make_auxbasis(mol, mp2fit=mp2fit)
+    except KeyError:
+        return fitting_basis(mol, mp2fit).basis
 
 
 def named_fitting_set(name: str, mol) -> FittingSet:
@@ -589,14 +606,33 @@ def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
         out = MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
                         mo_occ=np.asarray(mf.mo_occ, dtype=np.float64),
                         spin_square=float(mf.spin_square()[0]), **common)
-    elif not np.any(np.asarray(mf.mo_occ) == 1):  # a closed-shell ROHF is RHF: the same arithmetic
-        out = MeanField(mo_coeff=mo_coeff, mo_energy=np.asarray(mf.mo_energy, dtype=np.float64),
-                        mo_occ=np.asarray(mf.mo_occ, dtype=np.float64), **common)
+    elif not np.any(np.asarray(mf.mo_occ) == 1):  # a closed-shell ROHF: its canonical orbitals for both
+        # spins (the RHF arithmetic; semicanonical ones would re-diagonalise the last Fock build)
+        occ = np.asarray(mf.mo_occ, dtype=np.float64) / 2
+        energy = np.asarray(mf.mo_energy, dtype=np.float64)
+        out = MeanField(mo_coeff=np.array([mo_coeff, mo_coeff]), mo_energy=np.array([energy, energy]),
+                        mo_occ=np.array([occ, occ]), **common)
     else:
         out = MeanField(**semicanonical_orbitals(mf), spin_square=float(mf.spin_square()[0]), **common)
     if not allow_non_aufbau:
         _check_aufbau(out)
     return out
+
+
+def with_orbitals(mf, mo_coeff, mo_occ, mo_energy=None):
+    """A copy of the mean field `mf` holding other orbitals, as PySCF's DFMP2 takes them: their
+    energies the diagonal of the Fock matrix they make (unless `mo_energy` is given) and e_tot
+    the energy of their density."""
+    dm = mf.make_rdm1(mo_coeff, mo_occ)
+    vhf = mf.get_veff(mf.mol, dm)
+    other = mf.copy()
+    other.mo_coeff, other.mo_occ = mo_coeff, mo_occ
+    if mo_energy is None:
+        coeff, fock = np.asarray(mo_coeff), np.asarray(mf.get_fock(vhf=vhf, dm=dm))
+        mo_energy = np.einsum("...mi,...mn,...ni->...i", coeff, fock, coeff)
+    other.mo_energy = mo_energy
+    other.e_tot = float(mf.energy_tot(dm=dm, vhf=vhf))
+    return other
 
 
 def reference_kind(mf) -> str:

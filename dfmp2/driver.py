@@ -96,7 +96,7 @@ class DFMP2Result:
             "formula": self.formula,
             "e_ref": self.e_ref, "e_hf": self.e_hf, "xc": self.xc, "e_corr": self.e_corr, "e_corr_os": self.e_corr_os,
             "e_corr_ss": self.e_corr_ss, "e_corr_singles": self.e_corr_singles,
-            "e_scs": self.e_scs, "e_tot": self.e_tot,
+            "e_scs": self.e_scs, "e_tot": self.e_tot, "singles_included": self.correlation.singles_included,
             "reference": self.reference, "spin_square": self.spin_square,
             "nbasis": corr.nao, "nocc": _per_spin(corr.nocc), "nvir": _per_spin(corr.nvir),
             "naux": corr.naux, "nfrozen": _per_spin(corr.nfrozen), "basis": self.basis, "auxbasis": self.auxbasis,
@@ -164,15 +164,16 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, **chang
     return result
 
 
-def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, **changes) -> list:
+def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, **changes) -> list:
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
-    per spin channel, host arrays [nocc * nvir, naux] (PySCF's ovL layout)."""
+    per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
+    out(s, shape) gives (`pipeline.three_center_mo`)."""
     settings = settings_from(settings, **changes)
     reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
     if integrals is None:
         integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
     return three_center_mo(settings.backend(), integrals, reference.mo_coeff, reference.mo_energy,
-                           reference.mo_occ, settings)
+                           reference.mo_occ, settings, out=out)
 
 
 def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:

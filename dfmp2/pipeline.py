@@ -206,22 +206,25 @@ def combine_pair_sums(tasks, sums, nchannels):
     return total(0, 0, 1), 0.5 * (total(1, 0, 0) + total(1, 1, 1))
 
 
-def amplitudes_t2(backend, stores, channels, naux):
+def amplitudes_t2(backend, stores, channels, naux, occ_block):
     """PySCF's t2 from B, fp64 on the host: restricted t_ij^ab = (ia|jb) / D_ijab [nocc, nocc,
     nvir, nvir]; unrestricted (t2aa, t2ab, t2bb) with t_ij^ab = [(ia|jb) - (ib|ja)] / D for the
-    same spin (alpha i, a; beta J, B in t2ab [nocca, noccb, nvira, nvirb])."""
+    same spin (alpha i, a; beta J, B in t2ab [nocca, noccb, nvira, nvirb]). Filled `occ_block`
+    rows of i at a time, so that the temporaries stay the size of a pair block."""
     b = [store.read_occ(0, ch.nocc, naux) for store, ch in zip(stores, channels)]
 
-    def t(s, u):  # t_ij^ab = (ia|jb) / D_ijab between channels s and u
+    def t(s, u):  # t_ij^ab = (ia|jb) / D_ijab between channels s and u, antisymmetrised within one
+        out = np.empty((channels[s].nocc, channels[u].nocc, channels[s].nvir, channels[u].nvir))
         e_vir_j = None if s == u else channels[u].e_vir
-        return backend.to_host(backend.amplitudes(b[s], b[u], channels[s].e_occ, channels[u].e_occ,
-                                                  channels[s].e_vir, e_vir_j))
+        for i0, i1 in block_ranges(channels[s].nocc, occ_block):
+            block = backend.to_host(backend.amplitudes(b[s][i0:i1], b[u], channels[s].e_occ[i0:i1],
+                                                       channels[u].e_occ, channels[s].e_vir, e_vir_j))
+            out[i0:i1] = block - block.transpose(0, 1, 3, 2) if s == u and len(channels) == 2 else block
+        return out
 
     if len(channels) == 1:
         return t(0, 0)
-    same = [t(s, s) for s in range(2)]
-    same = [x - x.transpose(0, 1, 3, 2) for x in same]  # (ia|jb) - (ib|ja) over the same D
-    return same[0], t(0, 1), same[1]
+    return t(0, 0), t(0, 1), t(1, 1)
 
 
 def given_three_center(backend, given, channels, occ_block):
@@ -329,7 +332,7 @@ class CorrelationEnergy:
     # with_t2: t_ij^ab [nocc, nocc, nvir, nvir] of the active orbitals (restricted), or for an
     # unrestricted reference (t2aa, t2ab, t2bb), same-spin ones antisymmetrised (PySCF's t2)
     t2: object = None
-    singles_included: bool = True  # e_corr includes e_corr_singles (ROHF; include_singles)
+    singles_included: bool = True  # include_singles: False leaves the ROHF singles out (e_corr_singles 0)
     notes: list = field(default_factory=list)  # announcements (e.g. t2 not kept for lack of memory)
     io: dict = field(default_factory=dict)  # scratch traffic: bytes_written, bytes_read, tensor_bytes
     checkpoint: dict | None = None  # --checkpoint: its directory and what this run reused from it
@@ -337,17 +340,13 @@ class CorrelationEnergy:
 
     @property
     def e_corr(self) -> float:
-        return self.e_corr_os + self.e_corr_ss + self._singles
-
-    @property
-    def _singles(self) -> float:
-        return self.e_corr_singles if self.singles_included else 0.0
+        return self.e_corr_os + self.e_corr_ss + self.e_corr_singles
 
     @property
     def e_scs(self) -> float:
         """Grimme's spin-component-scaled correlation energy: 6/5 E_os + 1/3 E_ss (+ the ROHF
         singles, as Psi4 counts them)."""
-        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self._singles
+        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self.e_corr_singles
 
 
 def device_channels(backend, refs, selected, fock_mo=None) -> list:
@@ -370,34 +369,47 @@ def device_channels(backend, refs, selected, fock_mo=None) -> list:
 
 
 def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
-                    **changes) -> list:
+                    out=None, **changes) -> list:
     """Steps 1-3 only: B_ia^Q = sum_P (ia|P) [L^-T]_PQ of each spin channel's active orbitals
-    (settings.frozen), as host arrays [nocc * nvir, naux_kept] (PySCF's ovL layout), in memory.
-    Arguments as `dfmp2_energy`; MemoryBudgetError if the budget cannot hold B in memory."""
+    (settings.frozen) in PySCF's ovL layout [nocc * nvir, naux_kept]. Arguments as
+    `dfmp2_energy`. Without `out`: host arrays, held in memory with (ia|P) (MemoryBudgetError if
+    the budget cannot hold both). out(s, shape): where channel s's B goes (e.g. an HDF5
+    dataset), written in occupied blocks; (ia|P) then lives where the budget puts it (memory or
+    scratch). Returns the arrays (or what `out` gave)."""
     settings = settings_from(settings, **changes)
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
     names = [""] if len(refs) == 1 else ["alpha", "beta"]
     selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
                 in zip(refs, frozen_per_spin(settings.frozen, len(refs)), names)]
-    plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], settings.max_memory)
-    if plan.storage == "disk":
-        raise MemoryBudgetError(f"(ia|P) does not fit in the memory budget ({plan.budget / MB:.4g} MB) to be "
-                                "returned in memory: give more memory, or save it to a file (ovL_to_save)")
+    spaces = [(o.size, v.size) for o, v, _ in selected]
+    # in memory, B is returned beside (ia|P): the plan holds the tensor twice
+    plan = plan_for(backend, integrals, spaces if out is not None else spaces * 2, settings.max_memory)
+    if out is None and plan.storage == "disk":
+        raise MemoryBudgetError(f"(ia|P) and B do not both fit in the memory budget ({plan.budget / MB:.4g} MB) to be "
+                                "returned in memory: give more memory, or write them to a file (ovL_to_save)")
     backend.prepare(plan)
     channels = device_channels(backend, refs, selected)
     factor = metric_cholesky(backend, integrals.metric())  # 1. J = L L^T
-    stores = [MemoryStore(backend, (ch.nocc, ch.nvir, integrals.naux)) for ch in channels]
-    transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, stores,
-                         lambda name, clock: clock, 0.0, settings.progress)  # 2. (ia|P)
-    out = []
-    for ch, store in zip(channels, stores):  # 3. B = (ia|P) L^-T
-        b = np.empty((ch.nocc * ch.nvir, factor.nkept))
-        for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
-            block = whiten_three_center(backend, factor, store.read_occ(i0, i1))
-            b[i0 * ch.nvir:i1 * ch.nvir] = backend.to_host(block).reshape(-1, factor.nkept)
-        store.close()
-        out.append(b)
-    return out
+    shapes = [(ch.nocc, ch.nvir, integrals.naux) for ch in channels]
+    stores = [MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(backend, shape, settings.scratch)
+              for shape in shapes]
+    try:
+        transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, stores,
+                             lambda name, clock: clock, 0.0, settings.progress)  # 2. (ia|P)
+        results = []
+        for s, (ch, store) in enumerate(zip(channels, stores)):  # 3. B = (ia|P) L^-T
+            shape = (ch.nocc * ch.nvir, factor.nkept)
+            b = np.empty(shape) if out is None else out(s, shape)
+            for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
+                block = whiten_three_center(backend, factor, store.read_occ(i0, i1))
+                b[i0 * ch.nvir:i1 * ch.nvir] = backend.to_host(block).reshape(-1, factor.nkept)
+                del block
+                release_freed_memory()
+            results.append(b)
+    finally:
+        for store in stores:
+            store.close()
+    return results
 
 
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
@@ -434,16 +446,18 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         raise InputError("given (ia|P) integrals (eris=) and a checkpoint do not go together: the checkpoint "
                          "keeps its own")
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
-                    on_disk=team is None and (settings.checkpoint is not None or settings.force_outcore),
+                    on_disk=team is None and given is None and (settings.checkpoint is not None or settings.force_outcore),
                     ranks=team.size if team is not None else 1)  # ranks keep B in memory
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
+    if with_rdm1 and settings.force_outcore:
+        raise InputError("force_outcore keeps (ia|P) on disk, and the MP2 density needs it in memory (out-of-core "
+                         "densities are not implemented): leave force_outcore off for densities")
     if with_rdm1 and plan.storage == "disk":  # unrelaxed_density holds all of B at once
         raise MemoryBudgetError(
             f"the MP2 density needs (ia|P) in memory, which the budget ({plan.budget / MB:.4g} MB, --max-memory) "
-            f"does not hold{' with --checkpoint' if settings.checkpoint else ''}"
-            f"{' with force_outcore' if settings.force_outcore else ''}: give more memory (out-of-core densities "
-            "are not implemented)")
+            f"does not hold{' with --checkpoint' if settings.checkpoint else ''}: give more memory (out-of-core "
+            "densities are not implemented)")
     if given is not None and plan.storage == "disk":
         raise MemoryBudgetError(f"given (ia|P) integrals (eris=) are read into memory, which the budget "
                                 f"({plan.budget / MB:.4g} MB) does not hold: give more memory, or let dfmp2 make "
@@ -504,8 +518,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                                          {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
             if per_rank:  # rank 0: the kernels of the whole job
                 result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
-            result.singles_included, result.notes = settings.include_singles, notes
-            return result
+            return _with_singles_choice(result, settings.include_singles, notes)
         stores, journal, load_slab = [], None, None
         fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
         reused = {"B": False, "pair_tasks": 0}
@@ -602,7 +615,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                         *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, nkept,
                                            settings.rdm1_scaling))
                 clock = lap("density", clock)
-            t2 = amplitudes_t2(backend, stores, channels, nkept) if with_t2 else None
+            t2 = amplitudes_t2(backend, stores, channels, nkept, plan.occ_block) if with_t2 else None
         finally:
             io = {"bytes_written": sum(st.io()["bytes_written"] for st in stores),
                   "bytes_read": sum(st.io()["bytes_read"] for st in stores),
@@ -616,8 +629,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                                          "directory": checkpoint.directory, "reused_B": reused["B"],
                                          "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks),
                                          "notes": list(checkpoint.notes)})
-        result.singles_included, result.notes = settings.include_singles, notes
-        return result
+        return _with_singles_choice(result, settings.include_singles, notes)
     finally:
         if checkpoint is not None:
             checkpoint.close()
@@ -643,6 +655,15 @@ def _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, 
         naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
         metric=metric_label, plan=plan, timings=timings, kernels=dict(backend.calls),
         rdm1_active=rdm1, t2=t2, io=io, checkpoint=checkpoint, distributed=distributed)
+
+
+def _with_singles_choice(result, include_singles, notes) -> CorrelationEnergy:
+    """The result with the ROHF singles left out (e_corr_singles 0, as PySCF's include_singles)
+    unless include_singles, and the run's notes."""
+    result.singles_included, result.notes = include_singles, notes
+    if not include_singles:
+        result.e_corr_singles = 0.0
+    return result
 
 
 def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, lap, clock, progress, first=0):

@@ -26,7 +26,6 @@ rank's script makes its own SCF; rank 0's orbitals are used).
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 from pyscf import lib
@@ -38,7 +37,7 @@ from .driver import run_mean_field, three_center_of_mean_field
 from .errors import InputError
 from .pipeline import active_orbitals, frozen_per_spin, natural_orbitals
 from .settings import Settings
-from .storage import open_ovl, save_ovl
+from .storage import open_ovl, write_ovl
 
 IF_ROOM = "if_room"  # kernel's with_t2 default: keep t2 when the memory budget allows it
 GRADIENTS_PENDING = "analytic DF-MP2 gradients (and relaxed densities) are not implemented in dfmp2 yet"
@@ -65,6 +64,8 @@ class _DFMP2Base(lib.StreamObject):
         self.frozen = frozen
         self.mo_coeff = mf.mo_coeff if mo_coeff is None else mo_coeff
         self.mo_occ = mf.mo_occ if mo_occ is None else mo_occ
+        if mo_energy is None and self.mo_coeff is not mf.mo_coeff:  # as PySCF: from their Fock matrix
+            mo_energy = chem.with_orbitals(mf, self.mo_coeff, self.mo_occ).mo_energy
         self.mo_energy = mf.mo_energy if mo_energy is None else mo_energy
         self.auxbasis = auxbasis  # kept for dump_flags; with_df carries the choice
         self.with_df = None
@@ -128,13 +129,23 @@ class _DFMP2Base(lib.StreamObject):
 
     @property
     def nocc(self):
-        """Active occupied orbitals (a pair for UHF/ROHF)."""
+        """Active occupied orbitals (a pair for UHF/ROHF); set `frozen` to change them."""
         return self._per_spin([o.size for o, _, _ in self._active()])
+
+    @nocc.setter
+    def nocc(self, value):
+        raise InputError(f"nocc = {value}: dfmp2 takes the active orbitals from frozen= (a count or a list of "
+                         "orbital indices), not from nocc/nmo")
 
     @property
     def nmo(self):
-        """Active orbitals (a pair for UHF/ROHF)."""
+        """Active orbitals (a pair for UHF/ROHF); set `frozen` to change them."""
         return self._per_spin([o.size + v.size for o, v, _ in self._active()])
+
+    @nmo.setter
+    def nmo(self, value):
+        raise InputError(f"nmo = {value}: dfmp2 takes the active orbitals from frozen= (a count or a list of "
+                         "orbital indices), not from nocc/nmo")
 
     def get_nocc(self):
         return self.nocc
@@ -206,15 +217,15 @@ class _DFMP2Base(lib.StreamObject):
         return chem.ThreeCenterIntegrals(self.mol, self.auxbasis)
 
     def _mean_field(self, mo_coeff=None, mo_energy=None):
-        """The mean field with this object's (or the given) orbitals."""
+        """The mean field with this object's (or the given) orbitals: orbitals given without
+        energies get those of their Fock matrix, and e_tot is their energy (`chem.with_orbitals`)."""
         mf = self._scf
-        if mo_coeff is not None or mo_energy is not None or self.mo_coeff is not mf.mo_coeff \
-                or self.mo_occ is not mf.mo_occ or self.mo_energy is not mf.mo_energy:
-            mf = mf.copy()
-            mf.mo_coeff = self.mo_coeff if mo_coeff is None else mo_coeff
-            mf.mo_energy = self.mo_energy if mo_energy is None else mo_energy
-            mf.mo_occ = self.mo_occ
-        return mf
+        coeff = self.mo_coeff if mo_coeff is None else mo_coeff
+        if mo_energy is None and mo_coeff is None:
+            mo_energy = self.mo_energy
+        if coeff is mf.mo_coeff and self.mo_occ is mf.mo_occ and mo_energy is mf.mo_energy:
+            return mf
+        return chem.with_orbitals(mf, coeff, self.mo_occ, mo_energy)
 
     def _run(self, mo_energy=None, mo_coeff=None, **changes):
         """Run DF-MP2 with `changes` to the settings; sets the energies and returns the result."""
@@ -228,9 +239,10 @@ class _DFMP2Base(lib.StreamObject):
                                      self.settings(team=team, **changes), integrals=integrals)
         if self._moved:
             self.result.notes.append(self._moved)
-        for name in ("e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference", "spin_square"):
+        for name in ("e_ref", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference", "spin_square"):
             setattr(self, name, getattr(self.result, name))
         self.e_hf = self.result.e_hf
+        self.e_corr = self._correlation_energy()
         self.converged = True
         for note in self.result.notes:
             log.note("dfmp2: %s", note)
@@ -243,6 +255,10 @@ class _DFMP2Base(lib.StreamObject):
                      "" if self.include_singles else " (not included: include_singles=False)")
         log.timer(self.__class__.__name__, *cput)
         return self.result
+
+    def _correlation_energy(self):
+        """e_corr of the finished run (the SCS classes scale its parts)."""
+        return self.result.e_corr
 
     def make_rdm1(self, relaxed=False, ao_repr=False):
         """The unrelaxed DF-MP2 one-particle density: MO basis [nmo, nmo] by default (AO with
@@ -300,15 +316,12 @@ class DFMP2(_DFMP2Base):
 
     def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, mo_energy=None, **options):
         super().__init__(mf, frozen, mo_coeff, mo_occ, mo_energy, **options)
-        from pyscf import df
-
         if self.auxbasis is not None:
-            self.with_df = df.DF(self.mol, auxbasis=self.auxbasis)
-        elif getattr(mf, "with_df", None):  # PySCF's choice: the SCF's own fitting (JK-fit)
-            self.with_df = mf.with_df
+            self.with_df = _fitting(self._scf, self.auxbasis)
+        elif getattr(self._scf, "with_df", None):  # PySCF's choice: the SCF's own fitting (JK-fit)
+            self.with_df = self._scf.with_df
         else:
-            self.with_df = df.DF(self.mol)
-            self.with_df.auxbasis = df.make_auxbasis(self.mol, mp2fit=True)
+            self.with_df = _fitting(self._scf, chem.pyscf_fitting_choice(self.mol, mp2fit=True))
 
     def _integrals(self):
         """The three-center integrals of with_df: a periodic GDF's as they are, else those of its
@@ -338,14 +351,17 @@ class DFMP2(_DFMP2Base):
         return integrals
 
     def density_fit(self, auxbasis=None, with_df=None):
-        """A copy that uses `with_df`, or a new pyscf.df.DF in `auxbasis` (PySCF's MP2.density_fit)."""
-        from pyscf import df
-
-        new = copy.copy(self)
+        """A new DFMP2 with this one's options and orbitals, as PySCF's MP2.density_fit makes it:
+        `with_df` if given (else PySCF's choice), set to `auxbasis` (a copy of it if the basis
+        differs; None: the JK-fit set an unset DF object builds, as in PySCF)."""
+        new = DFMP2(self._scf, self.frozen, self.mo_coeff, self.mo_occ, self.mo_energy)
+        for name in _OPTIONS:
+            setattr(new, name, getattr(self, name))
         if with_df is not None:
             new.with_df = with_df
-        if auxbasis is not None:
-            new.with_df = df.DF(self.mol, auxbasis=auxbasis)
+        if new.with_df.auxbasis != auxbasis:
+            new.with_df = new.with_df.copy()
+            new.with_df.auxbasis = auxbasis
         return new
 
     def kernel(self, mo_energy=None, mo_coeff=None, eris=None, with_t2=IF_ROOM):
@@ -369,11 +385,11 @@ class DFMP2(_DFMP2Base):
             if isinstance(ovL, str):
                 return ThreeCenterMO(*open_ovl(ovL))
             return ThreeCenterMO(ovL)
-        ovl = three_center_of_mean_field(self._mean_field(mo_coeff), self.settings(), self._integrals())
-        packed = ovl[0] if len(ovl) == 1 else ovl
-        if ovL_to_save is None:
-            return ThreeCenterMO(packed)
-        save_ovl(ovL_to_save, ovl)
+        mf, integrals = self._mean_field(mo_coeff), self._integrals()
+        if ovL_to_save is None:  # in memory
+            ovl = three_center_of_mean_field(mf, self.settings(), integrals)
+            return ThreeCenterMO(ovl[0] if len(ovl) == 1 else ovl)
+        write_ovl(ovL_to_save, lambda out: three_center_of_mean_field(mf, self.settings(), integrals, out=out))
         return ThreeCenterMO(*open_ovl(ovL_to_save))
 
     def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True, relaxed=False):
@@ -467,9 +483,11 @@ class NativeDFMP2(_DFMP2Base):
 
     def calculate_energy(self):
         self._run(with_t2=False)
-        self.e_corr = self.ps * self.e_corr_os + self.pt * self.e_corr_ss + \
-            (self.e_corr_singles if self.include_singles else 0.0)
         return self.e_corr
+
+    def _correlation_energy(self):
+        """ps E_os + pt E_ss (+ the ROHF singles)."""
+        return self.ps * self.e_corr_os + self.pt * self.e_corr_ss + self.e_corr_singles
 
     def _rdm1_scaling(self):
         return (self.ps, self.pt)
@@ -489,6 +507,24 @@ class NativeSCSMP2(NativeDFMP2):
         super().__init__(mf, *args, **kwargs)
         self.ps = ps
         self.pt = pt
+
+
+_OPTIONS = ("device", "precision", "simulate", "nki_api", "transform", "allow_non_aufbau", "max_memory",
+            "checkpoint", "checkpoint_allow_other_files", "force_outcore", "include_singles", "verbose", "stdout")
+
+
+def _fitting(mf, auxbasis):
+    """PySCF's density-fitting object for `mf` in `auxbasis`: pyscf.df.DF, or for a periodic mean
+    field the Gaussian density fitting (pyscf.pbc.df.GDF) of its cell."""
+    if chem.is_periodic(mf):
+        from pyscf.pbc import df as pbc_df
+
+        fitting = pbc_df.GDF(mf.mol)
+        fitting.auxbasis = auxbasis
+        return fitting
+    from pyscf import df
+
+    return df.DF(mf.mol, auxbasis=auxbasis)
 
 
 def _host_mean_field(mf):

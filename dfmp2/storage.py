@@ -181,9 +181,11 @@ def ovl_names(nspin: int) -> list:
     return ["ovL"] if nspin == 1 else [f"ovL{s}" for s in range(nspin)]
 
 
-def save_ovl(path, arrays) -> None:
-    """Write B per spin channel ([nocc * nvir, naux] each) to the HDF5 file `path` in PySCF's
-    layout (`ovl_names`), whole or not at all: written beside it, then renamed into place."""
+def write_ovl(path, fill) -> None:
+    """Write B per spin channel to the HDF5 file `path` in PySCF's layout (`ovl_names`), whole or
+    not at all (written beside it, then renamed into place). fill(out) makes them, calling
+    out(s, shape) for channel s's dataset [nocc * nvir, naux] and writing into it; it returns
+    the list of what out gave (its length is the number of channels)."""
     import h5py
 
     path = os.fspath(path)
@@ -191,9 +193,16 @@ def save_ovl(path, arrays) -> None:
     handle, partial = tempfile.mkstemp(prefix=".dfmp2-ovL-", suffix=".h5", dir=directory)
     os.close(handle)
     try:
-        with h5py.File(partial, "w") as out:
-            for name, array in zip(ovl_names(len(arrays)), arrays):
-                out.create_dataset(name, data=np.asarray(array))
+        with h5py.File(partial, "w") as h5:
+            made = []
+
+            def out(s, shape):
+                made.append(h5.create_dataset(f"ovL{s}", shape=shape, dtype=np.float64))
+                return made[-1]
+
+            nspin = len(fill(out))
+            if nspin == 1:  # a restricted reference's single dataset is 'ovL'
+                h5.move("ovL0", "ovL")
         os.replace(partial, path)
     except BaseException:
         if os.path.exists(partial):

@@ -53,6 +53,10 @@ def test_density_refusals():
     radical = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
     with pytest.raises(NotImplementedError, match="open-shell"):
         DFMP2(scf.UHF(radical).run()).make_rdm1()
+    from dfmp2 import ComputationError, native
+
+    with pytest.raises(ComputationError, match="scaled \\(SCS\\) density"):  # the NKI density kernel is MP2's
+        native.SCSMP2(mf, device="trn1", simulate=True).make_rdm1()
 
 
 def test_cli_writes_natural_orbitals(tmp_path):

@@ -239,9 +239,12 @@ def test_rohf_singles_can_be_left_out_and_a_closed_shell_rohf_is_rhf():
     pt = DFMP2(rohf).run()
     assert pt.e_corr_singles < -1e-3
     assert abs(pt.e_corr - (pt.e_corr_os + pt.e_corr_ss + pt.e_corr_singles)) < 1e-12
+    singles = pt.e_corr_singles
     pt.include_singles = False
     pt.kernel()
-    assert abs(pt.e_corr - (pt.e_corr_os + pt.e_corr_ss)) < 1e-12 and pt.e_corr_singles < -1e-3
+    assert abs(pt.e_corr - (pt.e_corr_os + pt.e_corr_ss)) < 1e-12 and pt.e_corr_singles == 0.0  # as PySCF
+    assert abs(pt.e_corr - (DFMP2(rohf).run().e_corr - singles)) < 1e-12
+    assert pt.result.as_dict()["singles_included"] is False
     # the doubles are DF-UMP2's on the semicanonical orbitals (PySCF's DFUMP2 run on them)
     semi = chem_semicanonical(rohf)
     uhf_like = scf.UHF(mol).density_fit(auxbasis="def2-universal-jkfit")
@@ -257,6 +260,9 @@ def test_rohf_singles_can_be_left_out_and_a_closed_shell_rohf_is_rhf():
     as_rohf.mo_coeff, as_rohf.mo_energy, as_rohf.mo_occ = rhf.mo_coeff, rhf.mo_energy, rhf.mo_occ
     as_rohf.converged, as_rohf.e_tot = True, rhf.e_tot
     assert DFMP2(as_rohf).run().e_corr == DFMP2(rhf).run().e_corr  # the same arithmetic, bit for bit
+    per_spin = DFMP2(as_rohf, frozen=[[0], [0, 1]])
+    assert per_spin.kernel()[0] == DFMP2(rhf.to_uhf(), frozen=[[0], [0, 1]]).kernel()[0]
+    assert len(per_spin.t2) == 3 and per_spin.nocc == (4, 3)
 
 
 def chem_semicanonical(rohf):
@@ -283,7 +289,78 @@ def test_periodic_gamma_point_mean_field_uses_its_gdf(kind):
     assert abs(pt.e_corr - ref.e_corr) < 1e-8 and "GDF" in pt.result.auxbasis
     t2 = [pt.t2] if kind == "rhf" else pt.t2
     assert max(np.abs(a - b).max() for a, b in zip(t2, [ref.t2] if kind == "rhf" else ref.t2)) < 1e-10
+    if kind == "rhf":  # auxbasis= makes a GDF in that set, as PySCF's pbc df.GDF would
+        other = DFMP2(mf, auxbasis="cc-pvdz-ri")
+        theirs = pyscf_dfmp2.DFMP2(mf)
+        theirs.with_df = pbc_gdf(cell, "cc-pvdz-ri")
+        assert abs(other.kernel()[0] - theirs.kernel()[0]) < 1e-8 and "cc-pvdz-ri" in other.result.auxbasis
     with pytest.raises(InputError, match="k-points other than gamma"):
         DFMP2(pbc_scf.KRHF(cell, cell.make_kpts([2, 1, 1])).density_fit()).kernel()
     with pytest.raises(InputError, match="Gaussian density fitting"):
         DFMP2(mf.copy().set(with_df=__import__("pyscf.pbc.df", fromlist=["FFTDF"]).FFTDF(cell))).kernel()
+
+
+def test_orbitals_given_without_energies_and_density_fit_follow_pyscf():
+    """Orbitals other than the SCF's: energies from their Fock matrix and E(HF) of their density,
+    as PySCF's DFMP2 does; density_fit() makes a new object with PySCF's rule."""
+    from pyscf import dft
+
+    mf = converged_rhf("water")
+    pbe = dft.RKS(mf.mol, xc="pbe").run(conv_tol=1e-10)  # orbitals that are not the RHF's own
+    ref = pyscf_dfmp2.DFMP2(mf, mo_coeff=pbe.mo_coeff)
+    ref.kernel()
+    pt = DFMP2(mf, mo_coeff=pbe.mo_coeff)
+    pt.kernel()
+    assert abs(pt.e_corr - ref.e_corr) < 1e-8 and abs(pt.e_hf - ref.e_hf) < 1e-8
+    for auxbasis in (None, "cc-pvtz-ri"):
+        ours = DFMP2(mf, frozen=1).density_fit(auxbasis=auxbasis)
+        theirs = pyscf_dfmp2.DFMP2(mf, frozen=1).density_fit(auxbasis=auxbasis)
+        assert abs(ours.kernel()[0] - theirs.kernel()[0]) < 1e-8
+    original = DFMP2(mf).run()
+    with original.density_fit() as copy:
+        copy.kernel()
+    assert original.t2 is not None and original.result.correlation.t2 is not None  # not shared
+
+
+def test_scs_energy_survives_the_density_and_force_outcore_runs_out_of_core():
+    from dfmp2 import native
+    from pyscf.mp import dfmp2_native
+
+    mf = converged_rhf("water")
+    pt, ref = native.SCSMP2(mf), dfmp2_native.SCSMP2(mf)
+    e = pt.kernel()
+    pt.make_rdm1()
+    assert pt.e_corr == e and abs(e - ref.kernel()) < 1e-8 and abs(pt.e_tot - ref.e_tot) < 1e-8
+    disk = DFMP2(mf).set(force_outcore=True)
+    assert abs(disk.kernel()[0] - DFMP2(mf).kernel()[0]) < 1e-10
+    assert disk.result.as_dict()["memory"]["storage"] == "disk" and disk.result.as_dict()["io"]["bytes_written"] > 0
+    with pytest.raises(InputError, match="force_outcore keeps"):
+        disk.make_rdm1()
+    given = DFMP2(mf).set(force_outcore=True)  # given integrals are read into memory, whatever it says
+    assert abs(given.kernel(eris=DFMP2(mf).ao2mo())[0] - disk.e_corr) < 1e-10
+    assert given.result.as_dict()["memory"]["storage"] == "memory"
+
+
+def test_what_dfmp2_refuses_or_does_differently_is_said():
+    from pyscf import dft
+
+    mf = converged_rhf("water")
+    with pytest.raises(InputError, match="frozen="):
+        DFMP2(mf).nocc = 3
+    lone = df.DF(mf.mol)
+    lone._cderi = "somewhere.h5"  # integrals without the basis they were made in
+    with pytest.raises(InputError, match="names no auxiliary basis"):
+        DFMP2(mf).set(with_df=lone).kernel()
+    ks = dft.RKS(mf.mol, xc="b3lyp").density_fit().run()
+    pt = DFMP2(ks)
+    pt.kernel()
+    assert pt.e_hf is None and pt.e_ref == ks.e_tot  # a KS energy is not called E(HF) (PySCF's e_hf is E_KS)
+    assert abs(pt.e_corr - pyscf_dfmp2.DFMP2(ks).run().e_corr) < 1e-8
+
+
+def pbc_gdf(cell, auxbasis):
+    from pyscf.pbc import df as pbc_df
+
+    fitting = pbc_df.GDF(cell)
+    fitting.auxbasis = auxbasis
+    return fitting
