@@ -60,10 +60,14 @@ def load(results_dir):
     for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
         with open(path, encoding="utf-8") as handle:
             record = json.load(handle)
-        if os.path.basename(path).startswith("kernel_"):
+        name = os.path.basename(path)
+        if name.startswith("kernel_"):
             kernels.append(record)
-        else:
-            (bench if os.path.basename(path).startswith("bench_") else peers).append(record)
+        elif name.startswith("bench_"):
+            bench.append(record)
+        elif name.startswith("peer_"):
+            peers.append(record)
+        # whole_job_*, dropin_*, out_of_core_*: their own scripts' records, not tabulated here
     return bench, peers, kernels
 
 

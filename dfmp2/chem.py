@@ -793,7 +793,7 @@ class ThreeCenterIntegrals:
             self.fitting = FittingSet(auxbasis, {symbol: _describe_basis(auxbasis)
                                                  for symbol in _atom_labels(mol).values()})
         self.generated = self.fitting.generated  # elements given PySCF's generated (even-tempered) set
-        self.auxbasis = self.fitting.describe()
+        self.auxbasis = self.basis_name = self.fitting.describe()
         self.auxmol = df.addons.make_auxmol(mol, self.fitting.basis)
         self.nao = mol.nao_nr()
         self.naux = self.auxmol.nao_nr()
@@ -834,30 +834,38 @@ class ThreeCenterIntegrals:
         return lib.unpack_tril(np.asarray(packed.T, order="C"))
 
 
-class PeriodicCholeskyVectors:
-    """The gamma-point three-center integrals of a periodic (PBC) mean field's Gaussian density
-    fitting (pyscf.pbc.df.GDF), which holds them already whitened: L_mn^P with (mn|ls) ~
-    sum_P L_mn^P L_ls^P. The ThreeCenterIntegrals interface with the identity as metric, so that
-    steps 1 and 3 of the pipeline leave them as they are. Only the positive-definite (3-D, or
-    infinite-vacuum 2-D) case: a negative part (truncated Coulomb of 2-D cells) is refused."""
+class CholeskyVectors:
+    """The three-center integrals a PySCF density-fitting object already holds, whitened:
+    L_mn^P with (mn|ls) ~ sum_P L_mn^P L_ls^P, from a molecular pyscf.df.DF's `_cderi` (a
+    density-fitted SCF's, reused as PySCF's DFMP2 reuses them) or a periodic GDF's gamma-point
+    integrals (built if need be). The ThreeCenterIntegrals interface with the identity as metric,
+    so that steps 1 and 3 of the pipeline leave them as they are. Periodic: only the positive-
+    definite case (3-D, or infinite-vacuum 2-D); a negative part (truncated Coulomb of 2-D
+    cells) is refused."""
 
     def __init__(self, with_df):
-        from pyscf.pbc import df as pbc_df
-
-        if not isinstance(with_df, pbc_df.GDF):
-            raise InputError(f"periodic mean fields are supported with Gaussian density fitting (GDF, "
-                             f"mf.density_fit()), not {type(with_df).__name__}")
-        cell = with_df.cell
-        if cell.dimension == 2 and cell.low_dim_ft_type != "inf_vacuum":
-            raise InputError("2-D cells with a truncated Coulomb operator have a negative-definite part in "
-                             "their density fitting, which dfmp2 does not handle")
         self.with_df = with_df
-        self.mol = cell
-        self.nao = cell.nao_nr()
-        self.naux = int(with_df.get_naoaux())  # builds the integrals if they are not there yet
-        name = _describe_basis(with_df.auxbasis) if with_df.auxbasis is not None else "PySCF's default GDF set"
-        self.auxbasis = f"{name} (the mean field's GDF, gamma point)"
-        self.fitting = FittingSet(with_df.auxbasis, {symbol: self.auxbasis for symbol in _atom_labels(cell).values()})
+        self.mol = getattr(with_df, "cell", None) or with_df.mol
+        self.periodic = hasattr(with_df, "cell")
+        if self.periodic:
+            from pyscf.pbc import df as pbc_df
+
+            if not isinstance(with_df, pbc_df.GDF):
+                raise InputError(f"periodic mean fields are supported with Gaussian density fitting (GDF, "
+                                 f"mf.density_fit()), not {type(with_df).__name__}")
+            if self.mol.dimension == 2 and self.mol.low_dim_ft_type != "inf_vacuum":
+                raise InputError("2-D cells with a truncated Coulomb operator have a negative-definite part in "
+                                 "their density fitting, which dfmp2 does not handle")
+        self.nao = self.mol.nao_nr()
+        try:
+            self.naux = int(with_df.get_naoaux())  # builds the integrals if they are not there yet
+        except OSError as error:  # a _cderi file that is not there or not HDF5
+            raise InputError(f"with_df's integrals {with_df._cderi!r} cannot be read: {error}") from None
+        auxmol = getattr(with_df, "auxmol", None)
+        named = with_df.auxbasis if with_df.auxbasis is not None else getattr(auxmol, "basis", None)
+        self.basis_name = _describe_basis(named) if named is not None else "an unnamed set"
+        self.auxbasis = f"{self.basis_name} ({'GDF integrals at the gamma point' if self.periodic else 'the integrals with_df holds'})"
+        self.fitting = FittingSet(named, {symbol: self.auxbasis for symbol in _atom_labels(self.mol).values()})
         self.generated = []
 
     def metric(self) -> np.ndarray:
@@ -868,15 +876,26 @@ class PeriodicCholeskyVectors:
         return 1
 
     def aux_blocks(self, limit: int) -> list:
-        return [(p0, min(p0 + max(1, limit), self.naux)) for p0 in range(0, self.naux, max(1, limit))]
+        step = max(1, limit)
+        return [(p0, min(p0 + step, self.naux)) for p0 in range(0, self.naux, step)]
 
     def block(self, p0: int, p1: int) -> np.ndarray:
         """L_mn^P for P in [p0, p1): [p1-p0, nao, nao], fp64 (gamma point: real)."""
-        kpts = np.zeros((2, 3))
-        parts = [real.reshape(-1, self.nao, self.nao)
-                 for real, _, sign in self.with_df.sr_loop(kpts, compact=False, blksize=p1 - p0, aux_slice=(p0, p1))
-                 if sign == 1]
-        return np.ascontiguousarray(np.concatenate(parts), dtype=np.float64)
+        if self.periodic:
+            packed = np.concatenate([real for real, _, sign in self.with_df.sr_loop(
+                np.zeros((2, 3)), compact=False, blksize=p1 - p0, aux_slice=(p0, p1)) if sign == 1])
+        else:
+            import h5py
+            from pyscf.df import addons, df as molecular_df
+
+            with addons.load(self.with_df._cderi, self.with_df._dataname) as stored:
+                packed = molecular_df._load_from_h5g(stored, p0, p1) if isinstance(stored, h5py.Group) \
+                    else np.asarray(stored[p0:p1])
+        if packed.shape[1] == self.nao * self.nao:
+            return np.ascontiguousarray(packed.reshape(-1, self.nao, self.nao), dtype=np.float64)
+        from pyscf import lib
+
+        return lib.unpack_tril(np.asarray(packed, dtype=np.float64))
 
 
 def check_gamma_point(mf) -> None:

@@ -159,14 +159,16 @@ def pair_tasks(nocc, occ_block) -> list:
             for j0, j1 in block_ranges(nocc[t], occ_block) if s != t or j0 <= i0]
 
 
-def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, record, load_slab=None):
+def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, record, load_slab=None, t2=None):
     """Step 4 for the tasks `todo` (indices into `tasks`): record(k, E_os part, E_ss part) of
     each, fp64 (module docstring: the per-task sums; `combine_pair_sums` adds them up).
     stores[s] holds B of channel s [nocc_s, nvir_s, naux]; channels[s] has its e_occ, e_vir
     (Eh) on the device. B_I is read in slabs of `slab_rows` occupied rows, once each; the B_J
     blocks the slab's tasks need are streamed against it, read once per slab (a view when J
     lies inside the slab). load_slab(s, i0, i1): B_I of a slab when it must be made first (out
-    of core, whitening each slab as the pair stage reaches it); default: read from the store."""
+    of core, whitening each slab as the pair stage reaches it); default: read from the store.
+    t2: {(s, t): host array} (`t2_arrays`) that each task's amplitudes go to, as they are formed
+    (an off-diagonal block of one channel also fills its mirror, t_ji^ba = t_ij^ab)."""
     groups = {}
     for k in todo:
         groups.setdefault((tasks[k].s, tasks[k].t), []).append(k)
@@ -183,9 +185,13 @@ def pair_energies(backend, stores, channels, tasks, todo, naux, slab_rows, recor
                 for k in (k for k in here if tasks[k].j0 == j0):
                     task = tasks[k]
                     b_i = slab_i[task.i0 - si0:task.i1 - si0]
+                    t_out = None if t2 is None else t2[s, t][task.i0:task.i1, j0:j1]
                     e_os, e_ss = backend.pair_energy(
                         b_i, b_i if task.diagonal else b_j, channels[s].e_occ[task.i0:task.i1],
-                        channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j)
+                        channels[t].e_occ[j0:j1], channels[s].e_vir, e_vir_j, t_out,
+                        antisymmetrize=s == t and len(channels) == 2)
+                    if t_out is not None and s == t and not task.diagonal:
+                        t2[s, t][j0:j1, task.i0:task.i1] = t_out.transpose(1, 0, 3, 2)
                     record(k, e_os, e_ss)
             slab_i = b_i = b_j = None  # views keep a slab alive: drop them all before the next
             release_freed_memory()
@@ -206,25 +212,18 @@ def combine_pair_sums(tasks, sums, nchannels):
     return total(0, 0, 1), 0.5 * (total(1, 0, 0) + total(1, 1, 1))
 
 
-def amplitudes_t2(backend, stores, channels, naux, occ_block):
-    """PySCF's t2 from B, fp64 on the host: restricted t_ij^ab = (ia|jb) / D_ijab [nocc, nocc,
-    nvir, nvir]; unrestricted (t2aa, t2ab, t2bb) with t_ij^ab = [(ia|jb) - (ib|ja)] / D for the
-    same spin (alpha i, a; beta J, B in t2ab [nocca, noccb, nvira, nvirb]). Filled `occ_block`
-    rows of i at a time, so that the temporaries stay the size of a pair block."""
-    b = [store.read_occ(0, ch.nocc, naux) for store, ch in zip(stores, channels)]
-
-    def t(s, u):  # t_ij^ab = (ia|jb) / D_ijab between channels s and u, antisymmetrised within one
-        out = np.empty((channels[s].nocc, channels[u].nocc, channels[s].nvir, channels[u].nvir))
-        e_vir_j = None if s == u else channels[u].e_vir
-        for i0, i1 in block_ranges(channels[s].nocc, occ_block):
-            block = backend.to_host(backend.amplitudes(b[s][i0:i1], b[u], channels[s].e_occ[i0:i1],
-                                                       channels[u].e_occ, channels[s].e_vir, e_vir_j))
-            out[i0:i1] = block - block.transpose(0, 1, 3, 2) if s == u and len(channels) == 2 else block
-        return out
+def t2_arrays(channels) -> tuple:
+    """(t2, {(s, t): the array pair task blocks of channels s, t fill}): PySCF's t2 on the host,
+    fp64, uninitialised: restricted [nocc, nocc, nvir, nvir]; unrestricted (t2aa, t2ab, t2bb)
+    (alpha i, a; beta J, B in t2ab [nocca, noccb, nvira, nvirb])."""
+    def empty(s, t):
+        return np.empty((channels[s].nocc, channels[t].nocc, channels[s].nvir, channels[t].nvir))
 
     if len(channels) == 1:
-        return t(0, 0)
-    return t(0, 0), t(0, 1), t(1, 1)
+        t2 = empty(0, 0)
+        return t2, {(0, 0): t2}
+    t2 = (empty(0, 0), empty(0, 1), empty(1, 1))
+    return t2, {(0, 0): t2[0], (0, 1): t2[1], (1, 1): t2[2]}
 
 
 def given_three_center(backend, given, channels, occ_block):
@@ -473,6 +472,9 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         notes.append(f"t2 not kept: {message}; the energy is complete (give more memory to keep t2)")
     elif with_t2 and team is not None:
         notes.append("t2 not kept: with several ranks t2 is not available yet (run in one process to keep it)")
+    elif with_t2 == "if_room" and settings.checkpoint is not None:
+        notes.append("t2 not kept: a checkpoint's finished pair blocks are reused, and t2 would need every block "
+                     "formed again (with_t2=True does that)")
     elif with_t2 == "if_room" and not backend.forms_amplitudes:
         notes.append(f"t2 not kept: the {backend.device_name} kernels do not form the amplitudes (the energy is "
                      "complete; device cpu or cuda keeps t2)")
@@ -595,6 +597,10 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 finished = set(done)
                 reused["pair_tasks"] = len(finished)
 
+            t2, t2_blocks = t2_arrays(channels) if with_t2 else (None, None)
+            if with_t2:  # every task forms its amplitudes: none is taken from the journal
+                finished, reused["pair_tasks"] = set(), 0
+
             def record(k, e_os, e_ss):
                 sums[k] = (e_os, e_ss)
                 if journal is not None:
@@ -604,7 +610,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                     progress("pair energies", len(finished), len(tasks))
 
             pair_energies(backend, stores, channels, tasks, [k for k in range(len(tasks)) if k not in finished],
-                          nkept, plan.slab_rows, record, load_slab)
+                          nkept, plan.slab_rows, record, load_slab, t2_blocks)
             e_os, e_ss = combine_pair_sums(tasks, sums, len(channels))
             clock = lap("pair_energies", clock)
             timings["pair_energies"] -= fused_seconds[0]
@@ -615,7 +621,6 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                         *unrelaxed_density(backend, stores[0], channels[0], plan.occ_block, nkept,
                                            settings.rdm1_scaling))
                 clock = lap("density", clock)
-            t2 = amplitudes_t2(backend, stores, channels, nkept, plan.occ_block) if with_t2 else None
         finally:
             io = {"bytes_written": sum(st.io()["bytes_written"] for st in stores),
                   "bytes_read": sum(st.io()["bytes_read"] for st in stores),

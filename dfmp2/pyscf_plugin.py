@@ -324,29 +324,29 @@ class DFMP2(_DFMP2Base):
             self.with_df = _fitting(self._scf, chem.pyscf_fitting_choice(self.mol, mp2fit=True))
 
     def _integrals(self):
-        """The three-center integrals of with_df: a periodic GDF's as they are, else those of its
-        auxiliary basis (its auxmol, its auxbasis, or the JK-fit set an unset DF object builds)."""
+        """The three-center integrals of with_df: those it holds already (a density-fitted SCF's,
+        a periodic GDF's, or a user's `_cderi`) read as they are, as PySCF's DFMP2 reads them;
+        else made in its auxiliary basis (its auxmol's, its auxbasis, or the JK-fit set an unset
+        DF object builds). The first time the SCF's own fitting is used, the log names the MP2-fit
+        set and how to ask for it."""
         if self.with_df is None:
             raise InputError("with_df is None: set it to a pyscf.df.DF object (or pass auxbasis=)")
         if chem.is_periodic(self._scf):
             chem.check_gamma_point(self._scf)
-            return chem.PeriodicCholeskyVectors(self.with_df)
-        if getattr(self.with_df, "auxmol", None) is not None:
-            basis = self.with_df.auxmol.basis  # as it was asked for (names): the same functions
+        if chem.is_periodic(self._scf) or getattr(self.with_df, "_cderi", None) is not None:
+            integrals = chem.CholeskyVectors(self.with_df)
+        elif getattr(self.with_df, "auxmol", None) is not None:
+            integrals = chem.ThreeCenterIntegrals(self.mol, self.with_df.auxmol.basis)  # as asked for (names)
         elif self.with_df.auxbasis is not None:
-            basis = self.with_df.auxbasis
-        elif getattr(self.with_df, "_cderi", None) is not None:
-            raise InputError("with_df holds three-center integrals (_cderi) but names no auxiliary basis (auxbasis "
-                             "or auxmol): dfmp2 makes its integrals from the basis; set with_df.auxbasis")
-        else:
-            basis = chem.fitting_basis(self.mol, mp2fit=False).basis  # what an unset pyscf.df.DF builds
-        integrals = chem.ThreeCenterIntegrals(self.mol, basis)
+            integrals = chem.ThreeCenterIntegrals(self.mol, self.with_df.auxbasis)
+        else:  # what an unset pyscf.df.DF builds
+            integrals = chem.ThreeCenterIntegrals(self.mol, chem.fitting_basis(self.mol, mp2fit=False).basis)
         if self.with_df is getattr(self._scf, "with_df", None) and not self._noted_jk_fit:
             better = chem.fitting_basis(self.mol, mp2fit=True).describe()
-            if integrals.auxbasis != better:
+            if integrals.basis_name != better:
                 logger.note(self, "dfmp2: DF-MP2 uses the mean field's fitting set %s (as PySCF's DFMP2 does); "
                             "the MP2-fit set %s is made for MP2 and more accurate: DFMP2(mf, auxbasis=%r) or "
-                            "pt.with_df = pyscf.df.DF(mol, auxbasis=%r)", integrals.auxbasis, better, better, better)
+                            "pt.with_df = pyscf.df.DF(mol, auxbasis=%r)", integrals.basis_name, better, better, better)
             self._noted_jk_fit = True
         return integrals
 

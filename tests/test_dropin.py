@@ -63,7 +63,8 @@ def test_a_density_fitted_scf_gives_pyscf_numbers_by_default_and_a_note_names_th
     assert pt.with_df is mf.with_df
     pt.kernel()
     pt.kernel()
-    assert abs(pt.e_corr - ref.e_corr) < 1e-8 and pt.result.auxbasis == "cc-pvdz-jkfit"
+    assert abs(pt.e_corr - ref.e_corr) < 1e-8
+    assert pt.result.auxbasis == "cc-pvdz-jkfit (the integrals with_df holds)"  # the SCF's, read, not redone
     assert out.getvalue().count("the MP2-fit set cc-pvdz-ri is made for MP2") == 1  # said once
     mp2fit = DFMP2(mf, auxbasis="cc-pvdz-ri").run()
     assert abs(mp2fit.e_corr - ref.e_corr) > 1e-6  # the choice matters (1.3e-5 Eh here)
@@ -341,6 +342,21 @@ def test_scs_energy_survives_the_density_and_force_outcore_runs_out_of_core():
     assert given.result.as_dict()["memory"]["storage"] == "memory"
 
 
+def test_integrals_a_with_df_holds_are_read_as_pyscf_reads_them(tmp_path):
+    """A DF object holding only a _cderi file (no auxiliary basis named): its integrals are used."""
+    mf = converged_rhf("water")
+    made = df.DF(mf.mol, auxbasis="cc-pvtz-ri")
+    made._cderi_to_save = str(tmp_path / "cderi.h5")
+    made.build()
+    lone = df.DF(mf.mol)
+    lone._cderi = str(tmp_path / "cderi.h5")
+    ours, theirs = DFMP2(mf), pyscf_dfmp2.DFMP2(mf)
+    ours.with_df = theirs.with_df = lone
+    assert abs(ours.kernel()[0] - theirs.kernel()[0]) < 1e-8
+    assert abs(ours.e_corr - DFMP2(mf, auxbasis="cc-pvtz-ri").kernel()[0]) < 1e-8  # the set it was made in
+    assert ours.result.auxbasis == "an unnamed set (the integrals with_df holds)"
+
+
 def test_what_dfmp2_refuses_or_does_differently_is_said():
     from pyscf import dft
 
@@ -348,8 +364,8 @@ def test_what_dfmp2_refuses_or_does_differently_is_said():
     with pytest.raises(InputError, match="frozen="):
         DFMP2(mf).nocc = 3
     lone = df.DF(mf.mol)
-    lone._cderi = "somewhere.h5"  # integrals without the basis they were made in
-    with pytest.raises(InputError, match="names no auxiliary basis"):
+    lone._cderi = "somewhere.h5"
+    with pytest.raises(InputError, match="with_df's integrals 'somewhere.h5' cannot be read"):
         DFMP2(mf).set(with_df=lone).kernel()
     ks = dft.RKS(mf.mol, xc="b3lyp").density_fit().run()
     pt = DFMP2(ks)

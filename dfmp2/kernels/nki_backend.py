@@ -559,13 +559,18 @@ class NkiBackend:
         out[tuple(slice(0, n) for n in digits.shape)] = digits
         return out
 
-    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
+    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
         """(E_os, E_ss) summed over all i in b_i, j in b_j ([n, nvir, naux], [n, nvir_j, naux]; b_j
         is b_i for a diagonal block I = J; e_vir_j: b_j's virtual energies when b_j is the other
         spin, which has no exchange with b_i: E_ss = 0) via pair_energy_kernel, a launch per
         block of at most PAIR_BLOCK x PAIR_BLOCK pairs (only j <= i on the diagonal), on all
         physical cores of the logical core; B stays in device HBM and only the per-pair
         partials come back, summed in fp64."""
+        from ..errors import ComputationError
+
+        if t_out is not None:
+            raise ComputationError(f"t2: the amplitudes are not formed on {self.target} (the pair kernel never "
+                                   "leaves (ia|jb) the chip); run with device cpu or cuda")
         diagonal = b_j is b_i
         exchange = int(e_vir_j is None)
         ni, nvir, naux = b_i.shape
@@ -650,13 +655,6 @@ class NkiBackend:
         b_rows = 3 * -(-naux // P) * nvir * 4
         room = TARGETS[self.target].sbuf_usable_bytes_per_partition - b_rows - per_pair - 24 * 1024
         return max(0, min(16, room // (2 * per_pair)))
-
-    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
-        """t2 is not formed on a NeuronCore (the pair kernel keeps (ia|jb) on chip): refused."""
-        from ..errors import ComputationError
-
-        raise ComputationError(f"with_t2: the amplitudes are not formed on {self.target} (the pair kernel "
-                               "never leaves (ia|jb) the chip); run with device cpu or cuda")
 
     def _aux_rows(self, b):
         """B [n, nvir, naux] as the kernels' [n, naux, nvir] (auxiliary index on the rows): a view

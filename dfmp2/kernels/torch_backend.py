@@ -143,12 +143,6 @@ class TorchBackend:
         e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
         return iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])
 
-    def amplitudes(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
-        """t_ij^ab = (ia|jb) / D_ijab, fp64 [ni, nj, nvir, nvir_j] (PySCF's t2 layout); e_vir_j:
-        b_j's virtual energies when b_j is the other spin (None: b_i's)."""
-        self.calls["amplitudes"] += 1
-        return self._amplitude_block(b_i, b_j, e_i, e_j, e_vir, e_vir_j).permute(0, 2, 1, 3)
-
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
         """Unrelaxed closed-shell MP2 density from the pairs (i, k), all i, k in one block, fp64:
           (ia|kb) = sum_P B_ia^P B_kb^P,  t = (ia|kb) / D,  T = (c_os + c_ss) t_ik^ab - c_ss t_ik^ba
@@ -170,7 +164,7 @@ class TorchBackend:
         return torch.linalg.solve_triangular(lower.transpose(0, 1), rows, upper=True,
                                              left=False).view(x.shape)
 
-    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
+    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
         """Opposite- and same-spin MP2 energy of one block of occupied pairs, in fp64.
 
         b_i [ni, nvir, naux], b_j [nj, nvir_j, naux]: whitened B; e_i [ni], e_j [nj], e_vir [nvir]
@@ -180,6 +174,9 @@ class TorchBackend:
           (ia|jb) = sum_P B_ia^P B_jb^P,  D = e_i + e_j - e_a - e_b
           e_os = sum (ia|jb)^2 / D,  e_ss = sum (ia|jb) [(ia|jb) - (ib|ja)] / D
         (e_ss = 0 across spins: no exchange between an alpha and a beta pair).
+        t_out: a host fp64 array [ni, nj, nvir, nvir_j] that receives t_ij^ab = (ia|jb) / D
+        (PySCF's t2 layout), antisymmetrised, t_ij^ab - t_ij^ba, with `antisymmetrize` (the
+        same-spin blocks of an unrestricted reference).
         """
         self.calls["pair_energy"] += 1
         ni, nvir, naux = b_i.shape
@@ -193,6 +190,11 @@ class TorchBackend:
         # t_iajb = (ia|jb) / D_ijab, built in one buffer
         t = torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
         torch.div(iajb, t, out=t)
+        if t_out is not None:  # t2 on the host, as it is formed
+            self.calls["amplitudes"] += 1
+            amplitudes = t - t.permute(0, 3, 2, 1) if antisymmetrize else t  # t_ij^ba = t[i, b, j, a]
+            t_out[...] = amplitudes.permute(0, 2, 1, 3).cpu().numpy()
+            del amplitudes
         e_os = torch.dot(t.view(-1), iajb.view(-1))
         if e_vir_j is not None:
             return float(e_os), 0.0
