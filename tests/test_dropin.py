@@ -332,13 +332,15 @@ def test_scs_energy_survives_the_density_and_force_outcore_runs_out_of_core():
     e = pt.kernel()
     pt.make_rdm1()
     assert pt.e_corr == e and abs(e - ref.kernel()) < 1e-8 and abs(pt.e_tot - ref.e_tot) < 1e-8
-    disk = DFMP2(mf).set(force_outcore=True)
-    assert abs(disk.kernel()[0] - DFMP2(mf).kernel()[0]) < 1e-10
+    disk = DFMP2(mf, frozen=1).set(force_outcore=True)
+    in_memory = DFMP2(mf, frozen=1)
+    assert abs(disk.kernel()[0] - in_memory.kernel()[0]) < 1e-10
+    assert np.abs(disk.t2 - in_memory.t2).max() < 1e-12  # t2 from the out-of-core pair stage too
     assert disk.result.as_dict()["memory"]["storage"] == "disk" and disk.result.as_dict()["io"]["bytes_written"] > 0
     with pytest.raises(InputError, match="force_outcore keeps"):
         disk.make_rdm1()
-    given = DFMP2(mf).set(force_outcore=True)  # given integrals are read into memory, whatever it says
-    assert abs(given.kernel(eris=DFMP2(mf).ao2mo())[0] - disk.e_corr) < 1e-10
+    given = DFMP2(mf, frozen=1).set(force_outcore=True)  # given integrals are read into memory
+    assert abs(given.kernel(eris=DFMP2(mf, frozen=1).ao2mo())[0] - disk.e_corr) < 1e-10
     assert given.result.as_dict()["memory"]["storage"] == "memory"
 
 
@@ -380,3 +382,16 @@ def pbc_gdf(cell, auxbasis):
     fitting = pbc_df.GDF(cell)
     fitting.auxbasis = auxbasis
     return fitting
+
+
+def test_with_a_checkpoint_the_default_keeps_no_t2_and_says_so(tmp_path):
+    mf = converged_rhf("water")
+    pt = DFMP2(mf)
+    pt.checkpoint = str(tmp_path / "ck")
+    e, t2 = pt.kernel()
+    assert t2 is None and any(note.startswith("t2 not kept: a checkpoint") for note in pt.result.notes)
+    again = DFMP2(mf)
+    again.checkpoint = str(tmp_path / "ck")
+    e_again, t2 = again.kernel(with_t2=True)  # every pair block formed again for t2
+    assert e_again == e and np.abs(t2 - DFMP2(mf).kernel()[1]).max() < 1e-12
+    assert again.result.correlation.checkpoint["reused_pair_tasks"] == 0
