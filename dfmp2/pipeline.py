@@ -411,6 +411,29 @@ def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
     return results
 
 
+def plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, insist, notes) -> MemoryPlan:
+    """The memory plan with t2 (fp64 on the host, PySCF's layout) held beside the run's arrays,
+    its blocks sized for what is left. Where t2 does not fit (or would push (ia|P) out of core),
+    `plan` unchanged and a note in `notes`; MemoryBudgetError instead when t2 is insisted on."""
+    spaces = [(o.size, v.size) for o, v, _ in selected]
+    pairs = [o * v for o, v in spaces]
+    t2_bytes = 8 * (sum(n * n for n in pairs) + (2 * pairs[0] * pairs[1] if len(pairs) == 2 else 0))
+    try:
+        kept = plan_for(backend, integrals, spaces, max_memory, on_disk=on_disk, growth=t2_bytes)
+    except MemoryBudgetError:
+        kept = None
+    if kept is not None and (insist or kept.storage == plan.storage):
+        return kept
+    store = sum(pairs) * integrals.naux * backend.itemsize if plan.storage == "memory" else 0
+    message = (f"t2 needs {t2_bytes / MB:.4g} MB, more than the memory budget leaves ({max(0, plan.budget - plan.minimum - store) / MB:.4g} "
+               f"MB of {plan.budget / MB:.4g} MB after the process, {'(ia|P) and ' if store else ''}the energy's "
+               "smallest blocks)")
+    if insist:
+        raise MemoryBudgetError(f"with_t2: {message}; run without it (energies and densities need no t2)")
+    notes.append(f"t2 not kept: {message}; the energy is complete (give more memory to keep t2)")
+    return plan
+
+
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
                  fock_mo=None, **changes) -> CorrelationEnergy:
     """DF-MP2 correlation energy of a restricted or unrestricted reference.
@@ -444,9 +467,9 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     if given is not None and settings.checkpoint is not None:
         raise InputError("given (ia|P) integrals (eris=) and a checkpoint do not go together: the checkpoint "
                          "keeps its own")
+    on_disk = team is None and given is None and (settings.checkpoint is not None or settings.force_outcore)
     plan = plan_for(backend, integrals, [(o.size, v.size) for o, v, _ in selected], max_memory,
-                    on_disk=team is None and given is None and (settings.checkpoint is not None or settings.force_outcore),
-                    ranks=team.size if team is not None else 1)  # ranks keep B in memory
+                    on_disk=on_disk, ranks=team.size if team is not None else 1)  # ranks keep B in memory
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
     if with_rdm1 and settings.force_outcore:
@@ -462,15 +485,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                                 f"({plan.budget / MB:.4g} MB) does not hold: give more memory, or let dfmp2 make "
                                 "them (out of core)")
     notes = []
-    t2_bytes = 8 * (sum((o.size * v.size) ** 2 for o, v, _ in selected)
-                    + (0 if len(selected) == 1 else 2 * math.prod(o.size * v.size for o, v, _ in selected)))
-    if with_t2 and team is None and t2_bytes > plan.budget - plan.minimum:
-        message = (f"t2 needs {t2_bytes / MB:.4g} MB, more than the memory budget leaves ({(plan.budget - plan.minimum) / MB:.4g} "
-                   f"MB of {plan.budget / MB:.4g} MB after the process and the energy's smallest blocks)")
-        if with_t2 is True:
-            raise MemoryBudgetError(f"with_t2: {message}; run without it (energies and densities need no t2)")
-        notes.append(f"t2 not kept: {message}; the energy is complete (give more memory to keep t2)")
-    elif with_t2 and team is not None:
+    if with_t2 and team is not None:
         notes.append("t2 not kept: with several ranks t2 is not available yet (run in one process to keep it)")
     elif with_t2 == "if_room" and settings.checkpoint is not None:
         notes.append("t2 not kept: a checkpoint's finished pair blocks are reused, and t2 would need every block "
@@ -478,6 +493,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     elif with_t2 == "if_room" and not backend.forms_amplitudes:
         notes.append(f"t2 not kept: the {backend.device_name} kernels do not form the amplitudes (the energy is "
                      "complete; device cpu or cuda keeps t2)")
+    elif with_t2:
+        plan = plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, with_t2 is True, notes)
     with_t2 = bool(with_t2) and team is None and not notes
     backend.prepare(plan)
     timings = {}
