@@ -250,9 +250,8 @@ class _DFMP2Base(lib.StreamObject):
         log.note("E(SCS-%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot_scs, self.emp2_scs)
         log.info("E_corr(same-spin) = %.15g", self.e_corr_ss)
         log.info("E_corr(oppo-spin) = %.15g", self.e_corr_os)
-        if self.e_corr_singles:
-            log.info("E_corr(singles) = %.15g%s", self.e_corr_singles,
-                     "" if self.include_singles else " (not included: include_singles=False)")
+        if self.e_corr_singles:  # ROHF (0 with include_singles=False, as PySCF)
+            log.info("E_corr(singles) = %.15g", self.e_corr_singles)
         log.timer(self.__class__.__name__, *cput)
         return self.result
 
