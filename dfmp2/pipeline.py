@@ -30,7 +30,7 @@ from .checkpoint import Checkpoint, array_digest, open_checkpoint, version_ident
 from .errors import ComputationError, InputError, MemoryBudgetError
 from .linalg import factor_metric, whiten
 from .memory import MB, MemoryPlan, peak_resident_bytes, plan_for, release_freed_memory  # noqa: F401  (MB, MemoryPlan: re-exported)
-from .settings import Settings, settings_from
+from .settings import IF_ROOM, Settings, settings_from
 from .storage import DiskStore, MemoryStore, remove_scratch
 
 # ----------------------------------------------------------------------------- orbitals
@@ -348,6 +348,14 @@ class CorrelationEnergy:
         return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self.e_corr_singles
 
 
+def active_spaces(refs, frozen) -> list:
+    """[(occ_index, vir_index, nfrozen)] of each spin channel of `refs` (`spin_channels`) with
+    `frozen` as `active_orbitals` and `frozen_per_spin` take it."""
+    names = [""] if len(refs) == 1 else ["alpha", "beta"]
+    return [active_orbitals(occ, f, name) for (_, _, occ), f, name
+            in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
+
+
 def device_channels(backend, refs, selected, fock_mo=None) -> list:
     """The SpinChannel of each (C, e, occ) in `refs` with its active orbitals `selected`
     [(occ_index, vir_index, nfrozen)], on the device. The transform and the orbital energies
@@ -377,9 +385,7 @@ def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
     scratch). Returns the arrays (or what `out` gave)."""
     settings = settings_from(settings, **changes)
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
-    names = [""] if len(refs) == 1 else ["alpha", "beta"]
-    selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
-                in zip(refs, frozen_per_spin(settings.frozen, len(refs)), names)]
+    selected = active_spaces(refs, settings.frozen)
     spaces = [(o.size, v.size) for o, v, _ in selected]
     # in memory, B is returned beside (ia|P): the plan holds the tensor twice
     plan = plan_for(backend, integrals, spaces if out is not None else spaces * 2, settings.max_memory)
@@ -447,18 +453,16 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     `frozen_per_spin`), max_memory (MB; default 80% of available RAM, or of free GPU memory),
     scratch, checkpoint (a directory keeping B and the finished pair tasks: a run with the same
     inputs resumes from them), progress, with_rdm1 (restricted: also the unrelaxed MP2 density,
-    `unrelaxed_density`; rdm1_scaling), with_t2 (True, False or "if_room"), include_singles,
+    `unrelaxed_density`; rdm1_scaling), with_t2 (True, False or IF_ROOM), include_singles,
     force_outcore, three_center (B given: steps 1-3 skipped).
     """
     settings = settings_from(settings, **changes)
     frozen, max_memory, progress = settings.frozen, settings.max_memory, settings.progress
     with_rdm1, with_t2, given = settings.with_rdm1, settings.with_t2, settings.three_center
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
-    names = [""] if len(refs) == 1 else ["alpha", "beta"]
     if with_rdm1 and len(refs) != 1:
         raise InputError("MP2 densities of unrestricted (UHF/ROHF) references are not implemented yet")
-    selected = [active_orbitals(occ, f, name) for (_, _, occ), f, name
-                in zip(refs, frozen_per_spin(frozen, len(refs)), names)]
+    selected = active_spaces(refs, frozen)
     nao, naux = integrals.nao, integrals.naux
     team = settings.team if settings.team is not None and settings.team.size > 1 else None
     if team is not None and (with_rdm1 or with_t2 is True or given is not None):
@@ -487,10 +491,10 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     notes = []
     if with_t2 and team is not None:
         notes.append("t2 not kept: with several ranks t2 is not available yet (run in one process to keep it)")
-    elif with_t2 == "if_room" and settings.checkpoint is not None:
+    elif with_t2 == IF_ROOM and settings.checkpoint is not None:
         notes.append("t2 not kept: a checkpoint's finished pair blocks are reused, and t2 would need every block "
                      "formed again (with_t2=True does that)")
-    elif with_t2 == "if_room" and not backend.forms_amplitudes:
+    elif with_t2 == IF_ROOM and not backend.forms_amplitudes:
         notes.append(f"t2 not kept: the {backend.device_name} kernels do not form the amplitudes (the energy is "
                      "complete; device cpu or cuda keeps t2)")
     elif with_t2:
@@ -505,7 +509,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         return time.perf_counter()
 
     clock = time.perf_counter()
-    metric = integrals.metric()
+    metric = None if given is not None else integrals.metric()  # (given B needs no metric)
     clock = lap("integrals", clock)
 
     channels = device_channels(backend, refs, selected, fock_mo)
@@ -534,10 +538,11 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                                              ch.nocc * ch.nvir * naux for ch in channels) * backend.itemsize},
                                          None if checkpoint is None else {"directory": checkpoint.directory, **reused,
                                                                           "notes": list(checkpoint.notes)},
-                                         {"ranks": team.size, "backend": team.backend, "per_rank": per_rank})
+                                         {"ranks": team.size, "backend": team.backend, "per_rank": per_rank},
+                                         notes, settings.include_singles)
             if per_rank:  # rank 0: the kernels of the whole job
                 result.kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter()))
-            return _with_singles_choice(result, settings.include_singles, notes)
+            return result
         stores, journal, load_slab = [], None, None
         fused_seconds = [0.0]  # whitening done inside the pair stage (out of core)
         reused = {"B": False, "pair_tasks": 0}
@@ -646,22 +651,23 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                 journal.close()
             for store in stores:
                 store.close()
-        result = _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2,
-                                     io, None if checkpoint is None else {
-                                         "directory": checkpoint.directory, "reused_B": reused["B"],
-                                         "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks),
-                                         "notes": list(checkpoint.notes)})
-        return _with_singles_choice(result, settings.include_singles, notes)
+        return _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
+                                   None if checkpoint is None else {
+                                       "directory": checkpoint.directory, "reused_B": reused["B"],
+                                       "reused_pair_tasks": reused["pair_tasks"], "pair_tasks": len(tasks),
+                                       "notes": list(checkpoint.notes)}, None, notes, settings.include_singles)
     finally:
         if checkpoint is not None:
             checkpoint.close()
 
 
 def _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, plan, timings, rdm1, t2, io,
-                        checkpoint, distributed=None) -> CorrelationEnergy:
-    """The result record, with the ROHF singles added and every energy checked to be finite."""
-    e_singles = singles_energy(channels)
-    if any(ch.f_ov is not None for ch in channels):
+                        checkpoint, distributed=None, notes=(), include_singles=True) -> CorrelationEnergy:
+    """The result record, with the ROHF singles added (include_singles: else 0, as PySCF's
+    include_singles=False), the run's notes, and every energy checked to be finite."""
+    e_singles = 0.0
+    if include_singles and any(ch.f_ov is not None for ch in channels):
+        e_singles = singles_energy(channels)
         backend.calls["host:singles"] += 1  # fp64 on the host: nocc x nvir per spin
 
     for name, value in (("opposite-spin", e_os), ("same-spin", e_ss), ("singles", e_singles)):
@@ -676,16 +682,8 @@ def _correlation_energy(backend, channels, e_os, e_ss, naux, nao, metric_label, 
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=naux, nao=nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
         metric=metric_label, plan=plan, timings=timings, kernels=dict(backend.calls),
-        rdm1_active=rdm1, t2=t2, io=io, checkpoint=checkpoint, distributed=distributed)
-
-
-def _with_singles_choice(result, include_singles, notes) -> CorrelationEnergy:
-    """The result with the ROHF singles left out (e_corr_singles 0, as PySCF's include_singles)
-    unless include_singles, and the run's notes."""
-    result.singles_included, result.notes = include_singles, notes
-    if not include_singles:
-        result.e_corr_singles = 0.0
-    return result
+        rdm1_active=rdm1, t2=t2, io=io, checkpoint=checkpoint, distributed=distributed,
+        singles_included=include_singles, notes=list(notes))
 
 
 def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, lap, clock, progress, first=0):

@@ -36,11 +36,12 @@ from .distributed import Team, launched_ranks
 from .driver import run_mean_field, three_center_of_mean_field
 from .errors import InputError
 from .pipeline import active_orbitals, frozen_per_spin, natural_orbitals
-from .settings import Settings
+from .settings import IF_ROOM, Settings
 from .storage import open_ovl, write_ovl
 
-IF_ROOM = "if_room"  # kernel's with_t2 default: keep t2 when the memory budget allows it
 GRADIENTS_PENDING = "analytic DF-MP2 gradients (and relaxed densities) are not implemented in dfmp2 yet"
+OPEN_SHELL_DENSITIES_PENDING = ("MP2 densities of open-shell (UHF/ROHF) references are not implemented in dfmp2 yet "
+                                "(they come with the analytic gradients)")
 
 
 class _DFMP2Base(lib.StreamObject):
@@ -155,12 +156,13 @@ class _DFMP2Base(lib.StreamObject):
 
     def get_frozen_mask(self):
         """True for the active orbitals [nmo] (a pair of masks for UHF/ROHF), as PySCF's."""
+        nmo = np.asarray(self.mo_occ).shape[-1]
         masks = []
-        for (occ_index, vir_index, _), n in zip(self._active(), np.atleast_2d(np.asarray(self.mo_occ)).shape[-1:] * 2):
-            mask = np.zeros(n, dtype=bool)
+        for occ_index, vir_index, _ in self._active():
+            mask = np.zeros(nmo, dtype=bool)
             mask[occ_index] = mask[vir_index] = True
             masks.append(mask)
-        return self._per_spin(masks[:len(self._active())])
+        return self._per_spin(masks)
 
     def nuc_grad_method(self):
         raise NotImplementedError(GRADIENTS_PENDING)
@@ -190,7 +192,8 @@ class _DFMP2Base(lib.StreamObject):
         self.result = None
         return self
 
-    def dump_flags(self, verbose=None):
+    def dump_flags(self, verbose=None, integrals=None):
+        """PySCF's options log (integrals: the run's, so that they are not looked up again)."""
         log = logger.new_logger(self, verbose)
         log.info("")
         log.info("******** %s (dfmp2) ********", self.__class__.__name__)
@@ -198,7 +201,7 @@ class _DFMP2Base(lib.StreamObject):
         log.info("frozen orbitals = %s", self.frozen)
         log.info("device = %s, precision = %s%s", self.device, self.precision or "default",
                  " (emulated)" if self.simulate else "")
-        log.info("auxiliary basis = %s", self._integrals().auxbasis)
+        log.info("auxiliary basis = %s", (integrals or self._integrals()).auxbasis)
         log.info("max_memory %s MB (current use %d MB)", self.max_memory, lib.current_memory()[0])
         return self
 
@@ -230,11 +233,11 @@ class _DFMP2Base(lib.StreamObject):
     def _run(self, mo_energy=None, mo_coeff=None, **changes):
         """Run DF-MP2 with `changes` to the settings; sets the energies and returns the result."""
         log = logger.new_logger(self)
-        if self.verbose >= logger.INFO:
-            self.dump_flags()
         cput = (logger.process_clock(), logger.perf_counter())
-        team = Team.join(self.device, self.simulate) if launched_ranks() > 1 else None  # under torchrun
         integrals = self._integrals()
+        if self.verbose >= logger.INFO:
+            self.dump_flags(integrals=integrals)
+        team = Team.join(self.device, self.simulate) if launched_ranks() > 1 else None  # under torchrun
         self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy),
                                      self.settings(team=team, **changes), integrals=integrals)
         if self._moved:
@@ -267,8 +270,7 @@ class _DFMP2Base(lib.StreamObject):
         if relaxed:
             raise NotImplementedError(GRADIENTS_PENDING + ": use relaxed=False")
         if chem.reference_kind(self._scf) != "rhf":
-            raise NotImplementedError("MP2 densities of open-shell (UHF/ROHF) references are not implemented in "
-                                      "dfmp2 yet (they come with the analytic gradients)")
+            raise NotImplementedError(OPEN_SHELL_DENSITIES_PENDING)
         if self.result is None or self.result.correlation.rdm1_active is None:
             self._run(with_rdm1=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False)
         return self.result.make_rdm1(np.asarray(self.mo_coeff), self.mo_occ, ao_repr)
@@ -400,8 +402,7 @@ class DFMP2(_DFMP2Base):
 
         if t2 is not None:
             if chem.reference_kind(self._scf) != "rhf":
-                raise NotImplementedError("MP2 densities of open-shell (UHF/ROHF) references are not implemented "
-                                          "in dfmp2 yet (they come with the analytic gradients)")
+                raise NotImplementedError(OPEN_SHELL_DENSITIES_PENDING)
             return mp2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
         if with_frozen:
             return super().make_rdm1(relaxed=relaxed, ao_repr=ao_repr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 SCF_MAX_CYCLE = 100
+IF_ROOM = "if_room"  # with_t2: keep t2 when the memory budget holds it (the plugin's default)
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ class Settings:
     allow_non_aufbau: bool = False
     with_rdm1: bool = False  # also the unrelaxed MP2 density (restricted)
     rdm1_scaling: tuple = (1.0, 1.0)  # (c_os, c_ss): the density of c_os E_os + c_ss E_ss (SCS-MP2)
-    with_t2: object = False  # True, False, or "if_room": kept when the memory budget allows it
-    include_singles: bool = True  # ROHF-MBPT(2): add the singles to e_corr (they are computed either way)
+    with_t2: object = False  # True, False, or IF_ROOM: kept when the memory budget allows it
+    include_singles: bool = True  # ROHF-MBPT(2): the singles in e_corr (False: e_corr_singles 0, as PySCF)
     # hardware
     device: str = "cpu"
     precision: str | None = None  # None: fp64, or fp32 on trn1/trn2

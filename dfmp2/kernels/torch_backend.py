@@ -132,15 +132,14 @@ class TorchBackend:
         dst.copy_(src)
 
     @staticmethod
-    def _amplitude_block(b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
-        """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM
-        (e_vir_j: b_j's virtual energies when they are another spin's; None: e_vir)."""
+    def _amplitude_block(b_i, b_j, e_i, e_j, e_vir):
+        """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM."""
         ni, nvir, naux = b_i.shape
-        nj, nvir_j = b_j.shape[0], b_j.shape[1]
-        iajb = torch.matmul(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir_j, naux).transpose(0, 1))
-        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
+        nj = b_j.shape[0]
+        iajb = torch.matmul(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir, naux).transpose(0, 1))
+        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
-        e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
+        e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
         return iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
