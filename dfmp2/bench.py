@@ -21,7 +21,9 @@ from .driver import MODEL_NOTE, PEAK_MODEL_NOTE
 from .errors import InputError
 from .kernels import get_backend
 from .memory import MB, peak_resident_bytes, plan_for, resident_bytes
-from .pipeline import block_ranges, dfmp2_energy
+from .context import RunContext
+from .pipeline import dfmp2_energy
+from .steps import block_ranges
 from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from .settings import Settings, settings_from
 
@@ -64,9 +66,11 @@ def resolve_shape(shape=None, nbasis=None, nocc=None, naux=None):
     return nbasis, nocc, naux
 
 
-def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = None, **changes) -> dict:
+def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = None, progress=None,
+              **changes) -> dict:
     """Cold + `repeat` warm passes of the pipeline on the synthetic problem -> a JSON-able record.
-    settings (keyword `changes` on top): its hardware and resource groups."""
+    settings (keyword `changes` on top): its hardware and resource groups; progress(step, done,
+    total): the callback each pass's run context reports to."""
     settings = settings_from(settings, **changes)
     device, simulate = settings.device, settings.simulate
     if repeat < 0:
@@ -82,10 +86,10 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
         backend = backend_check if n == 0 else settings.backend()
         integrals = SyntheticIntegrals(nbasis, nocc, naux, seed)
         start = time.perf_counter()
-        result = dfmp2_energy(backend, integrals, coeff, energies, occupations, settings)
+        context = RunContext(progress=progress)  # each pass its own timer
+        result = dfmp2_energy(backend, integrals, coeff, energies, occupations, settings, context=context)
         passes.append((time.perf_counter() - start, result, backend))
-        if settings.progress:
-            settings.progress("bench passes", n + 1, repeat + 1)
+        context.report("bench passes", n + 1, repeat + 1)
     cold_seconds, cold, _ = passes[0]
     warm = passes[1:] or passes  # repeat 0: the cold pass is the timed one
     energies_seen = {p[1].e_corr for p in passes}
@@ -240,15 +244,9 @@ def _cpu():
 
 
 def _versions():
-    from importlib import metadata
+    from .files import package_versions
 
-    out = {"dfmp2": __version__}
-    for name in ("torch", "numpy", "pyscf"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {"dfmp2": __version__, **package_versions(("torch", "numpy", "pyscf"))}
 
 
 def _commit():

@@ -19,6 +19,7 @@ from . import __version__
 from .errors import DFMP2Error, InputError
 from .outputs import Outputs
 from .distributed import DEFAULT_TIMEOUT_S, Team, launched_ranks
+from .context import RunContext
 from .settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
@@ -135,10 +136,9 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
                             max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
-                            checkpoint_allow_other_files=checkpoint_allow_other_files, progress=progress,
-                            team=team)
+                            checkpoint_allow_other_files=checkpoint_allow_other_files)
         try:
-            result = run_xyz(molecule, settings)
+            result = run_xyz(molecule, settings, RunContext(team=team, progress=progress))
         finally:
             if team is not None:
                 team.close()
@@ -149,7 +149,7 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
         record = result.as_dict()
         if natorbs_path is not None:
             from .chem import write_molden
-            from .pipeline import natural_orbitals
+            from .steps import natural_orbitals
 
             mf = result.mean_field
             occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), mf.mo_coeff)
@@ -216,8 +216,8 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
             sizes = resolve_shape(shape, nbasis, nocc, naux)
             progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
             settings = Settings(device=device, precision=precision, simulate=simulate, model_only=model_only,
-                                nki_api=nki_api, transform=transform, max_memory=max_memory, progress=progress)
-            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings)
+                                nki_api=nki_api, transform=transform, max_memory=max_memory)
+            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings, progress=progress)
             if progress:
                 progress.clear()
             record["shape"]["name"] = shape
@@ -286,24 +286,17 @@ def info():
 
     from .kernels import device_report
 
+    from .files import package_versions
+
     versions = {"dfmp2": __version__, "python": platform.python_version()}
-    for package in ("torch", "pyscf", "numpy", "h5py", "click",
-                    "torch-neuronx", "torch-xla", "neuronx-cc", "nki"):
-        versions[package] = _package_version(package)
+    for package, version in package_versions(("torch", "pyscf", "numpy", "h5py", "click", "torch-neuronx",
+                                              "torch-xla", "neuronx-cc", "nki")).items():
+        versions[package] = version or "not installed"
     for name, version in versions.items():
         click.echo(f"{name:14s} {version}")
     click.echo("devices:")
     for device, (usable, detail) in device_report().items():
         click.echo(f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}")
-
-
-def _package_version(name):
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _check_scratch(directory):

@@ -22,11 +22,16 @@ process closes its connections) becomes a ComputationError: no rank hangs.
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
 
 from .errors import ComputationError, InputError
+from .memory import MB, peak_resident_bytes, release_freed_memory
+from .steps import block_ranges, factor_metric, transform_aux_blocks, whiten_three_center
+from .storage import MemoryStore
 
 DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 included)
 
@@ -310,3 +315,110 @@ def pass_blocks(team: Team, visiting: dict, arriving: list, shape_of, dtype, dev
         if recv is not None:
             received[arriving[n]] = staging.from_wire(recv)
     return received
+
+
+# ----------------------------------------------------------------------------- B over the ranks
+
+class RankThreeCenter:
+    """The ThreeCenterProvider of a team (`dfmp2.providers`): rows[s] = {b: B of occupied block
+    b of channel s} for the blocks this rank owns (`block_owners`); the pair tasks (I, J) are
+    computed by the owner of I while the B_J blocks travel around the ring, one rank's blocks
+    per step (`pass_blocks`); each task's fp64 sums are all-reduced (`combine`)."""
+
+    def __init__(self, backend, team, channels, blocks, owners, occ_block, staging, shares):
+        self.backend, self.team, self.channels = backend, team, channels
+        self.blocks, self.owners, self.occ_block, self.staging = blocks, owners, occ_block, staging
+        self.layout = {"ranks": team.size, "occ_block": occ_block}  # what B and the journals depend on
+        self.aux_functions = sum(p1 - p0 for p0, p1 in shares[team.rank])
+        self.rows, self.nkept, self.metric_label, self.reused = None, 0, "", False
+        self.pair_seconds, self.ntasks_mine = 0.0, 0
+
+    def owned(self, tasks) -> list:
+        return [k for k, task in enumerate(tasks) if self.owners[task.s][task.i0 // self.occ_block] == self.team.rank]
+
+    def pair_blocks(self, tasks, todo):
+        """(k, task, B_I, B_J) of this rank's tasks `todo`, by channel pair and ring step: at step
+        k the blocks of rank (rank - k) visit. Every rank takes every step (the ring moves
+        whatever is left to compute)."""
+        team, size, rank, occ_block = self.team, self.team.size, self.team.rank, self.occ_block
+        todo, mine, start = set(todo), self.owned(tasks), time.perf_counter()
+        self.ntasks_mine = len(mine)
+        b_dtype = self.backend.zeros((1,)).dtype
+        for s, t in dict.fromkeys((task.s, task.t) for task in tasks):  # channel pairs, canonical order
+            visiting = dict(self.rows[t])
+            for step in range(size):
+                source = (rank - step) % size
+                if step:
+                    arriving = [b for b, owner in enumerate(self.owners[t]) if owner == source]
+                    visiting = pass_blocks(team, visiting, arriving, lambda b: (
+                        self.blocks[t][b][1] - self.blocks[t][b][0], self.channels[t].nvir, self.nkept),
+                        b_dtype, self.channels[t].e_vir.device, self.staging)
+                for k in mine:
+                    task = tasks[k]
+                    j = task.j0 // occ_block
+                    if (task.s, task.t) != (s, t) or self.owners[t][j] != source or k not in todo:
+                        continue
+                    b_i = self.rows[s][task.i0 // occ_block]
+                    yield k, task, b_i, b_i if task.diagonal else visiting[j]
+            visiting = None
+        self.pair_seconds = time.perf_counter() - start
+
+    def combine(self, sums):
+        return self.team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
+
+    def summary(self) -> dict:
+        """Scratch traffic (none: B stays in memory) and, on rank 0, every rank's record."""
+        team = self.team
+        mine = {"rank": team.rank, "pair_tasks": self.ntasks_mine,
+                "occ_block": self.occ_block, "pair_seconds": self.pair_seconds,
+                "occupied_blocks": [sum(1 for o in owner if o == team.rank) for owner in self.owners],
+                "aux_functions": self.aux_functions, "bytes_sent": team.bytes_sent,
+                "bytes_received": team.bytes_received, "staged_through_host": self.staging.staged,
+                "neuron_cores": team.neuron_cores, "peak_rss_mb": peak_resident_bytes() / MB,
+                "kernels": dict(self.backend.calls)}
+        per_rank = team.gather_objects(mine)
+        return {"io": {"bytes_written": 0, "bytes_read": 0},
+                "distributed": {"ranks": team.size, "backend": team.backend, "per_rank": per_rank}}
+
+    def close(self):
+        self.rows = None
+
+
+def three_center_over_ranks(backend, integrals, metric, channels, plan, team, checkpoint, context):
+    """Steps 1-3 split over the ranks (module docstring): every rank factors the metric,
+    transforms its share of the auxiliary blocks, receives its occupied blocks with every P
+    (the all-to-all) and whitens them; or takes them from the checkpoint of an earlier run of
+    the same layout. Returns the RankThreeCenter holding this rank's blocks."""
+    naux, size, rank = metric.shape[0], team.size, team.rank
+    # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
+    shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
+    backend.prepare(replace(plan, aux_block=max(p1 - p0 for share in shares for p0, p1 in share)))
+    occ_block = min(plan.occ_block, max(1, -(-max(ch.nocc for ch in channels) // (4 * size))))
+    column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
+    blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
+    owners = block_owners([len(b) for b in blocks], size)
+    provider = RankThreeCenter(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares)
+    held = checkpoint.held_rows(provider.layout, blocks, owners, channels)
+    if held is not None:  # B of this layout, kept by an earlier run (every rank's)
+        rows, provider.nkept, provider.metric_label = held
+        provider.rows = [{b: backend.to_device(block) for b, block in channel_rows.items()} for channel_rows in rows]
+        provider.reused = True
+        return provider
+    with context.timer.step("metric"):
+        factor = factor_metric(backend, metric)  # 1. J = L L^T, on every rank
+    c0, c1 = column_ranges[rank]
+    columns = [MemoryStore(backend, (ch.nocc, ch.nvir, c1 - c0)) for ch in channels]  # this rank's P
+    transform_aux_blocks(backend, integrals, shares[rank], channels, columns, context.timer, context.report,
+                         first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
+    with context.timer.step("whiten"):
+        provider.rows = []
+        for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
+            mine = rows_from_columns(team, columns[s].data, blocks[s], owners[s], column_ranges, naux,
+                                     provider.staging)
+            columns[s].close()
+            provider.rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
+            release_freed_memory()
+        provider.nkept, provider.metric_label = factor.nkept, factor.describe()
+        checkpoint.keep_rows(channels, provider.rows, provider.nkept, provider.metric_label, provider.layout,
+                             backend.to_host)
+    return provider

@@ -5,17 +5,18 @@ Inputs are validated (device, file, basis, auxiliary basis) before any expensive
 
 from __future__ import annotations
 
-import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import __version__, chem
-from .checkpoint import open_checkpoint, version_identity
+from .checkpoint import open_run_checkpoint, version_identity
+from .context import context_from
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
-from .pipeline import CorrelationEnergy, dfmp2_energy, plan_for, three_center_mo
+from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .settings import Settings, settings_from
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
@@ -143,51 +144,55 @@ def _per_spin(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def run_mean_field(mf, settings: Settings | None = None, integrals=None, **changes) -> DFMP2Result:
+def run_mean_field(mf, settings: Settings | None = None, integrals=None, context=None, given=None,
+                   **changes) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf`, or RKS/UKS/ROKS (density-fitted
     or not; molecular, or periodic at the gamma point). `settings` (keyword `changes` applied on
     top): its correlation, hardware and resource groups are used; allow_non_aufbau accepts
     occupied orbitals above virtual ones. integrals: the three-center provider (default:
-    chem.ThreeCenterIntegrals in settings.auxbasis)."""
-    settings = settings_from(settings, **changes)
+    chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
+    (`dfmp2.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
+    settings, context = settings_from(settings, **changes), context_from(context)
     backend = settings.backend()
-    if settings.team is not None and settings.team.size > 1:  # every rank uses rank 0's orbitals
-        held = settings.team.broadcast_object(chem.scf_arrays(mf))
-        mf = chem.restored_scf_from(mf, held)
-    reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
-    if integrals is None:
-        integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    if context.team is not None:  # every rank uses rank 0's orbitals
+        mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
+    reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
-    result = _correlate(backend, mf, reference, integrals, settings, chem.basis_name(mf.mol), {}, notes,
-                        {"mp2": integrals.fitting})
+    result = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
+                        {"mp2": integrals.fitting}, given)
     result.ecp = chem.ecp_record(mf.mol)  # whatever ECPs the user's molecule carries
     return result
 
 
-def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, **changes) -> list:
+def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, context=None,
+                               **changes) -> list:
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
     out(s, shape) gives (`pipeline.three_center_mo`)."""
     settings = settings_from(settings, **changes)
-    reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
-    if integrals is None:
-        integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     return three_center_mo(settings.backend(), integrals, reference.mo_coeff, reference.mo_energy,
-                           reference.mo_occ, settings, out=out)
+                           reference.mo_occ, settings, out=out, context=context)
 
 
-def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
+def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
+    """(the reference's orbitals, `chem.mean_field_orbitals`; the integral provider: `integrals`,
+    or PySCF's three-center integrals in settings.auxbasis)."""
+    reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
+    return reference, integrals if integrals is not None else chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+
+
+def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
     """Read an XYZ file, run the SCF (settings.reference rhf/uhf/rohf, default RHF for spin 0 and
     UHF otherwise; settings.scf 'df' or 'exact'), then DF-MP2. settings.xc: a double hybrid
     (`functionals`; a custom PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part,
     then E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals. Keyword `changes` are
-    applied on top of `settings` (default Settings())."""
-    settings = settings_from(settings, **changes)
+    applied on top of `settings` (default Settings()); context: the run's team, progress and
+    timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
+    settings, context = settings_from(settings, **changes), context_from(context)
     backend = settings.backend()
     reference = chem.choose_reference(settings.spin, settings.reference)
-    if settings.with_rdm1 and reference != "rhf":
-        raise InputError("MP2 densities and natural orbitals of open-shell (UHF/ROHF) references are not "
-                         "implemented yet")
+    check_request(settings, 1 if reference == "rhf" else 2, context.ranks)
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
         raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
     if settings.frozen_core and settings.frozen is not None:
@@ -195,75 +200,74 @@ def run_xyz(path, settings: Settings | None = None, **changes) -> DFMP2Result:
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
     if dh is not None:
         chem.check_xc(dh.xc)
-    spin = settings.spin
     atoms = chem.read_xyz(path)
     ecp = chem.choose_ecp([a.symbol for a in atoms], settings.basis, settings.ecp)
-    mol = chem.build_molecule(atoms, settings.basis, settings.charge, spin, settings.max_memory, ecp)
+    mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp)
     integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
-    jk_auxbasis = jk_fitting.basis if jk_fitting is not None else None
-    nfrozen = chem.frozen_core_count(mol) if settings.frozen_core else 0
-    nalpha, nbeta = (mol.nelectron + spin) // 2, (mol.nelectron - spin) // 2
-    spins = [nalpha] if reference == "rhf" else [nalpha, nbeta]
-    for n, name in zip(spins, ("alpha", "beta")):
-        if n <= nfrozen:
-            label = f"{name} " if reference != "rhf" else ""
-            raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
-    if settings.frozen_core:
-        settings = settings.replace(frozen=nfrozen or None)
-    team = settings.team if settings.team is not None and settings.team.size > 1 else None
-    if team is not None and settings.with_rdm1:
-        raise InputError("with several ranks, --natorbs is not available yet: run it in one process")
+    settings = _with_frozen_core(settings, mol, reference)
+    nfrozen = settings.frozen or 0
+    spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
-             ranks=team.size if team is not None else 1, growth=SCF_GROWTH)  # fail before the SCF
-    start = time.perf_counter()
-    xc = dh.xc if dh else None
-    opened = []  # the checkpoint this process opened (rank 0's, of several)
+             ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF
 
-    def reference_scf():
-        """(the SCF, or the arrays a checkpoint vouches for; reused?). Another run's checkpoint
-        is refused before the SCF."""
-        checkpoint = None
-        if settings.checkpoint is not None:
-            checkpoint = open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files)
-            opened.append(checkpoint)
-            if checkpoint.claim("run", _run_identity(atoms, settings, reference, ecp)):
-                held = checkpoint.load_arrays("scf", "the SCF was")
-                if held is not None:
-                    return held, True
-                for section in ("pairs", "B", "pipeline"):  # made from the orbitals of the lost SCF
-                    checkpoint.reset(section)
-        mf = chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
-                          jk_auxbasis=jk_auxbasis, xc=xc, progress=settings.progress)
-        if checkpoint is not None:
-            checkpoint.save_arrays("scf", "run", **chem.scf_arrays(mf))
-        return mf, False
+    def run_scf():
+        return chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
+                            jk_auxbasis=jk_fitting.basis if jk_fitting is not None else None,
+                            xc=dh.xc if dh else None, progress=context.progress)
 
-    def arrays_of_reference_scf():  # rank 0's, to broadcast
-        mf, reused = reference_scf()
-        return (mf if reused else chem.scf_arrays(mf)), reused
-
-    try:
-        # one process: its SCF; several: one SCF on rank 0 (or its checkpoint's), broadcast
-        mf, reused_scf = reference_scf() if team is None else team.on_root(arrays_of_reference_scf)
-        if isinstance(mf, dict):  # SCF arrays (checkpoint, rank 0)
-            mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_auxbasis, xc)
-        timings = {"scf": time.perf_counter() - start}
+    with ExitStack() as kept_open:
+        with context.timer.step("scf"):
+            mf, reused_scf = _reference_scf(run_scf, settings, context, _run_identity(atoms, settings, reference, ecp),
+                                            kept_open)
+            if isinstance(mf, dict):  # SCF arrays (a checkpoint's, or rank 0's)
+                mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_fitting.basis if jk_fitting else None,
+                                       dh.xc if dh else None)
         orbitals = chem.mean_field_orbitals(mf)
         chem.release_integrals(mf)
-        result = _correlate(backend, mf, orbitals, integrals, settings, settings.basis, timings,
+        result = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
                             [f"ECPs off (--ecp none): {el} all-electron in {settings.basis}, a basis made for its "
                              f"{label} ECP" for el, label in sorted(ecp.off.items())],
                             {"scf": jk_fitting, "mp2": integrals.fitting})
-    finally:
-        for checkpoint in opened:
-            checkpoint.close()
     if settings.checkpoint is not None:
         result.correlation.checkpoint["reused_scf"] = reused_scf
     result.double_hybrid = dh
     result.mean_field = mf
     result.ecp = dict(ecp.record)
     return result
+
+
+def _with_frozen_core(settings, mol, reference) -> Settings:
+    """settings with frozen = the chemical core's orbital count when frozen_core asks for it
+    (InputError if that leaves a spin without an active occupied orbital)."""
+    if not settings.frozen_core:
+        return settings
+    nfrozen = chem.frozen_core_count(mol)
+    nalpha, nbeta = (mol.nelectron + settings.spin) // 2, (mol.nelectron - settings.spin) // 2
+    for n, name in zip([nalpha] if reference == "rhf" else [nalpha, nbeta], ("alpha", "beta")):
+        if n <= nfrozen:
+            label = f"{name} " if reference != "rhf" else ""
+            raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
+    return settings.replace(frozen=nfrozen or None)
+
+
+def _reference_scf(run_scf, settings, context, identity, kept_open) -> tuple:
+    """(the SCF, or the arrays of one: a checkpoint's, or rank 0's for the other ranks; reused
+    from the checkpoint?). One process runs its SCF; a team runs one SCF on rank 0 and
+    broadcasts its arrays. The checkpoint's resume policy (`checkpoint.RunCheckpoint`) decides
+    whether the SCF is taken from it (another run's checkpoint is refused before the SCF); the
+    checkpoint stays open in `kept_open` (an ExitStack) for the rest of the run."""
+    def on_this_process():
+        checkpoint = kept_open.enter_context(open_run_checkpoint(settings))
+        return checkpoint.resume_scf(identity, run_scf, chem.scf_arrays)
+
+    if context.team is None:
+        return on_this_process()
+
+    def arrays_on_root():
+        mf, reused = on_this_process()
+        return (mf if reused else chem.scf_arrays(mf)), reused
+    return context.team.on_root(arrays_on_root)
 
 
 def _run_identity(atoms, settings, reference, ecp) -> dict:
@@ -275,17 +279,15 @@ def _run_identity(atoms, settings, reference, ecp) -> dict:
             **{name: getattr(settings, name) for name in chemistry}}
 
 
-def _correlate(backend, mf, reference, integrals, settings, basis, timings, notes,
-               fittings) -> DFMP2Result:
+def _correlate(backend, mf, reference, integrals, settings, context, basis, notes, fittings,
+               given=None) -> DFMP2Result:
     """The MP2 steps on `reference` and the result record; fittings: {"scf"/"mp2": FittingSet or
     None} (where each element's auxiliary set came from)."""
     fittings = {kind: fitting for kind, fitting in fittings.items() if fitting is not None}
     generated = {kind: fitting.generated for kind, fitting in fittings.items()}
-    start = time.perf_counter()
-    corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
-                        reference.mo_occ, settings, fock_mo=reference.fock_mo)
-    timings.update(corr.timings)
-    timings["mp2"] = time.perf_counter() - start
+    with context.timer.step("mp2"):
+        corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
+                            reference.mo_occ, settings, fock_mo=reference.fock_mo, context=context, given=given)
     simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator
     return DFMP2Result(
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
@@ -297,7 +299,7 @@ def _correlate(backend, mf, reference, integrals, settings, basis, timings, note
         device=backend.device_name, device_description=backend.describe(),
         precision=backend.precision, backend=backend.name, transform=backend.transform,
         formula=chem.formula(mf.mol),
-        timings=timings, simulated=simulated,
+        timings=dict(context.timer.timings), simulated=simulated,
         kernel_specializations=dict(getattr(backend, "specializations", {})),
         modelled_seconds=backend.modelled_seconds() if simulated else None,
         modelled=backend.modelled() if simulated else None,

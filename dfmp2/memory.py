@@ -44,25 +44,52 @@ def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:
     return 5 * nb * nb * nvir * nvir * 8
 
 
-def plan_memory(budget, nao, spaces, naux, largest_shell, itemsize,
-                preferred_aux_block_bytes=None, preferred_pair_rows=512,
-                occ_block_limit=None, pair_scratch_bytes=None, on_disk=False, baseline=0,
-                device_limit=None, ranks=1, growth=0) -> MemoryPlan:
+@dataclass(frozen=True)
+class TensorSizes:
+    """The sizes a memory plan depends on: nao basis functions, spaces [(nocc, nvir)] of active
+    orbitals per spin channel (one: restricted; two: alpha, beta, both tensors stored), naux
+    auxiliary functions, the widest auxiliary shell, and itemsize, the bytes per element of the
+    stored (ia|P) / B."""
+
+    nao: int
+    spaces: list
+    naux: int
+    largest_shell: int
+    itemsize: int
+
+
+def default_hints():
+    """A backend's plan preferences when none are given (the torch CPU backend's pair rows)."""
+    from .kernels.protocol import PlanHints
+
+    return PlanHints(aux_block_bytes=None, pair_rows=512, occ_block_limit=None,
+                     pair_scratch_bytes=fp64_pair_temporaries_bytes)
+
+
+def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseline=0, device_limit=None,
+                ranks=1, growth=0) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes, the whole
     process's: `baseline` bytes are already resident (the arrays get budget - baseline, and
     at most `device_limit` bytes on a GPU).
 
-    spaces: [(nocc, nvir)] of active orbitals per spin channel (one: restricted; two: alpha,
-    beta: both three-center tensors are stored). itemsize: bytes per element of the stored
-    (ia|P) / B. The backend's preferences:
-    preferred_aux_block_bytes, the size of one block of unpacked (mn|P) (None: as large as
-    fits); preferred_pair_rows, the (i, a) rows of one pair-energy GEMM (small blocks waste
-    less on the diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most
-    occupied orbitals one pair-energy kernel can hold (e.g. on-chip memory);
-    pair_scratch_bytes(nb, nvir), the memory one pair-energy call needs beyond its B blocks
-    (default: `fp64_pair_temporaries_bytes`). ranks > 1: each of `ranks` processes
-    holds about 2/ranks of the tensor (dfmp2.distributed), in memory.
+    hints: the backend's preferences (`kernels.protocol.PlanHints`; default `default_hints`):
+    aux_block_bytes, the size of one block of unpacked (mn|P) (None: as large as fits);
+    pair_rows, the (i, a) rows of one pair-energy GEMM (small blocks waste less on the
+    diagonal blocks I = J, large ones keep a GPU busy); occ_block_limit, the most occupied
+    orbitals one pair-energy kernel can hold (e.g. on-chip memory); pair_scratch_bytes(nb,
+    nvir), the memory one pair-energy call needs beyond its B blocks. on_disk: B kept on disk
+    whatever the budget. ranks > 1: each of `ranks` processes holds about 2/ranks of the
+    tensor (dfmp2.distributed), in memory. growth: bytes of `baseline` allowed for what the
+    SCF will leave (named in the messages).
+
+    Long (~80 lines) because the three steps' working sets, the storage decision and the block
+    sizes are one budget: split, each part would need the others' results.
     """
+    hints = hints or default_hints()
+    nao, spaces, naux, largest_shell, itemsize = (sizes.nao, sizes.spaces, sizes.naux, sizes.largest_shell,
+                                                  sizes.itemsize)
+    preferred_aux_block_bytes, preferred_pair_rows = hints.aux_block_bytes, hints.pair_rows
+    occ_block_limit, pair_scratch_bytes = hints.occ_block_limit, hints.pair_scratch_bytes
     nocc = max(o for o, _ in spaces)
     nvir = max(v for _, v in spaces)
     # (P|Q), its factor (+ an fp32 copy), or eigh's vectors, workspace and projector; C per spin
@@ -133,11 +160,10 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, gro
     release_freed_memory()  # the footprint measured is what is in use, not freed pages the heap keeps
     baseline = resident_bytes() + growth
     device_free = backend.memory_limit_bytes()
-    return plan_memory(budget_bytes(max_memory, baseline), integrals.nao, spaces,
-                       integrals.naux, integrals.largest_shell(), backend.itemsize,
-                       hints.aux_block_bytes, hints.pair_rows, hints.occ_block_limit,
-                       hints.pair_scratch_bytes, on_disk, baseline,
-                       None if device_free is None else int(0.9 * device_free), ranks, growth)
+    sizes = TensorSizes(integrals.nao, spaces, integrals.naux, integrals.largest_shell(), backend.itemsize)
+    return plan_memory(budget_bytes(max_memory, baseline), sizes, hints, on_disk=on_disk, baseline=baseline,
+                       device_limit=None if device_free is None else int(0.9 * device_free), ranks=ranks,
+                       growth=growth)
 
 
 def budget_bytes(max_memory, baseline=None):

@@ -33,9 +33,11 @@ from pyscf.lib import logger
 
 from . import chem
 from .distributed import Team, launched_ranks
+from .context import RunContext
 from .driver import run_mean_field, three_center_of_mean_field
 from .errors import InputError
-from .pipeline import active_orbitals, frozen_per_spin, natural_orbitals
+from .orbitals import active_orbitals, frozen_per_spin
+from .steps import natural_orbitals
 from .settings import IF_ROOM, Settings
 from .storage import open_ovl, write_ovl
 
@@ -237,9 +239,10 @@ class _DFMP2Base(lib.StreamObject):
         integrals = self._integrals()
         if self.verbose >= logger.INFO:
             self.dump_flags(integrals=integrals)
-        team = Team.join(self.device, self.simulate) if launched_ranks() > 1 else None  # under torchrun
-        self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy),
-                                     self.settings(team=team, **changes), integrals=integrals)
+        given = changes.pop("given", None)
+        context = RunContext(team=Team.join(self.device, self.simulate) if launched_ranks() > 1 else None)
+        self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy), self.settings(**changes),
+                                     integrals=integrals, context=context, given=given)
         if self._moved:
             self.result.notes.append(self._moved)
         for name in ("e_ref", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference", "spin_square"):
@@ -373,7 +376,7 @@ class DFMP2(_DFMP2Base):
         does not fit), False skips it. eris: from ao2mo() (or PySCF's, anything with .ovL):
         the (ia|P) integrals are taken from it instead of being made."""
         given = None if eris is None else _ovl_per_spin(eris.ovL)
-        self._run(mo_energy, mo_coeff, with_t2=with_t2, three_center=given)
+        self._run(mo_energy, mo_coeff, with_t2=with_t2, given=given)
         self.t2 = self.result.correlation.t2
         return self.e_corr, self.t2
 

@@ -2,16 +2,17 @@
 
     settings = Settings(basis="cc-pvtz", frozen_core=True, device="trn1", simulate=True)
     run_xyz("water.xyz", settings)                  # or run_xyz("water.xyz", basis="cc-pvtz", ...)
+    backend = backend_for(settings)                 # dfmp2.kernels: the backend they ask for
 
 Groups: the chemistry (molecule set-up and SCF: used by `run_xyz` only), the correlation step,
 the hardware (which backend), the resources (memory budget in MB, scratch and checkpoint
-directories) and the run's companions (a progress callback, the distributed team), which are
-not part of what a checkpoint belongs to.
+directories). What a run uses beside them (the distributed team, a progress callback, the
+timer) is its context, `dfmp2.context.RunContext`, built once at the entry points.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
 SCF_MAX_CYCLE = 100
 IF_ROOM = "if_room"  # with_t2: keep t2 when the memory budget holds it (the plugin's default)
@@ -55,12 +56,6 @@ class Settings:
     checkpoint: str | None = None  # directory that keeps B and the pair-loop progress across runs
     checkpoint_allow_other_files: bool = False  # a non-empty checkpoint directory without a manifest is
     # refused unless this is set (dfmp2 then writes beside the files there, never over them)
-    # companions: not part of what a result or a checkpoint belongs to
-    progress: object = field(default=None, compare=False, repr=False)  # progress(step, done, total)
-    team: object = field(default=None, compare=False, repr=False)  # dfmp2.distributed.Team or None
-    # B_ia^Q given per spin channel ([nocc * nvir, naux] arrays or HDF5 datasets, active orbitals,
-    # PySCF's ovL layout): steps 1-3 are skipped (the plugin's kernel(eris=...))
-    three_center: object = field(default=None, compare=False, repr=False)
 
     def replace(self, **changes) -> Settings:
         """A copy with `changes`; unknown names are a TypeError naming them."""

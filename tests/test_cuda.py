@@ -35,7 +35,7 @@ def test_cuda_fp32_within_envelope():
 
 def test_cuda_disk_store_matches(tmp_path, arrays_only_budget):
     from dfmp2.driver import run_mean_field
-    from dfmp2.pipeline import MB
+    from dfmp2.memory import MB
 
     mf = converged_rhf("ethylene")
     roomy = run_mean_field(mf, device="cuda")

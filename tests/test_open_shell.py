@@ -204,7 +204,7 @@ def test_uhf_disk_store_for_both_spins(tmp_path, arrays_only_budget):
     """A budget that holds neither spin's tensor in memory: both go to scratch files (deleted
     afterwards), the energy is the in-memory one."""
     from dfmp2.driver import run_mean_field
-    from dfmp2.pipeline import MB
+    from dfmp2.memory import MB
 
     mf = mean_field("O2", scf_mode="df")
     roomy = run_mean_field(mf, frozen=2)

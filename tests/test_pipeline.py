@@ -1,6 +1,7 @@
 """Pipeline mechanics: memory plan, blocking, the disk store, orbital selection, the metric."""
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,25 +11,25 @@ from conftest import converged_rhf
 from dfmp2 import DFMP2, InputError
 from dfmp2.kernels import get_backend
 from dfmp2.linalg import factor_metric, whiten
-from dfmp2.memory import plan_memory
-from dfmp2.pipeline import MB, active_orbitals
+from dfmp2.memory import MB, TensorSizes, default_hints, plan_memory
+from dfmp2.orbitals import active_orbitals
 
-SIZES = dict(nao=114, spaces=[(15, 93)], naux=420, largest_shell=11, itemsize=8)
+SIZES = TensorSizes(nao=114, spaces=[(15, 93)], naux=420, largest_shell=11, itemsize=8)
 
 
 def test_plan_memory_storage_follows_the_budget():
-    roomy = plan_memory(10_000 * MB, **SIZES)
-    assert roomy.storage == "memory" and roomy.aux_block == SIZES["naux"]
-    tight = plan_memory(int(roomy.minimum * 1.01), **SIZES)
+    roomy = plan_memory(10_000 * MB, SIZES)
+    assert roomy.storage == "memory" and roomy.aux_block == SIZES.naux
+    tight = plan_memory(int(roomy.minimum * 1.01), SIZES)
     assert tight.storage == "disk"
-    assert tight.aux_block < SIZES["naux"] and tight.occ_block < roomy.occ_block
+    assert tight.aux_block < SIZES.naux and tight.occ_block < roomy.occ_block
     with pytest.raises(InputError, match="MB"):
-        plan_memory(roomy.minimum - 1, **SIZES)
+        plan_memory(roomy.minimum - 1, SIZES)
 
 
 def test_plan_memory_prefers_cache_sized_integral_blocks():
-    plan = plan_memory(10_000 * MB, **SIZES, preferred_aux_block_bytes=16 * 2**20)
-    assert SIZES["largest_shell"] <= plan.aux_block <= 16 * 2**20 // (8 * 114 * 114)
+    plan = plan_memory(10_000 * MB, SIZES, replace(default_hints(), aux_block_bytes=16 * 2**20))
+    assert SIZES.largest_shell <= plan.aux_block <= 16 * 2**20 // (8 * 114 * 114)
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
@@ -131,7 +132,7 @@ def test_out_of_core_writes_each_byte_at_most_twice(tmp_path, arrays_only_budget
     no HDF5 chunk is rewritten); reads: (ia|P) once, whitened slab by slab as the pair stage
     reaches it, plus the B_J streams (was ~100x with aux-block slices of occupied-row chunks)."""
     from dfmp2.driver import run_mean_field
-    from dfmp2.pipeline import MB
+    from dfmp2.memory import MB
 
     mf = converged_rhf("ethylene")
     roomy = run_mean_field(mf, frozen=2)

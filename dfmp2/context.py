@@ -1,0 +1,67 @@
+"""The run context: what a run uses beside its Settings, built once at an entry point (the CLI,
+the plugin, the bench, or a caller of the driver) and handed down.
+
+    context = RunContext(team=Team.join(...), progress=show)
+    result = run_xyz("water.xyz", settings, context)
+
+Settings say what a run is asked to do (and belong to its checkpoint); the context holds the
+companions that do not: the ranks of a distributed run, the progress callback and the timer.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class Timer:
+    """Seconds spent per named step (PySCF's log.timer habit): `with timer.step("transform"): ...`
+    adds the step's wall time to timings[name], after `synchronize()` (a device backend's
+    queue drained, so that the time is the step's and not the next one's)."""
+
+    timings: dict = field(default_factory=dict)
+    synchronize: Callable[[], None] = lambda: None
+
+    @contextmanager
+    def step(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self.add(name, time.perf_counter() - start)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + seconds
+
+
+@dataclass
+class RunContext:
+    """team: a dfmp2.distributed.Team of several ranks, or None for one process (a team of one
+    rank is one process: it is dropped here, the one place that decides it); progress(step,
+    done, total): a callback for long steps, or None; timer: the run's `Timer`."""
+
+    team: object = None
+    progress: Callable[[str, int, int], None] | None = None
+    timer: Timer = field(default_factory=Timer)
+
+    def __post_init__(self):
+        if self.team is not None and self.team.size <= 1:
+            self.team = None
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.team is None else self.team.size
+
+    def report(self, step: str, done: int, total: int) -> None:
+        """Tell the progress callback (if any) that `done` of `total` parts of `step` are done."""
+        if self.progress is not None:
+            self.progress(step, done, total)
+
+
+def context_from(context: RunContext | None) -> RunContext:
+    """`context`, or a fresh one-process context."""
+    return context if context is not None else RunContext()

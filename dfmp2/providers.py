@@ -1,0 +1,73 @@
+"""The two provider protocols of the pipeline: where the integrals come from, and where B lives.
+
+The pipeline (`dfmp2.pipeline`) composes the steps (`dfmp2.steps`) with one provider of each
+kind; it never asks which one it holds.
+
+IntegralProvider: the three-center integrals (mn|P) and the metric (P|Q) of one auxiliary basis.
+    chem.ThreeCenterIntegrals    PySCF's integrals of a molecule (the default)
+    chem.CholeskyVectors         Cholesky vectors a PySCF DF object holds (identity metric)
+    rng.synthetic.SyntheticIntegrals   a seeded synthetic problem (`dfmp2 bench`)
+
+ThreeCenterProvider: the whitened B_ia^Q of every spin channel, made (steps 1-3) or found,
+and streamed to the pair stage as (task, B_I, B_J) blocks.
+    storage.LocalThreeCenter     one process: B in memory or on disk (out of core: each slab of B
+                                 whitened when the pair stage reaches it), or kept in a checkpoint,
+                                 or given by the caller (PySCF's ovL)
+    distributed.RankThreeCenter  several ranks: each holds its occupied blocks; B_J travels on a ring
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+import numpy as np
+
+
+class IntegralProvider(Protocol):
+    """(mn|P) in auxiliary blocks and (P|Q), fp64 host arrays."""
+
+    nao: int  # orbital basis functions
+    naux: int  # auxiliary functions
+    auxbasis: str  # the auxiliary basis, described for the result
+
+    def metric(self) -> np.ndarray:
+        """(P|Q) [naux, naux]."""
+
+    def aux_blocks(self, limit: int) -> list:
+        """[(p0, p1)] covering range(naux), each at most `limit` wide (or one shell, if wider)."""
+
+    def block(self, p0: int, p1: int) -> np.ndarray:
+        """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao]."""
+
+    def largest_shell(self) -> int:
+        """Functions of the widest auxiliary shell (the smallest block there can be)."""
+
+
+class ThreeCenterProvider(Protocol):
+    """B of every spin channel, and the order the pair stage meets it in."""
+
+    nkept: int  # auxiliary functions kept by the metric's factorisation (the columns of B)
+    metric_label: str  # how the metric was factorised ("cholesky", "eigen ...", "given")
+    occ_block: int  # occupied orbitals per pair-task block
+    layout: dict  # what the pair tasks' split depends on (a checkpoint's pair journal belongs to it)
+    reused: bool  # B came from a checkpoint
+
+    def owned(self, tasks: list) -> list:
+        """Indices of the tasks this process computes (all of them, or its ranks' share)."""
+
+    def pair_blocks(self, tasks: list, todo: list) -> Iterator[tuple]:
+        """(k, tasks[k], B_I [ni, nvir, nkept], B_J) for each k in `todo` (B_J is B_I itself for
+        a diagonal task), in the order that reads (or receives) B least often."""
+
+    def rows(self, s: int, i0: int, i1: int):
+        """B rows [i0, i1) of channel s [i1 - i0, nvir, nkept] (on the device). One process only:
+        what reads all of B (the density, `three_center_mo`) is refused with several ranks."""
+
+    def combine(self, sums: np.ndarray) -> np.ndarray:
+        """Every task's sums [ntasks, 2] from the ones this process computed (ranks: all-reduced)."""
+
+    def summary(self) -> dict:
+        """What the provider did: {"io": scratch traffic, "distributed": per-rank record or None}."""
+
+    def close(self) -> None:
+        """Release B (a scratch file is deleted; a checkpoint's B is kept)."""

@@ -1,0 +1,195 @@
+"""The equations of DF-MP2, one function each, on arrays and blocks (no storage, rank or
+checkpoint decisions here: those are the providers and policies of `dfmp2.pipeline`).
+
+    1. metric Cholesky   J_PQ = (P|Q) = L L^T                        factor_metric
+    2. AO->MO transform  (ia|P) = sum_mn C_mi C_na (mn|P)            transform_to_mo
+    3. whitening         B_ia^Q = sum_P (ia|P) [L^-T]_PQ             whiten_three_center
+    4. pair energies     (ia|jb) = sum_Q B_ia^Q B_jb^Q,  D_ijab = e_i + e_j - e_a - e_b
+       restricted        E_os = sum_ijab (ia|jb)^2 / D_ijab
+                         E_ss = sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D_ijab
+       unrestricted      E_os = sum_iJaB (ia|JB)^2 / D_iJaB              (alpha i, a; beta J, B)
+                         E_ss = 1/2 sum_s sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D   (s = aa, bb)
+                                                                     pair_energies, combine_pair_sums
+    5. unrelaxed density P_ij, P_ab from the same (ia|kb)            unrelaxed_density
+    ROHF-MBPT(2), on semicanonical orbitals: the unrestricted sums plus
+                         E_singles = sum_s sum_ia |f_ia|^2 / (e_i - e_a)      singles_energy
+Every array operation goes through a backend from `dfmp2.kernels`; spin is a parameter (each
+step takes one spin channel, `dfmp2.orbitals.SpinChannel`, or the task's pair of them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .linalg import factor_metric, whiten
+from .memory import release_freed_memory
+
+__all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks",
+           "pair_energies", "combine_pair_sums", "t2_arrays", "unrelaxed_density", "natural_orbitals",
+           "singles_energy", "transform_aux_blocks", "whiten_occupied_blocks", "block_ranges"]
+
+
+def block_ranges(n, size):
+    """[(start, stop)] covering range(n) in pieces of `size`."""
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+# ----------------------------------------------------------------------------- steps 1-3
+
+def transform_to_mo(backend, ao_block, c_occ, c_vir):
+    """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block (the ao2mo kernel).
+
+    ao_block [nP, nao, nao] (symmetric in m, n); c_occ [nao, nocc]; c_vir [nao, nvir]
+    (device tensors). Returns [nocc, nvir, nP].
+    """
+    return backend.ao2mo(ao_block, c_occ, c_vir)
+
+
+def whiten_three_center(backend, factor, iaP):
+    """Step 3: B_ia^Q = sum_P (ia|P) [L^-T]_PQ for a block iaP [ni, nvir, naux] -> [ni, nvir, nkept]."""
+    return whiten(backend, factor, iaP)
+
+
+def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer, report, first=0):
+    """Step 2 over the auxiliary blocks [(p0, p1)]: (ia|P) = C_mi C_na (mn|P) of each spin
+    channel, written to stores[s] at columns p - first (each (mn|P) block is made once and
+    serves every channel). timer: the run's `Timer` ("integrals", "transform"); report: the
+    progress callback of the run context."""
+    for n, (p0, p1) in enumerate(aux_blocks):
+        with timer.step("integrals"):
+            ao_block = integrals.block(p0, p1)
+        with timer.step("transform"):
+            ao_block = backend.to_device(ao_block, fp64=True)
+            for ch, store in zip(channels, stores):
+                store.write_aux(p0 - first, p1 - first, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
+            del ao_block
+            release_freed_memory()
+        report("AO->MO transform", n + 1, len(aux_blocks))
+
+
+def whiten_occupied_blocks(backend, factor, store, nocc, occ_block, report):
+    """Step 3 in place over the occupied blocks of one channel's store: B = (ia|P) L^-T."""
+    occ_blocks = block_ranges(nocc, occ_block)
+    for n, (i0, i1) in enumerate(occ_blocks):
+        store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
+        release_freed_memory()
+        report("whitening", n + 1, len(occ_blocks))
+
+
+# ----------------------------------------------------------------------------- step 4
+
+@dataclass(frozen=True)
+class PairTask:
+    """One block pair of step 4: occupied rows [i0, i1) of channel s against rows [j0, j1) of
+    channel t (within a channel J <= I, an off-diagonal block standing for (I, J) and (J, I))."""
+
+    s: int
+    t: int
+    i0: int
+    i1: int
+    j0: int
+    j1: int
+
+    @property
+    def diagonal(self) -> bool:
+        return self.s == self.t and self.i0 == self.j0
+
+    @property
+    def weight(self) -> float:
+        return 2.0 if self.s == self.t and not self.diagonal else 1.0
+
+
+def pair_tasks(nocc, occ_block) -> list:
+    """The pair tasks of channels with nocc[s] active occupied orbitals, in their canonical
+    order: channel pairs (0, 0), (1, 1), then (0, 1) (no exchange between spins); I, then J."""
+    channel_pairs = [(s, s) for s in range(len(nocc))] + ([(0, 1)] if len(nocc) == 2 else [])
+    return [PairTask(s, t, i0, i1, j0, j1)
+            for s, t in channel_pairs
+            for i0, i1 in block_ranges(nocc[s], occ_block)
+            for j0, j1 in block_ranges(nocc[t], occ_block) if s != t or j0 <= i0]
+
+
+def pair_energies(backend, blocks, channels, record, t2=None):
+    """Step 4 on the blocks a provider streams: for each (k, task, B_I, B_J) of `blocks` (B_J is
+    B_I itself for a diagonal task), (ia|jb) = sum_Q B_ia^Q B_jb^Q and the task's sums
+    record(k, E_os part, E_ss part), fp64 (`combine_pair_sums` adds them up). channels[s]: e_occ,
+    e_vir (Eh) on the device; a task across spins (s != t) has no exchange. t2: {(s, t): host
+    array} (`t2_arrays`) that each task's amplitudes go to as they are formed (an off-diagonal
+    block of one channel also fills its mirror, t_ji^ba = t_ij^ab)."""
+    for k, task, b_i, b_j in blocks:
+        s, t = task.s, task.t
+        t_out = None if t2 is None else t2[s, t][task.i0:task.i1, task.j0:task.j1]
+        e_os, e_ss = backend.pair_energy(
+            b_i, b_j, channels[s].e_occ[task.i0:task.i1], channels[t].e_occ[task.j0:task.j1],
+            channels[s].e_vir, None if s == t else channels[t].e_vir, t_out,
+            antisymmetrize=s == t and len(channels) == 2)
+        if t_out is not None and s == t and not task.diagonal:
+            t2[s, t][task.j0:task.j1, task.i0:task.i1] = t_out.transpose(1, 0, 3, 2)
+        b_i = b_j = None  # the provider may free a slab before it hands out the next
+        record(k, e_os, e_ss)
+
+
+def combine_pair_sums(tasks, sums, nchannels):
+    """(E_os, E_ss) from the per-task sums [ntasks, 2] (fp64), each added exactly once and
+    correctly rounded (math.fsum): the same energy whatever order, budget or number of
+    processes computed the tasks. Restricted: E_os = sum w (ia|jb)^2/D, E_ss = sum w
+    (ia|jb)[(ia|jb) - (ib|ja)]/D; unrestricted: E_os from (alpha, beta) blocks,
+    E_ss = 1/2 (alpha-alpha + beta-beta)."""
+    def total(column, s, t):
+        return math.fsum(task.weight * sums[k, column] for k, task in enumerate(tasks)
+                         if (task.s, task.t) == (s, t))
+
+    if nchannels == 1:
+        return total(0, 0, 0), total(1, 0, 0)
+    return total(0, 0, 1), 0.5 * (total(1, 0, 0) + total(1, 1, 1))
+
+
+def t2_arrays(channels) -> tuple:
+    """(t2, {(s, t): the array pair task blocks of channels s, t fill}): PySCF's t2 on the host,
+    fp64, uninitialised: restricted [nocc, nocc, nvir, nvir]; unrestricted (t2aa, t2ab, t2bb)
+    (alpha i, a; beta J, B in t2ab [nocca, noccb, nvira, nvirb])."""
+    def empty(s, t):
+        return np.empty((channels[s].nocc, channels[t].nocc, channels[s].nvir, channels[t].nvir))
+
+    if len(channels) == 1:
+        t2 = empty(0, 0)
+        return t2, {(0, 0): t2}
+    t2 = (empty(0, 0), empty(0, 1), empty(1, 1))
+    return t2, {(0, 0): t2[0], (0, 1): t2[1], (1, 1): t2[2]}
+
+
+# ----------------------------------------------------------------------------- 5 and singles
+
+def unrelaxed_density(backend, b_occ, channel, occ_block, scaling=(1.0, 1.0)):
+    """Unrelaxed MP2 density of a closed-shell reference in the active space, fp64 (host):
+    P_ij = -2 sum_kab t_ik^ab T_jk^ab, P_ab = 2 sum_ijc t_ij^ac T_ij^bc, T = (c_os + c_ss) t - c_ss t^T
+    (MP2: scaling (c_os, c_ss) = (1, 1), T = 2 t_ij^ab - t_ij^ba; SCS-MP2: the density of
+    c_os E_os + c_ss E_ss), from the same (ia|kb) as the energy, formed for all i against a block
+    of k at a time (t2 is never stored). b_occ: all of B [nocc, nvir, nkept].
+    Returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
+    nocc, nvir = channel.nocc, channel.nvir
+    k_block = max(1, min(nocc, occ_block * occ_block // max(nocc, 1)))  # nocc x nk ~ one pair block
+    p_oo, p_vv = np.zeros((nocc, nocc)), np.zeros((nvir, nvir))
+    for k0, k1 in block_ranges(nocc, k_block):
+        oo, vv = backend.density_block(b_occ, b_occ[k0:k1], channel.e_occ, channel.e_occ[k0:k1], channel.e_vir,
+                                       scaling)
+        p_oo += backend.to_host(oo)
+        p_vv += backend.to_host(vv)
+    return p_oo, p_vv
+
+
+def natural_orbitals(rdm1_mo, mo_coeff):
+    """Eigen-decomposition of an MO-basis 1-RDM: (occupations in descending order [nmo],
+    natural orbitals as AO coefficients [nao, nmo])."""
+    occupations, vectors = np.linalg.eigh(rdm1_mo)
+    return occupations[::-1], mo_coeff @ vectors[:, ::-1]
+
+
+def singles_energy(channels):
+    """ROHF-MBPT(2) singles: sum_s sum_ia |f_ia|^2 / (e_i - e_a) over active i, a, fp64 (Eh);
+    0 for canonical references (f_ia = 0)."""
+    return float(sum(np.sum(ch.f_ov ** 2 / (ch.e_occ_host[:, None] - ch.e_vir_host[None, :]))
+                     for ch in channels if ch.f_ov is not None))
