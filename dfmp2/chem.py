@@ -774,7 +774,8 @@ def _describe_basis(basis) -> str:
 
 
 class ThreeCenterIntegrals:
-    """DF integrals in one auxiliary basis, produced block by block of auxiliary functions.
+    """DF integrals in one auxiliary basis, produced block by block of auxiliary functions: an
+    IntegralProvider (`dfmp2.providers`).
 
     nao, naux: sizes. metric(): (P|Q) [naux, naux]. block(p0, p1): (mn|P) as [p1-p0, nao, nao].
     aux_blocks(limit): shell-aligned (p0, p1) ranges of at most `limit` functions where possible.
@@ -838,7 +839,7 @@ class CholeskyVectors:
     """The three-center integrals a PySCF density-fitting object already holds, whitened:
     L_mn^P with (mn|ls) ~ sum_P L_mn^P L_ls^P, from a molecular pyscf.df.DF's `_cderi` (a
     density-fitted SCF's, reused as PySCF's DFMP2 reuses them) or a periodic GDF's gamma-point
-    integrals (built if need be). The ThreeCenterIntegrals interface with the identity as metric,
+    integrals (built if need be). An IntegralProvider (`dfmp2.providers`) with the identity as metric,
     so that steps 1 and 3 of the pipeline leave them as they are. Periodic: only the positive-
     definite case (3-D, or infinite-vacuum 2-D); a negative part (truncated Coulomb of 2-D
     cells) is refused."""

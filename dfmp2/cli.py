@@ -18,7 +18,7 @@ import click
 from . import __version__
 from .errors import DFMP2Error, InputError
 from .outputs import Outputs
-from .distributed import DEFAULT_TIMEOUT_S, Team, launched_ranks
+from .distributed import DEFAULT_TIMEOUT_S, join_launched_team
 from .context import RunContext
 from .settings import Settings
 
@@ -128,7 +128,7 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
             raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
         if not (math.isfinite(rank_timeout) and rank_timeout > 0):
             raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout:g}")
-        team = Team.join(device, simulate, rank_timeout) if launched_ranks() > 1 else None
+        team = join_launched_team(device, simulate, rank_timeout)
         root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
         progress = _Progress() if (root and not quiet and sys.stderr.isatty()) else None
         settings = Settings(basis=basis, auxbasis=auxbasis, ecp=ecp, charge=charge, spin=spin, reference=reference,

@@ -86,6 +86,12 @@ class Staging:
         return torch.device("cpu") if self.staged else device
 
 
+def join_launched_team(device: str, simulate: bool, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """The Team of a launch with several processes (torchrun, or srun with the rendezvous
+    variables), or None for one process: the one place that decides whether a run is distributed."""
+    return Team.join(device, simulate, timeout_s) if launched_ranks() > 1 else None
+
+
 class Team:
     """The ranks of one run. rank 0 prints and writes the results."""
 

@@ -32,7 +32,7 @@ from pyscf import lib
 from pyscf.lib import logger
 
 from . import chem
-from .distributed import Team, launched_ranks
+from .distributed import join_launched_team
 from .context import RunContext
 from .driver import run_mean_field, three_center_of_mean_field
 from .errors import InputError
@@ -240,7 +240,7 @@ class _DFMP2Base(lib.StreamObject):
         if self.verbose >= logger.INFO:
             self.dump_flags(integrals=integrals)
         given = changes.pop("given", None)
-        context = RunContext(team=Team.join(self.device, self.simulate) if launched_ranks() > 1 else None)
+        context = RunContext(team=join_launched_team(self.device, self.simulate))
         self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy), self.settings(**changes),
                                      integrals=integrals, context=context, given=given)
         if self._moved:

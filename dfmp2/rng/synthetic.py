@@ -27,7 +27,7 @@ STREAM_METRIC, STREAM_U, STREAM_W, STREAM_C, STREAM_EOCC, STREAM_EVIR = range(1,
 
 
 class SyntheticIntegrals:
-    """Provider with the interface of chem.ThreeCenterIntegrals: nao, naux, auxbasis, metric(),
+    """A seeded synthetic IntegralProvider (`dfmp2.providers`): nao, naux, auxbasis, metric(),
     aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell()."""
 
     def __init__(self, nbasis: int, nocc: int, naux: int, seed: int = 0):
