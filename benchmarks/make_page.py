@@ -279,7 +279,7 @@ two physical cores of a trn2 logical core, (mn|P) slices sent as int8 digits, ra
 useful fraction now counts the 128 x 128 array per streamed column (a ragged tile's empty rows
 are waste), a stricter measure than before; the pair kernel's own figure is in brackets. Two
 transforms: `exact` (the default: 35 slice products per (mn|P) tile for exact sums, needed for
-1 uEh on diffuse and large basis sets, see README; (mn|P) crosses as 5 int8 digits per element)
+1 uEh on diffuse and large basis sets, see docs/trainium.md; (mn|P) crosses as 5 int8 digits per element)
 and `plain fp32` (`--transform fp32`: one fp32 product per half, the arithmetic of the A10G's
 fp32 run; 4 bytes per element cross). "Without the upload" subtracts the host -> device transfer
 of (mn|P), the one step whose cost is the host link rather than the NeuronCore.

@@ -57,7 +57,7 @@ NKI_API_OPTION = click.option(
 TRANSFORM_OPTION = click.option(
     "--transform", default=None, metavar="exact|fp32",
     help="trn1/trn2: the AO->MO transform's arithmetic: exact products of 7-bit slices (1 uEh; the "
-         "default) or plain fp32 products (faster; 1e-7 to 1e-3 Eh off on real molecules, see README).")
+         "default) or plain fp32 products (faster; 1e-7 to 1e-3 Eh off on real molecules, see docs/trainium.md).")
 
 
 @cli.command()

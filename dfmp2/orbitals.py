@@ -118,7 +118,7 @@ def device_channels(backend, refs, selected, fock_mo=None) -> list:
     """The SpinChannel of each (C, e, occ) in `refs` with its active orbitals `selected`
     [(occ_index, vir_index, nfrozen)], on the device. The transform and the orbital energies
     stay fp64 in every precision: rounding (mn|P) to fp32 before the transform costs ~2e-6 Eh
-    on benzene/cc-pVTZ (see README, precision)."""
+    on benzene/cc-pVTZ (docs/method.md, precision)."""
     names = [""] if len(refs) == 1 else ["alpha", "beta"]
     channels = []
     for s, ((coeff, energy, _), (occ_index, vir_index, nfrozen)) in enumerate(zip(refs, selected)):
