@@ -17,14 +17,14 @@ import subprocess
 import time
 
 from . import __version__
-from .driver import MODEL_NOTE, PEAK_MODEL_NOTE
+from .driver import MODEL_NOTE, memory_record, model_record
 from .errors import InputError
-from .kernels import get_backend
-from .memory import MB, peak_resident_bytes, plan_for, resident_bytes
+from .kernels import backend_for, get_backend
+from .memory import peak_resident_bytes, plan_for, resident_bytes
 from .context import RunContext
 from .pipeline import dfmp2_energy
 from .steps import block_ranges
-from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from .rng.synthetic import RANK, SHAPES, SyntheticIntegrals, synthetic_orbitals
 from .settings import Settings, settings_from
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")
@@ -72,29 +72,34 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
     settings (keyword `changes` on top): its hardware and resource groups; progress(step, done,
     total): the callback each pass's run context reports to."""
     settings = settings_from(settings, **changes)
-    device, simulate = settings.device, settings.simulate
     if repeat < 0:
         raise InputError(f"--repeat must be 0 or more, got {repeat}")
     if not 0 <= seed < 2**64:
         raise InputError(f"--seed must be in 0 .. 2^64 - 1 (the Philox key), got {seed}")
-    backend_check = settings.backend()  # fail fast
+    first = backend_for(settings)  # fail fast
     # the budget is checked before anything of the problem's size is made
-    plan_for(backend_check, SyntheticIntegrals(nbasis, nocc, naux, seed), [(nocc, nbasis - nocc)], settings.max_memory)
+    plan_for(first, SyntheticIntegrals(nbasis, nocc, naux, seed), [(nocc, nbasis - nocc)], settings.max_memory)
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
-    passes = []
+    passes = []  # (seconds, result, backend) of each pass, cold first
     for n in range(repeat + 1):
-        backend = backend_check if n == 0 else settings.backend()
-        integrals = SyntheticIntegrals(nbasis, nocc, naux, seed)
-        start = time.perf_counter()
+        backend = first if n == 0 else backend_for(settings)
         context = RunContext(progress=progress)  # each pass its own timer
-        result = dfmp2_energy(backend, integrals, coeff, energies, occupations, settings, context=context)
+        start = time.perf_counter()
+        result = dfmp2_energy(backend, SyntheticIntegrals(nbasis, nocc, naux, seed), coeff, energies, occupations,
+                              settings, context=context)
         passes.append((time.perf_counter() - start, result, backend))
         context.report("bench passes", n + 1, repeat + 1)
-    cold_seconds, cold, _ = passes[0]
+    return bench_record((nbasis, nocc, naux, seed), passes, settings)
+
+
+def bench_record(problem, passes, settings) -> dict:
+    """The JSON record of the passes [(seconds, result, backend)] (cold first) on the synthetic
+    problem (nbasis, nocc, naux, seed): per stage the warm median with its GFLOP and TFLOPS,
+    what ran (the last warm pass's backend record), and on a real device its measured GEMM rate."""
+    nbasis, nocc, naux, seed = problem
     warm = passes[1:] or passes  # repeat 0: the cold pass is the timed one
-    energies_seen = {p[1].e_corr for p in passes}
-    result, backend = warm[-1][1], warm[-1][2]
-    flops = stage_gflop(nbasis, nocc, naux, result.plan.occ_block, integrals.rank)
+    result, ran = warm[-1][1], warm[-1][2].record()
+    flops = stage_gflop(nbasis, nocc, naux, result.plan.occ_block, min(RANK, nbasis))
     stages = {}
     for name in STAGES:
         seconds = statistics.median(p[1].timings.get(name, 0.0) for p in warm)
@@ -102,48 +107,37 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
                         "tflops": flops[name] / seconds / 1e3 if seconds > 0 else None}
     record = {
         "shape": {"nbasis": nbasis, "nocc": nocc, "nvir": nbasis - nocc, "naux": naux, "seed": seed},
-        "device": device, "precision": backend.precision, "transform": backend.transform,
-        "simulated": simulate,
-        "model_only": settings.model_only, "notes": list(getattr(backend, "notes", [])),
-        "backend": backend.name, "device_description": backend.describe(),
+        "device": settings.device, "precision": ran.precision, "transform": ran.transform,
+        "simulated": ran.simulated, "model_only": settings.model_only, "notes": list(ran.notes),
+        "backend": ran.name, "device_description": ran.description,
         "e_corr": result.e_corr, "e_corr_os": result.e_corr_os, "e_corr_ss": result.e_corr_ss,
-        "energy_identical_across_passes": len(energies_seen) == 1 if repeat else None,  # one pass: nothing to compare
-        "stages": stages,
-        "total_seconds": statistics.median(p[0] for p in warm),
-        "timed_passes": "warm" if repeat else "cold",
-        "cold_seconds": cold_seconds,
-        "warm_seconds": [p[0] for p in passes[1:]],
+        # one pass: nothing to compare
+        "energy_identical_across_passes": len({p[1].e_corr for p in passes}) == 1 if len(passes) > 1 else None,
+        "stages": stages, "total_seconds": statistics.median(p[0] for p in warm),
+        "timed_passes": "warm" if len(passes) > 1 else "cold",
+        "cold_seconds": passes[0][0], "warm_seconds": [p[0] for p in passes[1:]],
         "gflop": sum(flops.values()), "nominal_gflop": nominal_gflop(nbasis, nocc, naux),
-        "kernels": dict(result.kernels),
-        "memory": {"budget_mb": result.plan.budget / MB,
-                   "baseline_mb": result.plan.baseline / MB, "storage": result.plan.storage,
-                   "aux_block": result.plan.aux_block, "occ_block": result.plan.occ_block,
-                   "slab_rows": result.plan.slab_rows},
-        "io": dict(result.io),
+        "kernels": dict(result.kernels), "io": dict(result.io),
         "machine": {"cpu": _cpu(), "platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
     }
-    if device == "cuda":
-        import torch
-
-        record["memory"]["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    if not simulate:  # a square GEMM as large as the budget leaves room for (3 n^2 elements)
+    if not ran.simulated:  # a square GEMM as large as the budget leaves room for (3 n^2 elements)
+        backend = warm[-1][2]
         room = max(0, result.plan.budget - resident_bytes())
         n = max(256, min(2048, int((room / (3 * backend.itemsize)) ** 0.5) // 64 * 64))
         rate = measured_gemm_tflops(backend, n)
-        record["device_gemm_tflops"] = rate
-        record["device_gemm_size"] = n
-        record["pair_energies_fraction_of_gemm_rate"] = (
-            stages["pair_energies"]["tflops"] / rate if stages["pair_energies"]["tflops"] else None)
-    record["memory"]["peak_rss_mb"] = peak_resident_bytes() / MB  # the whole run's, GEMM rate included
-    if device in ("trn1", "trn2"):
-        record["nki_api"] = backend.nki_api
-    if simulate:
-        record["kernel_specializations"] = {k: len(v) for k, v in backend.specializations.items()}
-        record["modelled"] = backend.modelled()
-        record["modelled_note"] = MODEL_NOTE + "; one warm pass"
-        record["modelled_seconds"] = backend.modelled_seconds()
-        record["modelled_seconds_note"] = PEAK_MODEL_NOTE + " (one warm pass)"
+        record.update(device_gemm_tflops=rate, device_gemm_size=n, pair_energies_fraction_of_gemm_rate=(
+            stages["pair_energies"]["tflops"] / rate if stages["pair_energies"]["tflops"] else None))
+    record["memory"] = memory_record(result.plan, peak_resident_bytes())  # the whole run's, GEMM rate included
+    if settings.device == "cuda":
+        import torch
+
+        record["memory"]["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if ran.nki_api is not None:
+        record["nki_api"] = ran.nki_api
+    if ran.simulated:
+        record["kernel_specializations"] = {k: len(v) for k, v in ran.specializations.items()}
+        record.update(model_record(ran.modelled, ran.modelled_seconds, "one warm pass"))
     return record
 
 
@@ -207,13 +201,14 @@ def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: boo
     out = call(backend)
     if hasattr(out, "shape"):  # the result comes back to the host, as in the calibration runs
         backend.to_host(out)
-    modelled = backend.modelled()
+    ran = backend.record()
+    modelled = ran.modelled
     published = PUBLISHED_TRN1_MS.get((kernel, size))
     record = {
         "kernel": kernel, "size": size, "shape": description, "device": device,
-        "nki_api": backend.nki_api, "launches": backend.trace.launches,
+        "nki_api": ran.nki_api, "launches": ran.trace["launches"],
         "modelled": modelled[device], "modelled_note": MODEL_NOTE + "; warm calls, no compile",
-        "calls": dict(backend.calls), "trace": backend.trace.as_dict(),
+        "calls": ran.calls, "trace": ran.trace,
         "versions": _versions(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
     }
     if published is not None and device == "trn1":

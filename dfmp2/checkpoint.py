@@ -481,7 +481,7 @@ def pipeline_identity(backend, refs, selected, fock_mo, metric, nao) -> dict:
             "spaces": [[int(o.size), int(v.size)] for o, v, _ in selected],
             "metric": array_digest(np.asarray(metric)), "device": backend.device_name,
             "backend": backend.name, "precision": backend.precision, "transform": backend.transform,
-            "nki_api": getattr(backend, "nki_api", None)}
+            "nki_api": backend.record().nki_api}
 
 
 class NoCheckpoint:

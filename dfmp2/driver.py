@@ -17,6 +17,7 @@ from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
+from .kernels import backend_for
 from .settings import Settings, settings_from
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
@@ -106,10 +107,7 @@ class DFMP2Result:
             "precision": self.precision, "backend": self.backend, "transform": self.transform,
             "kernels": dict(self.kernels),
             "metric_factorization": corr.metric,
-            "memory": {"budget_mb": corr.plan.budget / 1e6, "storage": corr.plan.storage,
-                       "aux_block": corr.plan.aux_block, "occ_block": corr.plan.occ_block,
-                       "slab_rows": corr.plan.slab_rows, "baseline_mb": corr.plan.baseline / MB,
-                       "peak_rss_mb": self.peak_rss_bytes / MB},
+            "memory": memory_record(corr.plan, self.peak_rss_bytes),
             "io": dict(corr.io),
             "checkpoint": corr.checkpoint,
             "distributed": corr.distributed,
@@ -131,12 +129,23 @@ class DFMP2Result:
         if self.neuron_versions:
             record["neuron_versions"] = dict(self.neuron_versions)
         if self.modelled_seconds is not None:
-            record.update({
-                "modelled": self.modelled, "modelled_note": MODEL_NOTE,
-                "modelled_seconds": dict(self.modelled_seconds),
-                "modelled_seconds_note": PEAK_MODEL_NOTE,
-                "trace": self.trace})
+            record.update(model_record(self.modelled, self.modelled_seconds), trace=self.trace)
         return record
+
+
+def memory_record(plan, peak_rss_bytes) -> dict:
+    """The JSON record's "memory" block: the plan (MB, blocks, storage) and the peak resident set."""
+    return {"budget_mb": plan.budget / MB, "storage": plan.storage, "aux_block": plan.aux_block,
+            "occ_block": plan.occ_block, "slab_rows": plan.slab_rows, "baseline_mb": plan.baseline / MB,
+            "peak_rss_mb": peak_rss_bytes / MB}
+
+
+def model_record(modelled, modelled_seconds, what="") -> dict:
+    """The JSON record's MODEL fields of an emulated run, each with its note (what: e.g. which
+    passes the model covers)."""
+    return {"modelled": modelled, "modelled_note": MODEL_NOTE + (f"; {what}" if what else ""),
+            "modelled_seconds": dict(modelled_seconds),
+            "modelled_seconds_note": PEAK_MODEL_NOTE + (f" ({what})" if what else "")}
 
 
 def _per_spin(value):
@@ -153,7 +162,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
     (`dfmp2.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    backend = settings.backend()
+    backend = backend_for(settings)
     if context.team is not None:  # every rank uses rank 0's orbitals
         mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
@@ -171,7 +180,7 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
     out(s, shape) gives (`pipeline.three_center_mo`)."""
     settings = settings_from(settings, **changes)
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
-    return three_center_mo(settings.backend(), integrals, reference.mo_coeff, reference.mo_energy,
+    return three_center_mo(backend_for(settings), integrals, reference.mo_coeff, reference.mo_energy,
                            reference.mo_occ, settings, out=out, context=context)
 
 
@@ -190,7 +199,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     applied on top of `settings` (default Settings()); context: the run's team, progress and
     timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    backend = settings.backend()
+    backend = backend_for(settings)
     reference = chem.choose_reference(settings.spin, settings.reference)
     check_request(settings, 1 if reference == "rhf" else 2, context.ranks)
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
@@ -288,7 +297,7 @@ def _correlate(backend, mf, reference, integrals, settings, context, basis, note
     with context.timer.step("mp2"):
         corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                             reference.mo_occ, settings, fock_mo=reference.fock_mo, context=context, given=given)
-    simulated = getattr(backend, "simulate", False)  # NKI kernels on the emulator
+    ran = backend.record()
     return DFMP2Result(
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
         spin_square=reference.spin_square, xc=reference.xc,
@@ -296,19 +305,16 @@ def _correlate(backend, mf, reference, integrals, settings, context, basis, note
         auxbasis_sources={kind: dict(fitting.sources) for kind, fitting in fittings.items()},
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf),
         scf_auxbasis=fittings["scf"].describe() if "scf" in fittings else chem.scf_auxbasis_name(mf),
-        device=backend.device_name, device_description=backend.describe(),
-        precision=backend.precision, backend=backend.name, transform=backend.transform,
+        device=ran.device, device_description=ran.description,
+        precision=ran.precision, backend=ran.name, transform=ran.transform,
         formula=chem.formula(mf.mol),
-        timings=dict(context.timer.timings), simulated=simulated,
-        kernel_specializations=dict(getattr(backend, "specializations", {})),
-        modelled_seconds=backend.modelled_seconds() if simulated else None,
-        modelled=backend.modelled() if simulated else None,
-        trace=backend.trace.as_dict() if simulated else None,
-        nki_api=getattr(backend, "nki_api", None),
-        notes=list(getattr(backend, "notes", [])) + notes + list(corr.notes)
+        timings=dict(context.timer.timings), simulated=ran.simulated,
+        kernel_specializations=ran.specializations, modelled_seconds=ran.modelled_seconds,
+        modelled=ran.modelled, trace=ran.trace, nki_api=ran.nki_api,
+        notes=list(ran.notes) + notes + list(corr.notes)
         + list((corr.checkpoint or {}).get("notes", [])) + [
             f"no named {kind} auxiliary set in PySCF for {', '.join(elements)}: PySCF's generated "
             "even-tempered set (aug_etb) used for " + ("it" if len(elements) == 1 else "them")
             for kind, elements in (("JK-fit (SCF)", generated.get("scf")), ("MP2-fit", generated.get("mp2")))
             if elements],
-        neuron_versions=getattr(backend, "neuron_versions", None), peak_rss_bytes=peak_resident_bytes())
+        neuron_versions=ran.neuron_versions, peak_rss_bytes=peak_resident_bytes())

@@ -64,13 +64,6 @@ class Settings:
             raise TypeError(f"unknown setting(s): {', '.join(unknown)}")
         return replace(self, **changes)
 
-    def backend(self):
-        """The kernel backend these settings ask for (dfmp2.kernels.get_backend)."""
-        from .kernels import get_backend
-
-        return get_backend(self.device, self.precision, self.simulate, self.model_only,
-                           self.nki_api, self.transform)
-
 
 def settings_from(settings: Settings | None = None, **changes) -> Settings:
     """`settings` (default: Settings()) with keyword `changes` applied."""

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels.nki_backend import NkiBackend, pair_blocks
+from dfmp2.kernels.nki_backend import NkiBackend
+from dfmp2.kernels.nki_launch import pair_blocks
 
 SIZES = [1, 7, 127, 128, 129, 300, 513, 1100]
 TARGETS = [("trn1", "0.2"), ("trn2", "0.6")]  # both targets, both rule sets (0.2 and 0.3+)

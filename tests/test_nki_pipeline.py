@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, converged_rhf
 from dfmp2 import DFMP2, ComputationError, InputError
 from dfmp2.chem import build_molecule, read_xyz, run_scf
-from dfmp2.kernels.nki_backend import pair_blocks
+from dfmp2.kernels.nki_launch import pair_blocks
 
 NKI_KERNELS = {"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"}
 # fp64 host work: the Cholesky factor of PySCF's fp64 (P|Q), and the inverses of L's 128 x 128
@@ -149,7 +149,7 @@ def test_kernels_under_aws_nki_simulate():
 @pytest.mark.neuron
 def test_water_on_trainium_hardware():
     """Real Trainium. Skipped without the SDK unless DFMP2_REQUIRE_NKI=1, which makes it fail."""
-    from dfmp2.kernels.nki_backend import neuron_sdk_missing
+    from dfmp2.kernels.nki_support import neuron_sdk_missing
 
     missing = neuron_sdk_missing()
     if missing:
@@ -208,12 +208,13 @@ def test_installed_nki_checked_before_anything_compiles(monkeypatch, installed, 
     """On a Trainium host (SDK importable) an installed nki that AWS does not support on the
     target stops the run with a ComputationError before the backend is built."""
     from dfmp2.errors import ComputationError
-    from dfmp2.kernels import get_backend, nki_backend
+    from dfmp2.kernels import get_backend, nki_backend, nki_support
 
     built = []
-    monkeypatch.setattr(nki_backend, "neuron_sdk_missing", lambda: [])
-    monkeypatch.setattr(nki_backend, "installed_nki_api", lambda: installed)
-    monkeypatch.setattr(nki_backend, "NkiBackend", lambda *args: built.append(args) or types.SimpleNamespace())
+    monkeypatch.setattr(nki_support, "neuron_sdk_missing", lambda: [])
+    monkeypatch.setattr(nki_support, "installed_nki_api", lambda: installed)
+    monkeypatch.setattr(nki_backend, "NkiBackend",
+                        lambda *args, **kwargs: built.append(args) or types.SimpleNamespace())
     if ok:
         get_backend("trn1")
         assert built

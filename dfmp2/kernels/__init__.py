@@ -2,7 +2,8 @@
 
 Every device decision in dfmp2 is made here. A backend that was asked for either runs
 or raises; nothing falls back to another device. Backends count the kernels they run
-(`backend.calls`) so every result can say what actually executed.
+(`backend.calls`) so every result can say what actually executed; `backend.record()` is what
+a result records about the backend (protocol.BackendRecord).
 
     cpu, cuda     torch backend (fp64 or fp32)
     trn1, trn2    NKI backend on Trainium via torch-neuronx (fp32 only);
@@ -15,8 +16,18 @@ from ..errors import ComputationError, InputError
 
 DEVICES = ("cpu", "cuda", "trn1", "trn2")
 PRECISIONS = ("fp64", "fp32")
-TRANSFORMS = ("exact", "fp32")  # Trainium's AO->MO transform arithmetic (see nki_backend.TRANSFORMS)
+# Trainium's AO->MO transform arithmetic: "exact" (Ozaki slices, exact products and 512-term
+# sums; 1 uEh, see ozaki.py) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
+# molecules, see docs/trainium.md)
+TRANSFORMS = ("exact", "fp32")
 TRAINIUM = ("trn1", "trn2")
+
+
+def backend_for(settings):
+    """The backend a run's Settings ask for: their hardware group (device, precision, simulate,
+    model_only, nki_api, transform), as `get_backend` takes it."""
+    return get_backend(settings.device, settings.precision, settings.simulate, settings.model_only,
+                       settings.nki_api, settings.transform)
 
 
 def default_precision(device: str) -> str:
@@ -49,8 +60,8 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
         if precision != "fp32":
             raise InputError(f"{device} has no fp64 arithmetic: use --precision fp32 (the default there)")
         from .emulator import API_VERSIONS, NEWEST_API
-        from .nki_backend import (NEURON_INSTALL, NEURON_PACKAGES, NkiBackend, check_nki_support,
-                                  installed_nki_api, neuron_sdk_missing)
+        from .nki_support import (NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api,
+                                  neuron_sdk_missing)
 
         if model_only and not simulate:
             raise InputError("--model-only needs --simulate")
@@ -68,9 +79,10 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                     "same NKI kernels on dfmp2's emulator. Nothing was computed.")
         note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
                                  installed=not simulate)
-        backend = NkiBackend(device, simulate, model_only, nki_api, transform or "exact")
-        backend.notes = [note] if note else []
-        return backend
+        from .nki_backend import NkiBackend
+
+        return NkiBackend(device, simulate, model_only, nki_api, transform or "exact",
+                          notes=[note] if note else [])
     if simulate or model_only or nki_api is not None:
         raise InputError(f"--simulate, --model-only and --nki-api apply to trn1 and trn2, not to {device}")
     if transform is not None:
@@ -86,16 +98,14 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
 
 def device_report() -> dict:
     """Which devices can run on this machine: {device: (usable, detail)}."""
-    from .nki_backend import neuron_sdk_missing
+    from .emulator import NEWEST_API
+    from .nki_support import SUPPORTED_NKI, installed_nki_api, neuron_sdk_missing
     from .torch_backend import cpu_description, cuda_available, cuda_description
 
     report = {"cpu": (True, cpu_description())}
     report["cuda"] = (True, cuda_description()) if cuda_available() else (
         False, "no CUDA GPU visible to torch")
     missing = neuron_sdk_missing()
-    from .emulator import NEWEST_API
-    from .nki_backend import SUPPORTED_NKI, installed_nki_api
-
     api = installed_nki_api()
     for trn in TRAINIUM:
         emulated = f"--simulate emulates nki {NEWEST_API[trn]} rules by default"

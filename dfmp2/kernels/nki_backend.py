@@ -14,196 +14,44 @@ Residency: B stays in device HBM from the transform to the end of the pair stage
 crosses (arguments not resident in HBM, `to_device`, `to_host`) and layout changes in HBM at
 the DMA rate (`device:copy`).
 
-Compile economy: gemm, syrk and ao2mo calls are padded to tile multiples and, when the result
-fits inside a shape the kernel already ran with, up to that shape (ao2mo: the run's largest
-auxiliary block, `prepare`); trsm and pair energies take ragged shapes unpadded, the pair
-energies in blocks of at most PAIR_BLOCK orbitals (at most 4 specializations).
+Compile economy: gemm and syrk calls are padded to tile multiples and, when the result fits
+inside a shape the kernel already ran with, up to that shape (`KernelLauncher.bucket`); ao2mo
+calls only in their auxiliary count, to the run's largest auxiliary block (`prepare`); trsm,
+pair energies and density take ragged shapes unpadded, the pair energies in blocks of at most
+nki_launch.PAIR_BLOCK orbitals (at most 4 specializations).
+
+This module is the protocol's implementation: HBM residency and the operands of each step. It
+delegates launching to `nki_launch.KernelLauncher`, the accounting and time MODEL to
+`nki_ledger.CostLedger`, the exact-product slicing to `ozaki`, and the release support checks
+to `nki_support`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import os
-import sys
 import weakref
-from collections import Counter
 
 import numpy as np
 import torch
 
 from . import emulator
-from .emulator import cost_model
-from .emulator.core import TARGETS, Trace
-from .protocol import PlanHints
-
-P = 128
-FREE = 512
-PAIR_BLOCK = 32  # occupied orbitals per side of one pair-energy launch (partials: 8 KiB per partition)
-NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
-NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
-                  "https://pip.repos.neuron.amazonaws.com (on a Trainium instance)")
-
-_KERNEL_FILE = os.path.join(os.path.dirname(__file__), "nki_kernels.py")
-
-
-def load_kernels(simulate: bool):
-    """The kernel module, bound to the emulator (simulate) or to the real Neuron SDK."""
-    if not simulate:
-        from . import nki_kernels  # imports the real `nki`; the caller checked it is installed
-
-        return nki_kernels
-    names = ("nki", "nki.language", "nki.isa")
-    saved = {name: sys.modules.get(name) for name in names}
-    sys.modules.update({"nki": emulator, "nki.language": emulator.language, "nki.isa": emulator.isa})
-    try:
-        spec = importlib.util.spec_from_file_location("dfmp2.kernels._nki_kernels_emulated", _KERNEL_FILE)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for name, module_before in saved.items():
-            if module_before is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module_before
-    return module
-
-
-def neuron_sdk_missing():
-    """Names of the Neuron packages that cannot be imported here (empty if all can)."""
-    return [name for name in ("torch_neuronx", "torch_xla", "nki")
-            if importlib.util.find_spec(name) is None]
-
-
-# ---- exact-product slices for the AO->MO transform (Ozaki's scheme) ----------------------------
-SLICE_BITS = 7  # each slice: an integer of <= 7 bits times a power of two shared along the contraction
-INPUT_SLICES = 5  # slices of (mn|P), C_occ, C_vir: 35 bits below each column's largest element
-# the AO->MO transform's arithmetic on the device: "exact" (Ozaki slices, exact products and
-# 512-term sums; 1 uEh) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
-# molecules, see README)
-TRANSFORMS = ("exact", "fp32")
-ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-67)  # first-slice rounding constant of padded (all-zero) columns
-
-
-def column_slices(a: np.ndarray, count: int) -> np.ndarray:
-    """fp64 a [..., K, M] -> fp32 [count, ..., K, M] with sum(slices) = a to 2^(e_m - 7 count).
-
-    e_m = ceil(log2 max_k |a[..., k, m]|) per column m (the contraction runs over K); slice s is
-    an integer of at most 7 bits (+ sign) times 2^(e_m - 7 (s + 1)), so it is exact in fp32 (and in
-    bf16), the product of two slices is exact, and so is a sum of 512 such products of equal weight.
-    """
-    largest = np.abs(a).max(axis=-2, keepdims=True)
-    exponent = np.ceil(np.log2(np.where(largest > 0, largest, 1.0)))
-    rest = np.array(a, dtype=np.float64, copy=True)
-    out = np.empty((count,) + a.shape, dtype=np.float32)
-    for s in range(count):
-        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
-        piece = np.rint(rest / grid) * grid
-        out[s] = piece
-        rest -= piece
-    return out
-
-
-def column_digits(a: np.ndarray, count: int):
-    """fp64 a [..., K, M] -> (int8 digits [count, ..., K, M], fp32 2^e [..., M, 1]) with
-    sum_s digits_s 2^(e_m - 7 (s + 1)) = a to 2^(e_m - 7 count) per column m.
-
-    The same slices as `column_slices`, sent as 1-byte integers and one power of two per column
-    (the kernel scales them back exactly). e_m = ceil(log2(max_k |a[..., k, m]| * 128 / 127)), so
-    the first digit stays within int8 (<= 127); later digits are <= 64.
-    """
-    largest = np.abs(a).max(axis=-2, keepdims=True)
-    exponent = np.ceil(np.log2(np.where(largest > 0, largest * (128.0 / 127.0), 1.0)))
-    rest = np.array(a, dtype=np.float64, copy=True)
-    digits = np.empty((count,) + a.shape, dtype=np.int8)
-    for s in range(count):
-        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
-        digit = np.rint(rest / grid)
-        digits[s] = digit
-        rest -= digit * grid
-    scale = np.swapaxes(np.exp2(exponent), -1, -2).astype(np.float32)  # [..., M, 1]
-    return digits, scale
-
-
-def half_transform_grid(x_max: np.ndarray, c_occ_l1: np.ndarray) -> np.ndarray:
-    """Rounding constants of the first H slice, 1.5 * 2^23 * 2^(E - 7) [nP, 1, nocc], with
-    2^E >= max|(mn|p)| * sum_m |C_mi| >= max_n |H[n, i]| (slice u: times 2^(-7 (u - 1)) on the device)."""
-    bound = np.outer(x_max, c_occ_l1)
-    exponent = np.maximum(np.ceil(np.log2(np.where(bound > 0, bound, 2.0**-60))), -60)
-    return (1.5 * 2.0**23 * np.exp2(exponent - SLICE_BITS))[:, None, :].astype(np.float32)
-
-
-# ---- which NKI release runs on which target (AWS's release notes; see README) ----------------
-# trn1: SDK 2.28 / nki 0.2 is the last release whose docs list Trn1; nki 0.3 (SDK 2.29) on trn1
-# is disputed (AWS: not supported for NKI kernels; one sibling library ran it); 0.4+ documents
-# Trn2/Trn3 only. trn2: nki 0.2 (SDK 2.28 lists Trn2) through 0.6 (SDK 2.32).
-SUPPORTED_NKI = {"trn1": ("0.2",), "trn2": ("0.2", "0.3", "0.4", "0.5", "0.6")}
-DISPUTED_NKI = {"trn1": ("0.3",)}
-
-
-def installed_versions() -> dict:
-    """Installed Neuron packages -> version (None where not installed)."""
-    from importlib import metadata
-
-    out = {}
-    for name in ("nki", "neuronx-cc", "torch-neuronx", "torch-xla"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def installed_nki_api() -> str | None:
-    """'0.2' ... of the installed `nki` package (major.minor), or None."""
-    version = installed_versions()["nki"]
-    return ".".join(version.split(".")[:2]) if version else None
-
-
-def check_nki_support(target: str, api: str | None, installed: bool) -> str | None:
-    """Raise if AWS does not support nki `api` on `target` (ComputationError for the installed
-    release on a host, InputError for an emulated one chosen with --nki-api); return an
-    announcement for a disputed pair (trn1 with nki 0.3), else None."""
-    from ..errors import ComputationError, InputError
-
-    if api in SUPPORTED_NKI[target]:
-        return None
-    if api in DISPUTED_NKI.get(target, ()):
-        return (f"nki {api} on {target}: AWS documents NKI 0.3+ for Trn2/Trn3 only and reports a "
-                "trn1 verifier failure; the supported trn1 release is Neuron SDK 2.28 (nki 0.2)")
-    supported = ", ".join(SUPPORTED_NKI[target])
-    error = ComputationError if installed else InputError
-    raise error(
-        f"--device {target} with the {'installed' if installed else 'emulated'} nki "
-        f"{api or '(unknown version)'}: AWS does not support that pair (supported on {target}: nki "
-        f"{supported}; trn1 needs Neuron SDK 2.28). Nothing was compiled.")
-
-
-def _kernel_array(tensor: torch.Tensor) -> np.ndarray:
-    """A kernel argument as numpy: int8 stays int8, everything else fp32."""
-    array = tensor.detach().cpu().numpy()
-    return np.ascontiguousarray(array, dtype=np.int8 if array.dtype == np.int8 else np.float32)
-
-
-def pair_blocks(n: int) -> list:
-    """[(start, stop)] cutting n occupied orbitals into the fewest blocks of <= PAIR_BLOCK, as
-    even as possible (at most two block sizes, so at most four pair-kernel specializations)."""
-    count = -(-n // PAIR_BLOCK)
-    size = -(-n // count)
-    return [(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return max(multiple, -(-n // multiple) * multiple)
-
-
-def _round_up_free(n: int) -> int:
-    """A moving free size: a multiple of 128 up to 512, of 512 (one PSUM bank) above."""
-    return _round_up(n, P if n <= FREE else FREE)
+from .emulator.core import TARGETS
+from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
+from .nki_ledger import CostLedger
+from .nki_support import installed_nki_api, installed_versions
+from .ozaki import INPUT_SLICES, ROUNDING_PAD, column_digits, column_slices, half_transform_grid
+from .protocol import BackendRecord, PlanHints
+from .tiles import FREE, P
 
 
 class NkiBackend:
-    """Kernels for target 'trn1' or 'trn2'; simulate=True runs them on the emulator."""
+    """Kernels for target 'trn1' or 'trn2'; simulate=True runs them on the emulator.
+
+    model_only (with simulate): each kernel specialization is emulated once (limits checked,
+    trace recorded); later calls with the same shapes reuse that trace and compute their outputs
+    by host reference math. nki_api (with simulate): the NKI release whose rules apply (default:
+    the newest AWS documents for the target); on a host, the installed release. transform: the
+    AO->MO arithmetic, "exact" or "fp32" (kernels.TRANSFORMS). notes: announcements for the result.
+    """
 
     name = "nki"
     precision = "fp32"
@@ -213,37 +61,23 @@ class NkiBackend:
     forms_amplitudes = False  # (ia|jb) never leaves the chip: no t2
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,
-                 transform: str = "exact"):
+                 transform: str = "exact", notes=None):
         self.device_name = target
-        self.transform = transform  # TRANSFORMS
         self.target = target
-        self.simulate = simulate
-        # the NKI API whose rules apply: emulated (default: the newest AWS documents for the
-        # target), or the installed release on a Trainium host
-        self.nki_api = (nki_api or emulator.NEWEST_API[target]) if simulate else installed_nki_api()
+        self.transform = transform  # kernels.TRANSFORMS
         # on a host: the installed Neuron packages (nki, neuronx-cc, ...), reported with the result
         self.neuron_versions = None if simulate else installed_versions()
-        # model_only (with simulate): each kernel specialization is emulated once (limits checked,
-        # trace recorded); later calls with the same shapes reuse that trace (a kernel's trace
-        # depends only on its shapes) and their outputs come from host reference math.
-        self.model_only = model_only
-        self._trace_cache = {}
-        self.kernels = load_kernels(simulate)
+        self.ledger = CostLedger()  # calls, trace, calibrated and peak MODEL
+        self.launcher = KernelLauncher(
+            target, simulate, model_only,
+            (nki_api or emulator.NEWEST_API[target]) if simulate else installed_nki_api(), self.ledger)
         if simulate:
             self.device = torch.device("cpu")
         else:
             import torch_xla
 
             self.device = torch_xla.device()
-        self.calls = Counter()
-        self.notes = []  # announcements recorded in the result (e.g. a disputed nki/target pair)
-        self.specializations = {}  # kernel -> set of padded argument shapes
-        self.trace = Trace()
-        self.model_costs = {name: {} for name in TARGETS}  # calibrated MODEL, per target
-        self.model_costs_by_step = {name: {} for name in TARGETS}  # ... per kernel / transfer / copy
-        self.useful_flops = 0  # minimal matmul FLOPs of the algorithm (unpadded shapes, done once)
-        self._by_kernel = {}  # kernel -> [useful FLOPs, array columns issued, largest program's instructions]
-        self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
+        self.notes = list(notes or [])  # announcements recorded in the result (e.g. a disputed nki/target pair)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
         self._operand_cache = {}  # operands made once per run (the orbital slices)
         self._aux_block = 0  # largest auxiliary block of the run (see prepare)
@@ -255,6 +89,38 @@ class NkiBackend:
         # there) is two; trn1 runs LNC=1
         self.lnc = TARGETS[target].max_lnc
 
+    # ---- configuration and accounting (owned by the launcher and the ledger) ----------------
+    simulate = property(lambda self: self.launcher.simulate, doc="NKI kernels on the emulator")
+    model_only = property(lambda self: self.launcher.model_only, doc="repeat shapes by host reference math")
+    nki_api = property(lambda self: self.launcher.nki_api, doc="the NKI release whose rules apply")
+    kernels = property(lambda self: self.launcher.kernels, doc="the kernel module (emulated or real)")
+    specializations = property(lambda self: self.launcher.specializations,
+                               doc="kernel -> set of argument shape tuples it ran with")
+    calls = property(lambda self: self.ledger.calls, doc="kernel (or host:* / device:* step) -> count")
+    trace = property(lambda self: self.ledger.trace, doc="the run's summed emulator Trace")
+
+    def modelled_seconds(self) -> dict:
+        """PEAK MODEL (uncalibrated, not measured) per target: see CostLedger.modelled_seconds."""
+        return self.ledger.modelled_seconds()
+
+    def modelled(self) -> dict:
+        """Calibrated MODEL (not measured) per target: see CostLedger.modelled."""
+        return self.ledger.modelled()
+
+    def record(self) -> BackendRecord:
+        """What this backend is and has run so far (models and trace only when simulated)."""
+        simulated = self.simulate
+        return BackendRecord(
+            name=self.name, device=self.device_name, description=self.describe(),
+            precision=self.precision, transform=self.transform, simulated=simulated,
+            nki_api=self.nki_api,
+            neuron_versions=dict(self.neuron_versions) if self.neuron_versions is not None else None,
+            calls=dict(self.calls), notes=tuple(self.notes),
+            specializations={kernel: set(shapes) for kernel, shapes in self.specializations.items()},
+            modelled_seconds=self.modelled_seconds() if simulated else None,
+            modelled=self.modelled() if simulated else None,
+            trace=self.trace.as_dict() if simulated else None)
+
     # ---- data movement ---------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:
         """Host array -> fp32 tensor in device HBM (a host -> device transfer). fp64=True: there
@@ -264,15 +130,17 @@ class NkiBackend:
         if fp64:
             return torch.as_tensor(np.asarray(array, dtype=np.float64))
         tensor = torch.as_tensor(np.asarray(array)).to(device=self.device, dtype=torch.float32)
-        self._transfer(tensor.nbytes, 0)
+        self.ledger.transfer(tensor.nbytes, 0)
         return self._resident(tensor)
 
     def zeros(self, shape) -> torch.Tensor:
+        """A zero fp32 tensor of `shape` in device HBM."""
         return self._resident(torch.zeros(shape, device=self.device, dtype=torch.float32))
 
     def to_host(self, tensor: torch.Tensor) -> np.ndarray:
+        """Tensor -> numpy (a device -> host transfer when the tensor is resident in HBM)."""
         if self.is_resident(tensor):
-            self._transfer(0, tensor.nbytes)
+            self.ledger.transfer(0, tensor.nbytes)
         return tensor.detach().cpu().numpy()
 
     def is_resident(self, tensor) -> bool:
@@ -285,20 +153,11 @@ class NkiBackend:
         self._on_device[owner.untyped_storage().data_ptr()] = owner
         return tensor
 
-    def _transfer(self, bytes_in: int, bytes_out: int) -> None:
-        """MODEL a host <-> device copy outside a kernel call (no launch)."""
-        self._record(Trace(host_bytes_in=int(bytes_in), host_bytes_out=int(bytes_out)))
-
     def _device_copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A layout change or pad of a resident tensor, done in device HBM (an XLA copy on a
         host); the result is resident."""
-        self._record_device_copy(tensor.nbytes)
+        self.ledger.device_copy(tensor.nbytes)
         return self._resident(tensor)
-
-    def _record_device_copy(self, nbytes: int) -> None:
-        """MODEL a copy inside device HBM: read + write at the DMA rate (no launch)."""
-        self._record(Trace(dma_bytes_in=nbytes, dma_bytes_out=nbytes))
-        self.calls["device:copy"] += 1
 
     def synchronize(self) -> None:
         if not self.simulate:
@@ -321,104 +180,21 @@ class NkiBackend:
                     f"host CPU; {transform} transform)")
         return f"{self.target} {core} via torch-neuronx ({self.device}), nki {self.nki_api}, {transform} transform"
 
-    def modelled_seconds(self) -> dict:
-        """PEAK MODEL (uncalibrated, not measured): kernel time on each target at published peaks
-        with perfect overlap and no launch cost, from this run's trace."""
-        return {name: self.trace.modelled_seconds(target) for name, target in TARGETS.items()}
-
-    def modelled(self) -> dict:
-        """Calibrated MODEL (not measured), per target: seconds, breakdown, launches, and the
-        Tensor Engine's useful fraction: the algorithm's minimal matmul FLOPs over the FLOPs the
-        128 x 128 array could do while it streams the issued columns (2 * 128 * 128 per column,
-        matmuls and transposes; a ragged tile wastes its empty rows)."""
-        issued = 2 * P * P * self.trace.matmul_columns
-        out = {}
-        for name, costs in self.model_costs.items():
-            out[name] = {
-                "seconds": costs.get("seconds", 0.0),
-                "breakdown": {part: costs.get(part, 0.0) for part in cost_model.PARTS + ("device",)},
-                "launches": self.trace.launches,
-                "tensor_engine_useful_fraction": self.useful_flops / issued if issued else None,
-                # idealised: the calls spread evenly over the chip's cores, nothing shared
-                "cores_per_chip": TARGETS[name].cores_per_chip,
-                "chip_seconds_ideal_split": costs.get("seconds", 0.0) / TARGETS[name].cores_per_chip,
-                # where the time goes: per kernel (launch + its argument transfers + device), and
-                # the transfers and device copies between kernels
-                "seconds_by_step": {step: dict(v) for step, v in self.model_costs_by_step[name].items()},
-                "physical_cores_per_launch": TARGETS[name].max_lnc,
-                "by_kernel": {kernel: {
-                    "tensor_engine_useful_fraction": useful / (2 * P * P * columns) if columns else None,
-                    "max_instructions_per_launch": instructions}
-                    for kernel, (useful, columns, instructions) in self._by_kernel.items()},
-                "instruction_limit": emulator.INSTRUCTION_LIMIT,
-            }
-        return out
-
     # ---- kernel calls ------------------------------------------------------------------
     def _launch(self, kernel_name, arrays, useful_flops, grid=1):
-        """Run one kernel on fp32 arrays on `grid` physical cores; record the call, its
-        specialization, its trace and modelled cost (arguments not resident in device HBM are
-        host -> device transfers; the result stays in HBM), and the minimal matmul FLOPs
-        (`useful_flops`) of its unpadded work. Int arguments are compile-time constants."""
-        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in arrays)
-        self.calls[kernel_name] += 1
-        self.specializations.setdefault(kernel_name, set()).add(shapes)
-        self.useful_flops += int(useful_flops)
-        self._by_kernel.setdefault(kernel_name, [0, 0, 0])[0] += int(useful_flops)
+        """Run one kernel on fp32 arrays on `grid` physical cores (KernelLauncher.launch):
+        arguments not resident in device HBM are host -> device transfers; the outputs stay in
+        HBM. `useful_flops`: the minimal matmul FLOPs of its unpadded work. Int arguments are
+        compile-time constants."""
         host_bytes = sum(a.nbytes for a in arrays if isinstance(a, torch.Tensor) and not self.is_resident(a))
-        kernel = getattr(self.kernels, kernel_name)
-        if self.simulate and self.model_only and (kernel_name, shapes, grid) in self._trace_cache:
-            self._record(self._trace_cache[(kernel_name, shapes, grid)], host_bytes, kernel_name)
-            return self._outputs(_REFERENCE[kernel_name](*(
-                a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in arrays)))
-        if self.simulate:
-            with emulator.target(self.target, self.nki_api):
-                launcher = kernel[grid] if grid > 1 else kernel
-                out = launcher(*(_kernel_array(a) if isinstance(a, torch.Tensor) else a for a in arrays))
-            self._record(kernel.last_trace, host_bytes, kernel_name)
-            self._trace_cache[(kernel_name, shapes, grid)] = kernel.last_trace
-            return self._outputs(out)
-        return (kernel[grid] if grid > 1 else kernel)(*arrays)
+        out = self.launcher.launch(kernel_name, arrays, useful_flops, host_bytes, grid)
+        return self._outputs(out) if self.simulate else out
 
     def _outputs(self, out):
         """A kernel's output(s) (array or tuple of arrays) as tensors resident in device HBM."""
         if isinstance(out, tuple):
             return tuple(self._outputs(o) for o in out)
         return self._resident(out if isinstance(out, torch.Tensor) else torch.from_numpy(out))
-
-    def _record(self, trace: Trace, host_bytes_in=None, step=None) -> None:
-        """Add a kernel trace (host_bytes_in: its arguments' host -> device bytes; the result
-        stays on the device) or a transfer/copy pseudo-trace to the run's trace and model."""
-        if host_bytes_in is not None:
-            trace = dataclasses.replace(trace, host_bytes_in=int(host_bytes_in), host_bytes_out=0)
-        if step in self._by_kernel:
-            stats = self._by_kernel[step]
-            stats[1] += trace.matmul_columns
-            # instructions of the compiled program (one per physical core under LNC=2; no
-            # device-side loops here, so executed = unrolled)
-            stats[2] = max(stats[2], max(sum(p.instructions.values()) for p in (trace.programs or [trace])))
-        self.trace.add(trace)
-        step = step or ("host<->device transfer" if trace.host_bytes_in or trace.host_bytes_out
-                        else "device copy")
-        for name, target in TARGETS.items():
-            call = cost_model.call_seconds(trace, target)
-            cost_model.add_costs(self.model_costs[name], call)
-            by_step = self.model_costs_by_step[name].setdefault(
-                step, {"seconds": 0.0, "launches": 0, "upload_seconds": 0.0})
-            by_step["seconds"] += call["seconds"]
-            by_step["launches"] += trace.launches
-            by_step["upload_seconds"] += call["host_transfer"]  # host <-> device part
-
-    def _bucket(self, kernel_name, shapes):
-        """Reuse the largest shapes this kernel ran with when the new ones fit inside them."""
-        largest = self._largest.get(kernel_name)
-        if largest is not None and all(
-                len(s) == len(b) and all(x <= y for x, y in zip(s, b)) for s, b in zip(shapes, largest)):
-            return largest
-        if largest is not None:
-            shapes = tuple(tuple(max(x, y) for x, y in zip(s, b)) for s, b in zip(shapes, largest))
-        self._largest[kernel_name] = shapes
-        return shapes
 
     def _pad(self, tensor, shape, value=0.0):
         """tensor padded to `shape` (fp32, contiguous); done in HBM if the tensor is resident."""
@@ -433,16 +209,16 @@ class NkiBackend:
         """C = A @ B for [m, k] x [k, n] via gemm_kernel (which takes A transposed)."""
         m, k = a.shape
         n = b.shape[1]
-        (kp, mp), (_, np_) = self._bucket("gemm_kernel", ((_round_up(k, P), _round_up(m, P)),
-                                                          (_round_up(k, P), _round_up_free(n))))
+        (kp, mp), (_, np_) = self.launcher.bucket("gemm_kernel", ((round_up(k, P), round_up(m, P)),
+                                                                  (round_up(k, P), round_up_free(n))))
         out = self._launch("gemm_kernel", (self._pad(a.T, (kp, mp)), self._pad(b, (kp, np_))), 2 * m * n * k)
         return out[:m, :n].to(self.device)
 
     def syrk(self, c, panel):
         """C - panel panel^T on (at least) the lower triangle; c [n, n], panel [n, w]."""
         n, w = panel.shape
-        (np_, _), (wp, _) = self._bucket("syrk_kernel", ((_round_up(n, FREE),) * 2,
-                                                         (_round_up(w, P), _round_up(n, FREE))))
+        (np_, _), (wp, _) = self.launcher.bucket("syrk_kernel", ((round_up(n, FREE),) * 2,
+                                                                 (round_up(w, P), round_up(n, FREE))))
         out = self._launch("syrk_kernel", (self._pad(c, (np_, np_)), self._pad(panel.T, (wp, np_))),
                            n * (n + 1) * w)  # the lower triangle of panel panel^T
         return out[:n, :n].to(self.device)
@@ -503,7 +279,7 @@ class NkiBackend:
             nc = occ_slices.shape[2]
             # only the auxiliary index is padded (to the run's largest block: one specialization);
             # the kernel takes ragged nao, nocc and nvir
-            pp = self._bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nc, nvir)))[0][0]
+            pp = self.launcher.bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nc, nvir)))[0][0]
             if exact:
                 grid = half_transform_grid(x_max, c_occ_l1)  # [nP, 1, nc]
                 scale_arg = self._pad(x_scale, (pp, nao, 1), 1.0)
@@ -511,7 +287,7 @@ class NkiBackend:
             else:  # not read by the kernel: placeholders that already live in HBM
                 scale_arg, grid_arg = self._placeholder((pp, nao, 1)), self._placeholder((pp, 1, nc))
             out = self._launch("ao2mo_kernel", (
-                self._pad_digits(x_digits, (slices, pp, nao, nao)),
+                pad_on_host(x_digits, (slices, pp, nao, nao)),
                 scale_arg,
                 occ_slices,
                 vir_slices,
@@ -549,15 +325,6 @@ class NkiBackend:
         if key not in self._operand_cache:
             self._operand_cache[key] = self.zeros(shape)
         return self._operand_cache[key]
-
-    @staticmethod
-    def _pad_digits(digits, shape):
-        """(mn|P) digits (int8) or values (fp32) zero-padded to `shape` (on the host, where they are made)."""
-        if tuple(digits.shape) == tuple(shape):
-            return digits
-        out = torch.zeros(shape, dtype=digits.dtype)
-        out[tuple(slice(0, n) for n in digits.shape)] = digits
-        return out
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
         """(E_os, E_ss) summed over all i in b_i, j in b_j ([n, nvir, naux], [n, nvir_j, naux]; b_j
@@ -669,9 +436,9 @@ class NkiBackend:
         """dst[...] = src between device tensors (MODEL: a device-side copy), or from the host."""
         dst.copy_(src)
         if self.is_resident(src):
-            self._record_device_copy(src.nbytes)
+            self.ledger.device_copy(src.nbytes)
         else:
-            self._transfer(src.nbytes, 0)
+            self.ledger.transfer(src.nbytes, 0)
 
     def three_center_layout(self, shape):
         """Device storage for the [nocc, nvir, naux] tensor, laid out [nocc, naux, nvir] (the pair
@@ -687,64 +454,7 @@ class NkiBackend:
     def plan_hints(self, nvir: int, naux: int) -> PlanHints:
         """(mn|P) blocks of ~256 MB (each transform launch costs ~1 ms: fewer, larger ones); all
         occupied orbitals in one pair block (no limit: the pair kernel streams B over the
-        auxiliary index and cuts any block into launches of PAIR_BLOCK orbitals); no pair
+        auxiliary index and cuts any block into launches of PAIR_BLOCK orbitals, `pair_blocks`); no pair
         scratch beyond B (V never leaves the chip)."""
         return PlanHints(aux_block_bytes=256 * 2**20, pair_rows=1 << 40, occ_block_limit=None,
                          pair_scratch_bytes=lambda nb, nv: 0)
-
-
-# ---- host reference math for model-only runs (same inputs and outputs as the kernels) ------------
-
-def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle, exchange):
-    """Per-pair (os, exchange) sums in row 0 of the kernel's partials layout [128, NI, NJ, 2]."""
-    iajb = torch.einsum("iqa,jqb->ijab", b_i, b_j)
-    denom = (e_i_rows[0][:, None, None, None] + e_j_rows[0][None, :, None, None]
-             - e_vir_col[:, 0][None, None, :, None] + neg_e_vir_rows[0][None, None, None, :])
-    t = iajb / denom
-    ex = (t * iajb.transpose(2, 3)).sum(dim=(2, 3)) if exchange else torch.zeros(iajb.shape[:2])
-    sums = torch.stack([(t * iajb).sum(dim=(2, 3)), ex], dim=-1)
-    if triangle:
-        sums *= torch.tril(torch.ones(sums.shape[:2]))[:, :, None]
-    out = torch.zeros((P, sums.numel()), dtype=torch.float32)
-    out[0] = sums.reshape(-1)
-    return out
-
-
-def _digits_value(digits, scale):
-    """sum_s digits_s 2^(e_n - 7 (s + 1)) in fp64: [NP, NAO, NAO] (fp32 values: the one slice itself)."""
-    if digits.dtype != torch.int8:
-        return digits[0].double()
-    weights = torch.tensor([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(digits.shape[0])], dtype=torch.float64)
-    value = (digits.double() * weights[:, None, None, None]).sum(0)
-    return value * scale.double()[:, :, 0][:, None, :]
-
-
-_REFERENCE = {
-    "gemm_kernel": lambda a_t, b: a_t.T @ b,
-    "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
-    "trsm_kernel": lambda x_t, l_t, linv_t: torch.linalg.solve_triangular(l_t.T, x_t, upper=False),
-    "ao2mo_kernel": lambda digits, scale, cos, cvs, grid: torch.einsum(
-        "pmn,mi,na->pai", _digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
-    "pair_energy_kernel": _ref_pair_energy,
-    "density_kernel": lambda *args: _ref_density(*args),
-}
-
-
-def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_vir_rows, with_vv):
-    """density_kernel's outputs (oo partials in row 0, vv) by host math (model-only runs)."""
-    e_vir = e_vir_col[:, 0].double()
-
-    def amplitudes(b, e):
-        v = torch.einsum("iqa,kqc->iakc", b.double(), b_k.double())
-        d = (e[:, None, None, None] - e_vir[None, :, None, None] + e_k_rows[0].double()[None, None, :, None]
-             - e_vir[None, None, None, :])
-        t = v / d
-        return t, 2.0 * t - t.permute(0, 3, 2, 1)
-
-    t_i, big_t_i = amplitudes(b_i, e_i_rows[0].double())
-    _, big_t_j = amplitudes(b_j, e_j_rows[0].double())
-    oo = torch.zeros((P, b_i.shape[0] * b_j.shape[0]), dtype=torch.float32)
-    oo[0] = torch.einsum("iakc,jakc->ij", t_i, big_t_j).reshape(-1).float()
-    vv = torch.einsum("iakc,ibkc->ab", t_i, big_t_i).float() if with_vv else \
-        torch.zeros((e_vir.numel(), e_vir.numel()), dtype=torch.float32)
-    return oo, vv

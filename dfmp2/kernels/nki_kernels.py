@@ -6,15 +6,19 @@ emulator, which stands in for the `nki` modules while this file is loaded.
 
 Conventions for every kernel:
   - arguments and outputs are float32 tensors in HBM; outputs are nl.shared_hbm;
-  - on-chip tiles have the partition axis first (<= 128 partitions);
+  - tile sizes (defined once, in tiles.py): P = 128 partitions, FREE = 512 fp32 columns (one
+    2 KiB PSUM bank);
+  - on-chip tiles have the partition axis first (<= P partitions): the contraction index (K,
+    the auxiliary index Q, the AO index n or m) or the output rows; the free axes follow;
   - nc_matmul contracts over the partition axis: dst[M, N] = stationary[K, M].T @ moving[K, N]
-    with K <= 128, M <= 128, N <= 512, dst in one 2 KiB PSUM bank (512 fp32);
+    with K <= P, M <= P, N <= FREE, dst in one PSUM bank;
   - the API subset common to 0.2 and 0.3+: no `accumulate=` on nc_matmul (each accumulator
     is a fresh PSUM tile: its first matmul overwrites, later ones add, in every release), no
     DMA out of PSUM (tensor_copy to SBUF first), memset with a float for float tiles, no `*`
     in signatures and no `is`;
-  - gemm, syrk and ao2mo take tile multiples (the backend pads and buckets their calls);
-    trsm and pair energies take any shapes (ragged last tiles, no padding);
+  - gemm and syrk take tile multiples (the backend pads and buckets their calls); trsm, ao2mo,
+    pair energies and density take any shapes (ragged last tiles; the backend pads ao2mo's
+    auxiliary count only, to one size per run);
   - SPMD: trsm and pair energies split their rows over the programs of a launch grid
     (`nl.program_id`; on trn2 the two physical cores of a logical NeuronCore, LNC=2).
 """
@@ -23,12 +27,14 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-P = 128  # partitions: contraction tiles and stationary free size
-FREE = 512  # moving free size = one PSUM bank of fp32
+# relative: resolves to dfmp2.kernels.tiles both when this file is imported as
+# dfmp2.kernels.nki_kernels and when nki_launch.load_kernels loads it from its path for the emulator
+from .tiles import FREE, P, SLICE_BITS
+
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
-SLICE_STEP = 2.0**-7  # weight between consecutive 7-bit slices
-DIGIT_WEIGHTS = tuple(2.0**(-7 * (s + 1)) for s in range(8))  # slice s of (mn|p) = digit * 2^(e - 7(s+1))
+SLICE_STEP = 2.0**-SLICE_BITS  # weight between consecutive 7-bit slices
+DIGIT_WEIGHTS = tuple(2.0**(-SLICE_BITS * (s + 1)) for s in range(8))  # slice s of (mn|p) = digit * 2^(e - 7(s+1))
 
 
 @nki.jit
@@ -106,6 +112,8 @@ def trsm_kernel(x, l_t, linv_t):
     (one PSUM bank; ragged last); the y blocks of a chunk stay in SBUF. L's blocks below the
     diagonal are loaded once per launch when they fit L_RESIDENT_BYTES (else once per chunk).
     SPMD: program p of n takes the rows i = p, p + n, ...
+    Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
+    would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
     NI, N, NVIR = x.shape
     nb = (N + P - 1) // P
@@ -189,6 +197,8 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
     half). Every last tile is ragged (any NAO, NOCC <= 512, NVIR;
     no padding). C slices stay in SBUF; (mn|p) is streamed in 128 x 128 tiles, each read once. SPMD: program p of n takes the functions P = p,
     p + n, ...
+    Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
+    would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
     S, NP, NAO, _ = x_digits.shape
     exact = S > 1
@@ -391,7 +401,9 @@ def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, 
 def _pair_sums(bi, b_j, i, j, same, resident, exchange, ei, ej, ea, neg_eb, sums):
     """sums [128, 2] += per-partition (os, ex) of pair (i, j); bi: B_i in SBUF [128, nq, NVIR];
     same: j == i in a triangle (B_j is B_i); exchange: same spin (else only os, over all b).
-    A function, so that its tiles die when it returns."""
+    A function, so that its tiles die when it returns. Long (the V, X and transpose PSUM tiles
+    of one (A, column group) live together): splitting them over more helpers would move where
+    tiles die (on-chip memory peaks, recorded in the trace)."""
     NAUX, NVIR, NVB = b_j.shape[1], bi.shape[2], b_j.shape[2]
     nq = (NAUX + P - 1) // P
     na = (NVIR + P - 1) // P
@@ -519,6 +531,8 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e
         oo[i, j]  += sum_{c, a} t_ik^T[c, a] T_jk^T[c, a]    (host: P_ij = -2 sum_k oo)
         vv[a, b]  += sum_c t_ik^T[c, a] T_ik^T[c, b]         (host: P_ab = 2 sum vv; J = I only)
     Returns (oo partials [128, NI * NJ] per partition, vv [NVIR, NVIR]).
+    Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
+    would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
     NI, NAUX, NVIR = b_i.shape
     NJ, NK = b_j.shape[0], b_k.shape[0]

@@ -1,12 +1,14 @@
-"""What every backend provides: the one protocol the pipeline, linalg and storage call.
+"""What every backend provides: the one protocol the driver, pipeline, linalg, storage and bench call.
 
 Backends: `TorchBackend` (cpu, cuda) and `NkiBackend` (trn1, trn2, or their emulator). Arrays are
 the backend's tensors ("device" tensors); host arrays are numpy. Shapes in the docstrings of each
-backend's methods; energies in Hartree.
+backend's methods; energies in Hartree. Nothing outside this protocol is for callers: what a
+result records about the backend comes from `record()`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
@@ -26,37 +28,104 @@ class PlanHints:
     pair_scratch_bytes: Callable[[int, int], int]
 
 
+@dataclass(frozen=True)
+class BackendRecord:
+    """What a backend was and what it ran, for a result record (a snapshot: `Backend.record()`).
+
+    name: "torch" or "nki"; device: cpu, cuda, trn1 or trn2; description: the device in words
+    (`describe()`); precision: fp64 or fp32 (GEMMs); transform: the AO->MO arithmetic (fp64,
+    exact or fp32); simulated: NKI kernels on dfmp2's emulator; nki_api: the NKI release whose
+    rules applied ("0.2" ... "0.6"; None on torch); neuron_versions: installed Neuron package ->
+    version on a Trainium host (None elsewhere); calls: kernel (or host:* / device:* step) ->
+    count; notes: announcements for the result; specializations: kernel -> set of argument
+    shape tuples it was launched with ({} on torch); modelled_seconds: PEAK MODEL seconds per
+    target, modelled: calibrated MODEL per target (seconds, breakdown, launches, ...), trace:
+    the summed emulator trace (Trace.as_dict()): the three only when simulated, else None.
+    """
+
+    name: str
+    device: str
+    description: str
+    precision: str
+    transform: str
+    simulated: bool
+    nki_api: str | None
+    neuron_versions: dict | None
+    calls: dict
+    notes: tuple
+    specializations: dict
+    modelled_seconds: dict | None
+    modelled: dict | None
+    trace: dict | None
+
+
 @runtime_checkable
 class Backend(Protocol):
     """The operations of the four steps (and the density) on one device, plus data movement and
-    what ran (`calls`: kernel name -> count, recorded in every result)."""
+    what ran. Per member, one line; shapes in [brackets], B = whitened (ia|P)."""
 
     name: str  # "torch" or "nki"
     device_name: str  # cpu, cuda, trn1, trn2
+    device: object  # the torch.device its tensors live on (cpu for the emulator, the XLA device on Trainium)
     precision: str  # fp64 or fp32 (GEMMs)
+    compute_dtype: object  # torch dtype of its GEMMs: float64 or float32
     transform: str  # AO->MO arithmetic: fp64 (torch), exact or fp32 (NKI)
-    itemsize: int  # bytes per element of the stored (ia|P) / B
-    has_fp64: bool
+    itemsize: int  # bytes per element of the stored (ia|P) / B: 8 or 4
+    has_fp64: bool  # fp64 arithmetic on the device (False on a NeuronCore)
     forms_amplitudes: bool  # pair_energy can fill t_out (t2; False: the pair kernel keeps (ia|jb) on chip)
+    calls: Counter  # kernel (or host:* / device:* step) -> times run; callers add their host:* steps
+    notes: list  # announcements (str) recorded in the result, e.g. a disputed nki/target pair
 
     # data movement
-    def to_device(self, array, fp64=False): ...
-    def to_host(self, tensor): ...
-    def zeros(self, shape): ...
-    def synchronize(self) -> None: ...
-    def three_center_layout(self, shape): ...
-    def copy_into(self, dst, src) -> None: ...
+    def to_device(self, array, fp64=False):
+        """Host array -> device tensor, same shape, compute dtype (fp64=True: fp64; on NKI a host tensor)."""
+
+    def to_host(self, tensor):
+        """Device tensor -> numpy array of the same shape and dtype."""
+
+    def zeros(self, shape):
+        """A zero device tensor of `shape` in the storage dtype."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (cuda, XLA); a no-op elsewhere."""
+
+    def three_center_layout(self, shape):
+        """Device storage for B [nocc, nvir, naux], returned as a [nocc, nvir, naux] view."""
+
+    def copy_into(self, dst, src) -> None:
+        """dst[...] = src for a device dst and a device or host src of the same shape."""
 
     # planning
-    def memory_limit_bytes(self) -> int | None: ...
-    def plan_hints(self, nvir: int, naux: int) -> PlanHints: ...
-    def prepare(self, plan) -> None: ...
-    def describe(self) -> str: ...
+    def memory_limit_bytes(self) -> int | None:
+        """Free device memory in bytes (a GPU), or None: the caller's budget applies."""
+
+    def plan_hints(self, nvir: int, naux: int) -> PlanHints:
+        """Block sizes this backend prefers for a problem of nvir virtuals and naux auxiliaries."""
+
+    def prepare(self, plan) -> None:
+        """Told the run's memory plan before the first kernel (e.g. the largest aux block)."""
+
+    def describe(self) -> str:
+        """The device in words (model, memory; emulator and NKI release on trn1/trn2)."""
+
+    def record(self) -> BackendRecord:
+        """What this backend is and has run so far, as a frozen snapshot."""
 
     # the steps
-    def gemm(self, a, b): ...
-    def syrk(self, c, panel): ...
-    def solve_lower_transposed(self, lower, x): ...
-    def ao2mo(self, ao_block, c_occ, c_vir): ...
-    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False): ...
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)): ...
+    def gemm(self, a, b):
+        """a [m, k] @ b [k, n] -> [m, n]."""
+
+    def syrk(self, c, panel):
+        """c [n, n] - panel [n, w] panel^T (at least the lower triangle) -> [n, n]."""
+
+    def solve_lower_transposed(self, lower, x):
+        """x [..., naux] L^-T for lower-triangular L [naux, naux] -> same shape as x."""
+
+    def ao2mo(self, ao_block, c_occ, c_vir):
+        """(mn|P) [nP, nao, nao], C_occ [nao, nocc], C_vir [nao, nvir] -> (ia|P) [nocc, nvir, nP]."""
+
+    def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
+        """B_i [ni, nvir, naux], B_j [nj, nvir_j, naux], energies in Eh -> (E_os, E_ss) in Eh."""
+
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
+        """B [nocc, nvir, naux], B_k [nk, nvir, naux] -> unrelaxed (P_oo [nocc, nocc], P_vv [nvir, nvir])."""

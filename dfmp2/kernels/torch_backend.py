@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..memory import fp64_pair_temporaries_bytes
-from .protocol import PlanHints
+from .protocol import BackendRecord, PlanHints
 
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
@@ -50,14 +50,23 @@ class TorchBackend:
     has_fp64 = True
     forms_amplitudes = True
 
-    def __init__(self, device: str, precision: str):
+    def __init__(self, device: str, precision: str, notes=None):
         self.device_name = device
         self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
             else torch.device("cpu")
         self.precision = precision
         self.compute_dtype = _DTYPES[precision]
         self.itemsize = torch.finfo(self.compute_dtype).bits // 8
-        self.calls = Counter()
+        self.calls = Counter()  # kernel (or host:* step) -> count
+        self.notes = list(notes or [])  # announcements recorded in the result
+
+    def record(self) -> BackendRecord:
+        """What this backend is and has run so far (no emulator: no models, trace or NKI release)."""
+        return BackendRecord(
+            name=self.name, device=self.device_name, description=self.describe(),
+            precision=self.precision, transform=self.transform, simulated=False, nki_api=None,
+            neuron_versions=None, calls=dict(self.calls), notes=tuple(self.notes), specializations={},
+            modelled_seconds=None, modelled=None, trace=None)
 
     # ---- data movement -------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:

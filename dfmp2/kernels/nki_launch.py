@@ -1,0 +1,190 @@
+"""Launching the NKI kernels of nki_kernels.py: emulated, model-only, or on a Trainium host.
+
+simulate=False: the module is imported as is (the real `nki`) and a launch is the `nki.jit`
+call. simulate=True: the same source is loaded with dfmp2's emulator standing in for the `nki`
+modules and run under the target's limits and the chosen nki release's rules; every launch's
+trace goes to the cost ledger. model_only (with simulate): each specialization (kernel,
+argument shapes, grid) is emulated once; later launches with the same shapes reuse its trace (a
+kernel's trace depends only on its shapes) and compute their outputs by host reference math
+(`REFERENCE`, same inputs and outputs as the kernels).
+
+Also the shapes of launches: the specializations a run compiled, bucketing of padded shapes
+(`KernelLauncher.bucket`), tile rounding and the pair kernel's occupied blocks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import torch
+
+from . import emulator
+from .nki_ledger import CostLedger
+from .ozaki import digits_value
+from .tiles import FREE, P
+
+PAIR_BLOCK = 32  # occupied orbitals per side of one pair-energy launch (partials: 8 KiB per partition)
+
+_KERNEL_FILE = os.path.join(os.path.dirname(__file__), "nki_kernels.py")
+
+
+def load_kernels(simulate: bool):
+    """The kernel module, bound to the emulator (simulate) or to the real Neuron SDK."""
+    if not simulate:
+        from . import nki_kernels  # imports the real `nki`; the caller checked it is installed
+
+        return nki_kernels
+    names = ("nki", "nki.language", "nki.isa")
+    saved = {name: sys.modules.get(name) for name in names}
+    sys.modules.update({"nki": emulator, "nki.language": emulator.language, "nki.isa": emulator.isa})
+    try:
+        spec = importlib.util.spec_from_file_location("dfmp2.kernels._nki_kernels_emulated", _KERNEL_FILE)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, module_before in saved.items():
+            if module_before is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module_before
+    return module
+
+
+# ---- shapes of launches -------------------------------------------------------------------------
+def pair_blocks(n: int) -> list:
+    """[(start, stop)] cutting n occupied orbitals into the fewest blocks of <= PAIR_BLOCK, as
+    even as possible (at most two block sizes, so at most four pair-kernel specializations)."""
+    count = -(-n // PAIR_BLOCK)
+    size = -(-n // count)
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple` (at least one multiple)."""
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def round_up_free(n: int) -> int:
+    """A moving free size: a multiple of 128 up to 512, of 512 (one PSUM bank) above."""
+    return round_up(n, P if n <= FREE else FREE)
+
+
+def pad_on_host(tensor: torch.Tensor, shape) -> torch.Tensor:
+    """A host tensor (e.g. (mn|P) digits, int8, or values, fp32) zero-padded to `shape` in its
+    own dtype (on the host, where it was made); itself when it already has that shape."""
+    if tuple(tensor.shape) == tuple(shape):
+        return tensor
+    out = torch.zeros(shape, dtype=tensor.dtype)
+    out[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    return out
+
+
+def _kernel_array(tensor: torch.Tensor) -> np.ndarray:
+    """A kernel argument as numpy: int8 stays int8, everything else fp32."""
+    array = tensor.detach().cpu().numpy()
+    return np.ascontiguousarray(array, dtype=np.int8 if array.dtype == np.int8 else np.float32)
+
+
+class KernelLauncher:
+    """Runs the kernels for `target` ('trn1' or 'trn2'), emulated under nki `nki_api` rules
+    (simulate) or on the host's Neuron SDK, and keeps the run's specializations; costs go to
+    `ledger`."""
+
+    def __init__(self, target: str, simulate: bool, model_only: bool, nki_api: str | None,
+                 ledger: CostLedger):
+        self.target = target
+        self.simulate = simulate
+        self.model_only = model_only
+        self.nki_api = nki_api
+        self.ledger = ledger
+        self.kernels = load_kernels(simulate)
+        self.specializations = {}  # kernel -> set of padded argument shapes
+        self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
+        self._trace_cache = {}  # (kernel, shapes, grid) -> the trace of its first emulated launch
+
+    def bucket(self, kernel_name, shapes):
+        """Reuse the largest shapes this kernel ran with when the new ones fit inside them (else
+        the elementwise maximum of both becomes the kernel's largest)."""
+        largest = self._largest.get(kernel_name)
+        if largest is not None and all(
+                len(s) == len(b) and all(x <= y for x, y in zip(s, b)) for s, b in zip(shapes, largest)):
+            return largest
+        if largest is not None:
+            shapes = tuple(tuple(max(x, y) for x, y in zip(s, b)) for s, b in zip(shapes, largest))
+        self._largest[kernel_name] = shapes
+        return shapes
+
+    def launch(self, kernel_name, arrays, useful_flops, host_bytes, grid=1):
+        """Run one kernel on `arrays` (fp32 or int8 tensors; ints are compile-time constants) on
+        `grid` physical cores; count the call and its specialization, and record its trace with
+        `host_bytes` of arguments crossing from the host. Returns the kernel's output(s): numpy
+        arrays or tensors from the emulator or the reference math (simulate), the real kernel's
+        tensors on a Trainium host."""
+        shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in arrays)
+        self.ledger.count_launch(kernel_name, useful_flops)
+        self.specializations.setdefault(kernel_name, set()).add(shapes)
+        kernel = getattr(self.kernels, kernel_name)
+        key = (kernel_name, shapes, grid)
+        if self.simulate and self.model_only and key in self._trace_cache:
+            self.ledger.record(self._trace_cache[key], host_bytes, kernel_name)
+            return REFERENCE[kernel_name](*(
+                a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in arrays))
+        if self.simulate:
+            with emulator.target(self.target, self.nki_api):
+                launcher = kernel[grid] if grid > 1 else kernel
+                out = launcher(*(_kernel_array(a) if isinstance(a, torch.Tensor) else a for a in arrays))
+            self.ledger.record(kernel.last_trace, host_bytes, kernel_name)
+            self._trace_cache[key] = kernel.last_trace
+            return out
+        return (kernel[grid] if grid > 1 else kernel)(*arrays)
+
+
+# ---- host reference math for model-only runs (same inputs and outputs as the kernels) ------------
+
+def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle, exchange):
+    """Per-pair (os, exchange) sums in row 0 of the kernel's partials layout [128, NI, NJ, 2]."""
+    iajb = torch.einsum("iqa,jqb->ijab", b_i, b_j)
+    denom = (e_i_rows[0][:, None, None, None] + e_j_rows[0][None, :, None, None]
+             - e_vir_col[:, 0][None, None, :, None] + neg_e_vir_rows[0][None, None, None, :])
+    t = iajb / denom
+    ex = (t * iajb.transpose(2, 3)).sum(dim=(2, 3)) if exchange else torch.zeros(iajb.shape[:2])
+    sums = torch.stack([(t * iajb).sum(dim=(2, 3)), ex], dim=-1)
+    if triangle:
+        sums *= torch.tril(torch.ones(sums.shape[:2]))[:, :, None]
+    out = torch.zeros((P, sums.numel()), dtype=torch.float32)
+    out[0] = sums.reshape(-1)
+    return out
+
+
+def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_vir_rows, with_vv):
+    """density_kernel's outputs (oo partials in row 0, vv) by host math (model-only runs)."""
+    e_vir = e_vir_col[:, 0].double()
+
+    def amplitudes(b, e):
+        v = torch.einsum("iqa,kqc->iakc", b.double(), b_k.double())
+        d = (e[:, None, None, None] - e_vir[None, :, None, None] + e_k_rows[0].double()[None, None, :, None]
+             - e_vir[None, None, None, :])
+        t = v / d
+        return t, 2.0 * t - t.permute(0, 3, 2, 1)
+
+    t_i, big_t_i = amplitudes(b_i, e_i_rows[0].double())
+    _, big_t_j = amplitudes(b_j, e_j_rows[0].double())
+    oo = torch.zeros((P, b_i.shape[0] * b_j.shape[0]), dtype=torch.float32)
+    oo[0] = torch.einsum("iakc,jakc->ij", t_i, big_t_j).reshape(-1).float()
+    vv = torch.einsum("iakc,ibkc->ab", t_i, big_t_i).float() if with_vv else \
+        torch.zeros((e_vir.numel(), e_vir.numel()), dtype=torch.float32)
+    return oo, vv
+
+
+REFERENCE = {  # kernel name -> host function of the kernel's arguments, returning its outputs
+    "gemm_kernel": lambda a_t, b: a_t.T @ b,
+    "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
+    "trsm_kernel": lambda x_t, l_t, linv_t: torch.linalg.solve_triangular(l_t.T, x_t, upper=False),
+    "ao2mo_kernel": lambda digits, scale, cos, cvs, grid: torch.einsum(
+        "pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
+    "pair_energy_kernel": _ref_pair_energy,
+    "density_kernel": _ref_density,
+}

@@ -1,0 +1,80 @@
+"""Exact-product slices for the NKI AO->MO transform (Ozaki's scheme), cut on the host in fp64.
+
+A NeuronCore has no fp64 and its fp32 sums of (mn|P) C products lose up to mEh of the MP2
+energy to cancellation. So every operand of ao2mo_kernel is sent as INPUT_SLICES slices, each
+an integer of at most SLICE_BITS bits (+ sign) times a power of two shared along the
+contraction: every product of two slices is exact in fp32, and so is a sum of 512 of them
+(see nki_kernels.ao2mo_kernel). Pure functions, no state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .tiles import SLICE_BITS
+
+INPUT_SLICES = 5  # slices of (mn|P), C_occ, C_vir: 35 bits below each column's largest element
+ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-67)  # first-slice rounding constant of padded (all-zero) columns
+
+__all__ = ["SLICE_BITS", "INPUT_SLICES", "ROUNDING_PAD", "column_slices", "column_digits",
+           "half_transform_grid", "digits_value"]
+
+
+def column_slices(a: np.ndarray, count: int) -> np.ndarray:
+    """fp64 a [..., K, M] -> fp32 [count, ..., K, M] with sum(slices) = a to 2^(e_m - 7 count).
+
+    e_m = ceil(log2 max_k |a[..., k, m]|) per column m (the contraction runs over K); slice s is
+    an integer of at most 7 bits (+ sign) times 2^(e_m - 7 (s + 1)), so it is exact in fp32 (and in
+    bf16), the product of two slices is exact, and so is a sum of 512 such products of equal weight.
+    """
+    largest = np.abs(a).max(axis=-2, keepdims=True)
+    exponent = np.ceil(np.log2(np.where(largest > 0, largest, 1.0)))
+    rest = np.array(a, dtype=np.float64, copy=True)
+    out = np.empty((count,) + a.shape, dtype=np.float32)
+    for s in range(count):
+        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
+        piece = np.rint(rest / grid) * grid
+        out[s] = piece
+        rest -= piece
+    return out
+
+
+def column_digits(a: np.ndarray, count: int):
+    """fp64 a [..., K, M] -> (int8 digits [count, ..., K, M], fp32 2^e [..., M, 1]) with
+    sum_s digits_s 2^(e_m - 7 (s + 1)) = a to 2^(e_m - 7 count) per column m.
+
+    The same slices as `column_slices`, sent as 1-byte integers and one power of two per column
+    (the kernel scales them back exactly). e_m = ceil(log2(max_k |a[..., k, m]| * 128 / 127)), so
+    the first digit stays within int8 (<= 127); later digits are <= 64.
+    """
+    largest = np.abs(a).max(axis=-2, keepdims=True)
+    exponent = np.ceil(np.log2(np.where(largest > 0, largest * (128.0 / 127.0), 1.0)))
+    rest = np.array(a, dtype=np.float64, copy=True)
+    digits = np.empty((count,) + a.shape, dtype=np.int8)
+    for s in range(count):
+        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
+        digit = np.rint(rest / grid)
+        digits[s] = digit
+        rest -= digit * grid
+    scale = np.swapaxes(np.exp2(exponent), -1, -2).astype(np.float32)  # [..., M, 1]
+    return digits, scale
+
+
+def half_transform_grid(x_max: np.ndarray, c_occ_l1: np.ndarray) -> np.ndarray:
+    """Rounding constants of the first H slice, 1.5 * 2^23 * 2^(E - 7) [nP, 1, nocc], with
+    2^E >= max|(mn|p)| * sum_m |C_mi| >= max_n |H[n, i]| (slice u: times 2^(-7 (u - 1)) on the device)."""
+    bound = np.outer(x_max, c_occ_l1)
+    exponent = np.maximum(np.ceil(np.log2(np.where(bound > 0, bound, 2.0**-60))), -60)
+    return (1.5 * 2.0**23 * np.exp2(exponent - SLICE_BITS))[:, None, :].astype(np.float32)
+
+
+def digits_value(digits, scale):
+    """The value of `column_digits`' output as torch tensors, in fp64: sum_s digits_s
+    2^(e_n - 7 (s + 1)) [NP, NAO, NAO] from digits [S, NP, NAO, NAO] and scale [NP, NAO, 1]
+    (fp32 values instead of int8 digits: the one slice itself). For host reference math."""
+    if digits.dtype != torch.int8:
+        return digits[0].double()
+    weights = torch.tensor([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(digits.shape[0])], dtype=torch.float64)
+    value = (digits.double() * weights[:, None, None, None]).sum(0)
+    return value * scale.double()[:, :, 0][:, None, :]
