@@ -121,6 +121,11 @@ def bench_record(problem, passes, settings) -> dict:
         "machine": {"cpu": _cpu(), "platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
     }
+    peak_device_mb = None
+    if settings.device == "cuda":  # the passes' peak, before the GEMM rate below adds its own arrays
+        import torch
+
+        peak_device_mb = torch.cuda.max_memory_allocated() / 2**20
     if not ran.simulated:  # a square GEMM as large as the budget leaves room for (3 n^2 elements)
         backend = warm[-1][2]
         room = max(0, result.plan.budget - resident_bytes())
@@ -129,10 +134,8 @@ def bench_record(problem, passes, settings) -> dict:
         record.update(device_gemm_tflops=rate, device_gemm_size=n, pair_energies_fraction_of_gemm_rate=(
             stages["pair_energies"]["tflops"] / rate if stages["pair_energies"]["tflops"] else None))
     record["memory"] = memory_record(result.plan, peak_resident_bytes())  # the whole run's, GEMM rate included
-    if settings.device == "cuda":
-        import torch
-
-        record["memory"]["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if peak_device_mb is not None:
+        record["memory"]["peak_device_mb"] = peak_device_mb
     if ran.nki_api is not None:
         record["nki_api"] = ran.nki_api
     if ran.simulated:

@@ -215,7 +215,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
     settings = _with_frozen_core(settings, mol, reference)
-    nfrozen = settings.frozen or 0
+    nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
              ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF

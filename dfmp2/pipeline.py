@@ -231,6 +231,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     orbitals, PySCF's ovL layout): steps 1-3 are skipped.
     """
     settings, context = settings_from(settings, **changes), context_from(context)
+    before = dict(context.timer.timings)  # the run's steps so far (the SCF): not this call's
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
     check_request(settings, len(refs), context.ranks, given)
     selected = active_spaces(refs, settings.frozen)
@@ -257,7 +258,9 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                         settings.rdm1_scaling))
             return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
                 tasks, sums, len(channels)), rdm1=rdm1, t2=t2, notes=notes, include_singles=settings.include_singles,
-                checkpoint=checkpoint.summary(provider.reused, len(tasks)), timings=timer.timings)
+                checkpoint=checkpoint.summary(provider.reused, len(tasks)),
+                timings={name: seconds - before.get(name, 0.0) for name, seconds in timer.timings.items()
+                         if seconds != before.get(name)})
         finally:
             provider.close()
 
@@ -268,6 +271,7 @@ def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *
     (include_singles; else 0, as PySCF's include_singles=False), every energy checked to be
     finite, and what ran (the kernels of every rank, on rank 0)."""
     e_os, e_ss = pair_energy
+    done = provider.summary()  # (ranks: every rank's kernels, gathered before the host's singles)
     e_singles = 0.0
     if include_singles and any(ch.f_ov is not None for ch in channels):
         e_singles = singles_energy(channels)
@@ -275,7 +279,6 @@ def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *
     for name, value in (("opposite-spin", e_os), ("same-spin", e_ss), ("singles", e_singles)):
         if not np.isfinite(value):
             raise ComputationError(f"the {name} MP2 energy is not finite ({value})")
-    done = provider.summary()
     per_rank = (done["distributed"] or {}).get("per_rank")
     kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter())) if per_rank else dict(backend.calls)
 

@@ -137,3 +137,17 @@ def test_singular_metric_uses_eigen_fallback_without_nan():
     assert np.isfinite(pt.e_corr)
     e_plain, _ = DFMP2(mf, auxbasis="cc-pvdz-ri").kernel()
     assert abs(pt.e_corr - e_plain) < FP64_TOL  # same fitting space, same energy
+
+
+def test_run_xyz_takes_a_list_of_frozen_orbitals(tmp_path):
+    """run_xyz with frozen as a list (the core orbital and the highest virtual): PySCF's DFMP2
+    on the same SCF and auxiliary basis, run here, with the same list."""
+    from dfmp2.driver import run_xyz
+
+    xyz = tmp_path / "water.xyz"
+    xyz.write_text("3\n\n" + "\n".join(MOLECULES["water"].split(";")) + "\n")
+    frozen = [0, 23]
+    result = run_xyz(str(xyz), basis="cc-pvdz", auxbasis="cc-pvdz-ri", scf="exact", frozen=frozen)
+    assert result.correlation.nfrozen == 2 and result.correlation.nvir == 18
+    e_ref = pyscf_reference(result.mean_field, "cc-pvdz-ri", frozen)[0]
+    assert abs(result.e_corr - e_ref) < FP64_TOL
