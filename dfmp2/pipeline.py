@@ -9,8 +9,9 @@
     the result                   assembled once (`CorrelationEnergy`)
 Around them, the run's policies: the checkpoint's resume policy (dfmp2.checkpoint: B and the
 finished pair tasks), the ranks (dfmp2.distributed, through the provider) and the timer and
-progress of the run context (dfmp2.context). Nothing here branches on a device, a storage or a
-rank: the provider is chosen once (`three_center_provider`).
+progress of the run context (dfmp2.context). The steps never branch on a device, a storage or
+a rank; those choices are made once, here: the plan (`plan_run`: memory or disk, t2), the
+provider (`three_center_provider`) and the checkpoint policy (`open_run_checkpoint`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from .checkpoint import open_run_checkpoint, pipeline_identity
 from .context import context_from
+from .distributed import three_center_over_ranks
 from .errors import ComputationError, InputError, MemoryBudgetError
 from .memory import MB, MemoryPlan, plan_for, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
@@ -150,8 +152,6 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
 def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
     """Where B comes from and lives (`dfmp2.providers`): given by the caller, over the ranks of
     the team, or made (or found in the checkpoint) in this process."""
-    from .distributed import three_center_over_ranks
-
     if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
         return given_three_center(backend, given, channels, plan)
     if context.team is not None:
