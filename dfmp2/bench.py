@@ -24,7 +24,7 @@ from .memory import peak_resident_bytes, plan_for, resident_bytes
 from .context import RunContext
 from .pipeline import dfmp2_energy
 from .steps import block_ranges
-from .rng.synthetic import RANK, SHAPES, SyntheticIntegrals, synthetic_orbitals
+from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from .settings import Settings, settings_from
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")
@@ -84,22 +84,22 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
     for n in range(repeat + 1):
         backend = first if n == 0 else backend_for(settings)
         context = RunContext(progress=progress)  # each pass its own timer
+        integrals = SyntheticIntegrals(nbasis, nocc, naux, seed)
         start = time.perf_counter()
-        result = dfmp2_energy(backend, SyntheticIntegrals(nbasis, nocc, naux, seed), coeff, energies, occupations,
-                              settings, context=context)
+        result = dfmp2_energy(backend, integrals, coeff, energies, occupations, settings, context=context)
         passes.append((time.perf_counter() - start, result, backend))
         context.report("bench passes", n + 1, repeat + 1)
-    return bench_record((nbasis, nocc, naux, seed), passes, settings)
+    return bench_record((nbasis, nocc, naux, seed), integrals.rank, passes, settings)
 
 
-def bench_record(problem, passes, settings) -> dict:
+def bench_record(problem, rank, passes, settings) -> dict:
     """The JSON record of the passes [(seconds, result, backend)] (cold first) on the synthetic
-    problem (nbasis, nocc, naux, seed): per stage the warm median with its GFLOP and TFLOPS,
+    problem (nbasis, nocc, naux, seed) whose (mn|P) slices have rank `rank`: per stage the warm median with its GFLOP and TFLOPS,
     what ran (the last warm pass's backend record), and on a real device its measured GEMM rate."""
     nbasis, nocc, naux, seed = problem
     warm = passes[1:] or passes  # repeat 0: the cold pass is the timed one
     result, ran = warm[-1][1], warm[-1][2].record()
-    flops = stage_gflop(nbasis, nocc, naux, result.plan.occ_block, min(RANK, nbasis))
+    flops = stage_gflop(nbasis, nocc, naux, result.plan.occ_block, rank)
     stages = {}
     for name in STAGES:
         seconds = statistics.median(p[1].timings.get(name, 0.0) for p in warm)

@@ -214,9 +214,9 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp)
     integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
-    settings = _with_frozen_core(settings, mol, reference)
-    nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
+    settings = _with_frozen_core(settings, mol, spins)
+    nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
              ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF
 
@@ -246,16 +246,16 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     return result
 
 
-def _with_frozen_core(settings, mol, reference) -> Settings:
+def _with_frozen_core(settings, mol, spins) -> Settings:
     """settings with frozen = the chemical core's orbital count when frozen_core asks for it
-    (InputError if that leaves a spin without an active occupied orbital)."""
+    (InputError if that leaves a spin without an active occupied orbital); spins: the occupied
+    orbital count of each spin channel (one restricted, alpha and beta otherwise)."""
     if not settings.frozen_core:
         return settings
     nfrozen = chem.frozen_core_count(mol)
-    nalpha, nbeta = (mol.nelectron + settings.spin) // 2, (mol.nelectron - settings.spin) // 2
-    for n, name in zip([nalpha] if reference == "rhf" else [nalpha, nbeta], ("alpha", "beta")):
+    for n, name in zip(spins, ("alpha", "beta")):
         if n <= nfrozen:
-            label = f"{name} " if reference != "rhf" else ""
+            label = f"{name} " if len(spins) == 2 else ""
             raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
     return settings.replace(frozen=nfrozen or None)
 

@@ -31,7 +31,7 @@ from .settings import IF_ROOM, Settings, settings_from
 from .steps import (block_ranges, combine_pair_sums, factor_metric, pair_energies, pair_tasks, singles_energy,
                     t2_arrays, transform_aux_blocks, unrelaxed_density, whiten_occupied_blocks,
                     whiten_three_center)
-from .storage import DiskStore, LocalThreeCenter, MemoryStore, given_three_center
+from .storage import LocalThreeCenter, given_three_center, new_store
 
 
 @dataclass
@@ -173,8 +173,8 @@ def local_three_center(backend, integrals, metric, channels, plan, scratch, chec
     provider = LocalThreeCenter(backend, [], nocc, plan, factor.nkept, factor.describe(), timer)
     try:
         for ch, shape in zip(channels, shapes):
-            provider.stores.append(MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(
-                backend, shape, scratch, checkpoint.b_path(ch), checkpoint.scratch_prefix))
+            provider.stores.append(new_store(backend, shape, plan.storage, scratch, checkpoint.b_path(ch),
+                                             checkpoint.scratch_prefix))
         transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, provider.stores,
                              timer, context.report)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
         if plan.storage == "disk" and not checkpoint.keeps_b:
@@ -316,10 +316,10 @@ def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
     backend.prepare(plan)
     channels = device_channels(backend, refs, selected)
     factor = factor_metric(backend, integrals.metric())  # 1. J = L L^T
-    shapes = [(ch.nocc, ch.nvir, integrals.naux) for ch in channels]
-    stores = [MemoryStore(backend, shape) if plan.storage == "memory" else DiskStore(backend, shape, settings.scratch)
-              for shape in shapes]
+    stores = []
     try:
+        for ch in channels:
+            stores.append(new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch))
         transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, stores,
                              context.timer, context.report)  # 2. (ia|P)
         results = []

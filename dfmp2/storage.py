@@ -172,6 +172,14 @@ class DiskStore:
             self._tmpdir = None
 
 
+def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-"):
+    """An empty store of the [nocc, nvir, naux] tensor where the memory plan puts it: storage
+    "memory" (MemoryStore) or "disk" (DiskStore under `scratch`, B kept at `path` if given)."""
+    if storage == "memory":
+        return MemoryStore(backend, shape)
+    return DiskStore(backend, shape, scratch, path, prefix)
+
+
 class LocalThreeCenter:
     """The ThreeCenterProvider of one process (`dfmp2.providers`): stores[s] (MemoryStore or
     DiskStore) hold channel s's B [nocc, nvir, nkept]. The pair stage reads B_I in slabs of
