@@ -21,12 +21,12 @@ from .errors import ComputationError, DFMP2Error, InputError, MemoryBudgetError 
 
 def __getattr__(name):
     # The PySCF plugin imports torch and PySCF; load it on first use only.
-    if name in ("DFMP2", "DFUMP2", "DFROMP2"):
+    if name in ("DFMP2", "DFUMP2", "DFROMP2", "use_dfmp2_jk"):
         from . import pyscf_plugin
 
         return getattr(pyscf_plugin, name)
     raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")
 
 
-__all__ = ["DFMP2", "DFUMP2", "DFROMP2", "DFMP2Error", "InputError", "MemoryBudgetError", "ComputationError",
+__all__ = ["DFMP2", "DFUMP2", "DFROMP2", "use_dfmp2_jk", "DFMP2Error", "InputError", "MemoryBudgetError", "ComputationError",
            "__version__"]

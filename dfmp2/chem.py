@@ -458,13 +458,16 @@ def check_xc(xc: str) -> None:
 
 
 def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str = "rhf",
-            jk_auxbasis=None, xc: str | None = None, progress=None):
+            jk_auxbasis=None, xc: str | None = None, progress=None, builds=None):
     """Converged RHF, UHF or ROHF (`reference`). scf='df': density-fitted with `jk_auxbasis`
     (default: `fitting_basis(mol, mp2fit=False)`, PySCF's JK-fit set, generated per element where
     it has none); scf='exact': conventional four-center integrals. Raises ComputationError if
     not converged. xc: Kohn-Sham instead of Hartree-Fock (RKS, UKS, ROKS) with that PySCF xc
-    string (PySCF's default grid)."""
+    string (PySCF's default grid). builds: dfmp2's Coulomb/exchange builds
+    (`dfmp2.scf.FittedCoulombExchange`, scf='df' only) instead of PySCF's (the caller closes them)."""
     mf = _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc)
+    if builds is not None:
+        use_fitted_builds(mf, builds)
     if progress is not None:  # one call per SCF cycle
         mf.callback = lambda envs: progress("SCF cycle", int(envs.get("cycle", 0)) + 1, None)
     mf.kernel()
@@ -472,6 +475,84 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
         raise ComputationError(
             f"{reference.upper() if xc is None else reference.upper().replace('HF', 'KS')} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
     return mf
+
+
+def jk_fitting_integrals(mol, jk_auxbasis):
+    """The SCF's JK-fit three-center integrals (an IntegralProvider with packed())."""
+    return ThreeCenterIntegrals(mol, jk_auxbasis)
+
+
+def jk_auxbasis_of(mf):
+    """The JK-fit basis of a density-fitted mean field: with_df.auxbasis, or PySCF's default for it."""
+    from pyscf import df
+
+    return mf.with_df.auxbasis if mf.with_df.auxbasis is not None else df.make_auxbasis(mf.mol)
+
+
+def use_fitted_builds(mf, builds):
+    """Make the density-fitted mean field `mf` take its Coulomb and exchange matrices from
+    `builds` (a `dfmp2.scf.FittedCoulombExchange`) instead of PySCF's own: its with_df's get_jk
+    is replaced (PySCF's SCF, Kohn-Sham and response code all call it). Range-separated
+    exchange (omega) is refused. Returns mf."""
+    with_df = getattr(mf, "with_df", None)
+    if with_df is None:
+        raise InputError("dfmp2's SCF builds need a density-fitted mean field (mf.density_fit())")
+
+    def get_jk(dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
+        if omega:
+            raise InputError("range-separated exchange (omega) is not built by dfmp2: use --scf-backend pyscf")
+        dms, factors, shape = density_factors(dm, hermi)
+        vj, vk = builds.get_jk(dms, factors, with_j, with_k)
+        return (None if vj is None else vj.reshape(shape)), (None if vk is None else vk.reshape(shape))
+
+    with_df.get_jk = get_jk
+    with_df.dfmp2_builds = builds
+    return mf
+
+
+def fitted_builds_of(mf):
+    """The dfmp2 builds `use_fitted_builds` gave mf, or None (PySCF's own)."""
+    return getattr(getattr(mf, "with_df", None), "dfmp2_builds", None)
+
+
+def density_factors(dm, hermi=1) -> tuple:
+    """PySCF density matrices as factors D = L diag(w) R^T: (dms [nset, nao, nao], [(L, R or
+    None, w or None)], the shape to give the results; R None: R = L, w None: all 1). Densities
+    PySCF tags with mo_coeff and mo_occ (RHF, UHF, ROHF, Kohn-Sham) give their occupied
+    orbitals, L = C_occ n^1/2; other symmetric ones their eigenvectors (L = V |s|^1/2, w the
+    signs of the eigenvalues s); non-symmetric ones (hermi=0) their singular vectors."""
+    shape = np.shape(dm)
+    dms = np.asarray(dm, dtype=np.float64).reshape(-1, shape[-2], shape[-1])
+    mo_coeff, mo_occ = getattr(dm, "mo_coeff", None), getattr(dm, "mo_occ", None)
+    if mo_coeff is not None and mo_occ is not None:
+        coeffs, occs = _spin_orbitals(np.asarray(mo_coeff), np.asarray(mo_occ), len(dms))
+        if coeffs is not None:
+            factors = [(c[:, n > 0] * np.sqrt(n[n > 0]), None, None) for c, n in zip(coeffs, occs)]
+            if all(np.abs(l @ l.T - d).max() <= 1e-10 * max(1.0, np.abs(d).max()) for (l, _, _), d in zip(factors, dms)):
+                return dms, factors, shape  # (tags that do not describe dm are not used)
+    factors = []
+    for d in dms:
+        if hermi == 1 or np.allclose(d, d.T, rtol=0, atol=1e-13):
+            w, v = np.linalg.eigh((d + d.T) / 2)
+            keep = np.abs(w) > 1e-14 * max(1.0, np.abs(w).max())
+            factors.append((v[:, keep] * np.sqrt(np.abs(w[keep])), None, np.sign(w[keep])))
+        else:
+            u, s, vt = np.linalg.svd(d)
+            keep = s > 1e-14 * max(1.0, s.max())
+            factors.append((u[:, keep] * s[keep], np.ascontiguousarray(vt[keep].T), None))
+    return dms, factors, shape
+
+
+def _spin_orbitals(mo_coeff, mo_occ, nset) -> tuple:
+    """(orbitals, occupations) per density of a tagged PySCF density (None, None where the tags
+    do not describe the densities one to one)."""
+    if nset == 1 and mo_coeff.ndim == 2 and mo_occ.ndim == 1:  # restricted
+        return [mo_coeff], [mo_occ]
+    if nset == 2 and mo_coeff.ndim == 3 and mo_occ.ndim == 2:  # unrestricted
+        return list(mo_coeff), list(mo_occ)
+    if nset == 2 and mo_coeff.ndim == 2 and mo_occ.ndim == 1:  # restricted open shell
+        return [mo_coeff, mo_coeff], [(mo_occ > 0).astype(float), (mo_occ > 1).astype(float)]
+    return None, None
 
 
 def scf_arrays(mf) -> dict:
@@ -833,6 +914,13 @@ class ThreeCenterIntegrals:
                                   shls_slice=(0, nbas, 0, nbas, shell0, shell1))
         # packed is [npair, nP] in Fortran order, i.e. [nP, npair] in memory
         return lib.unpack_tril(np.asarray(packed.T, order="C"))
+
+    def packed(self) -> np.ndarray:
+        """(mn|P) over the pairs m >= n (row-major lower triangle): [naux, npair], fp64."""
+        from pyscf import df
+
+        packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij")
+        return np.asarray(packed.T, order="C")  # [npair, naux] in Fortran order: no copy
 
 
 class CholeskyVectors:

@@ -82,8 +82,15 @@ TRANSFORM_OPTION = click.option(
 @click.option("--frozen-core", is_flag=True, help="Freeze the usual core orbitals of each element.")
 @click.option("--scf", type=click.Choice(["df", "exact"]), default="df", show_default=True,
               help="SCF with density fitting (JK-fit basis) or exact four-center integrals.")
+@click.option("--scf-backend", default=None, metavar="device|pyscf",
+              help="Who builds the density-fitted SCF's Coulomb and exchange matrices: device (dfmp2's builds "
+                   "on --device; the default on cpu and cuda) or pyscf (PySCF's own; the default with --scf exact "
+                   "and on trn1/trn2, whose NKI builds are not written yet).")
+@click.option("--scf-precision", default=None, metavar="mixed|fp64",
+              help="dfmp2's SCF builds: mixed (default: fp32 exchange while the density moves, fp64 anchors "
+                   "and fp64 Coulomb; converges to the fp64 energy) or fp64 throughout.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
-              help="Where the MP2 kernels run.")
+              help="Where the MP2 kernels (and the SCF's builds) run.")
 @click.option("--precision", default=None, metavar="fp64|fp32",
               help="GEMM precision [default: fp64; fp32 on trn1/trn2]; energy sums are fp64.")
 @click.option("--simulate", is_flag=True,
@@ -110,7 +117,8 @@ TRANSFORM_OPTION = click.option(
               help="Write the unrelaxed MP2 natural orbitals and occupations (RHF references).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, device, precision, simulate,
+def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, scf_backend,
+        scf_precision, device, precision, simulate,
         nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
@@ -132,7 +140,8 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
         root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
         progress = _Progress() if (root and not quiet and sys.stderr.isatty()) else None
         settings = Settings(basis=basis, auxbasis=auxbasis, ecp=ecp, charge=charge, spin=spin, reference=reference,
-                            scf=scf, scf_max_cycle=scf_max_cycle, frozen_core=frozen_core, xc=xc,
+                            scf=scf, scf_max_cycle=scf_max_cycle, scf_backend=scf_backend,
+                            scf_precision=scf_precision, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
                             max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
@@ -365,6 +374,7 @@ def _print_summary(r):
         *([f"  ecp         " + ", ".join(f"{el}: {e['name']} ({e['core_electrons']} core electrons)"
                                       for el, e in sorted(r["ecp"].items()))] if r.get("ecp") else []),
         f"  reference   {reference}",
+        *_scf_lines(r),
         f"  sizes       nbasis {r['nbasis']}, nocc {spins(r['nocc'])}{frozen}, nvir {spins(r['nvir'])}, "
         f"naux {r['naux']}",
         f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
@@ -397,6 +407,21 @@ def _print_summary(r):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
     click.echo("\n".join(lines))
+
+
+def _scf_lines(r):
+    """The SCF's J/K builds: who ran them, in which precision, iterations and seconds."""
+    if r.get("scf_backend") is None:
+        return []
+    line = f"  scf builds  {r['scf_backend']}, {r['scf_precision']}"
+    if r.get("scf_iterations") is not None:
+        line += f", {r['scf_iterations']} iterations"
+    builds = r.get("scf_builds")
+    if builds:
+        kinds = ", ".join(f"{builds[k + '_builds']} {k}" for k in ("fp32", "incremental", "fp64") if builds[k + "_builds"])
+        line += (f"; {builds['builds']} builds ({kinds}), {sum(builds['build_seconds']):.2f} s, set-up "
+                 f"{builds['setup_seconds']:.2f} s, B as {builds['storage']}")
+    return [line]
 
 
 def _checkpoint_lines(ck):

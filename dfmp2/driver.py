@@ -18,6 +18,7 @@ from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .kernels import backend_for
+from .scf import scf_builds_for
 from .settings import Settings, settings_from
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
@@ -61,6 +62,7 @@ class DFMP2Result:
     double_hybrid: DoubleHybrid | None = None  # a double-hybrid run: E = E_KS + c_os E_os + c_ss E_ss
     mean_field: object = None  # the PySCF SCF object of a run_xyz run (for densities / orbitals)
     peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
+    scf_record: dict = field(default_factory=dict)  # what built the SCF's J and K (`scf_record`)
 
     def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
         """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis [nmo, nmo] (or AO with
@@ -102,7 +104,7 @@ class DFMP2Result:
             "reference": self.reference, "spin_square": self.spin_square,
             "nbasis": corr.nao, "nocc": _per_spin(corr.nocc), "nvir": _per_spin(corr.nvir),
             "naux": corr.naux, "nfrozen": _per_spin(corr.nfrozen), "basis": self.basis, "auxbasis": self.auxbasis,
-            "scf": self.scf, "scf_auxbasis": self.scf_auxbasis,
+            "scf": self.scf, "scf_auxbasis": self.scf_auxbasis, **self.scf_record,
             "device": self.device, "device_description": self.device_description,
             "precision": self.precision, "backend": self.backend, "transform": self.transform,
             "kernels": dict(self.kernels),
@@ -170,6 +172,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     result = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
                         {"mp2": integrals.fitting}, given)
     result.ecp = chem.ecp_record(mf.mol)  # whatever ECPs the user's molecule carries
+    result.scf_record = scf_record(chem.fitted_builds_of(mf), mf)
     return result
 
 
@@ -219,11 +222,12 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
              ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF
+    builds = scf_builds_for(settings, backend, lambda: chem.jk_fitting_integrals(mol, jk_fitting.basis))
 
     def run_scf():
         return chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
                             jk_auxbasis=jk_fitting.basis if jk_fitting is not None else None,
-                            xc=dh.xc if dh else None, progress=context.progress)
+                            xc=dh.xc if dh else None, progress=context.progress, builds=builds)
 
     with ExitStack() as kept_open:
         with context.timer.step("scf"):
@@ -232,7 +236,11 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
             if isinstance(mf, dict):  # SCF arrays (a checkpoint's, or rank 0's)
                 mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_fitting.basis if jk_fitting else None,
                                        dh.xc if dh else None)
-        orbitals = chem.mean_field_orbitals(mf)
+        try:
+            orbitals = chem.mean_field_orbitals(mf)  # (ROHF's semicanonical Fock still builds J and K)
+        finally:
+            if builds is not None:
+                builds.close()
         chem.release_integrals(mf)
         result = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
                             [f"ECPs off (--ecp none): {el} all-electron in {settings.basis}, a basis made for its "
@@ -240,10 +248,24 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
                             {"scf": jk_fitting, "mp2": integrals.fitting})
     if settings.checkpoint is not None:
         result.correlation.checkpoint["reused_scf"] = reused_scf
+    result.scf_record = scf_record(builds, None if reused_scf or context.team is not None and
+                                   context.team.rank != 0 else mf)
     result.double_hybrid = dh
     result.mean_field = mf
     result.ecp = dict(ecp.record)
     return result
+
+
+def scf_record(builds, mf) -> dict:
+    """What built the SCF's Coulomb and exchange matrices, for the result: scf_backend (torch,
+    nki or pyscf), scf_precision, scf_iterations (mf's cycles; None where this process ran no
+    SCF: reused from a checkpoint, or rank 0's) and scf_builds (`scf.BuildRecord.as_dict`)."""
+    record = {"scf_backend": "pyscf" if builds is None else builds.record.backend,
+              "scf_precision": "fp64" if builds is None else builds.record.precision,
+              "scf_iterations": None if mf is None else int(getattr(mf, "cycles", 0))}
+    if builds is not None and builds.record.builds:
+        record["scf_builds"] = builds.record.as_dict()
+    return record
 
 
 def _with_frozen_core(settings, mol, spins) -> Settings:

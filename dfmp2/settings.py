@@ -31,6 +31,9 @@ class Settings:
     reference: str | None = None  # rhf, uhf, rohf (None: rhf for spin 0, else uhf)
     scf: str = "df"  # df (JK-fit) or exact
     scf_max_cycle: int = SCF_MAX_CYCLE
+    scf_backend: str | None = None  # device: J/K on the run's backend (dfmp2.scf); pyscf: PySCF's own
+    # (None: device for scf="df" on cpu/cuda, pyscf for scf="exact" and on trn1/trn2)
+    scf_precision: str | None = None  # the device builds': mixed (default on cpu/cuda) or fp64 (dfmp2.scf)
     frozen_core: bool = False  # freeze PySCF's chemical core (run_xyz)
     xc: str | None = None  # a double hybrid's name, or a PySCF xc string with c_os, c_ss
     c_os: float | None = None

@@ -117,6 +117,32 @@ class TorchBackend:
         full = torch.matmul(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
         return full.permute(1, 2, 0)
 
+    def exchange_block(self, b_block, left, right=None, weights=None):
+        """One auxiliary block of the SCF's exchange for a density D = L diag(w) R^T:
+          X^P = L^T B^P,  Z^P = R^T B^P      batched  [r, nao] x [nP; nao, nao]  (B^P symmetric)
+          K_mn = sum_P sum_r X^P_rm w_r Z^P_rn   one GEMM  [nao, nP*r] x [nP*r, nao]
+        b_block [nP, nao, nao], left, right [nao, r] (right None: R = L, one half transform),
+        weights [r] (None: all 1), all in one dtype. Returns K [nao, nao] in that dtype."""
+        self.calls["exchange_block"] += 1
+        nP, nao, _ = b_block.shape
+        rank = left.shape[1]
+        x = torch.matmul(left.transpose(0, 1), b_block)  # [nP, r, nao]
+        z = x if right is None else torch.matmul(right.transpose(0, 1), b_block)
+        if weights is not None:
+            z = z * weights[None, :, None]
+        return torch.matmul(x.reshape(nP * rank, nao).transpose(0, 1), z.reshape(nP * rank, nao))
+
+    def fit_density(self, b_rows, d_rows):
+        """rho_P = sum_(m>=n) B^P_(mn) D'_(mn): b_rows [nP, npair] (lower triangles), d_rows
+        [nset, npair] (D with its off-diagonal doubled) -> [nset, nP]."""
+        self.calls["fit_density"] += 1
+        return torch.matmul(d_rows, b_rows.transpose(0, 1))
+
+    def coulomb_block(self, b_rows, rho):
+        """J_(mn) = sum_P rho_P B^P_(mn): b_rows [nP, npair], rho [nset, nP] -> [nset, npair]."""
+        self.calls["coulomb_block"] += 1
+        return torch.matmul(rho, b_rows)
+
     def prepare(self, plan) -> None:
         """Nothing to set up: torch takes any block shape (the protocol's hook for backends
         that compile per shape)."""

@@ -1,0 +1,179 @@
+"""dfmp2's SCF Coulomb/exchange builds (dfmp2.scf) against PySCF's own DF-SCF on the same JK-fit set:
+converged energies to 1e-9 Eh (E_SCF) and 1e-8 Eh (E_total), J and K matrices of arbitrary densities,
+the precision policy, the memory fallbacks and the refusals."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from pyscf import dft, gto, scf
+
+import dfmp2
+from dfmp2 import chem
+from dfmp2.driver import run_xyz
+from dfmp2.errors import InputError
+from dfmp2.kernels import get_backend
+from dfmp2.scf import FittedCoulombExchange
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "examples")
+WATER = os.path.join(EXAMPLES, "water.xyz")
+METHYL = os.path.join(EXAMPLES, "methyl.xyz")
+
+GLYCINE = """N 0.000 0.000 0.000; C 1.450 0.000 0.000; C 2.000 1.420 0.000; O 1.300 2.400 0.000
+O 3.330 1.500 0.000; H 3.600 2.430 0.000; H -0.340 -0.940 0.000; H -0.340 0.470 0.810
+H 1.800 -0.520 0.890; H 1.800 -0.520 -0.890"""
+
+
+def _mean_field(mol, kind, xc=None):
+    cls = {"rhf": scf.RHF, "uhf": scf.UHF, "rohf": scf.ROHF} if xc is None else \
+        {"rhf": dft.RKS, "uhf": dft.UKS, "rohf": dft.ROKS}
+    mf = cls[kind](mol) if xc is None else cls[kind](mol, xc=xc)
+    if xc is not None:
+        mf.grids.level = 1  # the same (coarse) grid on both sides
+    mf = mf.density_fit(auxbasis=chem.fitting_basis(mol, False).basis)
+    mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
+    return mf
+
+
+@pytest.mark.parametrize("kind,xc,charge,spin", [
+    ("rhf", None, 0, 0), ("uhf", None, 1, 1), ("rohf", None, 1, 1),
+    ("rhf", "b3lyp", 0, 0), ("uhf", "pbe0", 1, 1), ("rohf", "b3lyp", 1, 1)])
+@pytest.mark.parametrize("precision", ["mixed", "fp64"])
+def test_converged_energy_matches_pyscf(kind, xc, charge, spin, precision):
+    """The SCF with dfmp2's builds converges to PySCF's fp64 DF-SCF energy to 1e-9 Eh."""
+    mol = gto.M(atom=WATER, basis="cc-pvdz", charge=charge, spin=spin, verbose=0)
+    reference = _mean_field(mol, kind, xc).run()
+    mf = _mean_field(mol, kind, xc)
+    builds = FittedCoulombExchange(get_backend("cpu"), chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf)),
+                                   precision)
+    chem.use_fitted_builds(mf, builds).run()
+    assert mf.converged
+    assert abs(mf.e_tot - reference.e_tot) < 1e-9
+    kinds = set(builds.record.builds)
+    if precision == "fp64":
+        assert kinds == {"fp64"}
+    else:  # fp32 builds early, fp64 anchors, fp32 increments on an anchor
+        assert {"fp32", "fp64", "incremental"} <= kinds
+
+
+@pytest.mark.parametrize("hermi", [1, 0])
+def test_j_and_k_of_arbitrary_densities(hermi):
+    """J and K of untagged densities (an indefinite symmetric one; a non-symmetric one) equal PySCF's."""
+    mol = gto.M(atom=GLYCINE, basis="cc-pvdz", verbose=0)
+    mf = _mean_field(mol, "rhf")
+    rng = np.random.default_rng(7)
+    dm = rng.standard_normal((2, mol.nao, mol.nao)) * 0.1
+    if hermi == 1:
+        dm = dm + dm.transpose(0, 2, 1)
+    vj_ref, vk_ref = mf.get_jk(mol, dm, hermi=hermi)
+    builds = FittedCoulombExchange(get_backend("cpu"), chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf)), "fp64")
+    dms, factors, shape = chem.density_factors(dm, hermi)
+    vj, vk = builds.get_jk(dms, factors)
+    assert np.abs(vj - vj_ref).max() < 1e-10
+    if hermi == 1:
+        assert np.abs(vk - vk_ref).max() < 1e-10
+    else:  # PySCF's DF exchange of a non-symmetric density: sum_P B^P D B^P, not symmetric
+        assert np.abs(vk - vk_ref).max() < 1e-10 and np.abs(vk - vk.transpose(0, 2, 1)).max() > 1e-3
+
+
+def test_tags_that_do_not_describe_the_density_are_not_used():
+    """A density PySCF tags with orbitals, then changed (damping arithmetic keeps no tags, but a caller's
+    may): the builds use the density itself."""
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    mf = _mean_field(mol, "rhf").run()
+    dm = mf.make_rdm1()
+    from pyscf import lib
+
+    changed = lib.tag_array(np.asarray(dm) * 0.9, mo_coeff=dm.mo_coeff, mo_occ=dm.mo_occ)
+    builds = FittedCoulombExchange(get_backend("cpu"), chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf)), "fp64")
+    dms, factors, _ = chem.density_factors(changed, 1)
+    vj, vk = builds.get_jk(dms, factors)
+    vj_ref, vk_ref = mf.get_jk(mol, np.asarray(changed))
+    assert np.abs(vk[0] - vk_ref).max() < 1e-10 and np.abs(vj[0] - vj_ref).max() < 1e-10
+
+
+def test_small_budget_keeps_the_triangle_only():
+    """A budget too small for square copies of B: K from the unpacked triangle, same energy."""
+    mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
+    reference = _mean_field(mol, "rhf").run()
+    from dfmp2.memory import MB, resident_bytes
+
+    mf = _mean_field(mol, "rhf")
+    builds = FittedCoulombExchange(get_backend("cpu"), chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf)),
+                                   "mixed", max_memory=resident_bytes() / MB + 1)
+    chem.use_fitted_builds(mf, builds).run()
+    assert builds.record.storage == "fp64 triangle"
+    assert abs(mf.e_tot - reference.e_tot) < 1e-9
+
+
+@pytest.mark.parametrize("options", [
+    dict(reference="rohf", spin=1), dict(xc="b2plyp"), dict(frozen_core=True)])
+def test_whole_run_matches_pyscf_builds(options):
+    """run_xyz with dfmp2's builds (the default) and with PySCF's: E_total to 1e-8 Eh; the record says which ran."""
+    path = METHYL if options.get("spin") else WATER
+    ours = run_xyz(path, **options)
+    theirs = run_xyz(path, scf_backend="pyscf", **options)
+    assert abs(ours.e_tot - theirs.e_tot) < 1e-8
+    assert abs(ours.e_ref - theirs.e_ref) < 1e-9
+    record, other = ours.as_dict(), theirs.as_dict()
+    assert record["scf_backend"] == "torch" and record["scf_precision"] == "mixed"
+    assert record["scf_iterations"] >= 1 and record["scf_builds"]["builds"] >= record["scf_iterations"]
+    assert record["kernels"]["exchange_block"] >= 1
+    assert other["scf_backend"] == "pyscf" and "exchange_block" not in other["kernels"]
+
+
+def test_cli_records_the_scf_builds(tmp_path):
+    from dfmp2.cli import main
+
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as stop:
+        main(["run", WATER, "--scf-precision", "fp64", "--quiet", "--json", str(out)])
+    assert stop.value.code == 0
+    record = json.loads(out.read_text())
+    assert record["scf_backend"] == "torch" and record["scf_precision"] == "fp64"
+    assert record["scf_builds"]["fp64_builds"] == record["scf_builds"]["builds"] > 0
+    assert len(record["scf_builds"]["build_seconds"]) == record["scf_builds"]["builds"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--scf", "exact", "--scf-backend", "device"], "four-center"),
+    (["--scf-backend", "gpu"], "unknown SCF backend"),
+    (["--scf-precision", "fp16"], "unknown SCF precision"),
+    (["--scf-backend", "pyscf", "--scf-precision", "fp64"], "--scf-precision applies"),
+    (["--device", "trn1", "--simulate", "--scf-backend", "device"], "not written yet"),
+])
+def test_refusals(args, message, capsys):
+    from dfmp2.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["run", WATER, "--quiet", *args])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_trainium_runs_record_pyscf_builds():
+    result = run_xyz(WATER, device="trn1", simulate=True, model_only=True)
+    assert result.as_dict()["scf_backend"] == "pyscf"
+
+
+def test_range_separated_exchange_is_refused():
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    mf = dfmp2.use_dfmp2_jk(_mean_field(mol, "rhf", xc="wb97x"))
+    mf.max_cycle = 1
+    with pytest.raises(InputError, match="range-separated"):
+        mf.kernel()
+
+
+def test_plugin_mean_field_uses_the_builds_and_the_record_says_so():
+    """dfmp2.use_dfmp2_jk on a user's mean field, then dfmp2's DFMP2: same energies as PySCF's SCF."""
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    reference = _mean_field(mol, "rhf").run()
+    mf = dfmp2.use_dfmp2_jk(_mean_field(mol, "rhf")).run()
+    assert abs(mf.e_tot - reference.e_tot) < 1e-9
+    pt = dfmp2.DFMP2(mf).run()
+    assert pt.result.as_dict()["scf_backend"] == "torch"
+    assert dfmp2.DFMP2(reference).run().result.as_dict()["scf_backend"] == "pyscf"
+    with pytest.raises(InputError, match="density_fit"):
+        dfmp2.use_dfmp2_jk(scf.RHF(mol))
