@@ -24,17 +24,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import InputError
+from .errors import InputError, MemoryBudgetError
 from .linalg import factor_metric, whiten
-from .memory import budget_bytes, release_freed_memory, resident_bytes
+from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
 from .steps import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
 SCF_PRECISIONS = ("mixed", "fp64", "fp32")
 ANCHOR_BELOW = 1e-2  # mixed: the first fp64 exchange once max |D_n - D_(n-1)| is below this
 FP32_RELATIVE_ERROR = 1e-3  # mixed: a new fp64 anchor once this times |D - D_anchor| exceeds |D_n - D_(n-1)|
-AUX_ROWS = 128  # auxiliary functions per build block (X^P of a block: AUX_ROWS * nao * r elements)
-PAIR_COLUMNS = 32768  # (m >= n) pairs whitened at once
+INCREMENT_RANK_DROP = 1e-6  # mixed: eigenvalues of D - D_anchor below this times the largest are left out
+# of the fp32 increment (an error of the order of the increment's own fp32 rounding)
+BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build or of the whitening (fp64 bytes)
+MAX_AUX_ROWS = 256  # auxiliary functions per build block at most
 
 
 def scf_builds_for(settings, backend, integrals_of):
@@ -74,21 +76,23 @@ class BuildRecord:
     builds: list = field(default_factory=list)  # precision of each build, in order
     seconds: list = field(default_factory=list)  # wall seconds of each build
     setup_seconds: float = 0.0  # integrals + whitening + storage
+    increment_ranks: list = field(default_factory=list)  # columns of each incremental build's factors
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "precision": self.precision, "storage": self.storage,
                 "naux": self.naux, "builds": len(self.builds),
                 **{f"{kind}_builds": self.builds.count(kind) for kind in ("fp32", "fp64", "incremental")},
                 "build_seconds": [round(s, 4) for s in self.seconds],
-                "setup_seconds": round(self.setup_seconds, 4)}
+                "setup_seconds": round(self.setup_seconds, 4), "increment_ranks": list(self.increment_ranks)}
 
 
-def whiten_fitted_integrals(backend, integrals, columns=PAIR_COLUMNS):
+def whiten_fitted_integrals(backend, integrals):
     """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) over the pairs m >= n: host fp64 [nkept, npair] (whitened
-    in place of the packed integrals) and the metric factor."""
+    in place of the packed integrals, in column blocks of BLOCK_BYTES) and the metric factor."""
     packed = integrals.packed()  # [naux, npair], fp64
     factor = factor_metric(backend, integrals.metric())
     npair = packed.shape[1]
+    columns = max(64, BLOCK_BYTES // (8 * packed.shape[0]))
     rows = np.empty((factor.nkept, npair)) if factor.nkept != packed.shape[0] else packed
     for c0, c1 in block_ranges(npair, columns):
         # B^T = X^T L^-T  on a block of pair columns
@@ -140,9 +144,16 @@ class FittedCoulombExchange:
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
         start = time.perf_counter()
-        backend = self.backend
-        rows, factor = whiten_fitted_integrals(backend, self.integrals)
-        naux, nao = rows.shape[0], self.integrals.nao
+        backend, integrals = self.backend, self.integrals
+        self.nao = nao = integrals.nao
+        triangle = integrals.naux * nao * (nao + 1) // 2 * 8
+        free = budget_bytes(self.max_memory) - resident_bytes()
+        if triangle + 4 * BLOCK_BYTES > free:
+            raise MemoryBudgetError(
+                f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
+                f"{free / MB:.0f} MB left in the budget): raise --max-memory or use --scf-backend pyscf")
+        rows, factor = whiten_fitted_integrals(backend, integrals)
+        self.naux = naux = rows.shape[0]
         self._packed = backend.to_device(rows, fp64=backend.has_fp64)  # J's (and fp64 K's) source
         del rows
         self._unpack = TriangleBlocks(nao, backend.device)
@@ -150,7 +161,7 @@ class FittedCoulombExchange:
         for dtype in sorted(self._square_dtypes(naux, nao), key=lambda d: -torch.finfo(d).bits):
             square = torch.empty((naux, nao, nao), dtype=dtype, device=backend.device)
             source = self._square.get(torch.float64)  # fp32 copied from the fp64 square where kept
-            for p0, p1 in block_ranges(naux, AUX_ROWS):
+            for p0, p1 in block_ranges(naux, self._block_rows(0)):
                 square[p0:p1] = source[p0:p1] if source is not None else self._unpack.square(self._packed[p0:p1], dtype)
             self._square[dtype] = square
         release_freed_memory()
@@ -158,14 +169,13 @@ class FittedCoulombExchange:
         self.record.naux = naux
         self.record.metric = factor.describe()
         self.record.setup_seconds = time.perf_counter() - start
-        self.nao, self.naux = nao, naux
 
     def _square_dtypes(self, naux, nao):
         """The square copies of B kept beside the triangle: fp32 (for the fp32 exchange builds)
         and fp64, each where the budget still holds it (else K's blocks are unpacked per build)."""
         wanted = {"mixed": [torch.float32, torch.float64], "fp64": [torch.float64],
                   "fp32": [torch.float32]}[self.record.precision]
-        free = budget_bytes(self.max_memory) - resident_bytes()
+        free = budget_bytes(self.max_memory) - resident_bytes() - 4 * BLOCK_BYTES  # the builds' temporaries
         kept = []
         for dtype in wanted:
             size = naux * nao * nao * (torch.finfo(dtype).bits // 8)
@@ -197,16 +207,22 @@ class FittedCoulombExchange:
         if how == "incremental":
             # K(D) = K_fp64(D_anchor) + K_fp32(D - D_anchor): the fp32 error scales with |D - D_anchor|
             _, k_anchor = anchor
-            delta = [_symmetric_factors(d) for d in dms - anchor[0]]  # D - D_anchor = V diag(sign) V^T
+            delta = [_symmetric_factors(d, INCREMENT_RANK_DROP) for d in dms - anchor[0]]  # D - D_a = V diag(sign) V^T
+            self.record.increment_ranks.append(sum(left.shape[1] for left, _, _ in delta))
             return k_anchor + self.exchange(delta, torch.float32), "incremental"
         vk = self.exchange(factors, torch.float32 if how == "fp32" else torch.float64)
         if anchor == "anchor":
             self._anchor = (np.array(dms), vk.copy())
         return vk, how
 
-    def _square_blocks(self, dtype):
+    def _block_rows(self, rank):
+        """Auxiliary functions per build block: its temporaries ([nP, r, nao] half transforms, an
+        unpacked [nP, nao, nao] block) within BLOCK_BYTES."""
+        return max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * self.nao * max(self.nao, 2 * rank))))
+
+    def _square_blocks(self, dtype, rank):
         """[nP, nao, nao] blocks of B in dtype over the auxiliary range (kept, or unpacked)."""
-        for p0, p1 in block_ranges(self.naux, AUX_ROWS):
+        for p0, p1 in block_ranges(self.naux, self._block_rows(rank)):
             if dtype in self._square:
                 yield self._square[dtype][p0:p1]
             else:
@@ -235,7 +251,7 @@ class FittedCoulombExchange:
             return None if array is None else backend.to_device(array).to(dtype)
         sets = [tuple(on_device(a) for a in factor) for factor in factors]
         vk = np.zeros((len(factors), self.nao, self.nao))
-        for block in self._square_blocks(dtype):
+        for block in self._square_blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
             for s, (left, right, weights) in enumerate(sets):
                 vk[s] += backend.to_host(backend.exchange_block(block, left, right, weights))
         return vk
@@ -250,6 +266,7 @@ class FittedCoulombExchange:
         vj = self.coulomb(dms) if with_j else None
         vk, how = self.exchange_with_policy(dms, factors) if with_k else (None, "coulomb")
         self.backend.synchronize()
+        release_freed_memory()  # the unpacked blocks' pages, or the heap keeps growing build by build
         self.record.builds.append(how)
         self.record.seconds.append(time.perf_counter() - start)
         return vj, vk
@@ -261,9 +278,9 @@ class FittedCoulombExchange:
         release_freed_memory()
 
 
-def _symmetric_factors(d):
+def _symmetric_factors(d, drop=1e-14):
     """(L [nao, r], None, w [r]) with L diag(w) L^T = d for a symmetric d [nao, nao]: eigenvectors
-    scaled by |eigenvalue|^1/2, w the eigenvalues' signs (those at rounding level dropped)."""
+    scaled by |eigenvalue|^1/2, w the eigenvalues' signs (those below drop times the largest left out)."""
     w, v = np.linalg.eigh(d)
-    keep = np.abs(w) > 1e-14 * max(1.0, float(np.abs(w).max()))
+    keep = np.abs(w) > drop * float(np.abs(w).max())
     return v[:, keep] * np.sqrt(np.abs(w[keep])), None, np.sign(w[keep])

@@ -94,18 +94,27 @@ def test_tags_that_do_not_describe_the_density_are_not_used():
     assert np.abs(vk[0] - vk_ref).max() < 1e-10 and np.abs(vj[0] - vj_ref).max() < 1e-10
 
 
-def test_small_budget_keeps_the_triangle_only():
-    """A budget too small for square copies of B: K from the unpacked triangle, same energy."""
+@pytest.mark.parametrize("room,storage", [(0, "fp64 triangle"), (4, "square 32 + fp64 triangle"),
+                                          (12, "square 64 + square 32 + fp64 triangle")])
+def test_budget_decides_the_copies_of_b(monkeypatch, room, storage):
+    """The budget beyond the triangle (room: bytes per square element) decides the square copies kept;
+    K from whatever is kept (the triangle unpacked block by block at the least) gives the same energy."""
+    import dfmp2.scf as jk
+
     mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
     reference = _mean_field(mol, "rhf").run()
-    from dfmp2.memory import MB, resident_bytes
-
     mf = _mean_field(mol, "rhf")
-    builds = FittedCoulombExchange(get_backend("cpu"), chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf)),
-                                   "mixed", max_memory=resident_bytes() / MB + 1)
+    integrals = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf))
+    triangle = integrals.naux * mol.nao * (mol.nao + 1) // 2 * 8
+    builds = FittedCoulombExchange(get_backend("cpu"), integrals, "mixed")
+    monkeypatch.setattr(jk, "resident_bytes", lambda: 0 if builds._packed is None else triangle)  # B's only
+    monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle + 4 * jk.BLOCK_BYTES + room * integrals.naux * mol.nao ** 2)
     chem.use_fitted_builds(mf, builds).run()
-    assert builds.record.storage == "fp64 triangle"
+    assert builds.record.storage == storage
     assert abs(mf.e_tot - reference.e_tot) < 1e-9
+    monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle)  # the triangle alone does not fit: refused
+    with pytest.raises(dfmp2.MemoryBudgetError, match="--scf-backend pyscf"):
+        FittedCoulombExchange(get_backend("cpu"), integrals, "mixed").get_jk(*chem.density_factors(mf.make_rdm1())[:2])
 
 
 @pytest.mark.parametrize("options", [
