@@ -1,17 +1,20 @@
 """The whole job as a user waits for it: `dfmp2 run MOLECULE.xyz` as typed (start-up, SCF, MP2,
 output) against the PySCF script that does the same (DF-RHF with PySCF's default JK-fit set,
-then PySCF's DFMP2 with the MP2-fit set dfmp2 uses), side by side, alternating, wall clock of
+then PySCF's DFMP2 with the MP2-fit set dfmp2 uses, without keeping t2, as dfmp2 run), side by side, alternating, wall clock of
 each whole process.
 
     python benchmarks/bench_whole_job.py examples/benzene.xyz --basis cc-pvtz --rounds 3
     python benchmarks/bench_whole_job.py examples/water.xyz --other-checkout /tmp/old   # + an older dfmp2
+    python benchmarks/bench_whole_job.py examples/water16.xyz --pyscf-builds --warmup 0 --rounds 1
 
 Round 0 is a discarded warm-up (file caches). Each later round runs every contender once, in
 turn; the report gives per-contender medians and the median of the per-round ratios
 PySCF / contender (> 1: the contender is faster), with each contender's E(total). With
 --other-checkout DIR, `python -m dfmp2 run` from that checkout (PYTHONPATH=DIR) runs as a
-third contender, e.g. the commit before a change. Writes benchmarks/results/whole_job_*.json
-with --json.
+third contender, e.g. the commit before a change; with --pyscf-builds, `dfmp2 run --scf-backend
+pyscf` (PySCF's own J/K builds in dfmp2's SCF) runs too. --warmup 0 skips the warm-up round (for
+molecules that take minutes). Each dfmp2 contender's step timings and SCF build record (of its last
+round) go into the report. Writes benchmarks/results/whole_job_*.json with --json.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
 mf.kernel()
 pt = dfmp2.DFMP2(mf)
 pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
-pt.kernel()
+pt.kernel(with_t2=False)
 json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr}, open(sys.argv[3], "w"))
 """
 
@@ -58,6 +61,8 @@ def main(argv=None):
     parser.add_argument("--basis", default="cc-pvdz")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
     parser.add_argument("--other-checkout", default=None, help="another dfmp2 checkout to time too")
+    parser.add_argument("--pyscf-builds", action="store_true", help="also time dfmp2 run --scf-backend pyscf")
+    parser.add_argument("--warmup", type=int, default=1, choices=(0, 1), help="run a discarded warm-up round")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     molecule = os.path.abspath(args.molecule)
@@ -68,25 +73,33 @@ def main(argv=None):
         "dfmp2": ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
                    "--json", os.path.join(out, "dfmp2.json")], None),
     }
+    if args.pyscf_builds:
+        contenders["dfmp2-pyscf-builds"] = ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
+                                             "--scf-backend", "pyscf", "--json",
+                                             os.path.join(out, "dfmp2-pyscf-builds.json")], None)
     if args.other_checkout:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(args.other_checkout))
         contenders["dfmp2-other"] = ([sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis,
                                       "--quiet", "--json", os.path.join(out, "dfmp2-other.json")], env)
     seconds = {name: [] for name in contenders}
-    for round_ in range(args.rounds + 1):
+    for round_ in range(1 - args.warmup, args.rounds + 1):
         for name, (command, env) in contenders.items():
             t = timed(command, env)
             if round_:
                 seconds[name].append(t)
         if round_:
             print(f"round {round_}: " + ", ".join(f"{name} {s[-1]:.2f} s" for name, s in seconds.items()))
-    energies = {name: json.load(open(os.path.join(out, f"{name}.json")))["e_tot"] for name in contenders}
+    records = {name: json.load(open(os.path.join(out, f"{name}.json"))) for name in contenders}
+    energies = {name: record["e_tot"] for name, record in records.items()}
     record = {
         "molecule": os.path.relpath(molecule), "basis": args.basis, "rounds": args.rounds,
         "seconds": seconds, "median_seconds": {n: statistics.median(s) for n, s in seconds.items()},
         "median_ratio_pyscf_over": {n: statistics.median(p / s for p, s in zip(seconds["pyscf"], seconds[n]))
                                     for n in contenders if n != "pyscf"},
         "e_tot": energies, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+        "steps": {name: {key: r.get(key) for key in ("timings", "scf_backend", "scf_precision", "scf_iterations",
+                                                     "scf_builds", "precision", "nbasis")}
+                  for name, r in records.items() if name != "pyscf"},
     }
     for name in contenders:
         ratio = record["median_ratio_pyscf_over"].get(name)

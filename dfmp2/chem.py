@@ -501,6 +501,8 @@ def use_fitted_builds(mf, builds):
     def get_jk(dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
         if omega:
             raise InputError("range-separated exchange (omega) is not built by dfmp2: use --scf-backend pyscf")
+        if with_df.mol is not builds.integrals.mol:  # mf.reset(new_mol), e.g. a geometry scan: new integrals
+            builds.reset(jk_fitting_integrals(with_df.mol, builds.integrals.fitting.basis))
         dms, factors, shape = density_factors(dm, hermi)
         vj, vk = builds.get_jk(dms, factors, with_j, with_k)
         return (None if vj is None else vj.reshape(shape)), (None if vk is None else vk.reshape(shape))

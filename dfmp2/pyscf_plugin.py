@@ -559,6 +559,7 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
         mf = dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit(), device="cpu").run()
     """
     from .kernels import get_backend
+    from .kernels.protocol import FittedBuildsBackend
     from .scf import FittedCoulombExchange
 
     if getattr(mf, "with_df", None) is None:
@@ -566,7 +567,7 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
     if precision is not None and precision not in ("mixed", "fp64"):
         raise InputError(f"unknown SCF precision {precision!r} (use mixed or fp64)")
     backend = get_backend(device)
-    if backend.name != "torch":
+    if not isinstance(backend, FittedBuildsBackend):
         raise InputError(f"dfmp2's SCF builds run on cpu and cuda; NKI builds ({device}) are not written yet")
     integrals = chem.jk_fitting_integrals(mf.mol, chem.jk_auxbasis_of(mf))
     builds = FittedCoulombExchange(backend, integrals, precision,

@@ -1,19 +1,18 @@
-"""The SCF's Coulomb and exchange builds on dfmp2's backends (PySCF's driver keeps DIIS,
-damping, level shifts and convergence; `chem.run_scf` plugs these builds into it).
+"""The SCF's Coulomb and exchange builds on dfmp2's backends (PySCF's driver keeps the guess,
+DIIS, damping, level shifts and convergence; `chem.use_fitted_builds` plugs these builds into it).
 
     whitening, once   B^P_mn = sum_Q [L^-1]_PQ (Q|mn),  (P|Q) = L L^T     whiten_fitted_integrals
-    a density         D = sum_r L_mr R_nr   (occupied orbitals, or eigen/SVD factors of D)
-    half transform    X^P = B^P L,  Z^P = B^P R                           backend.exchange_block
-    exchange          K_mn = sum_P sum_r X^P_mr Z^P_nr
-    fitted density    rho_P = sum_mn B^P_mn D_mn = sum_mr X^P_mr R_mr
+    a density         D = L diag(w) R^T  (occupied orbitals, or eigen/SVD factors; chem.density_factors)
+    fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once)  backend.fit_density
     Coulomb           J_mn = sum_P rho_P B^P_mn                           backend.coulomb_block
+    exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn    backend.exchange_block
 
-B is whitened once in fp64 and kept as square [naux, nao, nao] blocks where the budget holds
-them (fp64 and an fp32 copy), else as its lower triangle, unpacked block by block. Precision
-of the builds ("mixed", the default on cpu/cuda): fp32 GEMMs while the density still moves
-(max |D_n - D_(n-1)| above FP64_BELOW), fp64 from then on, so the last iterations, and so the
-converged energy, are fp64 builds; "fp64": every build fp64; "fp32": every build fp32 (a
-NeuronCore).
+The whitened lower triangle (fp64) is kept for J; square copies for K (fp64, fp32) as the budget
+allows, else K's blocks are unpacked from the triangle. Precision ("mixed", the default where the
+device has fp64): J in fp64; K in fp32 while the density still moves, then from an fp64 anchor
+plus an fp32 increment K(D - D_anchor) whose error scales with the (small) change, re-anchored
+when that error would reach the size of the SCF's steps; "fp64": every build fp64; "fp32": every
+build fp32 (a device without fp64). docs/scf.md has the measurements.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from .errors import InputError, MemoryBudgetError
+from .kernels.protocol import FittedBuildsBackend
 from .linalg import factor_metric, whiten
 from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
 from .steps import block_ranges
@@ -53,7 +53,8 @@ def scf_builds_for(settings, backend, integrals_of):
     reasons = [why for why, applies in (
         ("the conventional SCF (--scf exact) builds J and K from four-center integrals in PySCF",
          settings.scf == "exact"),
-        (f"SCF builds on {backend.device_name} (NKI) are not written yet", backend.name == "nki")) if applies]
+        (f"SCF builds on {backend.device_name} (NKI) are not written yet",
+         not isinstance(backend, FittedBuildsBackend))) if applies]
     if choice is None:
         choice = "pyscf" if reasons else "device"
     if choice == "pyscf":
@@ -77,11 +78,12 @@ class BuildRecord:
     seconds: list = field(default_factory=list)  # wall seconds of each build
     setup_seconds: float = 0.0  # integrals + whitening + storage
     increment_ranks: list = field(default_factory=list)  # columns of each incremental build's factors
+    metric: str = ""  # how (P|Q) was factorised
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "precision": self.precision, "storage": self.storage,
                 "naux": self.naux, "builds": len(self.builds),
-                **{f"{kind}_builds": self.builds.count(kind) for kind in ("fp32", "fp64", "incremental")},
+                **{f"{kind}_builds": self.builds.count(kind) for kind in ("fp32", "fp64", "incremental", "coulomb")},
                 "build_seconds": [round(s, 4) for s in self.seconds],
                 "setup_seconds": round(self.setup_seconds, 4), "increment_ranks": list(self.increment_ranks)}
 
@@ -271,6 +273,11 @@ class FittedCoulombExchange:
         self.record.seconds.append(time.perf_counter() - start)
         return vj, vk
 
+    def reset(self, integrals):
+        """Use `integrals` (another molecule's) from the next build on."""
+        self.close()
+        self.integrals = integrals
+
     def close(self):
         """Release B (the SCF is done; a later get_jk builds it again)."""
         self._square.clear()
@@ -282,5 +289,5 @@ def _symmetric_factors(d, drop=1e-14):
     """(L [nao, r], None, w [r]) with L diag(w) L^T = d for a symmetric d [nao, nao]: eigenvectors
     scaled by |eigenvalue|^1/2, w the eigenvalues' signs (those below drop times the largest left out)."""
     w, v = np.linalg.eigh(d)
-    keep = np.abs(w) > drop * float(np.abs(w).max())
+    keep = np.abs(w) > drop * float(np.abs(w).max()) if np.any(w) else np.zeros(len(w), dtype=bool)
     return v[:, keep] * np.sqrt(np.abs(w[keep])), None, np.sign(w[keep])

@@ -186,3 +186,14 @@ def test_plugin_mean_field_uses_the_builds_and_the_record_says_so():
     assert dfmp2.DFMP2(reference).run().result.as_dict()["scf_backend"] == "pyscf"
     with pytest.raises(InputError, match="density_fit"):
         dfmp2.use_dfmp2_jk(scf.RHF(mol))
+
+
+def test_a_new_geometry_gets_new_integrals():
+    """mf.reset(new_mol) (a geometry scan) after use_dfmp2_jk: the builds follow the new molecule."""
+    mol = gto.M(atom=WATER, basis="cc-pvdz", verbose=0)
+    mf = dfmp2.use_dfmp2_jk(_mean_field(mol, "rhf")).run()
+    stretched = gto.M(atom="O 0 0 0; H 0 -0.80 0.60; H 0 0.80 0.60", basis="cc-pvdz", verbose=0)
+    mf.reset(stretched)
+    mf.run()
+    reference = _mean_field(stretched, "rhf").run()
+    assert abs(mf.e_tot - reference.e_tot) < 1e-9

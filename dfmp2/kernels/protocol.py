@@ -129,3 +129,21 @@ class Backend(Protocol):
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
         """B [nocc, nvir, naux], B_k [nk, nvir, naux] -> unrelaxed (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
+
+
+@runtime_checkable
+class FittedBuildsBackend(Protocol):
+    """The SCF's Coulomb and exchange builds from whitened JK-fit integrals (`dfmp2.scf`): the
+    torch backend (cpu, cuda) has them; the NKI backend not yet (a run on trn1/trn2 keeps PySCF's
+    builds, recorded). B^P is symmetric [nao, nao] per auxiliary function; "rows" are lower
+    triangles [nP, npair] (m >= n)."""
+
+    def exchange_block(self, b_block, left, right=None, weights=None):
+        """B [nP, nao, nao], D = L diag(w) R^T (L, R [nao, r]; R None: R = L; w [r] or None: 1)
+        -> K_mn = sum_P (B^P D B^P)_mn [nao, nao], in the inputs' dtype."""
+
+    def fit_density(self, b_rows, d_rows):
+        """B rows [nP, npair], D' rows [nset, npair] (off-diagonal doubled) -> rho [nset, nP]."""
+
+    def coulomb_block(self, b_rows, rho):
+        """B rows [nP, npair], rho [nset, nP] -> J rows [nset, npair] = rho B."""
