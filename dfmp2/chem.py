@@ -457,6 +457,13 @@ def check_xc(xc: str) -> None:
         raise InputError(f"xc {xc!r} is not a functional PySCF knows ({exc})") from None
 
 
+def is_range_separated(xc: str | None) -> bool:
+    """Whether the PySCF xc string has range-separated exchange (omega != 0)."""
+    from pyscf.dft import libxc
+
+    return xc is not None and libxc.rsh_coeff(xc)[0] != 0
+
+
 def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str = "rhf",
             jk_auxbasis=None, xc: str | None = None, progress=None, builds=None):
     """Converged RHF, UHF or ROHF (`reference`). scf='df': density-fitted with `jk_auxbasis`

@@ -84,8 +84,8 @@ TRANSFORM_OPTION = click.option(
               help="SCF with density fitting (JK-fit basis) or exact four-center integrals.")
 @click.option("--scf-backend", default=None, metavar="device|pyscf",
               help="Who builds the density-fitted SCF's Coulomb and exchange matrices: device (dfmp2's builds "
-                   "on --device; the default on cpu and cuda) or pyscf (PySCF's own; the default with --scf exact "
-                   "and on trn1/trn2, whose NKI builds are not written yet).")
+                   "on --device; the default on cpu and cuda) or pyscf (PySCF's own; the default with --scf exact, "
+                   "range-separated functionals, and on trn1/trn2, whose NKI builds are not written yet).")
 @click.option("--scf-precision", default=None, metavar="mixed|fp64",
               help="dfmp2's SCF builds: mixed (default: fp32 exchange while the density moves, fp64 anchors "
                    "and fp64 Coulomb; converges to the fp64 energy) or fp64 throughout.")

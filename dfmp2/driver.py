@@ -222,7 +222,8 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
              ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF
-    builds = scf_builds_for(settings, backend, lambda: chem.jk_fitting_integrals(mol, jk_fitting.basis))
+    builds = scf_builds_for(settings, backend, lambda: chem.jk_fitting_integrals(mol, jk_fitting.basis),
+                            chem.is_range_separated(dh.xc if dh else None))
 
     def run_scf():
         return chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,

@@ -39,12 +39,13 @@ BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build or of the whitening
 MAX_AUX_ROWS = 256  # auxiliary functions per build block at most
 
 
-def scf_builds_for(settings, backend, integrals_of):
+def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     """The Coulomb/exchange builds a run's SCF uses: a FittedCoulombExchange on `backend`, or
     None for PySCF's own. settings.scf_backend None: device where it can run (a density-fitted
-    SCF on cpu or cuda), else pyscf (conventional integrals, or trn1/trn2, whose NKI builds
-    are not written yet); an explicit "device" that cannot run is an InputError. integrals_of():
-    the JK-fit integrals (called only when the builds are made)."""
+    SCF on cpu or cuda), else pyscf (conventional integrals, range-separated exchange, or
+    trn1/trn2, whose NKI builds are not written yet); an explicit "device" that cannot run is an
+    InputError. integrals_of(): the JK-fit integrals (called only when the builds are made);
+    range_separated: the functional has long-range exchange (omega)."""
     choice, precision = settings.scf_backend, settings.scf_precision
     if choice is not None and choice not in SCF_BACKENDS:
         raise InputError(f"unknown SCF backend {choice!r} (use one of: {', '.join(SCF_BACKENDS)})")
@@ -54,7 +55,8 @@ def scf_builds_for(settings, backend, integrals_of):
         ("the conventional SCF (--scf exact) builds J and K from four-center integrals in PySCF",
          settings.scf == "exact"),
         (f"SCF builds on {backend.device_name} (NKI) are not written yet",
-         not isinstance(backend, FittedBuildsBackend))) if applies]
+         not isinstance(backend, FittedBuildsBackend)),
+        ("range-separated exchange (omega) is not built by dfmp2", range_separated)) if applies]
     if choice is None:
         choice = "pyscf" if reasons else "device"
     if choice == "pyscf":

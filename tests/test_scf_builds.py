@@ -162,6 +162,17 @@ def test_refusals(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_range_separated_double_hybrid_keeps_pyscf_builds(capsys):
+    """A custom range-separated KS part: PySCF's builds by default (recorded), refused before the SCF if
+    dfmp2's are asked for."""
+    from dfmp2.cli import main
+
+    assert run_xyz(WATER, xc="wb97x", c_os=0.5, c_ss=0.2).as_dict()["scf_backend"] == "pyscf"
+    with pytest.raises(SystemExit) as stop:
+        main(["run", WATER, "--quiet", "--xc", "wb97x", "--c-os", "0.5", "--c-ss", "0.2", "--scf-backend", "device"])
+    assert stop.value.code == 2 and "range-separated" in capsys.readouterr().err
+
+
 def test_trainium_runs_record_pyscf_builds():
     result = run_xyz(WATER, device="trn1", simulate=True, model_only=True)
     assert result.as_dict()["scf_backend"] == "pyscf"
