@@ -151,7 +151,7 @@ class FittedCoulombExchange:
         backend, integrals = self.backend, self.integrals
         self.nao = nao = integrals.nao
         triangle = integrals.naux * nao * (nao + 1) // 2 * 8
-        free = budget_bytes(self.max_memory) - resident_bytes()
+        free = self._free_bytes()
         if triangle + 4 * BLOCK_BYTES > free:
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
@@ -174,12 +174,18 @@ class FittedCoulombExchange:
         self.record.metric = factor.describe()
         self.record.setup_seconds = time.perf_counter() - start
 
+    def _free_bytes(self):
+        """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""
+        free = budget_bytes(self.max_memory) - resident_bytes()
+        device_free = self.backend.memory_limit_bytes()
+        return free if device_free is None else min(free, int(0.9 * device_free))
+
     def _square_dtypes(self, naux, nao):
         """The square copies of B kept beside the triangle: fp32 (for the fp32 exchange builds)
         and fp64, each where the budget still holds it (else K's blocks are unpacked per build)."""
         wanted = {"mixed": [torch.float32, torch.float64], "fp64": [torch.float64],
                   "fp32": [torch.float32]}[self.record.precision]
-        free = budget_bytes(self.max_memory) - resident_bytes() - 4 * BLOCK_BYTES  # the builds' temporaries
+        free = self._free_bytes() - 4 * BLOCK_BYTES  # the builds' temporaries
         kept = []
         for dtype in wanted:
             size = naux * nao * nao * (torch.finfo(dtype).bits // 8)

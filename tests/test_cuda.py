@@ -78,3 +78,18 @@ def test_cuda_density_and_double_hybrid():
     e_cpu = DFMP2(ks).double_hybrid_energy("B2PLYP")
     e_gpu = DFMP2(ks, device="cuda").double_hybrid_energy("B2PLYP")
     assert abs(e_gpu - e_cpu) < 1e-10
+
+
+@pytest.mark.parametrize("spin", [0, 1])
+def test_cuda_scf_builds_match_pyscf_builds(spin):
+    """dfmp2's SCF J/K builds on the GPU (the default of dfmp2 run --device cuda) give PySCF's
+    builds' energies: E(SCF) to 1e-9 Eh, E_total to 1e-8 Eh."""
+    import os
+
+    from dfmp2.driver import run_xyz
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "methyl.xyz" if spin else "water.xyz")
+    ours = run_xyz(path, device="cuda", spin=spin)
+    theirs = run_xyz(path, device="cuda", spin=spin, scf_backend="pyscf")
+    assert ours.as_dict()["scf_backend"] == "torch" and ours.as_dict()["device"] == "cuda"
+    assert abs(ours.e_ref - theirs.e_ref) < 1e-9 and abs(ours.e_tot - theirs.e_tot) < 1e-8
