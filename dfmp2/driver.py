@@ -234,7 +234,8 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
         with context.timer.step("scf"):
             mf, reused_scf = _reference_scf(run_scf, settings, context, _run_identity(atoms, settings, reference, ecp),
                                             kept_open)
-            if isinstance(mf, dict):  # SCF arrays (a checkpoint's, or rank 0's)
+            scf_here = not isinstance(mf, dict)  # else SCF arrays (a checkpoint's, or rank 0's)
+            if not scf_here:
                 mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_fitting.basis if jk_fitting else None,
                                        dh.xc if dh else None)
         try:
@@ -249,8 +250,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
                             {"scf": jk_fitting, "mp2": integrals.fitting})
     if settings.checkpoint is not None:
         result.correlation.checkpoint["reused_scf"] = reused_scf
-    result.scf_record = scf_record(builds, None if reused_scf or context.team is not None and
-                                   context.team.rank != 0 else mf)
+    result.scf_record = scf_record(builds, mf if scf_here else None)
     result.double_hybrid = dh
     result.mean_field = mf
     result.ecp = dict(ecp.record)
@@ -260,7 +260,8 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
 def scf_record(builds, mf) -> dict:
     """What built the SCF's Coulomb and exchange matrices, for the result: scf_backend (torch,
     nki or pyscf), scf_precision, scf_iterations (mf's cycles; None where this process ran no
-    SCF: reused from a checkpoint, or rank 0's) and scf_builds (`scf.BuildRecord.as_dict`)."""
+    SCF: reused from a checkpoint, or under torchrun, where rank 0 runs it and broadcasts its
+    arrays) and scf_builds (`scf.BuildRecord.as_dict`)."""
     record = {"scf_backend": "pyscf" if builds is None else builds.record.backend,
               "scf_precision": "fp64" if builds is None else builds.record.precision,
               "scf_iterations": None if mf is None else int(getattr(mf, "cycles", 0))}
