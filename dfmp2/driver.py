@@ -222,8 +222,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
              ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF
-    builds = scf_builds_for(settings, backend, lambda: chem.jk_fitting_integrals(mol, jk_fitting.basis),
-                            chem.is_range_separated(dh.xc if dh else None))
+    builds = _scf_builds(settings, backend, mol, jk_fitting, dh)
 
     def run_scf():
         return chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
@@ -255,6 +254,12 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     result.mean_field = mf
     result.ecp = dict(ecp.record)
     return result
+
+
+def _scf_builds(settings, backend, mol, jk_fitting, dh):
+    """dfmp2's Coulomb/exchange builds for run_xyz's SCF, or None for PySCF's (`scf.scf_builds_for`)."""
+    return scf_builds_for(settings, backend, lambda: chem.jk_fitting_integrals(mol, jk_fitting.basis),
+                          chem.is_range_separated(dh.xc if dh else None))
 
 
 def scf_record(builds, mf) -> dict:
