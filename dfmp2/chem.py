@@ -459,9 +459,11 @@ def check_xc(xc: str) -> None:
 
 def is_range_separated(xc: str | None) -> bool:
     """Whether the PySCF xc string has range-separated exchange (omega != 0)."""
+    if xc is None:
+        return False
     from pyscf.dft import libxc
 
-    return xc is not None and libxc.rsh_coeff(xc)[0] != 0
+    return libxc.rsh_coeff(xc)[0] != 0
 
 
 def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str = "rhf",
@@ -510,8 +512,8 @@ def use_fitted_builds(mf, builds):
             raise InputError("range-separated exchange (omega) is not built by dfmp2: use --scf-backend pyscf")
         if with_df.mol is not builds.integrals.mol:  # mf.reset(new_mol), e.g. a geometry scan: new integrals
             builds.reset(jk_fitting_integrals(with_df.mol, builds.integrals.fitting.basis))
-        dms, factors, shape = density_factors(dm, hermi)
-        vj, vk = builds.get_jk(dms, factors, with_j, with_k)
+        dms, factors, shape = density_factors(dm)
+        vj, vk = builds.get_jk(dms, factors, with_j, with_k, hermi)
         return (None if vj is None else vj.reshape(shape)), (None if vk is None else vk.reshape(shape))
 
     with_df.get_jk = get_jk
@@ -524,12 +526,12 @@ def fitted_builds_of(mf):
     return getattr(getattr(mf, "with_df", None), "dfmp2_builds", None)
 
 
-def density_factors(dm, hermi=1) -> tuple:
-    """PySCF density matrices as factors D = L diag(w) R^T: (dms [nset, nao, nao], [(L, R or
-    None, w or None)], the shape to give the results; R None: R = L, w None: all 1). Densities
-    PySCF tags with mo_coeff and mo_occ (RHF, UHF, ROHF, Kohn-Sham) give their occupied
-    orbitals, L = C_occ n^1/2; other symmetric ones their eigenvectors (L = V |s|^1/2, w the
-    signs of the eigenvalues s); non-symmetric ones (hermi=0) their singular vectors."""
+def density_factors(dm) -> tuple:
+    """PySCF density matrices and, where PySCF tags them with mo_coeff and mo_occ (RHF, UHF, ROHF,
+    Kohn-Sham), their occupied orbitals as factors: (dms [nset, nao, nao], [(L = C_occ n^1/2,
+    None, None) or None per density], the shape to give the results). Tags that do not describe
+    the densities (L L^T != D) are not used; the builds factor such densities themselves
+    (`scf.density_factor`)."""
     shape = np.shape(dm)
     dms = np.asarray(dm, dtype=np.float64).reshape(-1, shape[-2], shape[-1])
     mo_coeff, mo_occ = getattr(dm, "mo_coeff", None), getattr(dm, "mo_occ", None)
@@ -538,18 +540,8 @@ def density_factors(dm, hermi=1) -> tuple:
         if coeffs is not None:
             factors = [(c[:, n > 0] * np.sqrt(n[n > 0]), None, None) for c, n in zip(coeffs, occs)]
             if all(np.abs(l @ l.T - d).max() <= 1e-10 * max(1.0, np.abs(d).max()) for (l, _, _), d in zip(factors, dms)):
-                return dms, factors, shape  # (tags that do not describe dm are not used)
-    factors = []
-    for d in dms:
-        if hermi == 1 or np.allclose(d, d.T, rtol=0, atol=1e-13):
-            w, v = np.linalg.eigh((d + d.T) / 2)
-            keep = np.abs(w) > 1e-14 * max(1.0, np.abs(w).max())
-            factors.append((v[:, keep] * np.sqrt(np.abs(w[keep])), None, np.sign(w[keep])))
-        else:
-            u, s, vt = np.linalg.svd(d)
-            keep = s > 1e-14 * max(1.0, s.max())
-            factors.append((u[:, keep] * s[keep], np.ascontiguousarray(vt[keep].T), None))
-    return dms, factors, shape
+                return dms, factors, shape
+    return dms, [None] * len(dms), shape
 
 
 def _spin_orbitals(mo_coeff, mo_occ, nset) -> tuple:

@@ -2,7 +2,7 @@
 DIIS, damping, level shifts and convergence; `chem.use_fitted_builds` plugs these builds into it).
 
     whitening, once   B^P_mn = sum_Q [L^-1]_PQ (Q|mn),  (P|Q) = L L^T     whiten_fitted_integrals
-    a density         D = L diag(w) R^T  (occupied orbitals, or eigen/SVD factors; chem.density_factors)
+    a density         D = L diag(w) R^T  (occupied orbitals, chem.density_factors; else density_factor)
     fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once)  backend.fit_density
     Coulomb           J_mn = sum_P rho_P B^P_mn                           backend.coulomb_block
     exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn    backend.exchange_block
@@ -111,7 +111,8 @@ class TriangleBlocks:
     def __init__(self, nao, device):
         rows, cols = np.tril_indices(nao)
         self.nao = nao
-        self.lower = torch.as_tensor(rows * nao + cols, device=device)
+        self.pairs = rows * nao + cols  # host: the flat [nao * nao] index of each pair m >= n
+        self.lower = torch.as_tensor(self.pairs, device=device)
         self.upper = torch.as_tensor(cols * nao + rows, device=device)
 
     def square(self, packed_rows, dtype):
@@ -161,7 +162,6 @@ class FittedCoulombExchange:
         self._packed = backend.to_device(rows, fp64=backend.has_fp64)  # J's (and fp64 K's) source
         del rows
         self._unpack = TriangleBlocks(nao, backend.device)
-        self._pairs = torch.as_tensor(np.tril_indices(nao)[0] * nao + np.tril_indices(nao)[1])
         for dtype in sorted(self._square_dtypes(naux, nao), key=lambda d: -torch.finfo(d).bits):
             square = torch.empty((naux, nao, nao), dtype=dtype, device=backend.device)
             source = self._square.get(torch.float64)  # fp32 copied from the fp64 square where kept
@@ -217,7 +217,7 @@ class FittedCoulombExchange:
         if how == "incremental":
             # K(D) = K_fp64(D_anchor) + K_fp32(D - D_anchor): the fp32 error scales with |D - D_anchor|
             _, k_anchor = anchor
-            delta = [_symmetric_factors(d, INCREMENT_RANK_DROP) for d in dms - anchor[0]]  # D - D_a = V diag(sign) V^T
+            delta = [symmetric_factors(d, INCREMENT_RANK_DROP) for d in dms - anchor[0]]  # D - D_a = V diag(sign) V^T
             self.record.increment_ranks.append(sum(left.shape[1] for left, _, _ in delta))
             return k_anchor + self.exchange(delta, torch.float32), "incremental"
         vk = self.exchange(factors, torch.float32 if how == "fp32" else torch.float64)
@@ -244,13 +244,9 @@ class FittedCoulombExchange:
         backend, nao = self.backend, self.nao
         sym = dms + dms.transpose(0, 2, 1)
         sym[:, np.arange(nao), np.arange(nao)] /= 2
-        d_rows = backend.to_device(sym.reshape(len(dms), -1)[:, self._pairs.numpy()], fp64=backend.has_fp64)
+        d_rows = backend.to_device(sym.reshape(len(dms), -1)[:, self._unpack.pairs], fp64=backend.has_fp64)
         rho = backend.fit_density(self._packed, d_rows)
-        j_rows = backend.to_host(backend.coulomb_block(self._packed, rho)).astype(np.float64)
-        vj = np.zeros((len(dms), nao * nao))
-        vj[:, self._pairs.numpy()] = j_rows
-        vj = vj.reshape(-1, nao, nao)
-        return vj + np.tril(vj, -1).transpose(0, 2, 1)
+        return backend.to_host(self._unpack.square(backend.coulomb_block(self._packed, rho), torch.float64))
 
     def exchange(self, factors, dtype):
         """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`
@@ -266,13 +262,15 @@ class FittedCoulombExchange:
                 vk[s] += backend.to_host(backend.exchange_block(block, left, right, weights))
         return vk
 
-    def get_jk(self, dms, factors, with_j=True, with_k=True):
-        """J and K of densities dms [nset, nao, nao] (host fp64) given as factors [(L [nao, r],
-        R [nao, r] or None)] with D = L R^T. Returns (vj, vk) host fp64 [nset, nao, nao] (None
-        where not asked). J in fp64 (fp32 without fp64 arithmetic); K in the policy's precision."""
+    def get_jk(self, dms, factors, with_j=True, with_k=True, hermi=1):
+        """J and K of densities dms [nset, nao, nao] (host fp64), each given as factors (L [nao, r],
+        R [nao, r] or None, w [r] or None) with D = L diag(w) R^T, or None: factored here
+        (`density_factor`; hermi=0: not symmetric). Returns (vj, vk) host fp64 [nset, nao, nao]
+        (None where not asked). J in fp64 (fp32 without fp64 arithmetic); K in the policy's precision."""
         if self._unpack is None:
             self._build()
         start = time.perf_counter()
+        factors = [f if f is not None else density_factor(d, hermi) for f, d in zip(factors, dms)]
         vj = self.coulomb(dms) if with_j else None
         vk, how = self.exchange_with_policy(dms, factors) if with_k else (None, "coulomb")
         self.backend.synchronize()
@@ -293,9 +291,22 @@ class FittedCoulombExchange:
         release_freed_memory()
 
 
-def _symmetric_factors(d, drop=1e-14):
+def symmetric_factors(d, drop=1e-14, floor=0.0):
     """(L [nao, r], None, w [r]) with L diag(w) L^T = d for a symmetric d [nao, nao]: eigenvectors
-    scaled by |eigenvalue|^1/2, w the eigenvalues' signs (those below drop times the largest left out)."""
+    scaled by |eigenvalue|^1/2, w the eigenvalues' signs; eigenvalues at most drop times
+    max(floor, the largest |eigenvalue|) left out (all of them for d = 0)."""
     w, v = np.linalg.eigh(d)
-    keep = np.abs(w) > drop * float(np.abs(w).max()) if np.any(w) else np.zeros(len(w), dtype=bool)
+    largest = max(floor, float(np.abs(w).max()))
+    keep = np.abs(w) > drop * largest if largest > 0 else np.zeros(len(w), dtype=bool)
     return v[:, keep] * np.sqrt(np.abs(w[keep])), None, np.sign(w[keep])
+
+
+def density_factor(d, hermi=1, drop=1e-14):
+    """Factors (L, R or None, w or None) with D = L diag(w) R^T of a density d [nao, nao] that came
+    without orbitals: eigenvectors if it is symmetric (hermi=1, or equal to its transpose), else
+    singular vectors; components below drop (relative to max(1, the largest)) left out."""
+    if hermi == 1 or np.allclose(d, d.T, rtol=0, atol=1e-13):
+        return symmetric_factors((d + d.T) / 2, drop, floor=1.0)
+    u, s, vt = np.linalg.svd(d)
+    keep = s > drop * max(1.0, s.max())
+    return u[:, keep] * s[keep], np.ascontiguousarray(vt[keep].T), None

@@ -69,8 +69,8 @@ def test_j_and_k_of_arbitrary_densities(hermi):
         dm = dm + dm.transpose(0, 2, 1)
     vj_ref, vk_ref = mf.get_jk(mol, dm, hermi=hermi)
     builds = FittedCoulombExchange(get_backend("cpu"), chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf)), "fp64")
-    dms, factors, shape = chem.density_factors(dm, hermi)
-    vj, vk = builds.get_jk(dms, factors)
+    dms, factors, shape = chem.density_factors(dm)
+    vj, vk = builds.get_jk(dms, factors, hermi=hermi)
     assert np.abs(vj - vj_ref).max() < 1e-10
     if hermi == 1:
         assert np.abs(vk - vk_ref).max() < 1e-10
@@ -88,7 +88,7 @@ def test_tags_that_do_not_describe_the_density_are_not_used():
 
     changed = lib.tag_array(np.asarray(dm) * 0.9, mo_coeff=dm.mo_coeff, mo_occ=dm.mo_occ)
     builds = FittedCoulombExchange(get_backend("cpu"), chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf)), "fp64")
-    dms, factors, _ = chem.density_factors(changed, 1)
+    dms, factors, _ = chem.density_factors(changed)
     vj, vk = builds.get_jk(dms, factors)
     vj_ref, vk_ref = mf.get_jk(mol, np.asarray(changed))
     assert np.abs(vk[0] - vk_ref).max() < 1e-10 and np.abs(vj[0] - vj_ref).max() < 1e-10
