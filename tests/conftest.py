@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 import pytest
 
@@ -27,6 +28,19 @@ MOLECULES = {  # Angstrom
 }
 
 _SCF_CACHE = {}
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_restored():
+    """The CLI's `main`, called in-process by some tests, leaves SIGINT/SIGTERM/SIGHUP ignored
+    once a run has succeeded (it is the process's entry point: a late signal must not turn a
+    finished run into a failure). Restored after each test, or every later subprocess would
+    inherit the ignores (and a Ctrl-C test would find its child deaf to SIGINT)."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {signum: signal.getsignal(signum) for signum in signals}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 def converged_rhf(name, basis="cc-pvdz", scf_mode="exact", atom=None, unit="Angstrom",

@@ -39,7 +39,13 @@ def start(args, delay=None):
         env["DFMP2_TEST_PAIR_DELAY"] = delay
     return subprocess.Popen([sys.executable, "-m", "dfmp2", "run", *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True)
+                            text=True, preexec_fn=_default_stop_signals)
+
+
+def _default_stop_signals():
+    """SIGINT and SIGTERM as a shell gives a foreground command, whatever the test process inherited."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def finished_blocks(checkpoint):

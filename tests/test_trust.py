@@ -228,6 +228,11 @@ def test_outputs_are_checked_before_the_scf(tmp_path):
 
 # ----------------------------------------------------------------------------- signals
 
+def _as_in_a_foreground_terminal():
+    """SIGINT as a shell gives a foreground command (default), whatever this test process inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("moment", [0.15, 0.4, 0.8, "pair stage"])
 def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, moment):
     """SIGINT during the start-up imports (torch and PySCF take a second or two: 0.15 to 0.8 s
@@ -235,11 +240,12 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, moment):
     args = ["run", WATER, "--json", "out.json"]
     if moment == "pair stage":  # slowed by the fault hook, which imports torch at start-up itself
         mark = tmp_path.parent / f"{tmp_path.name}.mark"
-        proc = start_slowed(args, tmp_path, mark, delay="2")
+        proc = start_slowed(args, tmp_path, mark, delay="2", preexec_fn=_as_in_a_foreground_terminal)
         wait_for(mark, proc)
     else:  # a plain run (about 1.5 s in all, most of it the imports)
         proc = subprocess.Popen([sys.executable, "-m", "dfmp2", *map(str, args)], cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_as_in_a_foreground_terminal)
         time.sleep(moment)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
