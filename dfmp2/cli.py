@@ -84,11 +84,12 @@ TRANSFORM_OPTION = click.option(
               help="SCF with density fitting (JK-fit basis) or exact four-center integrals.")
 @click.option("--scf-backend", default=None, metavar="device|pyscf",
               help="Who builds the density-fitted SCF's Coulomb and exchange matrices: device (dfmp2's builds "
-                   "on --device; the default on cpu and cuda) or pyscf (PySCF's own; the default with --scf exact, "
-                   "range-separated functionals, and on trn1/trn2, whose NKI builds are not written yet).")
+                   "on --device; the default) or pyscf (PySCF's own; the default with --scf exact and "
+                   "range-separated functionals).")
 @click.option("--scf-precision", default=None, metavar="mixed|fp64",
-              help="dfmp2's SCF builds: mixed (default: fp32 exchange while the density moves, fp64 anchors "
-                   "and fp64 Coulomb; converges to the fp64 energy) or fp64 throughout.")
+              help="dfmp2's SCF builds: mixed (default: fp32 builds while the density moves, then fp64 anchors "
+                   "plus fp32 increments; on trn1/trn2 exact-product anchors; converges to the fp64 energy) "
+                   "or fp64 throughout (cpu, cuda).")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels (and the SCF's builds) run.")
 @click.option("--precision", default=None, metavar="fp64|fp32",

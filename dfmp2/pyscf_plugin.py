@@ -568,7 +568,7 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
         raise InputError(f"unknown SCF precision {precision!r} (use mixed or fp64)")
     backend = get_backend(device)
     if not isinstance(backend, FittedBuildsBackend):
-        raise InputError(f"dfmp2's SCF builds run on cpu and cuda; NKI builds ({device}) are not written yet")
+        raise InputError(f"the {backend.name} backend ({device}) has no SCF builds")
     integrals = chem.jk_fitting_integrals(mf.mol, chem.jk_auxbasis_of(mf))
     builds = FittedCoulombExchange(backend, integrals, precision,
                                    max_memory if max_memory is not None else getattr(mf, "max_memory", None))

@@ -3,16 +3,18 @@ DIIS, damping, level shifts and convergence; `chem.use_fitted_builds` plugs thes
 
     whitening, once   B^P_mn = sum_Q [L^-1]_PQ (Q|mn),  (P|Q) = L L^T     whiten_fitted_integrals
     a density         D = L diag(w) R^T  (occupied orbitals, chem.density_factors; else density_factor)
-    fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once)  backend.fit_density
-    Coulomb           J_mn = sum_P rho_P B^P_mn                           backend.coulomb_block
-    exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn    backend.exchange_block
+    fitted density    rho_P = sum_mn B^P_mn D_mn
+    Coulomb           J_mn = sum_P rho_P B^P_mn
+    exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn
 
-The whitened lower triangle (fp64) is kept for J; square copies for K (fp64, fp32) as the budget
-allows, else K's blocks are unpacked from the triangle. Precision ("mixed", the default where the
-device has fp64): J in fp64; K in fp32 while the density still moves, then from an fp64 anchor
-plus an fp32 increment K(D - D_anchor) whose error scales with the (small) change, re-anchored
-when that error would reach the size of the SCF's steps; "fp64": every build fp64; "fp32": every
-build fp32 (a device without fp64). docs/scf.md has the measurements.
+The backend keeps B where it computes and builds J and K (its `FittedStore`: kernels/torch_fitted.py
+on cpu and cuda, kernels/nki_fitted.py on trn1 and trn2). Two kinds of build: "fp32", and the
+store's exact kind ("fp64" on torch; "exact" on a NeuronCore, which has no fp64: products of
+exact 7-bit slices). Precision "mixed" (the default): fp32 builds while the density still moves,
+then one exact-kind "anchor" build, then increments  F(D) = F_anchor + F_fp32(D - D_anchor)
+whose fp32 error scales with the (small) change, re-anchored when that error would reach the
+size of the SCF's steps; on torch J is fp64 in every build (only K follows the kind). "fp64":
+every build in the exact kind (torch only). docs/scf.md has the measurements.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-
 from .errors import InputError, MemoryBudgetError
 from .kernels.protocol import FittedBuildsBackend
 from .linalg import factor_metric, whiten
@@ -30,20 +30,18 @@ from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
 from .steps import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
-SCF_PRECISIONS = ("mixed", "fp64", "fp32")
-ANCHOR_BELOW = 1e-2  # mixed: the first fp64 exchange once max |D_n - D_(n-1)| is below this
-FP32_RELATIVE_ERROR = 1e-3  # mixed: a new fp64 anchor once this times |D - D_anchor| exceeds |D_n - D_(n-1)|
+SCF_PRECISIONS = ("mixed", "fp64")
+ANCHOR_BELOW = 1e-2  # mixed: the first exact-kind build once max |D_n - D_(n-1)| is below this
+FP32_RELATIVE_ERROR = 1e-3  # mixed: a new anchor once this times |D - D_anchor| exceeds |D_n - D_(n-1)|
 INCREMENT_RANK_DROP = 1e-6  # mixed: eigenvalues of D - D_anchor below this times the largest are left out
 # of the fp32 increment (an error of the order of the increment's own fp32 rounding)
-BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build or of the whitening (fp64 bytes)
-MAX_AUX_ROWS = 256  # auxiliary functions per build block at most
+BLOCK_BYTES = 32 * 10**6  # the largest temporary of the whitening (fp64 bytes)
 
 
 def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     """The Coulomb/exchange builds a run's SCF uses: a FittedCoulombExchange on `backend`, or
     None for PySCF's own. settings.scf_backend None: device where it can run (a density-fitted
-    SCF on cpu or cuda), else pyscf (conventional integrals, range-separated exchange, or
-    trn1/trn2, whose NKI builds are not written yet); an explicit "device" that cannot run is an
+    SCF without range-separated exchange), else pyscf; an explicit "device" that cannot run is an
     InputError. integrals_of(): the JK-fit integrals (called only when the builds are made);
     range_separated: the functional has long-range exchange (omega)."""
     choice, precision = settings.scf_backend, settings.scf_precision
@@ -54,8 +52,7 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     reasons = [why for why, applies in (
         ("the conventional SCF (--scf exact) builds J and K from four-center integrals in PySCF",
          settings.scf == "exact"),
-        (f"SCF builds on {backend.device_name} (NKI) are not written yet",
-         not isinstance(backend, FittedBuildsBackend)),
+        (f"the {backend.name} backend has no SCF builds", not isinstance(backend, FittedBuildsBackend)),
         ("range-separated exchange (omega) is not built by dfmp2", range_separated)) if applies]
     if choice is None:
         choice = "pyscf" if reasons else "device"
@@ -68,6 +65,9 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     return FittedCoulombExchange(backend, integrals_of(), precision, settings.max_memory)
 
 
+BUILD_KINDS = ("fp32", "fp64", "exact", "incremental", "coulomb")  # coulomb: a J-only build on torch (fp64)
+
+
 @dataclass
 class BuildRecord:
     """What the builds ran: precision per build, seconds per build, storage of B, kernel calls."""
@@ -76,23 +76,40 @@ class BuildRecord:
     precision: str
     storage: str = ""
     naux: int = 0
-    builds: list = field(default_factory=list)  # precision of each build, in order
+    builds: list = field(default_factory=list)  # kind of each build, in order (fp32, fp64/exact, incremental)
     seconds: list = field(default_factory=list)  # wall seconds of each build
     setup_seconds: float = 0.0  # integrals + whitening + storage
     increment_ranks: list = field(default_factory=list)  # columns of each incremental build's factors
     metric: str = ""  # how (P|Q) was factorised
+    whitening: str = ""  # where B was whitened (device, precision)
+    modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "precision": self.precision, "storage": self.storage,
-                "naux": self.naux, "builds": len(self.builds),
-                **{f"{kind}_builds": self.builds.count(kind) for kind in ("fp32", "fp64", "incremental", "coulomb")},
+                "naux": self.naux, "whitening": self.whitening, "builds": len(self.builds),
+                **{f"{kind}_builds": self.builds.count(kind) for kind in BUILD_KINDS},
                 "build_seconds": [round(s, 4) for s in self.seconds],
-                "setup_seconds": round(self.setup_seconds, 4), "increment_ranks": list(self.increment_ranks)}
+                "setup_seconds": round(self.setup_seconds, 4), "increment_ranks": list(self.increment_ranks),
+                **({"modelled_build_seconds": {t: [round(x, 6) for x in v] for t, v in self.modelled.items()},
+                    "modelled_note": "calibrated MODEL of each build on each target, not a measurement"}
+                   if self.modelled else {})}
+
+
+def whitening_backend(backend):
+    """Where the JK-fit whitening runs: on `backend` where it has fp64, else (a NeuronCore) on the
+    host CPU in fp64: B feeds every build, and its fp32 rounding (1e-7 relative) would cost
+    ~1e-5 Eh of the SCF energy whatever the builds' own precision."""
+    if backend.has_fp64:
+        return backend
+    from .kernels import get_backend
+
+    return get_backend("cpu", "fp64")
 
 
 def whiten_fitted_integrals(backend, integrals):
     """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) over the pairs m >= n: host fp64 [nkept, npair] (whitened
     in place of the packed integrals, in column blocks of BLOCK_BYTES) and the metric factor."""
+    backend = whitening_backend(backend)
     packed = integrals.packed()  # [naux, npair], fp64
     factor = factor_metric(backend, integrals.metric())
     npair = packed.shape[1]
@@ -105,46 +122,26 @@ def whiten_fitted_integrals(backend, integrals):
     return rows, factor
 
 
-class TriangleBlocks:
-    """Unpack rows of a lower-triangle store [naux, npair] into square [nP, nao, nao] tensors."""
-
-    def __init__(self, nao, device):
-        rows, cols = np.tril_indices(nao)
-        self.nao = nao
-        self.pairs = rows * nao + cols  # host: the flat [nao * nao] index of each pair m >= n
-        self.lower = torch.as_tensor(self.pairs, device=device)
-        self.upper = torch.as_tensor(cols * nao + rows, device=device)
-
-    def square(self, packed_rows, dtype):
-        """packed_rows [nP, npair] (a device tensor) -> [nP, nao, nao] in dtype."""
-        packed_rows = packed_rows.to(dtype)
-        out = torch.empty((packed_rows.shape[0], self.nao * self.nao), dtype=dtype, device=packed_rows.device)
-        out.index_copy_(1, self.upper, packed_rows)
-        out.index_copy_(1, self.lower, packed_rows)
-        return out.view(-1, self.nao, self.nao)
-
-
 class FittedCoulombExchange:
     """J and K of the SCF from whitened JK-fit integrals, on one backend.
 
-    backend: a dfmp2 backend (`kernels.backend_for`); integrals: the JK-fit IntegralProvider
-    (nao, naux, metric(), packed()); precision: mixed, fp64 or fp32 (SCF_PRECISIONS; fp32 only
-    without fp64 arithmetic); max_memory: the run's budget (MB, None: 80% of free RAM).
-    Built on the first call (`get_jk`), released by `close()`."""
+    backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
+    IntegralProvider (nao, naux, metric(), packed()); precision: mixed or fp64 (SCF_PRECISIONS;
+    mixed only on a device without fp64); max_memory: the run's budget (MB, None: 80% of free
+    RAM). Built on the first call (`get_jk`), released by `close()`."""
 
     def __init__(self, backend, integrals, precision=None, max_memory=None):
-        precision = precision or ("mixed" if backend.has_fp64 else "fp32")
+        precision = precision or "mixed"
         if precision not in SCF_PRECISIONS:
             raise InputError(f"unknown SCF precision {precision!r} (use one of: {', '.join(SCF_PRECISIONS)})")
-        if precision != "fp32" and not backend.has_fp64:
-            raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are fp32")
+        if precision == "fp64" and not backend.has_fp64:
+            raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are mixed "
+                             "(fp32, with exact-product anchors); leave out --scf-precision")
         self.backend, self.integrals, self.max_memory = backend, integrals, max_memory
         self.record = BuildRecord(backend=backend.name, precision=precision)
-        self._square = {}  # dtype -> [naux, nao, nao] device tensor
-        self._packed = None  # [naux, npair] fp64 device tensor, when the squares are not all kept
-        self._unpack = None
+        self._store = None  # the backend's copy of B (FittedStore)
         self._last = None  # the previous call's densities (mixed precision)
-        self._anchor = None  # (densities, their fp64 K) the incremental builds start from
+        self._anchor = None  # (densities, J or None, K or None) the incremental builds start from
 
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
@@ -158,20 +155,16 @@ class FittedCoulombExchange:
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
                 f"{free / MB:.0f} MB left in the budget): raise --max-memory or use --scf-backend pyscf")
         rows, factor = whiten_fitted_integrals(backend, integrals)
-        self.naux = naux = rows.shape[0]
-        self._packed = backend.to_device(rows, fp64=backend.has_fp64)  # J's (and fp64 K's) source
+        kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"]}[self.record.precision]
+        store = backend.fitted_store(rows, nao, kinds, self._free_bytes)
+        store_kinds = [store.exact_kind if k == "exact" else k for k in kinds]
         del rows
-        self._unpack = TriangleBlocks(nao, backend.device)
-        for dtype in sorted(self._square_dtypes(naux, nao), key=lambda d: -torch.finfo(d).bits):
-            square = torch.empty((naux, nao, nao), dtype=dtype, device=backend.device)
-            source = self._square.get(torch.float64)  # fp32 copied from the fp64 square where kept
-            for p0, p1 in block_ranges(naux, self._block_rows(0)):
-                square[p0:p1] = source[p0:p1] if source is not None else self._unpack.square(self._packed[p0:p1], dtype)
-            self._square[dtype] = square
         release_freed_memory()
-        self.record.storage = " + ".join([f"square {str(d)[-2:]}" for d in self._square] + ["fp64 triangle"])
-        self.record.naux = naux
+        self._store, self._kinds = store, store_kinds
+        self.naux = self.record.naux = store.naux
+        self.record.storage = store.storage
         self.record.metric = factor.describe()
+        self.record.whitening = f"{whitening_backend(backend).device_name}, fp64"
         self.record.setup_seconds = time.perf_counter() - start
 
     def _free_bytes(self):
@@ -180,104 +173,65 @@ class FittedCoulombExchange:
         device_free = self.backend.memory_limit_bytes()
         return free if device_free is None else min(free, int(0.9 * device_free))
 
-    def _square_dtypes(self, naux, nao):
-        """The square copies of B kept beside the triangle: fp32 (for the fp32 exchange builds)
-        and fp64, each where the budget still holds it (else K's blocks are unpacked per build)."""
-        wanted = {"mixed": [torch.float32, torch.float64], "fp64": [torch.float64],
-                  "fp32": [torch.float32]}[self.record.precision]
-        free = self._free_bytes() - 4 * BLOCK_BYTES  # the builds' temporaries
-        kept = []
-        for dtype in wanted:
-            size = naux * nao * nao * (torch.finfo(dtype).bits // 8)
-            if size <= free:
-                kept.append(dtype)
-                free -= size
-        return kept
-
     # ---- builds ------------------------------------------------------------------------
-    def _exchange_plan(self, dms):
-        """How to build K of `dms` (the precision policy, module docstring): ("fp32", None),
-        ("fp64", None) or ("incremental", anchor)."""
-        precision = self.record.precision
-        if precision != "mixed":
-            return precision, None
+    def _build_plan(self, dms, with_j, with_k):
+        """How to build F of `dms` (the precision policy, module docstring): (kind, anchor) with
+        kind "fp32", the store's exact kind, or "incremental" (anchor: the one to start from);
+        anchor "new" when this build becomes the anchor."""
+        exact = self._store.exact_kind
+        if self.record.precision != "mixed" or not (with_k or self._store.coulomb_follows_kind):
+            return exact, None  # every build exact; or J alone, which this store builds exactly anyway
         last, self._last = self._last, np.array(dms)
         anchor = self._anchor
+        usable = anchor is not None and anchor[0].shape == dms.shape and \
+            (not with_j or anchor[1] is not None) and (not with_k or anchor[2] is not None)
         if last is None or last.shape != dms.shape:
-            return ("fp32", None) if anchor is None or anchor[0].shape != dms.shape else ("fp64", None)
+            return (exact, "new") if usable else ("fp32", None)
         step = float(np.abs(dms - last).max())
-        if anchor is None:
-            return ("fp64", "anchor") if step < ANCHOR_BELOW else ("fp32", None)
+        if not usable:
+            return (exact, "new") if step < ANCHOR_BELOW else ("fp32", None)
         drift = float(np.abs(dms - anchor[0]).max())
-        return ("fp64", "anchor") if drift * FP32_RELATIVE_ERROR > step else ("incremental", anchor)
-
-    def exchange_with_policy(self, dms, factors):
-        """K of dms (factors D = L R^T) as the precision policy plans it; returns (vk, label)."""
-        how, anchor = self._exchange_plan(dms)
-        if how == "incremental":
-            # K(D) = K_fp64(D_anchor) + K_fp32(D - D_anchor): the fp32 error scales with |D - D_anchor|
-            _, k_anchor = anchor
-            delta = [symmetric_factors(d, INCREMENT_RANK_DROP) for d in dms - anchor[0]]  # D - D_a = V diag(sign) V^T
-            self.record.increment_ranks.append(sum(left.shape[1] for left, _, _ in delta))
-            return k_anchor + self.exchange(delta, torch.float32), "incremental"
-        vk = self.exchange(factors, torch.float32 if how == "fp32" else torch.float64)
-        if anchor == "anchor":
-            self._anchor = (np.array(dms), vk.copy())
-        return vk, how
-
-    def _block_rows(self, rank):
-        """Auxiliary functions per build block: its temporaries ([nP, r, nao] half transforms, an
-        unpacked [nP, nao, nao] block) within BLOCK_BYTES."""
-        return max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * self.nao * max(self.nao, 2 * rank))))
-
-    def _square_blocks(self, dtype, rank):
-        """[nP, nao, nao] blocks of B in dtype over the auxiliary range (kept, or unpacked)."""
-        for p0, p1 in block_ranges(self.naux, self._block_rows(rank)):
-            if dtype in self._square:
-                yield self._square[dtype][p0:p1]
-            else:
-                yield self._unpack.square(self._packed[p0:p1], dtype)
-
-    def coulomb(self, dms):
-        """J [nset, nao, nao] (host fp64) of dms [nset, nao, nao], in the triangle's precision:
-          rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once),  J_(mn) = sum_P rho_P B^P_(mn)"""
-        backend, nao = self.backend, self.nao
-        sym = dms + dms.transpose(0, 2, 1)
-        sym[:, np.arange(nao), np.arange(nao)] /= 2
-        d_rows = backend.to_device(sym.reshape(len(dms), -1)[:, self._unpack.pairs], fp64=backend.has_fp64)
-        rho = backend.fit_density(self._packed, d_rows)
-        return backend.to_host(self._unpack.square(backend.coulomb_block(self._packed, rho), torch.float64))
-
-    def exchange(self, factors, dtype):
-        """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`
-        [(L, R or None, w or None)], GEMMs in dtype."""
-        backend = self.backend
-
-        def on_device(array):
-            return None if array is None else backend.to_device(array).to(dtype)
-        sets = [tuple(on_device(a) for a in factor) for factor in factors]
-        vk = np.zeros((len(factors), self.nao, self.nao))
-        for block in self._square_blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
-            for s, (left, right, weights) in enumerate(sets):
-                vk[s] += backend.to_host(backend.exchange_block(block, left, right, weights))
-        return vk
+        return (exact, "new") if drift * FP32_RELATIVE_ERROR > step else ("incremental", anchor)
 
     def get_jk(self, dms, factors, with_j=True, with_k=True, hermi=1):
         """J and K of densities dms [nset, nao, nao] (host fp64), each given as factors (L [nao, r],
         R [nao, r] or None, w [r] or None) with D = L diag(w) R^T, or None: factored here
         (`density_factor`; hermi=0: not symmetric). Returns (vj, vk) host fp64 [nset, nao, nao]
-        (None where not asked). J in fp64 (fp32 without fp64 arithmetic); K in the policy's precision."""
-        if self._unpack is None:
+        (None where not asked), in the policy's kind."""
+        if self._store is None:
             self._build()
-        start = time.perf_counter()
+        start, before = time.perf_counter(), self._modelled_so_far()
         factors = [f if f is not None else density_factor(d, hermi) for f, d in zip(factors, dms)]
-        vj = self.coulomb(dms) if with_j else None
-        vk, how = self.exchange_with_policy(dms, factors) if with_k else (None, "coulomb")
-        self.backend.synchronize()
-        release_freed_memory()  # the unpacked blocks' pages, or the heap keeps growing build by build
+        how, anchor = self._build_plan(dms, with_j, with_k)
+        if how == "incremental":
+            # F(D) = F_exact(D_anchor) + F_fp32(D - D_anchor): the fp32 error scales with |D - D_anchor|
+            d_anchor, j_anchor, k_anchor = anchor
+            delta = dms - d_anchor
+            delta_factors = [symmetric_factors(d, INCREMENT_RANK_DROP) for d in delta]  # V diag(sign) V^T
+            self.record.increment_ranks.append(sum(left.shape[1] for left, _, _ in delta_factors))
+            vj, vk = self._store.build(delta, delta_factors, "fp32", with_j, with_k)
+            vj = j_anchor + vj if with_j else None
+            vk = k_anchor + vk if with_k else None
+        else:
+            vj, vk = self._store.build(dms, factors, how, with_j, with_k)
+            if anchor == "new":
+                copy = lambda v: None if v is None else v.copy()  # noqa: E731  (PySCF scales vk in place)
+                self._anchor = (np.array(dms), copy(vj), copy(vk))
+        if not with_k and not self._store.coulomb_follows_kind:
+            how = "coulomb"
         self.record.builds.append(how)
         self.record.seconds.append(time.perf_counter() - start)
+        if before is not None:
+            for target, seconds in self._modelled_so_far().items():
+                self.record.modelled.setdefault(target, []).append(seconds - before[target])
         return vj, vk
+
+    def _modelled_so_far(self):
+        """Calibrated MODEL seconds of everything the backend ran so far, per target (a simulated
+        NKI backend), else None."""
+        if not getattr(self.backend, "simulate", False):
+            return None
+        return {target: m["seconds"] for target, m in self.backend.modelled().items()}
 
     def reset(self, integrals):
         """Use `integrals` (another molecule's) from the next build on."""
@@ -286,8 +240,9 @@ class FittedCoulombExchange:
 
     def close(self):
         """Release B (the SCF is done; a later get_jk builds it again)."""
-        self._square.clear()
-        self._packed = self._unpack = self._last = self._anchor = None
+        if self._store is not None:
+            self._store.close()
+        self._store = self._last = self._anchor = None
         release_freed_memory()
 
 

@@ -432,6 +432,44 @@ class NkiBackend:
         copy = rows.to(torch.float32).contiguous()
         return self._device_copy(copy) if self.is_resident(b) else copy
 
+    # ---- the SCF's builds (FittedBuildsBackend; the store and its formulas in nki_fitted.py) ----
+    def fitted_store(self, rows, nao, kinds, free_bytes):
+        """B for the SCF's Coulomb/exchange builds, uploaded once (nki_fitted.NkiFittedStore)."""
+        from .nki_fitted import NkiFittedStore
+
+        return NkiFittedStore(self, rows, nao, kinds, free_bytes)
+
+    def upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor (fp32 or int8 digits) copied into device HBM as it is (one transfer)."""
+        self.ledger.transfer(tensor.nbytes, 0)
+        return self._resident(tensor.to(self.device))
+
+    def fitted_jk(self, square32, left, right, weights, same, with_k):
+        """(J, K) [2, nao, nao] host fp64 of D = L diag(w) R^T (L, R [nao, r <= 512] host fp64,
+        same: R is L) from the resident fp32 B [naux, nao, nao]: one fitted_jk_kernel launch."""
+        naux, nao, _ = square32.shape
+        r = left.shape[1]
+        f32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # noqa: E731
+        flops = naux * nao * nao * 2 * r * ((1 if same else 2) + (1 if with_k else 0)) + 4 * naux * nao * nao
+        out = self._launch("fitted_jk_kernel", (square32, f32(left), f32(right), f32(left.T),
+                                                f32(np.reshape(weights, (r, 1))), int(same), int(with_k)), flops)
+        return self.to_host(out).astype(np.float64)
+
+    def exact_product(self, x, y):
+        """sum_k X[b, k, m] Y[b, k, n] -> host fp64 [NB, MX, NY] (hi + lo added on the host) via
+        exact_matmul_kernel: x [S, NBX, K, MX], y [S, NBY, K, NY], int8 digits or fp32 slices
+        (host numpy arrays or resident tensors)."""
+        def arg(a):
+            if isinstance(a, torch.Tensor):
+                return a
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int8 if a.dtype == np.int8 else np.float32))
+        x, y = arg(x), arg(y)
+        slices, nbx, k, mx = x.shape
+        nb, ny = max(nbx, y.shape[1]), y.shape[3]
+        out = self.to_host(self._launch("exact_matmul_kernel", (x, y),
+                                        2 * nb * k * mx * ny * slices * (slices + 1) // 2))
+        return out[0].astype(np.float64) + out[1].astype(np.float64)
+
     def copy_into(self, dst, src) -> None:
         """dst[...] = src between device tensors (MODEL: a device-side copy), or from the host."""
         dst.copy_(src)

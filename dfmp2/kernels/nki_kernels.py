@@ -639,3 +639,188 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out):
                                    data2=u[0:mc, 0:a1 - a0], op=nl.subtract)
                 nisa.tensor_tensor(dst=big_t_out[0:mc, c, a0:a1], data1=two_w[0:mc, 0:a1 - a0],
                                    data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
+
+
+# ---- the SCF's Coulomb and exchange builds (dfmp2.scf; the backend side in nki_fitted.py) ------------
+
+@nki.jit
+def fitted_jk_kernel(b, left, right, left_t, w_col, same, with_k):
+    """One fp32 SCF build of one density D = L diag(w) R^T from the whitened JK-fit integrals:
+      H^P = B^P R,  G^P = B^P L                 half transforms (G = H when same: R is L)
+      rho_P = sum_(m, i) L_mi w_i H^P_mi        the fitted density (= sum_mn B^P_mn D_mn)
+      K = sum_P G^P diag(w) H^P^T               exchange (with_k)
+      J = sum_P rho_P B^P                       Coulomb: a second pass over B, once rho is whole
+    b [NP, NAO, NAO] (B^P symmetric), left, right [NAO, R], left_t [R, NAO] = L^T, w_col [R, 1];
+    out [2, NAO, NAO]: J, K (K zero without with_k). R <= 512.
+    Tiles: pass 1, per P: the AO index n on partitions (128s, ragged last) for the half
+    transforms, whose results H^T, G^T [i, m] have the orbital index i on partitions (128s) for
+    K's contraction; B^P is loaded once per P ([128, NAO/128, NAO] in SBUF, NAO <= 2048), L, R,
+    L^T and w once per launch; K accumulates in SBUF (fp32 adds after each P). Pass 2: J's
+    contraction over P on partitions (128s), J's flattened rows m as 512-column moving tiles.
+    """
+    NP, NAO, _ = b.shape
+    R = left.shape[1]
+    nn = (NAO + P - 1) // P
+    ni = (R + P - 1) // P
+    out = nl.ndarray((2, NAO, NAO), dtype=nl.float32, buffer=nl.shared_hbm)
+    l_sb = nl.ndarray((P, nn, R), dtype=nl.float32, buffer=nl.sbuf)
+    r_sb = nl.ndarray((P, nn, R), dtype=nl.float32, buffer=nl.sbuf)
+    for n in nl.affine_range(nn):
+        rn = min(P, NAO - n * P)
+        nisa.dma_copy(dst=l_sb[0:rn, n, :], src=left[n * P:n * P + rn, :])
+        nisa.dma_copy(dst=r_sb[0:rn, n, :], src=right[n * P:n * P + rn, :])
+    lt_sb = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)
+    w_sb = nl.ndarray((P, ni), dtype=nl.float32, buffer=nl.sbuf)
+    for i in nl.affine_range(ni):
+        ri = min(P, R - i * P)
+        nisa.dma_copy(dst=lt_sb[0:ri, i, :], src=left_t[i * P:i * P + ri, :])
+        nisa.dma_copy(dst=w_sb[0:ri, i:i + 1], src=w_col[i * P:i * P + ri, :])
+    k_sb = nl.ndarray((P, nn, NAO), dtype=nl.float32, buffer=nl.sbuf)
+    for m in nl.affine_range(nn):
+        nisa.memset(dst=k_sb[:, m, :], value=0.0)
+    one = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=one, value=1.0)
+    rho_row = nl.ndarray((1, NP), dtype=nl.float32, buffer=nl.sbuf)
+    for p in nl.sequential_range(NP):
+        bp = nl.ndarray((P, nn, NAO), dtype=nl.float32, buffer=nl.sbuf)
+        for n in nl.affine_range(nn):
+            rn = min(P, NAO - n * P)
+            nisa.dma_copy(dst=bp[0:rn, n, :], src=b[p, n * P:n * P + rn, :])
+        h_t = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)  # (B^P R)^T: i on partitions
+        g_t = h_t if same else nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)
+        for i in nl.affine_range(ni):
+            ri = min(P, R - i * P)
+            for c0 in range(0, NAO, FREE):
+                w = min(FREE, NAO - c0)
+                for half, ops in ((h_t, r_sb), (g_t, l_sb)):
+                    if half is h_t or not same:
+                        acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                        for n in nl.affine_range(nn):
+                            rn = min(P, NAO - n * P)
+                            nisa.nc_matmul(dst=acc[0:ri, 0:w], stationary=ops[0:rn, n, i * P:i * P + ri],
+                                           moving=bp[0:rn, n, c0:c0 + w])
+                        nisa.tensor_copy(dst=half[0:ri, i, c0:c0 + w], src=acc[0:ri, 0:w])
+        # rho_P = sum_i w_i sum_m L^T[i, m] H^T[i, m]: row sums on the Vector Engine, the sum over
+        # the partitions i on the Tensor Engine (weighted by w)
+        rho_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
+        for i in nl.affine_range(ni):
+            ri = min(P, R - i * P)
+            prod = nl.ndarray((P, NAO), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=prod[0:ri], data1=lt_sb[0:ri, i, :], data2=h_t[0:ri, i, :], op=nl.multiply)
+            row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_reduce(dst=row_sum[0:ri], op=nl.add, data=prod[0:ri], axis=1)
+            nisa.nc_matmul(dst=rho_ps, stationary=row_sum[0:ri], moving=w_sb[0:ri, i:i + 1])
+        nisa.tensor_copy(dst=rho_row[0:1, p:p + 1], src=rho_ps)
+        if with_k:  # K[m, n] += sum_i G^T[i, m] w_i H^T[i, n]
+            gw_t = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)  # w_i G^T[i, m]
+            for i in nl.affine_range(ni):
+                ri = min(P, R - i * P)
+                nisa.tensor_scalar(dst=gw_t[0:ri, i, :], data=g_t[0:ri, i, :], op0=nl.multiply,
+                                   operand0=w_sb[0:ri, i:i + 1])
+            for m in nl.affine_range(nn):
+                rm = min(P, NAO - m * P)
+                for c0 in range(0, NAO, FREE):
+                    w = min(FREE, NAO - c0)
+                    acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                    for i in nl.affine_range(ni):
+                        ri = min(P, R - i * P)
+                        nisa.nc_matmul(dst=acc[0:rm, 0:w], stationary=gw_t[0:ri, i, m * P:m * P + rm],
+                                       moving=h_t[0:ri, i, c0:c0 + w])
+                    nisa.tensor_tensor(dst=k_sb[0:rm, m, c0:c0 + w], data1=k_sb[0:rm, m, c0:c0 + w],
+                                       data2=acc[0:rm, 0:w], op=nl.add)
+    for m in nl.affine_range(nn):
+        rm = min(P, NAO - m * P)
+        nisa.dma_copy(dst=out[1, m * P:m * P + rm, :], src=k_sb[0:rm, m, :])
+    # pass 2: J[m, :] = sum_P rho_P B^P[m, :], P on partitions
+    npt = (NP + P - 1) // P
+    rho_col = nl.ndarray((P, npt), dtype=nl.float32, buffer=nl.sbuf)
+    for q in nl.affine_range(npt):
+        rq = min(P, NP - q * P)
+        col_ps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum)  # the row onto the partitions
+        nisa.nc_matmul(dst=col_ps[0:rq], stationary=rho_row[0:1, q * P:q * P + rq], moving=one)
+        nisa.tensor_copy(dst=rho_col[0:rq, q:q + 1], src=col_ps[0:rq])
+    for m in nl.affine_range(NAO):
+        for c0 in range(0, NAO, FREE):
+            w = min(FREE, NAO - c0)
+            acc = nl.ndarray((1, FREE), dtype=nl.float32, buffer=nl.psum)
+            for q in nl.affine_range(npt):
+                rq = min(P, NP - q * P)
+                b_tile = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=b_tile[0:rq, 0:w], src=b[q * P:q * P + rq, m, c0:c0 + w])
+                nisa.nc_matmul(dst=acc[0:1, 0:w], stationary=rho_col[0:rq, q:q + 1], moving=b_tile[0:rq, 0:w])
+            j_row = nl.ndarray((1, FREE), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=j_row[0:1, 0:w], src=acc[0:1, 0:w])
+            nisa.dma_copy(dst=out[0, m:m + 1, c0:c0 + w], src=j_row[0:1, 0:w])
+    return out
+
+
+EXACT_RESIDENT_BYTES = 64 * 1024  # per partition: a shared moving operand up to this stays in SBUF
+
+
+@nki.jit
+def exact_matmul_kernel(x, y):
+    """out[0, b] + out[1, b] = X[b]^T Y[b] with exact slice products (Ozaki's scheme, as in
+    ao2mo_kernel): X [S, NBX, K, MX] (stationary), Y [S, NBY, K, NY] (moving), NBX, NBY = NB or 1
+    (an operand shared by every b). Either operand comes as int8 digits (slice s = d_s 2^(-7 (s + 1)),
+    made exact fp32 on the Scalar Engine) or as fp32 slices (values): each slice an integer of at
+    most 7 bits (+ sign) times a power of two shared along the contraction K. Products of slice
+    pairs s + t <= S - 1 go to PSUM group s + t, exact over CHUNK 128-tiles (<= 512 terms); the
+    groups and the chunks are combined by TwoSum into out[0] (hi) + out[1] (lo) [2, NB, MX, NY].
+    Tiles: K on partitions (128s, ragged last); X's columns mx in 128-row stationary tiles, Y's
+    columns in moving tiles of <= 512 (one PSUM bank per group, S <= 8 banks); a shared Y is
+    loaded once per launch when it fits EXACT_RESIDENT_BYTES, else per tile.
+    """
+    S, NBX, K, MX = x.shape
+    NBY, NY = y.shape[1], y.shape[3]
+    NB = max(NBX, NBY)
+    nk = (K + P - 1) // P
+    out = nl.ndarray((2, NB, MX, NY), dtype=nl.float32, buffer=nl.shared_hbm)
+    resident = NBY == 1 and S * nk * NY * 4 <= EXACT_RESIDENT_BYTES
+    if resident:
+        y_sb = nl.ndarray((P, S * nk, NY), dtype=nl.float32, buffer=nl.sbuf)
+        for k in nl.affine_range(nk):
+            rk = min(P, K - k * P)
+            _load_slices(y, 0, k * P, rk, 0, NY, y_sb, k, nk, S)
+    for bt in nl.affine_range(NB):
+        bx = bt if NBX > 1 else 0
+        by = bt if NBY > 1 else 0
+        for c0 in range(0, NY, FREE):
+            w = min(FREE, NY - c0)
+            for m0 in range(0, MX, P):
+                rm = min(P, MX - m0)
+                hi = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                lo = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                for k0 in range(0, nk, CHUNK):
+                    groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)
+                    for k in nl.affine_range(k0, min(k0 + CHUNK, nk)):
+                        rk = min(P, K - k * P)
+                        x_sb = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
+                        _load_slices(x, bx, k * P, rk, m0, rm, x_sb, 0, 1, S)
+                        if resident:
+                            y_tiles, y0, ys = y_sb, k, nk
+                        else:
+                            y_tiles = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                            _load_slices(y, by, k * P, rk, c0, w, y_tiles, 0, 1, S)
+                            y0, ys = 0, 1
+                        for s in range(S):
+                            for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
+                                ycol = c0 if resident else 0
+                                nisa.nc_matmul(dst=groups[0:rm, s + t, 0:w], stationary=x_sb[0:rk, s, 0:rm],
+                                               moving=y_tiles[0:rk, t * ys + y0, ycol:ycol + w])
+                    _add_groups(groups, S, hi[0:rm, 0:w], lo[0:rm, 0:w], w, k0 == 0)
+                nisa.dma_copy(dst=out[0, bt, m0:m0 + rm, c0:c0 + w], src=hi[0:rm, 0:w])
+                nisa.dma_copy(dst=out[1, bt, m0:m0 + rm, c0:c0 + w], src=lo[0:rm, 0:w])
+    return out
+
+
+def _load_slices(src, batch, k0, rk, c0, w, dst, first, stride, S):
+    """dst[0:rk, s * stride + first, 0:w] = slice s of src[:, batch, k0:k0 + rk, c0:c0 + w] as fp32:
+    int8 digits scaled by 2^(-7 (s + 1)) on the Scalar Engine (exact), fp32 slices copied."""
+    for s in range(S):
+        if src.dtype == nl.int8:
+            digits = nl.ndarray((P, w), dtype=nl.int8, buffer=nl.sbuf)
+            nisa.dma_copy(dst=digits[0:rk, 0:w], src=src[s, batch, k0:k0 + rk, c0:c0 + w])
+            nisa.activation(dst=dst[0:rk, s * stride + first, 0:w], op=nl.copy, data=digits[0:rk, 0:w],
+                            scale=DIGIT_WEIGHTS[s])
+        else:
+            nisa.dma_copy(dst=dst[0:rk, s * stride + first, 0:w], src=src[s, batch, k0:k0 + rk, c0:c0 + w])

@@ -131,7 +131,7 @@ class KernelLauncher:
         if self.simulate and self.model_only and key in self._trace_cache:
             self.ledger.record(self._trace_cache[key], host_bytes, kernel_name)
             return REFERENCE[kernel_name](*(
-                a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in arrays))
+                a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype != torch.int8 else a for a in arrays))
         if self.simulate:
             with emulator.target(self.target, self.nki_api):
                 launcher = kernel[grid] if grid > 1 else kernel
@@ -179,6 +179,31 @@ def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_v
     return oo, vv
 
 
+def _ref_fitted_jk(b, left, right, left_t, w_col, same, with_k):
+    """fitted_jk_kernel's [J, K] by fp32 host math (model-only runs)."""
+    h = torch.matmul(b, right)  # [NP, NAO, R]
+    g = h if same else torch.matmul(b, left)
+    rho = torch.einsum("mi,i,pmi->p", left, w_col[:, 0], h)
+    j = torch.einsum("p,pmn->mn", rho, b)
+    k = torch.einsum("pmi,i,pni->mn", g, w_col[:, 0], h) if with_k else torch.zeros_like(j)
+    return torch.stack([j, k])
+
+
+def _slices_value(a):
+    """fp64 value of exact_matmul_kernel's operand [S, NB, K, M]: int8 digits d_s 2^(-7 (s + 1)), or fp32 slices."""
+    if a.dtype == torch.int8:
+        weights = torch.tensor([2.0 ** (-7 * (s + 1)) for s in range(a.shape[0])], dtype=torch.float64)
+        return (a.double() * weights[:, None, None, None]).sum(0)
+    return a.double().sum(0)
+
+
+def _ref_exact_matmul(x, y):
+    """exact_matmul_kernel's [hi, lo] from fp64 host math (model-only runs)."""
+    value = torch.matmul(_slices_value(x).transpose(1, 2), _slices_value(y))
+    hi = value.float()
+    return torch.stack([hi, (value - hi.double()).float()])
+
+
 REFERENCE = {  # kernel name -> host function of the kernel's arguments, returning its outputs
     "gemm_kernel": lambda a_t, b: a_t.T @ b,
     "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
@@ -187,4 +212,6 @@ REFERENCE = {  # kernel name -> host function of the kernel's arguments, returni
         "pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
     "pair_energy_kernel": _ref_pair_energy,
     "density_kernel": _ref_density,
+    "fitted_jk_kernel": _ref_fitted_jk,
+    "exact_matmul_kernel": _ref_exact_matmul,
 }

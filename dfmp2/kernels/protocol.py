@@ -131,19 +131,29 @@ class Backend(Protocol):
         """B [nocc, nvir, naux], B_k [nk, nvir, naux] -> unrelaxed (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
 
 
+class FittedStore(Protocol):
+    """A backend's copy of the whitened JK-fit integrals B for one SCF, and its builds
+    (`dfmp2.scf` holds the policy; torch_fitted.TorchFittedStore, nki_fitted.NkiFittedStore)."""
+
+    exact_kind: str  # the kind of anchors and strict builds: "fp64" (torch) or "exact" (NKI)
+    coulomb_follows_kind: bool  # False: J is built in exact_kind whatever the build's kind
+    storage: str  # where and how B is kept, in words
+
+    def build(self, dms, factors, kind, with_j, with_k):
+        """dms [nset, nao, nao] host fp64, factors [(L [nao, r], R [nao, r] or None, w [r] or
+        None)] with D = L diag(w) R^T, kind "fp32" or exact_kind -> (J or None, K or None), host
+        fp64 [nset, nao, nao]."""
+
+    def close(self) -> None:
+        """Release B."""
+
+
 @runtime_checkable
 class FittedBuildsBackend(Protocol):
-    """The SCF's Coulomb and exchange builds from whitened JK-fit integrals (`dfmp2.scf`): the
-    torch backend (cpu, cuda) has them; the NKI backend not yet (a run on trn1/trn2 keeps PySCF's
-    builds, recorded). B^P is symmetric [nao, nao] per auxiliary function; "rows" are lower
-    triangles [nP, npair] (m >= n)."""
+    """A backend that builds the SCF's Coulomb and exchange matrices from whitened JK-fit
+    integrals (`dfmp2.scf`): torch (cpu, cuda) and NKI (trn1, trn2, emulated or not)."""
 
-    def exchange_block(self, b_block, left, right=None, weights=None):
-        """B [nP, nao, nao], D = L diag(w) R^T (L, R [nao, r]; R None: R = L; w [r] or None: 1)
-        -> K_mn = sum_P (B^P D B^P)_mn [nao, nao], in the inputs' dtype."""
-
-    def fit_density(self, b_rows, d_rows):
-        """B rows [nP, npair], D' rows [nset, npair] (off-diagonal doubled) -> rho [nset, nP]."""
-
-    def coulomb_block(self, b_rows, rho):
-        """B rows [nP, npair], rho [nset, nP] -> J rows [nset, npair] = rho B."""
+    def fitted_store(self, rows, nao, kinds, free_bytes) -> FittedStore:
+        """rows [naux, npair] host fp64 (B^P_(mn), m >= n), nao, kinds: the build kinds the run
+        will use ("fp32" and/or the store's exact_kind), free_bytes(): what the process's budget
+        leaves -> the store (B uploaded once where the backend computes)."""

@@ -117,6 +117,12 @@ class TorchBackend:
         full = torch.matmul(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
         return full.permute(1, 2, 0)
 
+    def fitted_store(self, rows, nao, kinds, free_bytes):
+        """B for the SCF's Coulomb/exchange builds (torch_fitted.TorchFittedStore)."""
+        from .torch_fitted import TorchFittedStore
+
+        return TorchFittedStore(self, rows, nao, kinds, free_bytes)
+
     def exchange_block(self, b_block, left, right=None, weights=None):
         """One auxiliary block of the SCF's exchange for a density D = L diag(w) R^T:
           X^P = L^T B^P,  Z^P = R^T B^P      batched  [r, nao] x [nP; nao, nao]  (B^P symmetric)
