@@ -433,7 +433,11 @@ def test_simulated_trainium_run(runs, target):
     assert {"trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"} <= set(trn["kernels"])
     assert trn["kernels"]["host:cholesky"] == 1
     assert all(name.endswith("_kernel") or name.startswith(("host:", "device:")) for name in trn["kernels"])
-    assert sum(len(shapes) for shapes in trn["kernel_specializations"].values()) <= 8
+    scf_kernels = ("fitted_jk_kernel", "exact_matmul_kernel")  # the SCF's builds (docs/scf.md)
+    assert trn["scf_backend"] == "nki" and set(scf_kernels) <= set(trn["kernels"])
+    shapes = {kernel: len(s) for kernel, s in trn["kernel_specializations"].items()}
+    assert sum(n for kernel, n in shapes.items() if kernel not in scf_kernels) <= 8  # compile economy
+    assert shapes["fitted_jk_kernel"] == 1 and shapes["exact_matmul_kernel"] <= 3
     assert trn["modelled_seconds"]["trn1"] > 0 and trn["modelled_seconds"]["trn2"] > 0
     # the emulated NKI release (the newest AWS documents for the target) and the calibrated model
     assert trn["nki_api"] == {"trn1": "0.2", "trn2": "0.6"}[target] and trn["notes"] == []

@@ -31,6 +31,8 @@ from .tiles import FREE, SLICE_BITS
 
 HBM_BYTES_PER_CHIP = {"trn1": 32 * 2**30, "trn2": 96 * 2**30}  # nki-facts.md: HBM per chip
 MAX_NAO = 1024  # fitted_jk_kernel keeps B^P, K and the half transforms of one P in SBUF
+RANK_STEP = 32  # factor columns are padded with zeros to a multiple of this, then to the largest
+# count a kernel ran with (KernelLauncher.bucket): few shapes, so few compilations on a host
 DIGIT_WEIGHTS = np.array([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(INPUT_SLICES)])
 
 
@@ -82,7 +84,7 @@ class NkiFittedStore:
             square32[p0:p1] = torch.from_numpy(sq.astype(np.float32))
             d, self.scale[p0:p1] = aux_digits(sq)
             digits[:, p0:p1] = torch.from_numpy(d)
-        backend.calls["host:slice_operands"] += 1
+        backend.calls["host:slice_scf_operands"] += 1
         self._square32 = backend.upload(square32)  # host -> device once
         self._digits = backend.upload(digits)
         self.storage = f"square fp32 + {INPUT_SLICES} int8 digit slices in {backend.target} HBM"
@@ -100,12 +102,20 @@ class NkiFittedStore:
             weights = np.ones(left.shape[1]) if weights is None else weights
             for c0 in range(0, left.shape[1], FREE):  # D = sum over column chunks of L w R^T
                 c1 = min(left.shape[1], c0 + FREE)
-                lc = np.ascontiguousarray(left[:, c0:c1])
-                rc = lc if right is None else np.ascontiguousarray(right[:, c0:c1])
-                out = backend.fitted_jk(self._square32, lc, rc, weights[c0:c1], right is None, with_k)
+                width = self._columns("fitted_jk_kernel", c1 - c0)
+                lc = _padded(left[:, c0:c1], width)
+                rc = lc if right is None else _padded(right[:, c0:c1], width)
+                out = backend.fitted_jk(self._square32, lc, rc, _padded(weights[None, c0:c1], width)[0],
+                                        right is None, with_k)
                 vj[s] += out[0]
                 vk[s] += out[1]
         return (vj if with_j else None), (vk if with_k else None)
+
+    def _columns(self, kernel, count):
+        """The padded column count of a launch: a multiple of RANK_STEP, bucketed (<= FREE for fitted_jk)."""
+        width = -(-count // RANK_STEP) * RANK_STEP
+        bucket = self.backend.launcher.bucket(f"{kernel}:columns", ((width,),))[0][0]
+        return bucket if kernel != "fitted_jk_kernel" or bucket <= FREE else width
 
     def _exact(self, factors, with_j, with_k):
         """Both kinds' formulas with exact products; see the module docstring."""
@@ -118,6 +128,7 @@ class NkiFittedStore:
                 columns.append(right)
             where.append((start, left.shape[1], right is not None))
         cols = np.concatenate(columns, axis=1)
+        cols = _padded(cols, self._columns("exact_half_transform", cols.shape[1]))
         # H^P = B^P [L | R]: [naux, nao, ncols], 2^e_P applied on the host (exact)
         h = backend.exact_product(self._digits, column_slices(cols, INPUT_SLICES)[:, None])
         h *= self.scale[:, None, None]
@@ -125,14 +136,17 @@ class NkiFittedStore:
         rho = np.zeros((len(factors), naux))
         for s, ((left, right, weights), (start, r, two)) in enumerate(zip(factors, where)):
             weights = np.ones(r) if weights is None else weights
-            h_l = h[:, :, start:start + r]
-            h_r = h[:, :, start + r:start + 2 * r] if two else h_l
-            rho[s] = np.einsum("mi,i,pmi->p", left, weights, h_r)  # rho_P = sum L w (B^P R)
+            width = self._columns("exact_exchange", r)  # zero columns: the same K, one shape
+            h_l = _padded_last(h[:, :, start:start + r], width)
+            h_r = _padded_last(h[:, :, start + r:start + 2 * r], width) if two else h_l
+            weights = _padded(weights[None], width)[0]
+            rho[s] = np.einsum("mi,i,pmi->p", left, weights[:r], h_r[:, :, :r])  # rho_P = sum L w (B^P R)
             if with_k:  # K = sum_(P, i) (G w)[(P, i), m] H[(P, i), n]
-                x = (h_l * weights).transpose(0, 2, 1).reshape(naux * r, nao)
+                x = (h_l * weights).transpose(0, 2, 1).reshape(naux * width, nao)
                 digits, scale = column_digits(x, INPUT_SLICES)
-                y = column_slices(np.ascontiguousarray(h_r.transpose(0, 2, 1)).reshape(naux * r, nao), INPUT_SLICES)
-                backend.calls["host:slice_operands"] += 1
+                y = column_slices(np.ascontiguousarray(h_r.transpose(0, 2, 1)).reshape(naux * width, nao),
+                                  INPUT_SLICES)
+                backend.calls["host:slice_scf_operands"] += 1
                 k = backend.exact_product(torch.from_numpy(digits[:, None]), y[:, None])[0]
                 vk = np.zeros((len(factors), nao, nao)) if vk is None else vk
                 vk[s] = k * scale[:, 0][:, None]  # row m times its 2^e_m
@@ -144,3 +158,17 @@ class NkiFittedStore:
 
     def close(self):
         self._square32 = self._digits = None
+
+
+def _padded(a, width):
+    """a [n, c] with zero columns up to [n, width] (contiguous)."""
+    out = np.zeros((a.shape[0], width))
+    out[:, :a.shape[1]] = a
+    return out
+
+
+def _padded_last(a, width):
+    """a [..., c] with zeros up to [..., width]."""
+    out = np.zeros(a.shape[:-1] + (width,))
+    out[..., :a.shape[-1]] = a
+    return out

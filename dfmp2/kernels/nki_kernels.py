@@ -692,14 +692,14 @@ def fitted_jk_kernel(b, left, right, left_t, w_col, same, with_k):
             ri = min(P, R - i * P)
             for c0 in range(0, NAO, FREE):
                 w = min(FREE, NAO - c0)
-                for half, ops in ((h_t, r_sb), (g_t, l_sb)):
-                    if half is h_t or not same:
-                        acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-                        for n in nl.affine_range(nn):
-                            rn = min(P, NAO - n * P)
-                            nisa.nc_matmul(dst=acc[0:ri, 0:w], stationary=ops[0:rn, n, i * P:i * P + ri],
-                                           moving=bp[0:rn, n, c0:c0 + w])
-                        nisa.tensor_copy(dst=half[0:ri, i, c0:c0 + w], src=acc[0:ri, 0:w])
+                halves = ((h_t, r_sb),) if same else ((h_t, r_sb), (g_t, l_sb))
+                for half, ops in halves:
+                    acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                    for n in nl.affine_range(nn):
+                        rn = min(P, NAO - n * P)
+                        nisa.nc_matmul(dst=acc[0:ri, 0:w], stationary=ops[0:rn, n, i * P:i * P + ri],
+                                       moving=bp[0:rn, n, c0:c0 + w])
+                    nisa.tensor_copy(dst=half[0:ri, i, c0:c0 + w], src=acc[0:ri, 0:w])
         # rho_P = sum_i w_i sum_m L^T[i, m] H^T[i, m]: row sums on the Vector Engine, the sum over
         # the partitions i on the Tensor Engine (weighted by w)
         rho_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
