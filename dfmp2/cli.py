@@ -419,9 +419,13 @@ def _scf_lines(r):
         line += f", {r['scf_iterations']} iterations"
     builds = r.get("scf_builds")
     if builds:
-        kinds = ", ".join(f"{builds[k + '_builds']} {k}" for k in ("fp32", "incremental", "fp64") if builds[k + "_builds"])
+        kinds = ", ".join(f"{builds[k + '_builds']} {k}" for k in ("fp32", "incremental", "fp64", "exact", "coulomb")
+                          if builds.get(k + "_builds"))
         line += (f"; {builds['builds']} builds ({kinds}), {sum(builds['build_seconds']):.2f} s, set-up "
                  f"{builds['setup_seconds']:.2f} s, B as {builds['storage']}")
+        if builds.get("modelled_build_seconds"):
+            line += "; MODELLED builds " + ", ".join(f"{t} {sum(v) * 1e3:.1f} ms" for t, v in
+                                                   builds["modelled_build_seconds"].items()) + " (a model)"
     return [line]
 
 

@@ -157,10 +157,9 @@ class FittedCoulombExchange:
         rows, factor = whiten_fitted_integrals(backend, integrals)
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"]}[self.record.precision]
         store = backend.fitted_store(rows, nao, kinds, self._free_bytes)
-        store_kinds = [store.exact_kind if k == "exact" else k for k in kinds]
         del rows
         release_freed_memory()
-        self._store, self._kinds = store, store_kinds
+        self._store = store
         self.naux = self.record.naux = store.naux
         self.record.storage = store.storage
         self.record.metric = factor.describe()

@@ -190,18 +190,25 @@ def _ref_fitted_jk(b, left, right, left_t, w_col, same, with_k):
 
 
 def _slices_value(a):
-    """fp64 value of exact_matmul_kernel's operand [S, NB, K, M]: int8 digits d_s 2^(-7 (s + 1)), or fp32 slices."""
-    if a.dtype == torch.int8:
-        weights = torch.tensor([2.0 ** (-7 * (s + 1)) for s in range(a.shape[0])], dtype=torch.float64)
-        return (a.double() * weights[:, None, None, None]).sum(0)
-    return a.double().sum(0)
+    """fp64 value of exact_matmul_kernel's operand [S, NB, K, M]: int8 digits d_s 2^(-7 (s + 1)), or
+    fp32 slices; one slice at a time (an fp64 copy of all S slices of B would be 40 bytes an element)."""
+    value = torch.zeros(a.shape[1:], dtype=torch.float64)
+    for s in range(a.shape[0]):
+        value += a[s].double() * (2.0 ** (-7 * (s + 1)) if a.dtype == torch.int8 else 1.0)
+    return value
 
 
-def _ref_exact_matmul(x, y):
-    """exact_matmul_kernel's [hi, lo] from fp64 host math (model-only runs)."""
-    value = torch.matmul(_slices_value(x).transpose(1, 2), _slices_value(y))
-    hi = value.float()
-    return torch.stack([hi, (value - hi.double()).float()])
+def _ref_exact_matmul(x, y, columns=1 << 16):
+    """exact_matmul_kernel's [hi, lo] from fp64 host math (model-only runs), Y in column chunks."""
+    x_value = _slices_value(x).transpose(1, 2)
+    nb = max(x.shape[1], y.shape[1])
+    out = torch.empty((2, nb, x.shape[3], y.shape[3]), dtype=torch.float32)
+    for c0 in range(0, y.shape[3], columns):
+        value = torch.matmul(x_value, _slices_value(y[..., c0:c0 + columns]))
+        hi = value.float()
+        out[0, :, :, c0:c0 + columns] = hi
+        out[1, :, :, c0:c0 + columns] = (value - hi.double()).float()
+    return out
 
 
 REFERENCE = {  # kernel name -> host function of the kernel's arguments, returning its outputs
