@@ -264,3 +264,15 @@ def test_a_new_geometry_gets_new_integrals():
     mf.run()
     reference = _mean_field(stretched, "rhf").run()
     assert abs(mf.e_tot - reference.e_tot) < 1e-9
+
+
+def test_trainium_store_refuses_what_does_not_fit_on_the_device():
+    """B on a NeuronCore: one auxiliary function's [nao, nao] block on chip (nao <= 1,024), and B in
+    fp32 plus its 5 digit slices (9 bytes an element) within 80% of the HBM one launch's cores have."""
+    from dfmp2.kernels.nki_fitted import NkiFittedStore
+
+    backend = get_backend("trn1", simulate=True)
+    with pytest.raises(dfmp2.MemoryBudgetError, match="nao 1100 > 1024"):
+        NkiFittedStore(backend, np.zeros((1, 1100 * 1101 // 2)), 1100, ["fp32", "exact"], lambda: 1 << 40)
+    with pytest.raises(dfmp2.MemoryBudgetError, match="HBM"):  # 9 x 5000 x 600^2 bytes = 16.2 GB > 0.8 x 16 GiB
+        NkiFittedStore(backend, np.zeros((5000, 1)), 600, ["fp32", "exact"], lambda: 1 << 40)
