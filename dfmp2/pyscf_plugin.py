@@ -560,12 +560,12 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
     """
     from .kernels import get_backend
     from .kernels.protocol import FittedBuildsBackend
-    from .scf import FittedCoulombExchange
+    from .scf import FittedCoulombExchange, check_scf_precision
 
     if getattr(mf, "with_df", None) is None:
         raise InputError("use_dfmp2_jk needs a density-fitted mean field: call mf.density_fit() first")
-    if precision is not None and precision not in ("mixed", "fp64"):
-        raise InputError(f"unknown SCF precision {precision!r} (use mixed or fp64)")
+    if precision is not None:
+        check_scf_precision(precision)  # before any integral is computed
     backend = get_backend(device)
     if not isinstance(backend, FittedBuildsBackend):
         raise InputError(f"the {backend.name} backend ({device}) has no SCF builds")

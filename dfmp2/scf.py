@@ -47,8 +47,8 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     choice, precision = settings.scf_backend, settings.scf_precision
     if choice is not None and choice not in SCF_BACKENDS:
         raise InputError(f"unknown SCF backend {choice!r} (use one of: {', '.join(SCF_BACKENDS)})")
-    if precision is not None and precision not in SCF_PRECISIONS[:2]:
-        raise InputError(f"unknown SCF precision {precision!r} (use one of: {', '.join(SCF_PRECISIONS[:2])})")
+    if precision is not None:
+        check_scf_precision(precision)
     reasons = [why for why, applies in (
         ("the conventional SCF (--scf exact) builds J and K from four-center integrals in PySCF",
          settings.scf == "exact"),
@@ -63,6 +63,12 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     if reasons:
         raise InputError(f"--scf-backend device: {reasons[0]}; use --scf-backend pyscf")
     return FittedCoulombExchange(backend, integrals_of(), precision, settings.max_memory)
+
+
+def check_scf_precision(precision: str) -> None:
+    """InputError unless `precision` is one of SCF_PRECISIONS."""
+    if precision not in SCF_PRECISIONS:
+        raise InputError(f"unknown SCF precision {precision!r} (use one of: {', '.join(SCF_PRECISIONS)})")
 
 
 BUILD_KINDS = ("fp32", "fp64", "exact", "incremental", "coulomb")  # coulomb: a J-only build on torch (fp64)
@@ -107,9 +113,9 @@ def whitening_backend(backend):
 
 
 def whiten_fitted_integrals(backend, integrals):
-    """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) over the pairs m >= n: host fp64 [nkept, npair] (whitened
-    in place of the packed integrals, in column blocks of BLOCK_BYTES) and the metric factor."""
-    backend = whitening_backend(backend)
+    """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) over the pairs m >= n on `backend` (one with fp64:
+    `whitening_backend`): host fp64 [nkept, npair] (whitened in place of the packed integrals, in
+    column blocks of BLOCK_BYTES) and the metric factor."""
     packed = integrals.packed()  # [naux, npair], fp64
     factor = factor_metric(backend, integrals.metric())
     npair = packed.shape[1]
@@ -132,8 +138,7 @@ class FittedCoulombExchange:
 
     def __init__(self, backend, integrals, precision=None, max_memory=None):
         precision = precision or "mixed"
-        if precision not in SCF_PRECISIONS:
-            raise InputError(f"unknown SCF precision {precision!r} (use one of: {', '.join(SCF_PRECISIONS)})")
+        check_scf_precision(precision)
         if precision == "fp64" and not backend.has_fp64:
             raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are mixed "
                              "(fp32, with exact-product anchors); leave out --scf-precision")
@@ -154,7 +159,8 @@ class FittedCoulombExchange:
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
                 f"{free / MB:.0f} MB left in the budget): raise --max-memory or use --scf-backend pyscf")
-        rows, factor = whiten_fitted_integrals(backend, integrals)
+        whitener = whitening_backend(backend)
+        rows, factor = whiten_fitted_integrals(whitener, integrals)
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"]}[self.record.precision]
         store = backend.fitted_store(rows, nao, kinds, self._free_bytes)
         del rows
@@ -163,7 +169,7 @@ class FittedCoulombExchange:
         self.naux = self.record.naux = store.naux
         self.record.storage = store.storage
         self.record.metric = factor.describe()
-        self.record.whitening = f"{whitening_backend(backend).device_name}, fp64"
+        self.record.whitening = f"{whitener.device_name}, fp64"
         self.record.setup_seconds = time.perf_counter() - start
 
     def _free_bytes(self):
