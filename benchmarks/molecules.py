@@ -1,11 +1,13 @@
 """The benchmark molecules that are not in examples/, written as XYZ files (Angstrom):
 idealised geometries, good enough for timing (each converges in an ordinary number of SCF cycles).
 
-    python benchmarks/molecules.py examples/     # water16.xyz, hexadecane.xyz, triacontane.xyz
+    python benchmarks/molecules.py examples/     # water16.xyz, hexadecane.xyz, triacontane.xyz, coronene.xyz, ovalene.xyz
 
   water16      (H2O)16: a 2 x 2 x 4 grid of waters 2.85 A apart, alternately oriented (384 functions in cc-pVDZ)
   hexadecane   C16H34, all-trans zig-zag, C-C 1.54 A, C-H 1.09 A (394 functions in cc-pVDZ)
   triacontane  C30H62, the same (730 functions in cc-pVDZ)
+  coronene     C24H12, planar, seven fused rings, C-C 1.42 A, C-H 1.09 A (888 functions in cc-pVTZ)
+  ovalene      C32H14, the same, ten rings (1,156 functions in cc-pVTZ)
 """
 
 from __future__ import annotations
@@ -42,8 +44,38 @@ def water_cluster(nx=2, ny=2, nz=4, spacing=2.85):
     return atoms
 
 
+def benzenoid(rings, cc=1.42, ch=1.09):
+    """[(symbol, x, y, z)] of the planar benzenoid hydrocarbon whose hexagons are centred at
+    i u + j v for (i, j) in rings (u, v: the honeycomb's centre lattice): its carbons, and a hydrogen
+    on every carbon with two carbon neighbours, pointing outwards."""
+    import math
+    u = (1.5 * cc, math.sqrt(3) / 2 * cc)  # the centre of the hexagon across an edge, at 30 degrees
+    v = (0.0, math.sqrt(3) * cc)  # at 90 degrees
+    carbons = []
+    for i, j in rings:
+        cx, cy = i * u[0] + j * v[0], i * u[1] + j * v[1]
+        for k in range(6):
+            x, y = cx + cc * math.cos(math.radians(60 * k)), cy + cc * math.sin(math.radians(60 * k))
+            if all((x - p) ** 2 + (y - q) ** 2 > 0.01 for p, q in carbons):
+                carbons.append((x, y))
+    atoms = [("C", x, y, 0.0) for x, y in carbons]
+    for x, y in carbons:
+        neighbours = [(p, q) for p, q in carbons if 0.01 < (x - p) ** 2 + (y - q) ** 2 < (1.1 * cc) ** 2]
+        if len(neighbours) == 2:  # an edge carbon: H along the bisector, away from its neighbours
+            dx = 2 * x - neighbours[0][0] - neighbours[1][0]
+            dy = 2 * y - neighbours[0][1] - neighbours[1][1]
+            norm = math.hypot(dx, dy)
+            atoms.append(("H", x + ch * dx / norm, y + ch * dy / norm, 0.0))
+    return atoms
+
+
+CORONENE = [(0, 0), (1, 0), (-1, 0), (0, 1), (0, -1), (1, -1), (-1, 1)]  # a hexagon and its six neighbours
+OVALENE = [(-1, 0), (-1, 1), (-1, 2), (0, -1), (0, 0), (0, 1), (0, 2), (1, -1), (1, 0), (1, 1)]  # rows of 3, 4, 3
+
+
 MOLECULES = {"water16": (water_cluster, "(H2O)16"), "hexadecane": (lambda: alkane(16), "C16H34"),
-             "triacontane": (lambda: alkane(30), "C30H62")}
+             "triacontane": (lambda: alkane(30), "C30H62"), "coronene": (lambda: benzenoid(CORONENE), "C24H12"),
+             "ovalene": (lambda: benzenoid(OVALENE), "C32H14")}
 
 
 def write_xyz(path, atoms, title):

@@ -20,6 +20,7 @@ from .errors import DFMP2Error, InputError
 from .outputs import Outputs
 from .distributed import DEFAULT_TIMEOUT_S, join_launched_team
 from .context import RunContext
+from .kernels import COMMAND_PRECISION, start_loading
 from .settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
@@ -92,8 +93,9 @@ TRANSFORM_OPTION = click.option(
                    "or fp64 throughout (cpu, cuda).")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels (and the SCF's builds) run.")
-@click.option("--precision", default=None, metavar="fp64|fp32",
-              help="GEMM precision [default: fp64; fp32 on trn1/trn2]; energy sums are fp64.")
+@click.option("--precision", default=None, metavar="fp32|fp64",
+              help="The MP2 step's GEMM precision [default: fp32, within 0.1 uEh of fp64; energy sums "
+                   "are fp64]; fp64 (cpu, cuda) keeps every GEMM in fp64.")
 @click.option("--simulate", is_flag=True,
               help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
 @NKI_API_OPTION
@@ -122,6 +124,7 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
         scf_precision, device, precision, simulate,
         nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
+    start_loading()  # torch loads while PySCF's modules do
     from .driver import run_xyz
 
     outputs = Outputs()
@@ -144,8 +147,8 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
                             scf=scf, scf_max_cycle=scf_max_cycle, scf_backend=scf_backend,
                             scf_precision=scf_precision, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
-                            precision=precision, simulate=simulate, nki_api=nki_api, transform=transform,
-                            max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
+                            precision=precision or COMMAND_PRECISION, simulate=simulate, nki_api=nki_api,
+                            transform=transform, max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
                             checkpoint_allow_other_files=checkpoint_allow_other_files)
         try:
             result = run_xyz(molecule, settings, RunContext(team=team, progress=progress))
@@ -197,8 +200,8 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
                    "shapes); repeated calls use host reference math.")
 @NKI_API_OPTION
 @TRANSFORM_OPTION
-@click.option("--precision", default=None, metavar="fp64|fp32",
-              help="GEMM precision [default: fp64; fp32 on trn1/trn2].")
+@click.option("--precision", default=None, metavar="fp32|fp64",
+              help="GEMM precision [default: fp32; fp64 on cpu and cuda only].")
 @click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one (0: time the cold pass).")
 @click.option("--max-memory", type=float, default=None, metavar="MB", help="Memory budget in MB.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
@@ -225,7 +228,8 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
         else:
             sizes = resolve_shape(shape, nbasis, nocc, naux)
             progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
-            settings = Settings(device=device, precision=precision, simulate=simulate, model_only=model_only,
+            settings = Settings(device=device, precision=precision or COMMAND_PRECISION, simulate=simulate,
+                                model_only=model_only,
                                 nki_api=nki_api, transform=transform, max_memory=max_memory)
             record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings, progress=progress)
             if progress:

@@ -18,6 +18,7 @@ import pytest
 from dfmp2.checkpoint import RECORD
 from dfmp2.errors import InputError
 from dfmp2.driver import run_xyz
+from dfmp2.kernels import COMMAND_PRECISION
 
 from conftest import ROOT
 
@@ -28,8 +29,9 @@ DELAY_S = "0.4"  # per pair block: 10 blocks on benzene/cc-pVDZ
 
 @pytest.fixture(scope="module")
 def uninterrupted():
-    """Benzene/cc-pVDZ without a checkpoint: the energy a resumed run must reproduce."""
-    return run_xyz(BENZENE)
+    """Benzene/cc-pVDZ without a checkpoint, in the command's default precision: the energy a
+    resumed run must reproduce."""
+    return run_xyz(BENZENE, precision=COMMAND_PRECISION)
 
 
 def start(args, delay=None):

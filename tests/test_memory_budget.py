@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 
-SHAPE = ["--nbasis", "360", "--nocc", "50", "--naux", "1100"]  # (ia|P) 136 MB in fp64
+SHAPE = ["--nbasis", "360", "--nocc", "50", "--naux", "1100", "--precision", "fp64"]  # (ia|P) 136 MB in fp64
 TOLERANCE = 1.10  # peak within 10% of the budget
 
 

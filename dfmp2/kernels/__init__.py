@@ -20,7 +20,31 @@ PRECISIONS = ("fp64", "fp32")
 # sums; 1 uEh, see ozaki.py) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
 # molecules, see docs/trainium.md)
 TRANSFORMS = ("exact", "fp32")
+# The default of the `dfmp2 run` and `dfmp2 bench` commands on every device: fp32 GEMMs in the
+# pair stage with fp64 sums, measured within 0.1 uEh of fp64 from 24 to 1,156 basis functions
+# (docs/benchmarking.md). Library calls (Settings, the PySCF drop-in) keep default_precision.
+COMMAND_PRECISION = "fp32"
 TRAINIUM = ("trn1", "trn2")
+
+
+def start_loading():
+    """Start importing torch (every backend's array library; ~1.5 s) on a background thread, so
+    that it loads while the caller imports PySCF and reads its input; returns the thread. Nothing
+    needs to wait for it: a later `import torch` waits on Python's import lock, and an import that
+    fails here fails again, with its error, where the backend is made. Not a daemon: the process
+    never exits halfway through loading a shared library."""
+    import threading
+
+    thread = threading.Thread(target=_import_torch_quietly, name="dfmp2-load-torch")
+    thread.start()
+    return thread
+
+
+def _import_torch_quietly():
+    try:
+        import torch  # noqa: F401
+    except BaseException:  # noqa: BLE001 - reported where the backend is made
+        pass
 
 
 def backend_for(settings):

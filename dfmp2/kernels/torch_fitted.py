@@ -106,8 +106,8 @@ class TorchFittedStore:
         """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in dtype."""
         backend = self.backend
 
-        def on_device(array):
-            return None if array is None else backend.to_device(array).to(dtype)
+        def on_device(array):  # fp64 first: the backend's compute dtype (fp32 in an fp32 MP2 run) must not round them
+            return None if array is None else backend.to_device(array, fp64=True).to(dtype)
         sets = [tuple(on_device(a) for a in factor) for factor in factors]
         vk = np.zeros((len(factors), self.nao, self.nao))
         for block in self._square_blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
