@@ -10,7 +10,7 @@ each whole process.
 Round 0 is a discarded warm-up (file caches). Each later round runs every contender once, in
 turn; the report gives per-contender medians and the median of the per-round ratios
 PySCF / contender (> 1: the contender is faster), with each contender's E(total). With
---other-checkout DIR, `python -m dfmp2 run` from that checkout (PYTHONPATH=DIR) runs as a
+--other-checkout DIR, `python -m dfmp2 run` from that checkout (PYTHONPATH=DIR, run from DIR) runs as a
 third contender, e.g. the commit before a change; with --pyscf-builds, `dfmp2 run --scf-backend
 pyscf` (PySCF's own J/K builds in dfmp2's SCF) runs too. --warmup 0 skips the warm-up round (for
 molecules that take minutes). Each dfmp2 contender's step timings and SCF build record (of its last
@@ -45,14 +45,52 @@ json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr}, open(sys.argv[3], "w"))
 """
 
 
-def timed(command, env=None):
-    """(wall seconds, exit status) of one process."""
+def timed(command, env=None, cwd=None):
+    """Wall seconds of one process (which must succeed)."""
     start = time.perf_counter()
-    proc = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{command[:4]}... failed: {proc.stderr.strip()}")
     return seconds
+
+
+def gemm_rates(n=2048, repeat=3):
+    """This machine's square GEMM rate (GFLOP/s, best of `repeat`) in fp32 and fp64 (torch)."""
+    import torch
+
+    rates = {}
+    for name, dtype in (("fp32", torch.float32), ("fp64", torch.float64)):
+        a = torch.randn(n, n, dtype=dtype)
+        a @ a  # warm-up
+        best = min(timed_call(lambda: a @ a) for _ in range(repeat))
+        rates[name] = 2 * n ** 3 / best / 1e9
+    return rates
+
+
+def timed_call(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def scf_build_rates(record, rates):
+    """Median GFLOP/s of the SCF's builds per kind, and the fraction of the GEMM rate in the kind's
+    precision (incremental builds are fp32), from a dfmp2 JSON record (RHF: rank nocc)."""
+    builds = record.get("scf_builds") or {}
+    kinds, seconds = builds.get("build_kinds"), builds.get("build_seconds")
+    if not kinds or not seconds:
+        return None
+    nao, naux, nocc = record["nbasis"], builds["naux"], record["nocc"] + record.get("nfrozen", 0)
+    ranks = iter(builds.get("increment_ranks", []))
+    per_kind = {}
+    for kind, t in zip(kinds, seconds):
+        rank = next(ranks) if kind == "incremental" else nocc
+        if kind in ("fp32", "fp64", "incremental"):
+            per_kind.setdefault(kind, []).append(4 * naux * nao * nao * rank / t / 1e9)
+    return {kind: {"gflops": round(statistics.median(v), 1),
+                   "fraction_of_gemm": round(statistics.median(v) / rates["fp64" if kind == "fp64" else "fp32"], 3)}
+            for kind, v in per_kind.items()}
 
 
 def main(argv=None):
@@ -62,6 +100,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
     parser.add_argument("--other-checkout", default=None, help="another dfmp2 checkout to time too")
     parser.add_argument("--pyscf-builds", action="store_true", help="also time dfmp2 run --scf-backend pyscf")
+    parser.add_argument("--fp64", action="store_true", help="also time dfmp2 run --precision fp64")
     parser.add_argument("--warmup", type=int, default=1, choices=(0, 1), help="run a discarded warm-up round")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -69,22 +108,29 @@ def main(argv=None):
     out = tempfile.mkdtemp(prefix="whole-job-")
     dfmp2_script = os.path.join(os.path.dirname(sys.executable), "dfmp2")
     contenders = {
-        "pyscf": ([sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis, os.path.join(out, "pyscf.json")], None),
+        "pyscf": ([sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis, os.path.join(out, "pyscf.json")],
+                  (None, None)),
         "dfmp2": ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
-                   "--json", os.path.join(out, "dfmp2.json")], None),
+                   "--json", os.path.join(out, "dfmp2.json")], (None, None)),
     }
     if args.pyscf_builds:
         contenders["dfmp2-pyscf-builds"] = ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
                                              "--scf-backend", "pyscf", "--json",
-                                             os.path.join(out, "dfmp2-pyscf-builds.json")], None)
+                                             os.path.join(out, "dfmp2-pyscf-builds.json")], (None, None))
+    if args.fp64:
+        contenders["dfmp2-fp64"] = ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
+                                     "--precision", "fp64", "--json", os.path.join(out, "dfmp2-fp64.json")], (None, None))
     if args.other_checkout:
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(args.other_checkout))
+        # run from inside that checkout: `python -m` puts the working directory first on sys.path,
+        # ahead of PYTHONPATH (from this checkout it would import this checkout's dfmp2)
+        other = os.path.abspath(args.other_checkout)
         contenders["dfmp2-other"] = ([sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis,
-                                      "--quiet", "--json", os.path.join(out, "dfmp2-other.json")], env)
+                                      "--quiet", "--json", os.path.join(out, "dfmp2-other.json")],
+                                     (dict(os.environ, PYTHONPATH=other), other))
     seconds = {name: [] for name in contenders}
     for round_ in range(1 - args.warmup, args.rounds + 1):
-        for name, (command, env) in contenders.items():
-            t = timed(command, env)
+        for name, (command, (env, cwd)) in contenders.items():
+            t = timed(command, env, cwd)
             if round_:
                 seconds[name].append(t)
         if round_:
@@ -98,9 +144,14 @@ def main(argv=None):
                                     for n in contenders if n != "pyscf"},
         "e_tot": energies, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
         "steps": {name: {key: r.get(key) for key in ("timings", "scf_backend", "scf_precision", "scf_iterations",
-                                                     "scf_builds", "precision", "nbasis")}
+                                                     "scf_builds", "precision", "nbasis", "nocc")}
                   for name, r in records.items() if name != "pyscf"},
     }
+    rates = gemm_rates()
+    record["gemm_gflops"] = {k: round(v, 1) for k, v in rates.items()}
+    record["scf_build_rates"] = {name: scf_build_rates(r, rates) for name, r in records.items() if name != "pyscf"}
+    print(f"GEMM rate: fp32 {rates['fp32']:.0f}, fp64 {rates['fp64']:.0f} GFLOP/s; SCF builds: "
+          f"{record['scf_build_rates'].get('dfmp2')}")
     for name in contenders:
         ratio = record["median_ratio_pyscf_over"].get(name)
         print(f"{name:12s} median {record['median_seconds'][name]:7.2f} s" +

@@ -20,7 +20,7 @@ from .errors import DFMP2Error, InputError
 from .outputs import Outputs
 from .distributed import DEFAULT_TIMEOUT_S, join_launched_team
 from .context import RunContext
-from .kernels import COMMAND_PRECISION, start_loading
+from .kernels import COMMAND_PRECISION
 from .settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
@@ -124,7 +124,6 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
         scf_precision, device, precision, simulate,
         nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
-    start_loading()  # torch loads while PySCF's modules do
     from .driver import run_xyz
 
     outputs = Outputs()

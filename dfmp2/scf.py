@@ -94,7 +94,7 @@ class BuildRecord:
         return {"backend": self.backend, "precision": self.precision, "storage": self.storage,
                 "naux": self.naux, "whitening": self.whitening, "builds": len(self.builds),
                 **{f"{kind}_builds": self.builds.count(kind) for kind in BUILD_KINDS},
-                "build_seconds": [round(s, 4) for s in self.seconds],
+                "build_kinds": list(self.builds), "build_seconds": [round(s, 4) for s in self.seconds],
                 "setup_seconds": round(self.setup_seconds, 4), "increment_ranks": list(self.increment_ranks),
                 **({"modelled_build_seconds": {t: [round(x, 6) for x in v] for t, v in self.modelled.items()},
                     "modelled_note": "calibrated MODEL of each build on each target, not a measurement"}

@@ -145,6 +145,7 @@ def test_cli_records_the_scf_builds(tmp_path):
     assert record["scf_backend"] == "torch" and record["scf_precision"] == "fp64"
     assert record["scf_builds"]["fp64_builds"] == record["scf_builds"]["builds"] > 0
     assert len(record["scf_builds"]["build_seconds"]) == record["scf_builds"]["builds"]
+    assert record["scf_builds"]["build_kinds"] == ["fp64"] * record["scf_builds"]["builds"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -27,26 +27,6 @@ COMMAND_PRECISION = "fp32"
 TRAINIUM = ("trn1", "trn2")
 
 
-def start_loading():
-    """Start importing torch (every backend's array library; ~1.5 s) on a background thread, so
-    that it loads while the caller imports PySCF and reads its input; returns the thread. Nothing
-    needs to wait for it: a later `import torch` waits on Python's import lock, and an import that
-    fails here fails again, with its error, where the backend is made. Not a daemon: the process
-    never exits halfway through loading a shared library."""
-    import threading
-
-    thread = threading.Thread(target=_import_torch_quietly, name="dfmp2-load-torch")
-    thread.start()
-    return thread
-
-
-def _import_torch_quietly():
-    try:
-        import torch  # noqa: F401
-    except BaseException:  # noqa: BLE001 - reported where the backend is made
-        pass
-
-
 def backend_for(settings):
     """The backend a run's Settings ask for: their hardware group (device, precision, simulate,
     model_only, nki_api, transform), as `get_backend` takes it."""
