@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -63,15 +64,9 @@ def gemm_rates(n=2048, repeat=3):
     for name, dtype in (("fp32", torch.float32), ("fp64", torch.float64)):
         a = torch.randn(n, n, dtype=dtype)
         a @ a  # warm-up
-        best = min(timed_call(lambda: a @ a) for _ in range(repeat))
+        best = min(timeit.repeat(lambda: a @ a, number=1, repeat=repeat))
         rates[name] = 2 * n ** 3 / best / 1e9
     return rates
-
-
-def timed_call(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def scf_build_rates(record, rates):
