@@ -86,6 +86,8 @@ class BuildRecord:
     seconds: list = field(default_factory=list)  # wall seconds of each build
     setup_seconds: float = 0.0  # integrals + whitening + storage
     increment_ranks: list = field(default_factory=list)  # columns of each incremental build's factors
+    increment_forms: list = field(default_factory=list)  # how each increment was factored: the orbitals'
+    # step from the anchor's (the store's increment_form) or "eigenvectors" of D - D_anchor
     metric: str = ""  # how (P|Q) was factorised
     whitening: str = ""  # where B was whitened (device, precision)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
@@ -96,6 +98,7 @@ class BuildRecord:
                 **{f"{kind}_builds": self.builds.count(kind) for kind in BUILD_KINDS},
                 "build_kinds": list(self.builds), "build_seconds": [round(s, 4) for s in self.seconds],
                 "setup_seconds": round(self.setup_seconds, 4), "increment_ranks": list(self.increment_ranks),
+                "increment_forms": list(self.increment_forms),
                 **({"modelled_build_seconds": {t: [round(x, 6) for x in v] for t, v in self.modelled.items()},
                     "modelled_note": "calibrated MODEL of each build on each target, not a measurement"}
                    if self.modelled else {})}
@@ -210,18 +213,25 @@ class FittedCoulombExchange:
         how, anchor = self._build_plan(dms, with_j, with_k)
         if how == "incremental":
             # F(D) = F_exact(D_anchor) + F_fp32(D - D_anchor): the fp32 error scales with |D - D_anchor|
-            d_anchor, j_anchor, k_anchor = anchor
+            d_anchor, j_anchor, k_anchor, anchor_factors = anchor
             delta = dms - d_anchor
-            delta_factors = [symmetric_factors(d, INCREMENT_RANK_DROP) for d in delta]  # V diag(sign) V^T
-            self.record.increment_ranks.append(sum(left.shape[1] for left, _, _ in delta_factors))
-            vj, vk = self._store.build(delta, delta_factors, "fp32", with_j, with_k)
+            steps = orbital_steps(factors, anchor_factors)
+            if steps is not None:  # D = (L_a + E)(L_a + E)^T: fp32 error proportional to E
+                vj, vk = self._store.build_increment(delta, anchor_factors, steps, with_j, with_k)
+                self.record.increment_forms.append(self._store.increment_form)
+                self.record.increment_ranks.append(sum(step.shape[1] for step in steps))
+            else:  # D - D_anchor = V diag(sign) V^T, twice the orbitals' rank
+                delta_factors = [symmetric_factors(d, INCREMENT_RANK_DROP) for d in delta]
+                vj, vk = self._store.build(delta, delta_factors, "fp32", with_j, with_k)
+                self.record.increment_forms.append("eigenvectors")
+                self.record.increment_ranks.append(sum(left.shape[1] for left, _, _ in delta_factors))
             vj = j_anchor + vj if with_j else None
             vk = k_anchor + vk if with_k else None
         else:
-            vj, vk = self._store.build(dms, factors, how, with_j, with_k)
+            vj, vk = self._store.build(dms, factors, how, with_j, with_k, anchor=anchor == "new")
             if anchor == "new":
                 copy = lambda v: None if v is None else v.copy()  # noqa: E731  (PySCF scales vk in place)
-                self._anchor = (np.array(dms), copy(vj), copy(vk))
+                self._anchor = (np.array(dms), copy(vj), copy(vk), factors)
         if not with_k and not self._store.coulomb_follows_kind:
             how = "coulomb"
         self.record.builds.append(how)
@@ -249,6 +259,20 @@ class FittedCoulombExchange:
             self._store.close()
         self._store = self._last = self._anchor = None
         release_freed_memory()
+
+
+def orbital_steps(factors, anchor_factors):
+    """E = L Q - L_anchor per density, Q [r, r] the rotation of the orbitals L that brings them
+    closest to the anchor's (orthogonal Procrustes: Q = U V^T of svd(L^T L_anchor)); L Q (L Q)^T is
+    still D. None unless every density and its anchor are given as orbitals, D = L L^T, of one shape."""
+    steps = []
+    for (left, right, weights), (anchor, anchor_right, anchor_weights) in zip(factors, anchor_factors):
+        if right is not None or weights is not None or anchor_right is not None or \
+                anchor_weights is not None or left.shape != anchor.shape:
+            return None
+        u, _, vt = np.linalg.svd(left.T @ anchor)
+        steps.append(left @ (u @ vt) - anchor)
+    return steps
 
 
 def symmetric_factors(d, drop=1e-14, floor=0.0):

@@ -78,6 +78,43 @@ def test_j_and_k_of_arbitrary_densities(hermi):
         assert np.abs(vk - vk_ref).max() < 1e-10 and np.abs(vk - vk.transpose(0, 2, 1)).max() > 1e-3
 
 
+@pytest.mark.parametrize("device", ["cpu", "trn1"])
+def test_increment_from_rotated_orbitals(device):
+    """An incremental build from orbitals that moved by 1e-3 and were rotated among themselves
+    (the same density as unrotated ones): J and K of D - D_anchor against PySCF's fp64 difference
+    to 1e-6 of the change (K(D) - K(D_anchor) from two fp32 builds: 3e-5 of it), with the anchor's
+    half transforms kept and (torch) not."""
+    from dfmp2.scf import orbital_steps, whiten_fitted_integrals, whitening_backend
+
+    mol = gto.M(atom=GLYCINE, basis="cc-pvdz", verbose=0)
+    mf = _mean_field(mol, "rhf")
+    rng = np.random.default_rng(3)
+    nocc = mol.nelectron // 2
+    anchor = np.linalg.qr(rng.standard_normal((mol.nao, nocc)))[0] * 0.5
+    rotation = np.linalg.qr(rng.standard_normal((nocc, nocc)))[0]
+    moved = (anchor + 1e-3 * rng.standard_normal(anchor.shape)) @ rotation
+    d_anchor, d = anchor @ anchor.T, moved @ moved.T
+    vj_ref, vk_ref = (np.asarray(a) - np.asarray(b) for a, b in zip(mf.get_jk(mol, d), mf.get_jk(mol, d_anchor)))
+    backend = get_backend(device, simulate=True, model_only=True) if device == "trn1" else get_backend("cpu")
+    integrals = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf))
+    rows, _ = whiten_fitted_integrals(whitening_backend(backend), integrals)
+    for free in ([10**10, 0] if device == "cpu" else [10**10]):
+        store = backend.fitted_store(rows, mol.nao, ["fp32", store_exact(backend)], lambda: free)
+        anchor_factors = [(anchor, None, None)]
+        store.build(d_anchor[None], anchor_factors, store.exact_kind, True, True, anchor=True)
+        steps = orbital_steps([(moved, None, None)], anchor_factors)
+        assert np.abs(steps[0]).max() < 0.01  # aligned: the rotation is undone
+        vj, vk = store.build_increment((d - d_anchor)[None], anchor_factors, steps, True, True)
+        assert np.abs(vk[0] - vk_ref).max() < 1e-6 * np.abs(vk_ref).max()
+        assert np.abs(vj[0] - vj_ref).max() < 1e-6 * np.abs(vj_ref).max()
+        if device == "cpu":
+            assert store.increment_form == ("orbitals, kept anchor halves" if free else "orbitals, anchor halves made")
+
+
+def store_exact(backend):
+    return "exact" if backend.name == "nki" else "fp64"
+
+
 def test_tags_that_do_not_describe_the_density_are_not_used():
     """A density PySCF tags with orbitals, then changed (damping arithmetic keeps no tags, but a caller's
     may): the builds use the density itself."""
@@ -94,11 +131,16 @@ def test_tags_that_do_not_describe_the_density_are_not_used():
     assert np.abs(vk[0] - vk_ref).max() < 1e-10 and np.abs(vj[0] - vj_ref).max() < 1e-10
 
 
-@pytest.mark.parametrize("room,storage", [(0, "fp64 triangle"), (4, "square 32 + fp64 triangle"),
-                                          (12, "square 64 + square 32 + fp64 triangle")])
-def test_budget_decides_the_copies_of_b(monkeypatch, room, storage):
-    """The budget beyond the triangle (room: bytes per square element) decides the square copies kept;
-    K from whatever is kept (the triangle unpacked block by block at the least) gives the same energy."""
+@pytest.mark.parametrize("room,precision,storage,increments", [
+    (0, "mixed", "fp64 triangle", "orbitals, anchor halves made"),
+    (4, "mixed", "square 32 + fp64 triangle", "orbitals, anchor halves made"),
+    (5, "mixed", "square 32 + fp64 triangle", "orbitals, kept anchor halves"),
+    (4, "fp64", "fp64 triangle", None), (8, "fp64", "square 64 + fp64 triangle", None)])
+def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, increments):
+    """The budget beyond the triangle (room: bytes per square element) decides the square copy kept
+    (in the kind most builds use) and whether the anchor's half transforms are kept for the
+    increments; K from whatever is kept (the triangle unpacked block by block at the least) gives
+    the same energy."""
     import dfmp2.scf as jk
 
     mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
@@ -106,12 +148,18 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, storage):
     mf = _mean_field(mol, "rhf")
     integrals = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf))
     triangle = integrals.naux * mol.nao * (mol.nao + 1) // 2 * 8
-    builds = FittedCoulombExchange(get_backend("cpu"), integrals, "mixed")
+    builds = FittedCoulombExchange(get_backend("cpu"), integrals, precision)
     asked = []  # the budget is read before the whitening (nothing resident), then with the triangle in place
-    monkeypatch.setattr(jk, "resident_bytes", lambda: triangle if asked.append(1) or len(asked) > 1 else 0)
+
+    def resident():  # and the square copy, once made
+        squares = builds._store._square.values() if builds._store is not None else ()
+        return (triangle + sum(t.numel() * t.element_size() for t in squares)) if asked.append(1) or len(asked) > 1 else 0
+    monkeypatch.setattr(jk, "resident_bytes", resident)
     monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle + 4 * jk.BLOCK_BYTES + room * integrals.naux * mol.nao ** 2)
     chem.use_fitted_builds(mf, builds).run()
     assert builds.record.storage == storage
+    forms = set(builds.record.increment_forms)
+    assert forms == ({increments} if increments else set())
     assert abs(mf.e_tot - reference.e_tot) < 1e-9
     monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle)  # the triangle alone does not fit: refused
     with pytest.raises(dfmp2.MemoryBudgetError, match="--scf-backend pyscf"):
@@ -130,8 +178,8 @@ def test_whole_run_matches_pyscf_builds(options):
     record, other = ours.as_dict(), theirs.as_dict()
     assert record["scf_backend"] == "torch" and record["scf_precision"] == "mixed"
     assert record["scf_iterations"] >= 1 and record["scf_builds"]["builds"] >= record["scf_iterations"]
-    assert record["kernels"]["exchange_block"] >= 1
-    assert other["scf_backend"] == "pyscf" and "exchange_block" not in other["kernels"]
+    assert record["kernels"]["exchange_product"] >= 1
+    assert other["scf_backend"] == "pyscf" and "exchange_product" not in other["kernels"]
 
 
 def test_cli_records_the_scf_builds(tmp_path):

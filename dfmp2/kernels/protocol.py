@@ -139,10 +139,19 @@ class FittedStore(Protocol):
     coulomb_follows_kind: bool  # False: J is built in exact_kind whatever the build's kind
     storage: str  # where and how B is kept, in words
 
-    def build(self, dms, factors, kind, with_j, with_k):
+    increment_form: str  # how the last build_increment built K, in words
+
+    def build(self, dms, factors, kind, with_j, with_k, anchor=False):
         """dms [nset, nao, nao] host fp64, factors [(L [nao, r], R [nao, r] or None, w [r] or
         None)] with D = L diag(w) R^T, kind "fp32" or exact_kind -> (J or None, K or None), host
-        fp64 [nset, nao, nao]."""
+        fp64 [nset, nao, nao]. anchor: increments will start from these densities (the store
+        may keep what they reuse)."""
+
+    def build_increment(self, deltas, anchor_factors, steps, with_j, with_k):
+        """J and K of D - D_anchor (deltas [nset, nao, nao] host fp64) where D_anchor = L_a L_a^T
+        had the factors anchor_factors [(L_a, None, None)] in an anchor build and D = L L^T with
+        L Q = L_a + E, steps [E [nao, r]]: fp32 GEMMs, errors proportional to E -> (J or None,
+        K or None), host fp64 [nset, nao, nao]."""
 
     def close(self) -> None:
         """Release B."""

@@ -123,17 +123,18 @@ class TorchBackend:
 
         return TorchFittedStore(self, rows, nao, kinds, free_bytes)
 
-    def exchange_block(self, b_block, left, right=None, weights=None):
-        """One auxiliary block of the SCF's exchange for a density D = L diag(w) R^T:
-          X^P = L^T B^P,  Z^P = R^T B^P      batched  [r, nao] x [nP; nao, nao]  (B^P symmetric)
-          K_mn = sum_P sum_r X^P_rm w_r Z^P_rn   one GEMM  [nao, nP*r] x [nP*r, nao]
-        b_block [nP, nao, nao], left, right [nao, r] (right None: R = L, one half transform),
-        weights [r] (None: all 1), all in one dtype. Returns K [nao, nao] in that dtype."""
-        self.calls["exchange_block"] += 1
-        nP, nao, _ = b_block.shape
-        rank = left.shape[1]
-        x = torch.matmul(left.transpose(0, 1), b_block)  # [nP, r, nao]
-        z = x if right is None else torch.matmul(right.transpose(0, 1), b_block)
+    def half_transform(self, b_block, factor):
+        """The SCF exchange's half transform X^P = F^T B^P (B^P symmetric): b_block [nP, nao, nao],
+        factor [nao, r] -> [nP, r, nao], batched [r, nao] x [nP; nao, nao], in their dtype."""
+        self.calls["half_transform"] += 1
+        return torch.matmul(factor.transpose(0, 1), b_block)
+
+    def exchange_product(self, x, z, weights=None):
+        """K_mn = sum_P sum_r X^P_rm w_r Z^P_rn for x, z [nP, r, nao], weights [r] (None: all 1):
+        one GEMM [nao, nP*r] x [nP*r, nao]. Returns K [nao, nao] (the SCF's exchange, one
+        auxiliary block)."""
+        self.calls["exchange_product"] += 1
+        nP, rank, nao = x.shape
         if weights is not None:
             z = z * weights[None, :, None]
         return torch.matmul(x.reshape(nP * rank, nao).transpose(0, 1), z.reshape(nP * rank, nao))

@@ -1,12 +1,15 @@
 """The SCF's Coulomb and exchange builds on the torch backend (cpu, cuda): its `FittedStore`.
 
 Storage: the whitened lower triangle B^P_(mn), m >= n [naux, npair], in fp64 (J's source, and
-fp64 K's where no square copy fits); square copies [naux, nao, nao] in fp32 and fp64 for K, each
-as the budget allows (else K's blocks are unpacked from the triangle per build).
+the source of K's blocks in a kind without a square copy); one square copy [naux, nao, nao] for
+K in the kind most builds use (fp32 in mixed precision, fp64 in fp64) as the budget allows; the
+anchor build's fp32 half transforms [naux, nocc, nao] for the incremental builds, as it allows.
 
     fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)   (D' = D + D^T, diagonal once)
     Coulomb           J_(mn) = sum_P rho_P B^P_(mn)          always fp64 (a GEMV: fp32 gains nothing)
     exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn    in the build's kind
+    increment         K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn   fp32
+                      X_a^P = L_a^T B^P, Y^P = E^T B^P, L Q = L_a + E (aligned orbitals)
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ class TriangleBlocks:
         self.lower = torch.as_tensor(self.pairs, device=device)
         self.upper = torch.as_tensor(cols * nao + rows, device=device)
 
-    def square(self, packed_rows, dtype):
-        """packed_rows [nP, npair] (a device tensor) -> [nP, nao, nao] in dtype."""
+    def square(self, packed_rows, dtype, out=None):
+        """packed_rows [nP, npair] (a device tensor) -> [nP, nao, nao] in dtype (into `out`,
+        [>= nP, nao, nao], where given: a reused buffer, whose pages are already mapped)."""
         packed_rows = packed_rows.to(dtype)
-        out = torch.empty((packed_rows.shape[0], self.nao * self.nao), dtype=dtype, device=packed_rows.device)
+        if out is None:
+            out = torch.empty((packed_rows.shape[0], self.nao * self.nao), dtype=dtype, device=packed_rows.device)
+        else:
+            out = out[:packed_rows.shape[0]].view(packed_rows.shape[0], self.nao * self.nao)
         out.index_copy_(1, self.upper, packed_rows)
         out.index_copy_(1, self.lower, packed_rows)
         return out.view(-1, self.nao, self.nao)
@@ -43,29 +50,28 @@ class TriangleBlocks:
 
 class TorchFittedStore:
     """B for the SCF's builds on a torch backend. rows [naux, npair] host fp64 (whitened lower
-    triangles), nao, kinds: the build kinds the run will ask for ("fp32", "fp64"), free_bytes():
-    what the budget leaves once the triangle is in place (process memory; on a GPU also 90% of
-    its free memory): a square copy is kept where it fits, else K's blocks are unpacked."""
+    triangles), nao, kinds: the build kinds the run will ask for ("fp32", "fp64"), the kind most
+    builds use first; free_bytes(): what the budget leaves once the triangle is in place (process
+    memory; on a GPU also 90% of its free memory). A square copy of B in the first kind is kept
+    where it fits (the other kind, and every kind where it does not fit, unpacks blocks of the
+    triangle per build); an anchor build keeps its fp32 half transforms where they fit."""
 
     exact_kind = "fp64"  # the kind of anchors and strict builds
     coulomb_follows_kind = False  # J is fp64 whatever the build's kind
 
     def __init__(self, backend, rows, nao, kinds, free_bytes):
         naux = rows.shape[0]
-        self.backend, self.nao, self.naux = backend, nao, naux
+        self.backend, self.nao, self.naux, self._free_bytes = backend, nao, naux, free_bytes
         self._packed = backend.to_device(rows, fp64=True)
         self._unpack = TriangleBlocks(nao, backend.device)
         self._square = {}  # dtype -> [naux, nao, nao] device tensor
-        free = free_bytes() - 4 * BLOCK_BYTES  # the builds' temporaries
-        for dtype in sorted((KIND_DTYPES[k] for k in kinds), key=lambda d: -torch.finfo(d).bits):
-            size = naux * nao * nao * (torch.finfo(dtype).bits // 8)
-            if size > free:
-                continue
-            free -= size
+        self._anchor = None  # (the anchor's factors, [X^P = L^T B^P, fp32 [naux, r, nao] per density])
+        self.increment_form = ""
+        dtype = KIND_DTYPES[kinds[0]]
+        if naux * nao * nao * (torch.finfo(dtype).bits // 8) <= free_bytes() - 4 * BLOCK_BYTES:
             square = torch.empty((naux, nao, nao), dtype=dtype, device=backend.device)
-            source = self._square.get(torch.float64)  # fp32 copied from the fp64 square where kept
             for p0, p1 in block_ranges(naux, self._block_rows(0)):
-                square[p0:p1] = source[p0:p1] if source is not None else self._unpack.square(self._packed[p0:p1], dtype)
+                self._unpack.square(self._packed[p0:p1], dtype, square[p0:p1])
             self._square[dtype] = square
         release_freed_memory()
         self.storage = " + ".join([f"square {str(d)[-2:]}" for d in self._square] + ["fp64 triangle"])
@@ -76,20 +82,66 @@ class TorchFittedStore:
         return max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * self.nao * max(self.nao, 2 * rank))))
 
     def _square_blocks(self, dtype, rank):
-        """[nP, nao, nao] blocks of B in dtype over the auxiliary range (kept, or unpacked)."""
-        for p0, p1 in block_ranges(self.naux, self._block_rows(rank)):
-            if dtype in self._square:
-                yield self._square[dtype][p0:p1]
-            else:
-                yield self._unpack.square(self._packed[p0:p1], dtype)
+        """(p0, p1, [nP, nao, nao] block of B in dtype) over the auxiliary range (kept, or unpacked)."""
+        rows = self._block_rows(rank)
+        kept = self._square.get(dtype)
+        buffer = None if kept is not None else \
+            torch.empty((min(rows, self.naux), self.nao, self.nao), dtype=dtype, device=self.backend.device)
+        for p0, p1 in block_ranges(self.naux, rows):
+            yield p0, p1, kept[p0:p1] if kept is not None else self._unpack.square(self._packed[p0:p1], dtype, buffer)
 
-    def build(self, dms, factors, kind, with_j, with_k):
+    def _on_device(self, array, dtype):
+        """A host fp64 factor on the device in dtype (fp64 first: the backend's compute dtype,
+        fp32 in an fp32 MP2 run, must not round it)."""
+        return None if array is None else self.backend.to_device(array, fp64=True).to(dtype)
+
+    def build(self, dms, factors, kind, with_j, with_k, anchor=False):
         """(J or None, K or None) [nset, nao, nao] host fp64 of densities dms [nset, nao, nao] given
-        as factors [(L, R or None, w or None)] with D = L diag(w) R^T; K's GEMMs in `kind`."""
+        as factors [(L, R or None, w or None)] with D = L diag(w) R^T; K's GEMMs in `kind`.
+        anchor: increments will start from these densities (`build_increment`): their fp32 half
+        transforms L^T B^P are kept where the budget allows (orbital factors only, D = L L^T)."""
         vj = self.coulomb(dms) if with_j else None
-        vk = self.exchange(factors, KIND_DTYPES[kind]) if with_k else None
+        vk = None
+        if with_k:
+            keep = anchor and all(right is None and weights is None for _, right, weights in factors) and \
+                self.naux * self.nao * sum(left.shape[1] for left, _, _ in factors) * 4 \
+                <= self._free_bytes() - 4 * BLOCK_BYTES
+            if anchor:
+                self._anchor = None  # the previous anchor's halves go before the new ones are made
+                release_freed_memory()
+            vk, halves = self.exchange(factors, KIND_DTYPES[kind], keep)
+            if keep:
+                self._anchor = (factors, halves)
         self.backend.synchronize()
         release_freed_memory()  # the unpacked blocks' pages, or the heap keeps growing build by build
+        return vj, vk
+
+    def build_increment(self, deltas, anchor_factors, steps, with_j, with_k):
+        """J and K of D - D_anchor = L L^T - L_a L_a^T, in fp32 GEMMs with an error proportional to
+        the step: deltas [nset, nao, nao] host fp64; anchor_factors: the factors an anchor build
+        had (L_a, None, None); steps [E [nao, r]] with L Q = L_a + E (the orbitals aligned to the
+        anchor's, `dfmp2.scf.orbital_steps`).
+          Y^P = E^T B^P,  X_a^P = L_a^T B^P (kept by the anchor build, else made here)
+          K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn
+        J(D - D_anchor) in fp64 from deltas. Returns (J or None, K or None) host fp64."""
+        vj = self.coulomb(deltas) if with_j else None
+        vk = None
+        if with_k:
+            backend, fp32 = self.backend, torch.float32
+            kept = self._anchor[1] if self._anchor is not None and self._anchor[0] is anchor_factors else None
+            self.increment_form = "orbitals, kept anchor halves" if kept else "orbitals, anchor halves made"
+            lefts = [self._on_device(left, fp32) for left, _, _ in anchor_factors]
+            moves = [self._on_device(step, fp32) for step in steps]
+            vk = np.zeros((len(steps), self.nao, self.nao))
+            rank = sum(step.shape[1] for step in steps)
+            for p0, p1, block in self._square_blocks(fp32, rank):
+                for s, (left, move) in enumerate(zip(lefts, moves)):
+                    y = backend.half_transform(block, move)
+                    x = kept[s][p0:p1] if kept else backend.half_transform(block, left)
+                    vk[s] += backend.to_host(backend.exchange_product(x + 0.5 * y, y))
+            vk += vk.transpose(0, 2, 1).copy()
+        self.backend.synchronize()
+        release_freed_memory()
         return vj, vk
 
     def coulomb(self, dms):
@@ -102,19 +154,23 @@ class TorchFittedStore:
         rho = backend.fit_density(self._packed, d_rows)
         return backend.to_host(self._unpack.square(backend.coulomb_block(self._packed, rho), torch.float64))
 
-    def exchange(self, factors, dtype):
-        """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in dtype."""
+    def exchange(self, factors, dtype, keep=False):
+        """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in
+        dtype, and (keep) the half transforms L^T B^P in fp32 [naux, r, nao] per density, else None."""
         backend = self.backend
-
-        def on_device(array):  # fp64 first: the backend's compute dtype (fp32 in an fp32 MP2 run) must not round them
-            return None if array is None else backend.to_device(array, fp64=True).to(dtype)
-        sets = [tuple(on_device(a) for a in factor) for factor in factors]
+        sets = [tuple(self._on_device(a, dtype) for a in factor) for factor in factors]
+        halves = [torch.empty((self.naux, left.shape[1], self.nao), dtype=torch.float32, device=backend.device)
+                  for left, _, _ in sets] if keep else None
         vk = np.zeros((len(factors), self.nao, self.nao))
-        for block in self._square_blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
+        for p0, p1, block in self._square_blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
             for s, (left, right, weights) in enumerate(sets):
-                vk[s] += backend.to_host(backend.exchange_block(block, left, right, weights))
-        return vk
+                x = backend.half_transform(block, left)
+                z = x if right is None else backend.half_transform(block, right)
+                vk[s] += backend.to_host(backend.exchange_product(x, z, weights))
+                if keep:
+                    halves[s][p0:p1] = x
+        return vk, halves
 
     def close(self):
         self._square.clear()
-        self._packed = self._unpack = None
+        self._packed = self._unpack = self._anchor = None
