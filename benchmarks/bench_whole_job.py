@@ -71,16 +71,22 @@ def gemm_rates(n=2048, repeat=3):
 
 def scf_build_rates(record, rates):
     """Median GFLOP/s of the SCF's builds per kind, and the fraction of the GEMM rate in the kind's
-    precision (incremental builds are fp32), from a dfmp2 JSON record (RHF: rank nocc)."""
+    precision (incremental builds are fp32), from a dfmp2 JSON record (RHF: rank nocc; 4 naux
+    nao^2 r flops per build of rank r)."""
     builds = record.get("scf_builds") or {}
     kinds, seconds = builds.get("build_kinds"), builds.get("build_seconds")
     if not kinds or not seconds:
         return None
     nao, naux, nocc = record["nbasis"], builds["naux"], record["nocc"] + record.get("nfrozen", 0)
     ranks = iter(builds.get("increment_ranks", []))
+    forms = iter(builds.get("increment_forms", []))
     per_kind = {}
     for kind, t in zip(kinds, seconds):
-        rank = next(ranks) if kind == "incremental" else nocc
+        # an increment from the orbitals' step: one half transform and one GEMM of rank r, plus
+        # the anchor's half transform where it was not kept; the eigenvector form has rank 2 r
+        rank = nocc
+        if kind == "incremental":
+            rank = next(ranks) * (1.5 if next(forms, "") == "orbitals, anchor halves made" else 1)
         if kind in ("fp32", "fp64", "incremental"):
             per_kind.setdefault(kind, []).append(4 * naux * nao * nao * rank / t / 1e9)
     return {kind: {"gflops": round(statistics.median(v), 1),
@@ -96,6 +102,8 @@ def main(argv=None):
     parser.add_argument("--other-checkout", default=None, help="another dfmp2 checkout to time too")
     parser.add_argument("--pyscf-builds", action="store_true", help="also time dfmp2 run --scf-backend pyscf")
     parser.add_argument("--fp64", action="store_true", help="also time dfmp2 run --precision fp64")
+    parser.add_argument("--pyscf-openblas", action="store_true",
+                        help="also time the PySCF script with OPENBLAS_THREAD_TIMEOUT=4 (what dfmp2 sets)")
     parser.add_argument("--warmup", type=int, default=1, choices=(0, 1), help="run a discarded warm-up round")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -108,6 +116,10 @@ def main(argv=None):
         "dfmp2": ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
                    "--json", os.path.join(out, "dfmp2.json")], (None, None)),
     }
+    if args.pyscf_openblas:
+        contenders["pyscf-openblas"] = ([sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis,
+                                         os.path.join(out, "pyscf-openblas.json")],
+                                        (dict(os.environ, OPENBLAS_THREAD_TIMEOUT="4"), None))
     if args.pyscf_builds:
         contenders["dfmp2-pyscf-builds"] = ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
                                              "--scf-backend", "pyscf", "--json",
@@ -137,20 +149,27 @@ def main(argv=None):
         "seconds": seconds, "median_seconds": {n: statistics.median(s) for n, s in seconds.items()},
         "median_ratio_pyscf_over": {n: statistics.median(p / s for p, s in zip(seconds["pyscf"], seconds[n]))
                                     for n in contenders if n != "pyscf"},
+        **({"median_ratio_pyscf_openblas_over": {
+            n: statistics.median(p / s for p, s in zip(seconds["pyscf-openblas"], seconds[n]))
+            for n in contenders if not n.startswith("pyscf")}} if args.pyscf_openblas else {}),
         "e_tot": energies, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
         "steps": {name: {key: r.get(key) for key in ("timings", "scf_backend", "scf_precision", "scf_iterations",
                                                      "scf_builds", "precision", "nbasis", "nocc")}
-                  for name, r in records.items() if name != "pyscf"},
+                  for name, r in records.items() if not name.startswith("pyscf")},
     }
     rates = gemm_rates()
     record["gemm_gflops"] = {k: round(v, 1) for k, v in rates.items()}
-    record["scf_build_rates"] = {name: scf_build_rates(r, rates) for name, r in records.items() if name != "pyscf"}
+    record["scf_build_rates"] = {name: scf_build_rates(r, rates) for name, r in records.items()
+                                 if not name.startswith("pyscf")}
     print(f"GEMM rate: fp32 {rates['fp32']:.0f}, fp64 {rates['fp64']:.0f} GFLOP/s; SCF builds: "
           f"{record['scf_build_rates'].get('dfmp2')}")
     for name in contenders:
         ratio = record["median_ratio_pyscf_over"].get(name)
-        print(f"{name:12s} median {record['median_seconds'][name]:7.2f} s" +
-              (f"   PySCF / {name} = {ratio:.2f}" if ratio else "") + f"   E(total) {energies[name]:.10f}")
+        tuned = record.get("median_ratio_pyscf_openblas_over", {}).get(name)
+        print(f"{name:14s} median {record['median_seconds'][name]:7.2f} s" +
+              (f"   PySCF / {name} = {ratio:.2f}" if ratio else "") +
+              (f"   PySCF (OpenBLAS timeout) / {name} = {tuned:.2f}" if tuned else "") +
+              f"   E(total) {energies[name]:.10f}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(record, handle, indent=1)

@@ -215,7 +215,7 @@ class FittedCoulombExchange:
             # F(D) = F_exact(D_anchor) + F_fp32(D - D_anchor): the fp32 error scales with |D - D_anchor|
             d_anchor, j_anchor, k_anchor, anchor_factors = anchor
             delta = dms - d_anchor
-            steps = orbital_steps(factors, anchor_factors)
+            steps = orbital_steps(factors, anchor_factors) if self._store.orbital_increments else None
             if steps is not None:  # D = (L_a + E)(L_a + E)^T: fp32 error proportional to E
                 vj, vk = self._store.build_increment(delta, anchor_factors, steps, with_j, with_k)
                 self.record.increment_forms.append(self._store.increment_form)

@@ -89,7 +89,9 @@ class NkiFittedStore:
         self._digits = backend.upload(digits)
         self.storage = f"square fp32 + {INPUT_SLICES} int8 digit slices in {backend.target} HBM"
 
-    increment_form = "orbitals, factors (L + L_anchor, E)"
+    # the increments stay eigenvectors of D - D_anchor (symmetric, rank 2 nocc): the orbitals'
+    # form (L R^T factors) would be a second fitted_jk_kernel shape to compile, for the same flops
+    orbital_increments = False
 
     def build(self, dms, factors, kind, with_j, with_k, anchor=False):
         """(J or None, K or None) [nset, nao, nao] host fp64 of densities given as factors
@@ -113,15 +115,6 @@ class NkiFittedStore:
                 vj[s] += out[0]
                 vk[s] += out[1]
         return (vj if with_j else None), (vk if with_k else None)
-
-    def build_increment(self, deltas, anchor_factors, steps, with_j, with_k):
-        """J and K of D - D_anchor = L L^T - L_a L_a^T with L Q = L_a + E (steps E, the orbitals
-        aligned to the anchor's), one fp32 build of the factors (A = L_a + L Q = 2 L_a + E, E):
-        D - D_anchor = (A E^T + E A^T) / 2, so J = J(A E^T) and K = (K(A E^T) + K(A E^T)^T) / 2,
-        with fp32 errors proportional to E. deltas is not read."""
-        factors = [(step + 2 * left, step, None) for step, (left, _, _) in zip(steps, anchor_factors)]
-        vj, vk = self.build(deltas, factors, "fp32", with_j, with_k)
-        return vj, (None if vk is None else (vk + vk.transpose(0, 2, 1)) / 2)
 
     def _columns(self, kernel, count):
         """The padded column count of a launch: a multiple of RANK_STEP, bucketed (<= FREE for fitted_jk)."""

@@ -139,7 +139,8 @@ class FittedStore(Protocol):
     coulomb_follows_kind: bool  # False: J is built in exact_kind whatever the build's kind
     storage: str  # where and how B is kept, in words
 
-    increment_form: str  # how the last build_increment built K, in words
+    orbital_increments: bool  # True: build_increment (below); False: increments are ordinary builds
+    # of D - D_anchor's eigenvectors
 
     def build(self, dms, factors, kind, with_j, with_k, anchor=False):
         """dms [nset, nao, nao] host fp64, factors [(L [nao, r], R [nao, r] or None, w [r] or
@@ -151,7 +152,8 @@ class FittedStore(Protocol):
         """J and K of D - D_anchor (deltas [nset, nao, nao] host fp64) where D_anchor = L_a L_a^T
         had the factors anchor_factors [(L_a, None, None)] in an anchor build and D = L L^T with
         L Q = L_a + E, steps [E [nao, r]]: fp32 GEMMs, errors proportional to E -> (J or None,
-        K or None), host fp64 [nset, nao, nao]."""
+        K or None), host fp64 [nset, nao, nao]; `increment_form` says in words how K was built.
+        Only where orbital_increments."""
 
     def close(self) -> None:
         """Release B."""

@@ -58,6 +58,7 @@ class TorchFittedStore:
 
     exact_kind = "fp64"  # the kind of anchors and strict builds
     coulomb_follows_kind = False  # J is fp64 whatever the build's kind
+    orbital_increments = True  # build_increment from the orbitals' step
 
     def __init__(self, backend, rows, nao, kinds, free_bytes):
         naux = rows.shape[0]
