@@ -9,7 +9,9 @@ each whole process.
 
 Round 0 is a discarded warm-up (file caches). Each later round runs every contender once, in
 turn; the report gives per-contender medians and the median of the per-round ratios
-PySCF / contender (> 1: the contender is faster), with each contender's E(total). With
+PySCF / contender (> 1: the contender is faster), the same for the SCF step alone (PySCF's
+mf.kernel(), integrals and guess included, against dfmp2's scf timing), with each contender's
+E(total). With
 --other-checkout DIR, `python -m dfmp2 run` from that checkout (PYTHONPATH=DIR, run from DIR) runs as a
 third contender, e.g. the commit before a change; with --pyscf-builds, `dfmp2 run --scf-backend
 pyscf` (PySCF's own J/K builds in dfmp2's SCF) runs too. --warmup 0 skips the warm-up round (for
@@ -32,17 +34,21 @@ import timeit
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 PYSCF_SCRIPT = """
-import json, sys
+import json, sys, time
 from pyscf import gto, scf, df
 from pyscf.mp import dfmp2
 mol = gto.M(atom=sys.argv[1], basis=sys.argv[2], verbose=0)
 mf = scf.RHF(mol).density_fit()
 mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
+start = time.perf_counter()
 mf.kernel()
+scf_seconds = time.perf_counter() - start
 pt = dfmp2.DFMP2(mf)
 pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
 pt.kernel(with_t2=False)
-json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr}, open(sys.argv[3], "w"))
+json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr, "scf_iterations": mf.cycles,
+           "timings": {"scf": scf_seconds, "mp2": time.perf_counter() - start - scf_seconds}},
+          open(sys.argv[3], "w"))
 """
 
 
@@ -135,11 +141,13 @@ def main(argv=None):
                                       "--quiet", "--json", os.path.join(out, "dfmp2-other.json")],
                                      (dict(os.environ, PYTHONPATH=other), other))
     seconds = {name: [] for name in contenders}
+    scf_seconds = {name: [] for name in contenders}  # each round's SCF step, as its record gives it
     for round_ in range(1 - args.warmup, args.rounds + 1):
         for name, (command, (env, cwd)) in contenders.items():
             t = timed(command, env, cwd)
             if round_:
                 seconds[name].append(t)
+                scf_seconds[name].append(json.load(open(os.path.join(out, f"{name}.json")))["timings"]["scf"])
         if round_:
             print(f"round {round_}: " + ", ".join(f"{name} {s[-1]:.2f} s" for name, s in seconds.items()))
     records = {name: json.load(open(os.path.join(out, f"{name}.json"))) for name in contenders}
@@ -152,6 +160,12 @@ def main(argv=None):
         **({"median_ratio_pyscf_openblas_over": {
             n: statistics.median(p / s for p, s in zip(seconds["pyscf-openblas"], seconds[n]))
             for n in contenders if not n.startswith("pyscf")}} if args.pyscf_openblas else {}),
+        # the SCF step alone (PySCF: mf.kernel(), integrals and guess included; dfmp2: its scf timing)
+        "scf_seconds": scf_seconds,
+        "median_scf_ratio_pyscf_over": {n: statistics.median(p / s for p, s in zip(scf_seconds["pyscf"], scf_seconds[n]))
+                                        for n in contenders if n != "pyscf"},
+        "pyscf_steps": {name: {key: r.get(key) for key in ("timings", "scf_iterations")}
+                        for name, r in records.items() if name.startswith("pyscf")},
         "e_tot": energies, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
         "steps": {name: {key: r.get(key) for key in ("timings", "scf_backend", "scf_precision", "scf_iterations",
                                                      "scf_builds", "precision", "nbasis", "nocc")}
@@ -166,8 +180,10 @@ def main(argv=None):
     for name in contenders:
         ratio = record["median_ratio_pyscf_over"].get(name)
         tuned = record.get("median_ratio_pyscf_openblas_over", {}).get(name)
+        scf_ratio = record["median_scf_ratio_pyscf_over"].get(name)
         print(f"{name:14s} median {record['median_seconds'][name]:7.2f} s" +
-              (f"   PySCF / {name} = {ratio:.2f}" if ratio else "") +
+              f" (SCF step {statistics.median(scf_seconds[name]):6.2f} s)" +
+              (f"   PySCF / {name} = {ratio:.2f} (SCF step {scf_ratio:.2f})" if ratio else "") +
               (f"   PySCF (OpenBLAS timeout) / {name} = {tuned:.2f}" if tuned else "") +
               f"   E(total) {energies[name]:.10f}")
     if args.json:

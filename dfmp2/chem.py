@@ -486,9 +486,10 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
     return mf
 
 
-def jk_fitting_integrals(mol, jk_auxbasis):
-    """The SCF's JK-fit three-center integrals (an IntegralProvider with packed())."""
-    return ThreeCenterIntegrals(mol, jk_auxbasis)
+def jk_fitting_integrals(mol, jk_auxbasis, early=False):
+    """The SCF's JK-fit three-center integrals (an IntegralProvider with packed()); early: start
+    computing them now, on a thread (`EarlyIntegrals`)."""
+    return EarlyIntegrals(mol, jk_auxbasis) if early else ThreeCenterIntegrals(mol, jk_auxbasis)
 
 
 def jk_auxbasis_of(mf):
@@ -922,6 +923,54 @@ class ThreeCenterIntegrals:
 
         packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij")
         return np.asarray(packed.T, order="C")  # [npair, naux] in Fortran order: no copy
+
+
+class EarlyIntegrals(ThreeCenterIntegrals):
+    """ThreeCenterIntegrals whose packed (mn|P) are computed on a thread from construction on:
+    libcint runs without the GIL, so the caller's own work meanwhile (importing torch for the
+    backend, ~1 s; PySCF's one-electron integrals and initial guess) overlaps them. packed()
+    waits for them and hands them over once (the SCF whitens them in place); a failure on the
+    thread is raised there. seconds: the thread's wall time; waited: packed()'s wait."""
+
+    def __init__(self, mol, auxbasis=None):
+        import threading
+
+        super().__init__(mol, auxbasis)
+        self._packed = self._error = None
+        self.seconds = self.waited = 0.0
+        self._thread = threading.Thread(target=self._compute, name="dfmp2-jk-integrals", daemon=True)
+        self._thread.start()
+
+    def _compute(self):
+        import time
+
+        start = time.perf_counter()
+        try:
+            self._packed = ThreeCenterIntegrals.packed(self)
+        except BaseException as error:  # handed to packed(), which raises it in the caller
+            self._error = error
+        self.seconds = time.perf_counter() - start
+
+    def held_bytes(self) -> int:
+        """Bytes of the computed integrals this provider holds (waits for them; 0 once handed over)."""
+        self._wait()
+        return 0 if self._packed is None else self._packed.nbytes
+
+    def _wait(self):
+        import time
+
+        start = time.perf_counter()
+        self._thread.join()
+        self.waited += time.perf_counter() - start
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def packed(self) -> np.ndarray:
+        """(mn|P) over the pairs m >= n: [naux, npair], fp64 (the thread's; computed anew if asked twice)."""
+        self._wait()
+        packed, self._packed = self._packed, None
+        return packed if packed is not None else ThreeCenterIntegrals.packed(self)
 
 
 class CholeskyVectors:

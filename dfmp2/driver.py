@@ -18,7 +18,7 @@ from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .kernels import backend_for
-from .scf import scf_builds_for
+from .scf import early_integrals_fit, scf_builds_for
 from .settings import Settings, settings_from
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
@@ -202,7 +202,6 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     applied on top of `settings` (default Settings()); context: the run's team, progress and
     timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    backend = backend_for(settings)
     reference = chem.choose_reference(settings.spin, settings.reference)
     check_request(settings, 1 if reference == "rhf" else 2, context.ranks)
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
@@ -215,14 +214,16 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     atoms = chem.read_xyz(path)
     ecp = chem.choose_ecp([a.symbol for a in atoms], settings.basis, settings.ecp)
     mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp)
-    integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
+    jk_integrals = _early_jk_integrals(settings, context, mol, jk_fitting, dh)
+    backend = backend_for(settings)  # (importing torch: the early JK-fit integrals run meanwhile)
+    integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
     settings = _with_frozen_core(settings, mol, spins)
     nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
              ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF
-    builds = _scf_builds(settings, backend, mol, jk_fitting, dh)
+    builds = _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals)
 
     def run_scf():
         return chem.run_scf(mol, settings.scf, max_cycle=settings.scf_max_cycle, reference=reference,
@@ -256,9 +257,26 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     return result
 
 
-def _scf_builds(settings, backend, mol, jk_fitting, dh):
-    """dfmp2's Coulomb/exchange builds for run_xyz's SCF, or None for PySCF's (`scf.scf_builds_for`)."""
-    return scf_builds_for(settings, backend, lambda: chem.jk_fitting_integrals(mol, jk_fitting.basis),
+def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
+    """The SCF's JK-fit integrals, started now on a thread (`chem.EarlyIntegrals`) so that they
+    overlap the backend's start-up, where this process will surely build J and K with them: a
+    density-fitted SCF on dfmp2's builds (not --scf-backend pyscf, no range-separated exchange),
+    one process, no checkpoint (whose SCF may be reused), and room in the budget. Else None
+    (the SCF's set-up computes them, as it always did)."""
+    if settings.scf != "df" or settings.scf_backend == "pyscf" or context.team is not None or \
+            settings.checkpoint is not None or chem.is_range_separated(dh.xc if dh else None):
+        return None
+    integrals = chem.jk_fitting_integrals(mol, jk_fitting.basis)
+    if not early_integrals_fit(integrals.nao, integrals.naux, settings.max_memory):
+        return None
+    return chem.jk_fitting_integrals(mol, jk_fitting.basis, early=True)
+
+
+def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
+    """dfmp2's Coulomb/exchange builds for run_xyz's SCF, or None for PySCF's (`scf.scf_builds_for`);
+    jk_integrals: the JK-fit integrals where they were started early (`_early_jk_integrals`)."""
+    return scf_builds_for(settings, backend,
+                          lambda: jk_integrals if jk_integrals is not None else chem.jk_fitting_integrals(mol, jk_fitting.basis),
                           chem.is_range_separated(dh.xc if dh else None))
 
 

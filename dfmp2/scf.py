@@ -84,11 +84,14 @@ class BuildRecord:
     naux: int = 0
     builds: list = field(default_factory=list)  # kind of each build, in order (fp32, fp64/exact, incremental)
     seconds: list = field(default_factory=list)  # wall seconds of each build
-    setup_seconds: float = 0.0  # integrals + whitening + storage
+    setup_seconds: float = 0.0  # integrals (early ones: the wait for them) + whitening + storage
     increment_ranks: list = field(default_factory=list)  # columns of each incremental build's factors
     increment_forms: list = field(default_factory=list)  # how each increment was factored: the orbitals'
     # step from the anchor's (the store's increment_form) or "eigenvectors" of D - D_anchor
     metric: str = ""  # how (P|Q) was factorised
+    integrals: str = "set-up"  # when the JK-fit integrals were computed: in the set-up, or early (a thread)
+    integral_seconds: float | None = None  # early: the thread's wall seconds
+    integral_wait_seconds: float | None = None  # early: how long the set-up waited for them
     whitening: str = ""  # where B was whitened (device, precision)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
 
@@ -97,11 +100,27 @@ class BuildRecord:
                 "naux": self.naux, "whitening": self.whitening, "builds": len(self.builds),
                 **{f"{kind}_builds": self.builds.count(kind) for kind in BUILD_KINDS},
                 "build_kinds": list(self.builds), "build_seconds": [round(s, 4) for s in self.seconds],
-                "setup_seconds": round(self.setup_seconds, 4), "increment_ranks": list(self.increment_ranks),
+                "setup_seconds": round(self.setup_seconds, 4), "integrals": self.integrals,
+                **({"integral_seconds": round(self.integral_seconds, 4),
+                    "integral_wait_seconds": round(self.integral_wait_seconds, 4)}
+                   if self.integral_seconds is not None else {}),
+                "increment_ranks": list(self.increment_ranks),
                 "increment_forms": list(self.increment_forms),
                 **({"modelled_build_seconds": {t: [round(x, 6) for x in v] for t, v in self.modelled.items()},
                     "modelled_note": "calibrated MODEL of each build on each target, not a measurement"}
                    if self.modelled else {})}
+
+
+def triangle_bytes(nao, naux) -> int:
+    """Bytes of the JK-fit integrals' lower triangles [naux, nao (nao + 1) / 2] in fp64 (what the builds keep)."""
+    return naux * nao * (nao + 1) // 2 * 8
+
+
+def early_integrals_fit(nao, naux, max_memory) -> bool:
+    """Whether the budget (MB, None: 80% of free RAM) holds the JK-fit triangle and the builds'
+    temporaries now: the integrals may then be computed early (`chem.EarlyIntegrals`); else the
+    set-up computes them, or refuses the budget, as usual."""
+    return triangle_bytes(nao, naux) + 4 * BLOCK_BYTES <= budget_bytes(max_memory) - resident_bytes()
 
 
 def whitening_backend(backend):
@@ -156,9 +175,10 @@ class FittedCoulombExchange:
         start = time.perf_counter()
         backend, integrals = self.backend, self.integrals
         self.nao = nao = integrals.nao
-        triangle = integrals.naux * nao * (nao + 1) // 2 * 8
+        triangle = triangle_bytes(nao, integrals.naux)
+        held = integrals.held_bytes() if hasattr(integrals, "held_bytes") else 0  # computed early (resident)
         free = self._free_bytes()
-        if triangle + 4 * BLOCK_BYTES > free:
+        if triangle - held + 4 * BLOCK_BYTES > free:
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
                 f"{free / MB:.0f} MB left in the budget): raise --max-memory or use --scf-backend pyscf")
@@ -174,6 +194,10 @@ class FittedCoulombExchange:
         self.record.metric = factor.describe()
         self.record.whitening = f"{whitener.device_name}, fp64"
         self.record.setup_seconds = time.perf_counter() - start
+        if hasattr(integrals, "held_bytes"):  # chem.EarlyIntegrals: computed on a thread from the start-up on
+            self.record.integrals = "early (a thread from the start-up on)"
+            self.record.integral_seconds = integrals.seconds
+            self.record.integral_wait_seconds = integrals.waited
 
     def _free_bytes(self):
         """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""

@@ -318,3 +318,54 @@ def test_trainium_store_refuses_what_does_not_fit_on_the_device():
         NkiFittedStore(backend, np.zeros((1, 1100 * 1101 // 2)), 1100, ["fp32", "exact"], lambda: 1 << 40)
     with pytest.raises(dfmp2.MemoryBudgetError, match="HBM"):  # 9 x 5000 x 600^2 bytes = 16.2 GB > 0.8 x 16 GiB
         NkiFittedStore(backend, np.zeros((5000, 1)), 600, ["fp32", "exact"], lambda: 1 << 40)
+
+
+def test_early_integrals_are_the_set_ups_integrals():
+    """chem.EarlyIntegrals (computed on a thread from construction on) hands over exactly the
+    integrals the set-up computes itself, once; asked again it computes them anew."""
+    mol = gto.M(atom=GLYCINE, basis="cc-pvdz", verbose=0)
+    basis = chem.fitting_basis(mol, False).basis
+    plain = chem.jk_fitting_integrals(mol, basis).packed()
+    early = chem.jk_fitting_integrals(mol, basis, early=True)
+    assert early.held_bytes() == plain.nbytes and early.seconds > 0
+    assert np.array_equal(early.packed(), plain)
+    assert early.held_bytes() == 0
+    assert np.array_equal(early.packed(), plain)
+
+
+def test_a_failure_on_the_early_thread_is_raised_by_packed(monkeypatch):
+    def fails(self):
+        raise MemoryError("no room for the integrals")
+
+    monkeypatch.setattr(chem.ThreeCenterIntegrals, "packed", fails)
+    mol = gto.M(atom="He 0 0 0", basis="cc-pvdz", verbose=0)
+    early = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis, early=True)
+    with pytest.raises(MemoryError, match="no room"):
+        early.packed()
+
+
+@pytest.mark.parametrize("changes,early", [
+    ({}, True), (dict(scf_backend="pyscf"), False), (dict(max_memory=1), False)])
+def test_run_computes_the_jk_integrals_early_where_it_will_use_them(changes, early, monkeypatch, tmp_path):
+    """run_xyz starts the JK-fit integrals on a thread before loading the backend (the record
+    says so) where its SCF will use dfmp2's builds and the budget holds them; the energy is the
+    one with integrals computed in the set-up (a checkpointed run) to 1e-10 Eh."""
+    started = []
+    original = chem.jk_fitting_integrals
+    monkeypatch.setattr(chem, "jk_fitting_integrals",
+                        lambda mol, basis, early=False: started.append(early) or original(mol, basis, early))
+    if changes.get("max_memory"):  # no room: not started early (the run is refused before the SCF)
+        with pytest.raises(dfmp2.errors.MemoryBudgetError):
+            run_xyz(WATER, **changes)
+        assert True not in started
+        return
+    result = run_xyz(WATER, **changes).as_dict()
+    assert (True in started) == early
+    if not early:
+        assert result["scf_backend"] == "pyscf"
+        return
+    assert result["scf_builds"]["integrals"].startswith("early")
+    assert result["scf_builds"]["integral_seconds"] > 0
+    kept = run_xyz(WATER, checkpoint=str(tmp_path / "ck")).as_dict()
+    assert kept["scf_builds"]["integrals"] == "set-up"
+    assert abs(kept["e_tot"] - result["e_tot"]) < 1e-10
