@@ -10,8 +10,8 @@ each whole process.
 Round 0 is a discarded warm-up (file caches). Each later round runs every contender once, in
 turn; the report gives per-contender medians and the median of the per-round ratios
 PySCF / contender (> 1: the contender is faster), the same for the SCF step alone (PySCF's
-mf.kernel(), integrals and guess included, against dfmp2's scf timing), with each contender's
-E(total). With
+mf.kernel(), integrals and guess included, against dfmp2's scf timing plus its early JK-fit
+integrals' thread time), with each contender's E(total). With
 --other-checkout DIR, `python -m dfmp2 run` from that checkout (PYTHONPATH=DIR, run from DIR) runs as a
 third contender, e.g. the commit before a change; with --pyscf-builds, `dfmp2 run --scf-backend
 pyscf` (PySCF's own J/K builds in dfmp2's SCF) runs too. --warmup 0 skips the warm-up round (for
@@ -60,6 +60,14 @@ def timed(command, env=None, cwd=None):
     if proc.returncode != 0:
         raise SystemExit(f"{command[:4]}... failed: {proc.stderr.strip()}")
     return seconds
+
+
+def scf_step_seconds(record):
+    """The SCF step of a record: its scf timing, plus (dfmp2) the JK-fit integrals' thread time
+    outside it where they were computed early, as if nothing had overlapped (the conservative count)."""
+    builds = record.get("scf_builds") or {}
+    early = (builds.get("integral_seconds") or 0.0) - (builds.get("integral_wait_seconds") or 0.0)
+    return record["timings"]["scf"] + max(0.0, early)
 
 
 def gemm_rates(n=2048, repeat=3):
@@ -147,7 +155,7 @@ def main(argv=None):
             t = timed(command, env, cwd)
             if round_:
                 seconds[name].append(t)
-                scf_seconds[name].append(json.load(open(os.path.join(out, f"{name}.json")))["timings"]["scf"])
+                scf_seconds[name].append(scf_step_seconds(json.load(open(os.path.join(out, f"{name}.json")))))
         if round_:
             print(f"round {round_}: " + ", ".join(f"{name} {s[-1]:.2f} s" for name, s in seconds.items()))
     records = {name: json.load(open(os.path.join(out, f"{name}.json"))) for name in contenders}
