@@ -215,8 +215,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     ecp = chem.choose_ecp([a.symbol for a in atoms], settings.basis, settings.ecp)
     mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp)
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
-    jk_integrals = _early_jk_integrals(settings, context, mol, jk_fitting, dh)
-    backend = backend_for(settings)  # (importing torch: the early JK-fit integrals run meanwhile)
+    jk_integrals, backend = _early_jk_integrals(settings, context, mol, jk_fitting, dh), backend_for(settings)
     integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
     settings = _with_frozen_core(settings, mol, spins)
@@ -262,7 +261,8 @@ def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
     overlap the backend's start-up, where this process will surely build J and K with them: a
     density-fitted SCF on dfmp2's builds (not --scf-backend pyscf, no range-separated exchange),
     one process, no checkpoint (whose SCF may be reused), and room in the budget. Else None
-    (the SCF's set-up computes them, as it always did)."""
+    (the SCF's set-up computes them, as it always did). run_xyz calls it before loading the
+    backend: importing torch then overlaps them."""
     if settings.scf != "df" or settings.scf_backend == "pyscf" or context.team is not None or \
             settings.checkpoint is not None or chem.is_range_separated(dh.xc if dh else None):
         return None
