@@ -168,7 +168,7 @@ def main(argv=None):
         **({"median_ratio_pyscf_openblas_over": {
             n: statistics.median(p / s for p, s in zip(seconds["pyscf-openblas"], seconds[n]))
             for n in contenders if not n.startswith("pyscf")}} if args.pyscf_openblas else {}),
-        # the SCF step alone (PySCF: mf.kernel(), integrals and guess included; dfmp2: its scf timing)
+        # the SCF step alone (PySCF: mf.kernel(), integrals and guess included; dfmp2: scf_step_seconds)
         "scf_seconds": scf_seconds,
         "median_scf_ratio_pyscf_over": {n: statistics.median(p / s for p, s in zip(scf_seconds["pyscf"], scf_seconds[n]))
                                         for n in contenders if n != "pyscf"},

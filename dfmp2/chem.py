@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -487,8 +489,8 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
 
 
 def jk_fitting_integrals(mol, jk_auxbasis, early=False):
-    """The SCF's JK-fit three-center integrals (an IntegralProvider with packed()); early: start
-    computing them now, on a thread (`EarlyIntegrals`)."""
+    """The SCF's JK-fit three-center integrals (an IntegralProvider with packed()); early: an
+    `EarlyIntegrals`, which computes them on a thread once started."""
     return EarlyIntegrals(mol, jk_auxbasis) if early else ThreeCenterIntegrals(mol, jk_auxbasis)
 
 
@@ -926,24 +928,24 @@ class ThreeCenterIntegrals:
 
 
 class EarlyIntegrals(ThreeCenterIntegrals):
-    """ThreeCenterIntegrals whose packed (mn|P) are computed on a thread from construction on:
+    """ThreeCenterIntegrals whose packed (mn|P) are computed on a thread from start() on:
     libcint runs without the GIL, so the caller's own work meanwhile (importing torch for the
     backend, ~1 s; PySCF's one-electron integrals and initial guess) overlaps them. packed()
     waits for them and hands them over once (the SCF whitens them in place); a failure on the
     thread is raised there. seconds: the thread's wall time; waited: packed()'s wait."""
 
     def __init__(self, mol, auxbasis=None):
-        import threading
-
         super().__init__(mol, auxbasis)
-        self._packed = self._error = None
+        self._packed = self._error = self._thread = None
         self.seconds = self.waited = 0.0
+
+    def start(self):
+        """Start computing them on a thread; returns self."""
         self._thread = threading.Thread(target=self._compute, name="dfmp2-jk-integrals", daemon=True)
         self._thread.start()
+        return self
 
     def _compute(self):
-        import time
-
         start = time.perf_counter()
         try:
             self._packed = ThreeCenterIntegrals.packed(self)
@@ -957,8 +959,8 @@ class EarlyIntegrals(ThreeCenterIntegrals):
         return 0 if self._packed is None else self._packed.nbytes
 
     def _wait(self):
-        import time
-
+        if self._thread is None:
+            return
         start = time.perf_counter()
         self._thread.join()
         self.waited += time.perf_counter() - start
@@ -967,7 +969,8 @@ class EarlyIntegrals(ThreeCenterIntegrals):
             raise error
 
     def packed(self) -> np.ndarray:
-        """(mn|P) over the pairs m >= n: [naux, npair], fp64 (the thread's; computed anew if asked twice)."""
+        """(mn|P) over the pairs m >= n: [naux, npair], fp64 (the thread's; computed anew if asked
+        again, or if never started)."""
         self._wait()
         packed, self._packed = self._packed, None
         return packed if packed is not None else ThreeCenterIntegrals.packed(self)

@@ -266,10 +266,8 @@ def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
     if settings.scf != "df" or settings.scf_backend == "pyscf" or context.team is not None or \
             settings.checkpoint is not None or chem.is_range_separated(dh.xc if dh else None):
         return None
-    integrals = chem.jk_fitting_integrals(mol, jk_fitting.basis)
-    if not early_integrals_fit(integrals.nao, integrals.naux, settings.max_memory):
-        return None
-    return chem.jk_fitting_integrals(mol, jk_fitting.basis, early=True)
+    integrals = chem.jk_fitting_integrals(mol, jk_fitting.basis, early=True)
+    return integrals.start() if early_integrals_fit(integrals.nao, integrals.naux, settings.max_memory) else None
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):

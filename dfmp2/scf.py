@@ -89,8 +89,7 @@ class BuildRecord:
     increment_forms: list = field(default_factory=list)  # how each increment was factored: the orbitals'
     # step from the anchor's (the store's increment_form) or "eigenvectors" of D - D_anchor
     metric: str = ""  # how (P|Q) was factorised
-    integrals: str = "set-up"  # when the JK-fit integrals were computed: in the set-up, or early (a thread)
-    integral_seconds: float | None = None  # early: the thread's wall seconds
+    integral_seconds: float | None = None  # JK-fit integrals computed early (a thread): its wall seconds
     integral_wait_seconds: float | None = None  # early: how long the set-up waited for them
     whitening: str = ""  # where B was whitened (device, precision)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
@@ -100,7 +99,7 @@ class BuildRecord:
                 "naux": self.naux, "whitening": self.whitening, "builds": len(self.builds),
                 **{f"{kind}_builds": self.builds.count(kind) for kind in BUILD_KINDS},
                 "build_kinds": list(self.builds), "build_seconds": [round(s, 4) for s in self.seconds],
-                "setup_seconds": round(self.setup_seconds, 4), "integrals": self.integrals,
+                "setup_seconds": round(self.setup_seconds, 4), "integrals": "set-up" if self.integral_seconds is None else "early (a thread from the start-up on)",
                 **({"integral_seconds": round(self.integral_seconds, 4),
                     "integral_wait_seconds": round(self.integral_wait_seconds, 4)}
                    if self.integral_seconds is not None else {}),
@@ -176,7 +175,8 @@ class FittedCoulombExchange:
         backend, integrals = self.backend, self.integrals
         self.nao = nao = integrals.nao
         triangle = triangle_bytes(nao, integrals.naux)
-        held = integrals.held_bytes() if hasattr(integrals, "held_bytes") else 0  # computed early (resident)
+        early = hasattr(integrals, "held_bytes")  # chem.EarlyIntegrals: computed on a thread from the start-up on
+        held = integrals.held_bytes() if early else 0  # (resident already)
         free = self._free_bytes()
         if triangle - held + 4 * BLOCK_BYTES > free:
             raise MemoryBudgetError(
@@ -194,8 +194,7 @@ class FittedCoulombExchange:
         self.record.metric = factor.describe()
         self.record.whitening = f"{whitener.device_name}, fp64"
         self.record.setup_seconds = time.perf_counter() - start
-        if hasattr(integrals, "held_bytes"):  # chem.EarlyIntegrals: computed on a thread from the start-up on
-            self.record.integrals = "early (a thread from the start-up on)"
+        if early:
             self.record.integral_seconds = integrals.seconds
             self.record.integral_wait_seconds = integrals.waited
 

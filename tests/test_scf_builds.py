@@ -326,7 +326,7 @@ def test_early_integrals_are_the_set_ups_integrals():
     mol = gto.M(atom=GLYCINE, basis="cc-pvdz", verbose=0)
     basis = chem.fitting_basis(mol, False).basis
     plain = chem.jk_fitting_integrals(mol, basis).packed()
-    early = chem.jk_fitting_integrals(mol, basis, early=True)
+    early = chem.jk_fitting_integrals(mol, basis, early=True).start()
     assert early.held_bytes() == plain.nbytes and early.seconds > 0
     assert np.array_equal(early.packed(), plain)
     assert early.held_bytes() == 0
@@ -339,7 +339,7 @@ def test_a_failure_on_the_early_thread_is_raised_by_packed(monkeypatch):
 
     monkeypatch.setattr(chem.ThreeCenterIntegrals, "packed", fails)
     mol = gto.M(atom="He 0 0 0", basis="cc-pvdz", verbose=0)
-    early = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis, early=True)
+    early = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis, early=True).start()
     with pytest.raises(MemoryError, match="no room"):
         early.packed()
 
@@ -351,16 +351,15 @@ def test_run_computes_the_jk_integrals_early_where_it_will_use_them(changes, ear
     says so) where its SCF will use dfmp2's builds and the budget holds them; the energy is the
     one with integrals computed in the set-up (a checkpointed run) to 1e-10 Eh."""
     started = []
-    original = chem.jk_fitting_integrals
-    monkeypatch.setattr(chem, "jk_fitting_integrals",
-                        lambda mol, basis, early=False: started.append(early) or original(mol, basis, early))
+    original = chem.EarlyIntegrals.start
+    monkeypatch.setattr(chem.EarlyIntegrals, "start", lambda self: started.append(self) or original(self))
     if changes.get("max_memory"):  # no room: not started early (the run is refused before the SCF)
         with pytest.raises(dfmp2.errors.MemoryBudgetError):
             run_xyz(WATER, **changes)
-        assert True not in started
+        assert not started
         return
     result = run_xyz(WATER, **changes).as_dict()
-    assert (True in started) == early
+    assert bool(started) == early
     if not early:
         assert result["scf_backend"] == "pyscf"
         return
