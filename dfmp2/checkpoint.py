@@ -471,10 +471,12 @@ def version_identity() -> dict:
 
 # ----------------------------------------------------------------------------- the resume policy
 
-def pipeline_identity(backend, refs, selected, fock_mo, metric, nao) -> dict:
+def pipeline_identity(backend, refs, selected, fock_mo, metric, nao, screening=None) -> dict:
     """What a checkpoint's B and pair sums belong to: the orbitals (hashed), the active spaces,
-    the auxiliary metric (hashed), the backend's arithmetic and the dfmp2 version."""
+    the auxiliary metric (hashed), the screening (its threshold and kept pair blocks; None:
+    dense), the backend's arithmetic and the dfmp2 version."""
     return {**version_identity(), "nao": nao, "naux": int(metric.shape[0]),
+            "screening": None if screening is None else [screening.threshold, len(screening.pairs)],
             "orbitals": array_digest(*[a for ref in refs for a in ref],
                                      *(fock_mo if fock_mo is not None else [None])),
             "active": array_digest(*[a for occ, vir, _ in selected for a in (occ, vir)]),

@@ -884,6 +884,7 @@ class ThreeCenterIntegrals:
         self.nao = mol.nao_nr()
         self.naux = self.auxmol.nao_nr()
         self._aux_loc = self.auxmol.ao_loc_nr()
+        self.screening = None  # a sparse.ScreenedPattern: block() gives only its kept pair blocks
         if self.naux == 0:
             raise InputError(f"auxiliary basis {self.auxbasis!r} has no functions for this molecule")
 
@@ -906,13 +907,13 @@ class ThreeCenterIntegrals:
         return blocks
 
     def block(self, p0: int, p1: int) -> np.ndarray:
-        """(mn|P) for P in [p0, p1): [p1-p0, nao, nao], fp64, computed with mn symmetry."""
+        """(mn|P) for P in [p0, p1): [p1-p0, nao, nao], fp64, computed with mn symmetry; with
+        self.screening set, only its kept pair blocks (`screened_block`)."""
         from pyscf import df, lib
 
-        shell0 = int(np.searchsorted(self._aux_loc, p0))
-        shell1 = int(np.searchsorted(self._aux_loc, p1))
-        if self._aux_loc[shell0] != p0 or self._aux_loc[shell1] != p1:
-            raise ValueError(f"aux range [{p0}, {p1}) does not fall on shell boundaries")
+        if self.screening is not None:
+            return self.screened_block(p0, p1)
+        shell0, shell1 = self._aux_shells(p0, p1)
         nbas = self.mol.nbas
         packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij",
                                   shls_slice=(0, nbas, 0, nbas, shell0, shell1))
@@ -926,13 +927,79 @@ class ThreeCenterIntegrals:
         packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij")
         return np.asarray(packed.T, order="C")  # [npair, naux] in Fortran order: no copy
 
+    def fitted_rows(self):
+        """What the SCF's builds whiten: packed() [naux, npair], or with self.screening the kept
+        pair blocks over every auxiliary function (`screened_block`)."""
+        return ThreeCenterIntegrals.packed(self) if self.screening is None else self.screened_block(0, self.naux)
+
+    # ---- screening (dfmp2.sparse) ------------------------------------------------------
+    def screened_pattern(self, threshold, block_functions):
+        """The pair blocks a Schwarz screening at `threshold` keeps (`sparse.ScreenedPattern`):
+        q_mn = sqrt(max |(mn|mn)|) per shell pair, s = max_P sqrt((P|P)), blocks of whole atoms."""
+        from .sparse import screen_pair_blocks
+
+        aux_bound = math.sqrt(float(np.max(np.abs(np.diag(self.metric())))))
+        atom_shells = [(int(a[0]), int(a[1])) for a in self.mol.aoslice_by_atom()]
+        return screen_pair_blocks(pair_bounds(self.mol), aux_bound, self.mol.ao_loc_nr(), atom_shells, threshold,
+                                  block_functions)
+
+    def screened_block(self, p0: int, p1: int):
+        """(mn|P) for P in [p0, p1) on the kept pair blocks of self.screening only (a
+        `sparse.ScreenedThreeCenter`, host fp64): each kept block computed once by libcint."""
+        from .sparse import ScreenedThreeCenter
+
+        shell0, shell1 = self._aux_shells(p0, p1)
+        tiles = _TileIntegrals(self.mol, self.auxmol)
+        blocks = self.screening.blocks
+        return ScreenedThreeCenter.from_tiles(self.screening, p1 - p0, lambda m, n: tiles.tile(
+            blocks[m][2:], blocks[n][2:], shell0, shell1))
+
+    def _aux_shells(self, p0, p1) -> tuple:
+        shell0 = int(np.searchsorted(self._aux_loc, p0))
+        shell1 = int(np.searchsorted(self._aux_loc, p1))
+        if self._aux_loc[shell0] != p0 or self._aux_loc[shell1] != p1:
+            raise ValueError(f"aux range [{p0}, {p1}) does not fall on shell boundaries")
+        return shell0, shell1
+
+
+class _TileIntegrals:
+    """(mn|P) of one pair block (shells [a0, a1) x [b0, b1)) and auxiliary shells, libcint set
+    up once: tile() -> [nP, nM, nN], fp64 (C order, no copy of libcint's output)."""
+
+    def __init__(self, mol, auxmol):
+        from pyscf import gto
+
+        self.nbas = mol.nbas
+        self.intor = mol._add_suffix("int3c2e")
+        self.env = gto.mole.conc_env(mol._atm, mol._bas, mol._env, auxmol._atm, auxmol._bas, auxmol._env)
+        self.cintopt = gto.moleintor.make_cintopt(*self.env, self.intor)
+
+    def tile(self, rows, cols, aux0, aux1) -> np.ndarray:
+        from pyscf import gto
+
+        shls = (cols[0], cols[1], rows[0], rows[1], self.nbas + aux0, self.nbas + aux1)
+        out = gto.moleintor.getints(self.intor, *self.env, shls, None, 0, "s1", None, self.cintopt)
+        return out.T  # [nN, nM, nP] in Fortran order: [nP, nM, nN]
+
+
+def pair_bounds(mol) -> np.ndarray:
+    """sqrt(max |(mn|mn)|) of every shell pair [nbas, nbas] (PySCF's Schwarz conditions, libcvhf)."""
+    try:
+        from pyscf.scf import _vhf
+
+        return np.asarray(_vhf._VHFOpt(mol, "int2e", qcondname="CVHFnr_int2e_q_cond").q_cond, dtype=np.float64)
+    except (ImportError, AttributeError) as error:  # a PySCF without the optimizer dfmp2 was written against
+        raise ComputationError(f"PySCF's Schwarz bounds (pyscf.scf._vhf._VHFOpt) are not available: {error}; "
+                               "use --screening off") from error
+
 
 class EarlyIntegrals(ThreeCenterIntegrals):
-    """ThreeCenterIntegrals whose packed (mn|P) are computed on a thread from start() on:
-    libcint runs without the GIL, so the caller's own work meanwhile (importing torch for the
-    backend, ~1 s; PySCF's one-electron integrals and initial guess) overlaps them. packed()
-    waits for them and hands them over once (the SCF whitens them in place); a failure on the
-    thread is raised there. seconds: the thread's wall time; waited: packed()'s wait."""
+    """ThreeCenterIntegrals whose fitted_rows() (packed (mn|P), or the screened pair blocks) are
+    computed on a thread from start() on: libcint runs without the GIL, so the caller's own work
+    meanwhile (importing torch for the backend, ~1 s; PySCF's one-electron integrals and initial
+    guess) overlaps them. fitted_rows() waits for them and hands them over once (the SCF whitens
+    them in place); a failure on the thread is raised there. seconds: the thread's wall time;
+    waited: fitted_rows()'s wait."""
 
     def __init__(self, mol, auxbasis=None):
         super().__init__(mol, auxbasis)
@@ -948,7 +1015,7 @@ class EarlyIntegrals(ThreeCenterIntegrals):
     def _compute(self):
         start = time.perf_counter()
         try:
-            self._packed = ThreeCenterIntegrals.packed(self)
+            self._packed = ThreeCenterIntegrals.fitted_rows(self)
         except BaseException as error:  # handed to packed(), which raises it in the caller
             self._error = error
         self.seconds = time.perf_counter() - start
@@ -968,12 +1035,18 @@ class EarlyIntegrals(ThreeCenterIntegrals):
             error, self._error = self._error, None
             raise error
 
-    def packed(self) -> np.ndarray:
-        """(mn|P) over the pairs m >= n: [naux, npair], fp64 (the thread's; computed anew if asked
-        again, or if never started)."""
+    def fitted_rows(self):
+        """ThreeCenterIntegrals.fitted_rows, the thread's (computed anew if asked again, or if
+        never started; self.screening must not change after start())."""
         self._wait()
-        packed, self._packed = self._packed, None
-        return packed if packed is not None else ThreeCenterIntegrals.packed(self)
+        rows, self._packed = self._packed, None
+        return rows if rows is not None else ThreeCenterIntegrals.fitted_rows(self)
+
+    def packed(self) -> np.ndarray:
+        """(mn|P) over the pairs m >= n: [naux, npair], fp64 (the thread's, as fitted_rows)."""
+        if self.screening is not None:
+            raise ValueError("screened integrals have no packed triangle: use fitted_rows()")
+        return self.fitted_rows()
 
 
 class CholeskyVectors:

@@ -91,6 +91,10 @@ TRANSFORM_OPTION = click.option(
               help="dfmp2's SCF builds: mixed (default: fp32 builds while the density moves, then fp64 anchors "
                    "plus fp32 increments; on trn1/trn2 exact-product anchors; converges to the fp64 energy) "
                    "or fp64 throughout (cpu, cuda).")
+@click.option("--screening", default="auto", show_default=True, metavar="off|auto|THRESHOLD",
+              help="Schwarz screening of the three-center integrals (mn|P): only the kept AO-pair blocks are "
+                   "computed, stored and transformed (SCF builds and MP2). auto: at 1e-10 where it pays (extended "
+                   "molecules); a threshold such as 1e-10: always; off: dense.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels (and the SCF's builds) run.")
 @click.option("--precision", default=None, metavar="fp32|fp64",
@@ -121,7 +125,7 @@ TRANSFORM_OPTION = click.option(
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, scf_backend,
-        scf_precision, device, precision, simulate,
+        scf_precision, screening, device, precision, simulate,
         nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
@@ -144,7 +148,7 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
         progress = _Progress() if (root and not quiet and sys.stderr.isatty()) else None
         settings = Settings(basis=basis, auxbasis=auxbasis, ecp=ecp, charge=charge, spin=spin, reference=reference,
                             scf=scf, scf_max_cycle=scf_max_cycle, scf_backend=scf_backend,
-                            scf_precision=scf_precision, frozen_core=frozen_core, xc=xc,
+                            scf_precision=scf_precision, screening=screening, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision or COMMAND_PRECISION, simulate=simulate, nki_api=nki_api,
                             transform=transform, max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,

@@ -17,9 +17,10 @@ from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
-from .kernels import backend_for
+from .kernels import backend_for, device_screens
 from .scf import early_integrals_fit, scf_builds_for
 from .settings import Settings, settings_from
+from .sparse import screen_integrals
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
               "transfer + max(tensor_engine, dma, vector, scalar); the engine entries of the "
@@ -63,6 +64,7 @@ class DFMP2Result:
     mean_field: object = None  # the PySCF SCF object of a run_xyz run (for densities / orbitals)
     peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
     scf_record: dict = field(default_factory=dict)  # what built the SCF's J and K (`scf_record`)
+    screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
 
     def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
         """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis [nmo, nmo] (or AO with
@@ -108,6 +110,7 @@ class DFMP2Result:
             "device": self.device, "device_description": self.device_description,
             "precision": self.precision, "backend": self.backend, "transform": self.transform,
             "kernels": dict(self.kernels),
+            "screening": {k: dict(v) for k, v in self.screening.items()},
             "metric_factorization": corr.metric,
             "memory": memory_record(corr.plan, self.peak_rss_bytes),
             "io": dict(corr.io),
@@ -168,10 +171,12 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     if context.team is not None:  # every rank uses rank 0's orbitals
         mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
+    screening = {"mp2": screen_integrals(settings.screening, integrals, backend.screens, backend.name)}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
     result = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
                         {"mp2": integrals.fitting}, given)
     result.ecp = chem.ecp_record(mf.mol)  # whatever ECPs the user's molecule carries
+    result.screening = screening
     result.scf_record = scf_record(chem.fitted_builds_of(mf), mf)
     return result
 
@@ -183,7 +188,9 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
     out(s, shape) gives (`pipeline.three_center_mo`)."""
     settings = settings_from(settings, **changes)
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
-    return three_center_mo(backend_for(settings), integrals, reference.mo_coeff, reference.mo_energy,
+    backend = backend_for(settings)
+    screen_integrals(settings.screening, integrals, backend.screens, backend.name)
+    return three_center_mo(backend, integrals, reference.mo_coeff, reference.mo_energy,
                            reference.mo_occ, settings, out=out, context=context)
 
 
@@ -217,6 +224,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
     jk_integrals, backend = _early_jk_integrals(settings, context, mol, jk_fitting, dh), backend_for(settings)
     integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
+    screening = {"mp2": screen_integrals(settings.screening, integrals, backend.screens, backend.name)}
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
     settings = _with_frozen_core(settings, mol, spins)
     nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
@@ -250,6 +258,8 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     if settings.checkpoint is not None:
         result.correlation.checkpoint["reused_scf"] = reused_scf
     result.scf_record = scf_record(builds, mf if scf_here else None)
+    scf_screening = getattr(builds.integrals, "screening_record", None) if builds is not None else None
+    result.screening = {**screening, **({"scf": scf_screening} if scf_screening else {})}
     result.double_hybrid = dh
     result.mean_field = mf
     result.ecp = dict(ecp.record)
@@ -266,15 +276,24 @@ def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
     if settings.scf != "df" or settings.scf_backend == "pyscf" or context.team is not None or \
             settings.checkpoint is not None or chem.is_range_separated(dh.xc if dh else None):
         return None
-    integrals = chem.jk_fitting_integrals(mol, jk_fitting.basis, early=True)
-    return integrals.start() if early_integrals_fit(integrals.nao, integrals.naux, settings.max_memory) else None
+    integrals = _screened(settings, chem.jk_fitting_integrals(mol, jk_fitting.basis, early=True))
+    return integrals.start() if early_integrals_fit(integrals, settings.max_memory) else None
+
+
+def _screened(settings, integrals):
+    """JK-fit `integrals` with settings.screening applied (`sparse.screen_integrals`; the backend
+    of settings.device need not be loaded yet); the choice in integrals.screening_record."""
+    integrals.screening_record = screen_integrals(settings.screening, integrals, device_screens(settings.device),
+                                                  settings.device)
+    return integrals
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
     """dfmp2's Coulomb/exchange builds for run_xyz's SCF, or None for PySCF's (`scf.scf_builds_for`);
     jk_integrals: the JK-fit integrals where they were started early (`_early_jk_integrals`)."""
     return scf_builds_for(settings, backend,
-                          lambda: jk_integrals if jk_integrals is not None else chem.jk_fitting_integrals(mol, jk_fitting.basis),
+                          lambda: jk_integrals if jk_integrals is not None else
+                          _screened(settings, chem.jk_fitting_integrals(mol, jk_fitting.basis)),
                           chem.is_range_separated(dh.xc if dh else None))
 
 

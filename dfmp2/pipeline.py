@@ -243,7 +243,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
         metric = None if given is not None else integrals.metric()  # (given B needs no metric)
     channels = device_channels(backend, refs, selected, fock_mo)
     with open_run_checkpoint(settings, context.team) as checkpoint:
-        checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao))
+        checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
+                                                            getattr(integrals, "screening", None)))
         provider = three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint,
                                          given)
         try:

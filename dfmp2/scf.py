@@ -27,6 +27,7 @@ from .errors import InputError, MemoryBudgetError
 from .kernels.protocol import FittedBuildsBackend
 from .linalg import factor_metric, whiten
 from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
+from .sparse import ScreenedThreeCenter
 from .steps import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
@@ -110,16 +111,19 @@ class BuildRecord:
                    if self.modelled else {})}
 
 
-def triangle_bytes(nao, naux) -> int:
-    """Bytes of the JK-fit integrals' lower triangles [naux, nao (nao + 1) / 2] in fp64 (what the builds keep)."""
-    return naux * nao * (nao + 1) // 2 * 8
+def fitted_bytes(integrals) -> int:
+    """Bytes of the JK-fit integrals the builds keep in fp64: the lower triangles [naux, nao (nao + 1) / 2],
+    or with integrals.screening the kept pair blocks' panels [naux, stored elements]."""
+    pattern = getattr(integrals, "screening", None)
+    nao, naux = integrals.nao, integrals.naux
+    return naux * (nao * (nao + 1) // 2 if pattern is None else pattern.stored_elements) * 8
 
 
-def early_integrals_fit(nao, naux, max_memory) -> bool:
-    """Whether the budget (MB, None: 80% of free RAM) holds the JK-fit triangle and the builds'
-    temporaries now: the integrals may then be computed early (`chem.EarlyIntegrals`); else the
-    set-up computes them, or refuses the budget, as usual."""
-    return triangle_bytes(nao, naux) + 4 * BLOCK_BYTES <= budget_bytes(max_memory) - resident_bytes()
+def early_integrals_fit(integrals, max_memory) -> bool:
+    """Whether the budget (MB, None: 80% of free RAM) holds the JK-fit integrals (`fitted_bytes`)
+    and the builds' temporaries now: they may then be computed early (`chem.EarlyIntegrals`);
+    else the set-up computes them, or refuses the budget, as usual."""
+    return fitted_bytes(integrals) + 4 * BLOCK_BYTES <= budget_bytes(max_memory) - resident_bytes()
 
 
 def whitening_backend(backend):
@@ -134,19 +138,28 @@ def whitening_backend(backend):
 
 
 def whiten_fitted_integrals(backend, integrals):
-    """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) over the pairs m >= n on `backend` (one with fp64:
-    `whitening_backend`): host fp64 [nkept, npair] (whitened in place of the packed integrals, in
-    column blocks of BLOCK_BYTES) and the metric factor."""
-    packed = integrals.packed()  # [naux, npair], fp64
+    """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) on `backend` (one with fp64: `whitening_backend`), host
+    fp64, whitened in place of the integrals: over the pairs m >= n [nkept, npair], or with
+    integrals.screening the kept pair blocks (a sparse.ScreenedThreeCenter of nkept auxiliary
+    functions); and the metric factor."""
+    rows = integrals.fitted_rows()  # [naux, npair], or screened panels [naux, nM, ncols_M], fp64
     factor = factor_metric(backend, integrals.metric())
-    npair = packed.shape[1]
-    columns = max(64, BLOCK_BYTES // (8 * packed.shape[0]))
-    rows = np.empty((factor.nkept, npair)) if factor.nkept != packed.shape[0] else packed
-    for c0, c1 in block_ranges(npair, columns):
+    if isinstance(rows, ScreenedThreeCenter):
+        panels = [whiten_columns(backend, factor, p.reshape(p.shape[0], -1)).reshape(factor.nkept, *p.shape[1:])
+                  for p in rows.panels]
+        return ScreenedThreeCenter(rows.pattern, panels), factor
+    return whiten_columns(backend, factor, rows), factor
+
+
+def whiten_columns(backend, factor, x):
+    """x [naux, ncols] host fp64 -> L^-1 x [nkept, ncols] (in place where nkept = naux), in column
+    blocks of BLOCK_BYTES."""
+    out = np.empty((factor.nkept, x.shape[1])) if factor.nkept != x.shape[0] else x
+    for c0, c1 in block_ranges(x.shape[1], max(64, BLOCK_BYTES // (8 * x.shape[0]))):
         # B^T = X^T L^-T  on a block of pair columns
-        x = backend.to_device(packed[:, c0:c1].T, fp64=True)  # a transposed view: no copy
-        rows[:, c0:c1] = backend.to_host(whiten(backend, factor, x)).T
-    return rows, factor
+        block = backend.to_device(x[:, c0:c1].T, fp64=True)  # a transposed view: no copy
+        out[:, c0:c1] = backend.to_host(whiten(backend, factor, block)).T
+    return out
 
 
 class FittedCoulombExchange:
@@ -174,7 +187,7 @@ class FittedCoulombExchange:
         start = time.perf_counter()
         backend, integrals = self.backend, self.integrals
         self.nao = nao = integrals.nao
-        triangle = triangle_bytes(nao, integrals.naux)
+        triangle = fitted_bytes(integrals)
         early = hasattr(integrals, "held_bytes")  # chem.EarlyIntegrals: computed on a thread from the start-up on
         held = integrals.held_bytes() if early else 0  # (resident already)
         free = self._free_bytes()

@@ -26,6 +26,7 @@ import numpy as np
 
 from .linalg import factor_metric, whiten
 from .memory import release_freed_memory
+from .sparse import ScreenedThreeCenter
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks",
            "pair_energies", "combine_pair_sums", "t2_arrays", "unrelaxed_density", "natural_orbitals",
@@ -42,9 +43,12 @@ def block_ranges(n, size):
 def transform_to_mo(backend, ao_block, c_occ, c_vir):
     """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block (the ao2mo kernel).
 
-    ao_block [nP, nao, nao] (symmetric in m, n); c_occ [nao, nocc]; c_vir [nao, nvir]
-    (device tensors). Returns [nocc, nvir, nP].
+    ao_block [nP, nao, nao] (symmetric in m, n), or its kept pair blocks only (a screened
+    `dfmp2.sparse.ScreenedThreeCenter`: the sum runs over them); c_occ [nao, nocc]; c_vir
+    [nao, nvir] (device tensors). Returns [nocc, nvir, nP].
     """
+    if isinstance(ao_block, ScreenedThreeCenter):
+        return backend.screened_ao2mo(ao_block, c_occ, c_vir)
     return backend.ao2mo(ao_block, c_occ, c_vir)
 
 
@@ -62,7 +66,8 @@ def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer
         with timer.step("integrals"):
             ao_block = integrals.block(p0, p1)
         with timer.step("transform"):
-            ao_block = backend.to_device(ao_block, fp64=True)
+            ao_block = ao_block.on_device(backend) if isinstance(ao_block, ScreenedThreeCenter) else \
+                backend.to_device(ao_block, fp64=True)
             for ch, store in zip(channels, stores):
                 store.write_aux(p0 - first, p1 - first, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
             del ao_block

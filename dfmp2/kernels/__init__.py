@@ -27,6 +27,12 @@ COMMAND_PRECISION = "fp32"
 TRAINIUM = ("trn1", "trn2")
 
 
+def device_screens(device: str) -> bool:
+    """Whether the backend of `device` has the block-sparse three-center kernels (its `screens`),
+    known before it is loaded: torch (cpu, cuda) yes, NKI (trn1, trn2) not yet."""
+    return device not in TRAINIUM
+
+
 def backend_for(settings):
     """The backend a run's Settings ask for: their hardware group (device, precision, simulate,
     model_only, nki_api, transform), as `get_backend` takes it."""

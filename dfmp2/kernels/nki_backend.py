@@ -59,6 +59,7 @@ class NkiBackend:
     itemsize = 4
     has_fp64 = False  # no fp64 anywhere on a NeuronCore
     forms_amplitudes = False  # (ia|jb) never leaves the chip: no t2
+    screens = False  # no block-sparse (screened) three-center kernels yet: --screening auto stays dense
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,
                  transform: str = "exact", notes=None):

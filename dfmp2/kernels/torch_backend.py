@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from ..memory import fp64_pair_temporaries_bytes
+from ..sparse import ScreenedThreeCenter
+from . import torch_sparse
 from .protocol import BackendRecord, PlanHints
 
 
@@ -49,6 +51,7 @@ class TorchBackend:
     transform = "fp64"  # the AO->MO transform runs in fp64 in both precisions (see pipeline)
     has_fp64 = True
     forms_amplitudes = True
+    screens = True  # block-sparse (screened) three-center kernels (dfmp2.sparse, torch_sparse)
 
     def __init__(self, device: str, precision: str, notes=None):
         self.device_name = device
@@ -59,6 +62,7 @@ class TorchBackend:
         self.itemsize = torch.finfo(self.compute_dtype).bits // 8
         self.calls = Counter()  # kernel (or host:* step) -> count
         self.notes = list(notes or [])  # announcements recorded in the result
+        self._panel_index = torch_sparse.PanelIndex()  # block-sparse panels' column indices on this device
 
     def record(self) -> BackendRecord:
         """What this backend is and has run so far (no emulator: no models, trace or NKI release)."""
@@ -117,11 +121,42 @@ class TorchBackend:
         full = torch.matmul(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
         return full.permute(1, 2, 0)
 
-    def fitted_store(self, rows, nao, kinds, free_bytes):
-        """B for the SCF's Coulomb/exchange builds (torch_fitted.TorchFittedStore)."""
-        from .torch_fitted import TorchFittedStore
+    def screened_ao2mo(self, screened, c_occ, c_vir):
+        """(ia|P) = sum_mn C_mi C_na (mn|P) over the kept pair blocks of a ScreenedThreeCenter on
+        this device (`dfmp2.sparse`): one GEMM per row panel, then one [nvir, nao] GEMM ->
+        [nocc, nvir, nP] (torch_sparse.ao2mo)."""
+        self.calls["screened_ao2mo"] += 1
+        return torch_sparse.ao2mo(self._panel_index, screened, c_occ, c_vir)
 
+    def fitted_store(self, rows, nao, kinds, free_bytes):
+        """B for the SCF's Coulomb/exchange builds: rows [naux, npair] (torch_fitted.TorchFittedStore),
+        or a screened dfmp2.sparse.ScreenedThreeCenter (torch_fitted.ScreenedFittedStore)."""
+        from .torch_fitted import ScreenedFittedStore, TorchFittedStore
+
+        if isinstance(rows, ScreenedThreeCenter):
+            return ScreenedFittedStore(self, rows, kinds, free_bytes)
         return TorchFittedStore(self, rows, nao, kinds, free_bytes)
+
+    def screened_half_transform(self, screened, factor):
+        """X [nao, nP, r] = sum_n (mn|P) F_nr over the kept pair blocks (one GEMM per row panel), in
+        the panels' dtype (torch_sparse.half_transform)."""
+        self.calls["screened_half_transform"] += 1
+        return torch_sparse.half_transform(self._panel_index, screened, factor)
+
+    def screened_exchange_product(self, x, z, weights=None):
+        """K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r): x, z [nao, nP, r] -> [nao, nao], one GEMM."""
+        self.calls["screened_exchange_product"] += 1
+        return torch_sparse.exchange_product(x, z, weights)
+
+    def screened_fit_density(self, screened, dms):
+        """rho_P = sum_(mn kept) (mn|P) D_mn: dms [nset, nao, nao] (device) -> [nset, nP]."""
+        self.calls["screened_fit_density"] += 1
+        return torch_sparse.fit_density(self._panel_index, screened, dms)
+
+    def screened_coulomb(self, screened, rho):
+        """J_mn = sum_P rho_P (mn|P) over the kept pair blocks: rho [nset, nP] -> [nset, nao, nao]."""
+        self.calls["screened_coulomb"] += 1
+        return torch_sparse.coulomb(self._panel_index, screened, rho)
 
     def half_transform(self, b_block, factor):
         """The SCF exchange's half transform X^P = F^T B^P (B^P symmetric): b_block [nP, nao, nao],

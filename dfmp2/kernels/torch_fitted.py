@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..memory import release_freed_memory
+from ..sparse import ScreenedThreeCenter
 from ..steps import block_ranges
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
@@ -66,7 +67,7 @@ class TorchFittedStore:
         self._packed = backend.to_device(rows, fp64=True)
         self._unpack = TriangleBlocks(nao, backend.device)
         self._square = {}  # dtype -> [naux, nao, nao] device tensor
-        self._anchor = None  # (the anchor's factors, [X^P = L^T B^P, fp32 [naux, r, nao] per density])
+        self._anchor = None  # (the anchor's factors, [{(p0, p1): X^P = L^T B^P, fp32} per density])
         self.increment_form = ""
         dtype = KIND_DTYPES[kinds[0]]
         if naux * nao * nao * (torch.finfo(dtype).bits // 8) <= free_bytes() - 4 * BLOCK_BYTES:
@@ -135,11 +136,12 @@ class TorchFittedStore:
             moves = [self._on_device(step, fp32) for step in steps]
             vk = np.zeros((len(steps), self.nao, self.nao))
             rank = sum(step.shape[1] for step in steps)
-            for p0, p1, block in self._square_blocks(fp32, rank):
+            for p0, p1, block in self._blocks(fp32, rank):
                 for s, (left, move) in enumerate(zip(lefts, moves)):
-                    y = backend.half_transform(block, move)
-                    x = kept[s][p0:p1] if kept else backend.half_transform(block, left)
-                    vk[s] += backend.to_host(backend.exchange_product(x + 0.5 * y, y))
+                    y = self._half_transform(block, move)
+                    x = kept[s].get((p0, p1)) if kept else None
+                    x = x if x is not None else self._half_transform(block, left)
+                    vk[s] += backend.to_host(self._exchange_product(x + 0.5 * y, y))
             vk += vk.transpose(0, 2, 1).copy()
         self.backend.synchronize()
         release_freed_memory()
@@ -157,21 +159,85 @@ class TorchFittedStore:
 
     def exchange(self, factors, dtype, keep=False):
         """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in
-        dtype, and (keep) the half transforms L^T B^P in fp32 [naux, r, nao] per density, else None."""
+        dtype, and (keep) the half transforms L^T B^P in fp32 per density ({(p0, p1): X} over `_blocks`), else None."""
         backend = self.backend
         sets = [tuple(self._on_device(a, dtype) for a in factor) for factor in factors]
-        halves = [torch.empty((self.naux, left.shape[1], self.nao), dtype=torch.float32, device=backend.device)
-                  for left, _, _ in sets] if keep else None
+        halves = [{} for _ in sets] if keep else None
         vk = np.zeros((len(factors), self.nao, self.nao))
-        for p0, p1, block in self._square_blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
+        for p0, p1, block in self._blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
             for s, (left, right, weights) in enumerate(sets):
-                x = backend.half_transform(block, left)
-                z = x if right is None else backend.half_transform(block, right)
-                vk[s] += backend.to_host(backend.exchange_product(x, z, weights))
+                x = self._half_transform(block, left)
+                z = x if right is None else self._half_transform(block, right)
+                vk[s] += backend.to_host(self._exchange_product(x, z, weights))
                 if keep:
-                    halves[s][p0:p1] = x
+                    halves[s][p0, p1] = x.to(torch.float32)
         return vk, halves
+
+    # ---- the layout of B: dense blocks here (ScreenedFittedStore: block-sparse panels) ----
+    def _blocks(self, dtype, rank):
+        """(p0, p1, block of B in dtype) over the auxiliary range (kept, or unpacked)."""
+        yield from self._square_blocks(dtype, rank)
+
+    def _half_transform(self, block, factor):
+        """X^P = F^T B^P of one block: [nP, r, nao]."""
+        return self.backend.half_transform(block, factor)
+
+    def _exchange_product(self, x, z, weights=None):
+        """K = sum_P X^P^T diag(w) Z^P of one block's half transforms: [nao, nao]."""
+        return self.backend.exchange_product(x, z, weights)
 
     def close(self):
         self._square.clear()
         self._packed = self._unpack = self._anchor = None
+
+
+class ScreenedFittedStore(TorchFittedStore):
+    """B for the SCF's builds, screened: the kept pair blocks only (a dfmp2.sparse
+    ScreenedThreeCenter of whitened B, host fp64), kept on the device in fp64 (J's source and the
+    fp64 builds') and, where the budget allows, in fp32 (K's in mixed precision); the same
+    builds and increments as TorchFittedStore, each block's half transform one GEMM per row
+    panel (torch_sparse):
+        rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn,
+        X_(m, P, r) = sum_n B^P_mn L_nr,     K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)"""
+
+    def __init__(self, backend, screened, kinds, free_bytes):  # noqa: super().__init__ is the dense layout's
+        self.backend, self.nao, self.naux, self._free_bytes = backend, screened.nao, screened.naux, free_bytes
+        self._panels = {torch.float64: screened.on_device(backend)}
+        self._anchor = None
+        self.increment_form = ""
+        dtype = KIND_DTYPES[kinds[0]]
+        stored = screened.pattern.stored_elements
+        if dtype != torch.float64 and self.naux * stored * 4 <= free_bytes() - 4 * BLOCK_BYTES:
+            self._panels[dtype] = ScreenedThreeCenter(
+                screened.pattern, [p.to(dtype) for p in self._panels[torch.float64].panels])
+        release_freed_memory()
+        kinds_kept = " + ".join(f"{str(d)[-2:]}" for d in self._panels)
+        self.storage = f"screened panels {kinds_kept} ({stored / self.nao ** 2:.3f} of the dense elements)"
+
+    def _blocks(self, dtype, rank):
+        """(p0, p1, panels of auxiliary functions [p0, p1) in dtype) over the auxiliary range."""
+        kept = self._panels.get(dtype, self._panels[torch.float64])
+        stored = kept.pattern.stored_elements
+        rows = max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * max(stored, 2 * self.nao * max(rank, 1)))))
+        for p0, p1 in block_ranges(self.naux, rows):
+            block = kept.aux_slice(p0, p1)
+            yield p0, p1, block if kept.panels[0].dtype == dtype else \
+                ScreenedThreeCenter(block.pattern, [p.to(dtype) for p in block.panels])
+
+    def _half_transform(self, block, factor):
+        """X [nao, nP, r] = sum_n B^P_mn F_nr over the block's kept pairs."""
+        return self.backend.screened_half_transform(block, factor)
+
+    def _exchange_product(self, x, z, weights=None):
+        return self.backend.screened_exchange_product(x, z, weights)
+
+    def coulomb(self, dms):
+        """J [nset, nao, nao] (host fp64) of dms, fp64, over the kept pair blocks:
+          rho_P = sum_mn B^P_mn D_mn,  J_mn = sum_P rho_P B^P_mn"""
+        backend, panels = self.backend, self._panels[torch.float64]
+        d = backend.to_device(dms, fp64=True)
+        return backend.to_host(backend.screened_coulomb(panels, backend.screened_fit_density(panels, d)))
+
+    def close(self):
+        self._panels.clear()
+        self._anchor = None

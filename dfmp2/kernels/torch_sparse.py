@@ -1,0 +1,81 @@
+"""Block-sparse three-center operations on torch (cpu, cuda): the row panels of
+`dfmp2.sparse.ScreenedThreeCenter`, one GEMM per row block, nothing densified.
+
+    half transform   X_(m, P, r) = sum_(n in cols_M) (mn|P) F_(n r)       [nao, nP, r]
+    AO->MO           (ia|P) = sum_n C_(n a) X_(n, P, i)   with F = C_occ    [nocc, nvir, nP]
+    exchange         K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)         one GEMM [nao, nP r] x [nP r, nao]
+    fitted density   rho_P = sum_(mn kept) (mn|P) D_mn                     [nset, nP]
+    Coulomb          J_mn = sum_P rho_P (mn|P) on the kept blocks          [nset, nao, nao]
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PanelIndex:
+    """Device index tensors of a pattern's panel columns, made once per (pattern, device)."""
+
+    def __init__(self):
+        self._held = {}
+
+    def columns(self, pattern, device) -> list:
+        key = (id(pattern), str(device))
+        if key not in self._held:
+            self._held[key] = (pattern, [torch.as_tensor(pattern.columns(m), device=device)
+                                         for m in range(len(pattern.rows))])
+        return self._held[key][1]
+
+
+def half_transform(index, screened, factor, dtype=None):
+    """X [nao, nP, r] = sum_n (mn|P) F_(n r) over the kept blocks; factor [nao, r]; the panels'
+    dtype unless `dtype` (each panel converted as it is used)."""
+    pattern, nP, r = screened.pattern, screened.naux, factor.shape[1]
+    dtype = dtype or factor.dtype
+    out = torch.empty((pattern.nao, nP, r), dtype=dtype, device=factor.device)
+    for m, (panel, cols) in enumerate(zip(screened.panels, index.columns(pattern, factor.device))):
+        a0, a1 = pattern.blocks[m][:2]
+        panel = panel.to(dtype)
+        # X_(m, P, r) = sum_n (mn|P) F_(n r)     [nP * nM, ncols] x [ncols, r]
+        half = torch.matmul(panel.reshape(nP * (a1 - a0), -1), factor.index_select(0, cols))
+        out[a0:a1] = half.view(nP, a1 - a0, r).transpose(0, 1)
+    return out
+
+
+def ao2mo(index, screened, c_occ, c_vir):
+    """(ia|P) = sum_mn C_mi C_na (mn|P) over the kept blocks -> [nocc, nvir, nP] (a view)."""
+    x = half_transform(index, screened, c_occ)  # [nao, nP, nocc]
+    nao, nP, nocc = x.shape
+    # (ia|P) = sum_n C_na X_(n, P, i)      [nvir, nao] x [nao, nP * nocc]
+    full = torch.matmul(c_vir.transpose(0, 1), x.view(nao, nP * nocc))
+    return full.view(-1, nP, nocc).permute(2, 0, 1)
+
+
+def exchange_product(x, z, weights=None):
+    """K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r) for x, z [nao, nP, r] -> [nao, nao]."""
+    nao = x.shape[0]
+    if weights is not None:
+        z = z * weights
+    return torch.matmul(x.reshape(nao, -1), z.reshape(nao, -1).transpose(0, 1))
+
+
+def fit_density(index, screened, dms):
+    """rho_P = sum_(mn kept) (mn|P) D_mn: dms [nset, nao, nao] (device, the panels' dtype) -> [nset, nP]."""
+    pattern = screened.pattern
+    rho = torch.zeros((dms.shape[0], screened.naux), dtype=dms.dtype, device=dms.device)
+    for m, (panel, cols) in enumerate(zip(screened.panels, index.columns(pattern, dms.device))):
+        a0, a1 = pattern.blocks[m][:2]
+        d = dms[:, a0:a1].index_select(2, cols)  # [nset, nM, ncols]
+        rho += torch.matmul(d.reshape(len(dms), -1), panel.reshape(screened.naux, -1).transpose(0, 1))
+    return rho
+
+
+def coulomb(index, screened, rho):
+    """J_mn = sum_P rho_P (mn|P) on the kept blocks (zero elsewhere): rho [nset, nP] -> [nset, nao, nao]."""
+    pattern, nset = screened.pattern, rho.shape[0]
+    vj = torch.zeros((nset, pattern.nao, pattern.nao), dtype=rho.dtype, device=rho.device)
+    for m, (panel, cols) in enumerate(zip(screened.panels, index.columns(pattern, rho.device))):
+        a0, a1 = pattern.blocks[m][:2]
+        j = torch.matmul(rho, panel.reshape(screened.naux, -1)).view(nset, a1 - a0, -1)
+        vj[:, a0:a1].index_copy_(2, cols, j)
+    return vj
