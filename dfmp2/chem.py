@@ -885,6 +885,7 @@ class ThreeCenterIntegrals:
         self.naux = self.auxmol.nao_nr()
         self._aux_loc = self.auxmol.ao_loc_nr()
         self.screening = None  # a sparse.ScreenedPattern: block() gives only its kept pair blocks
+        self._tiles = None  # libcint set up for screened blocks (_TileIntegrals), made on first use
         if self.naux == 0:
             raise InputError(f"auxiliary basis {self.auxbasis!r} has no functions for this molecule")
 
@@ -929,8 +930,8 @@ class ThreeCenterIntegrals:
 
     def fitted_rows(self):
         """What the SCF's builds whiten: packed() [naux, npair], or with self.screening the kept
-        pair blocks over every auxiliary function (`screened_block`)."""
-        return ThreeCenterIntegrals.packed(self) if self.screening is None else self.screened_block(0, self.naux)
+        pair blocks, each once, over every auxiliary function (`screened_lower`)."""
+        return ThreeCenterIntegrals.packed(self) if self.screening is None else self.screened_lower(0, self.naux)
 
     # ---- screening (dfmp2.sparse) ------------------------------------------------------
     def screened_pattern(self, threshold, block_functions):
@@ -944,15 +945,21 @@ class ThreeCenterIntegrals:
                                   block_functions)
 
     def screened_block(self, p0: int, p1: int):
-        """(mn|P) for P in [p0, p1) on the kept pair blocks of self.screening only (a
-        `sparse.ScreenedThreeCenter`, host fp64): each kept block computed once by libcint."""
-        from .sparse import ScreenedThreeCenter
+        """(mn|P) for P in [p0, p1) on the kept pair blocks of self.screening only, both
+        orientations (a `sparse.ScreenedThreeCenter`, host fp64)."""
+        return self.screened_lower(p0, p1).expand()
+
+    def screened_lower(self, p0: int, p1: int):
+        """(mn|P) for P in [p0, p1) on the kept pair blocks (M, N), N <= M, of self.screening
+        (a `sparse.LowerPanels`, host fp64): each computed once by libcint."""
+        from .sparse import LowerPanels
 
         shell0, shell1 = self._aux_shells(p0, p1)
-        tiles = _TileIntegrals(self.mol, self.auxmol)
-        blocks = self.screening.blocks
-        return ScreenedThreeCenter.from_tiles(self.screening, p1 - p0, lambda m, n: tiles.tile(
-            blocks[m][2:], blocks[n][2:], shell0, shell1))
+        if self._tiles is None:  # libcint's set-up once (~20 ms for a 500-function molecule)
+            self._tiles = _TileIntegrals(self.mol, self.auxmol)
+        tiles, blocks = self._tiles, self.screening.blocks
+        return LowerPanels.from_runs(self.screening, p1 - p0, lambda m, n0, n1: tiles.tile(
+            blocks[m][2:], (blocks[n0][2], blocks[n1 - 1][3]), shell0, shell1))
 
     def _aux_shells(self, p0, p1) -> tuple:
         shell0 = int(np.searchsorted(self._aux_loc, p0))
@@ -963,8 +970,8 @@ class ThreeCenterIntegrals:
 
 
 class _TileIntegrals:
-    """(mn|P) of one pair block (shells [a0, a1) x [b0, b1)) and auxiliary shells, libcint set
-    up once: tile() -> [nP, nM, nN], fp64 (C order, no copy of libcint's output)."""
+    """(mn|P) of the shells rows [a0, a1) x cols [b0, b1) and auxiliary shells, libcint set up
+    once: tile() -> [nP, nM, nN], fp64 (C order, no copy of libcint's output)."""
 
     def __init__(self, mol, auxmol):
         from pyscf import gto

@@ -27,7 +27,7 @@ from .errors import InputError, MemoryBudgetError
 from .kernels.protocol import FittedBuildsBackend
 from .linalg import factor_metric, whiten
 from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
-from .sparse import ScreenedThreeCenter
+from .sparse import LowerPanels
 from .steps import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
@@ -113,10 +113,10 @@ class BuildRecord:
 
 def fitted_bytes(integrals) -> int:
     """Bytes of the JK-fit integrals the builds keep in fp64: the lower triangles [naux, nao (nao + 1) / 2],
-    or with integrals.screening the kept pair blocks' panels [naux, stored elements]."""
+    or with integrals.screening each kept pair block once (LowerPanels [naux, lower elements])."""
     pattern = getattr(integrals, "screening", None)
     nao, naux = integrals.nao, integrals.naux
-    return naux * (nao * (nao + 1) // 2 if pattern is None else pattern.stored_elements) * 8
+    return naux * (nao * (nao + 1) // 2 if pattern is None else pattern.lower_elements) * 8
 
 
 def early_integrals_fit(integrals, max_memory) -> bool:
@@ -140,14 +140,13 @@ def whitening_backend(backend):
 def whiten_fitted_integrals(backend, integrals):
     """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) on `backend` (one with fp64: `whitening_backend`), host
     fp64, whitened in place of the integrals: over the pairs m >= n [nkept, npair], or with
-    integrals.screening the kept pair blocks (a sparse.ScreenedThreeCenter of nkept auxiliary
+    integrals.screening the kept pair blocks, each once (a sparse.LowerPanels of nkept auxiliary
     functions); and the metric factor."""
-    rows = integrals.fitted_rows()  # [naux, npair], or screened panels [naux, nM, ncols_M], fp64
+    rows = integrals.fitted_rows()  # [naux, npair], or screened LowerPanels [naux, nM, nlow_M], fp64
     factor = factor_metric(backend, integrals.metric())
-    if isinstance(rows, ScreenedThreeCenter):
-        panels = [whiten_columns(backend, factor, p.reshape(p.shape[0], -1)).reshape(factor.nkept, *p.shape[1:])
-                  for p in rows.panels]
-        return ScreenedThreeCenter(rows.pattern, panels), factor
+    if isinstance(rows, LowerPanels):
+        return rows.map(lambda p: whiten_columns(backend, factor, p.reshape(p.shape[0], -1)).reshape(
+            factor.nkept, *p.shape[1:])), factor
     return whiten_columns(backend, factor, rows), factor
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..memory import fp64_pair_temporaries_bytes
-from ..sparse import ScreenedThreeCenter
+from ..sparse import LowerPanels
 from . import torch_sparse
 from .protocol import BackendRecord, PlanHints
 
@@ -130,10 +130,10 @@ class TorchBackend:
 
     def fitted_store(self, rows, nao, kinds, free_bytes):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] (torch_fitted.TorchFittedStore),
-        or a screened dfmp2.sparse.ScreenedThreeCenter (torch_fitted.ScreenedFittedStore)."""
+        or screened, a dfmp2.sparse.LowerPanels (torch_fitted.ScreenedFittedStore)."""
         from .torch_fitted import ScreenedFittedStore, TorchFittedStore
 
-        if isinstance(rows, ScreenedThreeCenter):
+        if isinstance(rows, LowerPanels):
             return ScreenedFittedStore(self, rows, kinds, free_bytes)
         return TorchFittedStore(self, rows, nao, kinds, free_bytes)
 
@@ -148,15 +148,17 @@ class TorchBackend:
         self.calls["screened_exchange_product"] += 1
         return torch_sparse.exchange_product(x, z, weights)
 
-    def screened_fit_density(self, screened, dms):
-        """rho_P = sum_(mn kept) (mn|P) D_mn: dms [nset, nao, nao] (device) -> [nset, nP]."""
+    def screened_fit_density(self, lower, dms):
+        """rho_P = sum_(mn kept) (mn|P) D_mn from a LowerPanels (each kept pair block once):
+        dms [nset, nao, nao] (device) -> [nset, nP]."""
         self.calls["screened_fit_density"] += 1
-        return torch_sparse.fit_density(self._panel_index, screened, dms)
+        return torch_sparse.fit_density(self._panel_index, lower, dms)
 
-    def screened_coulomb(self, screened, rho):
-        """J_mn = sum_P rho_P (mn|P) over the kept pair blocks: rho [nset, nP] -> [nset, nao, nao]."""
+    def screened_coulomb(self, lower, rho):
+        """J_mn = sum_P rho_P (mn|P) over the kept pair blocks of a LowerPanels: rho [nset, nP] ->
+        [nset, nao, nao]."""
         self.calls["screened_coulomb"] += 1
-        return torch_sparse.coulomb(self._panel_index, screened, rho)
+        return torch_sparse.coulomb(self._panel_index, lower, rho)
 
     def half_transform(self, b_block, factor):
         """The SCF exchange's half transform X^P = F^T B^P (B^P symmetric): b_block [nP, nao, nao],

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from ..memory import release_freed_memory
-from ..sparse import ScreenedThreeCenter
 from ..steps import block_ranges
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
@@ -192,37 +191,34 @@ class TorchFittedStore:
 
 
 class ScreenedFittedStore(TorchFittedStore):
-    """B for the SCF's builds, screened: the kept pair blocks only (a dfmp2.sparse
-    ScreenedThreeCenter of whitened B, host fp64), kept on the device in fp64 (J's source and the
-    fp64 builds') and, where the budget allows, in fp32 (K's in mixed precision); the same
-    builds and increments as TorchFittedStore, each block's half transform one GEMM per row
-    panel (torch_sparse):
-        rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn,
+    """B for the SCF's builds, screened: each kept pair block once (a dfmp2.sparse LowerPanels of
+    whitened B, host fp64), kept on the device in fp64 (J's source; half the bytes of both
+    orientations) and, where the budget allows, both orientations in the first build kind (K's
+    panels; else expanded block by block per build, ~0.4 ns an element). The same builds and
+    increments as TorchFittedStore, each block's half transform one GEMM per row panel:
+        rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn        (torch_sparse, fp64)
         X_(m, P, r) = sum_n B^P_mn L_nr,     K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)"""
 
-    def __init__(self, backend, screened, kinds, free_bytes):  # noqa: super().__init__ is the dense layout's
-        self.backend, self.nao, self.naux, self._free_bytes = backend, screened.nao, screened.naux, free_bytes
-        self._panels = {torch.float64: screened.on_device(backend)}
-        self._anchor = None
-        self.increment_form = ""
-        dtype = KIND_DTYPES[kinds[0]]
-        stored = screened.pattern.stored_elements
-        if dtype != torch.float64 and self.naux * stored * 4 <= free_bytes() - 4 * BLOCK_BYTES:
-            self._panels[dtype] = ScreenedThreeCenter(
-                screened.pattern, [p.to(dtype) for p in self._panels[torch.float64].panels])
+    def __init__(self, backend, lower, kinds, free_bytes):  # the dense layout's __init__ does not apply
+        self.backend, self.nao, self.naux, self._free_bytes = backend, lower.nao, lower.naux, free_bytes
+        self._lower = lower.map(lambda p: backend.to_device(p, fp64=True))
+        self._anchor, self._full, self.increment_form = None, None, ""
+        dtype, pattern = KIND_DTYPES[kinds[0]], lower.pattern
+        if self.naux * pattern.stored_elements * (torch.finfo(dtype).bits // 8) <= free_bytes() - 4 * BLOCK_BYTES:
+            self._full = self._lower.expand(dtype=dtype)
         release_freed_memory()
-        kinds_kept = " + ".join(f"{str(d)[-2:]}" for d in self._panels)
-        self.storage = f"screened panels {kinds_kept} ({stored / self.nao ** 2:.3f} of the dense elements)"
+        share = pattern.stored_elements / self.nao ** 2
+        self.storage = (f"screened: each kept pair block once fp64" +
+                        (f" + both orientations {str(dtype)[-2:]}" if self._full is not None else "") +
+                        f" ({share:.3f} of the dense elements)")
 
     def _blocks(self, dtype, rank):
-        """(p0, p1, panels of auxiliary functions [p0, p1) in dtype) over the auxiliary range."""
-        kept = self._panels.get(dtype, self._panels[torch.float64])
-        stored = kept.pattern.stored_elements
+        """(p0, p1, both orientations of auxiliary functions [p0, p1) in dtype) over the auxiliary range."""
+        stored = self._lower.pattern.stored_elements
         rows = max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * max(stored, 2 * self.nao * max(rank, 1)))))
+        kept = self._full if self._full is not None and self._full.panels[0].dtype == dtype else None
         for p0, p1 in block_ranges(self.naux, rows):
-            block = kept.aux_slice(p0, p1)
-            yield p0, p1, block if kept.panels[0].dtype == dtype else \
-                ScreenedThreeCenter(block.pattern, [p.to(dtype) for p in block.panels])
+            yield p0, p1, kept.aux_slice(p0, p1) if kept is not None else self._lower.expand(p0, p1, dtype)
 
     def _half_transform(self, block, factor):
         """X [nao, nP, r] = sum_n B^P_mn F_nr over the block's kept pairs."""
@@ -232,12 +228,11 @@ class ScreenedFittedStore(TorchFittedStore):
         return self.backend.screened_exchange_product(x, z, weights)
 
     def coulomb(self, dms):
-        """J [nset, nao, nao] (host fp64) of dms, fp64, over the kept pair blocks:
+        """J [nset, nao, nao] (host fp64) of dms, fp64, from each kept pair block once:
           rho_P = sum_mn B^P_mn D_mn,  J_mn = sum_P rho_P B^P_mn"""
-        backend, panels = self.backend, self._panels[torch.float64]
+        backend = self.backend
         d = backend.to_device(dms, fp64=True)
-        return backend.to_host(backend.screened_coulomb(panels, backend.screened_fit_density(panels, d)))
+        return backend.to_host(backend.screened_coulomb(self._lower, backend.screened_fit_density(self._lower, d)))
 
     def close(self):
-        self._panels.clear()
-        self._anchor = None
+        self._lower = self._full = self._anchor = None

@@ -4,8 +4,8 @@
     half transform   X_(m, P, r) = sum_(n in cols_M) (mn|P) F_(n r)       [nao, nP, r]
     AO->MO           (ia|P) = sum_n C_(n a) X_(n, P, i)   with F = C_occ    [nocc, nvir, nP]
     exchange         K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)         one GEMM [nao, nP r] x [nP r, nao]
-    fitted density   rho_P = sum_(mn kept) (mn|P) D_mn                     [nset, nP]
-    Coulomb          J_mn = sum_P rho_P (mn|P) on the kept blocks          [nset, nao, nao]
+    fitted density   rho_P = sum_(mn kept) (mn|P) D_mn                     [nset, nP]   } from LowerPanels:
+    Coulomb          J_mn = sum_P rho_P (mn|P) on the kept blocks          [nset, nao, nao] } each pair once
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ class PanelIndex:
     def __init__(self):
         self._held = {}
 
-    def columns(self, pattern, device) -> list:
-        key = (id(pattern), str(device))
+    def columns(self, pattern, device, lower=False) -> list:
+        """[the AO indices of panel m's columns] (lower: of the LowerPanels' columns)."""
+        key = (id(pattern), str(device), lower)
         if key not in self._held:
-            self._held[key] = (pattern, [torch.as_tensor(pattern.columns(m), device=device)
+            self._held[key] = (pattern, [torch.as_tensor(pattern.columns(m, lower), device=device)
                                          for m in range(len(pattern.rows))])
         return self._held[key][1]
 
@@ -59,23 +60,32 @@ def exchange_product(x, z, weights=None):
     return torch.matmul(x.reshape(nao, -1), z.reshape(nao, -1).transpose(0, 1))
 
 
-def fit_density(index, screened, dms):
-    """rho_P = sum_(mn kept) (mn|P) D_mn: dms [nset, nao, nao] (device, the panels' dtype) -> [nset, nP]."""
-    pattern = screened.pattern
-    rho = torch.zeros((dms.shape[0], screened.naux), dtype=dms.dtype, device=dms.device)
-    for m, (panel, cols) in enumerate(zip(screened.panels, index.columns(pattern, dms.device))):
+def fit_density(index, lower, dms):
+    """rho_P = sum_(mn kept) (mn|P) D_mn from each kept block pair once (a LowerPanels on the
+    device): rho_P = sum_(M, N <= M) <(MN|P), D_MN + D_NM^T>, the diagonal blocks <(MM|P), D_MM>.
+    dms [nset, nao, nao] (device, the panels' dtype) -> [nset, nP]."""
+    pattern, nset = lower.pattern, dms.shape[0]
+    both = dms + dms.transpose(1, 2)
+    rho = torch.zeros((nset, lower.naux), dtype=dms.dtype, device=dms.device)
+    for m, (panel, cols) in enumerate(zip(lower.panels, index.columns(pattern, dms.device, lower=True))):
         a0, a1 = pattern.blocks[m][:2]
-        d = dms[:, a0:a1].index_select(2, cols)  # [nset, nM, ncols]
-        rho += torch.matmul(d.reshape(len(dms), -1), panel.reshape(screened.naux, -1).transpose(0, 1))
+        d = both[:, a0:a1].index_select(2, cols)  # [nset, nM, nlow]; the last nM columns: block M itself
+        d[:, :, -(a1 - a0):] = dms[:, a0:a1, a0:a1]
+        rho += torch.matmul(d.reshape(nset, -1), panel.reshape(lower.naux, -1).transpose(0, 1))
     return rho
 
 
-def coulomb(index, screened, rho):
-    """J_mn = sum_P rho_P (mn|P) on the kept blocks (zero elsewhere): rho [nset, nP] -> [nset, nao, nao]."""
-    pattern, nset = screened.pattern, rho.shape[0]
-    vj = torch.zeros((nset, pattern.nao, pattern.nao), dtype=rho.dtype, device=rho.device)
-    for m, (panel, cols) in enumerate(zip(screened.panels, index.columns(pattern, rho.device))):
+def coulomb(index, lower, rho):
+    """J_mn = sum_P rho_P (mn|P) on the kept blocks (zero elsewhere) from each kept block pair
+    once: J_MN for N <= M, then J = J_low + J_low^T - the diagonal blocks once.
+    rho [nset, nP] -> [nset, nao, nao]."""
+    pattern, nset = lower.pattern, rho.shape[0]
+    half = torch.zeros((nset, pattern.nao, pattern.nao), dtype=rho.dtype, device=rho.device)
+    for m, (panel, cols) in enumerate(zip(lower.panels, index.columns(pattern, rho.device, lower=True))):
         a0, a1 = pattern.blocks[m][:2]
-        j = torch.matmul(rho, panel.reshape(screened.naux, -1)).view(nset, a1 - a0, -1)
-        vj[:, a0:a1].index_copy_(2, cols, j)
+        j = torch.matmul(rho, panel.reshape(lower.naux, -1)).view(nset, a1 - a0, -1)
+        half[:, a0:a1].index_copy_(2, cols, j)
+    vj = half + half.transpose(1, 2)
+    for a0, a1, _, _ in pattern.blocks:
+        vj[:, a0:a1, a0:a1] -= half[:, a0:a1, a0:a1]
     return vj

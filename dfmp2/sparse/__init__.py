@@ -2,7 +2,7 @@
 
 For an extended molecule most AO pairs (mn) are far apart and (mn|P) vanishes for every P. This
 package decides which pair blocks are kept (`screening`), holds the kept blocks in row panels
-(`tensor`), and says when screening pays (`choose`). The backends' operations on the panels
+(`tensor`), and says when screening pays (`screening.choose_screening`). The backends' operations on the panels
 (the AO->MO half transform of the MP2 step, the SCF's J and K) are in `dfmp2.kernels`.
 
     estimate        |(mn|P)| <= sqrt((mn|mn)) sqrt((P|P))            (Schwarz; chem.pair_bounds)
@@ -15,7 +15,7 @@ package decides which pair blocks are kept (`screening`), holds the kept blocks 
 
 from .screening import SCREENING_DEFAULT, ScreenedPattern, ScreeningChoice, choose_screening, parse_screening, \
     screen_integrals, screen_pair_blocks
-from .tensor import ScreenedThreeCenter
+from .tensor import LowerPanels, ScreenedThreeCenter
 
-__all__ = ["SCREENING_DEFAULT", "ScreenedPattern", "ScreeningChoice", "ScreenedThreeCenter", "choose_screening",
+__all__ = ["SCREENING_DEFAULT", "LowerPanels", "ScreenedPattern", "ScreeningChoice", "ScreenedThreeCenter", "choose_screening",
            "parse_screening", "screen_integrals", "screen_pair_blocks"]

@@ -63,9 +63,23 @@ class ScreenedPattern:
     def width(self, m) -> int:
         return self.blocks[m][1] - self.blocks[m][0]
 
-    def columns(self, m) -> np.ndarray:
-        """AO indices of the columns of panel m (its kept blocks' AOs, ascending) [ncols_m]."""
-        return np.concatenate([np.arange(self.blocks[n][0], self.blocks[n][1]) for n in self.rows[m]])
+    def columns(self, m, lower=False) -> np.ndarray:
+        """AO indices of the columns of panel m (its kept blocks' AOs, ascending; lower: of the
+        blocks N <= m only, the LowerPanels' columns) [ncols_m]."""
+        return np.concatenate([np.arange(self.blocks[n][0], self.blocks[n][1]) for n in self.rows[m]
+                               if not lower or n <= m])
+
+    def runs(self, m, lower=False) -> list:
+        """[(N0, N1)]: the kept column blocks of row m (lower: those N <= m) as contiguous runs."""
+        runs = []
+        for n in self.rows[m]:
+            if lower and n > m:
+                break
+            if runs and runs[-1][1] == n:
+                runs[-1] = (runs[-1][0], n + 1)
+            else:
+                runs.append((n, n + 1))
+        return runs
 
     def column_offsets(self, m) -> dict:
         """N -> the first column of block N in panel m."""
@@ -79,6 +93,11 @@ class ScreenedPattern:
     def stored_elements(self) -> int:
         """(m, n) elements the panels hold per auxiliary function (both orientations)."""
         return sum(self.width(m) * sum(self.width(n) for n in row) for m, row in enumerate(self.rows))
+
+    @property
+    def lower_elements(self) -> int:
+        """(m, n) elements LowerPanels hold per auxiliary function (each kept block pair once)."""
+        return sum(self.width(m) * sum(self.width(n) for n in row if n <= m) for m, row in enumerate(self.rows))
 
     @property
     def unique_elements(self) -> int:

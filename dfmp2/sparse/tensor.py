@@ -1,11 +1,14 @@
-"""Block-sparse (mn|P) over an auxiliary range: the kept pair blocks in row panels.
+"""Block-sparse (mn|P) over an auxiliary range: the kept pair blocks, in two layouts.
 
-    panel_M [nP, nM, ncols_M]    (mn|P) for m in block M, n in the kept blocks of row M
-                                 (`ScreenedPattern.rows[M]`, ascending), P in the range
-Each kept block pair (M, N), N <= M, is computed once (`from_tiles`) and written to panel M and,
-transposed, to panel N: a half transform is then one GEMM per row block,
-    X_(m, P, r) = sum_(n in cols_M) (mn|P) F_(n r)      (kernels: screened_half_transform)
-and nothing of a dropped block is ever formed.
+    LowerPanels           each kept block pair (M, N), N <= M, once: lower_M [nP, nM, nlow_M] holds
+                          row block M against its kept N <= M, ascending (what the integrals
+                          compute, and what the SCF keeps: half the bytes)
+    ScreenedThreeCenter   both orientations, (mn|P) = (nm|P): panel_M [nP, nM, ncols_M] holds row
+                          block M against every kept N, ascending (`LowerPanels.expand`: a copy,
+                          ~0.4 ns an element against libcint's ~10 ns), so that a half transform
+                          is one GEMM per row block:
+                              X_(m, P, r) = sum_(n in cols_M) (mn|P) F_(n r)   (kernels: screened_*)
+Nothing of a dropped block is ever formed. Panels are host numpy arrays or device tensors.
 """
 
 from __future__ import annotations
@@ -13,9 +16,20 @@ from __future__ import annotations
 import numpy as np
 
 
-class ScreenedThreeCenter:
-    """Kept pair blocks of (mn|P) for nP auxiliary functions: panels [nP, nM, ncols_M] (host
-    numpy fp64, or device tensors after `on_device`), pattern: their `ScreenedPattern`."""
+def _empty_like(array, shape, dtype=None):
+    """An uninitialised array of `shape` of the same kind (numpy or torch, device) as `array`."""
+    if isinstance(array, np.ndarray):
+        return np.empty(shape, dtype=dtype or array.dtype)
+    return array.new_empty(shape, dtype=dtype or array.dtype)
+
+
+def _nbytes(array) -> int:
+    return int(array.nbytes) if isinstance(array, np.ndarray) else array.numel() * array.element_size()
+
+
+class LowerPanels:
+    """Each kept pair block once: panels[M] [nP, nM, nlow_M], row block M against its kept
+    N <= M (ascending; the diagonal block whole). pattern: their `ScreenedPattern`."""
 
     def __init__(self, pattern, panels):
         self.pattern = pattern
@@ -24,24 +38,58 @@ class ScreenedThreeCenter:
         self.nao = pattern.nao
 
     @classmethod
-    def from_tiles(cls, pattern, naux, tile):
-        """Assemble the panels from tile(M, N) -> (mn|P) [naux, nM, nN] host fp64 of each kept
-        (M, N), N <= M (each called once)."""
-        panels = [np.empty((naux, pattern.width(m), sum(pattern.width(n) for n in row)))
-                  for m, row in enumerate(pattern.rows)]
-        offsets = [pattern.column_offsets(m) for m in range(len(pattern.rows))]
-        for m, n in pattern.pairs:
-            block = tile(m, n)
-            c0 = offsets[m][n]
-            panels[m][:, :, c0:c0 + pattern.width(n)] = block
-            if n != m:
-                c0 = offsets[n][m]
-                panels[n][:, :, c0:c0 + pattern.width(m)] = block.transpose(0, 2, 1)
+    def from_runs(cls, pattern, naux, run):
+        """The panels from run(M, N0, N1) -> (mn|P) [naux, nM, ncols] host fp64 of row block M
+        against column blocks [N0, N1), each a contiguous run of its kept N <= M."""
+        panels = []
+        for m in range(len(pattern.rows)):
+            runs = pattern.runs(m, lower=True)
+            blocks = [run(m, n0, n1) for n0, n1 in runs]
+            panels.append(blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=2))
         return cls(pattern, panels)
 
     @property
     def nbytes(self) -> int:
-        return sum(int(p.nbytes) if hasattr(p, "nbytes") else p.numel() * p.element_size() for p in self.panels)
+        return sum(_nbytes(p) for p in self.panels)
+
+    def map(self, function):
+        """The same pattern with function(panel) for each panel (e.g. an upload, a whitening)."""
+        return LowerPanels(self.pattern, [function(p) for p in self.panels])
+
+    def expand(self, p0=0, p1=None, dtype=None) -> ScreenedThreeCenter:
+        """Both orientations of auxiliary functions [p0, p1) (in dtype: default the panels')."""
+        p1 = self.naux if p1 is None else p1
+        pattern, full = self.pattern, []
+        for m, row in enumerate(pattern.rows):
+            low = self.panels[m][p0:p1]
+            panel = _empty_like(low, (p1 - p0, pattern.width(m), sum(pattern.width(n) for n in row)), dtype)
+            panel[:, :, :low.shape[2]] = low
+            full.append(panel)
+        for m in range(len(pattern.rows)):
+            offsets = pattern.column_offsets(m)
+            for n in pattern.rows[m]:
+                if n >= m:
+                    break
+                c0, c1 = offsets[n], pattern.column_offsets(n)[m]  # (nm|P) = (mn|P), transposed
+                full[n][:, :, c1:c1 + pattern.width(m)] = \
+                    self.panels[m][p0:p1, :, c0:c0 + pattern.width(n)].swapaxes(1, 2)
+        return ScreenedThreeCenter(pattern, full)
+
+
+class ScreenedThreeCenter:
+    """Kept pair blocks of (mn|P) in both orientations for nP auxiliary functions: panels
+    [nP, nM, ncols_M] (host numpy fp64, or device tensors after `on_device`), pattern: their
+    `ScreenedPattern`."""
+
+    def __init__(self, pattern, panels):
+        self.pattern = pattern
+        self.panels = panels
+        self.naux = int(panels[0].shape[0]) if panels else 0
+        self.nao = pattern.nao
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(p) for p in self.panels)
 
     def on_device(self, backend, fp64=True):
         """The same panels as device tensors of `backend` (fp64 unless asked otherwise)."""
