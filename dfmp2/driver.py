@@ -171,7 +171,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     if context.team is not None:  # every rank uses rank 0's orbitals
         mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
-    screening = {"mp2": screen_integrals(settings.screening, integrals, backend.screens, backend.name)}
+    screening = {"mp2": _screened(settings, integrals, backend).screening_record}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
     result = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
                         {"mp2": integrals.fitting}, given)
@@ -189,8 +189,7 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
     settings = settings_from(settings, **changes)
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     backend = backend_for(settings)
-    screen_integrals(settings.screening, integrals, backend.screens, backend.name)
-    return three_center_mo(backend, integrals, reference.mo_coeff, reference.mo_energy,
+    return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff, reference.mo_energy,
                            reference.mo_occ, settings, out=out, context=context)
 
 
@@ -223,13 +222,10 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp)
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
     jk_integrals, backend = _early_jk_integrals(settings, context, mol, jk_fitting, dh), backend_for(settings)
-    integrals = chem.ThreeCenterIntegrals(mol, settings.auxbasis)
-    screening = {"mp2": screen_integrals(settings.screening, integrals, backend.screens, backend.name)}
+    integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
     settings = _with_frozen_core(settings, mol, spins)
-    nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
-    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
-             ranks=context.ranks, growth=SCF_GROWTH)  # fail before the SCF
+    _check_budget(backend, integrals, spins, settings, context)
     builds = _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals)
 
     def run_scf():
@@ -258,8 +254,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     if settings.checkpoint is not None:
         result.correlation.checkpoint["reused_scf"] = reused_scf
     result.scf_record = scf_record(builds, mf if scf_here else None)
-    scf_screening = getattr(builds.integrals, "screening_record", None) if builds is not None else None
-    result.screening = {**screening, **({"scf": scf_screening} if scf_screening else {})}
+    result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
     result.double_hybrid = dh
     result.mean_field = mf
     result.ecp = dict(ecp.record)
@@ -280,12 +275,26 @@ def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
     return integrals.start() if early_integrals_fit(integrals, settings.max_memory) else None
 
 
-def _screened(settings, integrals):
-    """JK-fit `integrals` with settings.screening applied (`sparse.screen_integrals`; the backend
-    of settings.device need not be loaded yet); the choice in integrals.screening_record."""
-    integrals.screening_record = screen_integrals(settings.screening, integrals, device_screens(settings.device),
-                                                  settings.device)
+def _screened(settings, integrals, backend=None):
+    """`integrals` with settings.screening applied (`sparse.screen_integrals`; for the backend,
+    or before it is loaded, for settings.device's); the choice in integrals.screening_record."""
+    screens, name = (backend.screens, backend.name) if backend is not None else \
+        (device_screens(settings.device), settings.device)
+    integrals.screening_record = screen_integrals(settings.screening, integrals, screens, name)
     return integrals
+
+
+def screening_records(**providers) -> dict:
+    """The result's "screening": kind ("mp2", "scf") -> the choice its integral provider recorded."""
+    return {kind: p.screening_record for kind, p in providers.items() if hasattr(p, "screening_record")}
+
+
+def _check_budget(backend, integrals, spins, settings, context):
+    """MemoryBudgetError before the SCF where the MP2 step's smallest blocks do not fit; spins:
+    occupied orbitals per spin channel."""
+    nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
+    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
+             ranks=context.ranks, growth=SCF_GROWTH)
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):

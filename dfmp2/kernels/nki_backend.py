@@ -33,6 +33,7 @@ import weakref
 import numpy as np
 import torch
 
+from ..errors import InputError
 from . import emulator
 from .emulator.core import TARGETS
 from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
@@ -296,6 +297,11 @@ class NkiBackend:
                 2 * nP * nao * nc * (nao + nvir), grid=self.lnc)  # both half-transforms, done once
             chunks.append(out[:nP].permute(2, 1, 0))  # [nc, nvir, nP] view of [nP, nvir, nc]
         return chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=0))
+
+    def screened_ao2mo(self, screened, c_occ, c_vir):
+        """Not on a NeuronCore yet (`screens` is False: a run asking for screening is refused before
+        it starts, and auto stays dense); an InputError if called anyway."""
+        raise InputError(f"the NKI backend ({self.device_name}) has no block-sparse kernels yet; use --screening off")
 
     def _orbital_slices(self, c_occ, c_vir):
         """([(slices, sum_m |C_mi|) of each <= 512-column chunk of C_occ], slices of C_vir), the

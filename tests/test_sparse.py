@@ -1,0 +1,218 @@
+"""The sparse layer (dfmp2.sparse): Schwarz-screened block-sparse (mn|P) against PySCF's dense
+integrals, the screened MP2 transform and SCF builds against the dense ones and against PySCF,
+energies within 1e-8 Eh of the dense run, the --screening setting, its record and refusals."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from pyscf import df, gto, scf
+from pyscf.mp import dfmp2 as pyscf_dfmp2
+
+from dfmp2 import chem
+from dfmp2.driver import run_mean_field, run_xyz
+from dfmp2.errors import InputError
+from dfmp2.kernels import device_screens, get_backend
+from dfmp2.scf import FittedCoulombExchange, whiten_fitted_integrals
+from dfmp2.sparse import LowerPanels, ScreenedThreeCenter, parse_screening, screen_integrals
+
+
+def water_chain(n, spacing=4.5, radical=False):
+    """n waters along x, `spacing` A apart (the last an OH radical with radical=True): a molecule
+    whose far pair blocks the default threshold drops."""
+    atoms = []
+    for k in range(n):
+        x = spacing * k
+        atoms += [("O", (x, 0.0, 0.0)), ("H", (x + 0.757, 0.586, 0.0))]
+        if not (radical and k == n - 1):
+            atoms.append(("H", (x - 0.757, 0.586, 0.0)))
+    return atoms
+
+
+def write_xyz(path, atoms):
+    path.write_text(f"{len(atoms)}\n\n" + "".join(f"{s} {x} {y} {z}\n" for s, (x, y, z) in atoms))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def chain():
+    mol = gto.M(atom=water_chain(5), basis="cc-pvdz", verbose=0)
+    integrals = chem.ThreeCenterIntegrals(mol)
+    integrals.screening = integrals.screened_pattern(1e-10, 32)
+    return mol, integrals
+
+
+def pyscf_dense(mol, auxmol):
+    """(mn|P) [naux, nao, nao] from PySCF (the independent reference)."""
+    return np.asarray(df.incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1")).transpose(2, 0, 1)
+
+
+def test_pattern_blocks_are_whole_atoms_and_cover_the_basis(chain):
+    mol, integrals = chain
+    pattern = integrals.screening
+    starts = {int(a[2]) for a in mol.aoslice_by_atom()}
+    assert pattern.blocks[0][0] == 0 and pattern.blocks[-1][1] == mol.nao
+    assert all(b[1] == c[0] for b, c in zip(pattern.blocks, pattern.blocks[1:]))
+    assert all(b[0] in starts for b in pattern.blocks)
+    assert all((m, m) in pattern.pairs for m in range(len(pattern.blocks)))
+    assert len(pattern.pairs) < len(pattern.blocks) * (len(pattern.blocks) + 1) // 2  # something is dropped
+
+
+def test_dropped_blocks_hold_only_integrals_below_the_threshold(chain):
+    """The Schwarz estimate bounds every integral of a dropped block (PySCF's dense integrals)."""
+    mol, integrals = chain
+    pattern = integrals.screening
+    dense = pyscf_dense(mol, integrals.auxmol)
+    kept = np.zeros((mol.nao, mol.nao), dtype=bool)
+    for m, n in pattern.pairs:
+        (a0, a1), (b0, b1) = pattern.blocks[m][:2], pattern.blocks[n][:2]
+        kept[a0:a1, b0:b1] = kept[b0:b1, a0:a1] = True
+    assert np.abs(dense[:, ~kept]).max() <= pattern.threshold
+    assert np.abs(dense[:, ~kept]).max() > 0  # (the test would not see a wrong mask otherwise)
+
+
+def test_screened_blocks_are_pyscfs_integrals_on_the_kept_blocks(chain):
+    mol, integrals = chain
+    dense = pyscf_dense(mol, integrals.auxmol)
+    p0, p1 = integrals.aux_blocks(100)[1]
+    block = integrals.block(p0, p1)
+    assert isinstance(block, ScreenedThreeCenter)
+    got = block.dense()
+    mask = got != 0
+    assert np.abs(got[mask] - dense[p0:p1][mask]).max() < 1e-13
+    assert np.abs(got - dense[p0:p1]).max() <= integrals.screening.threshold
+    lower = integrals.screened_lower(p0, p1)
+    assert lower.nbytes < block.nbytes  # each kept pair once
+    assert np.array_equal(lower.expand().dense(), got)
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_screened_transform_equals_the_dense_transform_of_the_kept_blocks(chain, precision):
+    mol, integrals = chain
+    backend = get_backend("cpu", precision)
+    p0, p1 = integrals.aux_blocks(100)[0]
+    block = integrals.block(p0, p1)
+    c = np.linalg.qr(np.random.default_rng(5).standard_normal((mol.nao, mol.nao)))[0]
+    c_occ, c_vir = backend.to_device(c[:, :25], fp64=True), backend.to_device(c[:, 25:], fp64=True)
+    got = backend.to_host(backend.screened_ao2mo(block.on_device(backend), c_occ, c_vir))
+    masked = np.einsum("Pmn,mi,na->iaP", block.dense(), c[:, :25], c[:, 25:])
+    full = np.einsum("Pmn,mi,na->iaP", pyscf_dense(mol, integrals.auxmol)[p0:p1], c[:, :25], c[:, 25:])
+    assert np.abs(got - masked).max() < 1e-12
+    assert np.abs(got - full).max() < 1e-9
+    assert backend.calls["screened_ao2mo"] == 1 and backend.calls["ao2mo"] == 0
+
+
+def test_screened_j_and_k_match_pyscf():
+    """J and K of the screened store (fp64 builds) against PySCF's DF J and K."""
+    mol = gto.M(atom=water_chain(4), basis="cc-pvdz", verbose=0)
+    mf = scf.RHF(mol).density_fit(auxbasis=chem.fitting_basis(mol, False).basis)
+    rng = np.random.default_rng(2)
+    orbitals = np.linalg.qr(rng.standard_normal((mol.nao, 20)))[0]
+    dm = orbitals @ orbitals.T
+    vj_ref, vk_ref = mf.get_jk(mol, dm)
+    jk = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf))
+    record = screen_integrals("1e-10", jk, True, "torch")
+    assert record["used"] and record["kept_fraction"]["pair_blocks"] < 1
+    builds = FittedCoulombExchange(get_backend("cpu"), jk, "fp64")
+    vj, vk = builds.get_jk(dm[None], [(orbitals, None, None)])
+    assert "screened" in builds.record.storage
+    assert np.abs(vj[0] - vj_ref).max() < 1e-9 and np.abs(vk[0] - vk_ref).max() < 1e-9
+
+
+def test_whitened_lower_panels_keep_the_pattern():
+    mol = gto.M(atom=water_chain(3), basis="cc-pvdz", verbose=0)
+    jk = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis)
+    screen_integrals("1e-10", jk, True, "torch")
+    rows, factor = whiten_fitted_integrals(get_backend("cpu"), jk)
+    assert isinstance(rows, LowerPanels) and rows.naux == factor.nkept
+    assert [p.shape[1:] for p in rows.panels] == [p.shape[1:] for p in jk.screened_lower(0, 10).panels]
+
+
+@pytest.mark.parametrize("spin,reference", [(0, "rhf"), (1, "uhf"), (1, "rohf")])
+def test_screened_run_matches_dense_and_pyscf(tmp_path, spin, reference):
+    """The whole job (SCF on dfmp2's builds, MP2) screened at the default threshold against the
+    dense run (1e-8 Eh) and against PySCF's DF-SCF + DF-MP2 on the same fitting sets."""
+    atoms = water_chain(4, radical=spin == 1)
+    path = write_xyz(tmp_path / "chain.xyz", atoms)
+    common = dict(spin=spin, reference=reference, precision="fp64")
+    screened = run_xyz(path, screening="1e-10", **common)
+    dense = run_xyz(path, screening="off", **common)
+    record = screened.as_dict()["screening"]
+    assert record["mp2"]["used"] and record["scf"]["used"]
+    assert record["mp2"]["kept_fraction"]["pair_blocks"] < 1 and record["mp2"]["bytes"]["saved"] > 0
+    assert screened.kernels.get("screened_ao2mo", 0) > 0 and dense.kernels.get("screened_ao2mo", 0) == 0
+    assert abs(screened.e_tot - dense.e_tot) < 1e-8 and abs(screened.e_corr - dense.e_corr) < 1e-8
+    if reference == "rhf":  # PySCF's own DF-RHF + DF-MP2 (independent)
+        mol = gto.M(atom=atoms, basis="cc-pvdz", verbose=0)
+        mf = scf.RHF(mol).density_fit(auxbasis=chem.fitting_basis(mol, False).basis)
+        mf.conv_tol = 1e-11
+        mf.kernel()
+        pt = pyscf_dfmp2.DFMP2(mf)
+        pt.with_df = df.DF(mol, auxbasis=chem.fitting_basis(mol, True).basis)
+        pt.kernel(with_t2=False)
+        assert abs(screened.e_tot - pt.e_tot) < 1e-8
+
+
+def test_plugin_mean_field_is_screened_as_asked():
+    mol = gto.M(atom=water_chain(4), basis="cc-pvdz", verbose=0)
+    mf = scf.RHF(mol).density_fit().run(conv_tol=1e-11)
+    dense = run_mean_field(mf, screening="off")
+    screened = run_mean_field(mf, screening="1e-10")
+    assert screened.screening["mp2"]["used"] and not dense.screening["mp2"]["used"]
+    assert abs(screened.e_corr - dense.e_corr) < 1e-8
+
+
+def test_auto_leaves_a_compact_molecule_dense_and_says_why():
+    mol = gto.M(atom="O 0 0 0; H 0.757 0.586 0; H -0.757 0.586 0", basis="cc-pvdz", verbose=0)
+    integrals = chem.ThreeCenterIntegrals(mol)
+    record = screen_integrals("auto", integrals, True, "torch")
+    assert not record["used"] and integrals.screening is None
+    assert "compact" in record["reason"] and record["kept_fraction"]["elements"] == 1.0
+
+
+def test_auto_screens_an_extended_molecule():
+    mol = gto.M(atom=water_chain(10, spacing=5.0), basis="cc-pvdz", verbose=0)
+    integrals = chem.ThreeCenterIntegrals(mol)
+    record = screen_integrals("auto", integrals, True, "torch")
+    assert record["used"] and integrals.screening is not None and record["kept_fraction"]["stored"] <= 0.5
+
+
+@pytest.mark.parametrize("value", ["sometimes", "0", "-1e-10", "1e-3", "nan"])
+def test_bad_screening_values_are_refused(value):
+    with pytest.raises(InputError, match="--screening"):
+        parse_screening(value)
+
+
+def test_screening_without_block_sparse_kernels():
+    """trn1/trn2 have no block-sparse kernels yet: a threshold is refused, auto stays dense and says so."""
+    assert not device_screens("trn1") and device_screens("cpu")
+    assert get_backend("trn1", simulate=True).screens is False and get_backend("cpu").screens is True
+    mol = gto.M(atom=water_chain(2), basis="sto-3g", verbose=0)
+    with pytest.raises(InputError, match="no block-sparse kernels"):
+        screen_integrals("1e-10", chem.ThreeCenterIntegrals(mol), False, "nki")
+    record = screen_integrals("auto", chem.ThreeCenterIntegrals(mol), False, "nki")
+    assert not record["used"] and "no block-sparse kernels" in record["reason"]
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dfmp2.cli", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+
+
+def test_cli_screening_option_and_record(tmp_path):
+    path = write_xyz(tmp_path / "chain.xyz", water_chain(3))
+    out = tmp_path / "r.json"
+    proc = _cli("run", path, "--screening", "1e-10", "--json", out, "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())["screening"]
+    for kind in ("mp2", "scf"):
+        assert record[kind]["threshold"] == 1e-10 and record[kind]["used"] is True
+        assert set(record[kind]["kept_fraction"]) == {"pair_blocks", "elements", "stored"}
+        assert record[kind]["bytes"]["saved"] == record[kind]["bytes"]["dense"] - record[kind]["bytes"]["kept"]
+    for args, message in ((["--screening", "often"], "--screening 'often'"),
+                          (["--device", "trn1", "--simulate", "--screening", "1e-10"], "no block-sparse kernels")):
+        proc = _cli("run", path, *args, cwd=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
