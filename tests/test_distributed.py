@@ -73,6 +73,21 @@ def test_open_shell_over_two_ranks(tmp_path, reference):
     assert_same_energy(json.loads(out.read_text()), one)
 
 
+def test_screened_run_over_two_ranks(tmp_path):
+    """Screened (mn|P) over two ranks (each transforms its auxiliary blocks from the kept pair
+    blocks): the one-process screened energy."""
+    atoms = [(s, x + 4.5 * k, y, 0.0) for k in range(4) for s, x, y in (("O", 0, 0), ("H", 0.757, 0.586),
+                                                                          ("H", -0.757, 0.586))]
+    chain = tmp_path / "chain.xyz"
+    chain.write_text(f"{len(atoms)}\n\n" + "".join(f"{s} {x} {y} {z}\n" for s, x, y, z in atoms))
+    one = run_xyz(str(chain), screening="1e-10")
+    out = tmp_path / "out.json"
+    torchrun(2, chain, "--screening", "1e-10", "--json", out, "--precision", "fp64")
+    record = json.loads(out.read_text())
+    assert record["screening"]["mp2"]["used"] and record["kernels"].get("screened_ao2mo", 0) > 0
+    assert_same_energy(record, one)
+
+
 def test_simulated_trn1_ranks(tmp_path):
     """Each rank runs the NKI kernels on the emulator; gloo moves B between them through host
     memory (as it would between NeuronCores)."""

@@ -21,6 +21,8 @@ from ..memory import release_freed_memory
 from ..steps import block_ranges
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
+SCREENED_BLOCK_BYTES = 128 * 10**6  # screened builds: an auxiliary block's panels in both orientations
+# (their kind's bytes); 32 MB made blocks of ~6 auxiliary functions at 768 AOs, 1.8x slower builds
 MAX_AUX_ROWS = 256  # auxiliary functions per build block at most
 KIND_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "exact": torch.float64}  # exact: this store's exact kind, fp64
 
@@ -204,7 +206,8 @@ class ScreenedFittedStore(TorchFittedStore):
         self._lower = lower.map(lambda p: backend.to_device(p, fp64=True))
         self._anchor, self._full, self.increment_form = None, None, ""
         dtype, pattern = KIND_DTYPES[kinds[0]], lower.pattern
-        if self.naux * pattern.stored_elements * (torch.finfo(dtype).bits // 8) <= free_bytes() - 4 * BLOCK_BYTES:
+        if self.naux * pattern.stored_elements * (torch.finfo(dtype).bits // 8) <= \
+                free_bytes() - 4 * SCREENED_BLOCK_BYTES:
             self._full = self._lower.expand(dtype=dtype)
         release_freed_memory()
         share = pattern.stored_elements / self.nao ** 2
@@ -214,8 +217,8 @@ class ScreenedFittedStore(TorchFittedStore):
 
     def _blocks(self, dtype, rank):
         """(p0, p1, both orientations of auxiliary functions [p0, p1) in dtype) over the auxiliary range."""
-        stored = self._lower.pattern.stored_elements
-        rows = max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * max(stored, 2 * self.nao * max(rank, 1)))))
+        stored, itemsize = self._lower.pattern.stored_elements, torch.finfo(dtype).bits // 8
+        rows = max(1, min(MAX_AUX_ROWS, SCREENED_BLOCK_BYTES // (itemsize * max(stored, self.nao * max(rank, 1)))))
         kept = self._full if self._full is not None and self._full.panels[0].dtype == dtype else None
         for p0, p1 in block_ranges(self.naux, rows):
             yield p0, p1, kept.aux_slice(p0, p1) if kept is not None else self._lower.expand(p0, p1, dtype)
