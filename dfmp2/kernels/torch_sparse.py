@@ -28,15 +28,13 @@ class PanelIndex:
         return self._held[key][1]
 
 
-def half_transform(index, screened, factor, dtype=None):
-    """X [nao, nP, r] = sum_n (mn|P) F_(n r) over the kept blocks; factor [nao, r]; the panels'
-    dtype unless `dtype` (each panel converted as it is used)."""
+def half_transform(index, screened, factor):
+    """X [nao, nP, r] = sum_n (mn|P) F_(n r) over the kept blocks; factor [nao, r] in the
+    panels' dtype."""
     pattern, nP, r = screened.pattern, screened.naux, factor.shape[1]
-    dtype = dtype or factor.dtype
-    out = torch.empty((pattern.nao, nP, r), dtype=dtype, device=factor.device)
+    out = torch.empty((pattern.nao, nP, r), dtype=factor.dtype, device=factor.device)
     for m, (panel, cols) in enumerate(zip(screened.panels, index.columns(pattern, factor.device))):
         a0, a1 = pattern.blocks[m][:2]
-        panel = panel.to(dtype)
         # X_(m, P, r) = sum_n (mn|P) F_(n r)     [nP * nM, ncols] x [ncols, r]
         half = torch.matmul(panel.reshape(nP * (a1 - a0), -1), factor.index_select(0, cols))
         out[a0:a1] = half.view(nP, a1 - a0, r).transpose(0, 1)

@@ -51,6 +51,7 @@ class ScreenedPattern:
     blocks: tuple
     pairs: tuple
     rows: tuple = field(init=False)
+    offsets: tuple = field(init=False, compare=False)  # offsets[M]: {N: the first column of block N in panel M}
 
     def __post_init__(self):
         rows = [[] for _ in self.blocks]
@@ -59,6 +60,11 @@ class ScreenedPattern:
             if n != m:
                 rows[n].append(m)
         object.__setattr__(self, "rows", tuple(tuple(sorted(r)) for r in rows))
+        offsets = []
+        for row in self.rows:
+            starts = np.cumsum([0] + [self.width(n) for n in row])
+            offsets.append({n: int(start) for n, start in zip(row, starts)})
+        object.__setattr__(self, "offsets", tuple(offsets))
 
     def width(self, m) -> int:
         return self.blocks[m][1] - self.blocks[m][0]
@@ -82,12 +88,8 @@ class ScreenedPattern:
         return runs
 
     def column_offsets(self, m) -> dict:
-        """N -> the first column of block N in panel m."""
-        offsets, start = {}, 0
-        for n in self.rows[m]:
-            offsets[n] = start
-            start += self.width(n)
-        return offsets
+        """N -> the first column of block N in panel m (made once, with the pattern)."""
+        return self.offsets[m]
 
     @property
     def stored_elements(self) -> int:

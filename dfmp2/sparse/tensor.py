@@ -27,15 +27,27 @@ def _nbytes(array) -> int:
     return int(array.nbytes) if isinstance(array, np.ndarray) else array.numel() * array.element_size()
 
 
-class LowerPanels:
-    """Each kept pair block once: panels[M] [nP, nM, nlow_M], row block M against its kept
-    N <= M (ascending; the diagonal block whole). pattern: their `ScreenedPattern`."""
+class _Panels:
+    """Row panels of one `ScreenedPattern` over nP auxiliary functions (the two layouts below)."""
 
     def __init__(self, pattern, panels):
         self.pattern = pattern
         self.panels = panels
         self.naux = int(panels[0].shape[0]) if panels else 0
         self.nao = pattern.nao
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(p) for p in self.panels)
+
+    def map(self, function):
+        """The same layout and pattern with function(panel) for each panel (an upload, a slice, a whitening)."""
+        return type(self)(self.pattern, [function(p) for p in self.panels])
+
+
+class LowerPanels(_Panels):
+    """Each kept pair block once: panels[M] [nP, nM, nlow_M], row block M against its kept
+    N <= M (ascending; the diagonal block whole). pattern: their `ScreenedPattern`."""
 
     @classmethod
     def from_runs(cls, pattern, naux, run):
@@ -48,14 +60,6 @@ class LowerPanels:
             panels.append(blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=2))
         return cls(pattern, panels)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(_nbytes(p) for p in self.panels)
-
-    def map(self, function):
-        """The same pattern with function(panel) for each panel (e.g. an upload, a whitening)."""
-        return LowerPanels(self.pattern, [function(p) for p in self.panels])
-
     def expand(self, p0=0, p1=None, dtype=None) -> ScreenedThreeCenter:
         """Both orientations of auxiliary functions [p0, p1) (in dtype: default the panels')."""
         p1 = self.naux if p1 is None else p1
@@ -66,38 +70,27 @@ class LowerPanels:
             panel[:, :, :low.shape[2]] = low
             full.append(panel)
         for m in range(len(pattern.rows)):
-            offsets = pattern.column_offsets(m)
             for n in pattern.rows[m]:
                 if n >= m:
                     break
-                c0, c1 = offsets[n], pattern.column_offsets(n)[m]  # (nm|P) = (mn|P), transposed
+                c0, c1 = pattern.column_offsets(m)[n], pattern.column_offsets(n)[m]  # (nm|P) = (mn|P), transposed
                 full[n][:, :, c1:c1 + pattern.width(m)] = \
                     self.panels[m][p0:p1, :, c0:c0 + pattern.width(n)].swapaxes(1, 2)
         return ScreenedThreeCenter(pattern, full)
 
 
-class ScreenedThreeCenter:
+class ScreenedThreeCenter(_Panels):
     """Kept pair blocks of (mn|P) in both orientations for nP auxiliary functions: panels
     [nP, nM, ncols_M] (host numpy fp64, or device tensors after `on_device`), pattern: their
     `ScreenedPattern`."""
 
-    def __init__(self, pattern, panels):
-        self.pattern = pattern
-        self.panels = panels
-        self.naux = int(panels[0].shape[0]) if panels else 0
-        self.nao = pattern.nao
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_nbytes(p) for p in self.panels)
-
     def on_device(self, backend, fp64=True):
         """The same panels as device tensors of `backend` (fp64 unless asked otherwise)."""
-        return ScreenedThreeCenter(self.pattern, [backend.to_device(p, fp64=fp64) for p in self.panels])
+        return self.map(lambda p: backend.to_device(p, fp64=fp64))
 
     def aux_slice(self, p0, p1):
         """The panels of auxiliary functions [p0, p1) (views)."""
-        return ScreenedThreeCenter(self.pattern, [p[p0:p1] for p in self.panels])
+        return self.map(lambda p: p[p0:p1])
 
     def dense(self) -> np.ndarray:
         """(mn|P) [nP, nao, nao], zero outside the kept blocks (host; for checks)."""
