@@ -101,12 +101,12 @@ def measure(kind, n, mode, args):
     out = {}
     integrals = chem.ThreeCenterIntegrals(mol, None)
     start = time.perf_counter()
-    out["screening_mp2"] = screen_integrals(mode, integrals, True, "torch")
+    out["screening_mp2"] = screen_integrals(mode, integrals, backend.screens, "torch")
     out["pattern_seconds"] = time.perf_counter() - start
     out.update(transform_step(backend, integrals, nocc, args.max_memory))
     gc.collect()
     jk = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, mp2fit=False).basis)
-    out["screening_scf"] = screen_integrals(mode, jk, True, "torch")
+    out["screening_scf"] = screen_integrals(mode, jk, backend.screens, "torch", "scf")
     from dfmp2.scf import fitted_bytes
     out["scf_fitted_bytes"] = fitted_bytes(jk)
     if fitted_bytes(jk) * 1.6 > args.max_memory * 1e6:

@@ -271,16 +271,19 @@ def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
     if settings.scf != "df" or settings.scf_backend == "pyscf" or context.team is not None or \
             settings.checkpoint is not None or chem.is_range_separated(dh.xc if dh else None):
         return None
-    integrals = _screened(settings, chem.jk_fitting_integrals(mol, jk_fitting.basis, early=True))
+    integrals = _screened(settings, chem.jk_fitting_integrals(mol, jk_fitting.basis, early=True), step="scf")
     return integrals.start() if early_integrals_fit(integrals, settings.max_memory) else None
 
 
-def _screened(settings, integrals, backend=None):
-    """`integrals` with settings.screening applied (`sparse.screen_integrals`; for the backend,
-    or before it is loaded, for settings.device's); the choice in integrals.screening_record."""
+def _screened(settings, integrals, backend=None, step="mp2"):
+    """`integrals` of `step` ("mp2", "scf") with settings.screening applied
+    (`sparse.screen_integrals`; for the backend, or before it is loaded, for settings.device's);
+    the choice in integrals.screening_record."""
     screens, name = (backend.screens, backend.name) if backend is not None else \
         (device_screens(settings.device), settings.device)
-    integrals.screening_record = screen_integrals(settings.screening, integrals, screens, name)
+    integrals.screening_record = screen_integrals(settings.screening, integrals, screens, name, step)
+    if step == "mp2" and backend is not None and getattr(integrals, "screening", None) is not None:
+        integrals.screening_record["kernel_layout"] = backend.screened_layout(integrals.screening)
     return integrals
 
 
@@ -302,7 +305,7 @@ def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
     jk_integrals: the JK-fit integrals where they were started early (`_early_jk_integrals`)."""
     return scf_builds_for(settings, backend,
                           lambda: jk_integrals if jk_integrals is not None else
-                          _screened(settings, chem.jk_fitting_integrals(mol, jk_fitting.basis)),
+                          _screened(settings, chem.jk_fitting_integrals(mol, jk_fitting.basis), backend, "scf"),
                           chem.is_range_separated(dh.xc if dh else None))
 
 

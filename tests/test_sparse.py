@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from pyscf import df, gto, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
@@ -15,8 +16,11 @@ from dfmp2 import chem
 from dfmp2.driver import run_mean_field, run_xyz
 from dfmp2.errors import InputError
 from dfmp2.kernels import device_screens, get_backend
+from dfmp2.kernels.nki_sparse import TileMap
 from dfmp2.scf import FittedCoulombExchange, whiten_fitted_integrals
 from dfmp2.sparse import LowerPanels, ScreenedThreeCenter, parse_screening, screen_integrals
+
+TORCH_SCREENS = frozenset({"mp2", "scf"})  # the steps the torch backend (cpu, cuda) screens
 
 
 def water_chain(n, spacing=4.5, radical=False):
@@ -113,7 +117,7 @@ def test_screened_j_and_k_match_pyscf():
     dm = orbitals @ orbitals.T
     vj_ref, vk_ref = mf.get_jk(mol, dm)
     jk = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf))
-    record = screen_integrals("1e-10", jk, True, "torch")
+    record = screen_integrals("1e-10", jk, TORCH_SCREENS, "torch", "scf")
     assert record["used"] and record["kept_fraction"]["pair_blocks"] < 1
     builds = FittedCoulombExchange(get_backend("cpu"), jk, "fp64")
     vj, vk = builds.get_jk(dm[None], [(orbitals, None, None)])
@@ -124,7 +128,7 @@ def test_screened_j_and_k_match_pyscf():
 def test_whitened_lower_panels_keep_the_pattern():
     mol = gto.M(atom=water_chain(3), basis="cc-pvdz", verbose=0)
     jk = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis)
-    screen_integrals("1e-10", jk, True, "torch")
+    screen_integrals("1e-10", jk, TORCH_SCREENS, "torch", "scf")
     rows, factor = whiten_fitted_integrals(get_backend("cpu"), jk)
     assert isinstance(rows, LowerPanels) and rows.naux == factor.nkept
     assert [p.shape[1:] for p in rows.panels] == [p.shape[1:] for p in jk.screened_lower(0, 10).panels]
@@ -167,7 +171,7 @@ def test_plugin_mean_field_is_screened_as_asked():
 def test_auto_leaves_a_compact_molecule_dense_and_says_why():
     mol = gto.M(atom="O 0 0 0; H 0.757 0.586 0; H -0.757 0.586 0", basis="cc-pvdz", verbose=0)
     integrals = chem.ThreeCenterIntegrals(mol)
-    record = screen_integrals("auto", integrals, True, "torch")
+    record = screen_integrals("auto", integrals, TORCH_SCREENS, "torch")
     assert not record["used"] and integrals.screening is None
     assert "compact" in record["reason"] and record["kept_fraction"]["elements"] == 1.0
 
@@ -175,7 +179,7 @@ def test_auto_leaves_a_compact_molecule_dense_and_says_why():
 def test_auto_screens_an_extended_molecule():
     mol = gto.M(atom=water_chain(10, spacing=5.0), basis="cc-pvdz", verbose=0)
     integrals = chem.ThreeCenterIntegrals(mol)
-    record = screen_integrals("auto", integrals, True, "torch")
+    record = screen_integrals("auto", integrals, TORCH_SCREENS, "torch")
     assert record["used"] and integrals.screening is not None and record["kept_fraction"]["stored"] <= 0.5
 
 
@@ -185,15 +189,20 @@ def test_bad_screening_values_are_refused(value):
         parse_screening(value)
 
 
-def test_screening_without_block_sparse_kernels():
-    """trn1/trn2 have no block-sparse kernels yet: a threshold is refused, auto stays dense and says so."""
-    assert not device_screens("trn1") and device_screens("cpu")
-    assert get_backend("trn1", simulate=True).screens is False and get_backend("cpu").screens is True
-    mol = gto.M(atom=water_chain(2), basis="sto-3g", verbose=0)
+def test_screening_on_trainium_covers_the_transform_only():
+    """trn1/trn2 have the block-sparse transform but not block-sparse SCF builds: a threshold screens
+    the MP2 step and leaves the SCF dense, saying so; a backend with none refuses a threshold."""
+    assert device_screens("trn1") == {"mp2"} and device_screens("cpu") == TORCH_SCREENS
+    assert get_backend("trn1", simulate=True).screens == {"mp2"} and get_backend("cpu").screens == TORCH_SCREENS
+    mol = gto.M(atom=water_chain(6, spacing=5.0), basis="sto-3g", verbose=0)
+    assert screen_integrals("1e-10", chem.ThreeCenterIntegrals(mol), {"mp2"}, "nki")["used"]
+    jk = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis)
+    record = screen_integrals("1e-10", jk, {"mp2"}, "nki", "scf")
+    assert not record["used"] and jk.screening is None and "no block-sparse SCF builds" in record["reason"]
     with pytest.raises(InputError, match="no block-sparse kernels"):
-        screen_integrals("1e-10", chem.ThreeCenterIntegrals(mol), False, "nki")
-    record = screen_integrals("auto", chem.ThreeCenterIntegrals(mol), False, "nki")
-    assert not record["used"] and "no block-sparse kernels" in record["reason"]
+        screen_integrals("1e-10", chem.ThreeCenterIntegrals(mol), frozenset(), "other")
+    record = screen_integrals("auto", chem.ThreeCenterIntegrals(mol), frozenset(), "other")
+    assert not record["used"] and "no block-sparse AO->MO transform" in record["reason"]
 
 
 def _cli(*args, cwd):
@@ -212,7 +221,55 @@ def test_cli_screening_option_and_record(tmp_path):
         assert set(record[kind]["kept_fraction"]) == {"pair_blocks", "elements", "stored"}
         assert record[kind]["bytes"]["saved"] == record[kind]["bytes"]["dense"] - record[kind]["bytes"]["kept"]
     for args, message in ((["--screening", "often"], "--screening 'often'"),
-                          (["--device", "trn1", "--simulate", "--screening", "1e-10"], "no block-sparse kernels")):
+                          (["--screening", "1e-3"], "a threshold must be in")):
         proc = _cli("run", path, *args, cwd=tmp_path)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _transforms(backend, screened, c_occ, c_vir):
+    """(ia|P) of a ScreenedThreeCenter on `backend` (host fp64 operands), as a host array."""
+    return backend.to_host(backend.screened_ao2mo(screened.on_device(backend), backend.to_device(c_occ, fp64=True),
+                                                  backend.to_device(c_vir, fp64=True)))
+
+
+@pytest.mark.parametrize("transform", ["exact", "fp32"])
+def test_nki_block_sparse_transform_skips_dropped_tiles(transform):
+    """ao2mo_kernel's block-sparse layout on the emulator: the same (ia|P) as the fp64 torch
+    screened transform (exact: to fp32 rounding of the output; fp32: 1e-6), and as the dense kernel
+    on the densified kept blocks, bit for bit, with only the kept 128 x 128 tiles uploaded and
+    multiplied."""
+    mol = gto.M(atom=water_chain(16, spacing=5.0), basis="cc-pvdz", verbose=0)  # 384 AOs: 3 x 3 whole tiles
+    integrals = chem.ThreeCenterIntegrals(mol)
+    screen_integrals("1e-10", integrals, {"mp2"}, "nki")
+    tiles = TileMap.from_pattern(integrals.screening)
+    assert tiles.ntiles < tiles.nm ** 2  # the far-apart ends' tiles are dropped
+    screened = integrals.block(0, 13)
+    c = np.linalg.qr(np.random.default_rng(3).standard_normal((mol.nao, mol.nao)))[0]
+    c_occ, c_vir = c[:, :40], c[:, 40:]
+    reference = _transforms(get_backend("cpu", "fp64"), screened, c_occ, c_vir)
+    sparse, dense = (get_backend("trn2", simulate=True, transform=transform) for _ in range(2))
+    out = _transforms(sparse, screened, c_occ, c_vir)
+    scale = np.abs(reference).max()
+    assert np.abs(out - reference).max() < (2 ** -22 if transform == "exact" else 1e-6) * scale
+    whole = dense.to_host(dense.ao2mo(torch.from_numpy(screened.dense()), dense.to_device(c_occ, fp64=True),
+                                      dense.to_device(c_vir, fp64=True)))
+    assert np.array_equal(out, whole)
+    kept, every = sparse.trace.as_dict(), dense.trace.as_dict()
+    assert kept["matmuls"] < every["matmuls"] and kept["host_mb_in"] < every["host_mb_in"]
+    assert sparse.calls["host:pack_tiles"] == 1 and sparse.specializations["ao2mo_kernel"] != \
+        dense.specializations["ao2mo_kernel"]
+
+
+def test_trainium_screened_run_matches_dense():
+    """A screened MP2 step on emulated trn2 (model-only repeats): within 1 uEh of the dense fp64
+    run, only kept tiles streamed (the record says how many), the SCF's builds not screened."""
+    mol = gto.M(atom=water_chain(12, spacing=5.0), basis="cc-pvdz", verbose=0)
+    mf = scf.RHF(mol).density_fit().run(conv_tol=1e-10)
+    dense = run_mean_field(mf, screening="off")
+    trn = run_mean_field(mf, device="trn2", simulate=True, model_only=True, screening="1e-10")
+    record = trn.screening["mp2"]
+    assert record["used"] and record["kernel_layout"]["unit"] == "128 x 128 tiles"
+    assert record["kernel_layout"]["kept_tiles"] < record["kernel_layout"]["tiles"]
+    assert abs(trn.e_corr - dense.e_corr) < 1e-6
+    assert trn.kernels["host:pack_tiles"] >= 1 and "ao2mo_kernel" in trn.kernels

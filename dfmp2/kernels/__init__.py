@@ -27,10 +27,11 @@ COMMAND_PRECISION = "fp32"
 TRAINIUM = ("trn1", "trn2")
 
 
-def device_screens(device: str) -> bool:
-    """Whether the backend of `device` has the block-sparse three-center kernels (its `screens`),
-    known before it is loaded: torch (cpu, cuda) yes, NKI (trn1, trn2) not yet."""
-    return device not in TRAINIUM
+def device_screens(device: str) -> frozenset:
+    """The steps whose block-sparse three-center kernels the backend of `device` has (its
+    `screens`), known before it is loaded: torch (cpu, cuda) the MP2 transform and the SCF
+    builds; NKI (trn1, trn2) the MP2 transform."""
+    return frozenset({"mp2"}) if device in TRAINIUM else frozenset({"mp2", "scf"})
 
 
 def backend_for(settings):

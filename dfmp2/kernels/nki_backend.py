@@ -38,6 +38,7 @@ from . import emulator
 from .emulator.core import TARGETS
 from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
 from .nki_ledger import CostLedger
+from .nki_sparse import TileMap, pack_tiles, tile_digits
 from .nki_support import installed_nki_api, installed_versions
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, column_digits, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints
@@ -60,7 +61,7 @@ class NkiBackend:
     itemsize = 4
     has_fp64 = False  # no fp64 anywhere on a NeuronCore
     forms_amplitudes = False  # (ia|jb) never leaves the chip: no t2
-    screens = False  # no block-sparse (screened) three-center kernels yet: --screening auto stays dense
+    screens = frozenset({"mp2"})  # block-sparse AO->MO transform (ao2mo_kernel's tiles); SCF builds dense
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,
                  transform: str = "exact", notes=None):
@@ -264,13 +265,43 @@ class NkiBackend:
         call each.
         """
         x = np.asarray(self.to_host(ao_block), dtype=np.float64)
-        occ_chunks, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
         nP, nao, _ = x.shape
+        return self._transform(x, None, c_occ, c_vir, 2 * nP * nao * nao)
+
+    def screened_ao2mo(self, screened, c_occ, c_vir):
+        """(ia|P) over the kept pair blocks of a ScreenedThreeCenter (host fp64 panels) via
+        ao2mo_kernel's block-sparse layout: only the kept 128 x 128 tiles (`nki_sparse.TileMap`:
+        those the kept blocks overlap) are packed, sliced, uploaded and multiplied; the second
+        half is the dense one. -> [nocc, nvir, nP]."""
+        tiles = self._tile_map(screened.pattern)
+        self.calls["host:pack_tiles"] += 1
+        x = pack_tiles(screened, tiles)  # [nP, NT * P, P]
+        # first-half FLOPs of the kept pair blocks (the tiles' zeros are not useful work)
+        return self._transform(x, tiles, c_occ, c_vir, 2 * screened.naux * screened.pattern.stored_elements)
+
+    def screened_layout(self, pattern) -> dict:
+        """What ao2mo_kernel streams of `pattern`: the 128 x 128 tiles its kept blocks overlap."""
+        return {"unit": "128 x 128 tiles", **self._tile_map(pattern).record()}
+
+    def _tile_map(self, pattern):
+        """The kept tiles of a screening pattern (`nki_sparse.TileMap`), made once per pattern."""
+        key = ("tiles", id(pattern))
+        cached = self._operand_cache.get(key)
+        if cached is None or cached[0] is not pattern:
+            cached = self._operand_cache[key] = (pattern, TileMap.from_pattern(pattern))
+        return cached[1]
+
+    def _transform(self, x, tiles, c_occ, c_vir, first_half_flops):
+        """ao2mo_kernel on host fp64 (mn|P): x [nP, nao, nao] (tiles None) or the kept tiles
+        [nP, NT * P, P] of `tiles`; first_half_flops: the first half's useful FLOPs per occupied
+        orbital (2 nP times the (mn) elements it contracts). -> [nocc, nvir, nP]."""
+        occ_chunks, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
+        nP, nao = x.shape[0], vir_slices.shape[1]
         nvir = vir_slices.shape[2]
-        exact = self.transform == "exact"
-        if exact:
+        tile_map = 0 if tiles is None else tiles.bits
+        if self.transform == "exact":
             self.calls["host:slice_operands"] += 1
-            digits, scale = column_digits(x, INPUT_SLICES)
+            digits, scale = column_digits(x, INPUT_SLICES) if tiles is None else tile_digits(x, tiles, INPUT_SLICES)
             x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
             x_max = np.abs(x).reshape(nP, -1).max(axis=1)
         else:
@@ -282,26 +313,22 @@ class NkiBackend:
             # only the auxiliary index is padded (to the run's largest block: one specialization);
             # the kernel takes ragged nao, nocc and nvir
             pp = self.launcher.bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nc, nvir)))[0][0]
-            if exact:
+            if self.transform == "exact":
                 grid = half_transform_grid(x_max, c_occ_l1)  # [nP, 1, nc]
                 scale_arg = self._pad(x_scale, (pp, nao, 1), 1.0)
                 grid_arg = self._pad(torch.from_numpy(grid), (pp, 1, nc), ROUNDING_PAD)
             else:  # not read by the kernel: placeholders that already live in HBM
                 scale_arg, grid_arg = self._placeholder((pp, nao, 1)), self._placeholder((pp, 1, nc))
             out = self._launch("ao2mo_kernel", (
-                pad_on_host(x_digits, (slices, pp, nao, nao)),
+                pad_on_host(x_digits, (slices, pp) + tuple(x_digits.shape[2:])),
                 scale_arg,
                 occ_slices,
                 vir_slices,
-                grid_arg),
-                2 * nP * nao * nc * (nao + nvir), grid=self.lnc)  # both half-transforms, done once
+                grid_arg,
+                tile_map),
+                nc * (first_half_flops + 2 * nP * nao * nvir), grid=self.lnc)  # both halves, done once
             chunks.append(out[:nP].permute(2, 1, 0))  # [nc, nvir, nP] view of [nP, nvir, nc]
         return chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=0))
-
-    def screened_ao2mo(self, screened, c_occ, c_vir):
-        """Not on a NeuronCore yet (`screens` is False: a run asking for screening is refused before
-        it starts, and auto stays dense); an InputError if called anyway."""
-        raise InputError(f"the NKI backend ({self.device_name}) has no block-sparse kernels yet; use --screening off")
 
     def _orbital_slices(self, c_occ, c_vir):
         """([(slices, sum_m |C_mi|) of each <= 512-column chunk of C_occ], slices of C_vir), the

@@ -166,7 +166,7 @@ def trsm_kernel(x, l_t, linv_t):
 
 
 @nki.jit
-def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
+def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map):
     """Batched two-sided transform: out[p, a, i] = sum_mn C_mi C_na (mn|p), with exact fp32
     products (S > 1 slices, the default) or plain fp32 products (S == 1).
 
@@ -176,7 +176,13 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
     along the contraction (Ozaki's scheme), so each slice product and its accumulation in PSUM
     over up to 512 terms (CHUNK tiles) are exact; only the truncation of the slices remains.
 
-    x_digits [S, NP, NAO, NAO]: S > 1: int8, the slices of (mn|p) as integers d_s (|d_s| <= 127),
+    x_digits [S, NP, NAO, NAO] (tile_map 0: every tile), or block-sparse [S, NP, R, P]: only the
+    kept 128 x 128 tiles (m, n) of (mn|p), stacked along the rows in the order of n then m (each
+    tile's rows, m on the rows; a ragged last column tile zero-padded); tile_map: 0 (dense), or
+    the kept tiles as a compile-time int, bit m * nm + n for tile (m, n) (symmetric, every
+    diagonal tile kept). Each output column tile n of H issues one
+    matmul per slice pair per kept tile (m, n) only: a dropped tile is never uploaded or multiplied.
+    S > 1: int8, the slices of (mn|p) as integers d_s (|d_s| <= 127),
     slice s = d_s 2^(e_pn - 7 (s + 1)); x_scale [NP, NAO, 1]: 2^(e_pn) per column n (1 byte per
     slice element crosses from the host, not 4). The kernel makes X_s = d_s 2^(-7 (s + 1)) (exact,
     on the Scalar Engine) and applies 2^(e_pn) to row n of H (exact, a power of two).
@@ -195,17 +201,23 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
     Tiles: n, m on partitions in 128s; i in one moving tile of NOCC <= 512 (both halves, so a
     small occupied space wastes no Tensor Engine rows); a in 128-row stationary tiles (second
     half). Every last tile is ragged (any NAO, NOCC <= 512, NVIR;
-    no padding). C slices stay in SBUF; (mn|p) is streamed in 128 x 128 tiles, each read once. SPMD: program p of n takes the functions P = p,
-    p + n, ...
+    no padding). C slices stay in SBUF; (mn|p) is streamed in 128 x 128 tiles, each read once; the
+    first half's tile loops are Python loops over the kept tiles (a trace-time list, unrolled).
+    SPMD: program p of n takes the functions P = p, p + n, ...
     Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
     would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
-    S, NP, NAO, _ = x_digits.shape
+    S, NP = x_digits.shape[0], x_digits.shape[1]
     exact = S > 1
     SH = H_SLICES if exact else 1
-    NOCC = c_occ_slices.shape[2]
+    NAO, NOCC = c_occ_slices.shape[1], c_occ_slices.shape[2]
     NVIR = c_vir_slices.shape[2]
     nm = (NAO + P - 1) // P
+    # the kept row tiles m of each column tile n, and the packed row where tile (kept[n][k], n) starts
+    kept = [[m for m in range(nm) if tile_map == 0 or (tile_map >> (m * nm + n)) & 1] for n in range(nm)]
+    assert all(n in kept[n] for n in range(nm)), "ao2mo_kernel: every diagonal tile is kept"
+    heights = [min(P, NAO - m * P) for m in range(nm)]
+    start = [sum(heights[m] for rows in kept[:n] for m in rows) for n in range(nm)]
     chunk = CHUNK if exact else nm  # exact PSUM sums need contractions of <= 512 terms
     GW = 256 if NOCC <= 256 else FREE  # PSUM columns per group: two groups share a bank when they fit
     out = nl.ndarray((NP, NVIR, NOCC), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -227,23 +239,24 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid):
             for n in nl.affine_range(nm):
                 rn = min(P, NAO - n * P)
                 nisa.dma_copy(dst=scale[0:rn, n:n + 1], src=x_scale[p, n * P:n * P + rn, :])
-        for n in nl.affine_range(nm):
+        for n in range(nm):
             rn = min(P, NAO - n * P)
-            for c0 in range(0, nm, chunk):
+            for c0 in range(0, len(kept[n]), chunk):
                 groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
-                for m in nl.affine_range(c0, min(c0 + chunk, nm)):
+                for k in range(c0, min(c0 + chunk, len(kept[n]))):
+                    m = kept[n][k]
                     rm = min(P, NAO - m * P)
+                    # tile (m, n): rows and columns of x_digits (dense), or its packed rows
+                    r0, q0 = (m * P, n * P) if tile_map == 0 else (start[n] + sum(heights[j] for j in kept[n][:k]), 0)
                     x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
                     if exact:
                         digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
                         for s in range(S):
-                            nisa.dma_copy(dst=digits[0:rm, s, 0:rn],
-                                          src=x_digits[s, p, m * P:m * P + rm, n * P:n * P + rn])
+                            nisa.dma_copy(dst=digits[0:rm, s, 0:rn], src=x_digits[s, p, r0:r0 + rm, q0:q0 + rn])
                             nisa.activation(dst=x_tiles[0:rm, s, 0:rn], op=nl.copy,
                                             data=digits[0:rm, s, 0:rn], scale=DIGIT_WEIGHTS[s])
                     else:
-                        nisa.dma_copy(dst=x_tiles[0:rm, 0, 0:rn],
-                                      src=x_digits[0, p, m * P:m * P + rm, n * P:n * P + rn])
+                        nisa.dma_copy(dst=x_tiles[0:rm, 0, 0:rn], src=x_digits[0, p, r0:r0 + rm, q0:q0 + rn])
                     for s in range(S):
                         for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
                             nisa.nc_matmul(dst=groups[0:rn, s + t, 0:NOCC], stationary=x_tiles[0:rm, s, 0:rn],

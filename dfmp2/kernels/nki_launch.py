@@ -23,6 +23,7 @@ import torch
 
 from . import emulator
 from .nki_ledger import CostLedger
+from .nki_sparse import TileMap, unpack_tiles
 from .ozaki import digits_value
 from .tiles import FREE, P
 
@@ -211,12 +212,18 @@ def _ref_exact_matmul(x, y, columns=1 << 16):
     return out
 
 
+def _ref_ao2mo(digits, scale, cos, cvs, grid, tile_map):
+    """ao2mo_kernel's output from fp64 host math (model-only runs); block-sparse digits unpacked."""
+    if tile_map:
+        digits = unpack_tiles(digits, TileMap.from_bits(tile_map, cos.shape[1]))
+    return torch.einsum("pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float()
+
+
 REFERENCE = {  # kernel name -> host function of the kernel's arguments, returning its outputs
     "gemm_kernel": lambda a_t, b: a_t.T @ b,
     "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
     "trsm_kernel": lambda x_t, l_t, linv_t: torch.linalg.solve_triangular(l_t.T, x_t, upper=False),
-    "ao2mo_kernel": lambda digits, scale, cos, cvs, grid: torch.einsum(
-        "pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float(),
+    "ao2mo_kernel": _ref_ao2mo,
     "pair_energy_kernel": _ref_pair_energy,
     "density_kernel": _ref_density,
     "fitted_jk_kernel": _ref_fitted_jk,

@@ -17,8 +17,8 @@ from .tiles import SLICE_BITS
 INPUT_SLICES = 5  # slices of (mn|P), C_occ, C_vir: 35 bits below each column's largest element
 ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-67)  # first-slice rounding constant of padded (all-zero) columns
 
-__all__ = ["SLICE_BITS", "INPUT_SLICES", "ROUNDING_PAD", "column_slices", "column_digits",
-           "half_transform_grid", "digits_value"]
+__all__ = ["SLICE_BITS", "INPUT_SLICES", "ROUNDING_PAD", "column_slices", "column_digits", "digit_exponent",
+           "split_digits", "half_transform_grid", "digits_value"]
 
 
 def column_slices(a: np.ndarray, count: int) -> np.ndarray:
@@ -48,8 +48,20 @@ def column_digits(a: np.ndarray, count: int):
     (the kernel scales them back exactly). e_m = ceil(log2(max_k |a[..., k, m]| * 128 / 127)), so
     the first digit stays within int8 (<= 127); later digits are <= 64.
     """
-    largest = np.abs(a).max(axis=-2, keepdims=True)
-    exponent = np.ceil(np.log2(np.where(largest > 0, largest * (128.0 / 127.0), 1.0)))
+    exponent = digit_exponent(np.abs(a).max(axis=-2, keepdims=True))
+    scale = np.swapaxes(np.exp2(exponent), -1, -2).astype(np.float32)  # [..., M, 1]
+    return split_digits(a, exponent, count), scale
+
+
+def digit_exponent(largest: np.ndarray) -> np.ndarray:
+    """e = ceil(log2(largest * 128 / 127)) (0 where largest is 0): the first digit of a value of
+    magnitude <= largest in units of 2^(e - 7) stays within int8."""
+    return np.ceil(np.log2(np.where(largest > 0, largest * (128.0 / 127.0), 1.0)))
+
+
+def split_digits(a: np.ndarray, exponent: np.ndarray, count: int) -> np.ndarray:
+    """fp64 a -> int8 digits [count, *a.shape], sum_s d_s 2^(e - 7 (s + 1)) = a to 2^(e - 7 count);
+    exponent: e, broadcast against a (`digit_exponent` of a bound on |a| along the contraction)."""
     rest = np.array(a, dtype=np.float64, copy=True)
     digits = np.empty((count,) + a.shape, dtype=np.int8)
     for s in range(count):
@@ -57,8 +69,7 @@ def column_digits(a: np.ndarray, count: int):
         digit = np.rint(rest / grid)
         digits[s] = digit
         rest -= digit * grid
-    scale = np.swapaxes(np.exp2(exponent), -1, -2).astype(np.float32)  # [..., M, 1]
-    return digits, scale
+    return digits
 
 
 def half_transform_grid(x_max: np.ndarray, c_occ_l1: np.ndarray) -> np.ndarray:

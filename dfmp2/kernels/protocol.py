@@ -73,7 +73,7 @@ class Backend(Protocol):
     itemsize: int  # bytes per element of the stored (ia|P) / B: 8 or 4
     has_fp64: bool  # fp64 arithmetic on the device (False on a NeuronCore)
     forms_amplitudes: bool  # pair_energy can fill t_out (t2; False: the pair kernel keeps (ia|jb) on chip)
-    screens: bool  # has the block-sparse operations (screened_ao2mo; dfmp2.sparse): screening can run
+    screens: frozenset  # the steps with block-sparse operations (dfmp2.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)
     calls: Counter  # kernel (or host:* / device:* step) -> times run; callers add their host:* steps
     notes: list  # announcements (str) recorded in the result, e.g. a disputed nki/target pair
 
@@ -127,7 +127,11 @@ class Backend(Protocol):
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
         """Block-sparse (mn|P) (a dfmp2.sparse.ScreenedThreeCenter on the device) -> (ia|P) [nocc, nvir, nP].
-        Only where `screens`."""
+        Only where "mp2" is in `screens`."""
+
+    def screened_layout(self, pattern) -> dict:
+        """What screened_ao2mo streams of a dfmp2.sparse.ScreenedPattern ("unit", "kept_fraction"):
+        for the result's screening record."""
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
         """B_i [ni, nvir, naux], B_j [nj, nvir_j, naux], energies in Eh -> (E_os, E_ss) in Eh."""

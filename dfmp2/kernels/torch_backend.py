@@ -51,7 +51,7 @@ class TorchBackend:
     transform = "fp64"  # the AO->MO transform runs in fp64 in both precisions (see pipeline)
     has_fp64 = True
     forms_amplitudes = True
-    screens = True  # block-sparse (screened) three-center kernels (dfmp2.sparse, torch_sparse)
+    screens = frozenset({"mp2", "scf"})  # block-sparse AO->MO transform and SCF builds (torch_sparse)
 
     def __init__(self, device: str, precision: str, notes=None):
         self.device_name = device
@@ -127,6 +127,10 @@ class TorchBackend:
         [nocc, nvir, nP] (torch_sparse.ao2mo)."""
         self.calls["screened_ao2mo"] += 1
         return torch_sparse.ao2mo(self._panel_index, screened, c_occ, c_vir)
+
+    def screened_layout(self, pattern) -> dict:
+        """What the block-sparse kernels stream of `pattern`: its kept pair blocks themselves."""
+        return {"unit": "pair blocks", "kept_fraction": round(pattern.stored_elements / pattern.nao ** 2, 6)}
 
     def fitted_store(self, rows, nao, kinds, free_bytes):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] (torch_fitted.TorchFittedStore),

@@ -160,19 +160,24 @@ class ScreeningChoice:
         return {"mode": self.mode, "threshold": self.threshold, "used": self.used, "reason": self.reason}
 
 
-def choose_screening(mode, threshold, pattern, backend_screens, backend_name) -> ScreeningChoice:
-    """Whether to screen, from the parsed setting (`parse_screening`), the pattern it would use
-    (None with mode off) and whether the backend has block-sparse kernels. An explicit threshold
-    on a backend without them is an InputError; auto screens where the panels hold at most
-    AUTO_MAX_STORED of the dense elements (below that the saved integrals and GEMMs outweigh
-    the panels' gathers)."""
+STEPS = {"mp2": "AO->MO transform", "scf": "SCF builds"}  # the steps that use (mn|P), by `screens` name
+
+
+def choose_screening(mode, threshold, pattern, backend_screens, backend_name, step="mp2") -> ScreeningChoice:
+    """Whether to screen the integrals of `step` (STEPS), from the parsed setting
+    (`parse_screening`), the pattern it would use (None with mode off) and the steps the backend
+    has block-sparse kernels for (its `screens`). An explicit threshold on a backend with none is
+    an InputError; a step without them stays dense and the record says so; auto screens where
+    the panels hold at most AUTO_MAX_STORED of the dense elements (below that the saved integrals
+    and GEMMs outweigh the panels' gathers)."""
     if mode == "off":
         return ScreeningChoice(mode, None, False, "--screening off")
-    if not backend_screens:
-        if mode == "threshold":
-            raise InputError(f"--screening {threshold:g}: the {backend_name} backend has no block-sparse kernels yet; "
-                             "use --screening off")
-        return ScreeningChoice(mode, threshold, False, f"the {backend_name} backend has no block-sparse kernels yet")
+    if not backend_screens and mode == "threshold":
+        raise InputError(f"--screening {threshold:g}: the {backend_name} backend has no block-sparse kernels; "
+                         "use --screening off")
+    if step not in backend_screens:
+        return ScreeningChoice(mode, threshold, False,
+                               f"the {backend_name} backend has no block-sparse {STEPS[step]} yet: dense")
     stored = pattern.stored_elements / pattern.nao ** 2
     if mode == "threshold":
         return ScreeningChoice(mode, threshold, True, f"asked for (threshold {threshold:g})")
@@ -183,19 +188,20 @@ def choose_screening(mode, threshold, pattern, backend_screens, backend_name) ->
                                                    f"(auto screens at <= {AUTO_MAX_STORED}): compact molecule")
 
 
-def screen_integrals(setting, integrals, screens, backend_name, block_functions=BLOCK_FUNCTIONS) -> dict:
-    """Apply a --screening setting to an integral provider: its `screening` set to the pattern
-    when the choice screens (else None), and the record of the choice (`ScreeningChoice.record`,
-    with the pattern's `ScreenedPattern.record` where one was made). screens: the run's backend
-    has block-sparse kernels. Providers without a screened_pattern (Cholesky vectors, synthetic
-    integrals) are never screened (an explicit threshold is an InputError)."""
+def screen_integrals(setting, integrals, screens, backend_name, step="mp2", block_functions=BLOCK_FUNCTIONS) -> dict:
+    """Apply a --screening setting to the integral provider of `step` ("mp2" or "scf"): its
+    `screening` set to the pattern when the choice screens (else None), and the record of the
+    choice (`ScreeningChoice.record`, with the pattern's `ScreenedPattern.record` where one was
+    made). screens: the steps the run's backend has block-sparse kernels for (its `screens`).
+    Providers without a screened_pattern (Cholesky vectors, synthetic integrals) are never
+    screened (an explicit threshold is an InputError)."""
     mode, threshold = parse_screening(setting)
     if mode != "off" and not hasattr(integrals, "screened_pattern"):
         if mode == "threshold":
             raise InputError(f"--screening {threshold:g}: these integrals ({type(integrals).__name__}) are not "
                              "screened; use --screening off")
         return ScreeningChoice(mode, threshold, False, f"{type(integrals).__name__} are not screened").record()
-    pattern = integrals.screened_pattern(threshold, block_functions) if mode != "off" and screens else None
-    choice = choose_screening(mode, threshold, pattern, screens, backend_name)
+    pattern = integrals.screened_pattern(threshold, block_functions) if mode != "off" and step in screens else None
+    choice = choose_screening(mode, threshold, pattern, screens, backend_name, step)
     integrals.screening = pattern if choice.used else None
     return {**choice.record(), **(pattern.record(integrals.naux) if pattern is not None else {})}
