@@ -93,8 +93,8 @@ TRANSFORM_OPTION = click.option(
                    "or fp64 throughout (cpu, cuda).")
 @click.option("--screening", default="auto", show_default=True, metavar="off|auto|THRESHOLD",
               help="Schwarz screening of the three-center integrals (mn|P): only the kept AO-pair blocks are "
-                   "computed, stored and transformed (SCF builds and MP2). auto: at 1e-10 where it pays (extended "
-                   "molecules); a threshold such as 1e-10: always; off: dense.")
+                   "computed, stored and transformed (SCF builds and MP2; trn1/trn2: the MP2 transform only). "
+                   "auto: at 1e-10 where it pays (extended molecules); a threshold such as 1e-10: always; off: dense.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels (and the SCF's builds) run.")
 @click.option("--precision", default=None, metavar="fp32|fp64",

@@ -26,6 +26,7 @@ FORBIDDEN = {
 CORE = ["steps.py", "orbitals.py", "pipeline.py", "driver.py", "storage.py", "distributed.py", "checkpoint.py",
         "context.py", "kernels/torch_backend.py", "kernels/nki_backend.py", "kernels/nki_launch.py",
         "kernels/nki_ledger.py", "kernels/protocol.py", "kernels/__init__.py", "kernels/torch_sparse.py",
+        "kernels/nki_sparse.py",
         "sparse/screening.py", "sparse/tensor.py"]
 LONGEST = 60
 
