@@ -4,12 +4,14 @@ ao2mo_kernel runs it, on dfmp2's NKI emulator with the calibrated cost MODEL (no
 
 Per molecule: the screening pattern at 1e-10 and the 128 x 128 tiles its kept blocks overlap;
 one auxiliary block of the run's plan (the NKI backend's block size) of real (mn|P), transformed
-dense (`ao2mo`) and block-sparse (`screened_ao2mo`) with the exact transform and the molecule's
+dense (`ao2mo`) and block-sparse (`screened_ao2mo`) with each transform (fp32, exact) and the molecule's
 occupied count (no frozen core, orthonormal orbitals), each emulated once per target (trn1,
 trn2); the run's figures are that block's times the plan's block count (every block is padded
 to the same launch). Reported per target: upload bytes, modelled upload and kernel seconds,
 Tensor Engine FLOPs issued, dense / block-sparse ratios; the two outputs' largest difference;
-and the host's packing and slicing seconds per block (measured on this machine).
+and the host's packing and slicing seconds per block (measured on this machine). A launch the
+NeuronCore cannot hold (the exact transform keeps its orbital slices in SBUF: issue 27) is
+recorded with the emulator's error.
 
     python benchmarks/bench_sparse_trainium.py --alkanes 10 20 40 60 --waters 8 16 32 64 \\
         --json benchmarks/results/sparse_trainium_model.json
@@ -36,12 +38,12 @@ from bench_sparse import molecule  # noqa: E402
 TARGETS = ("trn1", "trn2")
 
 
-def model_block(target, integrals, block, c, nocc, screened):
-    """One emulated transform launch of `block` on `target` (model-only backend): its modelled
-    figures, the output and the host seconds before the launch (packing, slicing)."""
+def model_block(target, transform, block, c, nocc, screened):
+    """One emulated transform launch of `block` on `target` (model-only backend, `transform`
+    exact or fp32): its modelled figures and the output."""
     from dfmp2.kernels import get_backend
 
-    backend = get_backend(target, simulate=True, model_only=True, transform="exact")
+    backend = get_backend(target, simulate=True, model_only=True, transform=transform)
     backend.prepare(SimpleNamespace(aux_block=block.naux if screened else block.shape[0]))
     c_occ, c_vir = (backend.to_device(x, fp64=True) for x in (c[:, :nocc], c[:, nocc:]))
     start = time.perf_counter()
@@ -74,7 +76,29 @@ def host_seconds(dense_block, screened_block, tiles):
             "sparse_slice": round(time.perf_counter() - start - pack, 3)}
 
 
-def run_molecule(kind, n, basis):
+def compare(target, transform, dense_block, screened_block, c, nocc, nblocks):
+    """Dense against block-sparse on one target and transform: per block, per run (nblocks
+    launches), ratios; or why the launch does not fit the NeuronCore (the emulator's error)."""
+    from dfmp2.kernels.emulator.core import NkiConstraintError
+
+    try:
+        dense, x_dense = model_block(target, transform, dense_block, c, nocc, False)
+        sparse, x_sparse = model_block(target, transform, screened_block, c, nocc, True)
+    except NkiConstraintError as error:
+        return {"does_not_fit": str(error).splitlines()[0]}
+    per_run = {mode: {"upload_mb": fig["upload_mb"] * nblocks,
+                      "model_upload_seconds": fig["model_upload_seconds"] * nblocks,
+                      "model_seconds": fig["model_seconds"] * nblocks,
+                      "matmul_gflop": fig["matmul_gflop"] * nblocks} for mode, fig in
+               (("dense", dense), ("block_sparse", sparse))}
+    return {"per_block": {"dense": dense, "block_sparse": sparse}, "per_run": per_run,
+            "ratio_dense_over_sparse": {k: per_run["dense"][k] / per_run["block_sparse"][k]
+                                        for k in ("upload_mb", "model_seconds", "matmul_gflop")},
+            "largest_output_difference": float(np.abs(x_dense - x_sparse).max()),
+            "largest_output": float(np.abs(x_dense).max())}
+
+
+def run_molecule(kind, n, basis, transforms):
     from dfmp2 import chem
     from dfmp2.kernels import get_backend
     from dfmp2.kernels.nki_sparse import TileMap
@@ -97,19 +121,9 @@ def run_molecule(kind, n, basis):
            "naux": naux, "nocc": nocc, "aux_block": plan.aux_block, "launch_aux": p1 - p0, "blocks": len(blocks),
            "kept_fraction": record["kept_fraction"], "tiles": tiles.record(),
            "host_seconds_per_block": host_seconds(dense_block, screened_block, tiles)}
-    for target in TARGETS:
-        dense, x_dense = model_block(target, integrals, dense_block, c, nocc, False)
-        sparse, x_sparse = model_block(target, integrals, screened_block, c, nocc, True)
-        per_run = {mode: {"upload_mb": fig["upload_mb"] * len(blocks),
-                          "model_upload_seconds": fig["model_upload_seconds"] * len(blocks),
-                          "model_seconds": fig["model_seconds"] * len(blocks),
-                          "matmul_gflop": fig["matmul_gflop"] * len(blocks)} for mode, fig in
-                   (("dense", dense), ("block_sparse", sparse))}
-        out[target] = {"per_block": {"dense": dense, "block_sparse": sparse}, "per_run": per_run,
-                       "ratio_dense_over_sparse": {k: per_run["dense"][k] / per_run["block_sparse"][k]
-                                                   for k in ("upload_mb", "model_seconds", "matmul_gflop")},
-                       "largest_output_difference": float(np.abs(x_dense - x_sparse).max()),
-                       "largest_output": float(np.abs(x_dense).max())}
+    for transform in transforms:
+        for target in TARGETS:
+            out[f"{target}_{transform}"] = compare(target, transform, dense_block, screened_block, c, nocc, len(blocks))
     return out
 
 
@@ -118,32 +132,41 @@ def main(argv=None):
     parser.add_argument("--alkanes", type=int, nargs="*", default=[10, 20])
     parser.add_argument("--waters", type=int, nargs="*", default=[8, 16])
     parser.add_argument("--basis", default="cc-pvdz")
+    parser.add_argument("--transforms", nargs="*", default=["fp32", "exact"])
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     results = []
     for kind, sizes in (("alkane", args.alkanes), ("water", args.waters)):
         for n in sizes:
-            r = run_molecule(kind, n, args.basis)
+            r = run_molecule(kind, n, args.basis, args.transforms)
             results.append(r)
-            t2 = r["trn2"]
-            print(f"{r['molecule']:10s} nbasis {r['nbasis']:5d} tiles kept {r['tiles']['kept_fraction']:.2f} | trn2 MODEL "
-                  f"dense {t2['per_run']['dense']['model_seconds']:.3f} s, block-sparse "
-                  f"{t2['per_run']['block_sparse']['model_seconds']:.3f} s (x{t2['ratio_dense_over_sparse']['model_seconds']:.2f}); "
-                  f"upload {t2['per_run']['dense']['upload_mb']:.0f} -> {t2['per_run']['block_sparse']['upload_mb']:.0f} MB",
-                  flush=True)
+            for transform in args.transforms:
+                t2 = r[f"trn2_{transform}"]
+                if "does_not_fit" in t2:
+                    print(f"{r['molecule']:10s} trn2 {transform}: {t2['does_not_fit']}", flush=True)
+                    continue
+                print(f"{r['molecule']:10s} nbasis {r['nbasis']:5d} tiles kept {r['tiles']['kept_fraction']:.2f} | "
+                      f"trn2 {transform} MODEL dense {t2['per_run']['dense']['model_seconds']:.3f} s, block-sparse "
+                      f"{t2['per_run']['block_sparse']['model_seconds']:.3f} s "
+                      f"(x{t2['ratio_dense_over_sparse']['model_seconds']:.2f}); upload "
+                      f"{t2['per_run']['dense']['upload_mb']:.0f} -> {t2['per_run']['block_sparse']['upload_mb']:.0f} MB",
+                      flush=True)
+        if args.json:  # after each molecule: a long series keeps what it has
+            with open(args.json, "w") as handle:
+                json.dump({"note": "calibrated MODEL of the NKI transform (not a measurement); emulator on the host",
+                           "results": results}, handle, indent=1)
+    alkanes = [r for r in results if r["molecule"].startswith("C")]
+    fits = {}
+    for key in (k for k in (alkanes[0] if alkanes else {}) if k.startswith("trn")):
+        for mode in ("dense", "block_sparse"):
+            points = [(r["nbasis"], r[key]["per_run"][mode]["model_seconds"]) for r in alkanes if "per_run" in r[key]]
+            if len(points) >= 2:
+                fits[f"{key}_{mode}"] = round(float(np.polyfit(*np.log(np.array(points)).T, 1)[0]), 3)
+    print("fitted exponents (alkanes, MODEL):", fits)
     if args.json:
-        alkanes = [r for r in results if r["molecule"].startswith("C")]
-        fits = {}
-        if len(alkanes) >= 2:
-            for target in TARGETS:
-                for mode in ("dense", "block_sparse"):
-                    x = [math.log(r["nbasis"]) for r in alkanes]
-                    y = [math.log(r[target]["per_run"][mode]["model_seconds"]) for r in alkanes]
-                    fits[f"{target}_{mode}"] = round(float(np.polyfit(x, y, 1)[0]), 3)
         with open(args.json, "w") as handle:
             json.dump({"note": "calibrated MODEL of the NKI transform (not a measurement); emulator on the host",
                        "results": results, "alkane_exponents": fits}, handle, indent=1)
-
 
 if __name__ == "__main__":
     main()
