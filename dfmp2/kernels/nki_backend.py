@@ -33,7 +33,6 @@ import weakref
 import numpy as np
 import torch
 
-from ..errors import InputError
 from . import emulator
 from .emulator.core import TARGETS
 from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
@@ -275,7 +274,7 @@ class NkiBackend:
         half is the dense one. -> [nocc, nvir, nP]."""
         tiles = self._tile_map(screened.pattern)
         self.calls["host:pack_tiles"] += 1
-        x = pack_tiles(screened, tiles)  # [nP, NT * P, P]
+        x = pack_tiles(screened, tiles)  # [nP, R, P]: the kept tiles, stacked along the rows
         # first-half FLOPs of the kept pair blocks (the tiles' zeros are not useful work)
         return self._transform(x, tiles, c_occ, c_vir, 2 * screened.naux * screened.pattern.stored_elements)
 
@@ -293,7 +292,7 @@ class NkiBackend:
 
     def _transform(self, x, tiles, c_occ, c_vir, first_half_flops):
         """ao2mo_kernel on host fp64 (mn|P): x [nP, nao, nao] (tiles None) or the kept tiles
-        [nP, NT * P, P] of `tiles`; first_half_flops: the first half's useful FLOPs per occupied
+        [nP, R, P] of `tiles`; first_half_flops: the first half's useful FLOPs per occupied
         orbital (2 nP times the (mn) elements it contracts). -> [nocc, nvir, nP]."""
         occ_chunks, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
         nP, nao = x.shape[0], vir_slices.shape[1]
