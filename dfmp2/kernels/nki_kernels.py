@@ -213,11 +213,16 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
     NAO, NOCC = c_occ_slices.shape[1], c_occ_slices.shape[2]
     NVIR = c_vir_slices.shape[2]
     nm = (NAO + P - 1) // P
-    # the kept row tiles m of each column tile n, and the packed row where tile (kept[n][k], n) starts
+    # the kept row tiles m of each column tile n, and (block-sparse layout) the packed row where
+    # tile (kept[n][k], n) starts: tile_rows[n][k]
     kept = [[m for m in range(nm) if tile_map == 0 or (tile_map >> (m * nm + n)) & 1] for n in range(nm)]
     assert all(n in kept[n] for n in range(nm)), "ao2mo_kernel: every diagonal tile is kept"
-    heights = [min(P, NAO - m * P) for m in range(nm)]
-    start = [sum(heights[m] for rows in kept[:n] for m in rows) for n in range(nm)]
+    tile_rows, row = [], 0
+    for n in range(nm):
+        tile_rows.append([])
+        for m in kept[n]:
+            tile_rows[-1].append(row)
+            row += min(P, NAO - m * P)
     chunk = CHUNK if exact else nm  # exact PSUM sums need contractions of <= 512 terms
     GW = 256 if NOCC <= 256 else FREE  # PSUM columns per group: two groups share a bank when they fit
     out = nl.ndarray((NP, NVIR, NOCC), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -247,7 +252,7 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
                     m = kept[n][k]
                     rm = min(P, NAO - m * P)
                     # tile (m, n): rows and columns of x_digits (dense), or its packed rows
-                    r0, q0 = (m * P, n * P) if tile_map == 0 else (start[n] + sum(heights[j] for j in kept[n][:k]), 0)
+                    r0, q0 = (m * P, n * P) if tile_map == 0 else (tile_rows[n][k], 0)
                     x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
                     if exact:
                         digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)

@@ -67,15 +67,15 @@ class TileMap:
         return min(P, self.nao - m * P)
 
     def row_offsets(self) -> list:
-        """[[the packed row of tile (m, n) for m in kept[n]] for each column tile n], and the
-        packed rows R as a last entry."""
+        """offsets[n][k]: the packed row where tile (kept[n][k], n) starts; offsets[n][-1]: where
+        column tile n's tiles end (offsets[-1][-1]: the packed rows R)."""
         offsets, row = [], 0
         for rows in self.kept:
-            offsets.append([])
+            offsets.append([row])
             for m in rows:
-                offsets[-1].append(row)
                 row += self.height(m)
-        return offsets + [row]
+                offsets[-1].append(row)
+        return offsets
 
     def record(self) -> dict:
         """The tiles the kernel streams, against the dense nm^2."""
@@ -87,7 +87,7 @@ def pack_tiles(screened, tiles: TileMap) -> np.ndarray:
     """The kept tiles of a ScreenedThreeCenter (host fp64 panels) -> [nP, R, P] fp64."""
     pattern, nP = screened.pattern, screened.naux
     offsets = tiles.row_offsets()
-    packed = np.zeros((nP, offsets[-1], P))
+    packed = np.zeros((nP, offsets[-1][-1], P))
     start = {(m, n): offsets[n][k] for n, rows in enumerate(tiles.kept) for k, m in enumerate(rows)}
     for b, panel in enumerate(screened.panels):
         panel = np.asarray(panel)
@@ -110,7 +110,7 @@ def tile_digits(packed: np.ndarray, tiles: TileMap, count: int):
     exponent = np.empty((nP, packed.shape[1], P))
     scale = np.empty((nP, tiles.nm * P))
     for n in range(tiles.nm):
-        r0, r1 = offsets[n][0], offsets[n + 1][0] if n + 1 < tiles.nm else offsets[-1]
+        r0, r1 = offsets[n][0], offsets[n][-1]
         column = digit_exponent(np.abs(packed[:, r0:r1]).max(axis=1))  # [nP, P]: over column n's kept tiles
         exponent[:, r0:r1] = column[:, None, :]
         scale[:, n * P:n * P + P] = np.exp2(column)
