@@ -97,9 +97,10 @@ TRANSFORM_OPTION = click.option(
                    "auto: at 1e-10 where it pays (extended molecules); a threshold such as 1e-10: always; off: dense.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels (and the SCF's builds) run.")
-@click.option("--precision", default=None, metavar="fp32|fp64",
+@click.option("--precision", default=None, metavar="fp32|fp64|tf32x3|bf16x3",
               help="The MP2 step's GEMM precision [default: fp32, within 0.1 uEh of fp64; energy sums "
-                   "are fp64]; fp64 (cpu, cuda) keeps every GEMM in fp64.")
+                   "are fp64]; fp64 (cpu, cuda) keeps every GEMM in fp64; tf32x3/bf16x3 (cuda; emulated "
+                   "on cpu): fp32 with the (ia|jb) GEMMs as three tensor-core products (docs/gpu.md).")
 @click.option("--simulate", is_flag=True,
               help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
 @NKI_API_OPTION
@@ -203,8 +204,8 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
                    "shapes); repeated calls use host reference math.")
 @NKI_API_OPTION
 @TRANSFORM_OPTION
-@click.option("--precision", default=None, metavar="fp32|fp64",
-              help="GEMM precision [default: fp32; fp64 on cpu and cuda only].")
+@click.option("--precision", default=None, metavar="fp32|fp64|tf32x3|bf16x3",
+              help="GEMM precision [default: fp32; fp64, tf32x3 and bf16x3 on cpu and cuda only].")
 @click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one (0: time the cold pass).")
 @click.option("--max-memory", type=float, default=None, metavar="MB", help="Memory budget in MB.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")

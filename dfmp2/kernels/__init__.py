@@ -5,7 +5,8 @@ or raises; nothing falls back to another device. Backends count the kernels they
 (`backend.calls`) so every result can say what actually executed; `backend.record()` is what
 a result records about the backend (protocol.BackendRecord).
 
-    cpu, cuda     torch backend (fp64 or fp32)
+    cpu, cuda     torch backend (fp64, fp32, or fp32 with split-precision pair GEMMs: tf32x3,
+                  bf16x3; on a CPU those are emulated)
     trn1, trn2    NKI backend on Trainium via torch-neuronx (fp32 only);
                   with simulate=True the same NKI kernels on dfmp2's emulator
 """
@@ -15,7 +16,10 @@ from __future__ import annotations
 from ..errors import ComputationError, InputError
 
 DEVICES = ("cpu", "cuda", "trn1", "trn2")
-PRECISIONS = ("fp64", "fp32")
+PRECISIONS = ("fp64", "fp32", "tf32x3", "bf16x3")
+# fp32 runs whose (ia|jb) GEMMs are three tensor-core products of high and low parts
+# (kernels/split_gemm.py): NVIDIA GPUs, emulated on a CPU
+SPLIT_PRECISIONS = ("tf32x3", "bf16x3")
 # Trainium's AO->MO transform arithmetic: "exact" (Ozaki slices, exact products and 512-term
 # sums; 1 uEh, see ozaki.py) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
 # molecules, see docs/trainium.md)
@@ -68,8 +72,9 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     if transform is not None and transform not in TRANSFORMS:
         raise InputError(f"unknown transform {transform!r} (use one of: {', '.join(TRANSFORMS)})")
     if device in TRAINIUM:
-        if precision != "fp32":
-            raise InputError(f"{device} has no fp64 arithmetic: use --precision fp32 (the default there)")
+        if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
+            raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
+                             "NVIDIA tensor cores): use --precision fp32 (the default there)")
         from .emulator import API_VERSIONS, NEWEST_API
         from .nki_support import (NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api,
                                   neuron_sdk_missing)

@@ -2,7 +2,8 @@
 
 Precision: GEMM-type kernels run in `compute_dtype` (fp64 or fp32); the metric
 factorisation always runs in fp64; (ia|jb) leaves its GEMM as fp64, so the energy
-expression and every energy sum are fp64.
+expression and every energy sum are fp64. tf32x3 and bf16x3 are fp32 runs whose (ia|jb)
+GEMMs are split-precision tensor-core products (split_gemm.py; emulated on a CPU).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import torch
 from ..memory import fp64_pair_temporaries_bytes
 from ..sparse import LowerPanels
 from . import torch_sparse
+from .split_gemm import SPLIT_FORMATS, split_product
 from .protocol import BackendRecord, PlanHints
 
 
-_DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
+_DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
 
 
 def cuda_available() -> bool:
@@ -45,7 +47,8 @@ def cpu_description() -> str:
 
 
 class TorchBackend:
-    """Kernels on torch tensors. `device`: 'cpu' or 'cuda'; `precision`: 'fp64' or 'fp32'."""
+    """Kernels on torch tensors. `device`: 'cpu' or 'cuda'; `precision`: 'fp64', 'fp32', or
+    'tf32x3' / 'bf16x3' (fp32 with split-precision (ia|jb) GEMMs)."""
 
     name = "torch"
     transform = "fp64"  # the AO->MO transform runs in fp64 in both precisions (see pipeline)
@@ -214,12 +217,18 @@ class TorchBackend:
         """dst[...] = src (storage writes)."""
         dst.copy_(src)
 
-    @staticmethod
-    def _amplitude_block(b_i, b_j, e_i, e_j, e_vir):
+    def _pair_product(self, rows_i, rows_j):
+        """(ia|jb) = sum_P B_ia^P B_jb^P: rows_i [m, naux] x rows_j [n, naux]^T -> [m, n], one GEMM
+        in the compute dtype, or three split-precision products (tf32x3, bf16x3)."""
+        if self.precision in SPLIT_FORMATS:
+            return split_product(rows_i, rows_j, self.precision)
+        return torch.matmul(rows_i, rows_j.transpose(0, 1))
+
+    def _amplitude_block(self, b_i, b_j, e_i, e_j, e_vir):
         """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM."""
         ni, nvir, naux = b_i.shape
         nj = b_j.shape[0]
-        iajb = torch.matmul(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir, naux).transpose(0, 1))
+        iajb = self._pair_product(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir, naux))
         iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
         e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
@@ -264,8 +273,7 @@ class TorchBackend:
         ni, nvir, naux = b_i.shape
         nj, nvir_j = b_j.shape[0], b_j.shape[1]
         # (ia|jb) = B_i B_j^T  as one GEMM  [ni*nvir, naux] x [naux, nj*nvir_j], then fp64
-        iajb = torch.matmul(b_i.reshape(ni * nvir, naux),
-                            b_j.reshape(nj * nvir_j, naux).transpose(0, 1))
+        iajb = self._pair_product(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir_j, naux))
         iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
         e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
