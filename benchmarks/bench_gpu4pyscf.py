@@ -105,7 +105,7 @@ def main(argv=None):
     atoms, scratch = read_atoms(args.molecule), tempfile.mkdtemp(prefix="dfmp2-bench-gpu-")
     scripts = {}
     for name, text in (("gpu4pyscf", GPU4PYSCF_SCRIPT), ("pyscf-cpu", PYSCF_SCRIPT)):
-        scripts[name] = os.path.join(scratch, f"{name}.py")
+        scripts[name] = os.path.join(scratch, f"contender_{name.replace('-', '_')}.py")
         with open(scripts[name], "w", encoding="utf-8") as handle:
             handle.write(text)
     contenders = {

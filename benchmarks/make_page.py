@@ -55,6 +55,65 @@ def before_after_table(bench):
     return "\n".join(rows)
 
 
+def load_gpu(results_dir):
+    """(reference_cuda.json or None, [gpu4pyscf_*.json records]): the NVIDIA GPU runs."""
+    path = os.path.join(results_dir, "reference_cuda.json")
+    reference = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else None
+    sides = [json.load(open(p, encoding="utf-8")) for p in sorted(glob.glob(os.path.join(results_dir, "gpu4pyscf_*.json")))]
+    return reference, sides
+
+
+def reference_table(reference):
+    """Per GPU reference set-up: E_corr in fp64, and each other precision's offset from it (uEh)."""
+    runs = {(r["molecule"], r["basis"], r["precision"]): r for r in reference["runs"]}
+    others = sorted({p for _, _, p in runs if p != "fp64"})
+    rows = ["| molecule | basis | nbasis | E_corr fp64 (Eh) | E_tot fp64 (Eh) | "
+            + " | ".join(f"{p} - fp64 (uEh)" for p in others) + " | fp64 run (s) |",
+            "|---|---|---|---|---|" + "---|" * len(others) + "---|"]
+    for (molecule, basis, precision), r in runs.items():
+        if precision != "fp64":
+            continue
+        offsets = " | ".join(f"{(runs[(molecule, basis, p)]['e_corr'] - r['e_corr']) * 1e6:+.3f}"
+                             if (molecule, basis, p) in runs else "-" for p in others)
+        rows.append(f"| {molecule} | {basis} | {r['nbasis']} | {r['e_corr']:.10f} | {r['e_tot']:.10f} | {offsets} "
+                    f"| {r['seconds']:.2f} |")
+    return "\n".join(rows)
+
+
+def gpu4pyscf_table(sides):
+    """dfmp2 run --device cuda against gpu4pyscf (and PySCF on the host's cores) per molecule."""
+    rows = ["| molecule | basis | contender | whole job median (s) | SCF (s) | DF-MP2 (s) | other / dfmp2 | "
+            "E_tot - dfmp2's (Eh) |", "|---|---|---|---|---|---|---|---|"]
+    for side in sides:
+        for name, c in side["contenders"].items():
+            t = c["timings"]
+            mp2 = f"{t['mp2']:.3f}" + (f" (warm {t['mp2_warm']:.3f})" if "mp2_warm" in t else "")
+            ratio = f"{c['ratio_to_dfmp2']:.2f}" if "ratio_to_dfmp2" in c else "-"
+            delta = f"{c['de_tot_vs_dfmp2']:+.1e}" if "de_tot_vs_dfmp2" in c else "-"
+            rows.append(f"| {os.path.basename(side['molecule'])} | {side['basis']} | {name} | {c['median_wall']:.2f} | "
+                        f"{t['scf']:.3f} | {mp2} | {ratio} | {delta} |")
+    return "\n".join(rows)
+
+
+def gpu_section(reference, sides):
+    """The NVIDIA GPU section: reference runs and the gpu4pyscf comparison (empty without them)."""
+    if reference is None and not sides:
+        return ""
+    text = "\n## NVIDIA GPU\n"
+    if reference is not None:
+        host = reference["host"]
+        text += (f"\nReference runs (`benchmarks/reference_runs.py`, `dfmp2 run` set-ups, all electrons, cc-pVXZ-RI "
+                 f"and -JKFIT) on {host['gpu']} (driver {host['driver']}, CUDA {host['cuda']}, torch {host['torch']}, "
+                 f"PySCF {host['pyscf']}), commit {host['commit'][:7]}, {host['date']}. tests/test_gpu_references.py "
+                 "holds the CPU's fp64 to 1e-8 Eh and emulated Trainium to 1 uEh of these.\n\n"
+                 f"{reference_table(reference)}\n")
+    if sides:
+        text += ("\nWhole jobs, one process each, alternating (`benchmarks/bench_gpu4pyscf.py`; `dfmp2 run --device "
+                 "cuda` in its default fp32 MP2 precision). other / dfmp2 > 1: dfmp2 is faster.\n\n"
+                 f"{gpu4pyscf_table(sides)}\n")
+    return text
+
+
 def load(results_dir):
     bench, peers, kernels = [], [], []
     for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
@@ -326,7 +385,7 @@ Tensor-Engine matmul per 128-block pair with host-inverted diagonal blocks.
 ## Peers on molecules (same MP2-fit auxiliary basis, alternating runs)
 
 {peer_table(peers) if peers else 'No peer results yet.'}
-"""
+{gpu_section(*load_gpu(args.results))}"""
     with open(args.out, "w", encoding="utf-8") as out:
         out.write(text)
     print(f"wrote {args.out} and {png}")

@@ -17,7 +17,7 @@ from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
-from .kernels import backend_for, device_screens
+from .kernels import SPLIT_PRECISIONS, backend_for, device_screens
 from .scf import early_integrals_fit, scf_builds_for
 from .settings import Settings, settings_from
 from .sparse import screen_integrals
@@ -167,7 +167,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
     (`dfmp2.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    backend = backend_for(settings)
+    backend = backend_for(_offered_precision(settings))
     if context.team is not None:  # every rank uses rank 0's orbitals
         mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
@@ -186,11 +186,24 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
     out(s, shape) gives (`pipeline.three_center_mo`)."""
-    settings = settings_from(settings, **changes)
+    settings = _offered_precision(settings_from(settings, **changes))
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     backend = backend_for(settings)
     return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff, reference.mo_energy,
                            reference.mo_occ, settings, out=out, context=context)
+
+
+def _offered_precision(settings: Settings) -> Settings:
+    """settings, unless they ask for a split-precision mode (tf32x3, bf16x3) for energies: on an
+    NVIDIA H200 those were up to 36 uEh from fp64 on the reference set (the tensor cores truncate
+    their fp32 sums; benchmarks/results/reference_cuda.json), outside the 1 uEh they would need
+    to be offered. `dfmp2 bench` still times them (InputError here)."""
+    if settings.precision in SPLIT_PRECISIONS:
+        raise InputError(f"--precision {settings.precision} is not offered for energies: on an NVIDIA H200 it was "
+                         "0.05-36 uEh from fp64 on the reference set (the tensor cores truncate their fp32 sums; "
+                         f"docs/benchmarks.md); use fp32 or fp64. `dfmp2 bench --precision {settings.precision}` "
+                         "times it")
+    return settings
 
 
 def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
@@ -207,7 +220,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     then E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals. Keyword `changes` are
     applied on top of `settings` (default Settings()); context: the run's team, progress and
     timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
-    settings, context = settings_from(settings, **changes), context_from(context)
+    settings, context = _offered_precision(settings_from(settings, **changes)), context_from(context)
     reference = chem.choose_reference(settings.spin, settings.reference)
     check_request(settings, 1 if reference == "rhf" else 2, context.ranks)
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):

@@ -3,8 +3,8 @@
 #
 #   infra/gpu_checks.sh STAGE OUTDIR [COMMIT]
 #     tests      python -m pytest -m cuda (log: OUTDIR/pytest.txt)
-#     refs       benchmarks/reference_runs.py: 4 molecules x cc-pVDZ/cc-pVTZ in fp64, fp32, tf32x3,
-#                bf16x3 (OUTDIR/reference_cuda.json)
+#     refs       benchmarks/reference_runs.py: 4 molecules x cc-pVDZ/cc-pVTZ in fp64 and fp32
+#                (OUTDIR/reference_cuda.json)
 #     bench      dfmp2 bench --shape small|medium|large --device cuda in each precision (OUTDIR/bench_*.json)
 #     gpu4pyscf  benchmarks/bench_gpu4pyscf.py on benzene/cc-pVTZ (with PySCF on the host's cores too),
 #                (H2O)16/cc-pVDZ and naphthalene/cc-pVTZ (OUTDIR/gpu4pyscf_*.json)
@@ -24,7 +24,7 @@ case $stage in
         step python3 -m pytest -m cuda -q -p no:cacheprovider -rfEs tests/ > "$out/pytest.txt" 2>&1
         tail -25 "$out/pytest.txt" ;;
     refs)
-        step python3 benchmarks/reference_runs.py --device cuda --precisions fp64,fp32,tf32x3,bf16x3 \
+        step python3 benchmarks/reference_runs.py --device cuda --precisions fp64,fp32 \
             ${commit:+--commit "$commit"} --json "$out/reference_cuda.json" ;;
     bench)
         for shape in small medium large; do
