@@ -720,6 +720,11 @@ def with_orbitals(mf, mo_coeff, mo_occ, mo_energy=None):
     return other
 
 
+def overlap_matrix(mol) -> np.ndarray:
+    """The AO overlap S [nao, nao]."""
+    return mol.intor_symmetric("int1e_ovlp")
+
+
 def reference_kind(mf) -> str:
     """'rhf', 'uhf' or 'rohf' of a PySCF mean field (Kohn-Sham ones too), by its class."""
     from pyscf import scf as pyscf_scf

@@ -165,11 +165,14 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
             return None
         record = result.as_dict()
         if natorbs_path is not None:
-            from .chem import write_molden
+            import numpy as np
+
+            from .chem import overlap_matrix, write_molden
             from .steps import natural_orbitals
 
             mf = result.mean_field
-            occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), mf.mo_coeff)
+            occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), np.asarray(mf.mo_coeff),
+                                                     overlap_matrix(mf.mol))
             outputs.write("--natorbs", lambda path: write_molden(mf.mol, path, orbitals, occupations))
             record["natorbs"] = {"path": natorbs_path, "occupations": occupations.tolist()}
         record["molecule"] = molecule

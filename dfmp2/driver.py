@@ -67,14 +67,20 @@ class DFMP2Result:
     screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
 
     def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
-        """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis [nmo, nmo] (or AO with
-        ao_repr): the reference occupations (frozen orbitals 2 or 0) plus the MP2 correction on
-        the active orbitals; trace = electron count (PySCF dfmp2_native's conventions)."""
-        occ_index, vir_index, p_oo, p_vv = self.correlation.rdm1_active
-        dm = np.diag(np.asarray(mo_occ, dtype=np.float64))
-        dm[np.ix_(occ_index, occ_index)] += p_oo
-        dm[np.ix_(vir_index, vir_index)] += p_vv
-        return mo_coeff @ dm @ mo_coeff.T if ao_repr else dm
+        """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis (or AO with ao_repr):
+        the reference occupations (frozen orbitals 2 or 0; per spin 1 or 0) plus the MP2
+        correction on the active orbitals. RHF: [nmo, nmo], trace = electron count; UHF:
+        [2, nmo, nmo], (alpha, beta) (PySCF dfmp2_native's and dfump2_native's conventions)."""
+        spins = self.correlation.rdm1_active
+        coeffs, occs = (np.asarray(mo_coeff)[None], np.asarray(mo_occ)[None]) if len(spins) == 1 else (
+            np.asarray(mo_coeff), np.asarray(mo_occ))
+        dms = []
+        for (occ_index, vir_index, p_oo, p_vv), coeff, occ in zip(spins, coeffs, occs):
+            dm = np.diag(np.asarray(occ, dtype=np.float64))
+            dm[np.ix_(occ_index, occ_index)] += p_oo
+            dm[np.ix_(vir_index, vir_index)] += p_vv
+            dms.append(coeff @ dm @ coeff.T if ao_repr else dm)
+        return dms[0] if len(spins) == 1 else np.array(dms)
 
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
@@ -222,7 +228,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
     settings, context = _offered_precision(settings_from(settings, **changes)), context_from(context)
     reference = chem.choose_reference(settings.spin, settings.reference)
-    check_request(settings, 1 if reference == "rhf" else 2, context.ranks)
+    check_request(settings, 1 if reference == "rhf" else 2, context.ranks, semicanonical=reference == "rohf")
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
         raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
     if settings.frozen_core and settings.frozen is not None:

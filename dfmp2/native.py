@@ -3,7 +3,7 @@
     from dfmp2.native import DFMP2, SCSMP2   # instead of: from pyscf.mp.dfmp2_native import DFMP2, SCSMP2
     with DFMP2(mf, frozen=2) as pt:          # DFMP2(mf, frozen=None, auxbasis=None)
         e_corr = pt.kernel()                 # a float; no t2
-        natocc, natorb = pt.make_natorbs()   # closed shells (relaxed: with the gradients)
+        natocc, natorb = pt.make_natorbs()   # RHF and UHF (relaxed: with the gradients)
 
 The auxiliary basis is the MP2-fit set of the orbital basis unless `auxbasis` names one; the
 SCS classes report e_corr = ps E_os + pt E_ss (6/5, 1/3) and the density of that energy. The

@@ -51,9 +51,9 @@ class CorrelationEnergy:
     timings: dict = field(default_factory=dict)
     kernels: dict = field(default_factory=dict)
     e_corr_singles: float = 0.0  # ROHF-MBPT(2) singles (0 for canonical references)
-    # with_rdm1 (restricted): the unrelaxed MP2 density correction on the active orbitals, fp64:
-    # (occ_index, vir_index, P_oo, P_vv) with indices into the reference's MOs
-    rdm1_active: tuple | None = None
+    # with_rdm1: the unrelaxed MP2 density correction on the active orbitals, fp64, per spin
+    # channel: [(occ_index, vir_index, P_oo, P_vv)] with indices into the reference's MOs
+    rdm1_active: list | None = None
     # with_t2: t_ij^ab [nocc, nocc, nvir, nvir] of the active orbitals (restricted), or for an
     # unrestricted reference (t2aa, t2ab, t2bb), same-spin ones antisymmetrised (PySCF's t2)
     t2: object = None
@@ -97,13 +97,13 @@ def plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, ins
     return plan
 
 
-def check_request(settings: Settings, nspin: int, ranks: int, given=None) -> None:
+def check_request(settings: Settings, nspin: int, ranks: int, given=None, semicanonical=False) -> None:
     """Refuse, before any work, what a run asks for that dfmp2 does not do (InputError); the
     driver calls this before the SCF as well. nspin: spin channels of the reference; ranks:
-    processes of the run; given: B given by the caller."""
-    if settings.with_rdm1 and nspin != 1:
-        raise InputError("MP2 densities and natural orbitals of open-shell (UHF/ROHF) references are not "
-                         "implemented yet")
+    processes of the run; given: B given by the caller; semicanonical: an ROHF reference."""
+    if settings.with_rdm1 and semicanonical:
+        raise InputError("MP2 densities and natural orbitals of ROHF references are not implemented (RHF and UHF "
+                         "are): use a UHF reference")
     if ranks > 1 and (settings.with_rdm1 or settings.with_t2 is True or given is not None):
         raise InputError("with several ranks, densities (--natorbs), t2 and given (ia|P) are not available yet: "
                          "run them in one process")
@@ -224,7 +224,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     ([2, nao, nmo], [2, nmo], [2, nmo], occupations 0/1). fock_mo: per spin, the Fock matrix in
     the (semicanonical) MO basis [nmo, nmo] of a non-canonical reference (ROHF), for the
     singles; None for canonical orbitals. settings (keyword `changes` on top): frozen,
-    max_memory (MB), scratch, checkpoint, with_rdm1 (restricted: the unrelaxed density;
+    max_memory (MB), scratch, checkpoint, with_rdm1 (RHF or UHF: the unrelaxed density;
     rdm1_scaling), with_t2 (True, False or IF_ROOM), include_singles, force_outcore.
     context: the run's team, progress and timer (`dfmp2.context`; default: one process).
     given: B per spin channel ([nocc * nvir, naux] arrays or HDF5 datasets of the active
@@ -233,7 +233,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     settings, context = settings_from(settings, **changes), context_from(context)
     before = dict(context.timer.timings)  # the run's steps so far (the SCF): not this call's
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
-    check_request(settings, len(refs), context.ranks, given)
+    check_request(settings, len(refs), context.ranks, given, semicanonical=fock_mo is not None)
     selected = active_spaces(refs, settings.frozen)
     plan, notes, with_t2 = plan_run(backend, integrals, selected, settings, context, given)
     backend.prepare(plan)
@@ -254,9 +254,9 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             rdm1 = None
             if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 with timer.step("density"):
-                    rdm1 = (selected[0][0], selected[0][1], *unrelaxed_density(
-                        backend, provider.rows(0, 0, channels[0].nocc), channels[0], plan.occ_block,
-                        settings.rdm1_scaling))
+                    blocks = [provider.rows(s, 0, ch.nocc) for s, ch in enumerate(channels)]
+                    rdm1 = [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(
+                        selected, unrelaxed_density(backend, blocks, channels, plan.occ_block, settings.rdm1_scaling))]
             return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
                 tasks, sums, len(channels)), rdm1=rdm1, t2=t2, notes=notes, include_singles=settings.include_singles,
                 checkpoint=checkpoint.summary(provider.reused, len(tasks)),

@@ -5,7 +5,7 @@
     e_corr, t2 = pt.kernel()           # t2 kept when the memory budget allows it (PySCF's default)
     pt.e_corr, pt.e_corr_os, pt.e_corr_ss, pt.emp2_scs, pt.e_tot, pt.e_corr_singles (ROHF)
     eris = pt.ao2mo(ovL_to_save="ovL.h5"); pt.kernel(eris=eris)    # keep / reuse (ia|P)
-    dm = pt.make_rdm1(); natocc, natorb = pt.make_natorbs()       # closed shells
+    dm = pt.make_rdm1(); natocc, natorb = pt.make_natorbs()       # RHF and UHF
 
     from dfmp2.native import DFMP2, SCSMP2   # instead of pyscf.mp.dfmp2_native (kernel() -> e_corr)
 
@@ -42,8 +42,7 @@ from .settings import IF_ROOM, Settings
 from .storage import open_ovl, write_ovl
 
 GRADIENTS_PENDING = "analytic DF-MP2 gradients (and relaxed densities) are not implemented in dfmp2 yet"
-OPEN_SHELL_DENSITIES_PENDING = ("MP2 densities of open-shell (UHF/ROHF) references are not implemented in dfmp2 yet "
-                                "(they come with the analytic gradients)")
+ROHF_DENSITIES_PENDING = "MP2 densities of ROHF references are not implemented in dfmp2 (RHF and UHF are)"
 
 
 class _DFMP2Base(lib.StreamObject):
@@ -266,14 +265,14 @@ class _DFMP2Base(lib.StreamObject):
         return self.result.e_corr
 
     def make_rdm1(self, relaxed=False, ao_repr=False):
-        """The unrelaxed DF-MP2 one-particle density: MO basis [nmo, nmo] by default (AO with
-        ao_repr), reference occupations plus the MP2 correction, trace = electron count; built
-        blockwise from the (ia|kb) blocks (no t2 needed). Closed-shell references; relaxed=True
-        (Z-vector) and open shells come with the analytic gradients."""
+        """The unrelaxed DF-MP2 one-particle density: MO basis (AO with ao_repr), reference
+        occupations plus the MP2 correction; RHF [nmo, nmo] (trace = electron count), UHF
+        [2, nmo, nmo] (alpha, beta; as PySCF's dfump2_native); built blockwise from the (ia|kb)
+        blocks (no t2 needed). relaxed=True (Z-vector) comes with the analytic gradients."""
         if relaxed:
             raise NotImplementedError(GRADIENTS_PENDING + ": use relaxed=False")
-        if chem.reference_kind(self._scf) != "rhf":
-            raise NotImplementedError(OPEN_SHELL_DENSITIES_PENDING)
+        if chem.reference_kind(self._scf) == "rohf":
+            raise NotImplementedError(ROHF_DENSITIES_PENDING)
         if self.result is None or self.result.correlation.rdm1_active is None:
             self._run(with_rdm1=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False)
         return self.result.make_rdm1(np.asarray(self.mo_coeff), self.mo_occ, ao_repr)
@@ -283,9 +282,10 @@ class _DFMP2Base(lib.StreamObject):
 
     def make_natorbs(self, rdm1_mo=None, relaxed=False):
         """(natocc, natorb): natural occupations, descending, and natural orbitals [nao, nmo] (AO
-        coefficients) of `rdm1_mo` (default: make_rdm1(relaxed))."""
+        coefficients) of `rdm1_mo` (default: make_rdm1(relaxed)); UHF: of the spin-summed density
+        in the alpha orbitals' basis (as PySCF's dfump2_native)."""
         dm = self.make_rdm1(relaxed=relaxed) if rdm1_mo is None else np.asarray(rdm1_mo)
-        return natural_orbitals(dm, np.asarray(self.mo_coeff))
+        return natural_orbitals(dm, np.asarray(self.mo_coeff), chem.overlap_matrix(self.mol) if dm.ndim == 3 else None)
 
     def double_hybrid_energy(self, xc=None, c_os=None, c_ss=None):
         """E_KS + c_os E_os + c_ss E_ss (Eh) of the Kohn-Sham reference this object ran on: xc
@@ -399,20 +399,25 @@ class DFMP2(_DFMP2Base):
     def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True, relaxed=False):
         """The unrelaxed DF-MP2 one-particle density with pyscf.mp.dfmp2's signature: MO basis
         [nmo, nmo] (AO with ao_repr; the active orbitals only with with_frozen=False), built
-        blockwise from (ia|kb), or by PySCF's formula from `t2` when one is given. Closed-shell
-        references; relaxed=True comes with the analytic gradients."""
-        from pyscf.mp import mp2
+        blockwise from (ia|kb), or by PySCF's formula from `t2` when one is given. UHF: the tuple
+        (alpha, beta), as PySCF's DFUMP2; relaxed=True comes with the analytic gradients."""
+        from pyscf.mp import mp2, ump2
 
+        kind = chem.reference_kind(self._scf)
+        if kind == "rohf":
+            raise NotImplementedError(ROHF_DENSITIES_PENDING)
         if t2 is not None:
-            if chem.reference_kind(self._scf) != "rhf":
-                raise NotImplementedError(OPEN_SHELL_DENSITIES_PENDING)
-            return mp2.make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
-        if with_frozen:
-            return super().make_rdm1(relaxed=relaxed, ao_repr=ao_repr)
-        mask = self.get_frozen_mask()
-        dm = super().make_rdm1(relaxed=relaxed)[np.ix_(mask, mask)]
-        coeff = np.asarray(self.mo_coeff)[:, mask]
-        return coeff @ dm @ coeff.T if ao_repr else dm
+            return (mp2 if kind == "rhf" else ump2).make_rdm1(self, t2, ao_repr=ao_repr, with_frozen=with_frozen)
+        dms = super().make_rdm1(relaxed=relaxed)
+        masks, coeffs = self.get_frozen_mask(), np.asarray(self.mo_coeff)
+        if kind == "rhf":
+            dms, masks, coeffs = dms[None], [masks], coeffs[None]
+        out = []
+        for dm, mask, coeff in zip(dms, masks, coeffs):
+            keep = np.ones(len(dm), dtype=bool) if with_frozen else np.asarray(mask)
+            dm, coeff = dm[np.ix_(keep, keep)], coeff[:, keep]
+            out.append(coeff @ dm @ coeff.T if ao_repr else dm)
+        return out[0] if kind == "rhf" else tuple(out)
 
     def make_rdm2(self, t2=None, ao_repr=False):
         """The unrelaxed MP2 two-particle density of a closed-shell (RHF) reference from t2

@@ -168,27 +168,41 @@ def t2_arrays(channels) -> tuple:
 
 # ----------------------------------------------------------------------------- 5 and singles
 
-def unrelaxed_density(backend, b_occ, channel, occ_block, scaling=(1.0, 1.0)):
-    """Unrelaxed MP2 density of a closed-shell reference in the active space, fp64 (host):
-    P_ij = -2 sum_kab t_ik^ab T_jk^ab, P_ab = 2 sum_ijc t_ij^ac T_ij^bc, T = (c_os + c_ss) t - c_ss t^T
-    (MP2: scaling (c_os, c_ss) = (1, 1), T = 2 t_ij^ab - t_ij^ba; SCS-MP2: the density of
-    c_os E_os + c_ss E_ss), from the same (ia|kb) as the energy, formed for all i against a block
-    of k at a time (t2 is never stored). b_occ: all of B [nocc, nvir, nkept].
-    Returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
-    nocc, nvir = channel.nocc, channel.nvir
-    k_block = max(1, min(nocc, occ_block * occ_block // max(nocc, 1)))  # nocc x nk ~ one pair block
-    p_oo, p_vv = np.zeros((nocc, nocc)), np.zeros((nvir, nvir))
-    for k0, k1 in block_ranges(nocc, k_block):
-        oo, vv = backend.density_block(b_occ, b_occ[k0:k1], channel.e_occ, channel.e_occ[k0:k1], channel.e_vir,
-                                       scaling)
-        p_oo += backend.to_host(oo)
-        p_vv += backend.to_host(vv)
-    return p_oo, p_vv
+def unrelaxed_density(backend, b_occ, channels, occ_block, scaling=(1.0, 1.0)):
+    """Unrelaxed MP2 density per spin channel in the active space, fp64 (host), from the same
+    (ia|kb) as the energy, formed for all i of one spin against a block of k at a time (t2 is
+    never stored). Restricted (one channel):
+      P_ij = -2 sum_kab t_ik^ab T_jk^ab,  P_ab = 2 sum_ijc t_ij^ac T_ij^bc,  T = (c_os + c_ss) t - c_ss t^T
+    Unrestricted (two channels), for spin s, with u = t - t^T the same-spin amplitudes:
+      P_ij^s = -c_ss/2 sum_kab u_ik^ab u_jk^ab - c_os sum_KaB t_iK^aB t_jK^aB
+      P_ab^s =  c_ss/2 sum_ikc u_ik^ac u_ik^bc + c_os sum_iKC t_iK^aC t_iK^bC   (K, B, C: the other spin)
+    scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
+    b_occ: all of B per channel [nocc_s, nvir_s, nkept]. Returns [(P_oo [nocc_s, nocc_s],
+    P_vv [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's conventions)."""
+    densities = []
+    for s, channel in enumerate(channels):
+        p_oo, p_vv = np.zeros((channel.nocc, channel.nocc)), np.zeros((channel.nvir, channel.nvir))
+        for other, partner in enumerate(channels):  # the spin of k: each spin in turn (the same one only, restricted)
+            spin_case = "closed" if len(channels) == 1 else ("same" if other == s else "opposite")
+            k_block = max(1, min(partner.nocc, occ_block * occ_block // max(channel.nocc, 1)))  # ~ one pair block
+            for k0, k1 in block_ranges(partner.nocc, k_block):
+                oo, vv = backend.density_block(b_occ[s], b_occ[other][k0:k1], channel.e_occ, partner.e_occ[k0:k1],
+                                               channel.e_vir, scaling, spin_case,
+                                               None if other == s else partner.e_vir)
+                p_oo += backend.to_host(oo)
+                p_vv += backend.to_host(vv)
+        densities.append((p_oo, p_vv))
+    return densities
 
 
-def natural_orbitals(rdm1_mo, mo_coeff):
+def natural_orbitals(rdm1_mo, mo_coeff, overlap=None):
     """Eigen-decomposition of an MO-basis 1-RDM: (occupations in descending order [nmo],
-    natural orbitals as AO coefficients [nao, nmo])."""
+    natural orbitals as AO coefficients [nao, nmo]). Unrestricted ([2, nmo, nmo] with mo_coeff
+    [2, nao, nmo] and the AO overlap S): of the spin-summed density in the alpha basis,
+      P = P_alpha + S_ab P_beta S_ab^T,  S_ab = C_alpha^T S C_beta"""
+    if np.ndim(rdm1_mo) == 3:
+        s_ab = mo_coeff[0].T @ overlap @ mo_coeff[1]
+        rdm1_mo, mo_coeff = rdm1_mo[0] + s_ab @ rdm1_mo[1] @ s_ab.T, mo_coeff[0]
     occupations, vectors = np.linalg.eigh(rdm1_mo)
     return occupations[::-1], mo_coeff @ vectors[:, ::-1]
 

@@ -51,12 +51,62 @@ def test_density_refusals():
     with pytest.raises(NotImplementedError, match="relaxed densities"):
         DFMP2(mf).make_rdm1(relaxed=True)
     radical = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
-    with pytest.raises(NotImplementedError, match="open-shell"):
-        DFMP2(scf.UHF(radical).run()).make_rdm1()
+    with pytest.raises(NotImplementedError, match="ROHF"):
+        DFMP2(scf.ROHF(radical).run()).make_rdm1()
     from dfmp2 import ComputationError, native
 
     with pytest.raises(ComputationError, match="scaled \\(SCS\\) density"):  # the NKI density kernel is MP2's
         native.SCSMP2(mf, device="trn1", simulate=True).make_rdm1()
+    with pytest.raises(ComputationError, match="open-shell \\(UHF\\) MP2 densities are not implemented on trn1"):
+        native.DFMP2(scf.UHF(radical).run(), device="trn1", simulate=True).make_rdm1()
+
+
+@pytest.mark.parametrize("frozen", [None, 1])
+@pytest.mark.parametrize("scs", [False, True])
+def test_uhf_density_matches_pyscf_dfump2_native(frozen, scs):
+    """The UHF unrelaxed density [2, nmo, nmo] and the natural occupations of the spin-summed
+    density against PySCF's dfump2_native (DFUMP2, SCSDFUMP2) on the same auxiliary set, 1e-10."""
+    from pyscf.mp import dfump2_native
+
+    from dfmp2 import native
+
+    mol = gto.M(atom="O 0 0 0; O 0 0 1.21", basis="cc-pvdz", spin=2, verbose=0)
+    mf = scf.UHF(mol).run(conv_tol=1e-12)
+    ref = (dfump2_native.SCSDFUMP2 if scs else dfump2_native.DFUMP2)(mf, frozen=frozen, auxbasis="cc-pvdz-ri")
+    pt = (native.SCSMP2 if scs else native.DFMP2)(mf, frozen=frozen, auxbasis="cc-pvdz-ri")
+    dm, dm_ref = pt.make_rdm1(), ref.make_rdm1()
+    assert dm.shape == (2, mol.nao, mol.nao) and np.abs(dm - dm_ref).max() < 1e-10
+    assert abs(np.trace(dm[0]) - 9) < 1e-10 and abs(np.trace(dm[1]) - 7) < 1e-10
+    assert np.abs(pt.make_natorbs()[0] - ref.make_natorbs()[0]).max() < 1e-10
+    assert np.abs(pt.make_rdm1(ao_repr=True) - ref.make_rdm1(ao_repr=True)).max() < 1e-10
+
+
+def test_uhf_density_dropin_matches_pyscf_dfump2():
+    """The drop-in's UHF make_rdm1 returns PySCF DFUMP2's (alpha, beta) tuple, from (ia|kb)
+    blocks instead of t2, active orbitals too."""
+    from pyscf import df
+    from pyscf.mp.dfump2 import DFUMP2 as PySCFDFUMP2
+
+    mol = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
+    mf = scf.UHF(mol).run(conv_tol=1e-12)
+    ref = PySCFDFUMP2(mf, frozen=1)
+    ref.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    ref.kernel()
+    pt = DFMP2(mf, frozen=1, auxbasis="cc-pvdz-ri")
+    for with_frozen in (True, False):
+        ours, theirs = pt.make_rdm1(with_frozen=with_frozen), ref.make_rdm1(with_frozen=with_frozen)
+        assert isinstance(ours, tuple) and len(ours) == 2
+        assert max(np.abs(a - b).max() for a, b in zip(ours, theirs)) < 1e-8
+
+
+def test_cli_writes_uhf_natural_orbitals(tmp_path):
+    """`dfmp2 run --spin 1 --natorbs`: the spin-summed natural occupations sum to the electrons."""
+    xyz = Path(ROOT) / "examples" / "methyl.xyz"
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--spin", "1", "--natorbs", "no.molden",
+                           "--json", "out.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    occupations = np.array(json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["natorbs"]["occupations"])
+    assert abs(occupations.sum() - 9) < 1e-10 and 0.9 < occupations[4] < 1.1 and occupations[0] <= 2.0
 
 
 def test_cli_writes_natural_orbitals(tmp_path):

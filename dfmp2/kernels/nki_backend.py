@@ -401,7 +401,7 @@ class NkiBackend:
                 e_ex += float((weight * sums[..., 1]).sum())
         return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel
         (t and T stay on chip): launches over occupied blocks I >= J of at most `density_rows`
         orbitals (P_oo is symmetric), P_vv from the diagonal ones; each launch forms the
@@ -411,6 +411,9 @@ class NkiBackend:
         formulas)."""
         from ..errors import ComputationError
 
+        if spin_case != "closed":
+            raise ComputationError(f"the NKI density kernel forms closed-shell densities; open-shell (UHF) MP2 "
+                                   f"densities are not implemented on {self.target}: run them with --device cpu or cuda")
         if tuple(scaling) != (1.0, 1.0):
             raise ComputationError(f"the NKI density kernel forms the MP2 density (T = 2 t - t^T); the scaled "
                                    f"(SCS) density {tuple(scaling)} is not implemented on {self.target}: run with "

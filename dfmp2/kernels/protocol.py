@@ -136,8 +136,10 @@ class Backend(Protocol):
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
         """B_i [ni, nvir, naux], B_j [nj, nvir_j, naux], energies in Eh -> (E_os, E_ss) in Eh."""
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
-        """B [nocc, nvir, naux], B_k [nk, nvir, naux] -> unrelaxed (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
+        """B [nocc, nvir, naux], B_k [nk, nvir_k, naux] -> the i side's unrelaxed (P_oo [nocc, nocc],
+        P_vv [nvir, nvir]); spin_case "closed" (restricted), or "same"/"opposite" (k of the same or
+        the other spin of an unrestricted reference; torch_backend.density_block has the formulas)."""
 
 
 class FittedStore(Protocol):

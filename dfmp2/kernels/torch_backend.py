@@ -224,28 +224,38 @@ class TorchBackend:
             return split_product(rows_i, rows_j, self.precision)
         return torch.matmul(rows_i, rows_j.transpose(0, 1))
 
-    def _amplitude_block(self, b_i, b_j, e_i, e_j, e_vir):
-        """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM."""
+    def _amplitude_block(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
+        """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM;
+        e_vir_j: b_j's virtual energies when they are another spin's (None: e_vir)."""
         ni, nvir, naux = b_i.shape
-        nj = b_j.shape[0]
-        iajb = self._pair_product(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir, naux))
-        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir)
+        nj, nvir_j = b_j.shape[0], b_j.shape[1]
+        iajb = self._pair_product(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir_j, naux))
+        iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
-        e_jb = (e_j[:, None] - e_vir[None, :]).to(torch.float64)
+        e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
         return iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0)):
-        """Unrelaxed closed-shell MP2 density from the pairs (i, k), all i, k in one block, fp64:
-          (ia|kb) = sum_P B_ia^P B_kb^P,  t = (ia|kb) / D,  T = (c_os + c_ss) t_ik^ab - c_ss t_ik^ba
-          P_ij += -2 sum_kab t_ik^ab T_jk^ab     P_ab += 2 sum_ikc t_ik^ac T_ik^bc
-        scaling (c_os, c_ss): (1, 1) for MP2 (T = 2 t - t^T), SCS weights for the SCS-MP2 density.
-        b_occ [nocc, nvir, naux], b_k [nk, nvir, naux]; returns (P_oo [nocc, nocc], P_vv [nvir, nvir])."""
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
+        """Unrelaxed MP2 density from the pairs (i, k), all i against one block of k, fp64, as
+        the i side's (P_oo [nocc, nocc], P_vv [nvir, nvir]):
+          t = (ia|kb) / D,   P_ij += -w sum_kab X_ik^ab Y_jk^ab,   P_ab += w sum_ikc X_ik^ac Y_ik^bc
+        spin_case "closed" (restricted): X = t, Y = (c_os + c_ss) t - c_ss t^T (T = 2 t - t^T for
+        MP2), w = 2; "same" (one spin of an unrestricted reference, k the same spin):
+        X = Y = t - t^T (t^T: a and b swapped), w = c_ss / 2; "opposite" (k the other spin, with
+        virtual energies e_vir_k): X = Y = t, w = c_os. scaling (c_os, c_ss): (1, 1) for MP2, SCS
+        weights for the SCS-MP2 density. b_occ [nocc, nvir, naux], b_k [nk, nvir_k, naux]."""
         self.calls["density_block"] += 1
         c_os, c_ss = scaling
-        t = self._amplitude_block(b_occ, b_k, e_occ, e_k, e_vir)
-        big_t = (c_os + c_ss) * t - c_ss * t.transpose(1, 3)
-        p_oo = -2.0 * torch.einsum("iakb,jakb->ij", t, big_t)
-        p_vv = 2.0 * torch.einsum("iakc,ibkc->ab", t, big_t)
+        t = self._amplitude_block(b_occ, b_k, e_occ, e_k, e_vir, e_vir_k)
+        if spin_case == "closed":
+            x, y, w = t, (c_os + c_ss) * t - c_ss * t.transpose(1, 3), 2.0
+        elif spin_case == "same":
+            x = y = t - t.transpose(1, 3)
+            w = 0.5 * c_ss
+        else:
+            x, y, w = t, t, c_os
+        p_oo = -w * torch.einsum("iakb,jakb->ij", x, y)
+        p_vv = w * torch.einsum("iakc,ibkc->ab", x, y)
         return p_oo, p_vv
 
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
