@@ -122,7 +122,7 @@ TRANSFORM_OPTION = click.option(
               help="SCF iterations before giving up (exit 1).")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--natorbs", "natorbs_path", default=None, metavar="FILE.molden",
-              help="Write the unrelaxed MP2 natural orbitals and occupations (RHF references).")
+              help="Write the unrelaxed MP2 natural orbitals and occupations (RHF; UHF: of the spin-summed density).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, scf_backend,
