@@ -1162,3 +1162,52 @@ def formula(mol) -> str:
     first = [k for k in ("C", "H") if k in counts] if "C" in counts else []
     order = first + sorted(k for k in counts if k not in first)
     return "".join(f"{k}{counts[k] if counts[k] > 1 else ''}" for k in order)
+
+
+def fock_response_vo(mf, dms_mo, full=True) -> list:
+    """The orbital-response Fock terms of densities given in the MO basis, virtual-occupied
+    block per spin, through the mean field's own J/K (its density fitting or exact integrals):
+    RHF  R_ai = [4 (ai|pq) - (ap|iq) - (aq|ip)] D_pq = C_a^T 2 V_eff[D + D^T] C_i
+    UHF  R_ai^s = C_a^T V_eff^s[D + D^T] C_i  (both spins' densities together)
+    dms_mo: per spin [nmo, nmo] (full) or [nvir_s, nocc_s] (full=False). Returns [[nvir_s, nocc_s]]."""
+    coeffs, occs = _per_spin(mf)
+    dms_ao = []
+    for dm, coeff, occ in zip(dms_mo, coeffs, occs):
+        c_occ, c_vir = coeff[:, occ > 0], coeff[:, occ == 0]
+        dm_ao = coeff @ dm @ coeff.T if full else c_vir @ dm @ c_occ.T
+        dms_ao.append(dm_ao + dm_ao.T)
+    if len(coeffs) == 1:
+        responses = [2.0 * mf.get_veff(dm=dms_ao[0])]
+    else:
+        responses = list(mf.get_veff(dm=np.array(dms_ao)))
+    return [coeff[:, occ == 0].T @ r @ coeff[:, occ > 0] for r, coeff, occ in zip(responses, coeffs, occs)]
+
+
+def solve_cphf(mf, rhs_vo, tol=1e-10, max_cycle=100) -> list:
+    """z per spin [nvir_s, nocc_s] with (e_i - e_a) z_ai - R_ai[z] = rhs_ai (PySCF's CPHF/UCPHF
+    solvers, R: fock_response_vo of z as a virtual-occupied density)."""
+    from pyscf.scf import cphf, ucphf
+
+    coeffs, occs = _per_spin(mf)
+    if len(coeffs) == 1:
+        shape = rhs_vo[0].shape
+
+        def response(z):
+            return fock_response_vo(mf, [z.reshape(shape)], full=False)[0]
+
+        return [cphf.solve(response, mf.mo_energy, mf.mo_occ, rhs_vo[0], max_cycle=max_cycle, tol=tol)[0]]
+    sizes = [r.size for r in rhs_vo]
+
+    def response_both(zflat):
+        za, zb = zflat[0, :sizes[0]].reshape(rhs_vo[0].shape), zflat[0, sizes[0]:].reshape(rhs_vo[1].shape)
+        ra, rb = fock_response_vo(mf, [za, zb], full=False)
+        return np.hstack([ra.reshape(1, -1), rb.reshape(1, -1)])
+
+    z = ucphf.solve(response_both, mf.mo_energy, mf.mo_occ, list(rhs_vo), max_cycle=max_cycle, tol=tol)[0]
+    return [np.asarray(z[0]), np.asarray(z[1])]
+
+
+def _per_spin(mf) -> tuple:
+    """(mo_coeff per spin, mo_occ per spin) of an RHF (one spin) or UHF (two) mean field."""
+    coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
+    return ([coeff], [occ]) if coeff.ndim == 2 else (list(coeff), list(occ))

@@ -29,7 +29,7 @@ from .memory import MB, MemoryPlan, plan_for, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
 from .settings import IF_ROOM, Settings, settings_from
 from .steps import (block_ranges, combine_pair_sums, factor_metric, pair_energies, pair_tasks, singles_energy,
-                    t2_arrays, transform_aux_blocks, unrelaxed_density, whiten_occupied_blocks,
+                    t2_arrays, three_index_density, transform_aux_blocks, unrelaxed_density, whiten_occupied_blocks,
                     whiten_three_center)
 from .storage import LocalThreeCenter, given_three_center, new_store
 
@@ -54,6 +54,9 @@ class CorrelationEnergy:
     # with_rdm1: the unrelaxed MP2 density correction on the active orbitals, fp64, per spin
     # channel: [(occ_index, vir_index, P_oo, P_vv)] with indices into the reference's MOs
     rdm1_active: list | None = None
+    # with_gamma: the three-index two-particle density per spin channel [nocc_s, nvir_s, naux], fp64
+    # (steps.three_index_density), for the orbital response (dfmp2.response)
+    gamma: list | None = None
     # with_t2: t_ij^ab [nocc, nocc, nvir, nvir] of the active orbitals (restricted), or for an
     # unrestricted reference (t2aa, t2ab, t2bb), same-spin ones antisymmetrised (PySCF's t2)
     t2: object = None
@@ -104,6 +107,9 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
     if settings.with_rdm1 and semicanonical:
         raise InputError("MP2 densities and natural orbitals of ROHF references are not implemented (RHF and UHF "
                          "are): use a UHF reference")
+    if settings.with_gamma and (given is not None or not settings.with_rdm1):
+        raise InputError("the three-index two-particle density (relaxed densities) needs with_rdm1 and the "
+                         "three-center integrals (not given (ia|P))")
     if ranks > 1 and (settings.with_rdm1 or settings.with_t2 is True or given is not None):
         raise InputError("with several ranks, densities (--natorbs), t2 and given (ia|P) are not available yet: "
                          "run them in one process")
@@ -251,14 +257,17 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             tasks = pair_tasks([ch.nocc for ch in channels], provider.occ_block)
             with timer.step("pair_energies"):
                 sums, t2 = pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
-            rdm1 = None
+            rdm1 = gamma = None
             if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 with timer.step("density"):
                     blocks = [provider.rows(s, 0, ch.nocc) for s, ch in enumerate(channels)]
                     rdm1 = [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(
                         selected, unrelaxed_density(backend, blocks, channels, plan.occ_block, settings.rdm1_scaling))]
+                    if settings.with_gamma:  # the three-index two-particle density, same (ia|jb)
+                        gamma = three_index_density(backend, blocks, channels, plan.occ_block,
+                                                    factor_metric(backend, metric), settings.rdm1_scaling)
             return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
-                tasks, sums, len(channels)), rdm1=rdm1, t2=t2, notes=notes, include_singles=settings.include_singles,
+                tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes, include_singles=settings.include_singles,
                 checkpoint=checkpoint.summary(provider.reused, len(tasks)),
                 timings={name: seconds - before.get(name, 0.0) for name, seconds in timer.timings.items()
                          if seconds != before.get(name)})
@@ -266,7 +275,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             provider.close()
 
 
-def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *, rdm1, t2, notes,
+def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *, rdm1, gamma, t2, notes,
                     include_singles, checkpoint, timings) -> CorrelationEnergy:
     """The result record, made once: (E_os, E_ss) = pair_energy, the ROHF singles added
     (include_singles; else 0, as PySCF's include_singles=False), every energy checked to be
@@ -291,7 +300,7 @@ def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=integrals.naux, nao=integrals.nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
         metric=provider.metric_label, plan=plan, timings=dict(timings), kernels=kernels,
-        rdm1_active=rdm1, t2=t2, checkpoint=checkpoint, distributed=done["distributed"],
+        rdm1_active=rdm1, gamma=gamma, t2=t2, checkpoint=checkpoint, distributed=done["distributed"],
         io={**done["io"], "tensor_bytes": sum(ch.nocc * ch.nvir * integrals.naux for ch in channels)
             * backend.itemsize},
         singles_included=include_singles, notes=list(notes))

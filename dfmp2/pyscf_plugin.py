@@ -265,14 +265,27 @@ class _DFMP2Base(lib.StreamObject):
         return self.result.e_corr
 
     def make_rdm1(self, relaxed=False, ao_repr=False):
-        """The unrelaxed DF-MP2 one-particle density: MO basis (AO with ao_repr), reference
-        occupations plus the MP2 correction; RHF [nmo, nmo] (trace = electron count), UHF
-        [2, nmo, nmo] (alpha, beta; as PySCF's dfump2_native); built blockwise from the (ia|kb)
-        blocks (no t2 needed). relaxed=True (Z-vector) comes with the analytic gradients."""
-        if relaxed:
-            raise NotImplementedError(GRADIENTS_PENDING + ": use relaxed=False")
+        """The DF-MP2 one-particle density: MO basis (AO with ao_repr), reference occupations plus
+        the MP2 correction; RHF [nmo, nmo] (trace = electron count), UHF [2, nmo, nmo] (alpha,
+        beta; as PySCF's dfump2_native); built blockwise from the (ia|kb) blocks (no t2 needed).
+        relaxed=True: with the orbital response (Z-vector; `dfmp2.response`), the CPHF solved to
+        cphf_tol (default: the SCF's conv_tol) in at most cphf_max_cycle iterations."""
         if chem.reference_kind(self._scf) == "rohf":
             raise NotImplementedError(ROHF_DENSITIES_PENDING)
+        if relaxed:
+            from .response import relaxed_density
+
+            corr = None if self.result is None else self.result.correlation
+            if corr is None or corr.gamma is None:
+                self._run(with_rdm1=True, with_gamma=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False)
+                corr = self.result.correlation
+            dm = relaxed_density(self._scf, corr.rdm1_active, corr.gamma, self._integrals(),
+                                 tol=getattr(self, "cphf_tol", getattr(self._scf, "conv_tol", 1e-9)),
+                                 max_cycle=getattr(self, "cphf_max_cycle", 100))
+            coeffs = np.asarray(self.mo_coeff)
+            if not ao_repr:
+                return dm
+            return coeffs @ dm @ coeffs.T if dm.ndim == 2 else np.array([c @ d @ c.T for c, d in zip(coeffs, dm)])
         if self.result is None or self.result.correlation.rdm1_active is None:
             self._run(with_rdm1=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False)
         return self.result.make_rdm1(np.asarray(self.mo_coeff), self.mo_occ, ao_repr)
@@ -478,7 +491,7 @@ class NativeDFMP2(_DFMP2Base):
         self.e_scf = mf.e_tot
         self.ps = 1.0  # opposite-spin scaling of e_corr and of the density
         self.pt = 1.0  # same-spin scaling
-        self.cphf_max_cycle = 100  # the relaxed density's CPHF (not implemented yet)
+        self.cphf_max_cycle = 100  # the relaxed density's CPHF
         self.cphf_tol = getattr(mf, "conv_tol", 1e-9)
 
     @property

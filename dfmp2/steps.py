@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .linalg import factor_metric, whiten
+from .linalg import factor_metric, fitting_coefficients, whiten
 from .memory import release_freed_memory
 from .sparse import ScreenedThreeCenter
 
@@ -193,6 +193,29 @@ def unrelaxed_density(backend, b_occ, channels, occ_block, scaling=(1.0, 1.0)):
                 p_vv += backend.to_host(vv)
         densities.append((p_oo, p_vv))
     return densities
+
+
+def three_index_density(backend, b_occ, channels, occ_block, factor, scaling=(1.0, 1.0)):
+    """The three-index two-particle density of the DF-MP2 energy per spin channel, in the
+    auxiliary basis, fp64 (host), from the same (ia|jb) as the energy, one block of i against
+    all j at a time (t2 is never stored); c_ia^P = sum_Q (ia|Q) [V^-1]_QP:
+      restricted:    G_jb^P = sum_ia c_ia^P [4 (c_os + c_ss) t_ij^ab - 4 c_ss t_ij^ba]
+      unrestricted:  G_jb^P = sum_(i a, same spin) c_ia^P 2 c_ss u_ij^ab + sum_(I A, other spin) c_IA^P 2 c_os t_Ij^Ab
+    (u = t - t^T). b_occ: all of B per channel [nocc_s, nvir_s, nkept]; factor: the metric's
+    (`linalg.MetricFactor`). Returns [G [nocc_s, nvir_s, naux] per channel] (PySCF
+    dfmp2_native's and dfump2_native's Gamma, whose layout is [j, P, b])."""
+    gammas = []
+    for s, channel in enumerate(channels):
+        whitened = 0.0
+        for other, partner in enumerate(channels):  # the spin of i
+            spin_case = "closed" if len(channels) == 1 else ("same" if other == s else "opposite")
+            i_block = max(1, min(partner.nocc, occ_block * occ_block // max(channel.nocc, 1)))
+            for i0, i1 in block_ranges(partner.nocc, i_block):
+                whitened = whitened + backend.to_host(backend.gamma_block(
+                    b_occ[other][i0:i1], b_occ[s], partner.e_occ[i0:i1], channel.e_occ, partner.e_vir, scaling,
+                    spin_case, None if other == s else channel.e_vir))
+        gammas.append(fitting_coefficients(factor, np.asarray(whitened, dtype=np.float64)))
+    return gammas
 
 
 def natural_orbitals(rdm1_mo, mo_coeff, overlap=None):

@@ -401,6 +401,14 @@ class NkiBackend:
                 e_ex += float((weight * sums[..., 1]).sum())
         return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
+    def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
+        """Not on the NKI kernels yet: relaxed densities and gradients need the three-index
+        two-particle density (ComputationError)."""
+        from ..errors import ComputationError
+
+        raise ComputationError(f"relaxed MP2 densities need the three-index two-particle density, which has no NKI "
+                               f"kernel yet: run them with --device cpu or cuda (not {self.target})")
+
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel
         (t and T stay on chip): launches over occupied blocks I >= J of at most `density_rows`

@@ -129,6 +129,20 @@ def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THR
     return factor
 
 
+def fitting_coefficients(factor: MetricFactor, x: np.ndarray) -> np.ndarray:
+    """c = X W^T for whitened X [..., nkept] (W: the whitening, B = (ia|P) W) -> [..., naux], host
+    fp64: c = X L^-1 (Cholesky, W = L^-T) or X (U_k s_k^-1/2)^T (eigen). For X = B, c = (ia|Q) V^-1."""
+    import scipy.linalg
+
+    matrix = factor.matrix.detach().cpu().numpy().astype(np.float64)
+    rows = x.reshape(-1, x.shape[-1])
+    if factor.kind == "cholesky":  # c L = X
+        out = scipy.linalg.solve_triangular(matrix, rows.T, trans="T", lower=True).T
+    else:
+        out = rows @ matrix.T
+    return out.reshape(*x.shape[:-1], factor.naux)
+
+
 def whiten(backend, factor: MetricFactor, x):
     """B = X L^-T (Cholesky) or X U_k s_k^-1/2 (eigen) for X [..., naux] -> [..., nkept]."""
     matrix = factor.matrix_as(x.dtype)
