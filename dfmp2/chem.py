@@ -1211,3 +1211,11 @@ def _per_spin(mf) -> tuple:
     """(mo_coeff per spin, mo_occ per spin) of an RHF (one spin) or UHF (two) mean field."""
     coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
     return ([coeff], [occ]) if coeff.ndim == 2 else (list(coeff), list(occ))
+
+
+def dipole_moment(mol, dm_ao) -> np.ndarray:
+    """Dipole moment [x, y, z] (a.u., e a0) of the total AO density dm_ao and the nuclei, about
+    the coordinate origin."""
+    from pyscf.scf import hf
+
+    return np.asarray(hf.dip_moment(mol, dm_ao, unit="AU", verbose=0))

@@ -123,11 +123,14 @@ TRANSFORM_OPTION = click.option(
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--natorbs", "natorbs_path", default=None, metavar="FILE.molden",
               help="Write the unrelaxed MP2 natural orbitals and occupations (RHF; UHF: of the spin-summed density).")
+@click.option("--properties", default=None, metavar="dipole",
+              help="Properties from the relaxed MP2 density (Z-vector; RHF and UHF, cpu and cuda): dipole "
+                   "(a.u., nuclei included, the input's frame).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, scf_backend,
         scf_precision, screening, device, precision, simulate,
-        nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, quiet, debug):
+        nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, properties, quiet, debug):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
     from .driver import run_xyz
 
@@ -153,7 +156,8 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
                             precision=precision or COMMAND_PRECISION, simulate=simulate, nki_api=nki_api,
                             transform=transform, max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
-                            checkpoint_allow_other_files=checkpoint_allow_other_files)
+                            checkpoint_allow_other_files=checkpoint_allow_other_files,
+                            properties=tuple(properties.split(",")) if properties else ())
         try:
             result = run_xyz(molecule, settings, RunContext(team=team, progress=progress))
         finally:
@@ -411,6 +415,8 @@ def _print_summary(r):
         *([f"  E(PT2)            {r['e_pt2']:20.12f} Eh  = {r['c_os']:g} E(os) + {r['c_ss']:g} E(ss) "
            f"({r['xc']}: {r['xc_citation']})"] if r.get("e_pt2") is not None else []),
         f"  E(total)          {r['e_tot']:20.12f} Eh" + ("  = E(KS) + E(PT2)" if r.get("e_pt2") is not None else ""),
+        *([f"  dipole (relaxed)  {r['dipole'][0]:12.6f} {r['dipole'][1]:12.6f} {r['dipole'][2]:12.6f} a.u."]
+          if r.get("dipole") else []),
         "",
         "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
     ]

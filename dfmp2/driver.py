@@ -17,6 +17,7 @@ from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
+from .response import PROPERTIES, relaxed_properties
 from .kernels import SPLIT_PRECISIONS, backend_for, device_screens
 from .scf import early_integrals_fit, scf_builds_for
 from .settings import Settings, settings_from
@@ -65,6 +66,7 @@ class DFMP2Result:
     peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
     scf_record: dict = field(default_factory=dict)  # what built the SCF's J and K (`scf_record`)
     screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
+    properties: dict = field(default_factory=dict)  # from the relaxed density: {"dipole": [x, y, z] a.u.}
 
     def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
         """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis (or AO with ao_repr):
@@ -127,6 +129,7 @@ class DFMP2Result:
             "auxbasis_generated": dict(self.auxbasis_generated),
             "auxbasis_sources": {k: dict(v) for k, v in self.auxbasis_sources.items()},
             "ecp": {k: dict(v) for k, v in self.ecp.items()},
+            **{name: value for name, value in self.properties.items()},
             "kernel_specializations": {k: [[list(a) if isinstance(a, tuple) else a for a in s]
                                            for s in sorted(v, key=repr)]
                                        for k, v in self.kernel_specializations.items()},
@@ -212,6 +215,15 @@ def _offered_precision(settings: Settings) -> Settings:
     return settings
 
 
+def _with_properties(settings: Settings) -> Settings:
+    """settings, with the densities the relaxed properties need (settings.properties: of
+    PROPERTIES) asked for; InputError for an unknown property."""
+    unknown = [name for name in settings.properties if name not in PROPERTIES]
+    if unknown:
+        raise InputError(f"unknown property {unknown[0]!r} (use one of: {', '.join(PROPERTIES)})")
+    return settings.replace(with_rdm1=True, with_gamma=True) if settings.properties else settings
+
+
 def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
     """(the reference's orbitals, `chem.mean_field_orbitals`; the integral provider: `integrals`,
     or PySCF's three-center integrals in settings.auxbasis)."""
@@ -226,7 +238,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     then E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals. Keyword `changes` are
     applied on top of `settings` (default Settings()); context: the run's team, progress and
     timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
-    settings, context = _offered_precision(settings_from(settings, **changes)), context_from(context)
+    settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
     reference = chem.choose_reference(settings.spin, settings.reference)
     check_request(settings, 1 if reference == "rhf" else 2, context.ranks, semicanonical=reference == "rohf")
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
@@ -274,9 +286,8 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
         result.correlation.checkpoint["reused_scf"] = reused_scf
     result.scf_record = scf_record(builds, mf if scf_here else None)
     result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
-    result.double_hybrid = dh
-    result.mean_field = mf
-    result.ecp = dict(ecp.record)
+    result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
+    result.properties = relaxed_properties(mf, result.correlation, settings) if settings.properties else {}
     return result
 
 

@@ -80,3 +80,17 @@ def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10
         dm[np.ix_(occ_index, vir_all)] += 0.5 * z_s.T
         dms.append(dm + np.diag(occ.astype(np.float64)))
     return dms[0] if len(dms) == 1 else np.array(dms)
+
+
+PROPERTIES = ("dipole",)  # what relaxed_properties computes
+
+
+def relaxed_properties(mf, correlation, settings) -> dict:
+    """The one-electron properties settings.properties asks for, from the relaxed DF-MP2
+    density of a finished run (made with with_rdm1 and with_gamma): {"dipole": [x, y, z]}, the
+    dipole moment in atomic units (e a0; nuclei included), about the origin of the input frame."""
+    integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    dm = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals)
+    coeffs, _ = chem._per_spin(mf)
+    total_ao = sum(c @ d @ c.T for c, d in zip(coeffs, dm.reshape(-1, *dm.shape[-2:])))
+    return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
