@@ -1219,3 +1219,75 @@ def dipole_moment(mol, dm_ao) -> np.ndarray:
     from pyscf.scf import hf
 
     return np.asarray(hf.dip_moment(mol, dm_ao, unit="AU", verbose=0))
+
+
+class SCFGradientTerms:
+    """The mean field's own derivative terms, per atom [natm, 3] (Eh/bohr), from PySCF's SCF
+    gradient object (its density fitting, or exact integrals): nuclear repulsion, and for AO
+    matrices the core-Hamiltonian and overlap derivatives (PySCF's -d/dr convention: ip1)."""
+
+    def __init__(self, mf):
+        self.mf, self.mol = mf, mf.mol
+        self.grad = mf.nuc_grad_method()
+        self.hcore = self.grad.hcore_generator(self.mol)
+        self.s1 = self.grad.get_ovlp(self.mol)  # [3, nao, nao]
+        self.slices = self.mol.aoslice_by_atom()[:, 2:]
+
+    def nuclear(self) -> np.ndarray:
+        return np.asarray(self.grad.grad_nuc())
+
+    def core(self, dm) -> np.ndarray:
+        """sum_mn dh_mn/dR_A D_nm per atom."""
+        return np.array([np.einsum("xij,ji->x", self.hcore(a), dm) for a in range(self.mol.natm)])
+
+    def overlap(self, w) -> np.ndarray:
+        """sum_mn dS_mn/dR_A W_mn per atom (W need not be symmetric), -d/dr convention as PySCF's s1."""
+        out = np.zeros((self.mol.natm, 3))
+        for a, (p0, p1) in enumerate(self.slices):
+            out[a] = np.einsum("xij,ij->x", self.s1[:, p0:p1], w[p0:p1]) + np.einsum("xji,ij->x", self.s1[:, p0:p1],
+                                                                                   w[:, p0:p1])
+        return out
+
+    def two_electron(self, dm) -> np.ndarray:
+        """d/dR_A of 1/2 sum D V_eff[D] with D fixed (the SCF's two-electron gradient for the
+        total density D: J - K/2 for RHF; its density fitting with the auxiliary response)."""
+        vhf = self.grad.get_veff(self.mol, dm)
+        out = np.array([2.0 * np.einsum("xij,ij->x", vhf[:, p0:p1], dm[p0:p1]) for p0, p1 in self.slices])
+        if getattr(self.grad, "auxbasis_response", False) and getattr(vhf, "aux", None) is not None:
+            out += np.asarray(vhf.aux)
+        return out
+
+    def energy_weighted_hf(self) -> np.ndarray:
+        """The reference's energy-weighted density sum_i n_i e_i C_mi C_ni."""
+        return self.grad.make_rdm1e(self.mf.mo_energy, self.mf.mo_coeff, self.mf.mo_occ)
+
+    def veff(self, dm) -> np.ndarray:
+        return self.mf.get_veff(self.mol, dm)
+
+
+def three_center_derivative_contraction(integrals, gamma_ao, gamma_aux) -> np.ndarray:
+    """The DF-MP2 energy's explicit derivative through the fitting integrals, per atom [natm, 3]:
+      sum_mnP G_mn^P d(mn|P)/dR_A - 1/2 sum_PQ Gbar_PQ d(P|Q)/dR_A
+    gamma_ao [nao, nao, naux] (G_mn^P, not symmetric), gamma_aux [naux, naux] (Gbar, symmetric);
+    integrals: chem.ThreeCenterIntegrals (their auxmol). int3c2e_ip1/ip2 and int2c2e_ip1, one
+    auxiliary shell block at a time."""
+    from pyscf import df
+
+    mol, auxmol = integrals.mol, integrals.auxmol
+    ao_slices, aux_slices = mol.aoslice_by_atom()[:, 2:], auxmol.aoslice_by_atom()
+    out = np.zeros((mol.natm, 3))
+    symmetric = gamma_ao + gamma_ao.transpose(1, 0, 2)
+    for a, (p0, p1) in enumerate(ao_slices):  # (dm n|P): m on atom a, both orbital positions
+        if p1 > p0:
+            shls = (*mol.aoslice_by_atom()[a, :2], 0, mol.nbas, 0, auxmol.nbas)
+            ip1 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip1", comp=3, aosym="s1", shls_slice=shls)
+            out[a] -= np.einsum("xmnP,mnP->x", ip1.reshape(3, p1 - p0, mol.nao, -1), symmetric[p0:p1])
+    for a in range(mol.natm):  # (mn|dP) and (dP|Q): P on atom a
+        s0, s1, q0, q1 = aux_slices[a]
+        if q1 > q0:
+            ip2 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip2", comp=3, aosym="s1",
+                                   shls_slice=(0, mol.nbas, 0, mol.nbas, s0, s1))
+            out[a] -= np.einsum("xmnP,mnP->x", ip2.reshape(3, mol.nao, mol.nao, -1), gamma_ao[:, :, q0:q1])
+            v1 = auxmol.intor("int2c2e_ip1", comp=3, shls_slice=(s0, s1, 0, auxmol.nbas))
+            out[a] += np.einsum("xPQ,PQ->x", v1, gamma_aux[q0:q1] + gamma_aux[:, q0:q1].T) * 0.5
+    return out

@@ -41,7 +41,7 @@ from .steps import natural_orbitals
 from .settings import IF_ROOM, Settings
 from .storage import open_ovl, write_ovl
 
-GRADIENTS_PENDING = "analytic DF-MP2 gradients (and relaxed densities) are not implemented in dfmp2 yet"
+GRADIENTS_PENDING = "analytic DF-MP2 gradients of UHF and ROHF references are not implemented in dfmp2 yet (RHF are)"
 ROHF_DENSITIES_PENDING = "MP2 densities of ROHF references are not implemented in dfmp2 (RHF and UHF are)"
 
 
@@ -166,10 +166,14 @@ class _DFMP2Base(lib.StreamObject):
         return self._per_spin(masks)
 
     def nuc_grad_method(self):
-        raise NotImplementedError(GRADIENTS_PENDING)
+        """The analytic DF-MP2 nuclear gradient object (PySCF's convention: .kernel() -> de
+        [natm, 3], Eh/bohr). RHF references (`dfmp2.gradient`)."""
+        if chem.reference_kind(self._scf) != "rhf":
+            raise NotImplementedError(GRADIENTS_PENDING)
+        return Gradients(self)
 
     def Gradients(self):  # noqa: N802 (PySCF's name)
-        raise NotImplementedError(GRADIENTS_PENDING)
+        return self.nuc_grad_method()
 
     def __enter__(self):
         return self
@@ -314,6 +318,34 @@ class _DFMP2Base(lib.StreamObject):
         if dh.name != "custom" and _xc_key(dh.xc) != _xc_key(self._scf.xc):
             raise InputError(f"{dh.name}'s KS part is {dh.xc!r}, but the reference used xc {self._scf.xc!r}")
         return self.e_ref + dh.c_os * self.e_corr_os + dh.c_ss * self.e_corr_ss
+
+
+class Gradients(lib.StreamObject):
+    """dE_total/dR of a dfmp2 DF-MP2 object, PySCF's gradient conventions: kernel() -> de
+    [natm, 3] (Eh/bohr, atoms in the molecule's order and frame), kept in .de; .base is the
+    DF-MP2 object, .mol its molecule. Runs the energy (with the densities it needs) first if
+    needed; the CPHF is solved to base.cphf_tol (default: the SCF's conv_tol)."""
+
+    def __init__(self, base):
+        self.base, self.mol, self.verbose, self.stdout = base, base.mol, base.verbose, base.stdout
+        self.de = None
+
+    def kernel(self, atmlst=None):
+        from .gradient import rhf_gradient
+
+        base = self.base
+        corr = None if base.result is None else base.result.correlation
+        if corr is None or corr.gamma is None:
+            base._run(with_rdm1=True, with_gamma=True, rdm1_scaling=base._rdm1_scaling(), with_t2=False)
+            corr = base.result.correlation
+        de = rhf_gradient(base._scf, corr, base._integrals(),
+                          tol=getattr(base, "cphf_tol", getattr(base._scf, "conv_tol", 1e-9)),
+                          max_cycle=getattr(base, "cphf_max_cycle", 100))
+        self.de = de if atmlst is None else de[list(atmlst)]
+        logger.note(self, "dfmp2 DF-MP2 gradient (Eh/bohr):\n%s", self.de)
+        return self.de
+
+    grad = kernel
 
 
 class DFMP2(_DFMP2Base):

@@ -1,0 +1,82 @@
+"""Analytic DF-MP2 nuclear gradients, restricted (RHF) references: dE_total/dR_A [natm, 3], Eh/bohr.
+
+From the pipeline's unrelaxed density and three-index two-particle density G_ia^P = dE/d(ia|P)
+(steps.three_index_density) and the relaxed density (response.relaxed_density), with the
+Lagrangian's orbital terms, per atom A:
+
+    dE/dR_A = V_nn' + sum h'_mn D_mn + 1/2 B'(D_HF, D_HF + 2 P)                 separable
+              + sum_mnP G_mn^P (mn|P)' - 1/2 sum_PQ Gbar_PQ (P|Q)'               DF two-particle
+              + sum S'_mn (I_mn - Z_mn - R_mn)                                  orbital (overlap) terms
+    D = D_HF + P (P: the relaxed correlation density), G_mn^P = C_mi G_ia^P C_na,
+    Gbar_PQ = sum_ia G_ia^P c_ia^Q (c = (ia|R) V^-1), B'(D1, D2): the derivative of the
+    reference's two-electron energy bilinear form (its own J/K: density fitting or exact);
+    I = C Imat C^T with Imat_pi = -1/2 sum_bP (pb|P) G_ib^P (i active), Imat_pa = -1/2 sum_jP
+    (jp|P) G_ja^P, then Imat_ai = Imat_ia; Z = C (zeta * P) C^T + the reference's
+    energy-weighted density, zeta_pq = (e_p + e_q)/2 (e_i in the occupied-virtual blocks);
+    R = O V_eff[2 P] O, O = C_occ C_occ^T.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from . import chem
+from .response import relaxed_density
+
+
+def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
+    """(A [nmo, nact], B [nmo, nvir], G_mn^P [nao, nao, naux], Gbar [naux, naux]) of one spin:
+    A_pi = sum_bP (pb|P) G_ib^P, B_pa = sum_jP (jp|P) G_ja^P, from (mn|P) one auxiliary block
+    at a time (fp64, host)."""
+    c_act, c_vir = coeff[:, act], coeff[:, vir]
+    nao, naux = coeff.shape[0], integrals.naux
+    a_ao, b_ao = np.zeros((nao, len(act))), np.zeros((nao, len(vir)))
+    ia_p = np.zeros((len(act), len(vir), naux))
+    gamma_ao = np.zeros((nao, nao, naux))
+    for p0, p1 in integrals.aux_blocks(aux_block):
+        ao = integrals.block(p0, p1)  # (mn|P) [nP, nao, nao]
+        g = gamma[:, :, p0:p1]
+        # G_mn^P = C_mi G_ia^P C_na
+        gamma_ao[:, :, p0:p1] = np.einsum("mi,iaP,na->mnP", c_act, g, c_vir, optimize=True)
+        # A_mi = sum_nP (mn|P) G_mn-like: sum_bP (m b|P) G_ib^P;  B_na = sum_iP (i n|P) G_ia^P
+        a_ao += np.einsum("Pmn,nb,ibP->mi", ao, c_vir, g, optimize=True)
+        b_ao += np.einsum("Pmn,mi,iaP->na", ao, c_act, g, optimize=True)
+        ia_p[:, :, p0:p1] = np.einsum("mi,Pmn,na->iaP", c_act, ao, c_vir, optimize=True)
+    metric = integrals.metric()
+    coefficients = scipy.linalg.cho_solve(scipy.linalg.cho_factor(metric), ia_p.reshape(-1, naux).T).T
+    gamma_aux = gamma.reshape(-1, naux).T @ coefficients  # Gbar_PQ = sum_ia G_ia^P c_ia^Q
+    return coeff.T @ a_ao, coeff.T @ b_ao, gamma_ao, gamma_aux
+
+
+def rhf_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np.ndarray:
+    """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF `mf`, from a finished run made
+    with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense."""
+    act, vir, _, _ = correlation.rdm1_active[0]
+    gamma = correlation.gamma[0]
+    coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
+    energies = np.asarray(mf.mo_energy)
+    occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
+    terms = chem.SCFGradientTerms(mf)
+    p_mo = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
+                           max_cycle=max_cycle) - np.diag(occ.astype(np.float64))
+    a_mo, b_mo, gamma_ao, gamma_aux = lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir))
+    # Imat_pi = -A_pi / 2 (i active), Imat_pa = -B_pa / 2, then the virtual-occupied block mirrored
+    imat = np.zeros_like(p_mo)
+    imat[:, act] = -0.5 * a_mo
+    imat[:, vir] = -0.5 * b_mo
+    imat[np.ix_(vir_all, occ_index)] = imat[np.ix_(occ_index, vir_all)].T
+    # zeta_pq = (e_p + e_q) / 2, e_i in the occupied-virtual blocks
+    zeta = 0.5 * (energies[:, None] + energies[None, :])
+    zeta[np.ix_(vir_all, occ_index)] = energies[occ_index][None, :]
+    zeta[np.ix_(occ_index, vir_all)] = energies[occ_index][:, None]
+    p_ao = coeff @ p_mo @ coeff.T
+    d_hf = coeff @ np.diag(occ.astype(np.float64)) @ coeff.T
+    projector = coeff[:, occ_index] @ coeff[:, occ_index].T
+    response = projector @ terms.veff(p_ao + p_ao.T) @ projector
+    w_ao = coeff @ (zeta * p_mo) @ coeff.T + terms.energy_weighted_hf()
+    d_plus = d_hf + 2.0 * p_ao
+    separable = (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
+    return (terms.nuclear() + terms.core(d_hf + p_ao) + separable
+            + chem.three_center_derivative_contraction(integrals, gamma_ao, gamma_aux)
+            + terms.overlap(coeff @ imat @ coeff.T) - terms.overlap(w_ao) - terms.overlap(response))

@@ -1,0 +1,73 @@
+"""Analytic DF-MP2 gradients (RHF) against central finite differences of dfmp2's own energies,
+and against PySCF's conventional (non-DF) MP2 gradient (the DF error)."""
+
+import numpy as np
+import pytest
+from pyscf import gto, scf
+
+from dfmp2 import DFMP2, native
+
+BOHR = 0.52917721092  # Angstrom
+WATER = [("O", (0.0, 0.0, 0.1173)), ("H", (0.0, 0.7572, -0.4692)), ("H", (0.0, -0.7572, -0.4692))]
+
+
+def _mean_field(coords, scf_mode, basis="cc-pvdz"):
+    mol = gto.M(atom=[(s, c) for (s, _), c in zip(WATER, coords)], basis=basis, verbose=0)
+    mf = scf.RHF(mol).density_fit() if scf_mode == "df" else scf.RHF(mol)
+    mf.conv_tol, mf.conv_tol_grad = 1e-13, 1e-9
+    return mf.run()
+
+
+def _finite_difference(energy, x0, step=1e-4):
+    """Central differences (step in Angstrom) -> Eh/bohr, [natm, 3]."""
+    grad = np.zeros_like(x0)
+    for a in range(x0.shape[0]):
+        for k in range(3):
+            plus, minus = x0.copy(), x0.copy()
+            plus[a, k] += step
+            minus[a, k] -= step
+            grad[a, k] = (energy(plus) - energy(minus)) / (2 * step / BOHR)
+    return grad
+
+
+@pytest.mark.parametrize("scf_mode, frozen, method", [("exact", None, "mp2"), ("df", 1, "mp2"), ("df", None, "scs")])
+def test_rhf_gradient_matches_finite_differences(scf_mode, frozen, method):
+    """Against central differences of E_SCF + E_DF-MP2 (or SCS-MP2) from dfmp2 itself, 1e-6 Eh/bohr
+    (measured: 4e-8, the differences' own error), exact or density-fitted SCF, frozen core or not."""
+    cls = native.SCSMP2 if method == "scs" else native.DFMP2
+
+    def energy(coords):
+        mf = _mean_field(coords, scf_mode)
+        pt = cls(mf, frozen=frozen, auxbasis="cc-pvdz-ri")
+        pt.kernel()
+        return mf.e_tot + pt.e_corr
+
+    x0 = np.array([c for _, c in WATER])
+    pt = cls(_mean_field(x0, scf_mode), frozen=frozen, auxbasis="cc-pvdz-ri")
+    analytic = pt.nuc_grad_method().kernel()
+    assert analytic.shape == (3, 3) and np.abs(analytic.sum(axis=0)).max() < 1e-8  # translations
+    assert np.abs(analytic - _finite_difference(energy, x0)).max() < 1e-6
+
+
+def test_gradient_interfaces_follow_pyscf():
+    """pt.nuc_grad_method().kernel() and pt.Gradients().kernel() (the drop-in, PySCF's names),
+    .de kept; open shells are refused clearly for now."""
+    mf = _mean_field(np.array([c for _, c in WATER]), "df")
+    pt = DFMP2(mf, auxbasis="cc-pvdz-ri")
+    g = pt.nuc_grad_method()
+    de = g.kernel()
+    assert g.de is de and np.allclose(pt.Gradients().kernel(), de, atol=1e-12)
+    radical = scf.UHF(gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)).run()
+    with pytest.raises(NotImplementedError, match="UHF and ROHF"):
+        DFMP2(radical).nuc_grad_method()
+
+
+def test_rhf_gradient_against_pyscf_conventional_mp2():
+    """Against PySCF's conventional MP2 gradient (no density fitting): with cc-pVTZ-RI fitting the
+    DF error in the gradient is below 1e-4 Eh/bohr (measured 2e-5 on water/cc-pVDZ)."""
+    from pyscf import mp
+
+    mf = _mean_field(np.array([c for _, c in WATER]), "exact")
+    conventional = mp.MP2(mf).run().nuc_grad_method().kernel()
+    ours = native.DFMP2(mf, auxbasis="cc-pvtz-ri").nuc_grad_method().kernel()
+    assert np.abs(ours - conventional).max() < 1e-4
