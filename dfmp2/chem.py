@@ -1291,3 +1291,8 @@ def three_center_derivative_contraction(integrals, gamma_ao, gamma_aux) -> np.nd
             v1 = auxmol.intor("int2c2e_ip1", comp=3, shls_slice=(s0, s1, 0, auxmol.nbas))
             out[a] += np.einsum("xPQ,PQ->x", v1, gamma_aux[q0:q1] + gamma_aux[:, q0:q1].T) * 0.5
     return out
+
+
+def atom_symbols(mol) -> list:
+    """The element symbols of the molecule's atoms, in its order."""
+    return [mol.atom_pure_symbol(k) for k in range(mol.natm)]

@@ -128,10 +128,22 @@ TRANSFORM_OPTION = click.option(
                    "(a.u., nuclei included, the input's frame).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf, scf_backend,
-        scf_precision, screening, device, precision, simulate,
-        nki_api, transform, max_memory, scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path, natorbs_path, properties, quiet, debug):
+def run(**options):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
+    _run_molecule(False, **options)
+
+
+def _grad(**options):
+    """DF-MP2 energy and analytic nuclear gradient of the molecule in MOLECULE.xyz (Angstrom):
+    dE/dR per atom in Eh/bohr, the input's frame and atom order (RHF references)."""
+    _run_molecule(True, **options)
+
+
+def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf,
+                  scf_backend, scf_precision, screening, device, precision, simulate, nki_api, transform, max_memory,
+                  scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path,
+                  natorbs_path, properties, quiet, debug):
+    """`dfmp2 run` (gradient False) and `dfmp2 grad` (True): one code path."""
     from .driver import run_xyz
 
     outputs = Outputs()
@@ -157,7 +169,7 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
                             precision=precision or COMMAND_PRECISION, simulate=simulate, nki_api=nki_api,
                             transform=transform, max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
                             checkpoint_allow_other_files=checkpoint_allow_other_files,
-                            properties=tuple(properties.split(",")) if properties else ())
+                            properties=tuple(properties.split(",")) if properties else (), gradient=gradient)
         try:
             result = run_xyz(molecule, settings, RunContext(team=team, progress=progress))
         finally:
@@ -190,6 +202,10 @@ def run(molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss,
     record = _guarded(compute, debug, outputs)
     if record is not None and not quiet and not outputs.to_stdout():
         _print_summary(record)
+
+
+cli.add_command(click.Command("grad", callback=_grad, params=list(run.params), help=_grad.__doc__,
+                              context_settings={"help_option_names": ["-h", "--help"]}))
 
 
 @cli.command()
@@ -417,6 +433,7 @@ def _print_summary(r):
         f"  E(total)          {r['e_tot']:20.12f} Eh" + ("  = E(KS) + E(PT2)" if r.get("e_pt2") is not None else ""),
         *([f"  dipole (relaxed)  {r['dipole'][0]:12.6f} {r['dipole'][1]:12.6f} {r['dipole'][2]:12.6f} a.u."]
           if r.get("dipole") else []),
+        *_gradient_lines(r.get("gradient"), r.get("atoms")),
         "",
         "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
     ]
@@ -425,6 +442,15 @@ def _print_summary(r):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
     click.echo("\n".join(lines))
+
+
+def _gradient_lines(gradient, atoms):
+    """The analytic gradient table (Eh/bohr), one row per atom in the input's order."""
+    if gradient is None:
+        return []
+    rows = [f"  {k + 1:4d} {symbol:3s} {g[0]:16.10f} {g[1]:16.10f} {g[2]:16.10f}"
+            for k, (symbol, g) in enumerate(zip(atoms, gradient))]
+    return ["", "  gradient dE/dR (Eh/bohr)      x                y                z", *rows]
 
 
 def _scf_lines(r):

@@ -17,7 +17,7 @@ from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
-from .response import PROPERTIES, relaxed_properties
+from .response import PROPERTIES, nuclear_gradient, relaxed_properties
 from .kernels import SPLIT_PRECISIONS, backend_for, device_screens
 from .scf import early_integrals_fit, scf_builds_for
 from .settings import Settings, settings_from
@@ -67,6 +67,7 @@ class DFMP2Result:
     scf_record: dict = field(default_factory=dict)  # what built the SCF's J and K (`scf_record`)
     screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
     properties: dict = field(default_factory=dict)  # from the relaxed density: {"dipole": [x, y, z] a.u.}
+    gradient: object = None  # dE_total/dR [natm, 3] (Eh/bohr) when asked for (settings.gradient)
 
     def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
         """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis (or AO with ao_repr):
@@ -130,6 +131,8 @@ class DFMP2Result:
             "auxbasis_sources": {k: dict(v) for k, v in self.auxbasis_sources.items()},
             "ecp": {k: dict(v) for k, v in self.ecp.items()},
             **{name: value for name, value in self.properties.items()},
+            **({"gradient": np.asarray(self.gradient).tolist(), "atoms": chem.atom_symbols(self.mean_field.mol)}
+               if self.gradient is not None else {}),
             "kernel_specializations": {k: [[list(a) if isinstance(a, tuple) else a for a in s]
                                            for s in sorted(v, key=repr)]
                                        for k, v in self.kernel_specializations.items()},
@@ -221,7 +224,12 @@ def _with_properties(settings: Settings) -> Settings:
     unknown = [name for name in settings.properties if name not in PROPERTIES]
     if unknown:
         raise InputError(f"unknown property {unknown[0]!r} (use one of: {', '.join(PROPERTIES)})")
-    return settings.replace(with_rdm1=True, with_gamma=True) if settings.properties else settings
+    if settings.gradient and chem.choose_reference(settings.spin, settings.reference) != "rhf":
+        raise InputError("analytic DF-MP2 gradients of UHF and ROHF references are not implemented yet (RHF are)")
+    if settings.gradient and settings.xc is not None:
+        raise InputError("analytic gradients of double hybrids are not implemented yet (DF-MP2 on RHF is)")
+    wanted = settings.properties or settings.gradient
+    return settings.replace(with_rdm1=True, with_gamma=True) if wanted else settings
 
 
 def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
@@ -288,6 +296,7 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
     result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
     result.properties = relaxed_properties(mf, result.correlation, settings) if settings.properties else {}
+    result.gradient = nuclear_gradient(mf, result.correlation, settings) if settings.gradient else None
     return result
 
 

@@ -94,3 +94,11 @@ def relaxed_properties(mf, correlation, settings) -> dict:
     coeffs, _ = chem._per_spin(mf)
     total_ao = sum(c @ d @ c.T for c, d in zip(coeffs, dm.reshape(-1, *dm.shape[-2:])))
     return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
+
+
+def nuclear_gradient(mf, correlation, settings):
+    """dE_total/dR [natm, 3] (Eh/bohr) of a finished RHF run made with with_rdm1 and with_gamma
+    (`dfmp2.gradient`), in the MP2 fitting set of settings.auxbasis."""
+    from .gradient import rhf_gradient
+
+    return rhf_gradient(mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis))
