@@ -239,7 +239,7 @@ class _DFMP2Base(lib.StreamObject):
         """Run DF-MP2 with `changes` to the settings; sets the energies and returns the result."""
         log = logger.new_logger(self)
         cput = (logger.process_clock(), logger.perf_counter())
-        integrals = self._integrals()
+        integrals = changes.pop("integrals", None) or self._integrals()
         if self.verbose >= logger.INFO:
             self.dump_flags(integrals=integrals)
         given = changes.pop("given", None)
@@ -264,6 +264,18 @@ class _DFMP2Base(lib.StreamObject):
         log.timer(self.__class__.__name__, *cput)
         return self.result
 
+    def _raw_integrals(self):
+        """(mn|P) in the auxiliary basis of this object's runs, as chem.ThreeCenterIntegrals
+        (the orbital response and the gradient need the fitting integrals themselves, not
+        Cholesky vectors a density-fitted SCF holds)."""
+        integrals = self._integrals()
+        if isinstance(integrals, chem.ThreeCenterIntegrals):
+            return integrals
+        if chem.is_periodic(self._scf):
+            raise NotImplementedError("relaxed densities and gradients of periodic mean fields are not implemented")
+        auxmol = getattr(self.with_df, "auxmol", None)
+        return chem.ThreeCenterIntegrals(self.mol, auxmol.basis if auxmol is not None else self.with_df.auxbasis)
+
     def _correlation_energy(self):
         """e_corr of the finished run (the SCS classes scale its parts)."""
         return self.result.e_corr
@@ -281,9 +293,10 @@ class _DFMP2Base(lib.StreamObject):
 
             corr = None if self.result is None else self.result.correlation
             if corr is None or corr.gamma is None:
-                self._run(with_rdm1=True, with_gamma=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False)
+                self._run(with_rdm1=True, with_gamma=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False,
+                          integrals=self._raw_integrals())
                 corr = self.result.correlation
-            dm = relaxed_density(self._scf, corr.rdm1_active, corr.gamma, self._integrals(),
+            dm = relaxed_density(self._scf, corr.rdm1_active, corr.gamma, self._raw_integrals(),
                                  tol=getattr(self, "cphf_tol", getattr(self._scf, "conv_tol", 1e-9)),
                                  max_cycle=getattr(self, "cphf_max_cycle", 100))
             coeffs = np.asarray(self.mo_coeff)
@@ -336,9 +349,10 @@ class Gradients(lib.StreamObject):
         base = self.base
         corr = None if base.result is None else base.result.correlation
         if corr is None or corr.gamma is None:
-            base._run(with_rdm1=True, with_gamma=True, rdm1_scaling=base._rdm1_scaling(), with_t2=False)
+            base._run(with_rdm1=True, with_gamma=True, rdm1_scaling=base._rdm1_scaling(), with_t2=False,
+                      integrals=base._raw_integrals())
             corr = base.result.correlation
-        de = rhf_gradient(base._scf, corr, base._integrals(),
+        de = rhf_gradient(base._scf, corr, base._raw_integrals(),
                           tol=getattr(base, "cphf_tol", getattr(base._scf, "conv_tol", 1e-9)),
                           max_cycle=getattr(base, "cphf_max_cycle", 100))
         self.de = de if atmlst is None else de[list(atmlst)]
@@ -346,6 +360,47 @@ class Gradients(lib.StreamObject):
         return self.de
 
     grad = kernel
+
+    def as_scanner(self):
+        """PySCF's gradient scanner (what pyscf.geomopt drives): scanner(mol or coordinates) ->
+        (e_tot, de) at that geometry, the SCF rerun from the previous density (PySCF's SCF
+        scanner), then DF-MP2 with this object's options, and its gradient."""
+        return GradScanner(self)
+
+
+class GradScanner(lib.GradScanner):
+    """The scanner of a dfmp2 `Gradients` (see Gradients.as_scanner)."""
+
+    def __init__(self, grad):
+        self.__dict__.update(grad.__dict__)
+        self.template, self.mf_scanner = grad.base, grad.base._scf.as_scanner()
+        self.base = grad.base
+
+    def __call__(self, mol_or_geom, **kwargs):
+        import copy
+
+        from pyscf import gto
+
+        mol = mol_or_geom if isinstance(mol_or_geom, gto.MoleBase) else self.mol.set_geom_(mol_or_geom, inplace=False)
+        mf = self.mf_scanner
+        mf(mol)
+        base = copy.copy(self.template)  # the same options on the new geometry's reference
+        base._scf, base.mol, base.result, base.converged = mf, mol, None, False
+        if self.template.with_df is not None and self.template.with_df is getattr(self.template._scf, "with_df", None):
+            base.with_df = mf.with_df  # the SCF's own fitting, reset to the new geometry by its scanner
+        elif self.template.with_df is not None:
+            base.with_df = copy.copy(self.template.with_df)
+            base.with_df.reset(mol)
+        base.mo_coeff, base.mo_occ, base.mo_energy, base.e_ref = mf.mo_coeff, mf.mo_occ, mf.mo_energy, mf.e_tot
+        base.e_hf = None if chem.is_kohn_sham(mf) else mf.e_tot
+        self.mol, self.base = mol, base
+        de = Gradients(base).kernel(getattr(self, "atmlst", None))
+        self.de = de
+        return base.e_tot, de
+
+    @property
+    def converged(self):
+        return bool(self.mf_scanner.converged)
 
 
 class DFMP2(_DFMP2Base):
