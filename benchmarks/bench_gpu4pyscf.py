@@ -9,7 +9,8 @@ Contenders, each a fresh process per round:
               (dfmp2's DF-SCF builds on the GPU, then DF-MP2 on the GPU)
   gpu4pyscf   the script a gpu4pyscf user writes: scf.RHF(mol).density_fit().to_gpu(), then
               gpu4pyscf.mp.dfmp2.DFMP2 (its default MP2 fitting set, the one dfmp2 uses), no t2
-  pyscf-cpu   PySCF's DF-RHF and DFMP2 on the host's cores: what users run today
+  pyscf-cpu   PySCF's DF-RHF and DFMP2 on the host's cores: what users run today (the script of
+              bench_whole_job.py)
 All converge the SCF to 1e-11 Eh / 1e-7 (dfmp2 run's thresholds). Round 0 is a discarded warm-up
 (file caches). The report gives per-contender median wall seconds, step timings, E(total), and
 the median of per-round ratios other / dfmp2 (> 1: dfmp2 is faster). gpu4pyscf's DF-MP2 is also
@@ -29,6 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from bench_whole_job import PYSCF_SCRIPT  # noqa: E402  (the PySCF user's script, shared)
 
 GPU4PYSCF_SCRIPT = """
 import json, sys, time
@@ -55,30 +58,6 @@ json.dump({"e_tot": float(pt.e_tot), "e_corr": float(pt.e_corr), "e_ref": float(
            "timings": {"scf": scf_seconds, "mp2": mp2[0], "mp2_warm": mp2[1]}}, open(sys.argv[3], "w"))
 """
 
-PYSCF_SCRIPT = """
-import json, sys, time
-from pyscf import gto, scf, df
-from pyscf.mp import dfmp2
-mol = gto.M(atom=sys.argv[1], basis=sys.argv[2], verbose=0)
-mf = scf.RHF(mol).density_fit()
-mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
-start = time.perf_counter()
-mf.kernel()
-scf_seconds = time.perf_counter() - start
-pt = dfmp2.DFMP2(mf)
-pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
-start = time.perf_counter()
-pt.kernel(with_t2=False)
-json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr, "e_ref": mf.e_tot, "scf_iterations": mf.cycles,
-           "timings": {"scf": scf_seconds, "mp2": time.perf_counter() - start}}, open(sys.argv[3], "w"))
-"""
-
-
-def read_atoms(path):
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
-    return "; ".join(line for line in lines[2:] if line.strip())
-
 
 def timed(command, output):
     """(wall seconds, the JSON the process wrote) of one process, which must succeed."""
@@ -102,17 +81,12 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda", help="dfmp2's device (cpu: to try the script without a GPU)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    atoms, scratch = read_atoms(args.molecule), tempfile.mkdtemp(prefix="dfmp2-bench-gpu-")
-    scripts = {}
-    for name, text in (("gpu4pyscf", GPU4PYSCF_SCRIPT), ("pyscf-cpu", PYSCF_SCRIPT)):
-        scripts[name] = os.path.join(scratch, f"contender_{name.replace('-', '_')}.py")
-        with open(scripts[name], "w", encoding="utf-8") as handle:
-            handle.write(text)
+    molecule, scratch = os.path.abspath(args.molecule), tempfile.mkdtemp(prefix="dfmp2-bench-gpu-")
     contenders = {
-        "dfmp2": lambda out: [sys.executable, "-m", "dfmp2", "run", args.molecule, "--basis", args.basis,
+        "dfmp2": lambda out: [sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis,
                               "--device", args.device, "--precision", args.precision, "--quiet", "--json", out],
-        "gpu4pyscf": lambda out: [sys.executable, scripts["gpu4pyscf"], atoms, args.basis, out],
-        "pyscf-cpu": lambda out: [sys.executable, scripts["pyscf-cpu"], atoms, args.basis, out],
+        "gpu4pyscf": lambda out: [sys.executable, "-c", GPU4PYSCF_SCRIPT, molecule, args.basis, out],
+        "pyscf-cpu": lambda out: [sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis, out],
     }
     contenders = {name: contenders[name] for name in args.contenders.split(",")}
     walls = {name: [] for name in contenders}

@@ -46,7 +46,7 @@ scf_seconds = time.perf_counter() - start
 pt = dfmp2.DFMP2(mf)
 pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
 pt.kernel(with_t2=False)
-json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr, "scf_iterations": mf.cycles,
+json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr, "e_ref": mf.e_tot, "scf_iterations": mf.cycles,
            "timings": {"scf": scf_seconds, "mp2": time.perf_counter() - start - scf_seconds}},
           open(sys.argv[3], "w"))
 """
