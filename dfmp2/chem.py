@@ -1170,7 +1170,7 @@ def fock_response_vo(mf, dms_mo, full=True) -> list:
     RHF  R_ai = [4 (ai|pq) - (ap|iq) - (aq|ip)] D_pq = C_a^T 2 V_eff[D + D^T] C_i
     UHF  R_ai^s = C_a^T V_eff^s[D + D^T] C_i  (both spins' densities together)
     dms_mo: per spin [nmo, nmo] (full) or [nvir_s, nocc_s] (full=False). Returns [[nvir_s, nocc_s]]."""
-    coeffs, occs = _per_spin(mf)
+    coeffs, occs = per_spin_orbitals(mf)
     dms_ao = []
     for dm, coeff, occ in zip(dms_mo, coeffs, occs):
         c_occ, c_vir = coeff[:, occ > 0], coeff[:, occ == 0]
@@ -1188,7 +1188,7 @@ def solve_cphf(mf, rhs_vo, tol=1e-10, max_cycle=100) -> list:
     solvers, R: fock_response_vo of z as a virtual-occupied density)."""
     from pyscf.scf import cphf, ucphf
 
-    coeffs, occs = _per_spin(mf)
+    coeffs, occs = per_spin_orbitals(mf)
     if len(coeffs) == 1:
         shape = rhs_vo[0].shape
 
@@ -1207,7 +1207,7 @@ def solve_cphf(mf, rhs_vo, tol=1e-10, max_cycle=100) -> list:
     return [np.asarray(z[0]), np.asarray(z[1])]
 
 
-def _per_spin(mf) -> tuple:
+def per_spin_orbitals(mf) -> tuple:
     """(mo_coeff per spin, mo_occ per spin) of an RHF (one spin) or UHF (two) mean field."""
     coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
     return ([coeff], [occ]) if coeff.ndim == 2 else (list(coeff), list(occ))

@@ -22,13 +22,13 @@ import numpy as np
 import scipy.linalg
 
 from . import chem
-from .response import relaxed_density
+from .response import derivative_block, relaxed_density
 
 
 def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
-    """(A [nmo, nact], B [nmo, nvir], G_mn^P [nao, nao, naux], Gbar [naux, naux]) of one spin:
-    A_pi = sum_bP (pb|P) G_ib^P, B_pa = sum_jP (jp|P) G_ja^P, from (mn|P) one auxiliary block
-    at a time (fp64, host)."""
+    """(A [nmo, nact], B [nmo, nvir], G_mn^P [nao, nao, naux], Gbar [naux, naux]) of one spin, in
+    one pass over (mn|P), one auxiliary block at a time (fp64, host): A_pi = sum_bP (pb|P) G_ib^P,
+    B_pa = sum_jP (jp|P) G_ja^P (response.derivative_block; what the relaxed density needs too)."""
     c_act, c_vir = coeff[:, act], coeff[:, vir]
     nao, naux = coeff.shape[0], integrals.naux
     a_ao, b_ao = np.zeros((nao, len(act))), np.zeros((nao, len(vir)))
@@ -39,9 +39,9 @@ def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple
         g = gamma[:, :, p0:p1]
         # G_mn^P = C_mi G_ia^P C_na
         gamma_ao[:, :, p0:p1] = np.einsum("mi,iaP,na->mnP", c_act, g, c_vir, optimize=True)
-        # A_mi = sum_nP (mn|P) G_mn-like: sum_bP (m b|P) G_ib^P;  B_na = sum_iP (i n|P) G_ia^P
-        a_ao += np.einsum("Pmn,nb,ibP->mi", ao, c_vir, g, optimize=True)
-        b_ao += np.einsum("Pmn,mi,iaP->na", ao, c_act, g, optimize=True)
+        a_block, b_block = derivative_block(ao, g, c_act, c_vir)
+        a_ao += a_block
+        b_ao += b_block
         ia_p[:, :, p0:p1] = np.einsum("mi,Pmn,na->iaP", c_act, ao, c_vir, optimize=True)
     metric = integrals.metric()
     coefficients = scipy.linalg.cho_solve(scipy.linalg.cho_factor(metric), ia_p.reshape(-1, naux).T).T
@@ -58,9 +58,9 @@ def rhf_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np.nda
     energies = np.asarray(mf.mo_energy)
     occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
     terms = chem.SCFGradientTerms(mf)
-    p_mo = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
-                           max_cycle=max_cycle) - np.diag(occ.astype(np.float64))
     a_mo, b_mo, gamma_ao, gamma_aux = lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir))
+    p_mo = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol, max_cycle=max_cycle,
+                           derivatives=[(a_mo, b_mo)]) - np.diag(occ.astype(np.float64))
     # Imat_pi = -A_pi / 2 (i active), Imat_pa = -B_pa / 2, then the virtual-occupied block mirrored
     imat = np.zeros_like(p_mo)
     imat[:, act] = -0.5 * a_mo

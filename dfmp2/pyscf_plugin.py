@@ -264,6 +264,20 @@ class _DFMP2Base(lib.StreamObject):
         log.timer(self.__class__.__name__, *cput)
         return self.result
 
+    def _response_inputs(self) -> tuple:
+        """(the run's correlation record with its three-index density, the fitting integrals,
+        the CPHF's tol and max_cycle) for the orbital response (relaxed densities, gradients):
+        runs the energy with those densities first when the last run has none. The run gets its
+        own integrals object (a run may set screening on the one it is given)."""
+        corr = None if self.result is None else self.result.correlation
+        if corr is None or corr.gamma is None:
+            self._run(with_rdm1=True, with_gamma=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False,
+                      integrals=self._raw_integrals())
+            corr = self.result.correlation
+        cphf = {"tol": getattr(self, "cphf_tol", getattr(self._scf, "conv_tol", 1e-9)),
+                "max_cycle": getattr(self, "cphf_max_cycle", 100)}
+        return corr, self._raw_integrals(), cphf
+
     def _raw_integrals(self):
         """(mn|P) in the auxiliary basis of this object's runs, as chem.ThreeCenterIntegrals
         (the orbital response and the gradient need the fitting integrals themselves, not
@@ -291,14 +305,8 @@ class _DFMP2Base(lib.StreamObject):
         if relaxed:
             from .response import relaxed_density
 
-            corr = None if self.result is None else self.result.correlation
-            if corr is None or corr.gamma is None:
-                self._run(with_rdm1=True, with_gamma=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False,
-                          integrals=self._raw_integrals())
-                corr = self.result.correlation
-            dm = relaxed_density(self._scf, corr.rdm1_active, corr.gamma, self._raw_integrals(),
-                                 tol=getattr(self, "cphf_tol", getattr(self._scf, "conv_tol", 1e-9)),
-                                 max_cycle=getattr(self, "cphf_max_cycle", 100))
+            corr, integrals, cphf = self._response_inputs()
+            dm = relaxed_density(self._scf, corr.rdm1_active, corr.gamma, integrals, **cphf)
             coeffs = np.asarray(self.mo_coeff)
             if not ao_repr:
                 return dm
@@ -347,14 +355,8 @@ class Gradients(lib.StreamObject):
         from .gradient import rhf_gradient
 
         base = self.base
-        corr = None if base.result is None else base.result.correlation
-        if corr is None or corr.gamma is None:
-            base._run(with_rdm1=True, with_gamma=True, rdm1_scaling=base._rdm1_scaling(), with_t2=False,
-                      integrals=base._raw_integrals())
-            corr = base.result.correlation
-        de = rhf_gradient(base._scf, corr, base._raw_integrals(),
-                          tol=getattr(base, "cphf_tol", getattr(base._scf, "conv_tol", 1e-9)),
-                          max_cycle=getattr(base, "cphf_max_cycle", 100))
+        corr, integrals, cphf = base._response_inputs()
+        de = rhf_gradient(base._scf, corr, integrals, **cphf)
         self.de = de if atmlst is None else de[list(atmlst)]
         logger.note(self, "dfmp2 DF-MP2 gradient (Eh/bohr):\n%s", self.de)
         return self.de

@@ -22,39 +22,53 @@ import numpy as np
 from . import chem
 
 
-def orbital_gradient(integrals, gamma, coeff, occ_index, act_index, vir_index, aux_block) -> tuple:
-    """(L_vo [nvir, nocc], L_fo [nfrozen, nocc]) of one spin: gamma [nact, nvir, naux] (the
-    auxiliary basis of `integrals`), coeff [nao, nmo]; occ_index: every occupied orbital, act_index:
-    the active ones (a subset), vir_index: the virtual ones; columns in occ_index's order."""
-    c_occ, c_act, c_vir = coeff[:, occ_index], coeff[:, act_index], coeff[:, vir_index]
-    frozen = [k for k, o in enumerate(occ_index) if o not in set(act_index)]
-    active = [k for k, o in enumerate(occ_index) if o in set(act_index)]
-    c_frozen = c_occ[:, frozen]
-    l_vo, l_fo = np.zeros((len(vir_index), len(occ_index))), np.zeros((len(frozen), len(occ_index)))
+def derivative_block(ao, g, c_act, c_vir) -> tuple:
+    """One auxiliary block's share of the orbital derivatives (AO rows): ao (mn|P) [nP, nao, nao],
+    g G_ia^P [nact, nvir, nP] -> (A [nao, nact], B [nao, nvir]),
+      A_mi = sum_bP (mb|P) G_ib^P,   B_na = sum_iP (in|P) G_ia^P"""
+    a_ao = np.einsum("Pmn,nb,ibP->mi", ao, c_vir, g, optimize=True)
+    b_ao = np.einsum("Pmn,mi,iaP->na", ao, c_act, g, optimize=True)
+    return a_ao, b_ao
+
+
+def orbital_derivatives(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
+    """(A [nmo, nact], B [nmo, nvir]) of one spin in the MO basis (derivative_block over the
+    auxiliary blocks of `integrals`, whose auxiliary basis gamma [nact, nvir, naux] is in)."""
+    c_act, c_vir = coeff[:, act], coeff[:, vir]
+    a_ao, b_ao = np.zeros((coeff.shape[0], len(act))), np.zeros((coeff.shape[0], len(vir)))
     for p0, p1 in integrals.aux_blocks(aux_block):
-        ao = integrals.block(p0, p1)  # (mn|P) [nP, nao, nao]
-        g = gamma[:, :, p0:p1]
-        # (oj|P) = C_mo C_nj (mn|P)                        [nP, nocc, nact]
-        oj = np.matmul(np.matmul(c_occ.T, ao), c_act)
-        # L_ao += sum_jP (oj|P) G_ja^P
-        l_vo += np.einsum("Poj,jaP->ao", oj, g, optimize=True)
-        # X_im = sum_bPn G_ib^P C_nb (mn|P)
-        g_ao = np.einsum("ibP,nb->iPn", g, c_vir, optimize=True)
-        x = np.einsum("iPn,Pmn->im", g_ao, ao, optimize=True)
-        l_vo[:, active] -= (x @ c_vir).T
-        l_fo[:, active] -= (x @ c_frozen).T
+        a_block, b_block = derivative_block(integrals.block(p0, p1), gamma[:, :, p0:p1], c_act, c_vir)
+        a_ao += a_block
+        b_ao += b_block
+    return coeff.T @ a_ao, coeff.T @ b_ao
+
+
+def orbital_gradient(a_mo, b_mo, occ_index, act_index, vir_index) -> tuple:
+    """(L_vo [nvir, nocc], L_fo [nfrozen, nocc]) of one spin from its orbital derivatives
+    (orbital_derivatives; every virtual orbital active): L_ao = B_oa - [o active] A_ao and
+    L_fi = -A_fi; occ_index: every occupied orbital, act_index: the active ones; columns in
+    occ_index's order."""
+    position = {o: k for k, o in enumerate(act_index)}
+    frozen = [o for o in occ_index if o not in position]
+    l_vo, l_fo = b_mo[occ_index].T.copy(), np.zeros((len(frozen), len(occ_index)))
+    for column, o in enumerate(occ_index):
+        if o in position:
+            l_vo[:, column] -= a_mo[vir_index, position[o]]
+            l_fo[:, column] = -a_mo[frozen, position[o]]
     return l_vo, l_fo
 
 
-def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10, max_cycle=100):
+def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10, max_cycle=100, derivatives=None):
     """The relaxed DF-MP2 one-particle density in the MO basis: RHF [nmo, nmo], UHF [2, nmo, nmo],
     reference occupations included. rdm1_active: per spin (active occupied indices, virtual
     indices, P_oo, P_vv) (pipeline); gammas: per spin G [nact, nvir, naux]; integrals: the MP2
-    fitting set's three-center integrals (dense); tol, max_cycle: the CPHF solver's."""
-    coeffs, occs = chem._per_spin(mf)
+    fitting set's three-center integrals (dense); tol, max_cycle: the CPHF solver's;
+    derivatives: per spin (A, B) of orbital_derivatives when the caller has them (else made here)."""
+    coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
     corrections, gradients = [], []
-    for (act, vir, p_oo, p_vv), gamma, coeff, occ, e in zip(rdm1_active, gammas, coeffs, occs, energies):
+    for s, ((act, vir, p_oo, p_vv), gamma, coeff, occ, e) in enumerate(zip(rdm1_active, gammas, coeffs, occs,
+                                                                              energies)):
         occ_index = np.flatnonzero(occ > 0)
         vir_all = np.flatnonzero(occ == 0)
         if len(vir) != len(vir_all):
@@ -62,7 +76,9 @@ def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10
         dm = np.zeros((len(occ), len(occ)))
         dm[np.ix_(act, act)] += p_oo
         dm[np.ix_(vir, vir)] += p_vv
-        l_vo, l_fo = orbital_gradient(integrals, gamma, coeff, occ_index, list(act), vir_all, aux_block)
+        a_mo, b_mo = derivatives[s] if derivatives is not None else orbital_derivatives(
+            integrals, gamma, coeff, list(act), list(vir), aux_block)
+        l_vo, l_fo = orbital_gradient(a_mo, b_mo, occ_index, list(act), vir_all)
         frozen = [o for o in occ_index if o not in set(act)]
         for row, f in enumerate(frozen):  # P_fi = L_fi / (2 (e_f - e_i))
             for col, i in enumerate(occ_index):
@@ -91,7 +107,7 @@ def relaxed_properties(mf, correlation, settings) -> dict:
     dipole moment in atomic units (e a0; nuclei included), about the origin of the input frame."""
     integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
     dm = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals)
-    coeffs, _ = chem._per_spin(mf)
+    coeffs, _ = chem.per_spin_orbitals(mf)
     total_ao = sum(c @ d @ c.T for c, d in zip(coeffs, dm.reshape(-1, *dm.shape[-2:])))
     return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
 

@@ -168,6 +168,12 @@ def t2_arrays(channels) -> tuple:
 
 # ----------------------------------------------------------------------------- 5 and singles
 
+def spin_case(nchannels: int, s: int, other: int) -> str:
+    """How the pairs of spin `other` meet spin `s` in the density kernels: "closed" (one,
+    restricted channel), "same" or "opposite" (an unrestricted reference)."""
+    return "closed" if nchannels == 1 else ("same" if other == s else "opposite")
+
+
 def unrelaxed_density(backend, b_occ, channels, occ_block, scaling=(1.0, 1.0)):
     """Unrelaxed MP2 density per spin channel in the active space, fp64 (host), from the same
     (ia|kb) as the energy, formed for all i of one spin against a block of k at a time (t2 is
@@ -183,11 +189,11 @@ def unrelaxed_density(backend, b_occ, channels, occ_block, scaling=(1.0, 1.0)):
     for s, channel in enumerate(channels):
         p_oo, p_vv = np.zeros((channel.nocc, channel.nocc)), np.zeros((channel.nvir, channel.nvir))
         for other, partner in enumerate(channels):  # the spin of k: each spin in turn (the same one only, restricted)
-            spin_case = "closed" if len(channels) == 1 else ("same" if other == s else "opposite")
+            case = spin_case(len(channels), s, other)
             k_block = max(1, min(partner.nocc, occ_block * occ_block // max(channel.nocc, 1)))  # ~ one pair block
             for k0, k1 in block_ranges(partner.nocc, k_block):
                 oo, vv = backend.density_block(b_occ[s], b_occ[other][k0:k1], channel.e_occ, partner.e_occ[k0:k1],
-                                               channel.e_vir, scaling, spin_case,
+                                               channel.e_vir, scaling, case,
                                                None if other == s else partner.e_vir)
                 p_oo += backend.to_host(oo)
                 p_vv += backend.to_host(vv)
@@ -208,12 +214,12 @@ def three_index_density(backend, b_occ, channels, occ_block, factor, scaling=(1.
     for s, channel in enumerate(channels):
         whitened = 0.0
         for other, partner in enumerate(channels):  # the spin of i
-            spin_case = "closed" if len(channels) == 1 else ("same" if other == s else "opposite")
+            case = spin_case(len(channels), s, other)
             i_block = max(1, min(partner.nocc, occ_block * occ_block // max(channel.nocc, 1)))
             for i0, i1 in block_ranges(partner.nocc, i_block):
                 whitened = whitened + backend.to_host(backend.gamma_block(
                     b_occ[other][i0:i1], b_occ[s], partner.e_occ[i0:i1], channel.e_occ, partner.e_vir, scaling,
-                    spin_case, None if other == s else channel.e_vir))
+                    case, None if other == s else channel.e_vir))
         gammas.append(fitting_coefficients(factor, np.asarray(whitened, dtype=np.float64)))
     return gammas
 
