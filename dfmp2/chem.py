@@ -1253,8 +1253,8 @@ class SCFGradientTerms:
         total density D: J - K/2 for RHF; its density fitting with the auxiliary response)."""
         vhf = self.grad.get_veff(self.mol, dm)
         out = np.array([2.0 * np.einsum("xij,ij->x", vhf[:, p0:p1], dm[p0:p1]) for p0, p1 in self.slices])
-        if getattr(self.grad, "auxbasis_response", False) and getattr(vhf, "aux", None) is not None:
-            out += np.asarray(vhf.aux)
+        if getattr(self.grad, "auxbasis_response", False):  # a DF reference: its fitting set's own derivative
+            out += np.asarray(vhf.aux)  # (PySCF's DF gradients always attach it; missing would be an error)
         return out
 
     def energy_weighted_hf(self) -> np.ndarray:
