@@ -1250,19 +1250,27 @@ class SCFGradientTerms:
 
     def two_electron(self, dm) -> np.ndarray:
         """d/dR_A of 1/2 sum D V_eff[D] with D fixed (the SCF's two-electron gradient for the
-        total density D: J - K/2 for RHF; its density fitting with the auxiliary response)."""
+        density D: RHF the total [nao, nao], J - K/2; UHF per spin [2, nao, nao]; its density
+        fitting with the auxiliary response)."""
         vhf = self.grad.get_veff(self.mol, dm)
-        out = np.array([2.0 * np.einsum("xij,ij->x", vhf[:, p0:p1], dm[p0:p1]) for p0, p1 in self.slices])
+        spin = "s" if np.ndim(dm) == 3 else ""
+        out = np.array([2.0 * np.einsum(f"{spin}xij,{spin}ij->x", vhf[..., p0:p1, :], dm[..., p0:p1, :])
+                        for p0, p1 in self.slices])
         if getattr(self.grad, "auxbasis_response", False):  # a DF reference: its fitting set's own derivative
             out += np.asarray(vhf.aux)  # (PySCF's DF gradients always attach it; missing would be an error)
         return out
 
     def energy_weighted_hf(self) -> np.ndarray:
-        """The reference's energy-weighted density sum_i n_i e_i C_mi C_ni."""
-        return self.grad.make_rdm1e(self.mf.mo_energy, self.mf.mo_coeff, self.mf.mo_occ)
+        """The reference's energy-weighted density sum_i n_i e_i C_mi C_ni, summed over spins."""
+        w = np.asarray(self.grad.make_rdm1e(self.mf.mo_energy, self.mf.mo_coeff, self.mf.mo_occ))
+        return w.sum(axis=0) if w.ndim == 3 else w
 
-    def veff(self, dm) -> np.ndarray:
-        return self.mf.get_veff(self.mol, dm)
+    def veff_per_spin(self, dms) -> list:
+        """The reference's V_eff of densities given per spin (RHF: [the total]; UHF: [alpha, beta])
+        -> one [nao, nao] per spin (RHF: J - K/2 of the total; UHF: J[Da + Db] - K[Ds])."""
+        if len(dms) == 1:
+            return [self.mf.get_veff(self.mol, dms[0])]
+        return list(self.mf.get_veff(self.mol, np.array(dms)))
 
 
 def three_center_derivative_contraction(integrals, gamma_ao, gamma_aux) -> np.ndarray:

@@ -224,10 +224,11 @@ def _with_properties(settings: Settings) -> Settings:
     unknown = [name for name in settings.properties if name not in PROPERTIES]
     if unknown:
         raise InputError(f"unknown property {unknown[0]!r} (use one of: {', '.join(PROPERTIES)})")
-    if settings.gradient and chem.choose_reference(settings.spin, settings.reference) != "rhf":
-        raise InputError("analytic DF-MP2 gradients of UHF and ROHF references are not implemented yet (RHF are)")
+    if settings.gradient and chem.choose_reference(settings.spin, settings.reference) == "rohf":
+        raise InputError("analytic DF-MP2 gradients of ROHF references are not implemented (RHF and UHF are; "
+                         "use --reference uhf)")
     if settings.gradient and settings.xc is not None:
-        raise InputError("analytic gradients of double hybrids are not implemented yet (DF-MP2 on RHF is)")
+        raise InputError("analytic gradients of double hybrids are not implemented yet (DF-MP2 on RHF and UHF is)")
     wanted = settings.properties or settings.gradient
     return settings.replace(with_rdm1=True, with_gamma=True) if wanted else settings
 

@@ -1,4 +1,4 @@
-"""Analytic DF-MP2 nuclear gradients, restricted (RHF) references: dE_total/dR_A [natm, 3], Eh/bohr.
+"""Analytic DF-MP2 nuclear gradients, RHF and UHF references: dE_total/dR_A [natm, 3], Eh/bohr.
 
 From the pipeline's unrelaxed density and three-index two-particle density G_ia^P = dE/d(ia|P)
 (steps.three_index_density) and the relaxed density (response.relaxed_density), with the
@@ -14,6 +14,8 @@ Lagrangian's orbital terms, per atom A:
     (jp|P) G_ja^P, then Imat_ai = Imat_ia; Z = C (zeta * P) C^T + the reference's
     energy-weighted density, zeta_pq = (e_p + e_q)/2 (e_i in the occupied-virtual blocks);
     R = O V_eff[2 P] O, O = C_occ C_occ^T.
+UHF: each orbital term per spin (C, e, P, G of that spin) and summed; D and P in B' per spin
+(PySCF's [2, nao, nao]); R = 1/2 sum_s O_s V_eff^s[P_a + P_a^T, P_b + P_b^T] O_s.
 """
 
 from __future__ import annotations
@@ -49,34 +51,52 @@ def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple
     return coeff.T @ a_ao, coeff.T @ b_ao, gamma_ao, gamma_aux
 
 
-def rhf_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np.ndarray:
-    """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF `mf`, from a finished run made
-    with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense."""
-    act, vir, _, _ = correlation.rdm1_active[0]
-    gamma = correlation.gamma[0]
-    coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
-    energies = np.asarray(mf.mo_energy)
-    occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
+def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np.ndarray:
+    """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF or UHF `mf`, from a finished run made
+    with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense.
+    Per spin channel s (RHF: one, spin-summed; UHF: alpha and beta), every term of the module
+    docstring is summed over s; the occupied-space response term is 1/nspin sum_s O_s V_s O_s."""
+    coeffs, occs = chem.per_spin_orbitals(mf)
+    energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
+    nspin = len(coeffs)
     terms = chem.SCFGradientTerms(mf)
-    a_mo, b_mo, gamma_ao, gamma_aux = lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir))
-    p_mo = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol, max_cycle=max_cycle,
-                           derivatives=[(a_mo, b_mo)]) - np.diag(occ.astype(np.float64))
-    # Imat_pi = -A_pi / 2 (i active), Imat_pa = -B_pa / 2, then the virtual-occupied block mirrored
-    imat = np.zeros_like(p_mo)
-    imat[:, act] = -0.5 * a_mo
-    imat[:, vir] = -0.5 * b_mo
-    imat[np.ix_(vir_all, occ_index)] = imat[np.ix_(occ_index, vir_all)].T
-    # zeta_pq = (e_p + e_q) / 2, e_i in the occupied-virtual blocks
-    zeta = 0.5 * (energies[:, None] + energies[None, :])
-    zeta[np.ix_(vir_all, occ_index)] = energies[occ_index][None, :]
-    zeta[np.ix_(occ_index, vir_all)] = energies[occ_index][:, None]
-    p_ao = coeff @ p_mo @ coeff.T
-    d_hf = coeff @ np.diag(occ.astype(np.float64)) @ coeff.T
-    projector = coeff[:, occ_index] @ coeff[:, occ_index].T
-    response = projector @ terms.veff(p_ao + p_ao.T) @ projector
-    w_ao = coeff @ (zeta * p_mo) @ coeff.T + terms.energy_weighted_hf()
+    blocks = [lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir))
+              for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
+    relaxed = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
+                              max_cycle=max_cycle, derivatives=[b[:2] for b in blocks])
+    relaxed = np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
+    gamma_ao, gamma_aux = sum(b[2] for b in blocks), sum(b[3] for b in blocks)
+    lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors = 0.0, 0.0, [], [], []
+    for (act, vir, _, _), (a_mo, b_mo, _, _), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
+                                                                            coeffs, occs, energies):
+        occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
+        p_mo = p_full - np.diag(occ.astype(np.float64))
+        # Imat_pi = -A_pi / 2 (i active), Imat_pa = -B_pa / 2, then the virtual-occupied block mirrored
+        imat = np.zeros_like(p_mo)
+        imat[:, list(act)] = -0.5 * a_mo
+        imat[:, list(vir)] = -0.5 * b_mo
+        imat[np.ix_(vir_all, occ_index)] = imat[np.ix_(occ_index, vir_all)].T
+        # zeta_pq = (e_p + e_q) / 2, e_i in the occupied-virtual blocks
+        zeta = 0.5 * (e[:, None] + e[None, :])
+        zeta[np.ix_(vir_all, occ_index)] = e[occ_index][None, :]
+        zeta[np.ix_(occ_index, vir_all)] = e[occ_index][:, None]
+        lagrangian_ao = lagrangian_ao + coeff @ imat @ coeff.T
+        weighted_ao = weighted_ao + coeff @ (zeta * p_mo) @ coeff.T
+        p_aos.append(coeff @ p_mo @ coeff.T)
+        d_hfs.append(coeff @ np.diag(occ.astype(np.float64)) @ coeff.T)
+        projectors.append(coeff[:, occ_index] @ coeff[:, occ_index].T)
+    potentials = terms.veff_per_spin([p + p.T for p in p_aos])
+    response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
+    d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)
     d_plus = d_hf + 2.0 * p_ao
+    # 1/2 B'(D_HF, D_HF + 2P) by polarization of the reference's own two-electron derivative
     separable = (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
-    return (terms.nuclear() + terms.core(d_hf + p_ao) + separable
+    return (terms.nuclear() + terms.core(sum(d_hfs) + sum(p_aos)) + separable
             + chem.three_center_derivative_contraction(integrals, gamma_ao, gamma_aux)
-            + terms.overlap(coeff @ imat @ coeff.T) - terms.overlap(w_ao) - terms.overlap(response))
+            + terms.overlap(lagrangian_ao) - terms.overlap(weighted_ao + terms.energy_weighted_hf())
+            - terms.overlap(response))
+
+
+def _per_spin_array(mats) -> np.ndarray:
+    """RHF: the one spin-summed [nao, nao]; UHF: [2, nao, nao] (PySCF's density conventions)."""
+    return mats[0] if len(mats) == 1 else np.array(mats)

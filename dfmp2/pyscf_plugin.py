@@ -41,7 +41,8 @@ from .steps import natural_orbitals
 from .settings import IF_ROOM, Settings
 from .storage import open_ovl, write_ovl
 
-GRADIENTS_PENDING = "analytic DF-MP2 gradients of UHF and ROHF references are not implemented in dfmp2 yet (RHF are)"
+GRADIENTS_PENDING = ("analytic DF-MP2 gradients of ROHF and Kohn-Sham references are not implemented in dfmp2 "
+                     "(RHF and UHF are)")
 ROHF_DENSITIES_PENDING = "MP2 densities of ROHF references are not implemented in dfmp2 (RHF and UHF are)"
 
 
@@ -167,8 +168,8 @@ class _DFMP2Base(lib.StreamObject):
 
     def nuc_grad_method(self):
         """The analytic DF-MP2 nuclear gradient object (PySCF's convention: .kernel() -> de
-        [natm, 3], Eh/bohr). RHF references (`dfmp2.gradient`)."""
-        if chem.reference_kind(self._scf) != "rhf":
+        [natm, 3], Eh/bohr). RHF and UHF references (`dfmp2.gradient`)."""
+        if chem.reference_kind(self._scf) == "rohf" or chem.is_kohn_sham(self._scf):
             raise NotImplementedError(GRADIENTS_PENDING)
         return Gradients(self)
 
@@ -352,11 +353,11 @@ class Gradients(lib.StreamObject):
         self.de = None
 
     def kernel(self, atmlst=None):
-        from .gradient import rhf_gradient
+        from .gradient import nuclear_gradient
 
         base = self.base
         corr, integrals, cphf = base._response_inputs()
-        de = rhf_gradient(base._scf, corr, integrals, **cphf)
+        de = nuclear_gradient(base._scf, corr, integrals, **cphf)
         self.de = de if atmlst is None else de[list(atmlst)]
         logger.note(self, "dfmp2 DF-MP2 gradient (Eh/bohr):\n%s", self.de)
         return self.de

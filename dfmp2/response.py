@@ -113,8 +113,8 @@ def relaxed_properties(mf, correlation, settings) -> dict:
 
 
 def nuclear_gradient(mf, correlation, settings):
-    """dE_total/dR [natm, 3] (Eh/bohr) of a finished RHF run made with with_rdm1 and with_gamma
-    (`dfmp2.gradient`), in the MP2 fitting set of settings.auxbasis."""
-    from .gradient import rhf_gradient
+    """dE_total/dR [natm, 3] (Eh/bohr) of a finished RHF or UHF run made with with_rdm1 and
+    with_gamma (`dfmp2.gradient`), in the MP2 fitting set of settings.auxbasis."""
+    from . import gradient
 
-    return rhf_gradient(mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis))
+    return gradient.nuclear_gradient(mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis))

@@ -44,7 +44,7 @@ class Settings:
     frozen: object = None  # None, an int, a list of indices, or [[alpha...], [beta...]]
     allow_non_aufbau: bool = False
     with_rdm1: bool = False  # also the unrelaxed MP2 density (RHF or UHF)
-    gradient: bool = False  # also the analytic nuclear gradient (dfmp2.gradient; RHF)
+    gradient: bool = False  # also the analytic nuclear gradient (dfmp2.gradient; RHF and UHF)
     properties: tuple = ()  # from the relaxed density (dfmp2.response.PROPERTIES): ("dipole",)
     with_gamma: bool = False  # also the three-index two-particle density (relaxed densities; with with_rdm1)
     rdm1_scaling: tuple = (1.0, 1.0)  # (c_os, c_ss): the density of c_os E_os + c_ss E_ss (SCS-MP2)

@@ -1,4 +1,4 @@
-"""Analytic DF-MP2 gradients (RHF) against central finite differences of dfmp2's own energies,
+"""Analytic DF-MP2 gradients (RHF and UHF) against central finite differences of dfmp2's own energies,
 and against PySCF's conventional (non-DF) MP2 gradient (the DF error)."""
 
 import numpy as np
@@ -9,11 +9,13 @@ from dfmp2 import DFMP2, native
 
 BOHR = 0.52917721092  # Angstrom
 WATER = [("O", (0.0, 0.0, 0.1173)), ("H", (0.0, 0.7572, -0.4692)), ("H", (0.0, -0.7572, -0.4692))]
+HYDROXYL = [("O", (0.0, 0.0, 0.1)), ("H", (0.0, 0.1, 1.05))]  # a doublet radical, off the axes
 
 
-def _mean_field(coords, scf_mode, basis="cc-pvdz"):
-    mol = gto.M(atom=[(s, c) for (s, _), c in zip(WATER, coords)], basis=basis, verbose=0)
-    mf = scf.RHF(mol).density_fit() if scf_mode == "df" else scf.RHF(mol)
+def _mean_field(coords, scf_mode, basis="cc-pvdz", atoms=WATER, spin=0):
+    mol = gto.M(atom=[(s, c) for (s, _), c in zip(atoms, coords)], basis=basis, spin=spin, verbose=0)
+    mf = scf.RHF(mol) if spin == 0 else scf.UHF(mol)
+    mf = mf.density_fit() if scf_mode == "df" else mf
     mf.conv_tol, mf.conv_tol_grad = 1e-13, 1e-9
     return mf.run()
 
@@ -30,86 +32,97 @@ def _finite_difference(energy, x0, step=1e-4):
     return grad
 
 
-@pytest.mark.parametrize("scf_mode, frozen, method", [("exact", None, "mp2"), ("df", 1, "mp2"), ("df", None, "scs")])
-def test_rhf_gradient_matches_finite_differences(scf_mode, frozen, method):
+@pytest.mark.parametrize("spin, scf_mode, frozen, method", [
+    (0, "exact", None, "mp2"), (0, "df", 1, "mp2"), (0, "df", None, "scs"),
+    (1, "exact", None, "mp2"), (1, "df", 1, "mp2"), (1, "df", None, "scs")])
+def test_gradient_matches_finite_differences(spin, scf_mode, frozen, method):
     """Against central differences of E_SCF + E_DF-MP2 (or SCS-MP2) from dfmp2 itself, 1e-6 Eh/bohr
-    (measured: 4e-8, the differences' own error), exact or density-fitted SCF, frozen core or not."""
+    (measured: 4e-8 RHF water, 2e-8 UHF hydroxyl radical: the differences' own error), exact or
+    density-fitted SCF, frozen core or not."""
     cls = native.SCSMP2 if method == "scs" else native.DFMP2
+    atoms = WATER if spin == 0 else HYDROXYL
 
     def energy(coords):
-        mf = _mean_field(coords, scf_mode)
+        mf = _mean_field(coords, scf_mode, atoms=atoms, spin=spin)
         pt = cls(mf, frozen=frozen, auxbasis="cc-pvdz-ri")
         pt.kernel()
         return mf.e_tot + pt.e_corr
 
-    x0 = np.array([c for _, c in WATER])
-    pt = cls(_mean_field(x0, scf_mode), frozen=frozen, auxbasis="cc-pvdz-ri")
+    x0 = np.array([c for _, c in atoms], dtype=float)
+    pt = cls(_mean_field(x0, scf_mode, atoms=atoms, spin=spin), frozen=frozen, auxbasis="cc-pvdz-ri")
     analytic = pt.nuc_grad_method().kernel()
-    assert analytic.shape == (3, 3) and np.abs(analytic.sum(axis=0)).max() < 1e-8  # translations
+    assert analytic.shape == x0.shape and np.abs(analytic.sum(axis=0)).max() < 1e-8  # translations
     assert np.abs(analytic - _finite_difference(energy, x0)).max() < 1e-6
 
 
 def test_gradient_interfaces_follow_pyscf():
     """pt.nuc_grad_method().kernel() and pt.Gradients().kernel() (the drop-in, PySCF's names),
-    .de kept; open shells are refused clearly for now."""
+    .de kept; ROHF and Kohn-Sham references are refused clearly."""
     mf = _mean_field(np.array([c for _, c in WATER]), "df")
     pt = DFMP2(mf, auxbasis="cc-pvdz-ri")
     g = pt.nuc_grad_method()
     de = g.kernel()
     assert g.de is de and np.allclose(pt.Gradients().kernel(), de, atol=1e-12)
-    radical = scf.UHF(gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)).run()
-    with pytest.raises(NotImplementedError, match="UHF and ROHF"):
-        DFMP2(radical).nuc_grad_method()
+    radical = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
+    with pytest.raises(NotImplementedError, match="ROHF and Kohn-Sham"):
+        DFMP2(scf.ROHF(radical).run()).nuc_grad_method()
+    with pytest.raises(NotImplementedError, match="ROHF and Kohn-Sham"):
+        DFMP2(scf.RKS(mf.mol, xc="b3lyp").run()).nuc_grad_method()
 
 
-def test_rhf_gradient_against_pyscf_conventional_mp2():
-    """Against PySCF's conventional MP2 gradient (no density fitting): with cc-pVTZ-RI fitting the
-    DF error in the gradient is below 1e-4 Eh/bohr (measured on water/cc-pVDZ: 4.7e-6; 2.1e-5 with cc-pVDZ-RI)."""
+@pytest.mark.parametrize("spin", [0, 1])
+def test_gradient_against_pyscf_conventional_mp2(spin):
+    """Against PySCF's conventional MP2 / UMP2 gradient (no density fitting): with cc-pVTZ-RI
+    fitting the DF error in the gradient is below 1e-4 Eh/bohr (measured on water/cc-pVDZ:
+    4.7e-6, 2.1e-5 with cc-pVDZ-RI; hydroxyl radical/cc-pVDZ: 6.5e-6, 1.1e-5)."""
     from pyscf import mp
 
-    mf = _mean_field(np.array([c for _, c in WATER]), "exact")
+    atoms = WATER if spin == 0 else HYDROXYL
+    mf = _mean_field(np.array([c for _, c in atoms], dtype=float), "exact", atoms=atoms, spin=spin)
     conventional = mp.MP2(mf).run().nuc_grad_method().kernel()
     ours = native.DFMP2(mf, auxbasis="cc-pvtz-ri").nuc_grad_method().kernel()
     assert np.abs(ours - conventional).max() < 1e-4
 
 
-def test_cli_grad_in_the_input_frame_matches_finite_differences(tmp_path):
+@pytest.mark.parametrize("spin", [0, 1])
+def test_cli_grad_in_the_input_frame_matches_finite_differences(tmp_path, spin):
     """`dfmp2 grad MOLECULE.xyz --precision fp64 --json`: the gradient [[gx, gy, gz] per atom] in
-    Eh/bohr, in the input's frame and atom order (a tilted water off the origin, hydrogens first),
-    against central differences of `run_xyz` energies (dfmp2's own DF-SCF), 1e-6 Eh/bohr."""
+    Eh/bohr, in the input's frame and atom order (a tilted water off the origin, hydrogens first;
+    the hydroxyl radical, UHF, with --spin 1), against central differences of `run_xyz` energies
+    (dfmp2's own DF-SCF), 1e-6 Eh/bohr."""
     import json
     import subprocess
     import sys
 
     from dfmp2.driver import run_xyz
 
-    atoms = [("H", (1.10, 0.35, -0.20)), ("O", (0.45, 0.95, 0.25)), ("H", (0.70, 1.75, 0.85))]
+    atoms = [("H", (1.10, 0.35, -0.20)), ("O", (0.45, 0.95, 0.25)), ("H", (0.70, 1.75, 0.85))][spin:]
 
     def write(coords, name):
         path = tmp_path / name
-        path.write_text("3\n\n" + "".join(f"{s} {x:.10f} {y:.10f} {z:.10f}\n" for (s, _), (x, y, z) in
+        path.write_text(f"{len(atoms)}\n\n" + "".join(f"{s} {x:.10f} {y:.10f} {z:.10f}\n" for (s, _), (x, y, z) in
                                           zip(atoms, coords)), encoding="utf-8")
         return path
 
     x0 = np.array([c for _, c in atoms])
     proc = subprocess.run([sys.executable, "-m", "dfmp2", "grad", str(write(x0, "m.xyz")), "--precision", "fp64",
-                           "--json", "out.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                           "--spin", str(spin), "--json", "out.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "gradient dE/dR (Eh/bohr)" in proc.stdout
     record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
-    assert record["atoms"] == ["H", "O", "H"]
-    fd = _finite_difference(lambda c: run_xyz(write(c, "d.xyz"), precision="fp64").e_tot, x0)
+    assert record["atoms"] == ["H", "O", "H"][spin:]
+    fd = _finite_difference(lambda c: run_xyz(write(c, "d.xyz"), precision="fp64", spin=spin).e_tot, x0)
     assert np.abs(np.array(record["gradient"]) - fd).max() < 1e-6
 
 
 def test_cli_grad_refusals():
-    """Open shells and double hybrids: exit 2 with the reason, before any SCF."""
+    """ROHF and double hybrids: exit 2 with the reason, before any SCF."""
     import os
     import subprocess
     import sys
 
     root = os.path.join(os.path.dirname(__file__), "..", "examples")
-    for args, message in ((["methyl.xyz", "--spin", "1"], "UHF and ROHF"), (["water.xyz", "--xc", "B2PLYP"],
+    for args, message in ((["methyl.xyz", "--spin", "1", "--reference", "rohf"], "ROHF"), (["water.xyz", "--xc", "B2PLYP"],
                                                                              "double hybrids")):
         proc = subprocess.run([sys.executable, "-m", "dfmp2", "grad", os.path.join(root, args[0]), *args[1:]],
                               capture_output=True, text=True, timeout=300)
