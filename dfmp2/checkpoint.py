@@ -14,6 +14,7 @@
                              "pairs"    the pair-task list the journal indexes (occupied block)
     DIR/dfmp2.lock         held (flock) by the run using DIR; a second run is refused at once
     DIR/scf.npz            the converged reference (mo_coeff, mo_energy, mo_occ, e_tot)
+    DIR/optimize.npz       `dfmp2 optimize`: its finished steps (section "optimize"; dfmp2.optimize)
     DIR/B_<channel>.h5     B [nocc, nvir, naux] per spin channel (storage.DiskStore, kept)
     DIR/pairs.journal      finished pair tasks: (task index, E_os part, E_ss part, crc32)
                            records, appended as each task finishes (fp64)
@@ -63,7 +64,7 @@ RECORD = struct.Struct("<qddI")  # task index, E_os part, E_ss part, crc32 of th
 SYNC_SECONDS = 5.0  # the journal is fsync'ed at most this often (a kill of the process loses nothing)
 # the names dfmp2 writes in a checkpoint directory (and their temporaries), beside the manifest
 # (and .manifest.json.partial) and the lock
-OUR_NAMES = re.compile(r"^\.?(scf\.npz|B_(restricted|alpha|beta)(\.rank\d+)?\.h5"
+OUR_NAMES = re.compile(r"^\.?(scf\.npz|optimize\.npz|B_(restricted|alpha|beta)(\.rank\d+)?\.h5"
                        r"|pairs(\.rank\d+)?\.journal)(\.partial)?$")
 _HELD = {}  # directory -> [Checkpoint, users]: one open checkpoint (and lock) per directory per process
 

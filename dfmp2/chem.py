@@ -74,6 +74,23 @@ def read_xyz(path: str) -> list:
         raise InputError(f"{path}: cannot read it ({error.strerror})") from None
 
 
+def format_xyz(frames) -> str:
+    """The XYZ text of frames [(comment, [Atom])] (Angstrom, 10 decimals): one frame is a
+    molecule file, several a trajectory."""
+    lines = []
+    for comment, atoms in frames:
+        lines += [str(len(atoms)), comment.replace("\n", " ")]
+        lines += [f"{a.symbol:2s} {x:17.10f} {y:17.10f} {z:17.10f}" for a in atoms for x, y, z in [a.xyz]]
+    return "\n".join(lines) + "\n"
+
+
+def angstrom_per_bohr() -> float:
+    """PySCF's Bohr radius in Angstrom (the unit it builds molecules with)."""
+    from pyscf.lib import param
+
+    return float(param.BOHR)
+
+
 def _parse_xyz(path, handle) -> list:
     lineno = 0
 
@@ -522,6 +539,26 @@ def use_fitted_builds(mf, builds):
     with_df.get_jk = get_jk
     with_df.dfmp2_builds = builds
     return mf
+
+
+def reference_fitting_integrals(mf):
+    """The fitting set of a density-fitted mean field's J/K as ThreeCenterIntegrals (its
+    with_df's auxiliary basis), or None for one with exact integrals."""
+    with_df = getattr(mf, "with_df", None)
+    if with_df is None:
+        return None
+    auxmol = getattr(with_df, "auxmol", None)
+    return ThreeCenterIntegrals(mf.mol, auxmol._basis if auxmol is not None else jk_auxbasis_of(mf))
+
+
+def copy_with_builds(mf, builds):
+    """A shallow copy of the density-fitted mean field `mf` (and of its with_df) whose J and K
+    come from `builds` (use_fitted_builds); mf itself is left as it was."""
+    import copy
+
+    twin = copy.copy(mf)
+    twin.with_df = copy.copy(mf.with_df)
+    return use_fitted_builds(twin, builds)
 
 
 def fitted_builds_of(mf):
@@ -1259,6 +1296,10 @@ class SCFGradientTerms:
         if getattr(self.grad, "auxbasis_response", False):  # a DF reference: its fitting set's own derivative
             out += np.asarray(vhf.aux)  # (PySCF's DF gradients always attach it; missing would be an error)
         return out
+
+    def fitting_integrals(self):
+        """The reference's own fitting set (reference_fitting_integrals), or None."""
+        return reference_fitting_integrals(self.mf)
 
     def energy_weighted_hf(self) -> np.ndarray:
         """The reference's energy-weighted density sum_i n_i e_i C_mi C_ni, summed over spins."""

@@ -135,20 +135,32 @@ def run(**options):
 
 def _grad(**options):
     """DF-MP2 energy and analytic nuclear gradient of the molecule in MOLECULE.xyz (Angstrom):
-    dE/dR per atom in Eh/bohr, the input's frame and atom order (RHF references)."""
+    dE/dR per atom in Eh/bohr, the input's frame and atom order (RHF and UHF references)."""
     _run_molecule(True, **options)
+
+
+def _optimize(output, trajectory, max_steps, **options):
+    """Optimise the geometry of the molecule in MOLECULE.xyz (Angstrom) with geomeTRIC on the
+    analytic DF-MP2 gradient (RHF and UHF; PySCF's default convergence criteria). Writes the
+    optimised geometry (--output) and every step (--trajectory), one line per step on stderr;
+    --checkpoint DIR keeps the finished steps, and the same command resumes from them."""
+    _run_molecule(True, optimize={"output": output, "trajectory": trajectory, "max_steps": max_steps}, **options)
 
 
 def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf,
                   scf_backend, scf_precision, screening, device, precision, simulate, nki_api, transform, max_memory,
                   scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path,
-                  natorbs_path, properties, quiet, debug):
-    """`dfmp2 run` (gradient False) and `dfmp2 grad` (True): one code path."""
+                  natorbs_path, properties, quiet, debug, optimize=None):
+    """`dfmp2 run` (gradient False), `dfmp2 grad` (True) and `dfmp2 optimize` (optimize: its
+    options): one code path."""
     from .driver import run_xyz
 
     outputs = Outputs()
 
     def compute():
+        if optimize is not None:
+            outputs.add("--output", optimize["output"] or _default_output(molecule, ".opt.xyz"))
+            outputs.add("--trajectory", optimize["trajectory"] or _default_output(molecule, ".traj.xyz"))
         if json_path is not None:
             outputs.add("--json", json_path, stdout_ok=True)
         if natorbs_path is not None:
@@ -171,7 +183,11 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
                             checkpoint_allow_other_files=checkpoint_allow_other_files,
                             properties=tuple(properties.split(",")) if properties else (), gradient=gradient)
         try:
-            result = run_xyz(molecule, settings, RunContext(team=team, progress=progress))
+            if optimize is not None:
+                result, record = _optimized(molecule, settings, team, progress, optimize, outputs, quiet)
+            else:
+                result = run_xyz(molecule, settings, RunContext(team=team, progress=progress))
+                record = result.as_dict()
         finally:
             if team is not None:
                 team.close()
@@ -179,7 +195,6 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
             progress.clear()
         if not root:
             return None
-        record = result.as_dict()
         if natorbs_path is not None:
             import numpy as np
 
@@ -206,6 +221,61 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
 
 cli.add_command(click.Command("grad", callback=_grad, params=list(run.params), help=_grad.__doc__,
                               context_settings={"help_option_names": ["-h", "--help"]}))
+cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__doc__,
+                              context_settings={"help_option_names": ["-h", "--help"]}, params=[
+    *run.params,
+    click.Option(["--output"], default=None, metavar="FILE.xyz",
+                 help="The optimised geometry [default: MOLECULE.opt.xyz in the current directory]."),
+    click.Option(["--trajectory"], default=None, metavar="FILE.xyz",
+                 help="Every step's geometry, energy and largest gradient component, in order (a multi-frame "
+                      "XYZ) [default: MOLECULE.traj.xyz in the current directory]."),
+    click.Option(["--max-steps"], type=int, default=100, show_default=True,
+                 help="Gradient evaluations before giving up (exit 1; a --checkpoint keeps the steps)."),
+]))
+
+
+def _default_output(molecule, suffix) -> str:
+    """MOLECULE's name with `suffix` instead of its extension, in the current directory."""
+    return os.path.splitext(os.path.basename(molecule))[0] + suffix
+
+
+def _optimized(molecule, settings, team, progress, options, outputs, quiet) -> tuple:
+    """`dfmp2 optimize`: (the final run's result, the JSON record) with both files staged; one
+    line per step on stderr (unless --quiet). Not converged: ComputationError (exit 1)."""
+    from .chem import format_xyz, read_xyz
+    from .errors import ComputationError
+    from .optimize import optimize_atoms
+
+    if team is not None:
+        raise InputError("dfmp2 optimize runs in one process (not under torchrun)")
+    energies = []
+
+    def show(k, step):
+        if progress:
+            progress.clear()
+        change = f"  dE {step.energy - energies[-1]:+.3e}" if energies else ""
+        energies.append(step.energy)
+        if not quiet:
+            click.echo(f"  step {k:3d}  E {step.energy:18.10f} Eh{change}  max|g| {abs(step.gradient).max():.2e} "
+                       f"Eh/bohr  ({'checkpoint' if step.replayed else f'{step.seconds:.1f} s'})", err=True)
+
+    found = optimize_atoms(read_xyz(molecule), settings.replace(checkpoint=None), options["max_steps"],
+                           settings.checkpoint, settings.checkpoint_allow_other_files, on_step=show, progress=progress)
+    if not found.converged:
+        raise ComputationError(f"the geometry did not converge in {options['max_steps']} steps (raise --max-steps"
+                               + ("; the same --checkpoint resumes)" if settings.checkpoint else ")"))
+    output, trajectory = outputs.path("--output"), outputs.path("--trajectory")
+    outputs.write("--output", lambda path: _write_text(path, format_xyz([(
+        f"dfmp2 optimised geometry  E = {found.energies[found.final_step]:.12f} Eh", found.atoms)])))
+    outputs.write("--trajectory", lambda path: _write_text(path, format_xyz(found.frames())))
+    record = {**found.final.as_dict(), **found.as_dict(), "optimized_xyz": output, "trajectory": trajectory}
+    record["notes"] = list(found.final.notes) + list(found.notes)
+    return found.final, record
+
+
+def _write_text(path, text):
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 @cli.command()
@@ -434,6 +504,7 @@ def _print_summary(r):
         *([f"  dipole (relaxed)  {r['dipole'][0]:12.6f} {r['dipole'][1]:12.6f} {r['dipole'][2]:12.6f} a.u."]
           if r.get("dipole") else []),
         *_gradient_lines(r.get("gradient"), r.get("atoms")),
+        *_optimization_lines(r),
         "",
         "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
     ]
@@ -442,6 +513,16 @@ def _print_summary(r):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
     click.echo("\n".join(lines))
+
+
+def _optimization_lines(r):
+    """`dfmp2 optimize`: steps, energy change, and the files written."""
+    if "energies" not in r:
+        return []
+    replayed = f", {r['steps_replayed']} from the checkpoint" if r["steps_replayed"] else ""
+    return ["", f"  optimised   converged in {r['steps']} steps{replayed}: E {r['energies'][0]:.10f} -> "
+                f"{r['e_tot']:.10f} Eh ({r['e_tot'] - r['energies'][0]:+.3e})",
+            f"  written     {r['optimized_xyz']} (geometry), {r['trajectory']} (trajectory)"]
 
 
 def _gradient_lines(gradient, atoms):

@@ -241,7 +241,12 @@ def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
 
 
 def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
-    """Read an XYZ file, run the SCF (settings.reference rhf/uhf/rohf, default RHF for spin 0 and
+    """Read an XYZ file (Angstrom) and run it (`run_atoms`)."""
+    return run_atoms(chem.read_xyz(path), settings, context, **changes)
+
+
+def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
+    """atoms: [chem.Atom] (Angstrom). Run the SCF (settings.reference rhf/uhf/rohf, default RHF for spin 0 and
     UHF otherwise; settings.scf 'df' or 'exact'), then DF-MP2. settings.xc: a double hybrid
     (`functionals`; a custom PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part,
     then E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals. Keyword `changes` are
@@ -257,7 +262,6 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
     if dh is not None:
         chem.check_xc(dh.xc)
-    atoms = chem.read_xyz(path)
     ecp = chem.choose_ecp([a.symbol for a in atoms], settings.basis, settings.ecp)
     mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp)
     jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None

@@ -87,10 +87,7 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np
         projectors.append(coeff[:, occ_index] @ coeff[:, occ_index].T)
     potentials = terms.veff_per_spin([p + p.T for p in p_aos])
     response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
-    d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)
-    d_plus = d_hf + 2.0 * p_ao
-    # 1/2 B'(D_HF, D_HF + 2P) by polarization of the reference's own two-electron derivative
-    separable = (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
+    separable = _separable_two_electron(terms, coeffs, occs, d_hfs, p_aos)
     return (terms.nuclear() + terms.core(sum(d_hfs) + sum(p_aos)) + separable
             + chem.three_center_derivative_contraction(integrals, gamma_ao, gamma_aux)
             + terms.overlap(lagrangian_ao) - terms.overlap(weighted_ao + terms.energy_weighted_hf())
@@ -100,3 +97,51 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np
 def _per_spin_array(mats) -> np.ndarray:
     """RHF: the one spin-summed [nao, nao]; UHF: [2, nao, nao] (PySCF's density conventions)."""
     return mats[0] if len(mats) == 1 else np.array(mats)
+
+
+def _separable_two_electron(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
+    """1/2 B'(D_HF, D_HF + 2P) per atom [natm, 3]: a density-fitted reference's through its own
+    fitting set (reference_fitting_densities, then the three-center derivative contraction);
+    an exact one's by polarization of PySCF's two-electron derivative (1/2 B'(D, D) of
+    D_HF +- (D_HF + 2P))."""
+    jk = terms.fitting_integrals()
+    if jk is None:
+        d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)
+        d_plus = d_hf + 2.0 * p_ao
+        return (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
+    occupied = [(c[:, o > 0], o[o > 0].astype(np.float64)) for c, o in zip(coeffs, occs)]
+    g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)])
+    return chem.three_center_derivative_contraction(jk, g_ao, g_aux)
+
+
+def reference_fitting_densities(jk, occupied, y_dms, aux_block=128) -> tuple:
+    """(G_mn^P [nao, nao, naux], Gbar_PQ [naux, naux]) of 1/2 B'(X, Y) for a reference whose
+    two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
+        B(X, Y) = J(X_t, Y_t) - w sum_s K(X_s, Y_s)       w: 1/2 RHF (one spin-summed channel), 1 UHF
+        J(X, Y) = sum X_mn (mn|P) M_PQ (Q|ls) Y_ls,    K(X, Y) = sum X_mn Y_ls (ml|P) M_PQ (Q|ns)
+    with X_s = C_s n_s C_s^T (occupied: per channel (C_s [nao, nocc_s], n_s occupations)) and
+    Y_s symmetric (y_dms, AO). With c(X) = M (P|ls) X_ls, L_is^P = C_mi (ms|P), d_i = L_i M:
+        J: G = X c(Y) + Y c(X),             Gbar = c(X) c(Y)^T + c(Y) c(X)^T
+        K: G_ml^P = 2 n_i C_mi (Y d_i)_l^P,  Gbar_PQ = 2 n_i d_il^P (Y d_i)_l^Q
+    so that sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction)."""
+    naux, weight = jk.naux, 0.5 if len(occupied) == 1 else 1.0
+    x_total = sum((c * n) @ c.T for c, n in occupied)
+    y_total = sum(y_dms)
+    rho_x, rho_y = np.zeros(naux), np.zeros(naux)
+    half = [np.zeros((c.shape[1], jk.nao, naux)) for c, _ in occupied]
+    for p0, p1 in jk.aux_blocks(aux_block):
+        ao = jk.block(p0, p1)  # (mn|P) [nP, nao, nao]
+        rho_x[p0:p1] = np.einsum("Pmn,mn->P", ao, x_total)
+        rho_y[p0:p1] = np.einsum("Pmn,mn->P", ao, y_total)
+        for (c, _), l_s in zip(occupied, half):
+            l_s[:, :, p0:p1] = np.einsum("mi,Pmn->inP", c, ao, optimize=True)  # L_in^P = C_mi (mn|P)
+    factor = scipy.linalg.cho_factor(jk.metric())
+    c_x, c_y = scipy.linalg.cho_solve(factor, rho_x), scipy.linalg.cho_solve(factor, rho_y)
+    g_ao = x_total[:, :, None] * c_y + y_total[:, :, None] * c_x
+    g_aux = np.outer(c_x, c_y) + np.outer(c_y, c_x)
+    for (c, n), l_s, y in zip(occupied, half, y_dms):
+        d = scipy.linalg.cho_solve(factor, l_s.reshape(-1, naux).T).T.reshape(l_s.shape)  # d_i = L_i M
+        yd = np.einsum("ls,isP->ilP", y, d, optimize=True)  # (Y d_i)_l^P
+        g_ao -= weight * 2.0 * np.einsum("mi,ilP->mlP", c * n, yd, optimize=True)
+        g_aux -= weight * 2.0 * (d * n[:, None, None]).reshape(-1, naux).T @ yd.reshape(-1, naux)
+    return 0.5 * g_ao, 0.5 * g_aux

@@ -81,6 +81,10 @@ class Outputs:
                 raise InputError(f"{option} and {other.option} cannot both write to standard output")
         self._targets[option] = target
 
+    def path(self, option: str) -> str:
+        """The path `option` was given (as given)."""
+        return self._targets[option].path
+
     def to_stdout(self) -> bool:
         """Some output goes to standard output (then nothing else is printed there)."""
         return any(t.real == "-" for t in self._targets.values())

@@ -304,10 +304,11 @@ class _DFMP2Base(lib.StreamObject):
         if chem.reference_kind(self._scf) == "rohf":
             raise NotImplementedError(ROHF_DENSITIES_PENDING)
         if relaxed:
-            from .response import relaxed_density
+            from .response import relaxed_density, response_mean_field
 
             corr, integrals, cphf = self._response_inputs()
-            dm = relaxed_density(self._scf, corr.rdm1_active, corr.gamma, integrals, **cphf)
+            with response_mean_field(self._scf, self.settings()) as response_mf:
+                dm = relaxed_density(response_mf, corr.rdm1_active, corr.gamma, integrals, **cphf)
             coeffs = np.asarray(self.mo_coeff)
             if not ao_repr:
                 return dm
@@ -354,10 +355,12 @@ class Gradients(lib.StreamObject):
 
     def kernel(self, atmlst=None):
         from .gradient import nuclear_gradient
+        from .response import response_mean_field
 
         base = self.base
         corr, integrals, cphf = base._response_inputs()
-        de = nuclear_gradient(base._scf, corr, integrals, **cphf)
+        with response_mean_field(base._scf, base.settings()) as response_mf:
+            de = nuclear_gradient(response_mf, corr, integrals, **cphf)
         self.de = de if atmlst is None else de[list(atmlst)]
         logger.note(self, "dfmp2 DF-MP2 gradient (Eh/bohr):\n%s", self.de)
         return self.de

@@ -17,6 +17,8 @@ and conventions). L is formed from (mn|P) one auxiliary block at a time, fp64 on
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from . import chem
@@ -98,6 +100,29 @@ def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10
     return dms[0] if len(dms) == 1 else np.array(dms)
 
 
+@contextmanager
+def response_mean_field(mf, settings):
+    """The mean field as the orbital response (CPHF, and the gradient's response terms) sees it:
+    for a density-fitted reference, a copy of `mf` whose J and K come from dfmp2's builds on
+    settings' backend in its fitting set, every build in the exact kind (fp64 on cpu and cuda,
+    exact-product slices on trn1/trn2); `mf` itself is untouched and the builds are released on
+    exit. A reference with exact integrals (or a backend without builds): `mf` (PySCF's J/K)."""
+    from .kernels import backend_for
+    from .kernels.protocol import FittedBuildsBackend
+    from .scf import EXACT_ONLY, FittedCoulombExchange
+
+    jk = chem.reference_fitting_integrals(mf)
+    backend = backend_for(settings) if jk is not None else None
+    if not isinstance(backend, FittedBuildsBackend):
+        yield mf
+        return
+    builds = FittedCoulombExchange(backend, jk, EXACT_ONLY, settings.max_memory)
+    try:
+        yield chem.copy_with_builds(mf, builds)
+    finally:
+        builds.close()
+
+
 PROPERTIES = ("dipole",)  # what relaxed_properties computes
 
 
@@ -106,7 +131,8 @@ def relaxed_properties(mf, correlation, settings) -> dict:
     density of a finished run (made with with_rdm1 and with_gamma): {"dipole": [x, y, z]}, the
     dipole moment in atomic units (e a0; nuclei included), about the origin of the input frame."""
     integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
-    dm = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals)
+    with response_mean_field(mf, settings) as response_mf:
+        dm = relaxed_density(response_mf, correlation.rdm1_active, correlation.gamma, integrals)
     coeffs, _ = chem.per_spin_orbitals(mf)
     total_ao = sum(c @ d @ c.T for c, d in zip(coeffs, dm.reshape(-1, *dm.shape[-2:])))
     return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
@@ -117,4 +143,5 @@ def nuclear_gradient(mf, correlation, settings):
     with_gamma (`dfmp2.gradient`), in the MP2 fitting set of settings.auxbasis."""
     from . import gradient
 
-    return gradient.nuclear_gradient(mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis))
+    with response_mean_field(mf, settings) as response_mf:
+        return gradient.nuclear_gradient(response_mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis))

@@ -32,6 +32,8 @@ from .steps import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
 SCF_PRECISIONS = ("mixed", "fp64")
+EXACT_ONLY = "exact"  # not an SCF option: every build in the store's exact kind (fp64 on torch, exact-product
+# slices on a NeuronCore), for the orbital response (dfmp2.response.response_mean_field)
 ANCHOR_BELOW = 1e-2  # mixed: the first exact-kind build once max |D_n - D_(n-1)| is below this
 FP32_RELATIVE_ERROR = 1e-3  # mixed: a new anchor once this times |D - D_anchor| exceeds |D_n - D_(n-1)|
 INCREMENT_RANK_DROP = 1e-6  # mixed: eigenvalues of D - D_anchor below this times the largest are left out
@@ -171,7 +173,8 @@ class FittedCoulombExchange:
 
     def __init__(self, backend, integrals, precision=None, max_memory=None):
         precision = precision or "mixed"
-        check_scf_precision(precision)
+        if precision != EXACT_ONLY:
+            check_scf_precision(precision)
         if precision == "fp64" and not backend.has_fp64:
             raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are mixed "
                              "(fp32, with exact-product anchors); leave out --scf-precision")
@@ -196,7 +199,7 @@ class FittedCoulombExchange:
                 f"{free / MB:.0f} MB left in the budget): raise --max-memory or use --scf-backend pyscf")
         whitener = whitening_backend(backend)
         rows, factor = whiten_fitted_integrals(whitener, integrals)
-        kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"]}[self.record.precision]
+        kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         store = backend.fitted_store(rows, nao, kinds, self._free_bytes)
         del rows
         release_freed_memory()
