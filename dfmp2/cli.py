@@ -230,7 +230,8 @@ cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__d
                  help="Every step's geometry, energy and largest gradient component, in order (a multi-frame "
                       "XYZ) [default: MOLECULE.traj.xyz in the current directory]."),
     click.Option(["--max-steps"], type=int, default=100, show_default=True,
-                 help="Gradient evaluations before giving up (exit 1; a --checkpoint keeps the steps)."),
+                 help="Optimisation steps (geomeTRIC iterations, PySCF's maxsteps; the start is evaluated besides) "
+                      "before giving up (exit 1; a --checkpoint keeps the steps)."),
 ]))
 
 

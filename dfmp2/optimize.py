@@ -105,8 +105,9 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
                    allow_other_files: bool = False, on_step=None, progress=None) -> OptimizationResult:
     """Minimise E_total of `atoms` ([chem.Atom], Angstrom) with `settings` (the gradient is
     turned on; settings.checkpoint must be None: `checkpoint` is the optimisation's own, see the
-    module docstring). on_step(k, step): called after each step (k from 0); progress: each run's
-    progress callback (RunContext). Returns the result whether or not it converged."""
+    module docstring); max_steps: geomeTRIC's iterations (PySCF's maxsteps; the start is
+    evaluated besides). on_step(k, step): called after each step (k from 0); progress: each
+    run's progress callback (RunContext). Returns the result whether or not it converged."""
     from .driver import run_atoms
 
     modules = _import_geometric()

@@ -175,3 +175,30 @@ def test_pyscf_geomopt_drives_dfmp2_to_the_conventional_mp2_minimum():
     assert np.abs(final).max() < 4.5e-4  # PySCF's (geomeTRIC's) default max-gradient criterion
     difference = np.abs(shape(ours) - shape(theirs))
     assert difference[:2].max() < 1e-4 and difference[2] < 1e-2
+
+
+def _psi4_cases():
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "psi4_gradient_references.json"), encoding="utf-8") as f:
+        data = json.load(f)
+    return [(case, fc) for case in data["cases"] for fc in case["frozen_cases"]]
+
+
+@pytest.mark.parametrize("case, frozen_case", _psi4_cases(), ids=lambda c: c.get("name", str(c.get("frozen"))))
+def test_gradient_matches_psi4_published_df_mp2_gradients(case, frozen_case):
+    """Against Psi4's DF-MP2 gradients (QCEngine's standard suite; tests/data/psi4_gradient_references.json):
+    water (RHF) and the NH2 radical (UHF), aug-cc-pVDZ, DF-SCF in aug-cc-pVDZ-JKFIT and DF-MP2 in
+    aug-cc-pVDZ-RI, all-electron and frozen core, in Psi4's frame: 1e-6 Eh/bohr (measured: 3e-8 to
+    5.4e-8); the SCF energy 1e-8 Eh and the correlation energy to the 1e-8 Eh the suite prints."""
+    mol = gto.M(atom=case["atom"], unit=case["unit"], basis=case["basis"], charge=case["charge"], spin=case["spin"],
+                verbose=0)
+    mf = (scf.RHF(mol) if case["reference"] == "rhf" else scf.UHF(mol)).density_fit(auxbasis=case["jkfit"])
+    mf.conv_tol = 1e-12
+    mf.run()
+    assert abs(mf.e_tot - case["e_hf"]) < 1e-8
+    pt = native.DFMP2(mf, auxbasis=case["auxbasis"], frozen=frozen_case["frozen"])
+    pt.kernel()
+    assert abs(pt.e_corr - frozen_case["e_corr"]) < 1e-8
+    assert np.abs(pt.nuc_grad_method().kernel() - np.array(frozen_case["gradient"])).max() < 1e-6
