@@ -1316,27 +1316,31 @@ class SCFGradientTerms:
 
 def three_center_derivative_contraction(integrals, gamma_ao, gamma_aux) -> np.ndarray:
     """The DF-MP2 energy's explicit derivative through the fitting integrals, per atom [natm, 3]:
-      sum_mnP G_mn^P d(mn|P)/dR_A - 1/2 sum_PQ Gbar_PQ d(P|Q)/dR_A
-    gamma_ao [nao, nao, naux] (G_mn^P, not symmetric), gamma_aux [naux, naux] (Gbar, symmetric);
-    integrals: chem.ThreeCenterIntegrals (their auxmol). int3c2e_ip1/ip2 and int2c2e_ip1, one
-    auxiliary shell block at a time."""
-    from pyscf import df
+      sum_mnP G^P_mn d(mn|P)/dR_A - 1/2 sum_PQ Gbar_PQ d(P|Q)/dR_A
+    gamma_ao [naux, nao, nao] (G^P_mn; only G^P + G^P^T enters), gamma_aux [naux, naux] (Gbar,
+    symmetric); integrals: chem.ThreeCenterIntegrals (their auxmol). int3c2e_ip1 per atom's
+    shells (all n, P), int3c2e_ip2 per auxiliary atom (one mn triangle) and int2c2e_ip1."""
+    from pyscf import df, lib
 
     mol, auxmol = integrals.mol, integrals.auxmol
-    ao_slices, aux_slices = mol.aoslice_by_atom()[:, 2:], auxmol.aoslice_by_atom()
+    ao_slices, aux_slices = mol.aoslice_by_atom(), auxmol.aoslice_by_atom()
     out = np.zeros((mol.natm, 3))
-    symmetric = gamma_ao + gamma_ao.transpose(1, 0, 2)
-    for a, (p0, p1) in enumerate(ao_slices):  # (dm n|P): m on atom a, both orbital positions
+    symmetric = gamma_ao + gamma_ao.transpose(0, 2, 1)
+    for a, (b0, b1, p0, p1) in enumerate(ao_slices):  # (dm n|P): m on atom a, both orbital positions
         if p1 > p0:
-            shls = (*mol.aoslice_by_atom()[a, :2], 0, mol.nbas, 0, auxmol.nbas)
-            ip1 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip1", comp=3, aosym="s1", shls_slice=shls)
-            out[a] -= np.einsum("xmnP,mnP->x", ip1.reshape(3, p1 - p0, mol.nao, -1), symmetric[p0:p1])
+            ip1 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip1", comp=3, aosym="s1",
+                                   shls_slice=(b0, b1, 0, mol.nbas, 0, auxmol.nbas))  # [3, nf, nao, naux]
+            out[a] -= ip1.reshape(3, -1) @ np.ascontiguousarray(symmetric[:, p0:p1].transpose(1, 2, 0)).ravel()
+    # (mn|dP) is symmetric in mn: one triangle, G_mn + G_nm off the diagonal, G_mm on it
+    packed = lib.pack_tril(symmetric)  # [naux, npair]
+    diagonal = np.arange(mol.nao) * (np.arange(mol.nao) + 3) // 2
+    packed[:, diagonal] *= 0.5
     for a in range(mol.natm):  # (mn|dP) and (dP|Q): P on atom a
         s0, s1, q0, q1 = aux_slices[a]
         if q1 > q0:
-            ip2 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip2", comp=3, aosym="s1",
-                                   shls_slice=(0, mol.nbas, 0, mol.nbas, s0, s1))
-            out[a] -= np.einsum("xmnP,mnP->x", ip2.reshape(3, mol.nao, mol.nao, -1), gamma_ao[:, :, q0:q1])
+            ip2 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip2", comp=3, aosym="s2ij",
+                                   shls_slice=(0, mol.nbas, 0, mol.nbas, s0, s1))  # [3, npair, nP]
+            out[a] -= np.einsum("xpP,Pp->x", ip2.reshape(3, -1, q1 - q0), packed[q0:q1])
             v1 = auxmol.intor("int2c2e_ip1", comp=3, shls_slice=(s0, s1, 0, auxmol.nbas))
             out[a] += np.einsum("xPQ,PQ->x", v1, gamma_aux[q0:q1] + gamma_aux[:, q0:q1].T) * 0.5
     return out

@@ -301,7 +301,8 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
     result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
     result.properties = relaxed_properties(mf, result.correlation, settings) if settings.properties else {}
-    result.gradient = nuclear_gradient(mf, result.correlation, settings) if settings.gradient else None
+    result.gradient = nuclear_gradient(mf, result.correlation, settings, context.timer) if settings.gradient else None
+    result.timings = dict(context.timer.timings)  # with the gradient's parts
     return result
 
 

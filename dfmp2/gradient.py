@@ -24,46 +24,58 @@ import numpy as np
 import scipy.linalg
 
 from . import chem
-from .response import derivative_block, relaxed_density
+from .context import Timer
+from .response import relaxed_density
 
 
 def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
-    """(A [nmo, nact], B [nmo, nvir], G_mn^P [nao, nao, naux], Gbar [naux, naux]) of one spin, in
-    one pass over (mn|P), one auxiliary block at a time (fp64, host): A_pi = sum_bP (pb|P) G_ib^P,
-    B_pa = sum_jP (jp|P) G_ja^P (response.derivative_block; what the relaxed density needs too)."""
+    """(A [nmo, nact], B [nmo, nvir], G^P_mn [naux, nao, nao], Gbar [naux, naux]) of one spin, in
+    one pass over (mn|P), one auxiliary block at a time, as host fp64 GEMMs:
+        A_pi = sum_bP (pb|P) G_ib^P,  B_pa = sum_jP (jp|P) G_ja^P   (what the relaxed density needs too)
+        G^P_mn = C_mi G_ia^P C_na,    Gbar_PQ = sum_ia G_ia^P c_ia^Q,  c = (ia|R) V^-1
+    gamma: G_ia^P [nact, nvir, naux] (steps.three_index_density)."""
     c_act, c_vir = coeff[:, act], coeff[:, vir]
-    nao, naux = coeff.shape[0], integrals.naux
-    a_ao, b_ao = np.zeros((nao, len(act))), np.zeros((nao, len(vir)))
-    ia_p = np.zeros((len(act), len(vir), naux))
-    gamma_ao = np.zeros((nao, nao, naux))
+    nao, naux, nact, nvir = coeff.shape[0], integrals.naux, len(act), len(vir)
+    a_ao, b_ao = np.zeros((nao, nact)), np.zeros((nao, nvir))
+    ia_p = np.empty((naux, nact, nvir))
+    gamma_ao = np.empty((naux, nao, nao))
     for p0, p1 in integrals.aux_blocks(aux_block):
-        ao = integrals.block(p0, p1)  # (mn|P) [nP, nao, nao]
-        g = gamma[:, :, p0:p1]
-        # G_mn^P = C_mi G_ia^P C_na
-        gamma_ao[:, :, p0:p1] = np.einsum("mi,iaP,na->mnP", c_act, g, c_vir, optimize=True)
-        a_block, b_block = derivative_block(ao, g, c_act, c_vir)
-        a_ao += a_block
-        b_ao += b_block
-        ia_p[:, :, p0:p1] = np.einsum("mi,Pmn,na->iaP", c_act, ao, c_vir, optimize=True)
-    metric = integrals.metric()
-    coefficients = scipy.linalg.cho_solve(scipy.linalg.cho_factor(metric), ia_p.reshape(-1, naux).T).T
-    gamma_aux = gamma.reshape(-1, naux).T @ coefficients  # Gbar_PQ = sum_ia G_ia^P c_ia^Q
+        ao = integrals.block(p0, p1)  # (mn|P) [nP, nao, nao], symmetric in mn
+        n_p = p1 - p0
+        g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # G [nP, nact, nvir]
+        # G^P_mn = C_mi G_ia^P C_na
+        gamma_ao[p0:p1] = np.matmul(np.matmul(c_act, g), c_vir.T)
+        ao_act = (ao.reshape(n_p * nao, nao) @ c_act).reshape(n_p, nao, nact)  # (m i|P)
+        ao_vir = (ao.reshape(n_p * nao, nao) @ c_vir).reshape(n_p, nao, nvir)  # (m b|P)
+        # A_mi = sum_Pb (mb|P) G_ib^P,  B_na = sum_Pi (ni|P) G_ia^P
+        a_ao += np.ascontiguousarray(ao_vir.transpose(1, 0, 2)).reshape(nao, -1) @ \
+            np.ascontiguousarray(g.transpose(0, 2, 1)).reshape(-1, nact)
+        b_ao += np.ascontiguousarray(ao_act.transpose(1, 0, 2)).reshape(nao, -1) @ g.reshape(-1, nvir)
+        ia_p[p0:p1] = np.matmul(c_act.T, ao_vir)  # (ia|P)
+    factor = scipy.linalg.cho_factor(integrals.metric())
+    coefficients = scipy.linalg.cho_solve(factor, ia_p.reshape(naux, -1))  # c^Q_ia [naux, nact * nvir]
+    gamma_aux = gamma.reshape(-1, naux).T @ coefficients.T  # Gbar_PQ = sum_ia G_ia^P c_ia^Q
     return coeff.T @ a_ao, coeff.T @ b_ao, gamma_ao, gamma_aux
 
 
-def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np.ndarray:
+def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None) -> np.ndarray:
     """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF or UHF `mf`, from a finished run made
     with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense.
     Per spin channel s (RHF: one, spin-summed; UHF: alpha and beta), every term of the module
-    docstring is summed over s; the occupied-space response term is 1/nspin sum_s O_s V_s O_s."""
+    docstring is summed over s; the occupied-space response term is 1/nspin sum_s O_s V_s O_s.
+    timer: a context.Timer that gets the parts (gradient_densities, gradient_cphf,
+    gradient_reference, gradient_integrals, gradient_terms)."""
+    timer = timer or Timer()
     coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
     nspin = len(coeffs)
     terms = chem.SCFGradientTerms(mf)
-    blocks = [lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir))
-              for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
-    relaxed = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
-                              max_cycle=max_cycle, derivatives=[b[:2] for b in blocks])
+    with timer.step("gradient_densities"):
+        blocks = [lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir))
+                  for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
+    with timer.step("gradient_cphf"):
+        relaxed = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
+                                  max_cycle=max_cycle, derivatives=[b[:2] for b in blocks])
     relaxed = np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
     gamma_ao, gamma_aux = sum(b[2] for b in blocks), sum(b[3] for b in blocks)
     lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors = 0.0, 0.0, [], [], []
@@ -85,13 +97,16 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100) -> np
         p_aos.append(coeff @ p_mo @ coeff.T)
         d_hfs.append(coeff @ np.diag(occ.astype(np.float64)) @ coeff.T)
         projectors.append(coeff[:, occ_index] @ coeff[:, occ_index].T)
-    potentials = terms.veff_per_spin([p + p.T for p in p_aos])
-    response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
-    separable = _separable_two_electron(terms, coeffs, occs, d_hfs, p_aos)
-    return (terms.nuclear() + terms.core(sum(d_hfs) + sum(p_aos)) + separable
-            + chem.three_center_derivative_contraction(integrals, gamma_ao, gamma_aux)
-            + terms.overlap(lagrangian_ao) - terms.overlap(weighted_ao + terms.energy_weighted_hf())
-            - terms.overlap(response))
+    with timer.step("gradient_reference"):
+        separable = _separable_two_electron(terms, coeffs, occs, d_hfs, p_aos)
+    with timer.step("gradient_integrals"):
+        fitted = chem.three_center_derivative_contraction(integrals, gamma_ao, gamma_aux)
+    with timer.step("gradient_terms"):
+        potentials = terms.veff_per_spin([p + p.T for p in p_aos])
+        response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
+        return (terms.nuclear() + terms.core(sum(d_hfs) + sum(p_aos)) + separable + fitted
+                + terms.overlap(lagrangian_ao) - terms.overlap(weighted_ao + terms.energy_weighted_hf())
+                - terms.overlap(response))
 
 
 def _per_spin_array(mats) -> np.ndarray:
@@ -115,33 +130,37 @@ def _separable_two_electron(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
 
 
 def reference_fitting_densities(jk, occupied, y_dms, aux_block=128) -> tuple:
-    """(G_mn^P [nao, nao, naux], Gbar_PQ [naux, naux]) of 1/2 B'(X, Y) for a reference whose
+    """(G^P_mn [naux, nao, nao], Gbar_PQ [naux, naux]) of 1/2 B'(X, Y) for a reference whose
     two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
         B(X, Y) = J(X_t, Y_t) - w sum_s K(X_s, Y_s)       w: 1/2 RHF (one spin-summed channel), 1 UHF
         J(X, Y) = sum X_mn (mn|P) M_PQ (Q|ls) Y_ls,    K(X, Y) = sum X_mn Y_ls (ml|P) M_PQ (Q|ns)
     with X_s = C_s n_s C_s^T (occupied: per channel (C_s [nao, nocc_s], n_s occupations)) and
-    Y_s symmetric (y_dms, AO). With c(X) = M (P|ls) X_ls, L_is^P = C_mi (ms|P), d_i = L_i M:
-        J: G = X c(Y) + Y c(X),             Gbar = c(X) c(Y)^T + c(Y) c(X)^T
-        K: G_ml^P = 2 n_i C_mi (Y d_i)_l^P,  Gbar_PQ = 2 n_i d_il^P (Y d_i)_l^Q
-    so that sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction)."""
-    naux, weight = jk.naux, 0.5 if len(occupied) == 1 else 1.0
+    Y_s symmetric (y_dms, AO). With c(X) = M (P|ls) X_ls, L^P_ni = (nm|P) C_mi, d = M L:
+        J: G^P = X c(Y)_P + Y c(X)_P,          Gbar = c(X) c(Y)^T + c(Y) c(X)^T
+        K: G^P_lm = 2 (Y d^P)_li n_i C_mi,     Gbar_PQ = 2 sum_li d^P_li n_i (Y d^Q)_li
+    (K's G given transposed: the contraction uses G^P + G^P^T only), so that
+    sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction)."""
+    naux, nao, weight = jk.naux, jk.nao, 0.5 if len(occupied) == 1 else 1.0
     x_total = sum((c * n) @ c.T for c, n in occupied)
     y_total = sum(y_dms)
     rho_x, rho_y = np.zeros(naux), np.zeros(naux)
-    half = [np.zeros((c.shape[1], jk.nao, naux)) for c, _ in occupied]
+    half = [np.empty((naux, nao, c.shape[1])) for c, _ in occupied]
     for p0, p1 in jk.aux_blocks(aux_block):
         ao = jk.block(p0, p1)  # (mn|P) [nP, nao, nao]
-        rho_x[p0:p1] = np.einsum("Pmn,mn->P", ao, x_total)
-        rho_y[p0:p1] = np.einsum("Pmn,mn->P", ao, y_total)
+        flat = ao.reshape(p1 - p0, -1)
+        rho_x[p0:p1], rho_y[p0:p1] = flat @ x_total.ravel(), flat @ y_total.ravel()
         for (c, _), l_s in zip(occupied, half):
-            l_s[:, :, p0:p1] = np.einsum("mi,Pmn->inP", c, ao, optimize=True)  # L_in^P = C_mi (mn|P)
+            l_s[p0:p1] = (ao.reshape(-1, nao) @ c).reshape(p1 - p0, nao, -1)  # L^P_ni = (nm|P) C_mi
     factor = scipy.linalg.cho_factor(jk.metric())
     c_x, c_y = scipy.linalg.cho_solve(factor, rho_x), scipy.linalg.cho_solve(factor, rho_y)
-    g_ao = x_total[:, :, None] * c_y + y_total[:, :, None] * c_x
-    g_aux = np.outer(c_x, c_y) + np.outer(c_y, c_x)
+    g_ao = np.empty((naux, nao, nao))
+    for p in range(naux):  # J: 1/2 (X c(Y)_P + Y c(X)_P)
+        np.multiply(x_total, 0.5 * c_y[p], out=g_ao[p])
+        g_ao[p] += (0.5 * c_x[p]) * y_total
+    g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
     for (c, n), l_s, y in zip(occupied, half, y_dms):
-        d = scipy.linalg.cho_solve(factor, l_s.reshape(-1, naux).T).T.reshape(l_s.shape)  # d_i = L_i M
-        yd = np.einsum("ls,isP->ilP", y, d, optimize=True)  # (Y d_i)_l^P
-        g_ao -= weight * 2.0 * np.einsum("mi,ilP->mlP", c * n, yd, optimize=True)
-        g_aux -= weight * 2.0 * (d * n[:, None, None]).reshape(-1, naux).T @ yd.reshape(-1, naux)
-    return 0.5 * g_ao, 0.5 * g_aux
+        d = scipy.linalg.cho_solve(factor, l_s.reshape(naux, -1)).reshape(l_s.shape)  # d = M L
+        yd = np.matmul(y, d)  # (Y d^P)_li
+        g_ao -= np.matmul(yd, (weight * c * n).T)  # 1/2 of K's 2 (Y d^P)_li n_i C_mi, transposed
+        g_aux -= weight * (d * n).reshape(naux, -1) @ yd.reshape(naux, -1).T
+    return g_ao, g_aux

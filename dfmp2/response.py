@@ -138,10 +138,11 @@ def relaxed_properties(mf, correlation, settings) -> dict:
     return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
 
 
-def nuclear_gradient(mf, correlation, settings):
+def nuclear_gradient(mf, correlation, settings, timer=None):
     """dE_total/dR [natm, 3] (Eh/bohr) of a finished RHF or UHF run made with with_rdm1 and
     with_gamma (`dfmp2.gradient`), in the MP2 fitting set of settings.auxbasis."""
     from . import gradient
 
     with response_mean_field(mf, settings) as response_mf:
-        return gradient.nuclear_gradient(response_mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis))
+        return gradient.nuclear_gradient(response_mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis),
+                                         timer=timer)
