@@ -68,6 +68,7 @@ class DFMP2Result:
     screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
     properties: dict = field(default_factory=dict)  # from the relaxed density: {"dipole": [x, y, z] a.u.}
     gradient: object = None  # dE_total/dR [natm, 3] (Eh/bohr) when asked for (settings.gradient)
+    gradient_jk: dict = None  # what built the orbital response's J/K (scf.BuildRecord.as_dict)
 
     def make_rdm1(self, mo_coeff, mo_occ, ao_repr=False):
         """The unrelaxed MP2 1-RDM of a run made with_rdm1, in the MO basis (or AO with ao_repr):
@@ -131,8 +132,8 @@ class DFMP2Result:
             "auxbasis_sources": {k: dict(v) for k, v in self.auxbasis_sources.items()},
             "ecp": {k: dict(v) for k, v in self.ecp.items()},
             **{name: value for name, value in self.properties.items()},
-            **({"gradient": np.asarray(self.gradient).tolist(), "atoms": chem.atom_symbols(self.mean_field.mol)}
-               if self.gradient is not None else {}),
+            **({"gradient": np.asarray(self.gradient).tolist(), "atoms": chem.atom_symbols(self.mean_field.mol),
+                "gradient_jk": dict(self.gradient_jk or {})} if self.gradient is not None else {}),
             "kernel_specializations": {k: [[list(a) if isinstance(a, tuple) else a for a in s]
                                            for s in sorted(v, key=repr)]
                                        for k, v in self.kernel_specializations.items()},
@@ -301,7 +302,8 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
     result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
     result.properties = relaxed_properties(mf, result.correlation, settings) if settings.properties else {}
-    result.gradient = nuclear_gradient(mf, result.correlation, settings, context.timer) if settings.gradient else None
+    if settings.gradient:
+        result.gradient, result.gradient_jk = nuclear_gradient(mf, result.correlation, settings, context.timer)
     result.timings = dict(context.timer.timings)  # with the gradient's parts
     return result
 

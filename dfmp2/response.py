@@ -138,11 +138,16 @@ def relaxed_properties(mf, correlation, settings) -> dict:
     return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
 
 
-def nuclear_gradient(mf, correlation, settings, timer=None):
-    """dE_total/dR [natm, 3] (Eh/bohr) of a finished RHF or UHF run made with with_rdm1 and
-    with_gamma (`dfmp2.gradient`), in the MP2 fitting set of settings.auxbasis."""
+def nuclear_gradient(mf, correlation, settings, timer=None) -> tuple:
+    """(dE_total/dR [natm, 3] (Eh/bohr), the record of the J/K builds its orbital response ran on)
+    of a finished RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the
+    MP2 fitting set of settings.auxbasis."""
     from . import gradient
 
     with response_mean_field(mf, settings) as response_mf:
-        return gradient.nuclear_gradient(response_mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis),
-                                         timer=timer)
+        de = gradient.nuclear_gradient(response_mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis),
+                                       timer=timer)
+        builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
+        record = builds.record.as_dict() if builds is not None else {
+            "scf_backend": "pyscf", "why": "a reference with exact integrals, or a backend without builds"}
+    return de, record

@@ -402,12 +402,48 @@ class NkiBackend:
         return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
     def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
-        """Not on the NKI kernels yet: relaxed densities and gradients need the three-index
-        two-particle density (ComputationError)."""
+        """The three-index two-particle density of the pairs (i, j), i in b_i, all j in b_all, via
+        gamma_kernel (the amplitudes stay on chip), whitened, torch_backend.gamma_block's formulas:
+        X = c_w t - c_u t^T with (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed, (2 c_ss, 2 c_ss)
+        same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
+        block of j (NkiBackend.gamma_rows: every B_j and G_j of the launch in SBUF); the partial G
+        comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
         from ..errors import ComputationError
 
-        raise ComputationError(f"relaxed MP2 densities need the three-index two-particle density, which has no NKI "
-                               f"kernel yet: run them with --device cpu or cuda (not {self.target})")
+        c_os, c_ss = (float(c) for c in scaling)
+        c_w, c_u = {"closed": (4.0 * (c_os + c_ss), 4.0 * c_ss), "same": (2.0 * c_ss, 2.0 * c_ss),
+                    "opposite": (2.0 * c_os, 0.0)}[spin_case]
+        ni, nvir, naux = b_i.shape
+        nall, nvir_all = b_all.shape[0], b_all.shape[1]
+        rows = self.gamma_rows(nvir, nvir_all, naux)
+        if rows < 1:
+            raise ComputationError(f"the NKI gamma kernel holds one B row and G row of j in SBUF: nvir {nvir_all} "
+                                   f"with naux {naux} does not fit on {self.target}")
+        b_i_rows, b_all_rows = self._aux_rows(b_i), self._aux_rows(b_all)
+        b_i_cols = b_i.to(torch.float32).contiguous()
+        e_vir_col = e_vir.to(torch.float32).reshape(nvir, 1).contiguous()
+        e_vir_j = e_vir if e_vir_all is None else e_vir_all
+        neg_e_vir_j_rows = (-e_vir_j.to(torch.float32)).expand(P, nvir_all).contiguous()
+        e_i_rows = e_i.to(torch.float32).expand(P, ni).contiguous()
+        out = np.empty((nall, nvir_all, naux))
+        for j0 in range(0, nall, rows):
+            j1 = min(nall, j0 + rows)
+            useful = (2 if c_u == 0.0 else 3) * 2 * ni * (j1 - j0) * nvir * nvir_all * naux
+            part = self._launch("gamma_kernel", (
+                b_i_rows, b_i_cols, b_all_rows[j0:j1], e_i_rows,
+                e_all[j0:j1].to(torch.float32).expand(P, j1 - j0).contiguous(),
+                e_vir_col, neg_e_vir_j_rows, c_w, c_u), useful)
+            out[j0:j1] = self.to_host(part).astype(np.float64)
+        return torch.from_numpy(out)
+
+    def gamma_rows(self, nvir, nvir_j, naux):
+        """Occupied orbitals j per gamma launch: each holds its B_j rows and its G_j in SBUF (per
+        partition: ceil(naux / 128) nvir_j + ceil(nvir_j / 128) naux fp32), beside one B_i in
+        both layouts and one X, with room for the working tiles."""
+        per_j = (-(-naux // P) * nvir_j + -(-nvir_j // P) * naux) * 4
+        fixed = (-(-naux // P) * nvir + -(-nvir // P) * naux + -(-nvir // P) * nvir_j) * 4 + 24 * 1024
+        room = TARGETS[self.target].sbuf_usable_bytes_per_partition - fixed
+        return max(0, min(32, room // per_j))
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel

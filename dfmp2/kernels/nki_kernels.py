@@ -609,6 +609,106 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e
     return oo_out, vv_out
 
 
+@nki.jit
+def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_rows, c_w, c_u):
+    """The three-index two-particle density of the pairs (i, j), i in block I, j in block J,
+    whitened; the amplitudes never leave the chip.
+
+    b_i [NI, NAUX, NVIR] and b_j [NJ, NAUX, NVIRJ]: B with the auxiliary index on the rows;
+    b_i_cols [NI, NVIR, NAUX]: B_i with the virtual index on the rows. e_*_rows [128, N*]: the
+    occupied energies on every partition; e_vir_col [NVIR, 1]: i's virtual energies e_a;
+    neg_e_vir_j_rows [128, NVIRJ]: -e_b of j's virtuals. c_w, c_u: compile-time weights. Per pair
+    (i, j), a on partitions in 128s, b in 512-column chunks:
+        W[a, b] = (ia|jb) = sum_Q B_i[Q, a] B_j[Q, b]      U[a, b] = (ib|ja) = sum_Q B_j[Q, a] B_i[Q, b]
+        X[a, b] = (c_w W - c_u U) / D,   D = e_i + e_j - e_a - e_b      (U only for c_u != 0: NVIRJ = NVIR)
+    then, b on partitions in 128s, Q in 512-column chunks:
+        G_j[b, Q] += sum_a X[a, b] B_i[a, Q]
+    Returns G [NJ, NVIRJ, NAUX] (summed over the launch's i). SBUF: every B_j row and G_j of
+    the launch, one B_i (both layouts) and one X at a time (NkiBackend.gamma_rows).
+    Long (the kernel's loop nest is its tile schedule, kept whole).
+    """
+    NI, NAUX, NVIR = b_i.shape
+    NJ, NVIRJ = b_j.shape[0], b_j.shape[2]
+    nq = (NAUX + P - 1) // P
+    na = (NVIR + P - 1) // P
+    nb = (NVIRJ + P - 1) // P
+    g_out = nl.ndarray((NJ, NVIRJ, NAUX), dtype=nl.float32, buffer=nl.shared_hbm)
+    ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
+    ej = nl.ndarray((P, NJ), dtype=nl.float32, buffer=nl.sbuf)
+    neg_eb = nl.ndarray((P, NVIRJ), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ei, src=e_i_rows)
+    nisa.dma_copy(dst=ej, src=e_j_rows)
+    nisa.dma_copy(dst=neg_eb, src=neg_e_vir_j_rows)
+    ea = _vir_column(e_vir_col)
+    bj = nl.ndarray((P, NJ * nq, NVIRJ), dtype=nl.float32, buffer=nl.sbuf)  # every B_j, Q on partitions
+    for j in nl.affine_range(NJ):
+        for q in nl.affine_range(nq):
+            qs = min(P, NAUX - q * P)
+            nisa.dma_copy(dst=bj[0:qs, j * nq + q, :], src=b_j[j, q * P:q * P + qs, :])
+    g = nl.ndarray((P, NJ * nb, NAUX), dtype=nl.float32, buffer=nl.sbuf)  # G_j[b, Q], b on partitions
+    nisa.memset(dst=g, value=0.0)
+    for i in range(NI):
+        bi = _load_rows(b_i, i, nq)
+        bic = nl.ndarray((P, na, NAUX), dtype=nl.float32, buffer=nl.sbuf)  # B_i[a, Q], a on partitions
+        for t in nl.affine_range(na):
+            ma = min(P, NVIR - t * P)
+            nisa.dma_copy(dst=bic[0:ma, t, :], src=b_i_cols[i, t * P:t * P + ma, :])
+        for j in range(NJ):
+            eij = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=eij, data1=ei[:, i:i + 1], data2=ej[:, j:j + 1], op=nl.add)
+            x = nl.ndarray((P, na, NVIRJ), dtype=nl.float32, buffer=nl.sbuf)  # X[a, b], a on partitions
+            for t in range(na):
+                a0 = t * P
+                ma = min(P, NVIR - a0)
+                shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_j - e_a
+                nisa.tensor_tensor(dst=shift[0:ma], data1=eij[0:ma], data2=ea[0:ma, t:t + 1], op=nl.subtract)
+                for b0 in range(0, NVIRJ, FREE):
+                    b1 = min(b0 + FREE, NVIRJ)
+                    w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                    u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                    for q in range(nq):
+                        qs = min(P, NAUX - q * P)
+                        nisa.nc_matmul(dst=w[0:ma, 0:b1 - b0], stationary=bi[0:qs, q, a0:a0 + ma],
+                                       moving=bj[0:qs, j * nq + q, b0:b1])
+                        if c_u != 0.0:
+                            nisa.nc_matmul(dst=u[0:ma, 0:b1 - b0], stationary=bj[0:qs, j * nq + q, a0:a0 + ma],
+                                           moving=bi[0:qs, q, b0:b1])
+                    inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_scalar(dst=inv_d[0:ma, 0:b1 - b0], data=neg_eb[0:ma, b0:b1], op0=nl.add,
+                                       operand0=shift[0:ma])
+                    nisa.reciprocal(dst=inv_d[0:ma, 0:b1 - b0], data=inv_d[0:ma, 0:b1 - b0])
+                    num = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_scalar(dst=num[0:ma, 0:b1 - b0], data=w[0:ma, 0:b1 - b0], op0=nl.multiply,
+                                       operand0=c_w)
+                    if c_u != 0.0:
+                        cu = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_scalar(dst=cu[0:ma, 0:b1 - b0], data=u[0:ma, 0:b1 - b0], op0=nl.multiply,
+                                           operand0=c_u)
+                        nisa.tensor_tensor(dst=num[0:ma, 0:b1 - b0], data1=num[0:ma, 0:b1 - b0],
+                                           data2=cu[0:ma, 0:b1 - b0], op=nl.subtract)
+                    nisa.tensor_tensor(dst=x[0:ma, t, b0:b1], data1=num[0:ma, 0:b1 - b0],
+                                       data2=inv_d[0:ma, 0:b1 - b0], op=nl.multiply)
+            for r in range(nb):  # G_j[b, Q] += sum_a X[a, b] B_i[a, Q]
+                r0 = r * P
+                mb = min(P, NVIRJ - r0)
+                for q0 in range(0, NAUX, FREE):
+                    q1 = min(q0 + FREE, NAUX)
+                    acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                    for t in range(na):
+                        ma = min(P, NVIR - t * P)
+                        nisa.nc_matmul(dst=acc[0:mb, 0:q1 - q0], stationary=x[0:ma, t, r0:r0 + mb],
+                                       moving=bic[0:ma, t, q0:q1])
+                    part = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=part[0:mb, 0:q1 - q0], src=acc[0:mb, 0:q1 - q0])
+                    nisa.tensor_tensor(dst=g[0:mb, j * nb + r, q0:q1], data1=g[0:mb, j * nb + r, q0:q1],
+                                       data2=part[0:mb, 0:q1 - q0], op=nl.add)
+    for j in nl.affine_range(NJ):
+        for r in nl.affine_range(nb):
+            mb = min(P, NVIRJ - r * P)
+            nisa.dma_copy(dst=g_out[j, r * P:r * P + mb, :], src=g[0:mb, j * nb + r, :])
+    return g_out
+
+
 def _load_rows(b, row, nq):
     """B[row] [NAUX, NVIR] into SBUF [128, nq, NVIR] (auxiliary index on the partitions)."""
     NAUX, NVIR = b.shape[1], b.shape[2]

@@ -180,6 +180,16 @@ def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_v
     return oo, vv
 
 
+def _ref_gamma(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_rows, c_w, c_u):
+    """gamma_kernel's G [NJ, NVIRJ, NAUX] by fp64 host math (model-only runs)."""
+    bi, bj = b_i.double(), b_j.double()
+    w = torch.einsum("iqa,jqb->iajb", bi, bj)
+    d = (e_i_rows[0].double()[:, None, None, None] - e_vir_col[:, 0].double()[None, :, None, None]
+         + e_j_rows[0].double()[None, None, :, None] + neg_e_vir_j_rows[0].double()[None, None, None, :])
+    x = c_w * w - (c_u * torch.einsum("iqb,jqa->iajb", bi, bj) if c_u != 0.0 else 0.0)
+    return torch.einsum("iajb,iqa->jbq", x / d, bi).float()
+
+
 def _ref_fitted_jk(b, left, right, left_t, w_col, same, with_k):
     """fitted_jk_kernel's [J, K] by fp32 host math (model-only runs)."""
     h = torch.matmul(b, right)  # [NP, NAO, R]
@@ -226,6 +236,7 @@ REFERENCE = {  # kernel name -> host function of the kernel's arguments, returni
     "ao2mo_kernel": _ref_ao2mo,
     "pair_energy_kernel": _ref_pair_energy,
     "density_kernel": _ref_density,
+    "gamma_kernel": _ref_gamma,
     "fitted_jk_kernel": _ref_fitted_jk,
     "exact_matmul_kernel": _ref_exact_matmul,
 }
