@@ -1213,11 +1213,20 @@ def fock_response_vo(mf, dms_mo, full=True) -> list:
         c_occ, c_vir = coeff[:, occ > 0], coeff[:, occ == 0]
         dm_ao = coeff @ dm @ coeff.T if full else c_vir @ dm @ c_occ.T
         dms_ao.append(dm_ao + dm_ao.T)
-    if len(coeffs) == 1:
-        responses = [2.0 * mf.get_veff(dm=dms_ao[0])]
-    else:
-        responses = list(mf.get_veff(dm=np.array(dms_ao)))
+    responses = [2.0 * r for r in response_potentials(mf, dms_ao)] if len(coeffs) == 1 else \
+        response_potentials(mf, dms_ao)
     return [coeff[:, occ == 0].T @ r @ coeff[:, occ > 0] for r, coeff, occ in zip(responses, coeffs, occs)]
+
+
+def response_potentials(mf, dms_ao) -> list:
+    """The first-order change of the reference's Fock matrix for symmetric AO density changes
+    given per spin (RHF: [the total]; UHF: [alpha, beta]), PySCF's gen_response (hermi=1):
+    HF: V_eff (J - K/2 of the total; UHF J[Da + Db] - K[Ds]); Kohn-Sham: J - a_x K/2 plus the XC
+    kernel f_xc on the SCF's grid. One [nao, nao] per spin."""
+    response = mf.gen_response(hermi=1)
+    if len(dms_ao) == 1:
+        return [np.asarray(response(dms_ao[0]))]
+    return list(np.asarray(response(np.array(dms_ao))))
 
 
 def solve_cphf(mf, rhs_vo, tol=1e-10, max_cycle=100) -> list:
@@ -1307,11 +1316,46 @@ class SCFGradientTerms:
         return w.sum(axis=0) if w.ndim == 3 else w
 
     def veff_per_spin(self, dms) -> list:
-        """The reference's V_eff of densities given per spin (RHF: [the total]; UHF: [alpha, beta])
-        -> one [nao, nao] per spin (RHF: J - K/2 of the total; UHF: J[Da + Db] - K[Ds])."""
-        if len(dms) == 1:
-            return [self.mf.get_veff(self.mol, dms[0])]
-        return list(self.mf.get_veff(self.mol, np.array(dms)))
+        """The reference's Fock response to symmetric densities given per spin (RHF: [the total];
+        UHF: [alpha, beta]), one [nao, nao] per spin (response_potentials)."""
+        return response_potentials(self.mf, dms)
+
+    def reference_gradient(self) -> np.ndarray:
+        """The reference's own energy gradient [natm, 3] (PySCF's: a Kohn-Sham one's with its XC
+        on the SCF's grid, no grid response; a DF reference's with its auxiliary response)."""
+        return np.asarray(self.grad.kernel())
+
+    def exchange_fraction(self) -> float:
+        """a_x, the exact-exchange fraction of the reference (1 for HF); range separation refused."""
+        if not is_kohn_sham(self.mf):
+            return 1.0
+        omega, _, hyb = self.mf._numint.rsh_and_hybrid_coeff(self.mf.xc, spin=self.mol.spin)
+        if omega:
+            raise InputError(f"gradients of range-separated functionals ({self.mf.xc}) are not implemented")
+        return float(hyb)
+
+    def coulomb_exchange_pair(self, d, p, k_scale) -> np.ndarray:
+        """d/dR of J(D, P) - k_scale K(D, P) with both AO matrices fixed (symmetric), through the
+        reference's exact integrals: 2 sum_(m on A) (vj[P] D + vj[D] P - k_scale (vk[P] D + vk[D] P))_mn."""
+        vj, vk = self.grad.get_jk(self.mol, np.array([d, p]))
+        pair = vj[1] - k_scale * vk[1]  # [3, nao, nao] of P
+        own = vj[0] - k_scale * vk[0]  # of D
+        return np.array([2.0 * (np.einsum("xij,ij->x", pair[:, p0:p1], d[p0:p1])
+                                + np.einsum("xij,ij->x", own[:, p0:p1], p[p0:p1])) for p0, p1 in self.slices])
+
+    def xc_response(self, d, p) -> np.ndarray:
+        """The exchange-correlation part of d/dR sum_mn P_mn V^xc_mn[rho_D] with the AO matrices
+        fixed, RKS (total densities): the basis functions' motion in V^xc's matrix elements, and
+        in rho_D under the kernel f_xc rho_P (PySCF's TDDFT-gradient contraction, the SCF's grid,
+        no grid response): 2 sum_(m on A) (v1[P]_mn ... ) per atom [natm, 3]."""
+        from types import SimpleNamespace
+
+        from pyscf.grad import tdrks
+
+        holder = SimpleNamespace(mol=self.mol, base=SimpleNamespace(_scf=self.mf))
+        f1, _, v1, _ = tdrks._contract_xc_kernel(holder, self.mf.xc, 0.5 * p, None, True, False)
+        return np.array([2.0 * (np.einsum("xij,ij->x", v1[1:, p0:p1], p[p0:p1])
+                                + np.einsum("xij,ij->x", f1[1:, p0:p1], d[p0:p1])) for p0, p1 in self.slices])
 
 
 def three_center_derivative_contraction(integrals, gamma_ao, gamma_aux) -> np.ndarray:

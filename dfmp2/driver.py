@@ -228,9 +228,13 @@ def _with_properties(settings: Settings) -> Settings:
     if settings.gradient and chem.choose_reference(settings.spin, settings.reference) == "rohf":
         raise InputError("analytic DF-MP2 gradients of ROHF references are not implemented (RHF and UHF are; "
                          "use --reference uhf)")
-    if settings.gradient and settings.xc is not None:
-        raise InputError("analytic gradients of double hybrids are not implemented yet (DF-MP2 on RHF and UHF is)")
     wanted = settings.properties or settings.gradient
+    if wanted and settings.xc is not None:
+        if chem.choose_reference(settings.spin, settings.reference) != "rhf":
+            raise InputError("relaxed densities and gradients of unrestricted (UKS) double hybrids are not "
+                             "implemented (closed-shell RKS double hybrids are)")
+        dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss)
+        settings = settings.replace(rdm1_scaling=(dh.c_os, dh.c_ss))  # the density of c_os E_os + c_ss E_ss
     return settings.replace(with_rdm1=True, with_gamma=True) if wanted else settings
 
 

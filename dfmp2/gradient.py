@@ -25,6 +25,7 @@ import scipy.linalg
 
 from . import chem
 from .context import Timer
+from .errors import InputError
 from .response import relaxed_density
 
 
@@ -98,15 +99,14 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         d_hfs.append(coeff @ np.diag(occ.astype(np.float64)) @ coeff.T)
         projectors.append(coeff[:, occ_index] @ coeff[:, occ_index].T)
     with timer.step("gradient_reference"):
-        separable = _separable_two_electron(terms, coeffs, occs, d_hfs, p_aos)
+        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos)
     with timer.step("gradient_integrals"):
         fitted = chem.three_center_derivative_contraction(integrals, gamma_ao, gamma_aux)
     with timer.step("gradient_terms"):
         potentials = terms.veff_per_spin([p + p.T for p in p_aos])
         response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
-        return (terms.nuclear() + terms.core(sum(d_hfs) + sum(p_aos)) + separable + fitted
-                + terms.overlap(lagrangian_ao) - terms.overlap(weighted_ao + terms.energy_weighted_hf())
-                - terms.overlap(response))
+        return (reference + terms.core(sum(p_aos)) + fitted + terms.overlap(lagrangian_ao)
+                - terms.overlap(weighted_ao) - terms.overlap(response))
 
 
 def _per_spin_array(mats) -> np.ndarray:
@@ -114,25 +114,41 @@ def _per_spin_array(mats) -> np.ndarray:
     return mats[0] if len(mats) == 1 else np.array(mats)
 
 
-def _separable_two_electron(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
-    """1/2 B'(D_HF, D_HF + 2P) per atom [natm, 3]: a density-fitted reference's through its own
-    fitting set (reference_fitting_densities, then the three-center derivative contraction);
-    an exact one's by polarization of PySCF's two-electron derivative (1/2 B'(D, D) of
-    D_HF +- (D_HF + 2P))."""
+def _reference_terms(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
+    """The reference's share of the gradient per atom [natm, 3], with P (the relaxed correlation
+    density) in its Fock matrix:
+      HF:          V_nn' + h'(D_HF) - S'(W_HF) + 1/2 B'(D_HF, D_HF + 2P)      B = J - K/2 (UHF: J - sum_s K_s)
+      Kohn-Sham:   dE_KS/dR (PySCF's) + B_x'(D_HF, P) + XC'(D_HF, P)        B_x = J - a_x K/2 (RKS)
+    B' of a density-fitted reference through its own fitting set (reference_fitting_densities and
+    the three-center derivative contraction); of an exact one through PySCF's derivative
+    integrals (HF: polarization of its quadratic form; KS: its J/K derivative matrices)."""
     jk = terms.fitting_integrals()
+    occupied = [(c[:, o > 0], o[o > 0].astype(np.float64)) for c, o in zip(coeffs, occs)]
+    if chem.is_kohn_sham(terms.mf):
+        if len(coeffs) != 1:
+            raise InputError("analytic gradients of unrestricted (UKS) double hybrids are not implemented")
+        a_x = terms.exchange_fraction()
+        d, p = d_hfs[0], p_aos[0]
+        if jk is not None:  # 1/2 B_x'(D, 2P) = B_x'(D, P)
+            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p], exchange=a_x)
+            pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux)
+        else:
+            pair = terms.coulomb_exchange_pair(d, p, 0.5 * a_x)
+        return terms.reference_gradient() + pair + terms.xc_response(d, p)
+    fixed = terms.nuclear() + terms.core(sum(d_hfs)) - terms.overlap(terms.energy_weighted_hf())
     if jk is None:
         d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)
         d_plus = d_hf + 2.0 * p_ao
-        return (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
-    occupied = [(c[:, o > 0], o[o > 0].astype(np.float64)) for c, o in zip(coeffs, occs)]
+        return fixed + (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
     g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)])
-    return chem.three_center_derivative_contraction(jk, g_ao, g_aux)
+    return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux)
 
 
-def reference_fitting_densities(jk, occupied, y_dms, aux_block=128) -> tuple:
+def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0) -> tuple:
     """(G^P_mn [naux, nao, nao], Gbar_PQ [naux, naux]) of 1/2 B'(X, Y) for a reference whose
     two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
-        B(X, Y) = J(X_t, Y_t) - w sum_s K(X_s, Y_s)       w: 1/2 RHF (one spin-summed channel), 1 UHF
+        B(X, Y) = J(X_t, Y_t) - w sum_s K(X_s, Y_s)       w: 1/2 RHF (one spin-summed channel), 1 UHF,
+                                                          times `exchange` (a hybrid's a_x)
         J(X, Y) = sum X_mn (mn|P) M_PQ (Q|ls) Y_ls,    K(X, Y) = sum X_mn Y_ls (ml|P) M_PQ (Q|ns)
     with X_s = C_s n_s C_s^T (occupied: per channel (C_s [nao, nocc_s], n_s occupations)) and
     Y_s symmetric (y_dms, AO). With c(X) = M (P|ls) X_ls, L^P_ni = (nm|P) C_mi, d = M L:
@@ -140,7 +156,7 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128) -> tuple:
         K: G^P_lm = 2 (Y d^P)_li n_i C_mi,     Gbar_PQ = 2 sum_li d^P_li n_i (Y d^Q)_li
     (K's G given transposed: the contraction uses G^P + G^P^T only), so that
     sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction)."""
-    naux, nao, weight = jk.naux, jk.nao, 0.5 if len(occupied) == 1 else 1.0
+    naux, nao, weight = jk.naux, jk.nao, exchange * (0.5 if len(occupied) == 1 else 1.0)
     x_total = sum((c * n) @ c.T for c, n in occupied)
     y_total = sum(y_dms)
     rho_x, rho_y = np.zeros(naux), np.zeros(naux)
