@@ -1358,35 +1358,52 @@ class SCFGradientTerms:
                                 + np.einsum("xij,ij->x", f1[1:, p0:p1], d[p0:p1])) for p0, p1 in self.slices])
 
 
-def three_center_derivative_contraction(integrals, gamma_ao, gamma_aux) -> np.ndarray:
-    """The DF-MP2 energy's explicit derivative through the fitting integrals, per atom [natm, 3]:
+DERIVATIVE_BLOCK_BYTES = 96 * 10**6  # int3c2e_ip1 of one auxiliary block: 3 nao^2 nP fp64 at most this
+
+
+def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux) -> np.ndarray:
+    """The DF energy's explicit derivative through the fitting integrals, per atom [natm, 3]:
       sum_mnP G^P_mn d(mn|P)/dR_A - 1/2 sum_PQ Gbar_PQ d(P|Q)/dR_A
-    gamma_ao [naux, nao, nao] (G^P_mn; only G^P + G^P^T enters), gamma_aux [naux, naux] (Gbar,
-    symmetric); integrals: chem.ThreeCenterIntegrals (their auxmol). int3c2e_ip1 per atom's
-    shells (all n, P), int3c2e_ip2 per auxiliary atom (one mn triangle) and int2c2e_ip1."""
+    gamma_blocks(p0, p1) -> G^P_mn [p1-p0, nao, nao] of one auxiliary block (only G^P + G^P^T
+    enters; an array [naux, nao, nao] is taken too), gamma_aux [naux, naux] (Gbar, symmetric);
+    integrals: chem.ThreeCenterIntegrals (their auxmol). One auxiliary block at a time (G is never
+    held whole): int3c2e_ip1 (all mn, the derivative on m), int3c2e_ip2 (one mn triangle) and
+    int2c2e_ip1 of the block's functions."""
     from pyscf import df, lib
 
     mol, auxmol = integrals.mol, integrals.auxmol
-    ao_slices, aux_slices = mol.aoslice_by_atom(), auxmol.aoslice_by_atom()
+    if not callable(gamma_blocks):
+        whole = gamma_blocks
+        gamma_blocks = lambda p0, p1: whole[p0:p1]  # noqa: E731
+    nao = mol.nao
+    ao_atom = np.zeros(nao, dtype=int)
+    for a, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+        ao_atom[p0:p1] = a
+    aux_atom = np.zeros(integrals.naux, dtype=int)
+    for a, (_, _, q0, q1) in enumerate(auxmol.aoslice_by_atom()):
+        aux_atom[q0:q1] = a
+    diagonal = np.arange(nao) * (np.arange(nao) + 3) // 2
+    per_ao, per_aux = np.zeros((3, nao)), np.zeros((3, integrals.naux))
+    for p0, p1 in integrals.aux_blocks(max(1, DERIVATIVE_BLOCK_BYTES // (24 * nao * nao))):
+        shells = (0, mol.nbas, 0, mol.nbas, *integrals._aux_shells(p0, p1))
+        block = gamma_blocks(p0, p1)
+        symmetric = block + block.transpose(0, 2, 1)  # [nP, nao, nao]
+        # (dm n|P): sum_nP (m'n|P) (G + G^T)^P_mn, per AO m
+        ip1 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip1", comp=3, aosym="s1", shls_slice=shells)
+        ip1 = ip1.reshape(3, nao, nao, p1 - p0)
+        per_ao -= np.einsum("xmnP,Pmn->xm", ip1, symmetric, optimize=True)
+        del ip1
+        # (mn|dP): one triangle, G_mn + G_nm off the diagonal, G_mm on it, per auxiliary P
+        packed = lib.pack_tril(symmetric)
+        packed[:, diagonal] *= 0.5
+        ip2 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip2", comp=3, aosym="s2ij", shls_slice=shells)
+        per_aux[:, p0:p1] -= np.einsum("xpP,Pp->xP", ip2.reshape(3, -1, p1 - p0), packed)
+        # (dP|Q): -1/2 sum_Q Gbar_PQ (P'|Q) twice (P or Q on the atom), Gbar symmetric
+        v1 = auxmol.intor("int2c2e_ip1", comp=3, shls_slice=(shells[4], shells[5], 0, auxmol.nbas))
+        per_aux[:, p0:p1] += np.einsum("xPQ,PQ->xP", v1, gamma_aux[p0:p1] + gamma_aux[:, p0:p1].T) * 0.5
     out = np.zeros((mol.natm, 3))
-    symmetric = gamma_ao + gamma_ao.transpose(0, 2, 1)
-    for a, (b0, b1, p0, p1) in enumerate(ao_slices):  # (dm n|P): m on atom a, both orbital positions
-        if p1 > p0:
-            ip1 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip1", comp=3, aosym="s1",
-                                   shls_slice=(b0, b1, 0, mol.nbas, 0, auxmol.nbas))  # [3, nf, nao, naux]
-            out[a] -= ip1.reshape(3, -1) @ np.ascontiguousarray(symmetric[:, p0:p1].transpose(1, 2, 0)).ravel()
-    # (mn|dP) is symmetric in mn: one triangle, G_mn + G_nm off the diagonal, G_mm on it
-    packed = lib.pack_tril(symmetric)  # [naux, npair]
-    diagonal = np.arange(mol.nao) * (np.arange(mol.nao) + 3) // 2
-    packed[:, diagonal] *= 0.5
-    for a in range(mol.natm):  # (mn|dP) and (dP|Q): P on atom a
-        s0, s1, q0, q1 = aux_slices[a]
-        if q1 > q0:
-            ip2 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip2", comp=3, aosym="s2ij",
-                                   shls_slice=(0, mol.nbas, 0, mol.nbas, s0, s1))  # [3, npair, nP]
-            out[a] -= np.einsum("xpP,Pp->x", ip2.reshape(3, -1, q1 - q0), packed[q0:q1])
-            v1 = auxmol.intor("int2c2e_ip1", comp=3, shls_slice=(s0, s1, 0, auxmol.nbas))
-            out[a] += np.einsum("xPQ,PQ->x", v1, gamma_aux[q0:q1] + gamma_aux[:, q0:q1].T) * 0.5
+    np.add.at(out, ao_atom, per_ao.T)
+    np.add.at(out, aux_atom, per_aux.T)
     return out
 
 

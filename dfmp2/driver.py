@@ -250,6 +250,17 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     return run_atoms(chem.read_xyz(path), settings, context, **changes)
 
 
+def _check_molecule_request(settings, reference, ranks):
+    """InputError for a request run_atoms cannot do (before anything is computed)."""
+    if (settings.gradient or settings.properties) and ranks > 1:
+        raise InputError("gradients and relaxed properties run in one process, not over torchrun ranks (yet)")
+    check_request(settings, 1 if reference == "rhf" else 2, ranks, semicanonical=reference == "rohf")
+    if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
+        raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
+    if settings.frozen_core and settings.frozen is not None:
+        raise InputError("give frozen_core or frozen, not both")
+
+
 def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
     """atoms: [chem.Atom] (Angstrom). Run the SCF (settings.reference rhf/uhf/rohf, default RHF for spin 0 and
     UHF otherwise; settings.scf 'df' or 'exact'), then DF-MP2. settings.xc: a double hybrid
@@ -259,11 +270,7 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
     settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
     reference = chem.choose_reference(settings.spin, settings.reference)
-    check_request(settings, 1 if reference == "rhf" else 2, context.ranks, semicanonical=reference == "rohf")
-    if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
-        raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
-    if settings.frozen_core and settings.frozen is not None:
-        raise InputError("give frozen_core or frozen, not both")
+    _check_molecule_request(settings, reference, context.ranks)
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
     if dh is not None:
         chem.check_xc(dh.xc)

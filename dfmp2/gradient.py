@@ -30,33 +30,43 @@ from .response import relaxed_density
 
 
 def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
-    """(A [nmo, nact], B [nmo, nvir], G^P_mn [naux, nao, nao], Gbar [naux, naux]) of one spin, in
-    one pass over (mn|P), one auxiliary block at a time, as host fp64 GEMMs:
+    """(A [nmo, nact], B [nmo, nvir], Gbar [naux, naux]) of one spin, in one pass over (mn|P), one
+    auxiliary block at a time, as host fp64 GEMMs:
         A_pi = sum_bP (pb|P) G_ib^P,  B_pa = sum_jP (jp|P) G_ja^P   (what the relaxed density needs too)
-        G^P_mn = C_mi G_ia^P C_na,    Gbar_PQ = sum_ia G_ia^P c_ia^Q,  c = (ia|R) V^-1
-    gamma: G_ia^P [nact, nvir, naux] (steps.three_index_density)."""
+        Gbar_PQ = sum_ia G_ia^P c_ia^Q,  c = (ia|R) V^-1
+    gamma: G_ia^P [nact, nvir, naux] (steps.three_index_density). G^P_mn: back_transformed."""
     c_act, c_vir = coeff[:, act], coeff[:, vir]
     nao, naux, nact, nvir = coeff.shape[0], integrals.naux, len(act), len(vir)
     a_ao, b_ao = np.zeros((nao, nact)), np.zeros((nao, nvir))
     ia_p = np.empty((naux, nact, nvir))
-    gamma_ao = np.empty((naux, nao, nao))
     for p0, p1 in integrals.aux_blocks(aux_block):
         ao = integrals.block(p0, p1)  # (mn|P) [nP, nao, nao], symmetric in mn
         n_p = p1 - p0
         g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # G [nP, nact, nvir]
-        # G^P_mn = C_mi G_ia^P C_na
-        gamma_ao[p0:p1] = np.matmul(np.matmul(c_act, g), c_vir.T)
-        ao_act = (ao.reshape(n_p * nao, nao) @ c_act).reshape(n_p, nao, nact)  # (m i|P)
-        ao_vir = (ao.reshape(n_p * nao, nao) @ c_vir).reshape(n_p, nao, nvir)  # (m b|P)
-        # A_mi = sum_Pb (mb|P) G_ib^P,  B_na = sum_Pi (ni|P) G_ia^P
-        a_ao += np.ascontiguousarray(ao_vir.transpose(1, 0, 2)).reshape(nao, -1) @ \
-            np.ascontiguousarray(g.transpose(0, 2, 1)).reshape(-1, nact)
+        ao_act = (ao.reshape(n_p * nao, nao) @ c_act).reshape(n_p, nao, nact)  # (n i|P)
+        # A_mi = sum_Pb (mb|P) G_ib^P = sum_Pn (mn|P) H^P_ni with H^P_ni = C_nb G_ib^P (no (m b|P) formed)
+        h = np.matmul(c_vir, g.transpose(0, 2, 1))  # [nP, nao, nact]
+        a_ao += ao.reshape(-1, nao).T @ h.reshape(-1, nact)  # (mn|P) = (nm|P)
+        # B_na = sum_Pi (ni|P) G_ia^P
         b_ao += np.ascontiguousarray(ao_act.transpose(1, 0, 2)).reshape(nao, -1) @ g.reshape(-1, nvir)
-        ia_p[p0:p1] = np.matmul(c_act.T, ao_vir)  # (ia|P)
+        ia_p[p0:p1] = np.matmul(ao_act.transpose(0, 2, 1), c_vir)  # (ia|P) = sum_n (n i|P) C_na
     factor = scipy.linalg.cho_factor(integrals.metric())
     coefficients = scipy.linalg.cho_solve(factor, ia_p.reshape(naux, -1))  # c^Q_ia [naux, nact * nvir]
     gamma_aux = gamma.reshape(-1, naux).T @ coefficients.T  # Gbar_PQ = sum_ia G_ia^P c_ia^Q
-    return coeff.T @ a_ao, coeff.T @ b_ao, gamma_ao, gamma_aux
+    return coeff.T @ a_ao, coeff.T @ b_ao, gamma_aux
+
+
+def back_transformed(gammas, coeffs, spaces):
+    """G^P_mn = sum_s C_mi G_ia^P C_na of every spin channel, one auxiliary block at a time:
+    a function (p0, p1) -> [p1-p0, nao, nao] (chem.three_center_derivative_contraction); gammas:
+    G_ia^P [nact, nvir, naux] per channel; spaces: (active, virtual) indices per channel."""
+    def block(p0, p1):
+        out = 0.0
+        for gamma, coeff, (act, vir) in zip(gammas, coeffs, spaces):
+            g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # [nP, nact, nvir]
+            out = out + np.matmul(coeff[:, list(act)], np.matmul(g, coeff[:, list(vir)].T))  # C_act (G C_vir^T)
+        return out
+    return block
 
 
 def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None) -> np.ndarray:
@@ -78,9 +88,9 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         relaxed = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
                                   max_cycle=max_cycle, derivatives=[b[:2] for b in blocks])
     relaxed = np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
-    gamma_ao, gamma_aux = sum(b[2] for b in blocks), sum(b[3] for b in blocks)
+    gamma_aux = sum(b[2] for b in blocks)
     lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors = 0.0, 0.0, [], [], []
-    for (act, vir, _, _), (a_mo, b_mo, _, _), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
+    for (act, vir, _, _), (a_mo, b_mo, _), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
                                                                             coeffs, occs, energies):
         occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
         p_mo = p_full - np.diag(occ.astype(np.float64))
@@ -101,7 +111,9 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
     with timer.step("gradient_reference"):
         reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos)
     with timer.step("gradient_integrals"):
-        fitted = chem.three_center_derivative_contraction(integrals, gamma_ao, gamma_aux)
+        spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
+        fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces),
+                                                          gamma_aux)
     with timer.step("gradient_terms"):
         potentials = terms.veff_per_spin([p + p.T for p in p_aos])
         response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
@@ -145,7 +157,8 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
 
 
 def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0) -> tuple:
-    """(G^P_mn [naux, nao, nao], Gbar_PQ [naux, naux]) of 1/2 B'(X, Y) for a reference whose
+    """(G^P_mn one auxiliary block at a time: a function (p0, p1) -> [p1-p0, nao, nao], Gbar_PQ
+    [naux, naux]) of 1/2 B'(X, Y) for a reference whose
     two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
         B(X, Y) = J(X_t, Y_t) - w sum_s K(X_s, Y_s)       w: 1/2 RHF (one spin-summed channel), 1 UHF,
                                                           times `exchange` (a hybrid's a_x)
@@ -169,14 +182,17 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
             l_s[p0:p1] = (ao.reshape(-1, nao) @ c).reshape(p1 - p0, nao, -1)  # L^P_ni = (nm|P) C_mi
     factor = scipy.linalg.cho_factor(jk.metric())
     c_x, c_y = scipy.linalg.cho_solve(factor, rho_x), scipy.linalg.cho_solve(factor, rho_y)
-    g_ao = np.empty((naux, nao, nao))
-    for p in range(naux):  # J: 1/2 (X c(Y)_P + Y c(X)_P)
-        np.multiply(x_total, 0.5 * c_y[p], out=g_ao[p])
-        g_ao[p] += (0.5 * c_x[p]) * y_total
     g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
+    exchange_parts = []
     for (c, n), l_s, y in zip(occupied, half, y_dms):
         d = scipy.linalg.cho_solve(factor, l_s.reshape(naux, -1)).reshape(l_s.shape)  # d = M L
         yd = np.matmul(y, d)  # (Y d^P)_li
-        g_ao -= np.matmul(yd, (weight * c * n).T)  # 1/2 of K's 2 (Y d^P)_li n_i C_mi, transposed
         g_aux -= weight * (d * n).reshape(naux, -1) @ yd.reshape(naux, -1).T
-    return g_ao, g_aux
+        exchange_parts.append((yd, weight * c * n))
+
+    def block(p0, p1):  # J: 1/2 (X c(Y)_P + Y c(X)_P); K: 1/2 of 2 (Y d^P)_li n_i C_mi, transposed
+        out = 0.5 * (c_y[p0:p1, None, None] * x_total + c_x[p0:p1, None, None] * y_total)
+        for yd, weighted in exchange_parts:
+            out -= np.matmul(yd[p0:p1], weighted.T)
+        return out
+    return block, g_aux

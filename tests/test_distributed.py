@@ -300,3 +300,14 @@ def test_neuroncore_ranks_go_over_gloo_each_on_its_own_core(monkeypatch):
     assert pin_neuron_core() == "3" and os.environ["NEURON_RT_VISIBLE_CORES"] == "3"
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-5")
     assert pin_neuron_core() == "4-5"
+
+
+def test_gradients_over_ranks_are_refused_clearly():
+    """`torchrun ... -m dfmp2 grad`: gradients run in one process for now; every rank stops with
+    exit 2 with the one-line reason before any SCF (never a gradient from one rank's share; the
+    launcher's own summary follows)."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "dfmp2", "grad", os.path.join(EXAMPLES, "water.xyz")], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0 and "exitcode  : 2" in proc.stderr
+    assert proc.stderr.count("dfmp2: error: gradients and relaxed properties run in one process") == 2
