@@ -29,9 +29,26 @@ from .errors import InputError
 from .response import relaxed_density
 
 
-def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
+def gemm_backend(backend):
+    """Where the gradient's four-index GEMMs run: `backend` where it has fp64 (cpu, cuda), else
+    None (host numpy; trn1/trn2). They stay fp64 whatever the run's precision: in fp32 the
+    gradient moves by 1e-5 (water) to 3e-4 Eh/bohr (benzene), the derivative contractions
+    cancelling terms of O(100)."""
+    return backend if getattr(backend, "has_fp64", False) else None
+
+
+def backend_gemm(backend, a, b) -> np.ndarray:
+    """a [m, k] @ b [k, n] of host fp64 arrays in fp64 on `backend` (gemm_backend), back on the
+    host; numpy without one."""
+    if backend is None:
+        return a @ b
+    return backend.to_host(backend.gemm(backend.to_device(np.ascontiguousarray(a), fp64=True),
+                                        backend.to_device(np.ascontiguousarray(b), fp64=True)))
+
+
+def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128, backend=None) -> tuple:
     """(A [nmo, nact], B [nmo, nvir], Gbar [naux, naux]) of one spin, in one pass over (mn|P), one
-    auxiliary block at a time, as host fp64 GEMMs:
+    auxiliary block at a time, the four-index GEMMs on `backend` (backend_gemm):
         A_pi = sum_bP (pb|P) G_ib^P,  B_pa = sum_jP (jp|P) G_ja^P   (what the relaxed density needs too)
         Gbar_PQ = sum_ia G_ia^P c_ia^Q,  c = (ia|R) V^-1
     gamma: G_ia^P [nact, nvir, naux] (steps.three_index_density). G^P_mn: back_transformed."""
@@ -43,46 +60,53 @@ def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple
         ao = integrals.block(p0, p1)  # (mn|P) [nP, nao, nao], symmetric in mn
         n_p = p1 - p0
         g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # G [nP, nact, nvir]
-        ao_act = (ao.reshape(n_p * nao, nao) @ c_act).reshape(n_p, nao, nact)  # (n i|P)
+        rows = ao.reshape(n_p * nao, nao)  # rows (P, n)
+        ao_act = backend_gemm(backend, rows, c_act).reshape(n_p, nao, nact)  # (n i|P)
         # A_mi = sum_Pb (mb|P) G_ib^P = sum_Pn (mn|P) H^P_ni with H^P_ni = C_nb G_ib^P (no (m b|P) formed)
-        h = np.matmul(c_vir, g.transpose(0, 2, 1))  # [nP, nao, nact]
-        a_ao += ao.reshape(-1, nao).T @ h.reshape(-1, nact)  # (mn|P) = (nm|P)
+        h = backend_gemm(backend, c_vir, g.transpose(2, 0, 1).reshape(nvir, -1)).reshape(nao, n_p, nact)
+        a_ao += backend_gemm(backend, rows.T, h.transpose(1, 0, 2).reshape(-1, nact))  # (mn|P) = (nm|P)
         # B_na = sum_Pi (ni|P) G_ia^P
-        b_ao += np.ascontiguousarray(ao_act.transpose(1, 0, 2)).reshape(nao, -1) @ g.reshape(-1, nvir)
-        ia_p[p0:p1] = np.matmul(ao_act.transpose(0, 2, 1), c_vir)  # (ia|P) = sum_n (n i|P) C_na
+        b_ao += backend_gemm(backend, ao_act.transpose(1, 0, 2).reshape(nao, -1), g.reshape(-1, nvir))
+        # (ia|P) = sum_n (n i|P) C_na
+        ia_p[p0:p1] = backend_gemm(backend, ao_act.transpose(0, 2, 1).reshape(-1, nao), c_vir).reshape(n_p, nact, nvir)
     factor = scipy.linalg.cho_factor(integrals.metric())
     coefficients = scipy.linalg.cho_solve(factor, ia_p.reshape(naux, -1))  # c^Q_ia [naux, nact * nvir]
     gamma_aux = gamma.reshape(-1, naux).T @ coefficients.T  # Gbar_PQ = sum_ia G_ia^P c_ia^Q
     return coeff.T @ a_ao, coeff.T @ b_ao, gamma_aux
 
 
-def back_transformed(gammas, coeffs, spaces):
+def back_transformed(gammas, coeffs, spaces, backend=None):
     """G^P_mn = sum_s C_mi G_ia^P C_na of every spin channel, one auxiliary block at a time:
     a function (p0, p1) -> [p1-p0, nao, nao] (chem.three_center_derivative_contraction); gammas:
-    G_ia^P [nact, nvir, naux] per channel; spaces: (active, virtual) indices per channel."""
+    G_ia^P [nact, nvir, naux] per channel; spaces: (active, virtual) indices per channel; the
+    GEMMs on `backend` (backend_gemm)."""
     def block(p0, p1):
         out = 0.0
         for gamma, coeff, (act, vir) in zip(gammas, coeffs, spaces):
-            g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # [nP, nact, nvir]
-            out = out + np.matmul(coeff[:, list(act)], np.matmul(g, coeff[:, list(vir)].T))  # C_act (G C_vir^T)
+            n_p, nact, nao = p1 - p0, len(act), coeff.shape[0]
+            g = gamma[:, :, p0:p1].transpose(2, 0, 1).reshape(n_p * nact, -1)  # rows (P, i)
+            x = backend_gemm(backend, g, coeff[:, list(vir)].T).reshape(n_p, nact, nao)  # G C_vir^T
+            y = backend_gemm(backend, coeff[:, list(act)], x.transpose(1, 0, 2).reshape(nact, -1))  # C_act (...)
+            out = out + y.reshape(nao, n_p, nao).transpose(1, 0, 2)
         return out
     return block
 
 
-def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None) -> np.ndarray:
+def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None, backend=None) -> np.ndarray:
     """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF or UHF `mf`, from a finished run made
     with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense.
     Per spin channel s (RHF: one, spin-summed; UHF: alpha and beta), every term of the module
     docstring is summed over s; the occupied-space response term is 1/nspin sum_s O_s V_s O_s.
     timer: a context.Timer that gets the parts (gradient_densities, gradient_cphf,
-    gradient_reference, gradient_integrals, gradient_terms)."""
-    timer = timer or Timer()
+    gradient_reference, gradient_integrals, gradient_terms); backend: where the four-index GEMMs
+    of the Lagrangian and the back-transformation run (backend_gemm; None: numpy fp64)."""
+    timer, backend = timer or Timer(), gemm_backend(backend)
     coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
     nspin = len(coeffs)
     terms = chem.SCFGradientTerms(mf)
     with timer.step("gradient_densities"):
-        blocks = [lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir))
+        blocks = [lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir), backend=backend)
                   for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
     with timer.step("gradient_cphf"):
         relaxed = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
@@ -112,7 +136,7 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos)
     with timer.step("gradient_integrals"):
         spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
-        fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces),
+        fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
                                                           gamma_aux)
     with timer.step("gradient_terms"):
         potentials = terms.veff_per_spin([p + p.T for p in p_aos])

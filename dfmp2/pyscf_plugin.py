@@ -355,12 +355,13 @@ class Gradients(lib.StreamObject):
 
     def kernel(self, atmlst=None):
         from .gradient import nuclear_gradient
+        from .kernels import backend_for
         from .response import response_mean_field
 
         base = self.base
         corr, integrals, cphf = base._response_inputs()
         with response_mean_field(base._scf, base.settings()) as response_mf:
-            de = nuclear_gradient(response_mf, corr, integrals, **cphf)
+            de = nuclear_gradient(response_mf, corr, integrals, backend=backend_for(base.settings()), **cphf)
         self.de = de if atmlst is None else de[list(atmlst)]
         logger.note(self, "dfmp2 DF-MP2 gradient (Eh/bohr):\n%s", self.de)
         return self.de

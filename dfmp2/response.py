@@ -143,10 +143,11 @@ def nuclear_gradient(mf, correlation, settings, timer=None) -> tuple:
     of a finished RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the
     MP2 fitting set of settings.auxbasis."""
     from . import gradient
+    from .kernels import backend_for
 
     with response_mean_field(mf, settings) as response_mf:
         de = gradient.nuclear_gradient(response_mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis),
-                                       timer=timer)
+                                       timer=timer, backend=backend_for(settings))
         builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
         record = builds.record.as_dict() if builds is not None else {
             "scf_backend": "pyscf", "why": "a reference with exact integrals, or a backend without builds"}

@@ -86,7 +86,7 @@ def test_gradient_against_pyscf_conventional_mp2(spin):
 
 @pytest.mark.parametrize("spin", [0, 1])
 def test_cli_grad_in_the_input_frame_matches_finite_differences(tmp_path, spin):
-    """`dfmp2 grad MOLECULE.xyz --precision fp64 --json`: the gradient [[gx, gy, gz] per atom] in
+    """`dfmp2 grad MOLECULE.xyz --json` (fp64 by default): the gradient [[gx, gy, gz] per atom] in
     Eh/bohr, in the input's frame and atom order (a tilted water off the origin, hydrogens first;
     the hydroxyl radical, UHF, with --spin 1), against central differences of `run_xyz` energies
     (dfmp2's own DF-SCF), 1e-6 Eh/bohr."""
@@ -105,12 +105,12 @@ def test_cli_grad_in_the_input_frame_matches_finite_differences(tmp_path, spin):
         return path
 
     x0 = np.array([c for _, c in atoms])
-    proc = subprocess.run([sys.executable, "-m", "dfmp2", "grad", str(write(x0, "m.xyz")), "--precision", "fp64",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2", "grad", str(write(x0, "m.xyz")),
                            "--spin", str(spin), "--json", "out.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "gradient dE/dR (Eh/bohr)" in proc.stdout
     record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
-    assert record["atoms"] == ["H", "O", "H"][spin:]
+    assert record["atoms"] == ["H", "O", "H"][spin:] and record["precision"] == "fp64"  # grad's default
     fd = _finite_difference(lambda c: run_xyz(write(c, "d.xyz"), precision="fp64", spin=spin).e_tot, x0)
     assert np.abs(np.array(record["gradient"]) - fd).max() < 1e-6
 
