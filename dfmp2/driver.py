@@ -18,7 +18,7 @@ from .errors import InputError
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .response import PROPERTIES, nuclear_gradient, relaxed_properties
-from .kernels import SPLIT_PRECISIONS, backend_for, device_screens
+from .kernels import SPLIT_PRECISIONS, TRAINIUM, backend_for, device_screens
 from .scf import early_integrals_fit, scf_builds_for
 from .settings import Settings, settings_from
 from .sparse import screen_integrals
@@ -206,6 +206,18 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
                            reference.mo_occ, settings, out=out, context=context)
 
 
+TRAINIUM_GRADIENT_REFUSED = (
+    "analytic gradients are not offered on trn1/trn2: with the NeuronCore's fp32 B and three-index density the "
+    "emulated benzene/cc-pVDZ gradient is 3.5e-4 Eh/bohr from fp64 (water: 4.6e-7), outside the 1e-5 envelope; "
+    "run gradients with --device cpu or cuda (docs/trainium.md)")
+
+
+def check_gradient_device(device: str) -> None:
+    """InputError for an analytic gradient on trn1/trn2 (TRAINIUM_GRADIENT_REFUSED)."""
+    if device in TRAINIUM:
+        raise InputError(TRAINIUM_GRADIENT_REFUSED)
+
+
 def _offered_precision(settings: Settings) -> Settings:
     """settings, unless they ask for a split-precision mode (tf32x3, bf16x3) for energies: on an
     NVIDIA H200 those were up to 36 uEh from fp64 on the reference set (the tensor cores truncate
@@ -228,6 +240,8 @@ def _with_properties(settings: Settings) -> Settings:
     if settings.gradient and chem.choose_reference(settings.spin, settings.reference) == "rohf":
         raise InputError("analytic DF-MP2 gradients of ROHF references are not implemented (RHF and UHF are; "
                          "use --reference uhf)")
+    if settings.gradient:
+        check_gradient_device(settings.device)
     wanted = settings.properties or settings.gradient
     if wanted and settings.xc is not None:
         if chem.choose_reference(settings.spin, settings.reference) != "rhf":

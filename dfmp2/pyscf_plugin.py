@@ -358,7 +358,10 @@ class Gradients(lib.StreamObject):
         from .kernels import backend_for
         from .response import response_mean_field
 
+        from .driver import check_gradient_device
+
         base = self.base
+        check_gradient_device(base.device)
         corr, integrals, cphf = base._response_inputs()
         with response_mean_field(base._scf, base.settings()) as response_mf:
             de = nuclear_gradient(response_mf, corr, integrals, backend=backend_for(base.settings()), **cphf)
