@@ -102,8 +102,8 @@ def _shape(coords):
 def test_radical_optimisation_matches_the_conventional_ump2_optimum():
     """The NH2 radical (UHF, doublet) from a distorted start: converges with the default
     criteria; bonds within 1e-3 A and the angle within 0.1 degree of the optimum PySCF's
-    conventional UMP2 gradients give under its geomopt (exact SCF, cc-pVTZ-RI fitting: the DF
-    error is below 1e-4 A)."""
+    conventional UMP2 gradients give under its geomopt (exact SCF, cc-pVTZ-RI fitting; measured
+    5.8e-6 A and 4.1e-4 degree, 5 steps)."""
     import contextlib
     import io
 
