@@ -225,7 +225,10 @@ cli.add_command(click.Command("grad", callback=_grad, params=list(run.params), h
                               context_settings={"help_option_names": ["-h", "--help"]}))
 cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__doc__,
                               context_settings={"help_option_names": ["-h", "--help"]}, params=[
-    *run.params,
+    *[p if p.name != "checkpoint" else click.Option(
+        ["--checkpoint"], default=None, metavar="DIR",
+        help="Keep every finished optimisation step in DIR; the same command with the same DIR replays them "
+             "and goes on (another optimisation's DIR is refused).") for p in run.params],
     click.Option(["--output"], default=None, metavar="FILE.xyz",
                  help="The optimised geometry [default: MOLECULE.opt.xyz in the current directory]."),
     click.Option(["--trajectory"], default=None, metavar="FILE.xyz",
