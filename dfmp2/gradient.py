@@ -26,7 +26,7 @@ import scipy.linalg
 from . import chem
 from .context import Timer
 from .errors import InputError
-from .response import relaxed_density
+from .response import backend_gemm, derivative_block, relaxed_density
 
 
 def gemm_backend(backend):
@@ -37,36 +37,22 @@ def gemm_backend(backend):
     return backend if getattr(backend, "has_fp64", False) else None
 
 
-def backend_gemm(backend, a, b) -> np.ndarray:
-    """a [m, k] @ b [k, n] of host fp64 arrays in fp64 on `backend` (gemm_backend), back on the
-    host; numpy without one."""
-    if backend is None:
-        return a @ b
-    return backend.to_host(backend.gemm(backend.to_device(np.ascontiguousarray(a), fp64=True),
-                                        backend.to_device(np.ascontiguousarray(b), fp64=True)))
-
-
 def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128, backend=None) -> tuple:
     """(A [nmo, nact], B [nmo, nvir], Gbar [naux, naux]) of one spin, in one pass over (mn|P), one
-    auxiliary block at a time, the four-index GEMMs on `backend` (backend_gemm):
+    auxiliary block at a time, the four-index GEMMs on `backend` (response.derivative_block):
         A_pi = sum_bP (pb|P) G_ib^P,  B_pa = sum_jP (jp|P) G_ja^P   (what the relaxed density needs too)
         Gbar_PQ = sum_ia G_ia^P c_ia^Q,  c = (ia|R) V^-1
     gamma: G_ia^P [nact, nvir, naux] (steps.three_index_density). G^P_mn: back_transformed."""
     c_act, c_vir = coeff[:, act], coeff[:, vir]
     nao, naux, nact, nvir = coeff.shape[0], integrals.naux, len(act), len(vir)
     a_ao, b_ao = np.zeros((nao, nact)), np.zeros((nao, nvir))
-    ia_p = np.empty((naux, nact, nvir))
+    ia_p = np.empty((naux, nact, nvir))  # (ia|P), for Gbar
     for p0, p1 in integrals.aux_blocks(aux_block):
-        ao = integrals.block(p0, p1)  # (mn|P) [nP, nao, nao], symmetric in mn
         n_p = p1 - p0
         g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # G [nP, nact, nvir]
-        rows = ao.reshape(n_p * nao, nao)  # rows (P, n)
-        ao_act = backend_gemm(backend, rows, c_act).reshape(n_p, nao, nact)  # (n i|P)
-        # A_mi = sum_Pb (mb|P) G_ib^P = sum_Pn (mn|P) H^P_ni with H^P_ni = C_nb G_ib^P (no (m b|P) formed)
-        h = backend_gemm(backend, c_vir, g.transpose(2, 0, 1).reshape(nvir, -1)).reshape(nao, n_p, nact)
-        a_ao += backend_gemm(backend, rows.T, h.transpose(1, 0, 2).reshape(-1, nact))  # (mn|P) = (nm|P)
-        # B_na = sum_Pi (ni|P) G_ia^P
-        b_ao += backend_gemm(backend, ao_act.transpose(1, 0, 2).reshape(nao, -1), g.reshape(-1, nvir))
+        a_block, b_block, ao_act = derivative_block(integrals.block(p0, p1), g, c_act, c_vir, backend)
+        a_ao += a_block
+        b_ao += b_block
         # (ia|P) = sum_n (n i|P) C_na
         ia_p[p0:p1] = backend_gemm(backend, ao_act.transpose(0, 2, 1).reshape(-1, nao), c_vir).reshape(n_p, nact, nvir)
     factor = scipy.linalg.cho_factor(integrals.metric())

@@ -79,8 +79,7 @@ class OptimizationResult:
 
     @property
     def atoms(self) -> list:
-        coords = self.steps[self.final_step].coords
-        return [chem.Atom(s, tuple(float(c) for c in x)) for s, x in zip(self.symbols, coords)]
+        return _atoms(self.symbols, self.steps[self.final_step].coords)
 
     @property
     def energies(self) -> list:
@@ -89,7 +88,7 @@ class OptimizationResult:
     def frames(self) -> list:
         """[(comment, atoms)] per step, for a trajectory file (chem.format_xyz)."""
         return [(f"step {k}  E = {step.energy:.12f} Eh  max|g| = {np.abs(step.gradient).max():.3e} Eh/bohr",
-                 [chem.Atom(s, tuple(float(c) for c in x)) for s, x in zip(self.symbols, step.coords)])
+                 _atoms(self.symbols, step.coords))
                 for k, step in enumerate(self.steps)]
 
     def as_dict(self) -> dict:
@@ -99,6 +98,11 @@ class OptimizationResult:
                 "converged": self.converged, "steps": len(self.steps),
                 "steps_replayed": sum(step.replayed for step in self.steps),
                 "coordinates": self.steps[self.final_step].coords.tolist(), "notes": list(self.notes)}
+
+
+def _atoms(symbols, coords) -> list:
+    """[chem.Atom] of symbols and coordinates [natm, 3] (Angstrom)."""
+    return [chem.Atom(s, tuple(float(c) for c in x)) for s, x in zip(symbols, coords)]
 
 
 def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: str | None = None,
@@ -132,8 +136,7 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
             steps.append(stored)
         else:
             began = time.perf_counter()
-            result = run_atoms([chem.Atom(s, tuple(x)) for s, x in zip(symbols, coords.tolist())], settings,
-                               RunContext(progress=progress))
+            result = run_atoms(_atoms(symbols, coords), settings, RunContext(progress=progress))
             steps.append(Step(coords, float(result.e_tot), np.asarray(result.gradient, dtype=np.float64),
                               time.perf_counter() - began))
             runs[len(steps) - 1] = result

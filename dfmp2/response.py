@@ -24,13 +24,28 @@ import numpy as np
 from . import chem
 
 
-def derivative_block(ao, g, c_act, c_vir) -> tuple:
-    """One auxiliary block's share of the orbital derivatives (AO rows): ao (mn|P) [nP, nao, nao],
-    g G_ia^P [nact, nvir, nP] -> (A [nao, nact], B [nao, nvir]),
-      A_mi = sum_bP (mb|P) G_ib^P,   B_na = sum_iP (in|P) G_ia^P"""
-    a_ao = np.einsum("Pmn,nb,ibP->mi", ao, c_vir, g, optimize=True)
-    b_ao = np.einsum("Pmn,mi,iaP->na", ao, c_act, g, optimize=True)
-    return a_ao, b_ao
+def backend_gemm(backend, a, b) -> np.ndarray:
+    """a [m, k] @ b [k, n] of host fp64 arrays in fp64 on `backend` (one with fp64:
+    gradient.gemm_backend), back on the host; numpy without one."""
+    if backend is None:
+        return a @ b
+    return backend.to_host(backend.gemm(backend.to_device(np.ascontiguousarray(a), fp64=True),
+                                        backend.to_device(np.ascontiguousarray(b), fp64=True)))
+
+
+def derivative_block(ao, g, c_act, c_vir, backend=None) -> tuple:
+    """One auxiliary block's share of the orbital derivatives (AO rows), as GEMMs (backend_gemm):
+    ao (mn|P) [nP, nao, nao] (symmetric in mn), g G_ia^P [nP, nact, nvir] ->
+    (A [nao, nact], B [nao, nvir], the half transform (n i|P) [nP, nao, nact]):
+      A_mi = sum_bP (mb|P) G_ib^P = sum_Pn (mn|P) H^P_ni,  H^P_ni = C_nb G_ib^P  (no (m b|P) formed)
+      B_na = sum_iP (ni|P) G_ia^P"""
+    n_p, nao, nact, nvir = ao.shape[0], ao.shape[1], c_act.shape[1], c_vir.shape[1]
+    rows = ao.reshape(n_p * nao, nao)  # rows (P, n)
+    ao_act = backend_gemm(backend, rows, c_act).reshape(n_p, nao, nact)  # (n i|P)
+    h = backend_gemm(backend, c_vir, g.transpose(2, 0, 1).reshape(nvir, -1)).reshape(nao, n_p, nact)
+    a_ao = backend_gemm(backend, rows.T, h.transpose(1, 0, 2).reshape(-1, nact))  # (mn|P) = (nm|P)
+    b_ao = backend_gemm(backend, ao_act.transpose(1, 0, 2).reshape(nao, -1), g.reshape(-1, nvir))
+    return a_ao, b_ao, ao_act
 
 
 def orbital_derivatives(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
@@ -39,7 +54,8 @@ def orbital_derivatives(integrals, gamma, coeff, act, vir, aux_block=128) -> tup
     c_act, c_vir = coeff[:, act], coeff[:, vir]
     a_ao, b_ao = np.zeros((coeff.shape[0], len(act))), np.zeros((coeff.shape[0], len(vir)))
     for p0, p1 in integrals.aux_blocks(aux_block):
-        a_block, b_block = derivative_block(integrals.block(p0, p1), gamma[:, :, p0:p1], c_act, c_vir)
+        g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # G [nP, nact, nvir]
+        a_block, b_block, _ = derivative_block(integrals.block(p0, p1), g, c_act, c_vir)
         a_ao += a_block
         b_ao += b_block
     return coeff.T @ a_ao, coeff.T @ b_ao

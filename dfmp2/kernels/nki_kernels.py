@@ -654,40 +654,10 @@ def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_
             ma = min(P, NVIR - t * P)
             nisa.dma_copy(dst=bic[0:ma, t, :], src=b_i_cols[i, t * P:t * P + ma, :])
         for j in range(NJ):
-            eij = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=eij, data1=ei[:, i:i + 1], data2=ej[:, j:j + 1], op=nl.add)
             x = nl.ndarray((P, na, NVIRJ), dtype=nl.float32, buffer=nl.sbuf)  # X[a, b], a on partitions
-            for t in range(na):
-                a0 = t * P
-                ma = min(P, NVIR - a0)
-                shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_j - e_a
-                nisa.tensor_tensor(dst=shift[0:ma], data1=eij[0:ma], data2=ea[0:ma, t:t + 1], op=nl.subtract)
-                for b0 in range(0, NVIRJ, FREE):
-                    b1 = min(b0 + FREE, NVIRJ)
-                    w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-                    u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-                    for q in range(nq):
-                        qs = min(P, NAUX - q * P)
-                        nisa.nc_matmul(dst=w[0:ma, 0:b1 - b0], stationary=bi[0:qs, q, a0:a0 + ma],
-                                       moving=bj[0:qs, j * nq + q, b0:b1])
-                        if c_u != 0.0:
-                            nisa.nc_matmul(dst=u[0:ma, 0:b1 - b0], stationary=bj[0:qs, j * nq + q, a0:a0 + ma],
-                                           moving=bi[0:qs, q, b0:b1])
-                    inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.tensor_scalar(dst=inv_d[0:ma, 0:b1 - b0], data=neg_eb[0:ma, b0:b1], op0=nl.add,
-                                       operand0=shift[0:ma])
-                    nisa.reciprocal(dst=inv_d[0:ma, 0:b1 - b0], data=inv_d[0:ma, 0:b1 - b0])
-                    num = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.tensor_scalar(dst=num[0:ma, 0:b1 - b0], data=w[0:ma, 0:b1 - b0], op0=nl.multiply,
-                                       operand0=c_w)
-                    if c_u != 0.0:
-                        cu = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                        nisa.tensor_scalar(dst=cu[0:ma, 0:b1 - b0], data=u[0:ma, 0:b1 - b0], op0=nl.multiply,
-                                           operand0=c_u)
-                        nisa.tensor_tensor(dst=num[0:ma, 0:b1 - b0], data1=num[0:ma, 0:b1 - b0],
-                                           data2=cu[0:ma, 0:b1 - b0], op=nl.subtract)
-                    nisa.tensor_tensor(dst=x[0:ma, t, b0:b1], data1=num[0:ma, 0:b1 - b0],
-                                       data2=inv_d[0:ma, 0:b1 - b0], op=nl.multiply)
+            # (the density kernel's amplitudes with j's B on the free axis: W[a, b] = (ia|jb), U = (ib|ja))
+            _amplitudes(bj[:, j * nq:(j + 1) * nq, :], bi, NAUX, ej[:, j:j + 1], ei[:, i:i + 1], ea, neg_eb,
+                        None, x, (c_w, c_u))
             for r in range(nb):  # G_j[b, Q] += sum_a X[a, b] B_i[a, Q]
                 r0 = r * P
                 mb = min(P, NVIRJ - r0)
@@ -719,17 +689,20 @@ def _load_rows(b, row, nq):
     return tile
 
 
-def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out):
-    """t^T[c, a] = (ia|kc) / D into t_out and/or T^T[c, a] = (2 (ia|kc) - (ic|ka)) / D into
-    big_t_out ([128, nc, NVIR] each, c on partitions); bi, bk: B rows in SBUF [128, nq, NVIR]."""
+def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out, weights=(2.0, 1.0)):
+    """t^T[c, a] = (ia|kc) / D into t_out and/or T^T[c, a] = (c_w (ia|kc) - c_u (ic|ka)) / D into
+    big_t_out ([128, nc, NVIR] each, c on partitions); bi [128, nq, NVIR], bk [128, nq, NVIRK]: B
+    rows in SBUF (c runs over k's NVIRK virtuals, a over i's NVIR); weights (c_w, c_u): (2, 1) is
+    T = 2 t - t^T; c_u = 0 skips (ic|ka) (then NVIRK may differ from NVIR)."""
     NVIR = bi.shape[2]
     nq = bi.shape[1]
-    nc = (NVIR + P - 1) // P
+    nc = (bk.shape[2] + P - 1) // P
+    c_w, c_u = weights
     eik = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=eik, data1=e_i, data2=e_k, op=nl.add)
     for c in range(nc):
         c0 = c * P
-        mc = min(P, NVIR - c0)
+        mc = min(P, bk.shape[2] - c0)
         shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_k - e_c
         nisa.tensor_tensor(dst=shift[0:mc], data1=eik[0:mc], data2=ec[0:mc, c:c + 1], op=nl.subtract)
         for a0 in range(0, NVIR, FREE):
@@ -739,7 +712,7 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out):
             for q in range(nq):
                 qs = min(P, NAUX - q * P)
                 nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk[0:qs, q, c0:c0 + mc], moving=bi[0:qs, q, a0:a1])
-                if big_t_out is not None:
+                if big_t_out is not None and c_u != 0.0:
                     nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi[0:qs, q, c0:c0 + mc],
                                    moving=bk[0:qs, q, a0:a1])
             inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
@@ -750,11 +723,17 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out):
                 nisa.tensor_tensor(dst=t_out[0:mc, c, a0:a1], data1=w[0:mc, 0:a1 - a0],
                                    data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
             if big_t_out is not None:
-                two_w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                two_w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # c_w W - c_u U
                 nisa.tensor_scalar(dst=two_w[0:mc, 0:a1 - a0], data=w[0:mc, 0:a1 - a0], op0=nl.multiply,
-                                   operand0=2.0)
-                nisa.tensor_tensor(dst=two_w[0:mc, 0:a1 - a0], data1=two_w[0:mc, 0:a1 - a0],
-                                   data2=u[0:mc, 0:a1 - a0], op=nl.subtract)
+                                   operand0=c_w)
+                if c_u != 0.0:
+                    u_part = u[0:mc, 0:a1 - a0]
+                    if c_u != 1.0:
+                        scaled = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_scalar(dst=scaled[0:mc, 0:a1 - a0], data=u_part, op0=nl.multiply, operand0=c_u)
+                        u_part = scaled[0:mc, 0:a1 - a0]
+                    nisa.tensor_tensor(dst=two_w[0:mc, 0:a1 - a0], data1=two_w[0:mc, 0:a1 - a0], data2=u_part,
+                                       op=nl.subtract)
                 nisa.tensor_tensor(dst=big_t_out[0:mc, c, a0:a1], data1=two_w[0:mc, 0:a1 - a0],
                                    data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
 
