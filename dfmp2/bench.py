@@ -67,11 +67,19 @@ def resolve_shape(shape=None, nbasis=None, nocc=None, naux=None):
 
 
 def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = None, progress=None,
-              **changes) -> dict:
+              integrals="host", **changes) -> dict:
     """Cold + `repeat` warm passes of the pipeline on the synthetic problem -> a JSON-able record.
     settings (keyword `changes` on top): its hardware and resource groups; progress(step, done,
-    total): the callback each pass's run context reports to."""
+    total): the callback each pass's run context reports to; integrals: where the synthetic (mn|P)
+    blocks are made, "host" (uploaded block by block, as PySCF's are) or "device" (on the GPU,
+    --device cuda only: the kernel layer without the upload)."""
     settings = settings_from(settings, **changes)
+    if integrals not in ("host", "device"):
+        raise InputError(f"--integrals must be host or device, got {integrals!r}")
+    if integrals == "device" and settings.device != "cuda":
+        raise InputError(f"--integrals device: only with --device cuda (on {settings.device} the synthetic "
+                         "integrals are made on the host and uploaded, as PySCF's are)")
+    made_on = "cuda" if integrals == "device" else "cpu"
     if repeat < 0:
         raise InputError(f"--repeat must be 0 or more, got {repeat}")
     if not 0 <= seed < 2**64:
@@ -84,12 +92,14 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
     for n in range(repeat + 1):
         backend = first if n == 0 else backend_for(settings)
         context = RunContext(progress=progress)  # each pass its own timer
-        integrals = SyntheticIntegrals(nbasis, nocc, naux, seed)
+        problem = SyntheticIntegrals(nbasis, nocc, naux, seed, made_on)
         start = time.perf_counter()
-        result = dfmp2_energy(backend, integrals, coeff, energies, occupations, settings, context=context)
+        result = dfmp2_energy(backend, problem, coeff, energies, occupations, settings, context=context)
         passes.append((time.perf_counter() - start, result, backend))
         context.report("bench passes", n + 1, repeat + 1)
-    return bench_record((nbasis, nocc, naux, seed), integrals.rank, passes, settings)
+    record = bench_record((nbasis, nocc, naux, seed), problem.rank, passes, settings)
+    record["integrals_made_on"] = made_on  # "cpu": the host, uploaded block by block
+    return record
 
 
 def bench_record(problem, rank, passes, settings) -> dict:

@@ -306,13 +306,16 @@ def _write_text(path, text):
 @click.option("--precision", default=None, metavar="fp32|fp64|tf32x3|bf16x3",
               help="GEMM precision [default: fp32; fp64, tf32x3 and bf16x3 on cpu and cuda only].")
 @click.option("--repeat", type=int, default=3, show_default=True, help="Warm passes after the cold one (0: time the cold pass).")
+@click.option("--integrals", default="host", show_default=True, metavar="host|device",
+              help="Where the synthetic (mn|P) blocks are made: host (uploaded block by block, as PySCF's "
+                   "integrals are) or device (on the GPU, --device cuda only: the kernel layer without the upload).")
 @click.option("--max-memory", type=float, default=None, metavar="MB", help="Memory budget in MB.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model_only, nki_api, transform,
           precision,
-          repeat, max_memory, json_path, quiet, debug):
+          repeat, integrals, max_memory, json_path, quiet, debug):
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
     or model one NKI kernel call (--kernel)."""
     from .bench import resolve_shape, run_bench, run_kernel_bench
@@ -325,8 +328,9 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
         if kernel is not None or size is not None:
             if kernel is None or size is None:
                 raise InputError("--kernel and --size go together")
-            if any(v is not None for v in (shape, nbasis, nocc, naux)) or model_only:
-                raise InputError("--kernel models one kernel call: no --shape/--nbasis/--nocc/--naux/--model-only")
+            if any(v is not None for v in (shape, nbasis, nocc, naux)) or model_only or integrals != "host":
+                raise InputError("--kernel models one kernel call: no --shape/--nbasis/--nocc/--naux/--model-only/"
+                                 "--integrals")
             record = run_kernel_bench(kernel, size, device, simulate, nki_api, seed)
         else:
             sizes = resolve_shape(shape, nbasis, nocc, naux)
@@ -334,7 +338,8 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
             settings = Settings(device=device, precision=precision or COMMAND_PRECISION, simulate=simulate,
                                 model_only=model_only,
                                 nki_api=nki_api, transform=transform, max_memory=max_memory)
-            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings, progress=progress)
+            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings, progress=progress,
+                               integrals=integrals)
             if progress:
                 progress.clear()
             record["shape"]["name"] = shape
@@ -587,6 +592,8 @@ def _print_bench(r):
         f"nocc {s['nocc']}, nvir {s['nvir']}, naux {s['naux']}, seed {s['seed']}",
         f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
         f"transform {r['transform']}",
+        f"  integrals   synthetic (mn|P) made on "
+        f"{'the GPU' if r['integrals_made_on'] == 'cuda' else 'the host' + (', uploaded' if r['device'] != 'cpu' else '')}",
         *[f"  note        {note}" for note in r.get("notes", [])],
         f"  E(corr)     {r['e_corr']:.12f} Eh (os {r['e_corr_os']:.10f}, ss {r['e_corr_ss']:.10f})",
         "",

@@ -174,6 +174,17 @@ def test_cuda_matches_cpu():
         assert abs(gpu["e_corr"] - cpu["e_corr"]) <= 1e-6 * abs(cpu["e_corr"])
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
+def test_cuda_integrals_made_on_the_gpu_are_the_same_problem():
+    """--integrals device: the synthetic (mn|P) made on the GPU from the same variates gives the
+    host-made problem's energy (1e-10 relative: the two GEMMs' rounding); recorded as such."""
+    host = run_bench(512, 64, 1536, repeat=1, device="cuda", precision="fp64")
+    made = run_bench(512, 64, 1536, repeat=1, device="cuda", precision="fp64", integrals="device")
+    assert host["integrals_made_on"] == "cpu" and made["integrals_made_on"] == "cuda"
+    assert abs(made["e_corr"] - host["e_corr"]) <= 1e-10 * abs(host["e_corr"])
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_energy_negative_and_finite_for_every_shape(shape):
     # one pipeline pass in fp32 keeps the large shape (~10 TFLOP) affordable on 2 cores
@@ -221,6 +232,8 @@ def test_bench_cli_json(tmp_path):
     (["--kernel", "fft", "--size", "64", "--device", "trn1", "--simulate"], 2, "fft"),
     (["--kernel", "gemm", "--size", "64", "--shape", "small", "--device", "trn1", "--simulate"], 2,
      "--kernel models one kernel call"),
+    (["--shape", "small", "--integrals", "device"], 2, "only with --device cuda"),
+    (["--shape", "small", "--integrals", "gpu"], 2, "host or device"),
 ])
 def test_bench_cli_bad_input(args, code, needle, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "bench", *args, "--json", "out.json"],

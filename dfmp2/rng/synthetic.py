@@ -28,10 +28,12 @@ STREAM_METRIC, STREAM_U, STREAM_W, STREAM_C, STREAM_EOCC, STREAM_EVIR = range(1,
 
 class SyntheticIntegrals:
     """A seeded synthetic IntegralProvider (`dfmp2.providers`): nao, naux, auxbasis, metric(),
-    aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell()."""
+    aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell(). made_on: "cpu" (blocks
+    are host arrays) or "cuda" (blocks are made on the GPU from the same Philox variates, as a
+    GPU integral engine would leave them: no upload)."""
 
-    def __init__(self, nbasis: int, nocc: int, naux: int, seed: int = 0):
-        self.nao, self.naux, self.seed = nbasis, naux, seed
+    def __init__(self, nbasis: int, nocc: int, naux: int, seed: int = 0, made_on: str = "cpu"):
+        self.nao, self.naux, self.seed, self.made_on = nbasis, naux, seed, made_on
         self.auxbasis = f"synthetic(seed={seed})"
         self.rank = min(RANK, nbasis)
         nvir = nbasis - nocc
@@ -63,11 +65,13 @@ class SyntheticIntegrals:
         return [(p0, min(p0 + limit, self.naux)) for p0 in range(0, self.naux, limit)]
 
     def block(self, p0: int, p1: int) -> np.ndarray:
-        """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao], fp64."""
+        """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao], fp64 (a host array, or a tensor on the
+        GPU where made_on is "cuda")."""
         w = normal(self.seed, STREAM_W, p0 * self.rank, (p1 - p0) * self.rank).reshape(p1 - p0, self.rank)
-        u = torch.from_numpy(self._u)
-        scaled = u[None, :, :] * torch.from_numpy(self._scale * w)[:, None, :]  # s U_mk W_kP
-        return torch.matmul(scaled, u.T).numpy()
+        u = torch.from_numpy(self._u).to(self.made_on)
+        scaled = u[None, :, :] * torch.from_numpy(self._scale * w).to(self.made_on)[:, None, :]  # s U_mk W_kP
+        block = torch.matmul(scaled, u.T)
+        return block.numpy() if self.made_on == "cpu" else block
 
 
 def synthetic_orbitals(nbasis: int, nocc: int, seed: int = 0):
