@@ -6,6 +6,11 @@ synthetic shape three ways, alternating, warm medians in one process (a GPU need
     device    the blocks made on the GPU (`--integrals device`: the kernel layer, no upload)
 
     python benchmarks/bench_cuda_upload.py --shape medium --precision fp32 --rounds 2 --json out.json
+    python benchmarks/bench_cuda_upload.py --molecule examples/naphthalene.xyz --basis cc-pvtz --rounds 3
+
+With --molecule: whole `dfmp2 run --device cuda` processes instead, pinned and pageable
+alternating (start-up included), with the medians of their wall seconds and of the run's own
+transform and mp2 timings.
 
 Per variant: the pass's median seconds and its stages (integrals, metric, transform, whiten,
 pair_energies), the energy; the pinned-over-pageable ratio of the transform stage and of the
@@ -17,8 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 
 from dfmp2.bench import run_bench
 from dfmp2.kernels import torch_backend
@@ -40,14 +49,47 @@ def one_round(variant, shape, settings, repeat):
         torch_backend.PINNED_UPLOAD_MIN_BYTES = default
 
 
+# `python -m dfmp2 ARGS...` with the upload switch set first (argv[1]: pinned | pageable)
+WRAPPER = ("import sys\nimport dfmp2.kernels.torch_backend as t\n"
+           "if sys.argv[1] == 'pageable':\n    t.PINNED_UPLOAD_MIN_BYTES = 1 << 62\n"
+           "sys.argv = ['dfmp2'] + sys.argv[2:]\nfrom dfmp2.entry import main\nmain()\n")
+
+
+def whole_jobs(molecule, basis, precision, rounds):
+    """{variant: {wall, transform, mp2}} medians over `rounds` alternating whole-process runs."""
+    seen = {v: [] for v in ("pinned", "pageable")}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "run.json")
+        for _ in range(rounds):
+            for variant in seen:
+                start = time.perf_counter()
+                subprocess.run([sys.executable, "-c", WRAPPER, variant, "run", molecule, "--basis", basis,
+                                "--device", "cuda", "--precision", precision, "--quiet", "--json", out], check=True)
+                wall = time.perf_counter() - start
+                timings = json.load(open(out, encoding="utf-8"))["timings"]
+                seen[variant].append({"wall": wall, "transform": timings["transform"], "mp2": timings["mp2"]})
+    return {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in seen.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="medium", choices=sorted(SHAPES))
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3, help="warm passes per round")
+    parser.add_argument("--molecule", default=None, help="whole dfmp2 run processes on this XYZ file instead")
+    parser.add_argument("--basis", default="cc-pvtz")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.molecule:
+        summary = {"molecule": args.molecule, "basis": args.basis, "precision": args.precision,
+                   "rounds": args.rounds, "variants": whole_jobs(args.molecule, args.basis, args.precision, args.rounds)}
+        for name, r in summary["variants"].items():
+            print(f"{name:9s} " + "  ".join(f"{k} {v:.3f} s" for k, v in r.items()))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(summary, handle, indent=1)
+        return 0
     settings = Settings(device="cuda", precision=args.precision)
     records = {v: [] for v in VARIANTS}
     for _ in range(args.rounds):

@@ -110,20 +110,22 @@ def test_cuda_split_precision_bench_on_tensor_cores(precision):
 
 
 def test_cuda_pinned_uploads_keep_each_block():
-    """Large host blocks go through one reused pinned buffer: each upload equals its own array
-    (the buffer is not refilled before the previous DMA out of it has finished), in the asked dtype."""
+    """Large host blocks go through two reused pinned buffers, chunk by chunk: each upload equals
+    its own array (no buffer is refilled before its last DMA has finished), in the asked dtype."""
     import numpy as np
 
     from dfmp2.kernels import get_backend
-    from dfmp2.kernels.torch_backend import PINNED_UPLOAD_MIN_BYTES
+    from dfmp2.kernels.torch_backend import PINNED_CHUNK_BYTES
 
     backend = get_backend("cuda", "fp32")
-    n = PINNED_UPLOAD_MIN_BYTES // 8 + 1
+    n = 2 * PINNED_CHUNK_BYTES // 8 + 1001  # three chunks: both buffers, the first one twice
     blocks = [np.random.default_rng(k).standard_normal(n) for k in range(3)]
     on_device = [backend.to_device(b, fp64=True) for b in blocks] + [backend.to_device(blocks[0])]
     for b, t in zip(blocks + blocks[:1], on_device):
         assert t.is_cuda and np.array_equal(t.cpu().numpy(), b.astype(t.cpu().numpy().dtype))
     assert on_device[0].dtype == torch.float64 and on_device[3].dtype == torch.float32
+    cube = np.random.default_rng(9).standard_normal((40, 300, 400)).transpose(2, 0, 1)  # not C-contiguous
+    assert np.array_equal(backend.to_device(cube, fp64=True).cpu().numpy(), cube)
 
 
 def test_cuda_memory_budget_from_the_device():

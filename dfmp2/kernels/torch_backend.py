@@ -22,34 +22,40 @@ from .protocol import BackendRecord, PlanHints
 
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
-PINNED_UPLOAD_MIN_BYTES = 16 * 2**20  # host arrays from this size on go to a GPU through the pinned buffer
+PINNED_UPLOAD_MIN_BYTES = 16 * 2**20  # host arrays from this size on go to a GPU through the pinned buffers
+PINNED_CHUNK_BYTES = 32 * 2**20  # each of the two pinned staging buffers
 
 
 class PinnedStaging:
-    """One page-locked host buffer per process, grown to the largest upload and reused: a host
-    array is copied into it (torch's threaded copy) and sent to the GPU with one asynchronous DMA
-    at the link's rate; pageable memory goes through the driver's own small staging buffers at a
-    fraction of it. Costs host memory of the largest (mn|P) block (PlanHints.aux_block_bytes)."""
+    """Two page-locked host buffers of PINNED_CHUNK_BYTES per process, pinned once (pinning costs
+    about as much as a pageable copy of the same bytes, so a buffer the size of a block would eat
+    the gain in a one-shot job): a large host array goes to the GPU chunk by chunk, each chunk
+    copied into one buffer (torch's threaded copy) while the other's DMA runs at the link's rate;
+    pageable memory goes through the driver's own staging, synchronously, at a fraction of it."""
 
     def __init__(self):
-        self.buffer = None  # uint8 [capacity], pinned
-        self.sent = None  # CUDA event: the last DMA out of the buffer has finished
+        self.buffers = None  # two uint8 [PINNED_CHUNK_BYTES], pinned
+        self.sent = [None, None]  # CUDA event of each buffer: its last DMA has finished
 
     def upload(self, array, device, dtype) -> torch.Tensor:
-        """array (numpy or CPU tensor) -> tensor on `device` in `dtype` (cast there, after the DMA)."""
-        source = torch.as_tensor(array)
-        nbytes = source.numel() * source.element_size()
-        if self.sent is not None:
-            self.sent.synchronize()  # the buffer is free again
-        if self.buffer is None or self.buffer.numel() < nbytes:
-            self.buffer = None
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        staged = self.buffer[:nbytes].view(source.dtype).view(source.shape)
-        staged.copy_(source)
-        on_device = staged.to(device, non_blocking=True)
-        self.sent = torch.cuda.Event()
-        self.sent.record()
-        return on_device.to(dtype)
+        """array (a host numpy array) -> tensor on `device` in `dtype` (cast there, after the DMA)."""
+        source = torch.from_numpy(np.ascontiguousarray(array))
+        flat = source.view(-1)
+        out = torch.empty(flat.shape, dtype=flat.dtype, device=device)
+        if self.buffers is None:
+            self.buffers = [torch.empty(PINNED_CHUNK_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        step = PINNED_CHUNK_BYTES // flat.element_size()
+        for n, start in enumerate(range(0, flat.numel(), step)):
+            k = n % 2
+            if self.sent[k] is not None:
+                self.sent[k].synchronize()  # buffer k is free again
+            piece = flat[start:start + step]
+            staged = self.buffers[k][:piece.numel() * piece.element_size()].view(flat.dtype)
+            staged.copy_(piece)
+            out[start:start + piece.numel()].copy_(staged, non_blocking=True)
+            self.sent[k] = torch.cuda.Event()
+            self.sent[k].record()
+        return out.view(source.shape).to(dtype)
 
 
 _STAGING = PinnedStaging()
