@@ -1334,28 +1334,39 @@ class SCFGradientTerms:
             raise InputError(f"gradients of range-separated functionals ({self.mf.xc}) are not implemented")
         return float(hyb)
 
-    def coulomb_exchange_pair(self, d, p, k_scale) -> np.ndarray:
-        """d/dR of J(D, P) - k_scale K(D, P) with both AO matrices fixed (symmetric), through the
-        reference's exact integrals: 2 sum_(m on A) (vj[P] D + vj[D] P - k_scale (vk[P] D + vk[D] P))_mn."""
-        vj, vk = self.grad.get_jk(self.mol, np.array([d, p]))
-        pair = vj[1] - k_scale * vk[1]  # [3, nao, nao] of P
-        own = vj[0] - k_scale * vk[0]  # of D
-        return np.array([2.0 * (np.einsum("xij,ij->x", pair[:, p0:p1], d[p0:p1])
-                                + np.einsum("xij,ij->x", own[:, p0:p1], p[p0:p1])) for p0, p1 in self.slices])
+    def coulomb_exchange_pair(self, ds, ps, k_scale) -> np.ndarray:
+        """d/dR of J(D_t, P_t) - k_scale sum_s K(D_s, P_s) with the AO matrices fixed (symmetric,
+        given per spin: RKS one spin-summed each, k_scale a_x/2; UKS alpha and beta, k_scale a_x),
+        through the reference's exact integrals, per atom [natm, 3]:
+            2 sum_(m on A) (vj[P_t] D_t + vj[D_t] P_t - k_scale sum_s (vk[P_s] D_s + vk[D_s] P_s))_mn"""
+        n = len(ds)
+        vj, vk = self.grad.get_jk(self.mol, np.array([*ds, *ps]))  # [2n, 3, nao, nao] each
+        vj, vk = np.reshape(vj, (2 * n, 3, *vj.shape[-2:])), np.reshape(vk, (2 * n, 3, *vk.shape[-2:]))
+        d_t, p_t, vj_d, vj_p = sum(ds), sum(ps), vj[:n].sum(axis=0), vj[n:].sum(axis=0)
+        pairs = [(vj_p, d_t), (vj_d, p_t)] + [(-k_scale * vk[n + s], ds[s]) for s in range(n)] + \
+            [(-k_scale * vk[s], ps[s]) for s in range(n)]
+        return np.array([2.0 * sum(np.einsum("xij,ij->x", v[:, p0:p1], m[p0:p1]) for v, m in pairs)
+                         for p0, p1 in self.slices])
 
-    def xc_response(self, d, p) -> np.ndarray:
-        """The exchange-correlation part of d/dR sum_mn P_mn V^xc_mn[rho_D] with the AO matrices
-        fixed, RKS (total densities): the basis functions' motion in V^xc's matrix elements, and
-        in rho_D under the kernel f_xc rho_P (PySCF's TDDFT-gradient contraction, the SCF's grid,
-        no grid response): 2 sum_(m on A) (v1[P]_mn ... ) per atom [natm, 3]."""
+    def xc_response(self, ds, ps) -> np.ndarray:
+        """The exchange-correlation part of d/dR sum_s sum_mn P_s,mn V^xc_s,mn[rho_D] with the AO
+        matrices fixed, given per spin (RKS: one spin-summed each; UKS: alpha and beta): the basis
+        functions' motion in V^xc's matrix elements, and in rho_D under the kernel f_xc rho_P
+        (PySCF's TDDFT-gradient contractions, tdrks/tduks, the SCF's grid, no grid response):
+        2 sum_s sum_(m on A) (v1_s P_s + f1_s D_s)_mn per atom [natm, 3]."""
         from types import SimpleNamespace
 
-        from pyscf.grad import tdrks
+        from pyscf.grad import tdrks, tduks
 
         holder = SimpleNamespace(mol=self.mol, base=SimpleNamespace(_scf=self.mf))
-        f1, _, v1, _ = tdrks._contract_xc_kernel(holder, self.mf.xc, 0.5 * p, None, True, False)
-        return np.array([2.0 * (np.einsum("xij,ij->x", v1[1:, p0:p1], p[p0:p1])
-                                + np.einsum("xij,ij->x", f1[1:, p0:p1], d[p0:p1])) for p0, p1 in self.slices])
+        if len(ps) == 1:  # tdrks takes half the spin-summed density
+            f1, _, v1, _ = tdrks._contract_xc_kernel(holder, self.mf.xc, 0.5 * ps[0], None, True, False)
+            f1, v1 = f1[None], v1[None]
+        else:
+            f1, _, v1, _ = tduks._contract_xc_kernel(holder, self.mf.xc, tuple(ps), None, True, False)
+        return np.array([2.0 * sum(np.einsum("xij,ij->x", v1[s, 1:, p0:p1], ps[s][p0:p1])
+                                   + np.einsum("xij,ij->x", f1[s, 1:, p0:p1], ds[s][p0:p1]) for s in range(len(ps)))
+                         for p0, p1 in self.slices])
 
 
 DERIVATIVE_BLOCK_BYTES = 96 * 10**6  # int3c2e_ip1 of one auxiliary block: 3 nao^2 nP fp64 at most this

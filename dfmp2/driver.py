@@ -244,9 +244,9 @@ def _with_properties(settings: Settings) -> Settings:
         check_gradient_device(settings.device)
     wanted = settings.properties or settings.gradient
     if wanted and settings.xc is not None:
-        if chem.choose_reference(settings.spin, settings.reference) != "rhf":
-            raise InputError("relaxed densities and gradients of unrestricted (UKS) double hybrids are not "
-                             "implemented (closed-shell RKS double hybrids are)")
+        if chem.choose_reference(settings.spin, settings.reference) == "rohf":
+            raise InputError("relaxed densities and gradients of ROKS double hybrids are not implemented (RKS and "
+                             "UKS double hybrids are: use --reference uhf)")
         dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss)
         settings = settings.replace(rdm1_scaling=(dh.c_os, dh.c_ss))  # the density of c_os E_os + c_ss E_ss
     return settings.replace(with_rdm1=True, with_gamma=True) if wanted else settings

@@ -25,7 +25,6 @@ import scipy.linalg
 
 from . import chem
 from .context import Timer
-from .errors import InputError
 from .response import backend_gemm, derivative_block, relaxed_density
 
 
@@ -140,23 +139,20 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
     """The reference's share of the gradient per atom [natm, 3], with P (the relaxed correlation
     density) in its Fock matrix:
       HF:          V_nn' + h'(D_HF) - S'(W_HF) + 1/2 B'(D_HF, D_HF + 2P)      B = J - K/2 (UHF: J - sum_s K_s)
-      Kohn-Sham:   dE_KS/dR (PySCF's) + B_x'(D_HF, P) + XC'(D_HF, P)        B_x = J - a_x K/2 (RKS)
+      Kohn-Sham:   dE_KS/dR (PySCF's) + B_x'(D_HF, P) + XC'(D_HF, P)        B_x = J - a_x K/2 (RKS; UKS J - a_x sum_s K_s)
     B' of a density-fitted reference through its own fitting set (reference_fitting_densities and
     the three-center derivative contraction); of an exact one through PySCF's derivative
     integrals (HF: polarization of its quadratic form; KS: its J/K derivative matrices)."""
     jk = terms.fitting_integrals()
     occupied = [(c[:, o > 0], o[o > 0].astype(np.float64)) for c, o in zip(coeffs, occs)]
     if chem.is_kohn_sham(terms.mf):
-        if len(coeffs) != 1:
-            raise InputError("analytic gradients of unrestricted (UKS) double hybrids are not implemented")
         a_x = terms.exchange_fraction()
-        d, p = d_hfs[0], p_aos[0]
         if jk is not None:  # 1/2 B_x'(D, 2P) = B_x'(D, P)
-            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p], exchange=a_x)
+            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], exchange=a_x)
             pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux)
-        else:
-            pair = terms.coulomb_exchange_pair(d, p, 0.5 * a_x)
-        return terms.reference_gradient() + pair + terms.xc_response(d, p)
+        else:  # K's weight: a_x/2 on the spin-summed RKS densities, a_x per spin (UKS)
+            pair = terms.coulomb_exchange_pair(d_hfs, p_aos, a_x * (0.5 if len(coeffs) == 1 else 1.0))
+        return terms.reference_gradient() + pair + terms.xc_response(d_hfs, p_aos)
     fixed = terms.nuclear() + terms.core(sum(d_hfs)) - terms.overlap(terms.energy_weighted_hf())
     if jk is None:
         d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)

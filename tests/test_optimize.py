@@ -81,10 +81,10 @@ def test_optimize_checkpoint_resumes_where_it_stopped(tmp_path):
 
 
 def test_optimize_refusals(tmp_path):
-    """Exit 2 with the reason: ROHF, unrestricted double hybrids, a bad --max-steps."""
+    """Exit 2 with the reason: ROHF, ROKS double hybrids, a bad --max-steps."""
     (tmp_path / "w.xyz").write_text(DISTORTED_WATER, encoding="utf-8")
     for args, message in ((["--charge", "1", "--spin", "1", "--reference", "rohf"], "ROHF"),
-                          (["--charge", "1", "--spin", "1", "--xc", "B2PLYP"], "(UKS) double hybrids"),
+                          (["--charge", "1", "--spin", "1", "--reference", "rohf", "--xc", "B2PLYP"], "ROHF"),
                           (["--max-steps", "0"], "--max-steps")):
         proc = subprocess.run([sys.executable, "-m", "dfmp2", "optimize", "w.xyz", *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
