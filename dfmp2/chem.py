@@ -1375,12 +1375,14 @@ DERIVATIVE_BLOCK_BYTES = 96 * 10**6  # int3c2e_ip1 of one auxiliary block: 3 nao
 def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux) -> np.ndarray:
     """The DF energy's explicit derivative through the fitting integrals, per atom [natm, 3]:
       sum_mnP G^P_mn d(mn|P)/dR_A - 1/2 sum_PQ Gbar_PQ d(P|Q)/dR_A
-    gamma_blocks(p0, p1) -> G^P_mn [p1-p0, nao, nao] of one auxiliary block (only G^P + G^P^T
+    gamma_blocks(p0, p1) -> G^P_mn [p1-p0, nao, nao] of one auxiliary block (only S^P = G^P + G^P^T
     enters; an array [naux, nao, nao] is taken too), gamma_aux [naux, naux] (Gbar, symmetric);
     integrals: chem.ThreeCenterIntegrals (their auxmol). One auxiliary block at a time (G is never
-    held whole): int3c2e_ip1 (all mn, the derivative on m), int3c2e_ip2 (one mn triangle) and
-    int2c2e_ip1 of the block's functions."""
-    from pyscf import df, lib
+    held whole): int3c2e_ip1 (all mn, the derivative on m) and int2c2e_ip1 of the block's functions.
+    The auxiliary function's own derivative needs no int3c2e_ip2: by translational invariance
+    (mn|P') = -(m'n|P) - (mn'|P), so 1/2 sum_mn S^P_mn (mn|P') = -sum_mn S^P_mn (m'n|P), from the
+    same ip1 block (PySCF's ip1 is -d/dR of the function on that atom)."""
+    from pyscf import df
 
     mol, auxmol = integrals.mol, integrals.auxmol
     if not callable(gamma_blocks):
@@ -1393,22 +1395,19 @@ def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux) -> n
     aux_atom = np.zeros(integrals.naux, dtype=int)
     for a, (_, _, q0, q1) in enumerate(auxmol.aoslice_by_atom()):
         aux_atom[q0:q1] = a
-    diagonal = np.arange(nao) * (np.arange(nao) + 3) // 2
     per_ao, per_aux = np.zeros((3, nao)), np.zeros((3, integrals.naux))
     for p0, p1 in integrals.aux_blocks(max(1, DERIVATIVE_BLOCK_BYTES // (24 * nao * nao))):
         shells = (0, mol.nbas, 0, mol.nbas, *integrals._aux_shells(p0, p1))
         block = gamma_blocks(p0, p1)
-        symmetric = block + block.transpose(0, 2, 1)  # [nP, nao, nao]
-        # (dm n|P): sum_nP (m'n|P) (G + G^T)^P_mn, per AO m
+        symmetric = block + block.transpose(0, 2, 1)  # S^P [nP, nao, nao]
+        # w_x,mP = sum_n (m'n|P) S^P_mn: the AO m's share, and (summed over m) the auxiliary P's
         ip1 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip1", comp=3, aosym="s1", shls_slice=shells)
         ip1 = ip1.reshape(3, nao, nao, p1 - p0)
-        per_ao -= np.einsum("xmnP,Pmn->xm", ip1, symmetric, optimize=True)
+        ip1 *= symmetric.transpose(1, 2, 0)[None]
+        weighted = ip1.sum(axis=2)  # [3, nao, nP]
         del ip1
-        # (mn|dP): one triangle, G_mn + G_nm off the diagonal, G_mm on it, per auxiliary P
-        packed = lib.pack_tril(symmetric)
-        packed[:, diagonal] *= 0.5
-        ip2 = df.incore.aux_e2(mol, auxmol, "int3c2e_ip2", comp=3, aosym="s2ij", shls_slice=shells)
-        per_aux[:, p0:p1] -= np.einsum("xpP,Pp->xP", ip2.reshape(3, -1, p1 - p0), packed)
+        per_ao -= weighted.sum(axis=2)
+        per_aux[:, p0:p1] += weighted.sum(axis=1)
         # (dP|Q): -1/2 sum_Q Gbar_PQ (P'|Q) twice (P or Q on the atom), Gbar symmetric
         v1 = auxmol.intor("int2c2e_ip1", comp=3, shls_slice=(shells[4], shells[5], 0, auxmol.nbas))
         per_aux[:, p0:p1] += np.einsum("xPQ,PQ->xP", v1, gamma_aux[p0:p1] + gamma_aux[:, p0:p1].T) * 0.5
