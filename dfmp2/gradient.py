@@ -1,7 +1,7 @@
 """Analytic DF-MP2 nuclear gradients, RHF and UHF references: dE_total/dR_A [natm, 3], Eh/bohr.
 
 From the pipeline's unrelaxed density and three-index two-particle density G_ia^P = dE/d(ia|P)
-(steps.three_index_density) and the relaxed density (response.relaxed_density), with the
+(steps.mp2_densities) and the relaxed density (response.relaxed_density), with the
 Lagrangian's orbital terms, per atom A:
 
     dE/dR_A = V_nn' + sum h'_mn D_mn + 1/2 B'(D_HF, D_HF + 2 P)                 separable
@@ -41,7 +41,7 @@ def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128, backend=
     auxiliary block at a time, the four-index GEMMs on `backend` (response.derivative_block):
         A_pi = sum_bP (pb|P) G_ib^P,  B_pa = sum_jP (jp|P) G_ja^P   (what the relaxed density needs too)
         Gbar_PQ = sum_ia G_ia^P c_ia^Q,  c = (ia|R) V^-1
-    gamma: G_ia^P [nact, nvir, naux] (steps.three_index_density). G^P_mn: back_transformed."""
+    gamma: G_ia^P [nact, nvir, naux] (steps.mp2_densities). G^P_mn: back_transformed."""
     c_act, c_vir = coeff[:, act], coeff[:, vir]
     nao, naux, nact, nvir = coeff.shape[0], integrals.naux, len(act), len(vir)
     a_ao, b_ao = np.zeros((nao, nact)), np.zeros((nao, nvir))

@@ -5,7 +5,7 @@
     B: made or found             a ThreeCenterProvider (dfmp2.providers): one process (memory, disk,
                                  out of core), several ranks, or given by the caller
     pair energies                steps.pair_energies over the tasks the provider streams
-    density, singles             steps.unrelaxed_density, steps.singles_energy
+    density, singles             steps.mp2_densities, steps.singles_energy
     the result                   assembled once (`CorrelationEnergy`)
 Around them, the run's policies: the checkpoint's resume policy (dfmp2.checkpoint: B and the
 finished pair tasks), the ranks (dfmp2.distributed, through the provider) and the timer and
@@ -29,7 +29,7 @@ from .memory import MB, MemoryPlan, plan_for, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
 from .settings import IF_ROOM, Settings, settings_from
 from .steps import (block_ranges, combine_pair_sums, factor_metric, pair_energies, pair_tasks, singles_energy,
-                    t2_arrays, three_index_density, transform_aux_blocks, unrelaxed_density, whiten_occupied_blocks,
+                    t2_arrays, transform_aux_blocks, mp2_densities, whiten_occupied_blocks,
                     whiten_three_center)
 from .storage import LocalThreeCenter, given_three_center, new_store
 
@@ -55,7 +55,7 @@ class CorrelationEnergy:
     # channel: [(occ_index, vir_index, P_oo, P_vv)] with indices into the reference's MOs
     rdm1_active: list | None = None
     # with_gamma: the three-index two-particle density per spin channel [nocc_s, nvir_s, naux], fp64
-    # (steps.three_index_density), for the orbital response (dfmp2.response)
+    # (steps.mp2_densities), for the orbital response (dfmp2.response)
     gamma: list | None = None
     # with_t2: t_ij^ab [nocc, nocc, nvir, nvir] of the active orbitals (restricted), or for an
     # unrestricted reference (t2aa, t2ab, t2bb), same-spin ones antisymmetrised (PySCF's t2)
@@ -131,7 +131,7 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks)
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
-    if settings.with_rdm1 and plan.storage == "disk":  # unrelaxed_density holds all of B at once
+    if settings.with_rdm1 and plan.storage == "disk":  # mp2_densities holds all of B at once
         raise MemoryBudgetError(
             f"the MP2 density needs (ia|P) in memory, which the budget ({plan.budget / MB:.4g} MB, --max-memory) "
             f"does not hold{' with --checkpoint' if settings.checkpoint else ''}: give more memory (out-of-core "
@@ -261,11 +261,9 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 with timer.step("density"):
                     blocks = [provider.rows(s, 0, ch.nocc) for s, ch in enumerate(channels)]
-                    rdm1 = [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(
-                        selected, unrelaxed_density(backend, blocks, channels, plan.occ_block, settings.rdm1_scaling))]
-                    if settings.with_gamma:  # the three-index two-particle density, same (ia|jb)
-                        gamma = three_index_density(backend, blocks, channels, plan.occ_block,
-                                                    factor_metric(backend, metric), settings.rdm1_scaling)
+                    densities, gamma = mp2_densities(backend, blocks, channels, plan.occ_block, settings.rdm1_scaling,
+                                                     factor_metric(backend, metric) if settings.with_gamma else None)
+                    rdm1 = [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(selected, densities)]
             return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
                 tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes, include_singles=settings.include_singles,
                 checkpoint=checkpoint.summary(provider.reused, len(tasks)),

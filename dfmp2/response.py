@@ -1,7 +1,7 @@
 """The orbital response of DF-MP2 (Z-vector): the relaxed one-particle density, RHF and UHF.
 
 Per spin, from the unrelaxed correction P (pipeline, step 5) and the three-index two-particle
-density G_jb^P (steps.three_index_density), with i, j active occupied, f frozen, a, b virtual:
+density G_jb^P (steps.mp2_densities), with i, j active occupied, f frozen, a, b virtual:
 
     L_ao = sum_jP (oj|P) G_ja^P - [o active] sum_bP G_ob^P (ba|P)   the orbital gradient of the
                                                                      two-electron part (o: occupied)

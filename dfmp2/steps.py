@@ -10,7 +10,8 @@ checkpoint decisions here: those are the providers and policies of `dfmp2.pipeli
        unrestricted      E_os = sum_iJaB (ia|JB)^2 / D_iJaB              (alpha i, a; beta J, B)
                          E_ss = 1/2 sum_s sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D   (s = aa, bb)
                                                                      pair_energies, combine_pair_sums
-    5. unrelaxed density P_ij, P_ab from the same (ia|kb)            unrelaxed_density
+    5. unrelaxed density P_ij, P_ab (and the three-index density G_ia^P)
+       from the same (ia|kb)                                         mp2_densities
     ROHF-MBPT(2), on semicanonical orbitals: the unrestricted sums plus
                          E_singles = sum_s sum_ia |f_ia|^2 / (e_i - e_a)      singles_energy
 Every array operation goes through a backend from `dfmp2.kernels`; spin is a parameter (each
@@ -29,7 +30,7 @@ from .memory import release_freed_memory
 from .sparse import ScreenedThreeCenter
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks",
-           "pair_energies", "combine_pair_sums", "t2_arrays", "unrelaxed_density", "natural_orbitals",
+           "pair_energies", "combine_pair_sums", "t2_arrays", "mp2_densities", "natural_orbitals",
            "singles_energy", "transform_aux_blocks", "whiten_occupied_blocks", "block_ranges"]
 
 
@@ -174,54 +175,41 @@ def spin_case(nchannels: int, s: int, other: int) -> str:
     return "closed" if nchannels == 1 else ("same" if other == s else "opposite")
 
 
-def unrelaxed_density(backend, b_occ, channels, occ_block, scaling=(1.0, 1.0)):
-    """Unrelaxed MP2 density per spin channel in the active space, fp64 (host), from the same
-    (ia|kb) as the energy, formed for all i of one spin against a block of k at a time (t2 is
-    never stored). Restricted (one channel):
+def mp2_densities(backend, b_occ, channels, occ_block, scaling=(1.0, 1.0), factor=None):
+    """The unrelaxed MP2 density per spin channel in the active space, and with the metric's
+    `factor` (`linalg.MetricFactor`) the three-index two-particle density, fp64 (host), from the
+    same (ia|kb) as the energy: one amplitude block of all i of one spin against a block of k at
+    a time serves both (t2 is never stored; backend.density_block). Restricted (one channel):
       P_ij = -2 sum_kab t_ik^ab T_jk^ab,  P_ab = 2 sum_ijc t_ij^ac T_ij^bc,  T = (c_os + c_ss) t - c_ss t^T
+      G_ia^P = sum_kb c_kb^P 4 T_ik^ab      (c_kb^P = sum_Q (kb|Q) [V^-1]_QP)
     Unrestricted (two channels), for spin s, with u = t - t^T the same-spin amplitudes:
       P_ij^s = -c_ss/2 sum_kab u_ik^ab u_jk^ab - c_os sum_KaB t_iK^aB t_jK^aB
       P_ab^s =  c_ss/2 sum_ikc u_ik^ac u_ik^bc + c_os sum_iKC t_iK^aC t_iK^bC   (K, B, C: the other spin)
+      G_ia^P,s = sum_kb c_kb^P 2 c_ss u_ik^ab + sum_KB c_KB^P 2 c_os t_iK^aB
     scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
-    b_occ: all of B per channel [nocc_s, nvir_s, nkept]. Returns [(P_oo [nocc_s, nocc_s],
-    P_vv [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's conventions)."""
-    densities = []
+    b_occ: all of B per channel [nocc_s, nvir_s, nkept]. Returns ([(P_oo [nocc_s, nocc_s], P_vv
+    [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's conventions), [G
+    [nocc_s, nvir_s, naux] per channel] (their Gamma, whose layout is [j, P, b]) or None without
+    a factor)."""
+    densities, gammas = [], [] if factor is not None else None
     for s, channel in enumerate(channels):
         p_oo, p_vv = np.zeros((channel.nocc, channel.nocc)), np.zeros((channel.nvir, channel.nvir))
+        whitened = 0.0
         for other, partner in enumerate(channels):  # the spin of k: each spin in turn (the same one only, restricted)
             case = spin_case(len(channels), s, other)
             k_block = max(1, min(partner.nocc, occ_block * occ_block // max(channel.nocc, 1)))  # ~ one pair block
             for k0, k1 in block_ranges(partner.nocc, k_block):
-                oo, vv = backend.density_block(b_occ[s], b_occ[other][k0:k1], channel.e_occ, partner.e_occ[k0:k1],
-                                               channel.e_vir, scaling, case,
-                                               None if other == s else partner.e_vir)
+                oo, vv, g = backend.density_block(b_occ[s], b_occ[other][k0:k1], channel.e_occ, partner.e_occ[k0:k1],
+                                                  channel.e_vir, scaling, case, None if other == s else partner.e_vir,
+                                                  with_gamma=factor is not None)
                 p_oo += backend.to_host(oo)
                 p_vv += backend.to_host(vv)
+                if g is not None:
+                    whitened = whitened + backend.to_host(g)
         densities.append((p_oo, p_vv))
-    return densities
-
-
-def three_index_density(backend, b_occ, channels, occ_block, factor, scaling=(1.0, 1.0)):
-    """The three-index two-particle density of the DF-MP2 energy per spin channel, in the
-    auxiliary basis, fp64 (host), from the same (ia|jb) as the energy, one block of i against
-    all j at a time (t2 is never stored); c_ia^P = sum_Q (ia|Q) [V^-1]_QP:
-      restricted:    G_jb^P = sum_ia c_ia^P [4 (c_os + c_ss) t_ij^ab - 4 c_ss t_ij^ba]
-      unrestricted:  G_jb^P = sum_(i a, same spin) c_ia^P 2 c_ss u_ij^ab + sum_(I A, other spin) c_IA^P 2 c_os t_Ij^Ab
-    (u = t - t^T). b_occ: all of B per channel [nocc_s, nvir_s, nkept]; factor: the metric's
-    (`linalg.MetricFactor`). Returns [G [nocc_s, nvir_s, naux] per channel] (PySCF
-    dfmp2_native's and dfump2_native's Gamma, whose layout is [j, P, b])."""
-    gammas = []
-    for s, channel in enumerate(channels):
-        whitened = 0.0
-        for other, partner in enumerate(channels):  # the spin of i
-            case = spin_case(len(channels), s, other)
-            i_block = max(1, min(partner.nocc, occ_block * occ_block // max(channel.nocc, 1)))
-            for i0, i1 in block_ranges(partner.nocc, i_block):
-                whitened = whitened + backend.to_host(backend.gamma_block(
-                    b_occ[other][i0:i1], b_occ[s], partner.e_occ[i0:i1], channel.e_occ, partner.e_vir, scaling,
-                    case, None if other == s else channel.e_vir))
-        gammas.append(fitting_coefficients(factor, np.asarray(whitened, dtype=np.float64)))
-    return gammas
+        if factor is not None:
+            gammas.append(fitting_coefficients(factor, np.asarray(whitened, dtype=np.float64)))
+    return densities, gammas
 
 
 def natural_orbitals(rdm1_mo, mo_coeff, overlap=None):

@@ -445,7 +445,19 @@ class NkiBackend:
         room = TARGETS[self.target].sbuf_usable_bytes_per_partition - fixed
         return max(0, min(32, room // per_j))
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
+                      with_gamma=False):
+        """(P_oo, P_vv) of the pairs (i, k) from density_kernel (_density_kernel_block), and
+        with_gamma the whitened three-index density's share G [nocc, nvir, nkept] from
+        gamma_kernel (gamma_block of the k block against all i: t_ik^ab = t_ki^ba), else None.
+        The two kernels form the amplitudes each (the torch backend forms them once)."""
+        p_oo, p_vv = self._density_kernel_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case)
+        if not with_gamma:
+            return p_oo, p_vv, None
+        return p_oo, p_vv, self.gamma_block(b_k, b_occ, e_k, e_occ, e_vir if e_vir_k is None else e_vir_k, scaling,
+                                            spin_case, None if e_vir_k is None else e_vir)
+
+    def _density_kernel_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel
         (t and T stay on chip): launches over occupied blocks I >= J of at most `density_rows`
         orbitals (P_oo is symmetric), P_vv from the diagonal ones; each launch forms the

@@ -136,10 +136,13 @@ class Backend(Protocol):
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
         """B_i [ni, nvir, naux], B_j [nj, nvir_j, naux], energies in Eh -> (E_os, E_ss) in Eh."""
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
+                      with_gamma=False):
         """B [nocc, nvir, naux], B_k [nk, nvir_k, naux] -> the i side's unrelaxed (P_oo [nocc, nocc],
-        P_vv [nvir, nvir]); spin_case "closed" (restricted), or "same"/"opposite" (k of the same or
-        the other spin of an unrestricted reference; torch_backend.density_block has the formulas)."""
+        P_vv [nvir, nvir], and with_gamma the pairs' share of the whitened three-index density of
+        all i, G [nocc, nvir, nkept] fp64, else None); spin_case "closed" (restricted), or
+        "same"/"opposite" (k of the same or the other spin of an unrestricted reference;
+        torch_backend.density_block has the formulas)."""
 
 
     def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):

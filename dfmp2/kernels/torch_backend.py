@@ -275,28 +275,39 @@ class TorchBackend:
         e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
         return iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])
 
-    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None):
+    def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
+                      with_gamma=False):
         """Unrelaxed MP2 density from the pairs (i, k), all i against one block of k, fp64, as
-        the i side's (P_oo [nocc, nocc], P_vv [nvir, nvir]):
+        the i side's (P_oo [nocc, nocc], P_vv [nvir, nvir]), and with_gamma the same amplitudes'
+        share of the whitened three-index density of all i, G [nocc, nvir, nkept] (else None):
           t = (ia|kb) / D,   P_ij += -w sum_kab X_ik^ab Y_jk^ab,   P_ab += w sum_ikc X_ik^ac Y_ik^bc
+          G_ia^Q += sum_kb g Y_ik^ab B_kb^Q
         spin_case "closed" (restricted): X = t, Y = (c_os + c_ss) t - c_ss t^T (T = 2 t - t^T for
-        MP2), w = 2; "same" (one spin of an unrestricted reference, k the same spin):
-        X = Y = t - t^T (t^T: a and b swapped), w = c_ss / 2; "opposite" (k the other spin, with
-        virtual energies e_vir_k): X = Y = t, w = c_os. scaling (c_os, c_ss): (1, 1) for MP2, SCS
-        weights for the SCS-MP2 density. b_occ [nocc, nvir, naux], b_k [nk, nvir_k, naux]."""
+        MP2), w = 2, g = 4; "same" (one spin of an unrestricted reference, k the same spin):
+        X = Y = t - t^T (t^T: a and b swapped), w = c_ss / 2, g = 2 c_ss; "opposite" (k the
+        other spin, with virtual energies e_vir_k): X = Y = t, w = c_os, g = 2 c_os. scaling
+        (c_os, c_ss): (1, 1) for MP2, SCS weights for the SCS-MP2 density. b_occ [nocc, nvir,
+        naux], b_k [nk, nvir_k, naux]. G equals gamma_block's of i in this k block against all j,
+        by t_ik^ab = t_ki^ba."""
         self.calls["density_block"] += 1
         c_os, c_ss = scaling
         t = self._amplitude_block(b_occ, b_k, e_occ, e_k, e_vir, e_vir_k)
         if spin_case == "closed":
-            x, y, w = t, (c_os + c_ss) * t - c_ss * t.transpose(1, 3), 2.0
+            x, y, w, g = t, (c_os + c_ss) * t - c_ss * t.transpose(1, 3), 2.0, 4.0
         elif spin_case == "same":
             x = y = t - t.transpose(1, 3)
-            w = 0.5 * c_ss
+            w, g = 0.5 * c_ss, 2.0 * c_ss
         else:
-            x, y, w = t, t, c_os
+            x, y, w, g = t, t, c_os, 2.0 * c_os
         p_oo = -w * torch.einsum("iakb,jakb->ij", x, y)
         p_vv = w * torch.einsum("iakc,ibkc->ab", x, y)
-        return p_oo, p_vv
+        if not with_gamma:
+            return p_oo, p_vv, None
+        nocc, nvir, nkept = b_occ.shape
+        nk, nvir_k = b_k.shape[0], b_k.shape[1]
+        # G_ia^Q = g sum_kb Y_ia,kb B_kb^Q   one GEMM [nocc*nvir, nk*nvir_k] x [nk*nvir_k, nkept]
+        rows = torch.matmul(y.reshape(nocc * nvir, nk * nvir_k), b_k.reshape(nk * nvir_k, nkept).to(torch.float64))
+        return p_oo, p_vv, (g * rows).view(nocc, nvir, nkept)
 
     def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
         """The three-index two-particle density of the pairs (i, j), i in one block, all j, fp64,
