@@ -1201,21 +1201,23 @@ def formula(mol) -> str:
     return "".join(f"{k}{counts[k] if counts[k] > 1 else ''}" for k in order)
 
 
-def fock_response_vo(mf, dms_mo, full=True) -> list:
+def fock_response_vo(mf, dms_mo, full=True, with_potentials=False):
     """The orbital-response Fock terms of densities given in the MO basis, virtual-occupied
     block per spin, through the mean field's own J/K (its density fitting or exact integrals):
     RHF  R_ai = [4 (ai|pq) - (ap|iq) - (aq|ip)] D_pq = C_a^T 2 V_eff[D + D^T] C_i
     UHF  R_ai^s = C_a^T V_eff^s[D + D^T] C_i  (both spins' densities together)
-    dms_mo: per spin [nmo, nmo] (full) or [nvir_s, nocc_s] (full=False). Returns [[nvir_s, nocc_s]]."""
+    dms_mo: per spin [nmo, nmo] (full) or [nvir_s, nocc_s] (full=False). Returns [[nvir_s, nocc_s]],
+    with_potentials also the AO potentials V_eff^s[D + D^T] [nao, nao] per spin (response_potentials)."""
     coeffs, occs = per_spin_orbitals(mf)
     dms_ao = []
     for dm, coeff, occ in zip(dms_mo, coeffs, occs):
         c_occ, c_vir = coeff[:, occ > 0], coeff[:, occ == 0]
         dm_ao = coeff @ dm @ coeff.T if full else c_vir @ dm @ c_occ.T
         dms_ao.append(dm_ao + dm_ao.T)
-    responses = [2.0 * r for r in response_potentials(mf, dms_ao)] if len(coeffs) == 1 else \
-        response_potentials(mf, dms_ao)
-    return [coeff[:, occ == 0].T @ r @ coeff[:, occ > 0] for r, coeff, occ in zip(responses, coeffs, occs)]
+    potentials = response_potentials(mf, dms_ao)
+    scale = 2.0 if len(coeffs) == 1 else 1.0
+    vo = [scale * coeff[:, occ == 0].T @ r @ coeff[:, occ > 0] for r, coeff, occ in zip(potentials, coeffs, occs)]
+    return (vo, potentials) if with_potentials else vo
 
 
 def response_potentials(mf, dms_ao) -> list:

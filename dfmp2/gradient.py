@@ -94,11 +94,12 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         blocks = [lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir), backend=backend)
                   for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
     with timer.step("gradient_cphf"):
-        relaxed = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals, tol=tol,
-                                  max_cycle=max_cycle, derivatives=[b[:2] for b in blocks])
+        relaxed, unrelaxed_potentials = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals,
+                                                        tol=tol, max_cycle=max_cycle,
+                                                        derivatives=[b[:2] for b in blocks], with_potentials=True)
     relaxed = np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
     gamma_aux = sum(b[2] for b in blocks)
-    lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors = 0.0, 0.0, [], [], []
+    lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors, z_aos = 0.0, 0.0, [], [], [], []
     for (act, vir, _, _), (a_mo, b_mo, _), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
                                                                             coeffs, occs, energies):
         occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
@@ -117,6 +118,10 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         p_aos.append(coeff @ p_mo @ coeff.T)
         d_hfs.append(coeff @ np.diag(occ.astype(np.float64)) @ coeff.T)
         projectors.append(coeff[:, occ_index] @ coeff[:, occ_index].T)
+        z_mo = np.zeros_like(p_mo)  # the CPHF's occupied-virtual part of P
+        z_mo[np.ix_(vir_all, occ_index)] = p_mo[np.ix_(vir_all, occ_index)]
+        z_mo[np.ix_(occ_index, vir_all)] = p_mo[np.ix_(occ_index, vir_all)]
+        z_aos.append(coeff @ z_mo @ coeff.T)
     with timer.step("gradient_reference"):
         reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos)
     with timer.step("gradient_integrals"):
@@ -124,7 +129,8 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
                                                           gamma_aux)
     with timer.step("gradient_terms"):
-        potentials = terms.veff_per_spin([p + p.T for p in p_aos])
+        # V_eff[P + P^T] = V_eff[Q + Q^T] (from the CPHF's right-hand side) + V_eff[Z + Z^T] (low rank)
+        potentials = [v + w for v, w in zip(unrelaxed_potentials, terms.veff_per_spin([z + z.T for z in z_aos]))]
         response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
         return (reference + terms.core(sum(p_aos)) + fitted + terms.overlap(lagrangian_ao)
                 - terms.overlap(weighted_ao) - terms.overlap(response))

@@ -76,12 +76,16 @@ def orbital_gradient(a_mo, b_mo, occ_index, act_index, vir_index) -> tuple:
     return l_vo, l_fo
 
 
-def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10, max_cycle=100, derivatives=None):
+def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10, max_cycle=100, derivatives=None,
+                    with_potentials=False):
     """The relaxed DF-MP2 one-particle density in the MO basis: RHF [nmo, nmo], UHF [2, nmo, nmo],
     reference occupations included. rdm1_active: per spin (active occupied indices, virtual
     indices, P_oo, P_vv) (pipeline); gammas: per spin G [nact, nvir, naux]; integrals: the MP2
     fitting set's three-center integrals (dense); tol, max_cycle: the CPHF solver's;
-    derivatives: per spin (A, B) of orbital_derivatives when the caller has them (else made here)."""
+    derivatives: per spin (A, B) of orbital_derivatives when the caller has them (else made here).
+    with_potentials: also the response potentials V_eff^s[Q + Q^T] (AO, per spin) of the density
+    before its occupied-virtual part Q (the unrelaxed and frozen-core blocks), which the CPHF's
+    right-hand side needed anyway: -> (density, potentials)."""
     coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
     corrections, gradients = [], []
@@ -105,7 +109,7 @@ def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10
                     dm[i, f] = dm[f, i]
         corrections.append(dm)
         gradients.append(l_vo)
-    responses = chem.fock_response_vo(mf, corrections)  # L_ai <- L_ai - R_ai[P]
+    responses, potentials = chem.fock_response_vo(mf, corrections, with_potentials=True)  # L_ai <- L_ai - R_ai[P]
     z = chem.solve_cphf(mf, [-(l - r) for l, r in zip(gradients, responses)], tol=tol, max_cycle=max_cycle)
     dms = []
     for dm, z_s, occ in zip(corrections, z, occs):
@@ -113,7 +117,8 @@ def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10
         dm[np.ix_(vir_all, occ_index)] += 0.5 * z_s
         dm[np.ix_(occ_index, vir_all)] += 0.5 * z_s.T
         dms.append(dm + np.diag(occ.astype(np.float64)))
-    return dms[0] if len(dms) == 1 else np.array(dms)
+    density = dms[0] if len(dms) == 1 else np.array(dms)
+    return (density, potentials) if with_potentials else density
 
 
 @contextmanager
