@@ -326,9 +326,10 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     result.scf_record = scf_record(builds, mf if scf_here else None)
     result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
     result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
-    result.properties = relaxed_properties(mf, result.correlation, settings) if settings.properties else {}
+    relaxed = None  # a gradient's relaxed density serves the properties too (one CPHF)
     if settings.gradient:
-        result.gradient, result.gradient_jk = nuclear_gradient(mf, result.correlation, settings, context.timer)
+        result.gradient, result.gradient_jk, relaxed = nuclear_gradient(mf, result.correlation, settings, context.timer)
+    result.properties = relaxed_properties(mf, result.correlation, settings, relaxed) if settings.properties else {}
     result.timings = dict(context.timer.timings)  # with the gradient's parts
     return result
 

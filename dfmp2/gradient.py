@@ -77,14 +77,16 @@ def back_transformed(gammas, coeffs, spaces, backend=None):
     return block
 
 
-def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None, backend=None) -> np.ndarray:
+def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None, backend=None,
+                     with_density=False):
     """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF or UHF `mf`, from a finished run made
     with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense.
     Per spin channel s (RHF: one, spin-summed; UHF: alpha and beta), every term of the module
     docstring is summed over s; the occupied-space response term is 1/nspin sum_s O_s V_s O_s.
     timer: a context.Timer that gets the parts (gradient_densities, gradient_cphf,
     gradient_reference, gradient_integrals, gradient_terms); backend: where the four-index GEMMs
-    of the Lagrangian and the back-transformation run (backend_gemm; None: numpy fp64)."""
+    of the Lagrangian and the back-transformation run (backend_gemm; None: numpy fp64).
+    with_density: -> (the gradient, the relaxed density in the MO basis as relaxed_density gives it)."""
     timer, backend = timer or Timer(), gemm_backend(backend)
     coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
@@ -97,7 +99,7 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         relaxed, unrelaxed_potentials = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals,
                                                         tol=tol, max_cycle=max_cycle,
                                                         derivatives=[b[:2] for b in blocks], with_potentials=True)
-    relaxed = np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
+    density, relaxed = relaxed, np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
     gamma_aux = sum(b[2] for b in blocks)
     lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors, z_aos = 0.0, 0.0, [], [], [], []
     for (act, vir, _, _), (a_mo, b_mo, _), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
@@ -132,8 +134,9 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         # V_eff[P + P^T] = V_eff[Q + Q^T] (from the CPHF's right-hand side) + V_eff[Z + Z^T] (low rank)
         potentials = [v + w for v, w in zip(unrelaxed_potentials, terms.veff_per_spin([z + z.T for z in z_aos]))]
         response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
-        return (reference + terms.core(sum(p_aos)) + fitted + terms.overlap(lagrangian_ao)
-                - terms.overlap(weighted_ao) - terms.overlap(response))
+        de = (reference + terms.core(sum(p_aos)) + fitted + terms.overlap(lagrangian_ao)
+              - terms.overlap(weighted_ao) - terms.overlap(response))
+    return (de, density) if with_density else de
 
 
 def _per_spin_array(mats) -> np.ndarray:

@@ -147,29 +147,34 @@ def response_mean_field(mf, settings):
 PROPERTIES = ("dipole",)  # what relaxed_properties computes
 
 
-def relaxed_properties(mf, correlation, settings) -> dict:
+def relaxed_properties(mf, correlation, settings, density=None) -> dict:
     """The one-electron properties settings.properties asks for, from the relaxed DF-MP2
-    density of a finished run (made with with_rdm1 and with_gamma): {"dipole": [x, y, z]}, the
-    dipole moment in atomic units (e a0; nuclei included), about the origin of the input frame."""
-    integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
-    with response_mean_field(mf, settings) as response_mf:
-        dm = relaxed_density(response_mf, correlation.rdm1_active, correlation.gamma, integrals)
+    density of a finished run (made with with_rdm1 and with_gamma), or the given `density` (its
+    MO-basis relaxed density, from a gradient): {"dipole": [x, y, z]}, the dipole moment in atomic
+    units (e a0; nuclei included), about the origin of the input frame."""
+    dm = density
+    if dm is None:
+        integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+        with response_mean_field(mf, settings) as response_mf:
+            dm = relaxed_density(response_mf, correlation.rdm1_active, correlation.gamma, integrals)
     coeffs, _ = chem.per_spin_orbitals(mf)
     total_ao = sum(c @ d @ c.T for c, d in zip(coeffs, dm.reshape(-1, *dm.shape[-2:])))
     return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
 
 
 def nuclear_gradient(mf, correlation, settings, timer=None) -> tuple:
-    """(dE_total/dR [natm, 3] (Eh/bohr), the record of the J/K builds its orbital response ran on)
-    of a finished RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the
-    MP2 fitting set of settings.auxbasis."""
+    """(dE_total/dR [natm, 3] (Eh/bohr), the record of the J/K builds its orbital response ran on,
+    the relaxed density in the MO basis (relaxed_density's; for relaxed_properties)) of a finished
+    RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the MP2 fitting set
+    of settings.auxbasis."""
     from . import gradient
     from .kernels import backend_for
 
     with response_mean_field(mf, settings) as response_mf:
-        de = gradient.nuclear_gradient(response_mf, correlation, chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis),
-                                       timer=timer, backend=backend_for(settings))
+        de, density = gradient.nuclear_gradient(response_mf, correlation,
+                                                chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis), timer=timer,
+                                                backend=backend_for(settings), with_density=True)
         builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
         record = builds.record.as_dict() if builds is not None else {
             "scf_backend": "pyscf", "why": "a reference with exact integrals, or a backend without builds"}
-    return de, record
+    return de, record, density

@@ -295,7 +295,7 @@ def test_double_hybrid_gradient_matches_finite_differences(scf_mode):
     mf = mean_field(x0)
     settings = Settings(precision="fp64", auxbasis="cc-pvdz-ri", rdm1_scaling=(dh.c_os, dh.c_ss), with_rdm1=True,
                         with_gamma=True)
-    analytic, _ = nuclear_gradient(mf, run_mean_field(mf, settings).correlation, settings)
+    analytic = nuclear_gradient(mf, run_mean_field(mf, settings).correlation, settings)[0]
     assert np.abs(analytic - _finite_difference(energy, x0)).max() < 1e-6
 
 
@@ -333,7 +333,7 @@ def test_unrestricted_double_hybrid_gradient_matches_finite_differences(scf_mode
     mf = mean_field(x0)
     settings = Settings(precision="fp64", auxbasis="cc-pvdz-ri", rdm1_scaling=(dh.c_os, dh.c_ss), with_rdm1=True,
                         with_gamma=True)
-    analytic, _ = nuclear_gradient(mf, run_mean_field(mf, settings).correlation, settings)
+    analytic = nuclear_gradient(mf, run_mean_field(mf, settings).correlation, settings)[0]
     with_grid = mf.nuc_grad_method()
     with_grid.grid_response = True
     grid_motion = with_grid.kernel() - mf.nuc_grad_method().kernel()
@@ -387,3 +387,26 @@ def test_cli_double_hybrid_gradient(tmp_path):
     assert record["xc"] == "B2PLYP"
     fd = _finite_difference(lambda c: run_xyz(write(c, "d.xyz"), precision="fp64", xc="B2PLYP").e_tot, x0)
     assert np.abs(np.array(record["gradient"]) - fd).max() < 1e-5
+
+
+def test_gradient_and_dipole_share_one_relaxed_density(monkeypatch):
+    """A run asking for the gradient and the dipole forms the relaxed density once (the gradient's
+    serves the dipole; relaxed_properties runs no CPHF of its own): its dipole equals a
+    dipole-only run's (its own CPHF) to 1e-9 a.u., its gradient a gradient-only run's."""
+    import os
+
+    from dfmp2 import gradient, response
+    from dfmp2.driver import run_xyz
+
+    calls = []
+    own = response.relaxed_density
+    for module in (response, gradient):  # every name the density is formed through
+        monkeypatch.setattr(module, "relaxed_density", lambda *a, **k: calls.append(1) or own(*a, **k))
+    water = os.path.join(os.path.dirname(__file__), "..", "examples", "water.xyz")
+    both = run_xyz(water, precision="fp64", gradient=True, properties=("dipole",))
+    assert len(calls) == 1
+    alone = run_xyz(water, precision="fp64", properties=("dipole",))
+    assert len(calls) == 2
+    grad_only = run_xyz(water, precision="fp64", gradient=True)
+    assert np.abs(np.array(both.properties["dipole"]) - alone.properties["dipole"]).max() < 1e-9
+    assert np.abs(both.gradient - grad_only.gradient).max() < 1e-10
