@@ -237,7 +237,8 @@ def test_trainium_gradients_are_refused_with_the_measured_reason(tmp_path):
     ("closed", 2, 3, 300, 300, 140, 32)])
 def test_gamma_kernel_blocks_and_ragged_sizes(target, case, ni, nall, nvir, nvir_all, naux, rows):
     """NkiBackend.gamma_block (gamma_kernel over launches of `rows` j) equals the torch
-    backend's fp64 formulas at ragged sizes, every spin case (SCS weights), to 1e-5 relative."""
+    backend's fp64 G (density_block with_gamma, all j against the block of i: t_ij^ab = t_ji^ba)
+    at ragged sizes, every spin case (SCS weights), to 1e-5 relative."""
     import torch
 
     from dfmp2.kernels.nki_backend import NkiBackend
@@ -252,7 +253,8 @@ def test_gamma_kernel_blocks_and_ragged_sizes(target, case, ni, nall, nvir, nvir
     e_vir, e_vir_all = torch.from_numpy(rng.uniform(0.2, 3, nvir)), torch.from_numpy(rng.uniform(0.2, 3, nvir_all))
     other = e_vir_all if case == "opposite" else None
     scaling = (1.2, 1.0 / 3.0)
-    ref = TorchBackend("cpu", "fp64").gamma_block(b_i, b_all, e_i, e_all, e_vir, scaling, case, other)
+    ref = TorchBackend("cpu", "fp64").density_block(b_all, b_i, e_all, e_i, e_vir if other is None else other, scaling,
+                                                    case, None if other is None else e_vir, with_gamma=True)[2]
     nki = NkiBackend(target, simulate=True)
     nki.gamma_rows = lambda nv, nvj, na: rows
     out = nki.gamma_block(b_i.float(), b_all.float(), e_i.float(), e_all.float(), e_vir.float(), scaling, case,
@@ -261,13 +263,10 @@ def test_gamma_kernel_blocks_and_ragged_sizes(target, case, ni, nall, nvir, nvir
     assert nki.calls["gamma_kernel"] == -(-nall // rows)
 
 
-@pytest.mark.parametrize("scf_mode", ["df", "exact"])
-def test_double_hybrid_gradient_matches_finite_differences(scf_mode):
-    """B2PLYP (RKS, DF-MP2 scaled by c_os = c_ss = 0.27): the analytic gradient (PySCF's KS
-    gradient, the J/a_x K and XC-kernel terms of the relaxed density, the CPKS with the XC
-    kernel) against central differences of E_KS + c_os E_os + c_ss E_ss on a fine grid
-    (level 6, where the grid's own motion, which neither side's analytic terms include, is
-    small): 1e-6 Eh/bohr (measured 5.4e-8, DF and exact SCF)."""
+def _b2plyp_gradient_and_differences(atoms, scf_mode, spin=0):
+    """(the analytic B2PLYP gradient (response.nuclear_gradient), central differences of
+    E_KS + c_os E_os + c_ss E_ss, the reference at the start) for `atoms` on a level-6 grid,
+    RKS (spin 0) or UKS, DF or exact SCF, cc-pVDZ with cc-pVDZ-RI."""
     from pyscf import dft
 
     from dfmp2.driver import run_mean_field
@@ -276,14 +275,13 @@ def test_double_hybrid_gradient_matches_finite_differences(scf_mode):
     from dfmp2.settings import Settings
 
     dh = double_hybrid("B2PLYP")
-    atoms = [("O", (0.0, 0.0, 0.1173)), ("H", (0.0, 0.7572, -0.4692)), ("H", (0.05, -0.7572, -0.4692))]
 
     def mean_field(coords):
-        mol = gto.M(atom=[(s, c) for (s, _), c in zip(atoms, coords)], basis="cc-pvdz", verbose=0)
-        mf = dft.RKS(mol, xc=dh.xc)
+        mol = gto.M(atom=[(s, c) for (s, _), c in zip(atoms, coords)], basis="cc-pvdz", spin=spin, verbose=0)
+        mf = (dft.RKS if spin == 0 else dft.UKS)(mol, xc=dh.xc)
         mf.grids.level = 6
         mf = mf.density_fit() if scf_mode == "df" else mf
-        mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-8
+        mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = (1e-12, 1e-8, 50) if spin == 0 else (1e-11, 1e-7, 300)
         return mf.run()
 
     def energy(coords):
@@ -296,7 +294,19 @@ def test_double_hybrid_gradient_matches_finite_differences(scf_mode):
     settings = Settings(precision="fp64", auxbasis="cc-pvdz-ri", rdm1_scaling=(dh.c_os, dh.c_ss), with_rdm1=True,
                         with_gamma=True)
     analytic = nuclear_gradient(mf, run_mean_field(mf, settings).correlation, settings)[0]
-    assert np.abs(analytic - _finite_difference(energy, x0)).max() < 1e-6
+    return analytic, _finite_difference(energy, x0), mf
+
+
+@pytest.mark.parametrize("scf_mode", ["df", "exact"])
+def test_double_hybrid_gradient_matches_finite_differences(scf_mode):
+    """B2PLYP (RKS, DF-MP2 scaled by c_os = c_ss = 0.27): the analytic gradient (PySCF's KS
+    gradient, the J/a_x K and XC-kernel terms of the relaxed density, the CPKS with the XC
+    kernel) against central differences of E_KS + c_os E_os + c_ss E_ss on a fine grid
+    (level 6, where the grid's own motion, which neither side's analytic terms include, is
+    small): 1e-6 Eh/bohr (measured 5.4e-8, DF and exact SCF)."""
+    atoms = [("O", (0.0, 0.0, 0.1173)), ("H", (0.0, 0.7572, -0.4692)), ("H", (0.05, -0.7572, -0.4692))]
+    analytic, differences, _ = _b2plyp_gradient_and_differences(atoms, scf_mode)
+    assert np.abs(analytic - differences).max() < 1e-6
 
 
 @pytest.mark.parametrize("scf_mode", ["df", "exact"])
@@ -307,38 +317,12 @@ def test_unrestricted_double_hybrid_gradient_matches_finite_differences(scf_mode
     and exact SCF). On that grid PySCF's own UKS gradient misses 1.2e-6 of the grid's motion (its
     translational sum), which neither side's analytic terms include. PySCF's grid response of the
     KS part is added to both sides, so that the test sees dfmp2's terms alone."""
-    from pyscf import dft
-
-    from dfmp2.driver import run_mean_field
-    from dfmp2.functionals import double_hybrid
-    from dfmp2.response import nuclear_gradient
-    from dfmp2.settings import Settings
-
-    dh = double_hybrid("B2PLYP")
-
-    def mean_field(coords):
-        mol = gto.M(atom=[(s, c) for (s, _), c in zip(HYDROXYL, coords)], basis="cc-pvdz", spin=1, verbose=0)
-        mf = dft.UKS(mol, xc=dh.xc)
-        mf.grids.level = 6
-        mf = mf.density_fit() if scf_mode == "df" else mf
-        mf.conv_tol, mf.conv_tol_grad, mf.max_cycle = 1e-11, 1e-7, 300
-        return mf.run()
-
-    def energy(coords):
-        mf = mean_field(coords)
-        r = run_mean_field(mf, Settings(precision="fp64", auxbasis="cc-pvdz-ri"))
-        return mf.e_tot + dh.c_os * r.e_corr_os + dh.c_ss * r.e_corr_ss
-
-    x0 = np.array([c for _, c in HYDROXYL])
-    mf = mean_field(x0)
-    settings = Settings(precision="fp64", auxbasis="cc-pvdz-ri", rdm1_scaling=(dh.c_os, dh.c_ss), with_rdm1=True,
-                        with_gamma=True)
-    analytic = nuclear_gradient(mf, run_mean_field(mf, settings).correlation, settings)[0]
+    analytic, differences, mf = _b2plyp_gradient_and_differences(HYDROXYL, scf_mode, spin=1)
     with_grid = mf.nuc_grad_method()
     with_grid.grid_response = True
     grid_motion = with_grid.kernel() - mf.nuc_grad_method().kernel()
     assert np.abs(grid_motion).max() > 1e-7  # the correction is of the size stated
-    assert np.abs(analytic + grid_motion - _finite_difference(energy, x0)).max() < 1e-6
+    assert np.abs(analytic + grid_motion - differences).max() < 1e-6
 
 
 def test_cli_unrestricted_double_hybrid_gradient(tmp_path):

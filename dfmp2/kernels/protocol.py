@@ -145,11 +145,6 @@ class Backend(Protocol):
         torch_backend.density_block has the formulas)."""
 
 
-    def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
-        """B_i [ni, nvir, nkept], B of all j [nall, nvir_all, nkept] -> the whitened three-index
-        two-particle density contribution G_jb^Q [nall, nvir_all, nkept], fp64
-        (torch_backend.gamma_block has the formulas)."""
-
 
 class FittedStore(Protocol):
     """A backend's copy of the whitened JK-fit integrals B for one SCF, and its builds

@@ -287,8 +287,8 @@ class TorchBackend:
         X = Y = t - t^T (t^T: a and b swapped), w = c_ss / 2, g = 2 c_ss; "opposite" (k the
         other spin, with virtual energies e_vir_k): X = Y = t, w = c_os, g = 2 c_os. scaling
         (c_os, c_ss): (1, 1) for MP2, SCS weights for the SCS-MP2 density. b_occ [nocc, nvir,
-        naux], b_k [nk, nvir_k, naux]. G equals gamma_block's of i in this k block against all j,
-        by t_ik^ab = t_ki^ba."""
+        naux], b_k [nk, nvir_k, naux]. G is the share of the pairs whose first orbital is in the k
+        block (t_ik^ab = t_ki^ba: the NKI backend's gamma_block with the roles swapped)."""
         self.calls["density_block"] += 1
         c_os, c_ss = scaling
         t = self._amplitude_block(b_occ, b_k, e_occ, e_k, e_vir, e_vir_k)
@@ -308,29 +308,6 @@ class TorchBackend:
         # G_ia^Q = g sum_kb Y_ia,kb B_kb^Q   one GEMM [nocc*nvir, nk*nvir_k] x [nk*nvir_k, nkept]
         rows = torch.matmul(y.reshape(nocc * nvir, nk * nvir_k), b_k.reshape(nk * nvir_k, nkept).to(torch.float64))
         return p_oo, p_vv, (g * rows).view(nocc, nvir, nkept)
-
-    def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
-        """The three-index two-particle density of the pairs (i, j), i in one block, all j, fp64,
-        whitened: G_jb^Q = sum_ia B_ia^Q X_ij^ab with t = (ia|jb) / D and
-          closed:   X = 4 (c_os + c_ss) t - 4 c_ss t^T      (t^T: a and b swapped)
-          same:     X = 2 c_ss (t - t^T)                    (j the same spin as i, unrestricted)
-          opposite: X = 2 c_os t                            (j the other spin, virtual energies e_vir_all)
-        b_i [ni, nvir, nkept], b_all [nall, nvir_all, nkept] -> [nall, nvir_all, nkept]."""
-        self.calls["gamma_block"] += 1
-        c_os, c_ss = scaling
-        t = self._amplitude_block(b_i, b_all, e_i, e_all, e_vir, e_vir_all)
-        if spin_case == "closed":
-            x = 4.0 * (c_os + c_ss) * t - 4.0 * c_ss * t.transpose(1, 3)
-        elif spin_case == "same":
-            x = 2.0 * c_ss * (t - t.transpose(1, 3))
-        else:
-            x = 2.0 * c_os * t
-        ni, nvir, nkept = b_i.shape
-        nall, nvir_all = b_all.shape[0], b_all.shape[1]
-        # G_jb^Q = sum_ia X_ia,jb B_ia^Q   one GEMM [nall*nvir_all, ni*nvir] x [ni*nvir, nkept]
-        rows = torch.matmul(x.reshape(ni * nvir, nall * nvir_all).transpose(0, 1),
-                            b_i.reshape(ni * nvir, nkept).to(torch.float64))
-        return rows.view(nall, nvir_all, nkept)
 
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """B = X L^-T for X [..., n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
