@@ -361,10 +361,20 @@ class _Terminated(BaseException):
         self.signum = signum
 
 
+_SIGNALS_RECEIVED = []  # the stopping signals seen, in order (a library may turn the exception into another)
+
+
 def _raise_terminated(signum, frame):
+    _SIGNALS_RECEIVED.append(signum)
     for other in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the cleanup
         signal.signal(other, signal.SIG_IGN)
     raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated(signum)
+
+
+def _stop_for_signal(signum):
+    if signum == signal.SIGINT:
+        _stop("interrupted (SIGINT); scratch removed", 128 + signal.SIGINT)
+    _stop(f"stopped by {signal.Signals(signum).name}; scratch removed", 128 + signum)
 
 
 def _guarded(compute, debug, outputs):
@@ -374,6 +384,7 @@ def _guarded(compute, debug, outputs):
     `outputs` staged but not committed are discarded whatever happens."""
     stopping = [signum for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
                 if signal.getsignal(signum) is not signal.SIG_IGN]  # an inherited ignore (nohup) is respected
+    _SIGNALS_RECEIVED.clear()
     for signum in stopping:
         signal.signal(signum, _raise_terminated)
     try:
@@ -388,12 +399,14 @@ def _guarded(compute, debug, outputs):
             sys.exit(error.exit_code)
         _fail(str(error), error.exit_code)
     except KeyboardInterrupt:
-        _stop("interrupted (SIGINT); scratch removed", 128 + signal.SIGINT)
+        _stop_for_signal(signal.SIGINT)
     except _Terminated as stop:
-        _stop(f"stopped by {signal.Signals(stop.signum).name}; scratch removed", 128 + stop.signum)
+        _stop_for_signal(stop.signum)
     except (click.exceptions.Exit, click.ClickException):
         raise
     except Exception as error:  # an unexpected failure: one line (exit 1), traceback only with --debug
+        if _SIGNALS_RECEIVED and not debug:  # the signal surfaced as another error (e.g. a C extension's
+            _stop_for_signal(_SIGNALS_RECEIVED[0])  # module init turns it into "ImportError: initialization failed")
         if debug:
             raise
         _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)

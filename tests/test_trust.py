@@ -256,6 +256,36 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, moment):
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_that_a_library_turns_into_another_error_still_exits_128_plus_n(signum, capsys):
+    """A C extension's module init that a signal interrupts reports "ImportError: initialization
+    failed" (CI saw it once, Ctrl-C 0.4 s into `dfmp2 run`): the signal, not the ImportError,
+    decides the exit."""
+    from dfmp2 import cli
+
+    class NoOutputs:
+        def discard(self):
+            pass
+
+    def import_interrupted_by_a_signal():
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+        except BaseException:  # what such a module init does with the exception the handler raised
+            raise ImportError("initialization failed") from None
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(cli._SignalExit) as stop:
+            cli._guarded(import_interrupted_by_a_signal, False, NoOutputs())
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    assert stop.value.code == 128 + signum
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and "ImportError" not in stderr
+
+
 def test_an_inherited_sighup_ignore_is_respected(tmp_path):
     """Under nohup (SIGHUP ignored) a hangup must not stop the run."""
     mark = tmp_path.parent / f"{tmp_path.name}.mark"
