@@ -25,7 +25,7 @@ import scipy.linalg
 
 from . import chem
 from .context import Timer
-from .response import backend_gemm, derivative_block, relaxed_density
+from .response import backend_gemm, orbital_derivatives, relaxed_density
 
 
 def gemm_backend(backend):
@@ -34,30 +34,6 @@ def gemm_backend(backend):
     gradient moves by 1e-5 (water) to 3e-4 Eh/bohr (benzene), the derivative contractions
     cancelling terms of O(100)."""
     return backend if getattr(backend, "has_fp64", False) else None
-
-
-def lagrangian_blocks(integrals, gamma, coeff, act, vir, aux_block=128, backend=None) -> tuple:
-    """(A [nmo, nact], B [nmo, nvir], Gbar [naux, naux]) of one spin, in one pass over (mn|P), one
-    auxiliary block at a time, the four-index GEMMs on `backend` (response.derivative_block):
-        A_pi = sum_bP (pb|P) G_ib^P,  B_pa = sum_jP (jp|P) G_ja^P   (what the relaxed density needs too)
-        Gbar_PQ = sum_ia G_ia^P c_ia^Q,  c = (ia|R) V^-1
-    gamma: G_ia^P [nact, nvir, naux] (steps.mp2_densities). G^P_mn: back_transformed."""
-    c_act, c_vir = coeff[:, act], coeff[:, vir]
-    nao, naux, nact, nvir = coeff.shape[0], integrals.naux, len(act), len(vir)
-    a_ao, b_ao = np.zeros((nao, nact)), np.zeros((nao, nvir))
-    ia_p = np.empty((naux, nact, nvir))  # (ia|P), for Gbar
-    for p0, p1 in integrals.aux_blocks(aux_block):
-        n_p = p1 - p0
-        g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # G [nP, nact, nvir]
-        a_block, b_block, ao_act = derivative_block(integrals.block(p0, p1), g, c_act, c_vir, backend)
-        a_ao += a_block
-        b_ao += b_block
-        # (ia|P) = sum_n (n i|P) C_na
-        ia_p[p0:p1] = backend_gemm(backend, ao_act.transpose(0, 2, 1).reshape(-1, nao), c_vir).reshape(n_p, nact, nvir)
-    factor = scipy.linalg.cho_factor(integrals.metric())
-    coefficients = scipy.linalg.cho_solve(factor, ia_p.reshape(naux, -1))  # c^Q_ia [naux, nact * nvir]
-    gamma_aux = gamma.reshape(-1, naux).T @ coefficients.T  # Gbar_PQ = sum_ia G_ia^P c_ia^Q
-    return coeff.T @ a_ao, coeff.T @ b_ao, gamma_aux
 
 
 def back_transformed(gammas, coeffs, spaces, backend=None):
@@ -92,17 +68,17 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
     nspin = len(coeffs)
     terms = chem.SCFGradientTerms(mf)
-    with timer.step("gradient_densities"):
-        blocks = [lagrangian_blocks(integrals, gamma, coeff, list(act), list(vir), backend=backend)
+    with timer.step("gradient_densities"):  # A_pi = sum_bP (pb|P) G_ib^P, B_pa = sum_jP (jp|P) G_ja^P
+        blocks = [orbital_derivatives(integrals, gamma, coeff, list(act), list(vir), backend=backend)
                   for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
     with timer.step("gradient_cphf"):
         relaxed, unrelaxed_potentials = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals,
-                                                        tol=tol, max_cycle=max_cycle,
-                                                        derivatives=[b[:2] for b in blocks], with_potentials=True)
+                                                        tol=tol, max_cycle=max_cycle, derivatives=blocks,
+                                                        with_potentials=True)
     density, relaxed = relaxed, np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
-    gamma_aux = sum(b[2] for b in blocks)
+    gamma_aux = correlation.gamma.gamma_aux  # Gbar_PQ = sum_ia G_ia^P c_ia^Q (steps.mp2_densities)
     lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors, z_aos = 0.0, 0.0, [], [], [], []
-    for (act, vir, _, _), (a_mo, b_mo, _), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
+    for (act, vir, _, _), (a_mo, b_mo), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
                                                                             coeffs, occs, energies):
         occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
         p_mo = p_full - np.diag(occ.astype(np.float64))

@@ -31,7 +31,7 @@ from .settings import IF_ROOM, Settings, settings_from
 from .steps import (block_ranges, combine_pair_sums, factor_metric, pair_energies, pair_tasks, singles_energy,
                     t2_arrays, transform_aux_blocks, mp2_densities, whiten_occupied_blocks,
                     whiten_three_center)
-from .storage import LocalThreeCenter, given_three_center, new_store
+from .storage import LocalThreeCenter, ThreeIndexDensity, given_three_center, new_store
 
 
 @dataclass
@@ -116,9 +116,6 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
     if given is not None and settings.checkpoint is not None:
         raise InputError("given (ia|P) integrals (eris=) and a checkpoint do not go together: the checkpoint "
                          "keeps its own")
-    if settings.with_rdm1 and settings.force_outcore:
-        raise InputError("force_outcore keeps (ia|P) on disk, and the MP2 density needs it in memory (out-of-core "
-                         "densities are not implemented): leave force_outcore off for densities")
 
 
 def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
@@ -131,11 +128,6 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks)
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
-    if settings.with_rdm1 and plan.storage == "disk":  # mp2_densities holds all of B at once
-        raise MemoryBudgetError(
-            f"the MP2 density needs (ia|P) in memory, which the budget ({plan.budget / MB:.4g} MB, --max-memory) "
-            f"does not hold{' with --checkpoint' if settings.checkpoint else ''}: give more memory (out-of-core "
-            "densities are not implemented)")
     if given is not None and plan.storage == "disk":
         raise MemoryBudgetError(f"given (ia|P) integrals (eris=) are read into memory, which the budget "
                                 f"({plan.budget / MB:.4g} MB) does not hold: give more memory, or let dfmp2 make "
@@ -221,6 +213,26 @@ def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
     return provider.combine(sums), t2
 
 
+def density_stage(backend, provider, channels, selected, plan, settings, metric) -> tuple:
+    """Step 5: (rdm1 [(occ_index, vir_index, P_oo, P_vv)] per channel, and with_gamma the
+    three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
+    Gbar, else None). B out of core is read a slab of plan.slab_rows rows at a time."""
+    gamma, factor = None, factor_metric(backend, metric) if settings.with_gamma else None
+    if factor is not None:
+        gamma = ThreeIndexDensity([(ch.nocc, ch.nvir, factor.naux) for ch in channels], plan.storage,
+                                  settings.scratch)
+    try:
+        densities, gamma_aux = mp2_densities(backend, provider.rows, channels, plan.occ_block, settings.rdm1_scaling,
+                                             factor, gamma, plan.slab_rows if plan.storage == "disk" else None)
+    except BaseException:
+        if gamma is not None:
+            gamma.close()
+        raise
+    if gamma is not None:
+        gamma.gamma_aux = gamma_aux
+    return [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(selected, densities)], gamma
+
+
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
                  fock_mo=None, context=None, given=None, **changes) -> CorrelationEnergy:
     """DF-MP2 correlation energy of a restricted or unrestricted reference.
@@ -260,10 +272,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             rdm1 = gamma = None
             if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 with timer.step("density"):
-                    blocks = [provider.rows(s, 0, ch.nocc) for s, ch in enumerate(channels)]
-                    densities, gamma = mp2_densities(backend, blocks, channels, plan.occ_block, settings.rdm1_scaling,
-                                                     factor_metric(backend, metric) if settings.with_gamma else None)
-                    rdm1 = [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(selected, densities)]
+                    rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings, metric)
             return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
                 tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes, include_singles=settings.include_singles,
                 checkpoint=checkpoint.summary(provider.reused, len(tasks)),

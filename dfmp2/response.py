@@ -36,7 +36,7 @@ def backend_gemm(backend, a, b) -> np.ndarray:
 def derivative_block(ao, g, c_act, c_vir, backend=None) -> tuple:
     """One auxiliary block's share of the orbital derivatives (AO rows), as GEMMs (backend_gemm):
     ao (mn|P) [nP, nao, nao] (symmetric in mn), g G_ia^P [nP, nact, nvir] ->
-    (A [nao, nact], B [nao, nvir], the half transform (n i|P) [nP, nao, nact]):
+    (A [nao, nact], B [nao, nvir]):
       A_mi = sum_bP (mb|P) G_ib^P = sum_Pn (mn|P) H^P_ni,  H^P_ni = C_nb G_ib^P  (no (m b|P) formed)
       B_na = sum_iP (ni|P) G_ia^P"""
     n_p, nao, nact, nvir = ao.shape[0], ao.shape[1], c_act.shape[1], c_vir.shape[1]
@@ -45,17 +45,20 @@ def derivative_block(ao, g, c_act, c_vir, backend=None) -> tuple:
     h = backend_gemm(backend, c_vir, g.transpose(2, 0, 1).reshape(nvir, -1)).reshape(nao, n_p, nact)
     a_ao = backend_gemm(backend, rows.T, h.transpose(1, 0, 2).reshape(-1, nact))  # (mn|P) = (nm|P)
     b_ao = backend_gemm(backend, ao_act.transpose(1, 0, 2).reshape(nao, -1), g.reshape(-1, nvir))
-    return a_ao, b_ao, ao_act
+    return a_ao, b_ao
 
 
-def orbital_derivatives(integrals, gamma, coeff, act, vir, aux_block=128) -> tuple:
-    """(A [nmo, nact], B [nmo, nvir]) of one spin in the MO basis (derivative_block over the
-    auxiliary blocks of `integrals`, whose auxiliary basis gamma [nact, nvir, naux] is in)."""
+def orbital_derivatives(integrals, gamma, coeff, act, vir, aux_block=128, backend=None) -> tuple:
+    """(A [nmo, nact], B [nmo, nvir]) of one spin in the MO basis, in one pass over (mn|P) and
+    G, one auxiliary block at a time (derivative_block, its GEMMs on `backend`):
+        A_pi = sum_bP (pb|P) G_ib^P,  B_pa = sum_jP (jp|P) G_ja^P
+    gamma: G_ia^P [nact, nvir, naux] in the auxiliary basis of `integrals` (host array or HDF5
+    dataset: read by auxiliary slices)."""
     c_act, c_vir = coeff[:, act], coeff[:, vir]
     a_ao, b_ao = np.zeros((coeff.shape[0], len(act))), np.zeros((coeff.shape[0], len(vir)))
     for p0, p1 in integrals.aux_blocks(aux_block):
         g = np.ascontiguousarray(gamma[:, :, p0:p1].transpose(2, 0, 1))  # G [nP, nact, nvir]
-        a_block, b_block, _ = derivative_block(integrals.block(p0, p1), g, c_act, c_vir)
+        a_block, b_block = derivative_block(integrals.block(p0, p1), g, c_act, c_vir, backend)
         a_ao += a_block
         b_ao += b_block
     return coeff.T @ a_ao, coeff.T @ b_ao

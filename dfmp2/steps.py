@@ -175,41 +175,54 @@ def spin_case(nchannels: int, s: int, other: int) -> str:
     return "closed" if nchannels == 1 else ("same" if other == s else "opposite")
 
 
-def mp2_densities(backend, b_occ, channels, occ_block, scaling=(1.0, 1.0), factor=None):
-    """The unrelaxed MP2 density per spin channel in the active space, and with the metric's
-    `factor` (`linalg.MetricFactor`) the three-index two-particle density, fp64 (host), from the
-    same (ia|kb) as the energy: one amplitude block of all i of one spin against a block of k at
-    a time serves both (t2 is never stored; backend.density_block). Restricted (one channel):
+def mp2_densities(backend, rows, channels, occ_block, scaling=(1.0, 1.0), factor=None, gamma_out=None,
+                  slab_rows=None):
+    """Long (the formulas of both spin cases). The unrelaxed MP2 density per spin channel in the
+    active space, and with the metric's `factor` (`linalg.MetricFactor`) the three-index
+    two-particle density and its auxiliary contraction, fp64, from the same (ia|kb) as the
+    energy: for each block of k, the amplitudes of every i against it serve all three
+    (t2 is never stored; backend.density_block). Restricted (one channel):
       P_ij = -2 sum_kab t_ik^ab T_jk^ab,  P_ab = 2 sum_ijc t_ij^ac T_ij^bc,  T = (c_os + c_ss) t - c_ss t^T
       G_ia^P = sum_kb c_kb^P 4 T_ik^ab      (c_kb^P = sum_Q (kb|Q) [V^-1]_QP)
     Unrestricted (two channels), for spin s, with u = t - t^T the same-spin amplitudes:
       P_ij^s = -c_ss/2 sum_kab u_ik^ab u_jk^ab - c_os sum_KaB t_iK^aB t_jK^aB
       P_ab^s =  c_ss/2 sum_ikc u_ik^ac u_ik^bc + c_os sum_iKC t_iK^aC t_iK^bC   (K, B, C: the other spin)
       G_ia^P,s = sum_kb c_kb^P 2 c_ss u_ik^ab + sum_KB c_KB^P 2 c_os t_iK^aB
+    and Gbar_PQ = sum_s sum_ia G_ia^P,s c_ia^Q,s (the metric-derivative term of the gradient), from
+    the whitened G~ (G = G~ W^T, c = B W^T: Gbar = W (sum_ia G~_ia^T B_ia) W^T).
     scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
-    b_occ: all of B per channel [nocc_s, nvir_s, nkept]. Returns ([(P_oo [nocc_s, nocc_s], P_vv
-    [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's conventions), [G
-    [nocc_s, nvir_s, naux] per channel] (their Gamma, whose layout is [j, P, b]) or None without
-    a factor)."""
-    densities, gammas = [], [] if factor is not None else None
-    for s, channel in enumerate(channels):
-        p_oo, p_vv = np.zeros((channel.nocc, channel.nocc)), np.zeros((channel.nvir, channel.nvir))
-        whitened = 0.0
-        for other, partner in enumerate(channels):  # the spin of k: each spin in turn (the same one only, restricted)
-            case = spin_case(len(channels), s, other)
-            k_block = max(1, min(partner.nocc, occ_block * occ_block // max(channel.nocc, 1)))  # ~ one pair block
-            for k0, k1 in block_ranges(partner.nocc, k_block):
-                oo, vv, g = backend.density_block(b_occ[s], b_occ[other][k0:k1], channel.e_occ, partner.e_occ[k0:k1],
-                                                  channel.e_vir, scaling, case, None if other == s else partner.e_vir,
-                                                  with_gamma=factor is not None)
-                p_oo += backend.to_host(oo)
-                p_vv += backend.to_host(vv)
+    rows(s, i0, i1): B rows [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's);
+    slab_rows: rows of the i side read at a time (None: all at once; B on disk: a slab at a time,
+    B read once per block of k). gamma_out: per channel a writable [nocc_s, nvir_s, naux] array
+    (host or HDF5 dataset) that receives G, each block of rows written once. Returns ([(P_oo
+    [nocc_s, nocc_s], P_vv [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's
+    conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux, naux] or None)."""
+    densities = [(np.zeros((ch.nocc, ch.nocc)), np.zeros((ch.nvir, ch.nvir))) for ch in channels]
+    contracted = 0.0  # sum_ia G~_ia^T B_ia [nkept, nkept]
+    k_block = max(1, occ_block * occ_block // max(max(ch.nocc for ch in channels), 1))  # ~ one pair block of t
+
+    def slabs(s):
+        return (rows(s, i0, i1) for i0, i1 in block_ranges(channels[s].nocc, slab_rows or channels[s].nocc))
+
+    for other, partner in enumerate(channels):  # the spin of k; the i of each spin against its blocks
+        for k0, k1 in block_ranges(partner.nocc, min(k_block, partner.nocc)):
+            b_k, whitened = rows(other, k0, k1), 0.0
+            for s, channel in enumerate(channels):
+                oo, vv, g = backend.density_block(slabs(s), b_k, channel.e_occ, partner.e_occ[k0:k1], channel.e_vir,
+                                                  scaling, spin_case(len(channels), s, other),
+                                                  None if other == s else partner.e_vir, with_gamma=factor is not None)
+                densities[s][0][...] += backend.to_host(oo)
+                densities[s][1][...] += backend.to_host(vv)
                 if g is not None:
-                    whitened = whitened + backend.to_host(g)
-        densities.append((p_oo, p_vv))
-        if factor is not None:
-            gammas.append(fitting_coefficients(factor, np.asarray(whitened, dtype=np.float64)))
-    return densities, gammas
+                    whitened = whitened + np.asarray(backend.to_host(g), dtype=np.float64)
+            if factor is not None:
+                flat = whitened.reshape(-1, whitened.shape[-1])
+                contracted = contracted + flat.T @ np.asarray(backend.to_host(b_k), dtype=np.float64).reshape(flat.shape)
+                gamma_out[other][k0:k1] = fitting_coefficients(factor, whitened)
+            b_k = None
+    if factor is None:
+        return densities, None
+    return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
 
 
 def natural_orbitals(rdm1_mo, mo_coeff, overlap=None):

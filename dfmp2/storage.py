@@ -180,6 +180,45 @@ def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-")
     return DiskStore(backend, shape, scratch, path, prefix)
 
 
+class ThreeIndexDensity:
+    """The three-index two-particle density G_ia^P [nocc_s, nvir_s, naux] of each spin channel,
+    fp64 (steps.mp2_densities writes it in blocks of occupied rows; the gradient reads it in
+    auxiliary slices G[:, :, p0:p1]): host arrays (storage "memory"), or (storage "disk", B out
+    of core) HDF5 datasets chunked for both directions in a temporary directory under `scratch`,
+    deleted by close() (and when the object is collected). Indexing and iteration give the
+    per-channel arrays, as a list of them would; gamma_aux: Gbar_PQ [naux, naux], once known."""
+
+    def __init__(self, shapes, storage, scratch=None):
+        self.kind, self.gamma_aux, self._tmpdir, self._file = storage, None, None, None
+        if storage == "memory":
+            self.arrays = [np.zeros(shape) for shape in shapes]
+            return
+        import h5py
+
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="dfmp2-gamma-", dir=scratch)
+        self._file = h5py.File(os.path.join(self._tmpdir.name, "gamma.h5"), "w")
+        self.arrays = [self._file.create_dataset(f"gamma_{s}", shape=shape, dtype=np.float64,
+                                                 chunks=(1, shape[1], min(shape[2], 128)))
+                       for s, shape in enumerate(shapes)]
+
+    def __len__(self):
+        return len(self.arrays)
+
+    def __getitem__(self, s):
+        return self.arrays[s]
+
+    def __iter__(self):
+        return iter(self.arrays)
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+
 class LocalThreeCenter:
     """The ThreeCenterProvider of one process (`dfmp2.providers`): stores[s] (MemoryStore or
     DiskStore) hold channel s's B [nocc, nvir, nkept]. The pair stage reads B_I in slabs of

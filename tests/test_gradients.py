@@ -237,7 +237,7 @@ def test_trainium_gradients_are_refused_with_the_measured_reason(tmp_path):
     ("closed", 2, 3, 300, 300, 140, 32)])
 def test_gamma_kernel_blocks_and_ragged_sizes(target, case, ni, nall, nvir, nvir_all, naux, rows):
     """NkiBackend.gamma_block (gamma_kernel over launches of `rows` j) equals the torch
-    backend's fp64 G (density_block with_gamma, all j against the block of i: t_ij^ab = t_ji^ba)
+    backend's fp64 G (density_block with_gamma: the i of b_i against the block of j, G of that block)
     at ragged sizes, every spin case (SCS weights), to 1e-5 relative."""
     import torch
 
@@ -253,8 +253,8 @@ def test_gamma_kernel_blocks_and_ragged_sizes(target, case, ni, nall, nvir, nvir
     e_vir, e_vir_all = torch.from_numpy(rng.uniform(0.2, 3, nvir)), torch.from_numpy(rng.uniform(0.2, 3, nvir_all))
     other = e_vir_all if case == "opposite" else None
     scaling = (1.2, 1.0 / 3.0)
-    ref = TorchBackend("cpu", "fp64").density_block(b_all, b_i, e_all, e_i, e_vir if other is None else other, scaling,
-                                                    case, None if other is None else e_vir, with_gamma=True)[2]
+    ref = TorchBackend("cpu", "fp64").density_block(b_i, b_all, e_i, e_all, e_vir, scaling, case, other,
+                                                    with_gamma=True)[2]
     nki = NkiBackend(target, simulate=True)
     nki.gamma_rows = lambda nv, nvj, na: rows
     out = nki.gamma_block(b_i.float(), b_all.float(), e_i.float(), e_all.float(), e_vir.float(), scaling, case,

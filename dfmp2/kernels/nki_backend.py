@@ -449,14 +449,22 @@ class NkiBackend:
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
                       with_gamma=False):
         """(P_oo, P_vv) of the pairs (i, k) from density_kernel (_density_kernel_block), and
-        with_gamma the whitened three-index density's share G [nocc, nvir, nkept] from
-        gamma_kernel (gamma_block of the k block against all i: t_ik^ab = t_ki^ba), else None.
-        The two kernels form the amplitudes each (the torch backend forms them once)."""
+        with_gamma the k block's share of the whitened three-index density G [nk, nvir_k, nkept]
+        from gamma_kernel (gamma_block of all i against the k block), else None. The two kernels
+        form the amplitudes each (the torch backend forms them once). b_occ: B of all i, or one
+        row block of it in a list (out-of-core B in several blocks is refused: ComputationError)."""
+        from ..errors import ComputationError
+
+        if not torch.is_tensor(b_occ):
+            chunks = list(b_occ)
+            if len(chunks) != 1:
+                raise ComputationError(f"out-of-core MP2 densities (B read from disk in slabs) are not implemented on "
+                                       f"{self.target}: give the run the memory to hold B, or use --device cpu or cuda")
+            b_occ = chunks[0]
         p_oo, p_vv = self._density_kernel_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case)
         if not with_gamma:
             return p_oo, p_vv, None
-        return p_oo, p_vv, self.gamma_block(b_k, b_occ, e_k, e_occ, e_vir if e_vir_k is None else e_vir_k, scaling,
-                                            spin_case, None if e_vir_k is None else e_vir)
+        return p_oo, p_vv, self.gamma_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k)
 
     def _density_kernel_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel

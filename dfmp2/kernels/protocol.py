@@ -138,9 +138,10 @@ class Backend(Protocol):
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
                       with_gamma=False):
-        """B [nocc, nvir, naux], B_k [nk, nvir_k, naux] -> the i side's unrelaxed (P_oo [nocc, nocc],
-        P_vv [nvir, nvir], and with_gamma the pairs' share of the whitened three-index density of
-        all i, G [nocc, nvir, nkept] fp64, else None); spin_case "closed" (restricted), or
+        """B [nocc, nvir, naux] (or its row blocks in order, an iterable: B streamed from disk),
+        B_k [nk, nvir_k, naux] -> the i side's unrelaxed (P_oo [nocc, nocc], P_vv [nvir, nvir]),
+        and with_gamma the pairs' share of the whitened three-index density of the k block, G
+        [nk, nvir_k, nkept] fp64, else None); spin_case "closed" (restricted), or
         "same"/"opposite" (k of the same or the other spin of an unrestricted reference;
         torch_backend.density_block has the formulas)."""
 

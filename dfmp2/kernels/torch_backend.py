@@ -279,35 +279,40 @@ class TorchBackend:
                       with_gamma=False):
         """Unrelaxed MP2 density from the pairs (i, k), all i against one block of k, fp64, as
         the i side's (P_oo [nocc, nocc], P_vv [nvir, nvir]), and with_gamma the same amplitudes'
-        share of the whitened three-index density of all i, G [nocc, nvir, nkept] (else None):
+        share of the whitened three-index density of the k block, G [nk, nvir_k, nkept] (else None):
           t = (ia|kb) / D,   P_ij += -w sum_kab X_ik^ab Y_jk^ab,   P_ab += w sum_ikc X_ik^ac Y_ik^bc
-          G_ia^Q += sum_kb g Y_ik^ab B_kb^Q
+          G_kb^Q += g sum_ia Y_ik^ab B_ia^Q      (Y_ki^ba = Y_ik^ab: the pairs whose first orbital is k)
         spin_case "closed" (restricted): X = t, Y = (c_os + c_ss) t - c_ss t^T (T = 2 t - t^T for
         MP2), w = 2, g = 4; "same" (one spin of an unrestricted reference, k the same spin):
         X = Y = t - t^T (t^T: a and b swapped), w = c_ss / 2, g = 2 c_ss; "opposite" (k the
         other spin, with virtual energies e_vir_k): X = Y = t, w = c_os, g = 2 c_os. scaling
-        (c_os, c_ss): (1, 1) for MP2, SCS weights for the SCS-MP2 density. b_occ [nocc, nvir,
-        naux], b_k [nk, nvir_k, naux]. G is the share of the pairs whose first orbital is in the k
-        block (t_ik^ab = t_ki^ba: the NKI backend's gamma_block with the roles swapped)."""
+        (c_os, c_ss): (1, 1) for MP2, SCS weights for the SCS-MP2 density. b_occ: B of all i
+        [nocc, nvir, naux], or its row blocks in order (an iterable: B read from disk a slab at a
+        time; the amplitudes of every i against the k block are kept, never B); b_k [nk, nvir_k, naux]."""
         self.calls["density_block"] += 1
         c_os, c_ss = scaling
-        t = self._amplitude_block(b_occ, b_k, e_occ, e_k, e_vir, e_vir_k)
-        if spin_case == "closed":
-            x, y, w, g = t, (c_os + c_ss) * t - c_ss * t.transpose(1, 3), 2.0, 4.0
-        elif spin_case == "same":
-            x = y = t - t.transpose(1, 3)
-            w, g = 0.5 * c_ss, 2.0 * c_ss
-        else:
-            x, y, w, g = t, t, c_os, 2.0 * c_os
-        p_oo = -w * torch.einsum("iakb,jakb->ij", x, y)
-        p_vv = w * torch.einsum("iakc,ibkc->ab", x, y)
+        w, g = {"closed": (2.0, 4.0), "same": (0.5 * c_ss, 2.0 * c_ss), "opposite": (c_os, 2.0 * c_os)}[spin_case]
+        xs, ys, p_vv, g_k, i0 = [], [], 0.0, None, 0
+        for chunk in ([b_occ] if torch.is_tensor(b_occ) else b_occ):
+            i1 = i0 + chunk.shape[0]
+            t = self._amplitude_block(chunk, b_k, e_occ[i0:i1], e_k, e_vir, e_vir_k)
+            if spin_case == "closed":
+                x, y = t, (c_os + c_ss) * t - c_ss * t.transpose(1, 3)
+            else:
+                x = y = t - t.transpose(1, 3) if spin_case == "same" else t
+            p_vv = p_vv + w * torch.einsum("iakc,ibkc->ab", x, y)
+            if with_gamma:  # one GEMM [nk*nvir_k, ni*nvir] x [ni*nvir, nkept]
+                ni, nvir, nk, nvir_k = y.shape
+                part = torch.matmul(y.reshape(ni * nvir, nk * nvir_k).T,
+                                    chunk.reshape(ni * nvir, -1).to(torch.float64))
+                g_k = part if g_k is None else g_k.add_(part)
+            xs.append(x)
+            ys.append(y)
+            i0, t, x, y, chunk = i1, None, None, None, None
+        p_oo = -w * torch.cat([torch.cat([torch.einsum("iakb,jakb->ij", x, y) for y in ys], dim=1) for x in xs])
         if not with_gamma:
             return p_oo, p_vv, None
-        nocc, nvir, nkept = b_occ.shape
-        nk, nvir_k = b_k.shape[0], b_k.shape[1]
-        # G_ia^Q = g sum_kb Y_ia,kb B_kb^Q   one GEMM [nocc*nvir, nk*nvir_k] x [nk*nvir_k, nkept]
-        rows = torch.matmul(y.reshape(nocc * nvir, nk * nvir_k), b_k.reshape(nk * nvir_k, nkept).to(torch.float64))
-        return p_oo, p_vv, (g * rows).view(nocc, nvir, nkept)
+        return p_oo, p_vv, (g * g_k).view(b_k.shape[0], b_k.shape[1], -1)
 
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """B = X L^-T for X [..., n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
