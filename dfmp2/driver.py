@@ -326,12 +326,23 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     result.scf_record = scf_record(builds, mf if scf_here else None)
     result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
     result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
-    relaxed = None  # a gradient's relaxed density serves the properties too (one CPHF)
-    if settings.gradient:
-        result.gradient, result.gradient_jk, relaxed = nuclear_gradient(mf, result.correlation, settings, context.timer)
-    result.properties = relaxed_properties(mf, result.correlation, settings, relaxed) if settings.properties else {}
+    _gradient_and_properties(mf, result, settings, context)
     result.timings = dict(context.timer.timings)  # with the gradient's parts
     return result
+
+
+def _gradient_and_properties(mf, result, settings, context) -> None:
+    """result.gradient, result.gradient_jk and result.properties where settings ask for them;
+    the three-index density is closed afterwards (its scratch, B out of core, removed)."""
+    relaxed = None  # a gradient's relaxed density serves the properties too (one CPHF)
+    try:
+        if settings.gradient:
+            result.gradient, result.gradient_jk, relaxed = nuclear_gradient(mf, result.correlation, settings,
+                                                                            context.timer)
+        result.properties = relaxed_properties(mf, result.correlation, settings, relaxed) if settings.properties else {}
+    finally:
+        if result.correlation.gamma is not None:
+            result.correlation.gamma.close()
 
 
 def _early_jk_integrals(settings, context, mol, jk_fitting, dh):

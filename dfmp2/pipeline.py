@@ -273,11 +273,16 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 with timer.step("density"):
                     rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings, metric)
-            return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
-                tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes, include_singles=settings.include_singles,
-                checkpoint=checkpoint.summary(provider.reused, len(tasks)),
-                timings={name: seconds - before.get(name, 0.0) for name, seconds in timer.timings.items()
-                         if seconds != before.get(name)})
+            try:
+                return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
+                    tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes,
+                    include_singles=settings.include_singles, checkpoint=checkpoint.summary(provider.reused, len(tasks)),
+                    timings={name: seconds - before.get(name, 0.0) for name, seconds in timer.timings.items()
+                             if seconds != before.get(name)})
+            except BaseException:
+                if gamma is not None:
+                    gamma.close()
+                raise
         finally:
             provider.close()
 
