@@ -26,6 +26,8 @@ import scipy.linalg
 from . import chem
 from .context import Timer
 from .response import backend_gemm, orbital_derivatives, relaxed_density
+from .steps import block_ranges
+from .storage import ScratchArrays
 
 
 def gemm_backend(backend):
@@ -54,7 +56,7 @@ def back_transformed(gammas, coeffs, spaces, backend=None):
 
 
 def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None, backend=None,
-                     with_density=False):
+                     with_density=False, arrays=None):
     """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF or UHF `mf`, from a finished run made
     with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense.
     Per spin channel s (RHF: one, spin-summed; UHF: alpha and beta), every term of the module
@@ -62,7 +64,9 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
     timer: a context.Timer that gets the parts (gradient_densities, gradient_cphf,
     gradient_reference, gradient_integrals, gradient_terms); backend: where the four-index GEMMs
     of the Lagrangian and the back-transformation run (backend_gemm; None: numpy fp64).
-    with_density: -> (the gradient, the relaxed density in the MO basis as relaxed_density gives it)."""
+    with_density: -> (the gradient, the relaxed density in the MO basis as relaxed_density gives it).
+    arrays: where the reference term's [naux, nao, nocc] arrays live (storage.ScratchArrays;
+    default host memory)."""
     timer, backend = timer or Timer(), gemm_backend(backend)
     coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
@@ -101,7 +105,7 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         z_mo[np.ix_(occ_index, vir_all)] = p_mo[np.ix_(occ_index, vir_all)]
         z_aos.append(coeff @ z_mo @ coeff.T)
     with timer.step("gradient_reference"):
-        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos)
+        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays)
     with timer.step("gradient_integrals"):
         spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
         fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
@@ -115,12 +119,15 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
     return (de, density) if with_density else de
 
 
+REFERENCE_BLOCK_BYTES = 64_000_000  # L read (and Y d written) this much at a time in reference_fitting_densities
+
+
 def _per_spin_array(mats) -> np.ndarray:
     """RHF: the one spin-summed [nao, nao]; UHF: [2, nao, nao] (PySCF's density conventions)."""
     return mats[0] if len(mats) == 1 else np.array(mats)
 
 
-def _reference_terms(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
+def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None) -> np.ndarray:
     """The reference's share of the gradient per atom [natm, 3], with P (the relaxed correlation
     density) in its Fock matrix:
       HF:          V_nn' + h'(D_HF) - S'(W_HF) + 1/2 B'(D_HF, D_HF + 2P)      B = J - K/2 (UHF: J - sum_s K_s)
@@ -133,7 +140,8 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
     if chem.is_kohn_sham(terms.mf):
         a_x = terms.exchange_fraction()
         if jk is not None:  # 1/2 B_x'(D, 2P) = B_x'(D, P)
-            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], exchange=a_x)
+            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], exchange=a_x,
+                                                      arrays=arrays)
             pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux)
         else:  # K's weight: a_x/2 on the spin-summed RKS densities, a_x per spin (UKS)
             pair = terms.coulomb_exchange_pair(d_hfs, p_aos, a_x * (0.5 if len(coeffs) == 1 else 1.0))
@@ -143,11 +151,12 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos) -> np.ndarray:
         d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)
         d_plus = d_hf + 2.0 * p_ao
         return fixed + (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
-    g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)])
+    g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)],
+                                              arrays=arrays)
     return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux)
 
 
-def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0) -> tuple:
+def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0, arrays=None) -> tuple:
     """(G^P_mn one auxiliary block at a time: a function (p0, p1) -> [p1-p0, nao, nao], Gbar_PQ
     [naux, naux]) of 1/2 B'(X, Y) for a reference whose
     two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
@@ -159,12 +168,16 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
         J: G^P = X c(Y)_P + Y c(X)_P,          Gbar = c(X) c(Y)^T + c(Y) c(X)^T
         K: G^P_lm = 2 (Y d^P)_li n_i C_mi,     Gbar_PQ = 2 sum_li d^P_li n_i (Y d^Q)_li
     (K's G given transposed: the contraction uses G^P + G^P^T only), so that
-    sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction)."""
+    sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction).
+    One [naux, nao, nocc_s] array per spin in `arrays` (storage.ScratchArrays: on disk with the
+    energy's B out of core; default host memory): L, written by auxiliary blocks, then d and
+    Y d formed a block of occupied orbitals at a time (REFERENCE_BLOCK_BYTES of L), Y d written over L."""
     naux, nao, weight = jk.naux, jk.nao, exchange * (0.5 if len(occupied) == 1 else 1.0)
+    arrays = arrays if arrays is not None else ScratchArrays("memory")
     x_total = sum((c * n) @ c.T for c, n in occupied)
     y_total = sum(y_dms)
     rho_x, rho_y = np.zeros(naux), np.zeros(naux)
-    half = [np.empty((naux, nao, c.shape[1])) for c, _ in occupied]
+    half = [arrays.new((naux, nao, c.shape[1]), chunks=(min(naux, 64), nao, 1)) for c, _ in occupied]
     for p0, p1 in jk.aux_blocks(aux_block):
         ao = jk.block(p0, p1)  # (mn|P) [nP, nao, nao]
         flat = ao.reshape(p1 - p0, -1)
@@ -176,14 +189,16 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
     g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
     exchange_parts = []
     for (c, n), l_s, y in zip(occupied, half, y_dms):
-        d = scipy.linalg.cho_solve(factor, l_s.reshape(naux, -1)).reshape(l_s.shape)  # d = M L
-        yd = np.matmul(y, d)  # (Y d^P)_li
-        g_aux -= weight * (d * n).reshape(naux, -1) @ yd.reshape(naux, -1).T
-        exchange_parts.append((yd, weight * c * n))
+        for i0, i1 in block_ranges(c.shape[1], max(1, REFERENCE_BLOCK_BYTES // (8 * naux * nao))):
+            d = scipy.linalg.cho_solve(factor, np.asarray(l_s[:, :, i0:i1]).reshape(naux, -1)).reshape(naux, nao, -1)
+            yd = np.matmul(y, d)  # (Y d^P)_li = M L, then Y on the left
+            g_aux -= weight * (d * n[i0:i1]).reshape(naux, -1) @ yd.reshape(naux, -1).T
+            l_s[:, :, i0:i1] = yd
+        exchange_parts.append((l_s, weight * c * n))
 
     def block(p0, p1):  # J: 1/2 (X c(Y)_P + Y c(X)_P); K: 1/2 of 2 (Y d^P)_li n_i C_mi, transposed
         out = 0.5 * (c_y[p0:p1, None, None] * x_total + c_x[p0:p1, None, None] * y_total)
         for yd, weighted in exchange_parts:
-            out -= np.matmul(yd[p0:p1], weighted.T)
+            out -= np.matmul(np.asarray(yd[p0:p1]), weighted.T)
         return out
     return block, g_aux

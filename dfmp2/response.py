@@ -169,14 +169,17 @@ def nuclear_gradient(mf, correlation, settings, timer=None) -> tuple:
     """(dE_total/dR [natm, 3] (Eh/bohr), the record of the J/K builds its orbital response ran on,
     the relaxed density in the MO basis (relaxed_density's; for relaxed_properties)) of a finished
     RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the MP2 fitting set
-    of settings.auxbasis."""
+    of settings.auxbasis. The reference term's large arrays go where the run's B went (memory,
+    or HDF5 under settings.scratch, removed on the way out)."""
     from . import gradient
     from .kernels import backend_for
+    from .storage import ScratchArrays
 
-    with response_mean_field(mf, settings) as response_mf:
+    with response_mean_field(mf, settings) as response_mf, \
+            ScratchArrays(correlation.gamma.kind, settings.scratch) as arrays:  # on disk with B out of core
         de, density = gradient.nuclear_gradient(response_mf, correlation,
                                                 chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis), timer=timer,
-                                                backend=backend_for(settings), with_density=True)
+                                                backend=backend_for(settings), with_density=True, arrays=arrays)
         builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
         record = builds.record.as_dict() if builds is not None else {
             "scf_backend": "pyscf", "why": "a reference with exact integrals, or a backend without builds"}

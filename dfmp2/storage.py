@@ -180,26 +180,51 @@ def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-")
     return DiskStore(backend, shape, scratch, path, prefix)
 
 
+class ScratchArrays:
+    """fp64 arrays for the gradient's large intermediates: host arrays (storage "memory"), or
+    (storage "disk", the energy's B out of core) HDF5 datasets in a temporary directory under
+    `scratch`, deleted by close() (and when the object is collected). A context manager."""
+
+    def __init__(self, storage, scratch=None):
+        self.kind, self._tmpdir, self._file = storage, None, None
+        if storage == "disk":
+            import h5py
+
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="dfmp2-gradient-", dir=scratch)
+            self._file = h5py.File(os.path.join(self._tmpdir.name, "arrays.h5"), "w")
+
+    def new(self, shape, chunks=None):
+        """A zeroed [shape] array; chunks: the HDF5 chunk shape on disk (how it will be read)."""
+        if self._file is None:
+            return np.zeros(shape)
+        return self._file.create_dataset(f"a{len(self._file)}", shape=shape, dtype=np.float64, chunks=chunks)
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class ThreeIndexDensity:
     """The three-index two-particle density G_ia^P [nocc_s, nvir_s, naux] of each spin channel,
     fp64 (steps.mp2_densities writes it in blocks of occupied rows; the gradient reads it in
-    auxiliary slices G[:, :, p0:p1]): host arrays (storage "memory"), or (storage "disk", B out
-    of core) HDF5 datasets chunked for both directions in a temporary directory under `scratch`,
-    deleted by close() (and when the object is collected). Indexing and iteration give the
+    auxiliary slices G[:, :, p0:p1]): in ScratchArrays of `storage` (HDF5 with B out of core,
+    chunked for both directions), deleted by close(). Indexing and iteration give the
     per-channel arrays, as a list of them would; gamma_aux: Gbar_PQ [naux, naux], once known."""
 
     def __init__(self, shapes, storage, scratch=None):
-        self.kind, self.gamma_aux, self._tmpdir, self._file = storage, None, None, None
-        if storage == "memory":
-            self.arrays = [np.zeros(shape) for shape in shapes]
-            return
-        import h5py
-
-        self._tmpdir = tempfile.TemporaryDirectory(prefix="dfmp2-gamma-", dir=scratch)
-        self._file = h5py.File(os.path.join(self._tmpdir.name, "gamma.h5"), "w")
-        self.arrays = [self._file.create_dataset(f"gamma_{s}", shape=shape, dtype=np.float64,
-                                                 chunks=(1, shape[1], min(shape[2], 128)))
-                       for s, shape in enumerate(shapes)]
+        self.kind, self.gamma_aux = storage, None
+        self._arrays = ScratchArrays(storage, scratch)
+        self.arrays = [self._arrays.new(shape, chunks=(1, shape[1], min(shape[2], 128))) for shape in shapes]
 
     def __len__(self):
         return len(self.arrays)
@@ -211,12 +236,7 @@ class ThreeIndexDensity:
         return iter(self.arrays)
 
     def close(self):
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
+        self._arrays.close()
 
 
 class LocalThreeCenter:

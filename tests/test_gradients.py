@@ -401,11 +401,15 @@ ETHYLENE = [("C", (0.0, 0.0, 0.6695)), ("C", (0.0, 0.0, -0.6695)), ("H", (0.0, 0
 
 
 @pytest.mark.parametrize("spin, scf_mode, frozen, scaling", [(0, "df", 2, (1.0, 1.0)), (1, "exact", 2, (1.2, 1 / 3))])
-def test_out_of_core_gradient_equals_in_memory(tmp_path, arrays_only_budget, spin, scf_mode, frozen, scaling):
+def test_out_of_core_gradient_equals_in_memory(tmp_path, arrays_only_budget, monkeypatch, spin, scf_mode, frozen,
+                                               scaling):
     """B on disk at the smallest budget: the densities read it a slab at a time (several slabs
     and blocks of k), G goes to HDF5 scratch and is read back by auxiliary slices; gradient and
     relaxed density equal the in-memory run's to 1e-10 (RHF ethylene, DF-SCF, frozen core; UHF
-    vinyl radical, exact SCF, SCS weights), and close() leaves no scratch behind."""
+    vinyl radical, exact SCF, SCS weights), and close() leaves no scratch behind. The DF
+    reference's [naux, nao, nocc] arrays go to scratch too, three occupied orbitals at a time."""
+    from dfmp2 import gradient as gradient_module
+    from dfmp2 import storage
     from dfmp2.driver import run_mean_field
     from dfmp2.memory import MB
     from dfmp2.response import nuclear_gradient
@@ -426,7 +430,12 @@ def test_out_of_core_gradient_equals_in_memory(tmp_path, arrays_only_budget, spi
     assert plan.storage == "disk" and plan.slab_rows < max(np.atleast_1d(tight.correlation.nocc))
     assert tight.correlation.gamma.kind == "disk" and roomy.correlation.gamma.kind == "memory"
     expected, _, expected_density = nuclear_gradient(mf, roomy.correlation, settings)
-    gradient, _, density = nuclear_gradient(mf, tight.correlation, settings)  # (the J/K builds: not this budget)
+    made = []  # the gradient's own scratch arrays (the DF reference's L and Y d), a few occupied orbitals at a time
+    real_new = storage.ScratchArrays.new
+    monkeypatch.setattr(storage.ScratchArrays, "new", lambda self, *a, **k: made.append(self.kind) or real_new(self, *a, **k))
+    monkeypatch.setattr(gradient_module, "REFERENCE_BLOCK_BYTES", 8 * 3 * mf.mol.nao * 400)
+    gradient, _, density = nuclear_gradient(mf, tight.correlation, settings.replace(scratch=str(tmp_path)))
+    assert made == ["disk"] * (scf_mode == "df")  # the DF reference's L (then Y d) of its one spin channel
     assert np.abs(gradient - expected).max() < 1e-10
     assert np.abs(density - expected_density).max() < 1e-10
     assert any(tmp_path.iterdir())
