@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ComputationError, InputError
+from .memory import release_freed_memory
 from .settings import SCF_MAX_CYCLE
 
 # PySCF is imported lazily inside functions so that `dfmp2 --help` and `dfmp2 info` stay fast.
@@ -1374,7 +1375,7 @@ class SCFGradientTerms:
 DERIVATIVE_BLOCK_BYTES = 96 * 10**6  # int3c2e_ip1 of one auxiliary block: 3 nao^2 nP fp64 at most this
 
 
-def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux) -> np.ndarray:
+def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux, aux_block=None) -> np.ndarray:
     """The DF energy's explicit derivative through the fitting integrals, per atom [natm, 3]:
       sum_mnP G^P_mn d(mn|P)/dR_A - 1/2 sum_PQ Gbar_PQ d(P|Q)/dR_A
     gamma_blocks(p0, p1) -> G^P_mn [p1-p0, nao, nao] of one auxiliary block (only S^P = G^P + G^P^T
@@ -1383,7 +1384,8 @@ def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux) -> n
     held whole): int3c2e_ip1 (all mn, the derivative on m) and int2c2e_ip1 of the block's functions.
     The auxiliary function's own derivative needs no int3c2e_ip2: by translational invariance
     (mn|P') = -(m'n|P) - (mn'|P), so 1/2 sum_mn S^P_mn (mn|P') = -sum_mn S^P_mn (m'n|P), from the
-    same ip1 block (PySCF's ip1 is -d/dR of the function on that atom)."""
+    same ip1 block (PySCF's ip1 is -d/dR of the function on that atom). aux_block: at most this
+    many auxiliary functions per block (and at most DERIVATIVE_BLOCK_BYTES of ip1)."""
     from pyscf import df
 
     mol, auxmol = integrals.mol, integrals.auxmol
@@ -1398,7 +1400,8 @@ def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux) -> n
     for a, (_, _, q0, q1) in enumerate(auxmol.aoslice_by_atom()):
         aux_atom[q0:q1] = a
     per_ao, per_aux = np.zeros((3, nao)), np.zeros((3, integrals.naux))
-    for p0, p1 in integrals.aux_blocks(max(1, DERIVATIVE_BLOCK_BYTES // (24 * nao * nao))):
+    for p0, p1 in integrals.aux_blocks(min(aux_block or integrals.naux,
+                                           max(1, DERIVATIVE_BLOCK_BYTES // (24 * nao * nao)))):
         shells = (0, mol.nbas, 0, mol.nbas, *integrals._aux_shells(p0, p1))
         block = gamma_blocks(p0, p1)
         symmetric = block + block.transpose(0, 2, 1)  # S^P [nP, nao, nao]
@@ -1413,6 +1416,8 @@ def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux) -> n
         # (dP|Q): -1/2 sum_Q Gbar_PQ (P'|Q) twice (P or Q on the atom), Gbar symmetric
         v1 = auxmol.intor("int2c2e_ip1", comp=3, shls_slice=(shells[4], shells[5], 0, auxmol.nbas))
         per_aux[:, p0:p1] += np.einsum("xPQ,PQ->xP", v1, gamma_aux[p0:p1] + gamma_aux[:, p0:p1].T) * 0.5
+        block = symmetric = weighted = v1 = None
+        release_freed_memory()
     out = np.zeros((mol.natm, 3))
     np.add.at(out, ao_atom, per_ao.T)
     np.add.at(out, aux_atom, per_aux.T)

@@ -26,6 +26,7 @@ import scipy.linalg
 from . import chem
 from .context import Timer
 from .response import backend_gemm, orbital_derivatives, relaxed_density
+from .memory import release_freed_memory
 from .steps import block_ranges
 from .storage import ScratchArrays
 
@@ -56,7 +57,7 @@ def back_transformed(gammas, coeffs, spaces, backend=None):
 
 
 def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None, backend=None,
-                     with_density=False, arrays=None):
+                     with_density=False, arrays=None, aux_block=128):
     """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF or UHF `mf`, from a finished run made
     with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense.
     Per spin channel s (RHF: one, spin-summed; UHF: alpha and beta), every term of the module
@@ -66,14 +67,15 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
     of the Lagrangian and the back-transformation run (backend_gemm; None: numpy fp64).
     with_density: -> (the gradient, the relaxed density in the MO basis as relaxed_density gives it).
     arrays: where the reference term's [naux, nao, nocc] arrays live (storage.ScratchArrays;
-    default host memory)."""
+    default host memory); aux_block: auxiliary functions per block of every pass over (mn|P)
+    and the derivative integrals (memory.gradient_aux_block)."""
     timer, backend = timer or Timer(), gemm_backend(backend)
     coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
     nspin = len(coeffs)
     terms = chem.SCFGradientTerms(mf)
     with timer.step("gradient_densities"):  # A_pi = sum_bP (pb|P) G_ib^P, B_pa = sum_jP (jp|P) G_ja^P
-        blocks = [orbital_derivatives(integrals, gamma, coeff, list(act), list(vir), backend=backend)
+        blocks = [orbital_derivatives(integrals, gamma, coeff, list(act), list(vir), aux_block, backend)
                   for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
     with timer.step("gradient_cphf"):
         relaxed, unrelaxed_potentials = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals,
@@ -105,11 +107,11 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         z_mo[np.ix_(occ_index, vir_all)] = p_mo[np.ix_(occ_index, vir_all)]
         z_aos.append(coeff @ z_mo @ coeff.T)
     with timer.step("gradient_reference"):
-        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays)
+        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays, aux_block)
     with timer.step("gradient_integrals"):
         spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
         fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
-                                                          gamma_aux)
+                                                          gamma_aux, aux_block)
     with timer.step("gradient_terms"):
         # V_eff[P + P^T] = V_eff[Q + Q^T] (from the CPHF's right-hand side) + V_eff[Z + Z^T] (low rank)
         potentials = [v + w for v, w in zip(unrelaxed_potentials, terms.veff_per_spin([z + z.T for z in z_aos]))]
@@ -127,7 +129,7 @@ def _per_spin_array(mats) -> np.ndarray:
     return mats[0] if len(mats) == 1 else np.array(mats)
 
 
-def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None) -> np.ndarray:
+def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=128) -> np.ndarray:
     """The reference's share of the gradient per atom [natm, 3], with P (the relaxed correlation
     density) in its Fock matrix:
       HF:          V_nn' + h'(D_HF) - S'(W_HF) + 1/2 B'(D_HF, D_HF + 2P)      B = J - K/2 (UHF: J - sum_s K_s)
@@ -140,9 +142,8 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None) -> np.ndarr
     if chem.is_kohn_sham(terms.mf):
         a_x = terms.exchange_fraction()
         if jk is not None:  # 1/2 B_x'(D, 2P) = B_x'(D, P)
-            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], exchange=a_x,
-                                                      arrays=arrays)
-            pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux)
+            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], aux_block, a_x, arrays)
+            pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block)
         else:  # K's weight: a_x/2 on the spin-summed RKS densities, a_x per spin (UKS)
             pair = terms.coulomb_exchange_pair(d_hfs, p_aos, a_x * (0.5 if len(coeffs) == 1 else 1.0))
         return terms.reference_gradient() + pair + terms.xc_response(d_hfs, p_aos)
@@ -151,9 +152,9 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None) -> np.ndarr
         d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)
         d_plus = d_hf + 2.0 * p_ao
         return fixed + (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
-    g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)],
+    g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)], aux_block,
                                               arrays=arrays)
-    return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux)
+    return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block)
 
 
 def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0, arrays=None) -> tuple:
@@ -184,6 +185,8 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
         rho_x[p0:p1], rho_y[p0:p1] = flat @ x_total.ravel(), flat @ y_total.ravel()
         for (c, _), l_s in zip(occupied, half):
             l_s[p0:p1] = (ao.reshape(-1, nao) @ c).reshape(p1 - p0, nao, -1)  # L^P_ni = (nm|P) C_mi
+        ao = flat = None
+        release_freed_memory()
     factor = scipy.linalg.cho_factor(jk.metric())
     c_x, c_y = scipy.linalg.cho_solve(factor, rho_x), scipy.linalg.cho_solve(factor, rho_y)
     g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
@@ -194,6 +197,8 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
             yd = np.matmul(y, d)  # (Y d^P)_li = M L, then Y on the left
             g_aux -= weight * (d * n[i0:i1]).reshape(naux, -1) @ yd.reshape(naux, -1).T
             l_s[:, :, i0:i1] = yd
+            d = yd = None
+            release_freed_memory()
         exchange_parts.append((l_s, weight * c * n))
 
     def block(p0, p1):  # J: 1/2 (X c(Y)_P + Y c(X)_P); K: 1/2 of 2 (Y d^P)_li n_i C_mi, transposed

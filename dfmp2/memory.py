@@ -166,6 +166,17 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, gro
                        growth=growth)
 
 
+GRADIENT_AUX_BLOCK = 128  # auxiliary functions per block of the gradient's passes, where the budget allows
+
+
+def gradient_aux_block(max_memory, nao: int) -> int:
+    """Auxiliary functions per block of the gradient's passes over (mn|P) and its derivative
+    integrals: what a quarter of the budget left now holds at ~6 fp64 [nao, nao] per function
+    (the block, its copies, the three derivative components), between 8 and GRADIENT_AUX_BLOCK."""
+    free = budget_bytes(max_memory) - resident_bytes()
+    return int(min(GRADIENT_AUX_BLOCK, max(8, free // 4 // (48 * nao * nao))))
+
+
 def budget_bytes(max_memory, baseline=None):
     """The whole process's budget in bytes: --max-memory MB, or by default what is resident
     now plus 80% of the RAM still available (shared among the node's ranks under torchrun)."""

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import chem
+from .memory import gradient_aux_block, release_freed_memory
 
 
 def backend_gemm(backend, a, b) -> np.ndarray:
@@ -61,6 +62,8 @@ def orbital_derivatives(integrals, gamma, coeff, act, vir, aux_block=128, backen
         a_block, b_block = derivative_block(integrals.block(p0, p1), g, c_act, c_vir, backend)
         a_ao += a_block
         b_ao += b_block
+        g = a_block = b_block = None
+        release_freed_memory()
     return coeff.T @ a_ao, coeff.T @ b_ao
 
 
@@ -130,13 +133,15 @@ def response_mean_field(mf, settings):
     for a density-fitted reference, a copy of `mf` whose J and K come from dfmp2's builds on
     settings' backend in its fitting set, every build in the exact kind (fp64 on cpu and cuda,
     exact-product slices on trn1/trn2); `mf` itself is untouched and the builds are released on
-    exit. A reference with exact integrals (or a backend without builds): `mf` (PySCF's J/K)."""
+    exit. A reference with exact integrals, a backend without builds, or --scf-backend pyscf
+    (settings.scf_backend: the SCF's J/K were PySCF's, and so are the response's; they also
+    go out of core where dfmp2's builds would need more than the budget): `mf` (PySCF's J/K)."""
     from .kernels import backend_for
     from .kernels.protocol import FittedBuildsBackend
     from .scf import EXACT_ONLY, FittedCoulombExchange
 
     jk = chem.reference_fitting_integrals(mf)
-    backend = backend_for(settings) if jk is not None else None
+    backend = backend_for(settings) if jk is not None and settings.scf_backend != "pyscf" else None
     if not isinstance(backend, FittedBuildsBackend):
         yield mf
         return
@@ -179,8 +184,11 @@ def nuclear_gradient(mf, correlation, settings, timer=None) -> tuple:
             ScratchArrays(correlation.gamma.kind, settings.scratch) as arrays:  # on disk with B out of core
         de, density = gradient.nuclear_gradient(response_mf, correlation,
                                                 chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis), timer=timer,
-                                                backend=backend_for(settings), with_density=True, arrays=arrays)
+                                                backend=backend_for(settings), with_density=True, arrays=arrays,
+                                                aux_block=gradient_aux_block(settings.max_memory, mf.mol.nao))
         builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
         record = builds.record.as_dict() if builds is not None else {
-            "scf_backend": "pyscf", "why": "a reference with exact integrals, or a backend without builds"}
+            "scf_backend": "pyscf",
+            "why": "--scf-backend pyscf" if settings.scf_backend == "pyscf" and chem.reference_fitting_integrals(mf)
+            is not None else "a reference with exact integrals, or a backend without builds"}
     return de, record, density

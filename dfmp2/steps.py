@@ -219,7 +219,8 @@ def mp2_densities(backend, rows, channels, occ_block, scaling=(1.0, 1.0), factor
                 flat = whitened.reshape(-1, whitened.shape[-1])
                 contracted = contracted + flat.T @ np.asarray(backend.to_host(b_k), dtype=np.float64).reshape(flat.shape)
                 gamma_out[other][k0:k1] = fitting_coefficients(factor, whitened)
-            b_k = None
+            b_k = whitened = None
+            release_freed_memory()
     if factor is None:
         return densities, None
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
