@@ -301,11 +301,14 @@ class TorchBackend:
             else:
                 x = y = t - t.transpose(1, 3) if spin_case == "same" else t
             p_vv = p_vv + w * torch.einsum("iakc,ibkc->ab", x, y)
-            if with_gamma:  # one GEMM [nk*nvir_k, ni*nvir] x [ni*nvir, nkept]
+            if with_gamma:  # GEMMs [nk*nvir_k, rows*nvir] x [rows*nvir, nkept], B in fp64 a few rows at a time
                 ni, nvir, nk, nvir_k = y.shape
-                part = torch.matmul(y.reshape(ni * nvir, nk * nvir_k).T,
-                                    chunk.reshape(ni * nvir, -1).to(torch.float64))
-                g_k = part if g_k is None else g_k.add_(part)
+                g_k = g_k if g_k is not None else torch.zeros((nk * nvir_k, chunk.shape[2]), dtype=torch.float64,
+                                                              device=y.device)
+                for r0 in range(0, ni, 8):
+                    r1 = min(ni, r0 + 8)
+                    g_k.addmm_(y[r0:r1].reshape((r1 - r0) * nvir, nk * nvir_k).T,
+                               chunk[r0:r1].reshape((r1 - r0) * nvir, -1).to(torch.float64))
             xs.append(x)
             ys.append(y)
             i0, t, x, y, chunk = i1, None, None, None, None
