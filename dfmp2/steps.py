@@ -175,12 +175,12 @@ def spin_case(nchannels: int, s: int, other: int) -> str:
     return "closed" if nchannels == 1 else ("same" if other == s else "opposite")
 
 
-def mp2_densities(backend, rows, channels, occ_block, scaling=(1.0, 1.0), factor=None, gamma_out=None,
+def mp2_densities(backend, rows, channels, k_rows, scaling=(1.0, 1.0), factor=None, gamma_out=None,
                   slab_rows=None):
     """Long (the formulas of both spin cases). The unrelaxed MP2 density per spin channel in the
     active space, and with the metric's `factor` (`linalg.MetricFactor`) the three-index
     two-particle density and its auxiliary contraction, fp64, from the same (ia|kb) as the
-    energy: for each block of k, the amplitudes of every i against it serve all three
+    energy: for each block of k_rows orbitals k, the amplitudes of every i against it serve all three
     (t2 is never stored; backend.density_block). Restricted (one channel):
       P_ij = -2 sum_kab t_ik^ab T_jk^ab,  P_ab = 2 sum_ijc t_ij^ac T_ij^bc,  T = (c_os + c_ss) t - c_ss t^T
       G_ia^P = sum_kb c_kb^P 4 T_ik^ab      (c_kb^P = sum_Q (kb|Q) [V^-1]_QP)
@@ -199,13 +199,12 @@ def mp2_densities(backend, rows, channels, occ_block, scaling=(1.0, 1.0), factor
     conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux, naux] or None)."""
     densities = [(np.zeros((ch.nocc, ch.nocc)), np.zeros((ch.nvir, ch.nvir))) for ch in channels]
     contracted = 0.0  # sum_ia G~_ia^T B_ia [nkept, nkept]
-    k_block = max(1, occ_block * occ_block // max(max(ch.nocc for ch in channels), 1))  # ~ one pair block of t
 
     def slabs(s):
         return (rows(s, i0, i1) for i0, i1 in block_ranges(channels[s].nocc, slab_rows or channels[s].nocc))
 
     for other, partner in enumerate(channels):  # the spin of k; the i of each spin against its blocks
-        for k0, k1 in block_ranges(partner.nocc, min(k_block, partner.nocc)):
+        for k0, k1 in block_ranges(partner.nocc, max(1, min(k_rows, partner.nocc))):
             b_k, whitened = rows(other, k0, k1), 0.0
             for s, channel in enumerate(channels):
                 oo, vv, g = backend.density_block(slabs(s), b_k, channel.e_occ, partner.e_occ[k0:k1], channel.e_vir,
