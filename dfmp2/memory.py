@@ -177,22 +177,6 @@ def gradient_aux_block(max_memory, nao: int) -> int:
     return int(min(GRADIENT_AUX_BLOCK, max(8, free // 4 // (48 * nao * nao))))
 
 
-DENSITY_STASH_BYTES = 256 * MB  # the most the densities' amplitudes of one block of k take, where the budget allows
-
-
-def density_k_rows(backend, max_memory, nocc: int, nvir: int, occ_block: int) -> int:
-    """Occupied orbitals k per block of the MP2 densities (steps.mp2_densities): the amplitudes of
-    all nocc i against them (~5 fp64 copies of [nocc, nvir, k, nvir]) in a quarter of what the
-    budget (and a GPU's free memory) leaves now, at most DENSITY_STASH_BYTES; never fewer than
-    about one pair block's (occ_block^2 / nocc), which the plan holds."""
-    free = budget_bytes(max_memory) - resident_bytes()
-    device_free = backend.memory_limit_bytes()
-    if device_free is not None:
-        free = min(free, int(0.9 * device_free))
-    fitting = min(free // 4, DENSITY_STASH_BYTES) // (5 * max(nocc, 1) * nvir * nvir * 8)
-    return int(max(1, occ_block * occ_block // max(nocc, 1), fitting))
-
-
 def budget_bytes(max_memory, baseline=None):
     """The whole process's budget in bytes: --max-memory MB, or by default what is resident
     now plus 80% of the RAM still available (shared among the node's ranks under torchrun)."""

@@ -25,7 +25,7 @@ from .checkpoint import open_run_checkpoint, pipeline_identity
 from .context import context_from
 from .distributed import three_center_over_ranks
 from .errors import ComputationError, InputError, MemoryBudgetError
-from .memory import MB, MemoryPlan, density_k_rows, plan_for, release_freed_memory
+from .memory import MB, MemoryPlan, plan_for, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
 from .settings import IF_ROOM, Settings, settings_from
 from .steps import (block_ranges, combine_pair_sums, factor_metric, pair_energies, pair_tasks, singles_energy,
@@ -222,8 +222,9 @@ def density_stage(backend, provider, channels, selected, plan, settings, metric)
         gamma = ThreeIndexDensity([(ch.nocc, ch.nvir, factor.naux) for ch in channels], plan.storage,
                                   settings.scratch)
     try:
-        k_rows = density_k_rows(backend, settings.max_memory, max(ch.nocc for ch in channels),
-                                max(ch.nvir for ch in channels), plan.occ_block)
+        # rows of k: the amplitudes of all i against them about one pair block (the backend's
+        # preferred size: small on a CPU, where larger blocks ran slower, memory-bound)
+        k_rows = max(1, plan.occ_block * plan.occ_block // max(ch.nocc for ch in channels))
         densities, gamma_aux = mp2_densities(backend, provider.rows, channels, k_rows, settings.rdm1_scaling,
                                              factor, gamma, plan.slab_rows if plan.storage == "disk" else None)
     except BaseException:

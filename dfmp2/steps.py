@@ -214,14 +214,18 @@ def mp2_densities(backend, rows, channels, k_rows, scaling=(1.0, 1.0), factor=No
                 densities[s][1][...] += backend.to_host(vv)
                 if g is not None:
                     whitened = whitened + np.asarray(backend.to_host(g), dtype=np.float64)
-            if factor is not None:
-                flat = whitened.reshape(-1, whitened.shape[-1])
-                contracted = contracted + flat.T @ np.asarray(backend.to_host(b_k), dtype=np.float64).reshape(flat.shape)
-                gamma_out[other][k0:k1] = fitting_coefficients(factor, whitened)
+            if factor is not None:  # G~ of the block, fitted below (host BLAS kept out of the backend's loop)
+                gamma_out[other][k0:k1, :, :factor.nkept] = whitened
             b_k = whitened = None
-            release_freed_memory()
     if factor is None:
         return densities, None
+    for s, channel in enumerate(channels):  # G = G~ W^T, and sum_ia G~_ia^T B_ia, a slab of rows at a time
+        for i0, i1 in block_ranges(channel.nocc, slab_rows or channel.nocc):
+            whitened = np.asarray(gamma_out[s][i0:i1, :, :factor.nkept])
+            flat = whitened.reshape(-1, factor.nkept)
+            contracted = contracted + flat.T @ np.asarray(backend.to_host(rows(s, i0, i1)), dtype=np.float64).reshape(
+                flat.shape)
+            gamma_out[s][i0:i1] = fitting_coefficients(factor, whitened)
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
 
 
