@@ -194,7 +194,8 @@ def mp2_densities(backend, rows, channels, k_rows, scaling=(1.0, 1.0), factor=No
     rows(s, i0, i1): B rows [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's);
     slab_rows: rows of the i side read at a time (None: all at once; B on disk: a slab at a time,
     B read once per block of k). gamma_out: per channel a writable [nocc_s, nvir_s, naux] array
-    (host or HDF5 dataset) that receives G, each block of rows written once. Returns ([(P_oo
+    (host or HDF5 dataset) that receives G~ per block of k, then G in one pass over it (and over B,
+    for Gbar) after the backend's loop. Returns ([(P_oo
     [nocc_s, nocc_s], P_vv [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's
     conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux, naux] or None)."""
     densities = [(np.zeros((ch.nocc, ch.nocc)), np.zeros((ch.nvir, ch.nvir))) for ch in channels]
