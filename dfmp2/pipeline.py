@@ -128,6 +128,12 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks)
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
+    if settings.with_rdm1 and plan.storage == "disk" and plan.slab_rows < max(o.size for o, _, _ in selected) \
+            and not backend.streams_densities:
+        raise MemoryBudgetError(
+            f"the {backend.device_name} density kernels take all of (ia|P) at once, which the budget "
+            f"({plan.budget / MB:.4g} MB, --max-memory) does not hold: give more memory, or run the densities with "
+            "--device cpu or cuda (out of core)")
     if given is not None and plan.storage == "disk":
         raise MemoryBudgetError(f"given (ia|P) integrals (eris=) are read into memory, which the budget "
                                 f"({plan.budget / MB:.4g} MB) does not hold: give more memory, or let dfmp2 make "

@@ -231,3 +231,27 @@ def test_cli_relaxed_dipole_matches_pyscf(tmp_path, spin, atoms):
     theirs = mf.dip_moment(mol, dm if spin == 0 else dm[0] + dm[1], unit="AU", verbose=0)
     scf_dipole = mf.dip_moment(mol, mf.make_rdm1() if spin == 0 else mf.make_rdm1().sum(axis=0), unit="AU", verbose=0)
     assert np.abs(ours - theirs).max() < 1e-6 and np.abs(ours - scf_dipole).max() > 1e-3
+
+
+def test_trainium_densities_out_of_core_are_refused_before_the_pair_stage(monkeypatch):
+    """The NKI density kernels take all of B at once: where the plan puts B on disk in several
+    slabs (forced here: 2 rows a slab, pair blocks of 2), a density run on trn1 is refused with the reason
+    (MemoryBudgetError) when it is planned, before the transform; the same plan on cpu runs out
+    of core and equals the in-memory densities to 1e-10."""
+    from dataclasses import replace
+
+    from dfmp2 import MemoryBudgetError, pipeline
+    from dfmp2.driver import run_mean_field
+
+    mf = converged_rhf("ethylene")
+    in_memory = run_mean_field(mf, frozen=2, precision="fp64", with_rdm1=True)
+    real_plan_for = pipeline.plan_for
+    monkeypatch.setattr(pipeline, "plan_for", lambda *a, **k: replace(  # (a slab: whole pair blocks)
+        real_plan_for(*a, **k), storage="disk", occ_block=2, slab_rows=2))
+    with pytest.raises(MemoryBudgetError, match="trn1 density kernels take all of \\(ia\\|P\\) at once"):
+        run_mean_field(mf, frozen=2, device="trn1", simulate=True, with_rdm1=True)
+    out_of_core = run_mean_field(mf, frozen=2, precision="fp64", with_rdm1=True)
+    assert out_of_core.correlation.io["bytes_read"] > 0
+    for (_, _, oo, vv), (_, _, oo_ref, vv_ref) in zip(out_of_core.correlation.rdm1_active,
+                                                      in_memory.correlation.rdm1_active):
+        assert np.abs(oo - oo_ref).max() < 1e-10 and np.abs(vv - vv_ref).max() < 1e-10

@@ -60,6 +60,7 @@ class NkiBackend:
     itemsize = 4
     has_fp64 = False  # no fp64 anywhere on a NeuronCore
     forms_amplitudes = False  # (ia|jb) never leaves the chip: no t2
+    streams_densities = False  # density_kernel takes all of B at once: no out-of-core densities
     screens = frozenset({"mp2"})  # block-sparse AO->MO transform (ao2mo_kernel's tiles); SCF builds dense
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,

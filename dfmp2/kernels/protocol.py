@@ -73,6 +73,7 @@ class Backend(Protocol):
     itemsize: int  # bytes per element of the stored (ia|P) / B: 8 or 4
     has_fp64: bool  # fp64 arithmetic on the device (False on a NeuronCore)
     forms_amplitudes: bool  # pair_energy can fill t_out (t2; False: the pair kernel keeps (ia|jb) on chip)
+    streams_densities: bool  # density_block takes B of all i in several row blocks (B out of core)
     screens: frozenset  # the steps with block-sparse operations (dfmp2.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)
     calls: Counter  # kernel (or host:* / device:* step) -> times run; callers add their host:* steps
     notes: list  # announcements (str) recorded in the result, e.g. a disputed nki/target pair

@@ -91,6 +91,7 @@ class TorchBackend:
     transform = "fp64"  # the AO->MO transform runs in fp64 in both precisions (see pipeline)
     has_fp64 = True
     forms_amplitudes = True
+    streams_densities = True
     screens = frozenset({"mp2", "scf"})  # block-sparse AO->MO transform and SCF builds (torch_sparse)
 
     def __init__(self, device: str, precision: str, notes=None):
