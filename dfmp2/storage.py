@@ -164,12 +164,17 @@ class DiskStore:
 
     def close(self):
         self._close_aux()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
+        self._file, self._tmpdir = close_scratch(self._file, self._tmpdir)
+
+
+def close_scratch(handle, directory) -> tuple:
+    """Close an HDF5 file and remove its temporary directory, each where there is one (None):
+    -> (None, None), what the owner keeps afterwards."""
+    if handle is not None:
+        handle.close()
+    if directory is not None:
+        directory.cleanup()
+    return None, None
 
 
 def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-"):
@@ -200,12 +205,7 @@ class ScratchArrays:
         return self._file.create_dataset(f"a{len(self._file)}", shape=shape, dtype=np.float64, chunks=chunks)
 
     def close(self):
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
+        self._file, self._tmpdir = close_scratch(self._file, self._tmpdir)
 
     def __enter__(self):
         return self
@@ -222,9 +222,14 @@ class ThreeIndexDensity:
     per-channel arrays, as a list of them would; gamma_aux: Gbar_PQ [naux, naux], once known."""
 
     def __init__(self, shapes, storage, scratch=None):
-        self.kind, self.gamma_aux = storage, None
+        self.gamma_aux = None
         self._arrays = ScratchArrays(storage, scratch)
         self.arrays = [self._arrays.new(shape, chunks=(1, shape[1], min(shape[2], 128))) for shape in shapes]
+
+    @property
+    def kind(self) -> str:
+        """"memory" or "disk": where the arrays are."""
+        return self._arrays.kind
 
     def __len__(self):
         return len(self.arrays)

@@ -404,8 +404,8 @@ class NkiBackend:
 
     def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
         """The three-index two-particle density of the pairs (i, j), i in b_i, all j in b_all, via
-        gamma_kernel (the amplitudes stay on chip), whitened, torch_backend.density_block's G with the
-        roles of i and k swapped (G_jb^Q = sum_ia B_ia^Q X_ij^ab):
+        gamma_kernel (the amplitudes stay on chip), whitened: torch_backend.density_block's G of its
+        k block, here the block of j (G_jb^Q = sum_ia B_ia^Q X_ij^ab):
         X = c_w t - c_u t^T with (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed, (2 c_ss, 2 c_ss)
         same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
         block of j (NkiBackend.gamma_rows: every B_j and G_j of the launch in SBUF); the partial G
