@@ -21,6 +21,28 @@ def test_known_answers(counter, key, expected):
     assert [int(x) for x in out[0]] == list(expected)
 
 
+@pytest.mark.parametrize("counter, key, expected", KNOWN_ANSWERS)
+def test_known_answers_with_torch(counter, key, expected):
+    """The torch generator (16-bit halves instead of uint64 products) gives Random123's words."""
+    import torch
+
+    out = philox4x32(torch.tensor([counter], dtype=torch.int64), key)
+    assert [int(x) for x in out[0]] == list(expected)
+
+
+@pytest.mark.parametrize("seed, stream, start, count", [(0, 1, 0, 10), (2**40 + 7, 3, 13, 1001),
+                                                        (2**64 - 1, 2**32 - 1, 2**33 + 1, 3000)])
+def test_a_device_stream_is_the_host_stream(seed, stream, start, count):
+    """device= (torch, here on the CPU): the same words bit for bit, the same variates to the
+    last bit of fp64 (log, cos and sin are another library's)."""
+    words = random_words(seed, stream, start, count, device="cpu")
+    assert np.array_equal(words.numpy(), random_words(seed, stream, start, count).astype(np.int64))
+    assert np.array_equal(uniform(seed, stream, start, count, device="cpu").numpy(),
+                          uniform(seed, stream, start, count))
+    host = normal(seed, stream, start, count)
+    assert np.abs(normal(seed, stream, start, count, device="cpu").numpy() - host).max() <= 4e-16 * np.abs(host).max()
+
+
 def test_vectorised_blocks_match_one_at_a_time():
     counters = np.array([[i, 7, 3, 0] for i in range(50)], dtype=np.uint64)
     together = philox4x32(counters, (11, 12))

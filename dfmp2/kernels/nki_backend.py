@@ -226,6 +226,16 @@ class NkiBackend:
                            n * (n + 1) * w)  # the lower triangle of panel panel^T
         return out[:n, :n].to(self.device)
 
+    def cholesky(self, metric):
+        """Lower L with metric = L L^T, factorised on the host in fp64 (no fp64 on a NeuronCore:
+        fp32 updates would round an ill-conditioned metric), then on the device in fp32; None if
+        the metric is not positive definite."""
+        self.calls["host:cholesky"] += 1
+        try:
+            return self.to_device(np.linalg.cholesky(metric))
+        except np.linalg.LinAlgError:
+            return None
+
     def solve_lower_transposed(self, lower, x):
         """B = X L^-T via trsm_kernel: x [ni, nvir, naux] -> [ni, nvir, naux] (a view of the kernel's
         [ni, naux, nvir] result), or x [rows, naux] -> [rows, naux]. No padding: the kernel takes

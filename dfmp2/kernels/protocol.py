@@ -120,6 +120,9 @@ class Backend(Protocol):
     def syrk(self, c, panel):
         """c [n, n] - panel [n, w] panel^T (at least the lower triangle) -> [n, n]."""
 
+    def cholesky(self, metric):
+        """Lower L with metric = L L^T, factorised in fp64 (metric: fp64 numpy [n, n]) -> device tensor, or None if not positive definite."""
+
     def solve_lower_transposed(self, lower, x):
         """x [..., naux] L^-T for lower-triangular L [naux, naux] -> same shape as x."""
 

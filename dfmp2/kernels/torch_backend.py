@@ -104,6 +104,15 @@ class TorchBackend:
         self.calls = Counter()  # kernel (or host:* step) -> count
         self.notes = list(notes or [])  # announcements recorded in the result
         self._panel_index = torch_sparse.PanelIndex()  # block-sparse panels' column indices on this device
+        self._fused_pair_sums = None  # a GPU's fused pair-energy epilogue (cuda_pair), where Triton imports
+        if self.device.type == "cuda":
+            from . import cuda_pair
+
+            if cuda_pair.fused_epilogue_available():
+                self._fused_pair_sums = cuda_pair.pair_energy_sums
+            else:
+                self.notes.append("Triton is not importable: the pair energies' epilogue runs as torch ops "
+                                  "(slower; CUDA builds of torch ship Triton)")
 
     def record(self) -> BackendRecord:
         """What this backend is and has run so far (no emulator: no models, trace or NKI release)."""
@@ -318,6 +327,13 @@ class TorchBackend:
             return p_oo, p_vv, None
         return p_oo, p_vv, (g * g_k).view(b_k.shape[0], b_k.shape[1], -1)
 
+    def cholesky(self, metric):
+        """Lower L [n, n] with metric = L L^T (metric: fp64 numpy [n, n]), fp64 on this device as one
+        LAPACK / cuSOLVER potrf, or None if it is not positive definite."""
+        self.calls["cholesky"] += 1
+        lower, info = torch.linalg.cholesky_ex(self.to_device(metric, fp64=True))
+        return lower if int(info) == 0 else None
+
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """B = X L^-T for X [..., n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
         self.calls["trsm"] += 1
@@ -344,6 +360,11 @@ class TorchBackend:
         nj, nvir_j = b_j.shape[0], b_j.shape[1]
         # (ia|jb) = B_i B_j^T  as one GEMM  [ni*nvir, naux] x [naux, nj*nvir_j], then fp64
         iajb = self._pair_product(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir_j, naux))
+        if self._fused_pair_sums is not None and t_out is None:  # GPU: D, t and both sums in one kernel
+            self.calls["pair_epilogue_fused"] += 1
+            e_os, e_exchange = self._fused_pair_sums(iajb, e_i, e_j, e_vir, e_vir if e_vir_j is None else e_vir_j,
+                                                     exchange=e_vir_j is None)
+            return float(e_os), (0.0 if e_vir_j is not None else float(e_os - e_exchange))
         iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
         e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
         e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)

@@ -1,17 +1,15 @@
 """Linear algebra of the DF metric, written once on top of the kernel dispatch.
 
-    J = L L^T                 blocked right-looking Cholesky
+    J = L L^T                 Cholesky (fp64)
     B = X L^-T                whitening (right-side triangular solve)
 
-On a backend with fp64 arithmetic (torch: cpu, cuda) the factorisation is blocked: the
-128 x 128 diagonal panels are factorised (and inverted) on the host in fp64, the panel solve
-is a device GEMM and the trailing update a device SYRK, all in fp64. A backend without fp64
-(NKI: trn1, trn2) factorises the fp64 (P|Q) from PySCF on the host instead: fp32 trailing
-updates would round a metric whose condition number reaches 1e10 with diffuse auxiliary
-sets, moving small eigenvalues by ~1e-5 and possibly making one negative. Only L (in the
-device's precision) goes to the device, for the whitening.
+The backend factorises J in fp64 (`Backend.cholesky`): torch as one LAPACK / cuSOLVER potrf
+on its device; a backend without fp64 (NKI: trn1, trn2) on the host, from the fp64 (P|Q)
+PySCF computed: fp32 arithmetic would round a metric whose condition number reaches 1e10
+with diffuse auxiliary sets, moving small eigenvalues by ~1e-5 and possibly making one
+negative. Only L (in the device's precision) goes to an NKI device, for the whitening.
 
-If J is numerically singular (a panel is not positive definite, or a pivot is at rounding
+If J is numerically singular (the factorisation fails, or a pivot is at rounding
 level), J is eigen-decomposed on the host in fp64, J = U s U^T, eigenvalues below
 `drop_threshold` are dropped, and X U_k s_k^-1/2 is the whitened tensor (so B B^T = X J^+ X^T).
 The fallback is logged and recorded in the result, never silent.
@@ -23,12 +21,12 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from ..errors import ComputationError
 
 log = logging.getLogger("dfmp2")
 
-PANEL = 128  # columns per Cholesky panel: one Tensor Engine tile
 LINEAR_DEPENDENCY_THRESHOLD = 1e-9  # Eh; eigenvalues of (P|Q) below this are dropped
 # smallest accepted pivot^2 / largest diagonal element of (P|Q): a pivot must stand well above
 # the rounding level of the (fp64) arithmetic that produced it
@@ -65,59 +63,19 @@ class MetricFactor:
                 f"eigenvalues below {LINEAR_DEPENDENCY_THRESHOLD:g})")
 
 
-def cholesky_blocked(backend, metric):
-    """Lower L with metric = L L^T ([n, n] tensor on the device), or None if not positive definite.
-
-    Right-looking: for each 128-column panel k of the trailing matrix A,
-        L_kk = chol(A_kk)                      host, fp64
-        L_ik = A_ik L_kk^-T        (i > k)     device GEMM
-        A_ij <- A_ij - L_ik L_jk^T (i, j > k)  device SYRK; A becomes the new trailing matrix
-    The calls shrink panel by panel; the NKI backend pads them to the first call's shape.
-    """
-    n = metric.shape[0]
-    lower = backend.zeros((n, n)).to(metric.dtype)
-    trailing = metric
-    for k0 in range(0, n, PANEL):
-        w = min(PANEL, n - k0)
-        backend.calls["host:cholesky_panel"] += 1
-        try:
-            l_kk = np.linalg.cholesky(backend.to_host(trailing[:w, :w]).astype(np.float64))
-        except np.linalg.LinAlgError:
-            return None
-        lower[k0:k0 + w, k0:k0 + w] = backend.to_device(l_kk, fp64=True)
-        if k0 + w == n:
-            break
-        panel = backend.gemm(trailing[w:, :w], backend.to_device(np.linalg.inv(l_kk).T, fp64=True))
-        lower[k0 + w:, k0:k0 + w] = panel
-        trailing = backend.syrk(trailing[w:, w:], panel)
-    return lower
-
-
-def cholesky_host(backend, metric):
-    """Lower L with metric = L L^T in fp64 on the host (metric: fp64 numpy), or None."""
-    backend.calls["host:cholesky"] += 1
-    try:
-        return np.linalg.cholesky(metric)
-    except np.linalg.LinAlgError:
-        return None
-
-
 def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THRESHOLD) -> MetricFactor:
-    """Factor (P|Q) [naux, naux], given in fp64 as PySCF computed it (numpy array)."""
-    metric = np.asarray(metric, dtype=np.float64)
+    """Factor (P|Q) [naux, naux], given in fp64 as PySCF computed it (numpy array), or as a
+    device tensor where a GPU integral engine made it."""
+    if not isinstance(metric, torch.Tensor):
+        metric = np.asarray(metric, dtype=np.float64)
     naux = metric.shape[0]
-    if backend.has_fp64:
-        lower = cholesky_blocked(backend, backend.to_device(metric, fp64=True))
-    else:
-        lower = cholesky_host(backend, metric)
+    lower = backend.cholesky(metric)
     # accept L only if every pivot is well above rounding noise of the largest diagonal element
     if lower is not None and \
             float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
-        if not backend.has_fp64:
-            lower = backend.to_device(lower)
         return MetricFactor("cholesky", lower, naux, naux)
     backend.calls["host:eigh"] += 1
-    eigenvalues, vectors = np.linalg.eigh(metric)
+    eigenvalues, vectors = np.linalg.eigh(metric.cpu().numpy() if isinstance(metric, torch.Tensor) else metric)
     keep = eigenvalues > drop_threshold
     nkept = int(keep.sum())
     if nkept == 0:

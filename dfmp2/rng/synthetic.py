@@ -29,15 +29,16 @@ STREAM_METRIC, STREAM_U, STREAM_W, STREAM_C, STREAM_EOCC, STREAM_EVIR = range(1,
 class SyntheticIntegrals:
     """A seeded synthetic IntegralProvider (`dfmp2.providers`): nao, naux, auxbasis, metric(),
     aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell(). made_on: "cpu" (blocks
-    are host arrays) or "cuda" (blocks are made on the GPU from the same Philox variates, as a
-    GPU integral engine would leave them: no upload)."""
+    are host arrays) or "cuda" (the metric and blocks are made on the GPU from the same Philox
+    streams, drawn there, as a GPU integral engine would leave them: no upload)."""
 
     def __init__(self, nbasis: int, nocc: int, naux: int, seed: int = 0, made_on: str = "cpu"):
         self.nao, self.naux, self.seed, self.made_on = nbasis, naux, seed, made_on
         self.auxbasis = f"synthetic(seed={seed})"
         self.rank = min(RANK, nbasis)
         nvir = nbasis - nocc
-        self._u = normal(seed, STREAM_U, 0, nbasis * self.rank).reshape(nbasis, self.rank)
+        self._device = None if made_on == "cpu" else made_on  # where the variates are drawn
+        self._u = normal(seed, STREAM_U, 0, nbasis * self.rank, self._device).reshape(nbasis, self.rank)
         # (ia|P) ~ s sqrt(R) and (ia|jb) ~ s^2 R sqrt(naux); aim for (ia|jb)^2 ~ 0.1 / (nocc nvir^2),
         # so that sum (ia|jb)^2 / |D| ~ 0.03 nocc
         self._scale = (0.1 / (nocc * nvir * nvir * naux)) ** 0.25 / self.rank ** 0.5
@@ -45,10 +46,16 @@ class SyntheticIntegrals:
     # The products below use torch's BLAS, not numpy's: mixing numpy's OpenBLAS thread pool
     # (which spins after each call) with torch's slowed the benchmark 2x on 2 cores.
 
-    def metric(self) -> np.ndarray:
-        """A A^T / naux + 1 [naux, naux] for A of standard normals, made in row blocks (the
-        variates' temporaries would otherwise be ~4x the metric, outside the memory plan)."""
+    def metric(self):
+        """A A^T / naux + 1 [naux, naux] for A of standard normals: a host array, made in row
+        blocks (the variates' temporaries would otherwise be ~4x the metric, outside the memory
+        plan), or where made_on is "cuda" a GPU tensor, drawn there at once."""
         n = self.naux
+        if self._device is not None:
+            a = normal(self.seed, STREAM_METRIC, 0, n * n, self._device).reshape(n, n)
+            metric = a @ a.T / n
+            metric.diagonal().add_(1.0)
+            return metric
         a = np.empty((n, n))
         for r0 in range(0, n, 64):
             r1 = min(r0 + 64, n)
@@ -67,9 +74,9 @@ class SyntheticIntegrals:
     def block(self, p0: int, p1: int) -> np.ndarray:
         """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao], fp64 (a host array, or a tensor on the
         GPU where made_on is "cuda")."""
-        w = normal(self.seed, STREAM_W, p0 * self.rank, (p1 - p0) * self.rank).reshape(p1 - p0, self.rank)
-        u = torch.from_numpy(self._u).to(self.made_on)
-        scaled = u[None, :, :] * torch.from_numpy(self._scale * w).to(self.made_on)[:, None, :]  # s U_mk W_kP
+        w = normal(self.seed, STREAM_W, p0 * self.rank, (p1 - p0) * self.rank, self._device).reshape(p1 - p0, self.rank)
+        u = torch.as_tensor(self._u).to(self.made_on)
+        scaled = u[None, :, :] * torch.as_tensor(self._scale * w).to(self.made_on)[:, None, :]  # s U_mk W_kP
         block = torch.matmul(scaled, u.T)
         return block.numpy() if self.made_on == "cpu" else block
 
