@@ -36,6 +36,7 @@ class MemoryPlan:
     minimum: int  # smallest budget that could run at all (bytes, the baseline included)
     slab_rows: int = 0  # occupied rows of B read at once in the pair stage (a multiple of occ_block)
     baseline: int = 0  # the process's resident memory when the plan was made (bytes)
+    pair_elements: int = 0  # (ia|jb) elements the pair stage forms (about; i <= j within a channel)
 
 
 def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:
@@ -148,7 +149,9 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
         row = nvir * naux * itemsize
         slabs = max(occ_block, (room - pair_bytes(occ_block)) // row)
         slab_rows = min(nocc, slabs // occ_block * occ_block)
-    return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline)
+    pair_elements = sum((o * v) * (ot * vt) // (1 + (s == t)) for s, (o, v) in enumerate(spaces)
+                        for t, (ot, vt) in enumerate(spaces) if t <= s)
+    return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline, pair_elements)
 
 
 def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0) -> MemoryPlan:

@@ -57,6 +57,8 @@ class Settings:
     model_only: bool = False  # with simulate: emulate each kernel shape once (bench)
     nki_api: str | None = None
     transform: str | None = None  # trn1/trn2: exact (default) or fp32
+    warm_kernels: bool = False  # take the kernels fastest once loaded whatever their one-time load cost
+    # (dfmp2 bench, which times warm passes); else only where the run amortises it (a GPU's fused epilogue)
     # resources
     max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: 80% of free RAM
     scratch: str | None = None  # directory of the out-of-core scratch file

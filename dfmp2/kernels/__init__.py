@@ -42,7 +42,7 @@ def backend_for(settings):
     """The backend a run's Settings ask for: their hardware group (device, precision, simulate,
     model_only, nki_api, transform), as `get_backend` takes it."""
     return get_backend(settings.device, settings.precision, settings.simulate, settings.model_only,
-                       settings.nki_api, settings.transform)
+                       settings.nki_api, settings.transform, settings.warm_kernels)
 
 
 def default_precision(device: str) -> str:
@@ -51,19 +51,19 @@ def default_precision(device: str) -> str:
 
 
 def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False,
-                model_only: bool = False, nki_api: str | None = None, transform: str | None = None):
+                model_only: bool = False, nki_api: str | None = None, transform: str | None = None,
+                warm_kernels: bool = False):
     """Backend for `device` in `precision` (None: the device's default).
 
     InputError for unknown names and impossible combinations; ComputationError if the device
     exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK, or an installed
-    nki release AWS does not support on that target). model_only (trn1/trn2 with simulate):
-    emulate each kernel shape once, for a modelled time of runs too large to emulate in full.
-    nki_api (trn1/trn2 with simulate): the NKI release whose rules the emulator applies
-    (default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2).
-    transform (trn1/trn2): the AO->MO transform's arithmetic, "exact" (default: exact products
-    of 7-bit slices, 1 uEh) or "fp32" (plain fp32 products: faster, 1e-7 to 1e-3 Eh off on real
-    molecules); cpu and cuda always transform in fp64.
-    """
+    nki release AWS does not support on that target). model_only (trn1/trn2 with simulate): each
+    kernel shape emulated once (the modelled time of runs too large to emulate in full).
+    nki_api (trn1/trn2 with simulate): the NKI release emulated (default 0.2 trn1, 0.6 trn2).
+    transform (trn1/trn2): the AO->MO transform's arithmetic, "exact" (default: 7-bit slices, 1 uEh)
+    or "fp32" (faster, 1e-7 to 1e-3 Eh off on real molecules); cpu and cuda transform in fp64.
+    warm_kernels: kernels with a one-time load (a GPU's fused pair epilogue) whatever the run's
+    size (`dfmp2 bench`)."""
     if device not in DEVICES:
         raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
     precision = precision or default_precision(device)
@@ -109,7 +109,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
         raise ComputationError(
             "--device cuda was requested but no CUDA GPU is usable here "
             "(torch.cuda.is_available() is False); nothing was computed")
-    return TorchBackend(device, precision)
+    return TorchBackend(device, precision, warm_kernels=warm_kernels)
 
 
 def device_report() -> dict:

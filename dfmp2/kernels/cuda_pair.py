@@ -21,56 +21,46 @@ torch in a fixed order (the energy is the same in every pass).
 from __future__ import annotations
 
 import torch
+import triton  # shipped with CUDA builds of torch on Linux (torch_backend imports this module only then)
+import triton.language as tl
 
 TILE_A = 32  # virtual rows a per program
 TILE_B = 64  # virtual columns b per step
 
-try:  # shipped with CUDA builds of torch on Linux; absent from CPU builds
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the torch build
-    triton = None
 
-
-def fused_epilogue_available() -> bool:
-    """Whether Triton is importable (the fused epilogue can run)."""
-    return triton is not None
-
-
-if triton is not None:
-    @triton.jit
-    def _pair_energy_partials(iajb_ptr, e_i_ptr, e_j_ptr, e_vir_ptr, e_vir_j_ptr, out_ptr,
-                              nj, nvir, nvir_j, a_tiles,
-                              EXCHANGE: tl.constexpr, TILE_A: tl.constexpr, TILE_B: tl.constexpr):
-        pair = tl.program_id(0)
-        tile = tl.program_id(1)
-        i = pair // nj
-        j = pair % nj
-        row_stride = nj * nvir_j
-        a = tile * TILE_A + tl.arange(0, TILE_A)
-        a_ok = a < nvir
-        e_ij = tl.load(e_i_ptr + i).to(tl.float64) + tl.load(e_j_ptr + j).to(tl.float64)
-        e_a = tl.load(e_vir_ptr + a, mask=a_ok, other=0.0).to(tl.float64)
-        rows = (i * nvir + a).to(tl.int64) * row_stride  # (ia| rows
-        os_sum = tl.zeros((TILE_A, TILE_B), dtype=tl.float64)
-        x_sum = tl.zeros((TILE_A, TILE_B), dtype=tl.float64)
-        for b0 in range(0, nvir_j, TILE_B):
-            b = b0 + tl.arange(0, TILE_B)
-            b_ok = b < nvir_j
-            ok = a_ok[:, None] & b_ok[None, :]
-            e_b = tl.load(e_vir_j_ptr + b, mask=b_ok, other=0.0).to(tl.float64)
-            iajb = tl.load(iajb_ptr + rows[:, None] + (j * nvir_j + b)[None, :], mask=ok, other=0.0)
-            iajb = iajb.to(tl.float64)
-            denominator = tl.where(ok, e_ij - e_a[:, None] - e_b[None, :], 1.0)
-            t = iajb / denominator  # t_ij^ab = (ia|jb) / D_ijab
-            os_sum += t * iajb
-            if EXCHANGE:  # (ib|ja): row i*nvir + b, column j*nvir + a
-                ibja = tl.load(iajb_ptr + (i * nvir + b).to(tl.int64)[None, :] * row_stride
-                               + (j * nvir + a)[:, None], mask=ok, other=0.0)
-                x_sum += t * ibja.to(tl.float64)
-        out = out_ptr + 2 * (pair * a_tiles + tile)
-        tl.store(out, tl.sum(tl.sum(os_sum, axis=1), axis=0))
-        tl.store(out + 1, tl.sum(tl.sum(x_sum, axis=1), axis=0))
+@triton.jit
+def _pair_energy_partials(iajb_ptr, e_i_ptr, e_j_ptr, e_vir_ptr, e_vir_j_ptr, out_ptr,
+                          nj, nvir, nvir_j, a_tiles,
+                          EXCHANGE: tl.constexpr, TILE_A: tl.constexpr, TILE_B: tl.constexpr):
+    pair = tl.program_id(0)
+    tile = tl.program_id(1)
+    i = pair // nj
+    j = pair % nj
+    row_stride = nj * nvir_j
+    a = tile * TILE_A + tl.arange(0, TILE_A)
+    a_ok = a < nvir
+    e_ij = tl.load(e_i_ptr + i).to(tl.float64) + tl.load(e_j_ptr + j).to(tl.float64)
+    e_a = tl.load(e_vir_ptr + a, mask=a_ok, other=0.0).to(tl.float64)
+    rows = (i * nvir + a).to(tl.int64) * row_stride  # (ia| rows
+    os_sum = tl.zeros((TILE_A, TILE_B), dtype=tl.float64)
+    x_sum = tl.zeros((TILE_A, TILE_B), dtype=tl.float64)
+    for b0 in range(0, nvir_j, TILE_B):
+        b = b0 + tl.arange(0, TILE_B)
+        b_ok = b < nvir_j
+        ok = a_ok[:, None] & b_ok[None, :]
+        e_b = tl.load(e_vir_j_ptr + b, mask=b_ok, other=0.0).to(tl.float64)
+        iajb = tl.load(iajb_ptr + rows[:, None] + (j * nvir_j + b)[None, :], mask=ok, other=0.0)
+        iajb = iajb.to(tl.float64)
+        denominator = tl.where(ok, e_ij - e_a[:, None] - e_b[None, :], 1.0)
+        t = iajb / denominator  # t_ij^ab = (ia|jb) / D_ijab
+        os_sum += t * iajb
+        if EXCHANGE:  # (ib|ja): row i*nvir + b, column j*nvir + a
+            ibja = tl.load(iajb_ptr + (i * nvir + b).to(tl.int64)[None, :] * row_stride
+                           + (j * nvir + a)[:, None], mask=ok, other=0.0)
+            x_sum += t * ibja.to(tl.float64)
+    out = out_ptr + 2 * (pair * a_tiles + tile)
+    tl.store(out, tl.sum(tl.sum(os_sum, axis=1), axis=0))
+    tl.store(out + 1, tl.sum(tl.sum(x_sum, axis=1), axis=0))
 
 
 def pair_energy_sums(iajb, e_i, e_j, e_vir, e_vir_j, exchange: bool):
