@@ -6,6 +6,8 @@
 #     refs       benchmarks/reference_runs.py: 4 molecules x cc-pVDZ/cc-pVTZ in fp64 and fp32
 #                (OUTDIR/reference_cuda.json)
 #     bench      dfmp2 bench --shape small|medium|large --device cuda in each precision (OUTDIR/bench_*.json)
+#     epilogue   benchmarks/bench_cuda_pair_epilogue.py: the fused pair epilogue against torch ops,
+#                medium fp32 and large fp64, integrals on the GPU (OUTDIR/pair_epilogue.json)
 #     gpu4pyscf  benchmarks/bench_gpu4pyscf.py on benzene/cc-pVTZ (with PySCF on the host's cores too),
 #                (H2O)16/cc-pVDZ and naphthalene/cc-pVTZ (OUTDIR/gpu4pyscf_*.json)
 #
@@ -41,6 +43,9 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/bench_*_cuda_*.json")):
           f"{pair['tflops'] or 0:.1f} TFLOPS  gemm {r.get('device_gemm_tflops', 0):.1f}  e_corr {r['e_corr']:.10f}")
 EOF
         ;;
+    epilogue)
+        step python3 benchmarks/bench_cuda_pair_epilogue.py --shapes medium:fp32,large:fp64 --rounds 3 \
+            --json "$out/pair_epilogue.json" ;;
     gpu4pyscf)
         for set_up in "benzene cc-pvtz 1 dfmp2,gpu4pyscf,pyscf-cpu" "water16 cc-pvdz 0 dfmp2,gpu4pyscf" \
                       "naphthalene cc-pvtz 0 dfmp2,gpu4pyscf"; do
@@ -49,6 +54,6 @@ EOF
                 --contenders $contenders --json "$out/gpu4pyscf_${name}_${basis/-/}.json" > "$out/gpu4pyscf_$name.log" 2>&1
             grep -E "^round|failed" "$out/gpu4pyscf_$name.log"
         done ;;
-    *) echo "usage: infra/gpu_checks.sh tests|refs|bench|gpu4pyscf OUTDIR [COMMIT]" >&2; exit 2 ;;
+    *) echo "usage: infra/gpu_checks.sh tests|refs|bench|epilogue|gpu4pyscf OUTDIR [COMMIT]" >&2; exit 2 ;;
 esac
 exit $failed
