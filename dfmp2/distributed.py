@@ -203,6 +203,21 @@ class Team:
         self._run("all_reduce", dist.all_reduce, tensor, op=dist.ReduceOp.SUM)
         return tensor.cpu().numpy()
 
+    def broadcast(self, tensor, src: int):
+        """Rank src's `tensor` into `tensor` on every rank (same shape and dtype there; in place
+        on the receivers, which give contiguous buffers). Returns the tensor broadcast."""
+        import torch.distributed as dist
+
+        if self.rank == src:
+            tensor = tensor.contiguous()  # the wire carries storage order: a strided view would arrive permuted
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.rank == src:
+            self.bytes_sent += nbytes * (self.size - 1)
+        else:
+            self.bytes_received += nbytes
+        self._run("broadcast", dist.broadcast, tensor, src=src)
+        return tensor
+
     def swap(self, send, dst, recv, src):
         """Send `send` to rank dst while receiving into `recv` from rank src (either may be None),
         as one batch (NCCL would deadlock on a blocking receive from the rank it sends to)."""
@@ -388,6 +403,72 @@ class RankThreeCenter:
 
     def close(self):
         self.rows = None
+
+
+class RankDensities:
+    """How `steps.mp2_densities` reaches B over the ranks (the schedule `steps.LocalDensities` is
+    in one process), in lockstep rounds: in each round every rank takes one of its own occupied
+    blocks as the k block (or none, once it has used them all), and the blocks of every i are
+    broadcast by their owners, in order, to every rank; P and Gbar are summed over the ranks
+    (combine); each rank fits the G rows of its own blocks (held), and `gather_on_root` brings
+    them to rank 0, where the gradient runs. B crosses the wire once per round."""
+
+    def __init__(self, provider: RankThreeCenter):
+        self.provider = provider
+        self.team = provider.team
+
+    def _mine(self, s) -> list:
+        return [b for b, owner in enumerate(self.provider.owners[s]) if owner == self.team.rank]
+
+    def k_blocks(self, other) -> list:
+        owners = self.provider.owners[other]
+        rounds = max(sum(1 for owner in owners if owner == q) for q in range(self.team.size))
+        mine = [self.provider.blocks[other][b] for b in self._mine(other)]
+        return mine + [None] * (rounds - len(mine))
+
+    def held(self, s) -> list:
+        return [self.provider.blocks[s][b] for b in self._mine(s)]
+
+    def rows(self, s, i0, i1):
+        """B of one of this rank's own blocks (i0 its first row)."""
+        return self.provider.rows[s][i0 // self.provider.occ_block]
+
+    def slabs(self, s):
+        """B of every i of channel s, block by block in order, each broadcast by its owner."""
+        import torch
+
+        p, rank = self.provider, self.team.rank
+        dtype, device = p.backend.zeros((1,)).dtype, p.channels[s].e_vir.device
+        for b, (i0, i1) in enumerate(p.blocks[s]):
+            owner = p.owners[s][b]
+            if owner == rank:
+                self.team.broadcast(p.staging.to_wire(p.rows[s][b]), owner)
+                yield p.rows[s][b]
+            else:
+                wire = torch.empty((i1 - i0, p.channels[s].nvir, p.nkept), dtype=dtype,
+                                   device=p.staging.wire_device(device))
+                yield p.staging.from_wire(self.team.broadcast(wire, owner))
+
+    def combine(self, array):
+        return self.team.all_reduce_sum(array)
+
+    def gather_on_root(self, arrays):
+        """arrays[s] [nocc_s, ...] (fp64, host or HDF5), whose rows each rank wrote for its own
+        blocks: every block's rows on rank 0, sent by their owners."""
+        import torch
+
+        team, p = self.team, self.provider
+        for s, owners in enumerate(p.owners):
+            for b, owner in enumerate(owners):
+                if owner == 0 or team.rank not in (0, owner):
+                    continue
+                i0, i1 = p.blocks[s][b]
+                if team.rank == owner:
+                    team.swap(torch.from_numpy(np.ascontiguousarray(arrays[s][i0:i1])).to(team._device()), 0, None, 0)
+                else:
+                    recv = torch.empty(arrays[s][i0:i1].shape, dtype=torch.float64, device=team._device())
+                    team.swap(None, owner, recv, owner)
+                    arrays[s][i0:i1] = recv.cpu().numpy()
 
 
 def three_center_over_ranks(backend, integrals, metric, channels, plan, team, checkpoint, context):

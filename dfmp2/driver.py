@@ -266,8 +266,6 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
 
 def _check_molecule_request(settings, reference, ranks):
     """InputError for a request run_atoms cannot do (before anything is computed)."""
-    if (settings.gradient or settings.properties) and ranks > 1:
-        raise InputError("gradients and relaxed properties run in one process, not over torchrun ranks (yet)")
     check_request(settings, 1 if reference == "rhf" else 2, ranks, semicanonical=reference == "rohf")
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
         raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
@@ -335,6 +333,8 @@ def _gradient_and_properties(mf, result, settings, context) -> None:
     """result.gradient, result.gradient_jk and result.properties where settings ask for them;
     the three-index density is closed afterwards (its scratch, B out of core, removed)."""
     relaxed = None  # a gradient's relaxed density serves the properties too (one CPHF)
+    if context.team is not None and not context.team.is_root:
+        return  # over ranks: rank 0 holds G and computes the rest (the others wait in the closing barrier)
     try:
         if settings.gradient:
             result.gradient, result.gradient_jk, relaxed = nuclear_gradient(mf, result.correlation, settings,

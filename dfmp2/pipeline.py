@@ -23,13 +23,13 @@ import numpy as np
 
 from .checkpoint import open_run_checkpoint, pipeline_identity
 from .context import context_from
-from .distributed import three_center_over_ranks
+from .distributed import RankDensities, three_center_over_ranks
 from .errors import ComputationError, InputError, MemoryBudgetError
 from .memory import MB, MemoryPlan, plan_for, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
 from .settings import IF_ROOM, Settings, settings_from
 from .steps import (block_ranges, combine_pair_sums, factor_metric, pair_energies, pair_tasks, singles_energy,
-                    t2_arrays, transform_aux_blocks, mp2_densities, whiten_occupied_blocks,
+                    t2_arrays, transform_aux_blocks, LocalDensities, mp2_densities, whiten_occupied_blocks,
                     whiten_three_center)
 from .storage import LocalThreeCenter, ThreeIndexDensity, given_three_center, new_store
 
@@ -110,9 +110,8 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
     if settings.with_gamma and (given is not None or not settings.with_rdm1):
         raise InputError("the three-index two-particle density (relaxed densities) needs with_rdm1 and the "
                          "three-center integrals (not given (ia|P))")
-    if ranks > 1 and (settings.with_rdm1 or settings.with_t2 is True or given is not None):
-        raise InputError("with several ranks, densities (--natorbs), t2 and given (ia|P) are not available yet: "
-                         "run them in one process")
+    if ranks > 1 and (settings.with_t2 is True or given is not None):
+        raise InputError("with several ranks, t2 and given (ia|P) are not available yet: run them in one process")
     if given is not None and settings.checkpoint is not None:
         raise InputError("given (ia|P) integrals (eris=) and a checkpoint do not go together: the checkpoint "
                          "keeps its own")
@@ -128,6 +127,9 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks)
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
+    if settings.with_rdm1 and team is not None and not backend.streams_densities:
+        raise InputError(f"the {backend.device_name} density kernels take all of (ia|P) at once, which no rank "
+                         "holds: run densities and gradients over ranks with --device cpu or cuda, or in one process")
     if settings.with_rdm1 and plan.storage == "disk" and plan.slab_rows < max(o.size for o, _, _ in selected) \
             and not backend.streams_densities:
         raise MemoryBudgetError(
@@ -219,20 +221,29 @@ def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
     return provider.combine(sums), t2
 
 
-def density_stage(backend, provider, channels, selected, plan, settings, metric) -> tuple:
+def density_stage(backend, provider, channels, selected, plan, settings, metric, team=None) -> tuple:
     """Step 5: (rdm1 [(occ_index, vir_index, P_oo, P_vv)] per channel, and with_gamma the
     three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
-    Gbar, else None). B out of core is read a slab of plan.slab_rows rows at a time."""
+    Gbar, else None). B out of core is read a slab of plan.slab_rows rows at a time. Over the
+    ranks of a team: blocks of k per rank in lockstep (`distributed.RankDensities`), P and Gbar on
+    every rank, G on rank 0 only (None elsewhere)."""
     gamma, factor = None, factor_metric(backend, metric) if settings.with_gamma else None
     if factor is not None:
         gamma = ThreeIndexDensity([(ch.nocc, ch.nvir, factor.naux) for ch in channels], plan.storage,
                                   settings.scratch)
-    try:
-        # rows of k: the amplitudes of all i against them about one pair block (the backend's
+    if team is not None:
+        schedule = RankDensities(provider)
+    else:  # rows of k: the amplitudes of all i against them about one pair block (the backend's
         # preferred size: small on a CPU, where larger blocks ran slower, memory-bound)
-        k_rows = max(1, plan.occ_block * plan.occ_block // max(ch.nocc for ch in channels))
-        densities, gamma_aux = mp2_densities(backend, provider.rows, channels, k_rows, settings.rdm1_scaling,
-                                             factor, gamma, plan.slab_rows if plan.storage == "disk" else None)
+        schedule = LocalDensities(provider.rows, channels, max(1, plan.occ_block * plan.occ_block // max(
+            ch.nocc for ch in channels)), plan.slab_rows if plan.storage == "disk" else None)
+    try:
+        densities, gamma_aux = mp2_densities(backend, schedule, channels, settings.rdm1_scaling, factor, gamma)
+        if team is not None and gamma is not None:
+            schedule.gather_on_root(gamma)
+            if not team.is_root:
+                gamma.close()
+                gamma = None
     except BaseException:
         if gamma is not None:
             gamma.close()
@@ -281,7 +292,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             rdm1 = gamma = None
             if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 with timer.step("density"):
-                    rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings, metric)
+                    rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings, metric,
+                                                context.team)
             try:
                 return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
                     tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes,

@@ -271,13 +271,19 @@ class _DFMP2Base(lib.StreamObject):
         runs the energy with those densities first when the last run has none. The run gets its
         own integrals object (a run may set screening on the one it is given)."""
         corr = None if self.result is None else self.result.correlation
-        if corr is None or corr.gamma is None:
+        if not self._on_root(lambda: corr is not None and corr.gamma is not None):  # (G: rank 0's, over ranks)
             self._run(with_rdm1=True, with_gamma=True, rdm1_scaling=self._rdm1_scaling(), with_t2=False,
                       integrals=self._raw_integrals())
             corr = self.result.correlation
         cphf = {"tol": getattr(self, "cphf_tol", getattr(self._scf, "conv_tol", 1e-9)),
                 "max_cycle": getattr(self, "cphf_max_cycle", 100)}
         return corr, self._raw_integrals(), cphf
+
+    def _on_root(self, work):
+        """work() in one process; under torchrun on rank 0 alone, which holds the three-index
+        density G (`pipeline.density_stage`), its value on every rank."""
+        team = join_launched_team(self.device, self.simulate)
+        return work() if team is None else team.on_root(work)
 
     def _raw_integrals(self):
         """(mn|P) in the auxiliary basis of this object's runs, as chem.ThreeCenterIntegrals
@@ -307,8 +313,12 @@ class _DFMP2Base(lib.StreamObject):
             from .response import relaxed_density, response_mean_field
 
             corr, integrals, cphf = self._response_inputs()
-            with response_mean_field(self._scf, self.settings()) as response_mf:
-                dm = relaxed_density(response_mf, corr.rdm1_active, corr.gamma, integrals, **cphf)
+
+            def relaxed_on_this_process():
+                with response_mean_field(self._scf, self.settings()) as response_mf:
+                    return relaxed_density(response_mf, corr.rdm1_active, corr.gamma, integrals, **cphf)
+
+            dm = self._on_root(relaxed_on_this_process)
             coeffs = np.asarray(self.mo_coeff)
             if not ao_repr:
                 return dm
@@ -363,8 +373,12 @@ class Gradients(lib.StreamObject):
         base = self.base
         check_gradient_device(base.device)
         corr, integrals, cphf = base._response_inputs()
-        with response_mean_field(base._scf, base.settings()) as response_mf:
-            de = nuclear_gradient(response_mf, corr, integrals, backend=backend_for(base.settings()), **cphf)
+
+        def gradient_on_this_process():
+            with response_mean_field(base._scf, base.settings()) as response_mf:
+                return nuclear_gradient(response_mf, corr, integrals, backend=backend_for(base.settings()), **cphf)
+
+        de = base._on_root(gradient_on_this_process)
         self.de = de if atmlst is None else de[list(atmlst)]
         logger.note(self, "dfmp2 DF-MP2 gradient (Eh/bohr):\n%s", self.de)
         return self.de

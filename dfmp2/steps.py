@@ -175,12 +175,41 @@ def spin_case(nchannels: int, s: int, other: int) -> str:
     return "closed" if nchannels == 1 else ("same" if other == s else "opposite")
 
 
-def mp2_densities(backend, rows, channels, k_rows, scaling=(1.0, 1.0), factor=None, gamma_out=None,
-                  slab_rows=None):
+class LocalDensities:
+    """How `mp2_densities` reaches B in one process: rows(s, i0, i1) gives B rows
+    [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's); the k side in blocks of
+    k_rows orbitals; the i side in slabs of slab_rows rows (None: all at once; B on disk: a slab
+    at a time, so B is read once per block of k). `distributed.RankDensities` is the same over
+    the ranks of a team."""
+
+    def __init__(self, rows, channels, k_rows, slab_rows=None):
+        self.rows, self.channels, self.k_rows, self.slab_rows = rows, channels, k_rows, slab_rows
+
+    def k_blocks(self, other) -> list:
+        """The blocks (k0, k1) of channel `other` this process takes as k, in order (None: a round
+        in which it takes none, over ranks)."""
+        nocc = self.channels[other].nocc
+        return block_ranges(nocc, max(1, min(self.k_rows, nocc)))
+
+    def held(self, s) -> list:
+        """The row blocks (i0, i1) of channel s whose G this process holds and fits."""
+        return block_ranges(self.channels[s].nocc, self.slab_rows or self.channels[s].nocc)
+
+    def slabs(self, s):
+        """B of every i of channel s, as row blocks in order."""
+        return (self.rows(s, i0, i1) for i0, i1 in self.held(s))
+
+    @staticmethod
+    def combine(array):
+        """The sum over the processes that share the work (one here)."""
+        return array
+
+
+def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, gamma_out=None):
     """Long (the formulas of both spin cases). The unrelaxed MP2 density per spin channel in the
     active space, and with the metric's `factor` (`linalg.MetricFactor`) the three-index
     two-particle density and its auxiliary contraction, fp64, from the same (ia|kb) as the
-    energy: for each block of k_rows orbitals k, the amplitudes of every i against it serve all three
+    energy: for each block of orbitals k, the amplitudes of every i against it serve all three
     (t2 is never stored; backend.density_block). Restricted (one channel):
       P_ij = -2 sum_kab t_ik^ab T_jk^ab,  P_ab = 2 sum_ijc t_ij^ac T_ij^bc,  T = (c_os + c_ss) t - c_ss t^T
       G_ia^P = sum_kb c_kb^P 4 T_ik^ab      (c_kb^P = sum_Q (kb|Q) [V^-1]_QP)
@@ -191,25 +220,27 @@ def mp2_densities(backend, rows, channels, k_rows, scaling=(1.0, 1.0), factor=No
     and Gbar_PQ = sum_s sum_ia G_ia^P,s c_ia^Q,s (the metric-derivative term of the gradient), from
     the whitened G~ (G = G~ W^T, c = B W^T: Gbar = W (sum_ia G~_ia^T B_ia) W^T).
     scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
-    rows(s, i0, i1): B rows [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's);
-    slab_rows: rows of the i side read at a time (None: all at once; B on disk: a slab at a time,
-    B read once per block of k). gamma_out: per channel a writable [nocc_s, nvir_s, naux] array
-    (host or HDF5 dataset) that receives G~ per block of k, then G in one pass over it (and over B,
-    for Gbar) after the backend's loop. Returns ([(P_oo
+    schedule: where B comes from and which blocks of k this process takes (`LocalDensities`, or
+    `distributed.RankDensities` over ranks: P and Gbar are then summed over the ranks, and each
+    rank's G holds the rows of its blocks of k). gamma_out: per channel a writable [nocc_s,
+    nvir_s, naux] array (host or HDF5 dataset) that receives G~ per block of k, then G in one
+    pass over the held rows (and over B, for Gbar) after the backend's loop. Returns ([(P_oo
     [nocc_s, nocc_s], P_vv [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's
     conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux, naux] or None)."""
     densities = [(np.zeros((ch.nocc, ch.nocc)), np.zeros((ch.nvir, ch.nvir))) for ch in channels]
     contracted = 0.0  # sum_ia G~_ia^T B_ia [nkept, nkept]
-
-    def slabs(s):
-        return (rows(s, i0, i1) for i0, i1 in block_ranges(channels[s].nocc, slab_rows or channels[s].nocc))
-
     for other, partner in enumerate(channels):  # the spin of k; the i of each spin against its blocks
-        for k0, k1 in block_ranges(partner.nocc, max(1, min(k_rows, partner.nocc))):
-            b_k, whitened = rows(other, k0, k1), 0.0
+        for block in schedule.k_blocks(other):
+            if block is None:  # no k block this round: the i blocks still pass through (over ranks)
+                for s in range(len(channels)):
+                    for _ in schedule.slabs(s):
+                        pass
+                continue
+            (k0, k1), whitened = block, 0.0
+            b_k = schedule.rows(other, k0, k1)
             for s, channel in enumerate(channels):
-                oo, vv, g = backend.density_block(slabs(s), b_k, channel.e_occ, partner.e_occ[k0:k1], channel.e_vir,
-                                                  scaling, spin_case(len(channels), s, other),
+                oo, vv, g = backend.density_block(schedule.slabs(s), b_k, channel.e_occ, partner.e_occ[k0:k1],
+                                                  channel.e_vir, scaling, spin_case(len(channels), s, other),
                                                   None if other == s else partner.e_vir, with_gamma=factor is not None)
                 densities[s][0][...] += backend.to_host(oo)
                 densities[s][1][...] += backend.to_host(vv)
@@ -218,15 +249,17 @@ def mp2_densities(backend, rows, channels, k_rows, scaling=(1.0, 1.0), factor=No
             if factor is not None:  # G~ of the block, fitted below (host BLAS kept out of the backend's loop)
                 gamma_out[other][k0:k1, :, :factor.nkept] = whitened
             b_k = whitened = None
+    densities = [(schedule.combine(oo), schedule.combine(vv)) for oo, vv in densities]
     if factor is None:
         return densities, None
-    for s, channel in enumerate(channels):  # G = G~ W^T, and sum_ia G~_ia^T B_ia, a slab of rows at a time
-        for i0, i1 in block_ranges(channel.nocc, slab_rows or channel.nocc):
+    for s, channel in enumerate(channels):  # G = G~ W^T, and sum_ia G~_ia^T B_ia, a block of held rows at a time
+        for i0, i1 in schedule.held(s):
             whitened = np.asarray(gamma_out[s][i0:i1, :, :factor.nkept])
             flat = whitened.reshape(-1, factor.nkept)
-            contracted = contracted + flat.T @ np.asarray(backend.to_host(rows(s, i0, i1)), dtype=np.float64).reshape(
-                flat.shape)
+            contracted = contracted + flat.T @ np.asarray(backend.to_host(schedule.rows(s, i0, i1)),
+                                                          dtype=np.float64).reshape(flat.shape)
             gamma_out[s][i0:i1] = fitting_coefficients(factor, whitened)
+    contracted = schedule.combine(np.asarray(contracted, dtype=np.float64) + np.zeros((factor.nkept,) * 2))
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
 
 

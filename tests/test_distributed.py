@@ -103,7 +103,10 @@ def test_simulated_trn1_ranks(tmp_path):
 
 
 def test_plugin_under_torchrun(tmp_path):
-    """A PySCF script under torchrun: every rank makes its own SCF; rank 0's orbitals are used."""
+    """A PySCF script under torchrun: every rank makes its own SCF; rank 0's orbitals are used.
+    The gradient and the relaxed density (G lives on rank 0, which runs the orbital response)
+    reach every rank, equal to one process's to 1e-10."""
+    import numpy as np
     from pyscf import gto, scf
 
     from dfmp2 import DFMP2
@@ -118,15 +121,21 @@ from dfmp2 import DFMP2
 mol = gto.M(atom={atom!r}, basis="cc-pvdz", verbose=0)
 mf = scf.RHF(mol).run(conv_tol=1e-11)
 pt = DFMP2(mf).run()
-if int(os.environ["RANK"]) == 0:
-    json.dump({{"e_corr": pt.e_corr, "ranks": pt.result.correlation.distributed["ranks"]}},
-              open({str(out)!r}, "w"))
+ranks = pt.result.correlation.distributed["ranks"]
+gradient, dm = pt.nuc_grad_method().kernel(), pt.make_rdm1(relaxed=True, ao_repr=True)
+json.dump({{"e_corr": pt.e_corr, "ranks": ranks, "gradient": gradient.tolist(), "dipole": scf.hf.dip_moment(
+    mol, dm, unit="AU", verbose=0).tolist()}}, open({str(out)!r} + os.environ["RANK"], "w"))
 """)
     torchrun(2, script=str(script))
-    record = json.loads(out.read_text())
+    records = [json.loads((tmp_path / f"plugin.json{rank}").read_text()) for rank in (0, 1)]
     mf = scf.RHF(gto.M(atom=atom, basis="cc-pvdz", verbose=0)).run(conv_tol=1e-11)
-    assert record["ranks"] == 2
-    assert abs(record["e_corr"] - DFMP2(mf).run().e_corr) < 1e-10
+    one = DFMP2(mf).run()
+    gradient = one.nuc_grad_method().kernel()
+    dipole = scf.hf.dip_moment(mf.mol, one.make_rdm1(relaxed=True, ao_repr=True), unit="AU", verbose=0)
+    for record in records:
+        assert record["ranks"] == 2 and abs(record["e_corr"] - one.e_corr) < 1e-10
+        assert np.abs(np.array(record["gradient"]) - gradient).max() < 1e-10
+        assert np.abs(np.array(record["dipole"]) - dipole).max() < 1e-8
 
 
 def test_a_dead_rank_makes_the_other_fail_not_hang(tmp_path):
@@ -302,12 +311,40 @@ def test_neuroncore_ranks_go_over_gloo_each_on_its_own_core(monkeypatch):
     assert pin_neuron_core() == "4-5"
 
 
-def test_gradients_over_ranks_are_refused_clearly():
-    """`torchrun ... -m dfmp2 grad`: gradients run in one process for now; every rank stops with
-    exit 2 with the one-line reason before any SCF (never a gradient from one rank's share; the
-    launcher's own summary follows)."""
+@pytest.mark.parametrize("nproc, molecule, extra", [(2, "water.xyz", ("--properties", "dipole")),
+                                                    (3, "methyl.xyz", ("--spin", "1"))])
+def test_gradients_over_ranks_equal_one_process(tmp_path, nproc, molecule, extra):
+    """`torchrun ... -m dfmp2 grad`: the densities' blocks of k are shared by the ranks (the i blocks
+    broadcast by their owners, P and Gbar summed, G gathered on rank 0, which runs the rest); the
+    gradient (and the relaxed dipole) equal one process's to 1e-10 (RHF water over 2 ranks with
+    one-orbital blocks, owned unevenly; the UHF methyl radical over 3)."""
+    import numpy as np
+
+    path = os.path.join(EXAMPLES, molecule)
+    one, out = tmp_path / "one.json", tmp_path / "ranks.json"
+    subprocess.run([sys.executable, "-m", "dfmp2", "grad", path, *extra, "--precision", "fp64", "--json", str(one)],
+                   check=True, capture_output=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           "-m", "dfmp2", "grad", path, *extra, "--precision", "fp64", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, ranks = json.loads(one.read_text()), json.loads(out.read_text())
+    assert ranks["distributed"]["ranks"] == nproc and abs(ranks["e_tot"] - one["e_tot"]) < 1e-10
+    assert np.abs(np.array(ranks["gradient"]) - one["gradient"]).max() < 1e-10
+    assert all(r["kernels"].get("density_block", 0) > 0 for r in ranks["distributed"]["per_rank"])
+    if "dipole" in one:
+        assert np.abs(np.array(ranks["dipole"]) - one["dipole"]).max() < 1e-10
+    assert proc.stdout.count("E(corr)  ") == 1  # rank 0 alone prints
+
+
+def test_trainium_densities_over_ranks_are_refused_clearly():
+    """The NKI density kernels take all of (ia|P) at once, which no rank holds: `--natorbs` over
+    ranks on emulated trn1 stops every rank with exit 2 and the reason (never a density from one
+    rank's share)."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "-m", "dfmp2", "grad", os.path.join(EXAMPLES, "water.xyz")], capture_output=True, text=True,
+                           "-m", "dfmp2", "run", os.path.join(EXAMPLES, "water.xyz"), "--device", "trn1", "--simulate",
+                           "--natorbs", "/tmp/never-written.molden"], capture_output=True, text=True,
                           timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode != 0 and "exitcode  : 2" in proc.stderr
-    assert proc.stderr.count("dfmp2: error: gradients and relaxed properties run in one process") == 2
+    assert "density kernels take all of (ia|P) at once, which no rank holds" in proc.stderr
+    assert not os.path.exists("/tmp/never-written.molden")
