@@ -39,6 +39,7 @@ class SyntheticIntegrals:
         nvir = nbasis - nocc
         self._device = None if made_on == "cpu" else made_on  # where the variates are drawn
         self._u = normal(seed, STREAM_U, 0, nbasis * self.rank, self._device).reshape(nbasis, self.rank)
+        self._w = None  # W_kP, the same stream elements whichever blocks are asked for
         # (ia|P) ~ s sqrt(R) and (ia|jb) ~ s^2 R sqrt(naux); aim for (ia|jb)^2 ~ 0.1 / (nocc nvir^2),
         # so that sum (ia|jb)^2 / |D| ~ 0.03 nocc
         self._scale = (0.1 / (nocc * nvir * nvir * naux)) ** 0.25 / self.rank ** 0.5
@@ -74,7 +75,9 @@ class SyntheticIntegrals:
     def block(self, p0: int, p1: int) -> np.ndarray:
         """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao], fp64 (a host array, or a tensor on the
         GPU where made_on is "cuda")."""
-        w = normal(self.seed, STREAM_W, p0 * self.rank, (p1 - p0) * self.rank, self._device).reshape(p1 - p0, self.rank)
+        if self._w is None:  # W [naux, R] drawn once, at the first block (one draw: each is ~350 launches on a GPU)
+            self._w = normal(self.seed, STREAM_W, 0, self.naux * self.rank, self._device).reshape(self.naux, self.rank)
+        w = self._w[p0:p1]
         u = torch.as_tensor(self._u).to(self.made_on)
         scaled = u[None, :, :] * torch.as_tensor(self._scale * w).to(self.made_on)[:, None, :]  # s U_mk W_kP
         block = torch.matmul(scaled, u.T)
