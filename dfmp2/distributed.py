@@ -208,10 +208,9 @@ class Team:
         on the receivers, which give contiguous buffers). Returns the tensor broadcast."""
         import torch.distributed as dist
 
-        if self.rank == src:
-            tensor = tensor.contiguous()  # the wire carries storage order: a strided view would arrive permuted
         nbytes = tensor.numel() * tensor.element_size()
         if self.rank == src:
+            tensor = tensor.contiguous()  # the wire carries storage order: a strided view would arrive permuted
             self.bytes_sent += nbytes * (self.size - 1)
         else:
             self.bytes_received += nbytes

@@ -228,7 +228,6 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
     [nocc_s, nocc_s], P_vv [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's
     conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux, naux] or None)."""
     densities = [(np.zeros((ch.nocc, ch.nocc)), np.zeros((ch.nvir, ch.nvir))) for ch in channels]
-    contracted = 0.0  # sum_ia G~_ia^T B_ia [nkept, nkept]
     for other, partner in enumerate(channels):  # the spin of k; the i of each spin against its blocks
         for block in schedule.k_blocks(other):
             if block is None:  # no k block this round: the i blocks still pass through (over ranks)
@@ -252,14 +251,15 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
     densities = [(schedule.combine(oo), schedule.combine(vv)) for oo, vv in densities]
     if factor is None:
         return densities, None
+    contracted = np.zeros((factor.nkept, factor.nkept))  # sum_ia G~_ia^T B_ia
     for s, channel in enumerate(channels):  # G = G~ W^T, and sum_ia G~_ia^T B_ia, a block of held rows at a time
         for i0, i1 in schedule.held(s):
             whitened = np.asarray(gamma_out[s][i0:i1, :, :factor.nkept])
             flat = whitened.reshape(-1, factor.nkept)
-            contracted = contracted + flat.T @ np.asarray(backend.to_host(schedule.rows(s, i0, i1)),
-                                                          dtype=np.float64).reshape(flat.shape)
+            contracted += flat.T @ np.asarray(backend.to_host(schedule.rows(s, i0, i1)),
+                                              dtype=np.float64).reshape(flat.shape)
             gamma_out[s][i0:i1] = fitting_coefficients(factor, whitened)
-    contracted = schedule.combine(np.asarray(contracted, dtype=np.float64) + np.zeros((factor.nkept,) * 2))
+    contracted = schedule.combine(contracted)
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
 
 

@@ -117,9 +117,6 @@ class Backend(Protocol):
     def gemm(self, a, b):
         """a [m, k] @ b [k, n] -> [m, n]."""
 
-    def syrk(self, c, panel):
-        """c [n, n] - panel [n, w] panel^T (at least the lower triangle) -> [n, n]."""
-
     def cholesky(self, metric):
         """Lower L with metric = L L^T, factorised in fp64 (metric: fp64 numpy [n, n]) -> device tensor, or None if not positive definite."""
 

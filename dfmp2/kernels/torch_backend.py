@@ -168,11 +168,6 @@ class TorchBackend:
         self.calls["gemm"] += 1
         return torch.matmul(a, b)
 
-    def syrk(self, c: torch.Tensor, panel: torch.Tensor) -> torch.Tensor:
-        """C - panel panel^T for c [n, n], panel [n, w]."""
-        self.calls["syrk"] += 1
-        return torch.addmm(c, panel, panel.transpose(0, 1), alpha=-1.0)
-
     def ao2mo(self, ao_block: torch.Tensor, c_occ: torch.Tensor, c_vir: torch.Tensor) -> torch.Tensor:
         """(ia|P) = sum_mn C_mi C_na (mn|P): [nP, nao, nao] -> [nocc, nvir, nP]."""
         self.calls["ao2mo"] += 1

@@ -12,9 +12,9 @@ normal variates use one word each (normals by Box-Muller on consecutive word pai
 Generation runs on the host with numpy (device=None), or with torch on a device (device="cuda":
 the variates of a GPU integral engine's synthetic problem, made where they are used). The
 words are the same bits either way: on torch, Philox's 32 x 32 -> 64-bit products are formed
-from 16-bit halves, so that no intermediate leaves the 48 bits int64 holds exactly. The fp64 variates (log, cos, sin) may differ in the last bit between
-devices. (No on-device NKI generator: NKI's vector and scalar engines compute in fp32, exact
-for integers below 2^24 only.)
+from 16-bit halves, so that no intermediate leaves the 48 bits int64 holds exactly. The fp64
+variates (log, cos, sin) may differ in the last bit between devices. (No on-device NKI
+generator: NKI's vector and scalar engines compute in fp32, exact for integers below 2^24 only.)
 """
 
 from __future__ import annotations
@@ -70,10 +70,8 @@ def philox4x32(counters, key, rounds: int = ROUNDS):
 def random_words(seed: int, stream: int, start: int, count: int, device=None):
     """Words [start, start + count) of a stream: uint32 [count] (numpy), or on `device` int64 [count]
     (torch) holding the same 32-bit words."""
-    if device is None and count <= 0:
-        return np.zeros(0, dtype=np.uint32)
     if count <= 0:
-        return torch.zeros(0, dtype=torch.int64, device=device)
+        return np.zeros(0, dtype=np.uint32) if device is None else torch.zeros(0, dtype=torch.int64, device=device)
     first, last = start // 4, (start + count - 1) // 4
     if device is None:
         blocks = np.arange(first, last + 1, dtype=np.uint64)
