@@ -47,16 +47,29 @@ def test_density_and_natural_occupations(case, frozen_case):
 
 
 def test_density_refusals():
-    mf = converged_rhf("water")
     radical = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
     with pytest.raises(NotImplementedError, match="ROHF"):
         DFMP2(scf.ROHF(radical).run()).make_rdm1()
-    from dfmp2 import ComputationError, native
 
-    with pytest.raises(ComputationError, match="scaled \\(SCS\\) density"):  # the NKI density kernel is MP2's
-        native.SCSMP2(mf, device="trn1", simulate=True).make_rdm1()
-    with pytest.raises(ComputationError, match="open-shell \\(UHF\\) MP2 densities are not implemented on trn1"):
-        native.DFMP2(scf.UHF(radical).run(), device="trn1", simulate=True).make_rdm1()
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_open_shell_and_scs_densities_on_simulated_trainium(target):
+    """density_kernel's spin cases on the emulator (the amplitudes on chip, fp32): the UHF MP2
+    density of the hydroxyl radical (same-spin and opposite-spin pairs), relaxed too, and the
+    SCS-MP2 density of water, within 1e-6 of the fp64 CPU ones in every element."""
+    from dfmp2 import native
+
+    radical = gto.M(atom="O 0 0 0; H 0 0 0.97", basis="cc-pvdz", spin=1, verbose=0)
+    uhf = scf.UHF(radical).run(conv_tol=1e-12)
+    cpu, trn = (native.DFMP2(uhf, **kw) for kw in ({}, {"device": target, "simulate": True}))
+    assert np.abs(trn.make_rdm1() - cpu.make_rdm1()).max() < 1e-6
+    assert np.abs(trn.make_rdm1(relaxed=True) - cpu.make_rdm1(relaxed=True)).max() < 1e-6
+    assert trn.result.kernels["density_kernel"] >= 1 and "density_block" not in trn.result.kernels
+    mf = converged_rhf("water")
+    cpu, trn = (native.SCSMP2(mf, frozen=1, **kw) for kw in ({}, {"device": target, "simulate": True}))
+    dm_cpu, dm_trn = cpu.make_rdm1(), trn.make_rdm1()
+    assert np.abs(dm_trn - dm_cpu).max() < 1e-6
+    assert np.abs(dm_cpu - DFMP2(mf, frozen=1).make_rdm1()).max() > 1e-4  # the scaling is there
 
 
 @pytest.mark.parametrize("frozen", [None, 1])
@@ -141,22 +154,33 @@ def test_density_on_simulated_trainium(target, api):
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-@pytest.mark.parametrize("nocc, nk, nvir, naux, rows", [(5, 2, 7, 9, 2), (7, 3, 129, 130, 3), (4, 4, 300, 200, 4)])
-def test_density_kernel_blocks_and_ragged_sizes(target, nocc, nk, nvir, naux, rows):
+@pytest.mark.parametrize("case, scaling, nocc, nk, nvir, nvir_k, naux, rows", [
+    ("closed", (1.0, 1.0), 5, 2, 7, 7, 9, 2), ("closed", (1.2, 1 / 3), 7, 3, 129, 129, 130, 3),
+    ("closed", (1.0, 1.0), 4, 4, 300, 300, 200, 4), ("same", (1.0, 1.0), 7, 3, 129, 129, 130, 3),
+    ("same", (0.0, 0.5), 5, 2, 20, 20, 33, 2), ("opposite", (1.2, 0.5), 4, 3, 140, 131, 200, 2),
+    ("opposite", (1.0, 1.0), 3, 2, 20, 300, 40, 2)])
+def test_density_kernel_blocks_and_ragged_sizes(target, case, scaling, nocc, nk, nvir, nvir_k, naux, rows):
     """NkiBackend.density_block over several I >= J launches (rows per side forced small) equals
-    the torch backend's fp64 formulas at ragged sizes."""
+    the torch backend's fp64 formulas at ragged sizes, for every spin case (closed shell, same
+    spin, opposite spin with k's own virtuals) and SCS scalings."""
     import torch
 
     from dfmp2.kernels.nki_backend import NkiBackend
     from dfmp2.kernels.torch_backend import TorchBackend
 
-    rng = np.random.default_rng(nocc + nvir)
+    rng = np.random.default_rng(nocc + nvir + nvir_k)
     b = torch.from_numpy(rng.standard_normal((nocc, nvir, naux)) * 0.1)
     e_occ, e_vir = torch.from_numpy(rng.uniform(-2, -0.5, nocc)), torch.from_numpy(rng.uniform(0.2, 3, nvir))
-    ref_oo, ref_vv, _ = TorchBackend("cpu", "fp64").density_block(b, b[:nk], e_occ, e_occ[:nk], e_vir)
+    if case == "opposite":  # k of the other spin: its own B rows and energies
+        b_k = torch.from_numpy(rng.standard_normal((nk, nvir_k, naux)) * 0.1)
+        e_k, e_vir_k = torch.from_numpy(rng.uniform(-2, -0.5, nk)), torch.from_numpy(rng.uniform(0.2, 3, nvir_k))
+    else:
+        b_k, e_k, e_vir_k = b[:nk], e_occ[:nk], None
+    ref_oo, ref_vv, _ = TorchBackend("cpu", "fp64").density_block(b, b_k, e_occ, e_k, e_vir, scaling, case, e_vir_k)
     nki = NkiBackend(target, simulate=True)
-    nki.density_rows = lambda nv, na: rows
-    oo, vv, _ = nki.density_block(b.float(), b[:nk].float(), e_occ.float(), e_occ[:nk].float(), e_vir.float())
+    nki.density_rows = lambda *shape: rows
+    oo, vv, _ = nki.density_block(b.float(), b_k.float(), e_occ.float(), e_k.float(), e_vir.float(), scaling, case,
+                                  None if e_vir_k is None else e_vir_k.float())
     scale = max(float(ref_oo.abs().max()), float(ref_vv.abs().max()))
     assert float((oo - ref_oo).abs().max()) < 1e-5 * scale
     assert float((vv - ref_vv).abs().max()) < 1e-5 * scale

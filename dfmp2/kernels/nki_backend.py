@@ -472,14 +472,25 @@ class NkiBackend:
                 raise ComputationError(f"out-of-core MP2 densities (B read from disk in slabs) are not implemented on "
                                        f"{self.target}: give the run the memory to hold B, or use --device cpu or cuda")
             b_occ = chunks[0]
-        p_oo, p_vv = self._density_kernel_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case)
+        p_oo, p_vv = self._density_kernel_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k)
         if not with_gamma:
             return p_oo, p_vv, None
         return p_oo, p_vv, self.gamma_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k)
 
-    def _density_kernel_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case):
-        """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k, via density_kernel
-        (t and T stay on chip): launches over occupied blocks I >= J of at most `density_rows`
+    @staticmethod
+    def density_weights(scaling, spin_case) -> tuple:
+        """((x_w, x_u), (y_w, y_u), w): density_kernel's amplitude combinations X = (x_w W - x_u U)/D
+        and Y = (y_w W - y_u U)/D and the host's weight w (P_ij = -w sum oo, P_ab = w sum vv), per
+        spin case of torch_backend.density_block: closed X = t, Y = (c_os + c_ss) t - c_ss t^T,
+        w = 2; same spin X = Y = t - t^T, w = c_ss / 2; opposite spin X = Y = t, w = c_os."""
+        c_os, c_ss = (float(c) for c in scaling)
+        return {"closed": ((1.0, 0.0), (c_os + c_ss, c_ss), 2.0), "same": ((1.0, 1.0), (1.0, 1.0), 0.5 * c_ss),
+                "opposite": ((1.0, 0.0), (1.0, 0.0), c_os)}[spin_case]
+
+    def _density_kernel_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k=None):
+        """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k (e_vir_k: k's
+        virtual energies when k is the other spin), via density_kernel (the amplitudes stay on
+        chip; density_weights): launches over occupied blocks I >= J of at most `density_rows`
         orbitals (P_oo is symmetric), P_vv from the diagonal ones; each launch forms the
         amplitudes of its I and J rows again (the price of keeping t2 on chip: about
         nocc / (2 rows) times the energy's Tensor Engine work). Partials come back and are summed
@@ -487,23 +498,16 @@ class NkiBackend:
         formulas)."""
         from ..errors import ComputationError
 
-        if spin_case != "closed":
-            raise ComputationError(f"the NKI density kernel forms closed-shell densities; open-shell (UHF) MP2 "
-                                   f"densities are not implemented on {self.target}: run them with --device cpu or cuda")
-        if tuple(scaling) != (1.0, 1.0):
-            raise ComputationError(f"the NKI density kernel forms the MP2 density (T = 2 t - t^T); the scaled "
-                                   f"(SCS) density {tuple(scaling)} is not implemented on {self.target}: run with "
-                                   "device cpu or cuda")
+        (x_w, x_u), (y_w, y_u), weight = self.density_weights(scaling, spin_case)
         nocc, nvir, naux = b_occ.shape
-        rows = self.density_rows(nvir, naux)
+        nk, nvir_k = b_k.shape[0], b_k.shape[1]
+        rows = self.density_rows(nvir, naux, nvir_k)
         if rows < 1:
             raise ComputationError(f"the NKI density kernel holds the amplitudes of one (i, k) pair in SBUF: "
-                                   f"nvir {nvir} with naux {naux} does not fit on {self.target}")
+                                   f"nvir {max(nvir, nvir_k)} with naux {naux} does not fit on {self.target}")
         b_all, b_kk = self._aux_rows(b_occ), self._aux_rows(b_k)
-        nk = b_k.shape[0]
-        e_vir32 = e_vir.to(torch.float32)
-        e_vir_col = e_vir32.reshape(nvir, 1).contiguous()
-        neg_e_vir_rows = (-e_vir32).expand(P, nvir).contiguous()
+        e_vir_k_col = (e_vir if e_vir_k is None else e_vir_k).to(torch.float32).reshape(nvir_k, 1).contiguous()
+        neg_e_vir_rows = (-e_vir.to(torch.float32)).expand(P, nvir).contiguous()
         e_k_rows = e_k.to(torch.float32).expand(P, nk).contiguous()
         oo = np.zeros((nocc, nocc))
         vv = np.zeros((nvir, nvir))
@@ -511,28 +515,31 @@ class NkiBackend:
         for bi, (i0, i1) in enumerate(blocks):
             for j0, j1 in blocks[:bi + 1]:
                 diagonal = int(i0 == j0)
-                useful = 2 * ((i1 - i0) + (0 if diagonal else j1 - j0)) * nk * nvir * nvir * naux \
-                    + diagonal * 2 * (i1 - i0) * nk * nvir ** 3
+                useful = 2 * ((i1 - i0) + (0 if diagonal else j1 - j0)) * nk * nvir * nvir_k * naux \
+                    + diagonal * 2 * (i1 - i0) * nk * nvir * nvir * nvir_k
                 part_oo, part_vv = self._launch("density_kernel", (
                     b_all[i0:i1], b_all[j0:j1], b_kk,
                     e_occ[i0:i1].to(torch.float32).expand(P, i1 - i0).contiguous(),
                     e_occ[j0:j1].to(torch.float32).expand(P, j1 - j0).contiguous(),
-                    e_k_rows, e_vir_col, neg_e_vir_rows, diagonal), useful)
+                    e_k_rows, e_vir_k_col, neg_e_vir_rows, diagonal, x_w, x_u, y_w, y_u), useful)
                 block = self.to_host(part_oo).astype(np.float64).sum(axis=0).reshape(i1 - i0, j1 - j0)
                 oo[i0:i1, j0:j1] += block
                 if not diagonal:
                     oo[j0:j1, i0:i1] += block.T
                 else:
                     vv += self.to_host(part_vv).astype(np.float64)
-        return torch.from_numpy(-2.0 * oo), torch.from_numpy(2.0 * vv)
+        return torch.from_numpy(-weight * oo), torch.from_numpy(weight * vv)
 
-    def density_rows(self, nvir, naux):
-        """Occupied orbitals per side of one density launch: the amplitudes t^T and T^T of each
-        [nvir, nvir] pair (4 bytes per element, over 128 partitions), P_vv and three B rows
-        in the target's usable SBUF, with room for the working tiles."""
-        per_pair = -(-nvir // P) * nvir * 4  # one [nvir, nvir] fp32 array per partition
-        b_rows = 3 * -(-naux // P) * nvir * 4
-        room = TARGETS[self.target].sbuf_usable_bytes_per_partition - b_rows - per_pair - 24 * 1024
+    def density_rows(self, nvir, naux, nvir_k=None):
+        """Occupied orbitals per side of one density launch: the amplitudes X^T and Y^T of each
+        [nvir_k, nvir] pair (4 bytes per element, over 128 partitions), P_vv [nvir, nvir] and three
+        B rows in the target's usable SBUF, with room for the working tiles (nvir_k: k's virtuals
+        when k is the other spin)."""
+        nvir_k = nvir if nvir_k is None else nvir_k
+        per_pair = -(-nvir_k // P) * nvir * 4  # one [nvir_k, nvir] fp32 array per partition
+        vv = -(-nvir // P) * nvir * 4
+        b_rows = (2 * nvir + nvir_k) * -(-naux // P) * 4
+        room = TARGETS[self.target].sbuf_usable_bytes_per_partition - b_rows - vv - 24 * 1024
         return max(0, min(16, room // (2 * per_pair)))
 
     def _aux_rows(self, b):

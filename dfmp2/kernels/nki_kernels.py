@@ -535,27 +535,33 @@ def _add_dot(column, a, b, scale=1.0):
 
 
 @nki.jit
-def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_vir_rows, with_vv):
-    """Unrelaxed closed-shell MP2 density contributions of the pairs (i, k) and (j, k), i in
-    block I, j in block J, k in block K; t and T never leave the chip.
+def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg_e_vir_rows, with_vv,
+                   x_w, x_u, y_w, y_u):
+    """Unrelaxed MP2 density contributions of the pairs (i, k) and (j, k), i in block I, j in
+    block J, k in block K, any spin case and scaling; the amplitudes never leave the chip.
 
-    b_i [NI, NAUX, NVIR], b_j [NJ, NAUX, NVIR], b_k [NK, NAUX, NVIR]: whitened B, auxiliary index
-    on the rows. e_*_rows [128, N*]: occupied energies on every partition; e_vir_col [NVIR, 1];
+    b_i [NI, NAUX, NVIR], b_j [NJ, NAUX, NVIR], b_k [NK, NAUX, NVIRK]: whitened B, auxiliary index
+    on the rows (k may be the other spin: NVIRK may differ). e_*_rows [128, N*]: occupied
+    energies on every partition; e_vir_k_col [NVIRK, 1]: k's virtual energies e_c;
     neg_e_vir_rows [128, NVIR]: -e_a. with_vv = 1 (a diagonal launch, J = I): also P_vv.
-    Per pair (i, k), c in 128-row blocks (partitions), a in 512-column chunks:
+    (x_w, x_u), (y_w, y_u): compile-time weights of the two amplitude combinations (x_u, y_u
+    nonzero only for NVIRK = NVIR). Per pair (i, k), c in 128-row blocks (partitions), a in
+    512-column chunks:
         W[c, a] = (ia|kc) = sum_Q B_k[Q, c] B_i[Q, a]      U[c, a] = (ic|ka) = sum_Q B_i[Q, c] B_k[Q, a]
-        t^T[c, a] = W / D,   T^T[c, a] = (2 W - U) / D,   D = e_i + e_k - e_a - e_c
-    so that (t, T the PySCF amplitudes t_ik^ac, T_ik^ac = 2 t_ik^ac - t_ik^ca):
-        oo[i, j]  += sum_{c, a} t_ik^T[c, a] T_jk^T[c, a]    (host: P_ij = -2 sum_k oo)
-        vv[a, b]  += sum_c t_ik^T[c, a] T_ik^T[c, b]         (host: P_ab = 2 sum vv; J = I only)
+        X^T[c, a] = (x_w W - x_u U) / D,   Y^T[c, a] = (y_w W - y_u U) / D,   D = e_i + e_k - e_a - e_c
+    (closed shell: X = t, Y = (c_os + c_ss) t - c_ss t^T; same spin: X = Y = t - t^T; opposite
+    spin: X = Y = t; NkiBackend.density_weights), so that
+        oo[i, j]  += sum_{c, a} X_ik^T[c, a] Y_jk^T[c, a]    (host: P_ij = -w sum_k oo)
+        vv[a, b]  += sum_c X_ik^T[c, a] Y_ik^T[c, b]         (host: P_ab = w sum vv; J = I only)
     Returns (oo partials [128, NI * NJ] per partition, vv [NVIR, NVIR]).
     Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
     would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
     NI, NAUX, NVIR = b_i.shape
-    NJ, NK = b_j.shape[0], b_k.shape[0]
+    NJ, NK, NVIRK = b_j.shape[0], b_k.shape[0], b_k.shape[2]
     nq = (NAUX + P - 1) // P
-    nc = (NVIR + P - 1) // P
+    nc = (NVIRK + P - 1) // P  # blocks of k's virtuals c (the partitions of the amplitudes)
+    na = (NVIR + P - 1) // P  # blocks of i's virtuals a (the partitions of vv)
     oo_out = nl.ndarray((P, NI * NJ), dtype=nl.float32, buffer=nl.shared_hbm)
     vv_out = nl.ndarray((NVIR, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
     ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
@@ -566,44 +572,44 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e
     nisa.dma_copy(dst=ej, src=e_j_rows)
     nisa.dma_copy(dst=ek, src=e_k_rows)
     nisa.dma_copy(dst=neg_ea, src=neg_e_vir_rows)
-    ec = _vir_column(e_vir_col)
+    ec = _vir_column(e_vir_k_col)
     oo = nl.ndarray((P, NI * NJ), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=oo, value=0.0)
-    vv = nl.ndarray((P, nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # vv[a, b], a on partitions
+    vv = nl.ndarray((P, na, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # vv[a, b], a on partitions
     nisa.memset(dst=vv, value=0.0)
     for k in range(NK):
         bk = _load_rows(b_k, k, nq)
-        t_i = nl.ndarray((P, NI * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # t^T of (i, k)
-        big_t_j = nl.ndarray((P, NJ * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # T^T of (j, k)
+        x_i = nl.ndarray((P, NI * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # X^T of (i, k)
+        y_j = nl.ndarray((P, NJ * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # Y^T of (j, k)
         for i in range(NI):
             _amplitudes(_load_rows(b_i, i, nq), bk, NAUX, ei[:, i:i + 1], ek[:, k:k + 1], ec, neg_ea,
-                        t_i[:, i * nc:(i + 1) * nc, :], None)
+                        x_i[:, i * nc:(i + 1) * nc, :], (x_w, x_u))
         for j in range(NJ):
             _amplitudes(_load_rows(b_j, j, nq), bk, NAUX, ej[:, j:j + 1], ek[:, k:k + 1], ec, neg_ea,
-                        None, big_t_j[:, j * nc:(j + 1) * nc, :])
+                        y_j[:, j * nc:(j + 1) * nc, :], (y_w, y_u))
         for i in range(NI):
             for j in range(NJ):
                 for c in range(nc):
-                    mc = min(P, NVIR - c * P)
-                    _add_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], t_i[0:mc, i * nc + c, :],
-                             big_t_j[0:mc, j * nc + c, :])
-        if with_vv == 1:  # J = I: vv[a, b] += sum_c t^T[c, a] T^T[c, b]
+                    mc = min(P, NVIRK - c * P)
+                    _add_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], x_i[0:mc, i * nc + c, :],
+                             y_j[0:mc, j * nc + c, :])
+        if with_vv == 1:  # J = I: vv[a, b] += sum_c X^T[c, a] Y^T[c, b]
             for i in range(NI):
-                for a in range(nc):
+                for a in range(na):
                     ma = min(P, NVIR - a * P)
                     for b0 in range(0, NVIR, FREE):
                         b1 = min(b0 + FREE, NVIR)
                         acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
                         for c in range(nc):
-                            mc = min(P, NVIR - c * P)
-                            nisa.nc_matmul(dst=acc[0:ma, 0:b1 - b0], stationary=t_i[0:mc, i * nc + c, a * P:a * P + ma],
-                                           moving=big_t_j[0:mc, i * nc + c, b0:b1])
+                            mc = min(P, NVIRK - c * P)
+                            nisa.nc_matmul(dst=acc[0:ma, 0:b1 - b0], stationary=x_i[0:mc, i * nc + c, a * P:a * P + ma],
+                                           moving=y_j[0:mc, i * nc + c, b0:b1])
                         part = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                         nisa.tensor_copy(dst=part[0:ma, 0:b1 - b0], src=acc[0:ma, 0:b1 - b0])
                         nisa.tensor_tensor(dst=vv[0:ma, a, b0:b1], data1=vv[0:ma, a, b0:b1],
                                            data2=part[0:ma, 0:b1 - b0], op=nl.add)
     nisa.dma_copy(dst=oo_out, src=oo)
-    for a in nl.affine_range(nc):
+    for a in nl.affine_range(na):
         ma = min(P, NVIR - a * P)
         nisa.dma_copy(dst=vv_out[a * P:a * P + ma, :], src=vv[0:ma, a, :])
     return oo_out, vv_out
@@ -657,7 +663,7 @@ def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_
             x = nl.ndarray((P, na, NVIRJ), dtype=nl.float32, buffer=nl.sbuf)  # X[a, b], a on partitions
             # (the density kernel's amplitudes with j's B on the free axis: W[a, b] = (ia|jb), U = (ib|ja))
             _amplitudes(bj[:, j * nq:(j + 1) * nq, :], bi, NAUX, ej[:, j:j + 1], ei[:, i:i + 1], ea, neg_eb,
-                        None, x, (c_w, c_u))
+                        x, (c_w, c_u))
             for r in range(nb):  # G_j[b, Q] += sum_a X[a, b] B_i[a, Q]
                 r0 = r * P
                 mb = min(P, NVIRJ - r0)
@@ -689,11 +695,11 @@ def _load_rows(b, row, nq):
     return tile
 
 
-def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out, weights=(2.0, 1.0)):
-    """t^T[c, a] = (ia|kc) / D into t_out and/or T^T[c, a] = (c_w (ia|kc) - c_u (ic|ka)) / D into
-    big_t_out ([128, nc, NVIR] each, c on partitions); bi [128, nq, NVIR], bk [128, nq, NVIRK]: B
-    rows in SBUF (c runs over k's NVIRK virtuals, a over i's NVIR); weights (c_w, c_u): (2, 1) is
-    T = 2 t - t^T; c_u = 0 skips (ic|ka) (then NVIRK may differ from NVIR)."""
+def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, out, weights):
+    """X^T[c, a] = (c_w (ia|kc) - c_u (ic|ka)) / D into out ([128, nc, NVIR], c on partitions);
+    bi [128, nq, NVIR], bk [128, nq, NVIRK]: B rows in SBUF (c runs over k's NVIRK virtuals, a over
+    i's NVIR); weights (c_w, c_u): (1, 0) is t, (2, 1) is T = 2 t - t^T, (1, 1) is t - t^T;
+    c_u = 0 skips (ic|ka) (then NVIRK may differ from NVIR)."""
     NVIR = bi.shape[2]
     nq = bi.shape[1]
     nc = (bk.shape[2] + P - 1) // P
@@ -712,30 +718,28 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, t_out, big_t_out, weights=(2
             for q in range(nq):
                 qs = min(P, NAUX - q * P)
                 nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk[0:qs, q, c0:c0 + mc], moving=bi[0:qs, q, a0:a1])
-                if big_t_out is not None and c_u != 0.0:
+                if c_u != 0.0:
                     nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi[0:qs, q, c0:c0 + mc],
                                    moving=bk[0:qs, q, a0:a1])
             inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=inv_d[0:mc, 0:a1 - a0], data=neg_ea[0:mc, a0:a1], op0=nl.add,
                                operand0=shift[0:mc])
             nisa.reciprocal(dst=inv_d[0:mc, 0:a1 - a0], data=inv_d[0:mc, 0:a1 - a0])
-            if t_out is not None:
-                nisa.tensor_tensor(dst=t_out[0:mc, c, a0:a1], data1=w[0:mc, 0:a1 - a0],
-                                   data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
-            if big_t_out is not None:
-                two_w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # c_w W - c_u U
-                nisa.tensor_scalar(dst=two_w[0:mc, 0:a1 - a0], data=w[0:mc, 0:a1 - a0], op0=nl.multiply,
-                                   operand0=c_w)
+            numerator = w[0:mc, 0:a1 - a0]  # c_w W - c_u U (W itself for t)
+            if c_w != 1.0 or c_u != 0.0:
+                combined = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=combined[0:mc, 0:a1 - a0], data=numerator, op0=nl.multiply, operand0=c_w)
                 if c_u != 0.0:
                     u_part = u[0:mc, 0:a1 - a0]
                     if c_u != 1.0:
                         scaled = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                         nisa.tensor_scalar(dst=scaled[0:mc, 0:a1 - a0], data=u_part, op0=nl.multiply, operand0=c_u)
                         u_part = scaled[0:mc, 0:a1 - a0]
-                    nisa.tensor_tensor(dst=two_w[0:mc, 0:a1 - a0], data1=two_w[0:mc, 0:a1 - a0], data2=u_part,
+                    nisa.tensor_tensor(dst=combined[0:mc, 0:a1 - a0], data1=combined[0:mc, 0:a1 - a0], data2=u_part,
                                        op=nl.subtract)
-                nisa.tensor_tensor(dst=big_t_out[0:mc, c, a0:a1], data1=two_w[0:mc, 0:a1 - a0],
-                                   data2=inv_d[0:mc, 0:a1 - a0], op=nl.multiply)
+                numerator = combined[0:mc, 0:a1 - a0]
+            nisa.tensor_tensor(dst=out[0:mc, c, a0:a1], data1=numerator, data2=inv_d[0:mc, 0:a1 - a0],
+                               op=nl.multiply)
 
 
 # ---- the SCF's Coulomb and exchange builds (dfmp2.scf; the backend side in nki_fitted.py) ------------

@@ -160,23 +160,23 @@ def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, tr
     return out
 
 
-def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_col, neg_e_vir_rows, with_vv):
+def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg_e_vir_rows, with_vv,
+                 x_w, x_u, y_w, y_u):
     """density_kernel's outputs (oo partials in row 0, vv) by host math (model-only runs)."""
-    e_vir = e_vir_col[:, 0].double()
+    neg_ea = neg_e_vir_rows[0].double()
 
-    def amplitudes(b, e):
+    def amplitudes(b, e, c_w, c_u):
         v = torch.einsum("iqa,kqc->iakc", b.double(), b_k.double())
-        d = (e[:, None, None, None] - e_vir[None, :, None, None] + e_k_rows[0].double()[None, None, :, None]
-             - e_vir[None, None, None, :])
-        t = v / d
-        return t, 2.0 * t - t.permute(0, 3, 2, 1)
+        d = (e[:, None, None, None] + neg_ea[None, :, None, None] + e_k_rows[0].double()[None, None, :, None]
+             - e_vir_k_col[:, 0].double()[None, None, None, :])
+        return (c_w * v - (c_u * v.permute(0, 3, 2, 1) if c_u != 0.0 else 0.0)) / d
 
-    t_i, big_t_i = amplitudes(b_i, e_i_rows[0].double())
-    _, big_t_j = amplitudes(b_j, e_j_rows[0].double())
+    x_i = amplitudes(b_i, e_i_rows[0].double(), x_w, x_u)
+    y_j = amplitudes(b_j, e_j_rows[0].double(), y_w, y_u)
     oo = torch.zeros((P, b_i.shape[0] * b_j.shape[0]), dtype=torch.float32)
-    oo[0] = torch.einsum("iakc,jakc->ij", t_i, big_t_j).reshape(-1).float()
-    vv = torch.einsum("iakc,ibkc->ab", t_i, big_t_i).float() if with_vv else \
-        torch.zeros((e_vir.numel(), e_vir.numel()), dtype=torch.float32)
+    oo[0] = torch.einsum("iakc,jakc->ij", x_i, y_j).reshape(-1).float()
+    nvir = neg_ea.numel()
+    vv = torch.einsum("iakc,ibkc->ab", x_i, y_j).float() if with_vv else torch.zeros((nvir, nvir), dtype=torch.float32)
     return oo, vv
 
 
