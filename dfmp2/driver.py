@@ -206,18 +206,6 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
                            reference.mo_occ, settings, out=out, context=context)
 
 
-TRAINIUM_GRADIENT_REFUSED = (
-    "analytic gradients are not offered on trn1/trn2: with the NeuronCore's fp32 B and three-index density the "
-    "emulated benzene/cc-pVDZ gradient is 3.5e-4 Eh/bohr from fp64 (water: 4.6e-7), outside the 1e-5 envelope; "
-    "run gradients with --device cpu or cuda (docs/trainium.md)")
-
-
-def check_gradient_device(device: str) -> None:
-    """InputError for an analytic gradient on trn1/trn2 (TRAINIUM_GRADIENT_REFUSED)."""
-    if device in TRAINIUM:
-        raise InputError(TRAINIUM_GRADIENT_REFUSED)
-
-
 def _offered_precision(settings: Settings) -> Settings:
     """settings, unless they ask for a split-precision mode (tf32x3, bf16x3) for energies: on an
     NVIDIA H200 those were up to 36 uEh from fp64 on the reference set (the tensor cores truncate
@@ -240,8 +228,6 @@ def _with_properties(settings: Settings) -> Settings:
     if settings.gradient and chem.choose_reference(settings.spin, settings.reference) == "rohf":
         raise InputError("analytic DF-MP2 gradients of ROHF references are not implemented (RHF and UHF are; "
                          "use --reference uhf)")
-    if settings.gradient:
-        check_gradient_device(settings.device)
     wanted = settings.properties or settings.gradient
     if wanted and settings.xc is not None:
         if chem.choose_reference(settings.spin, settings.reference) == "rohf":

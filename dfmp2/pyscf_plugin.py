@@ -368,10 +368,7 @@ class Gradients(lib.StreamObject):
         from .kernels import backend_for
         from .response import response_mean_field
 
-        from .driver import check_gradient_device
-
         base = self.base
-        check_gradient_device(base.device)
         corr, integrals, cphf = base._response_inputs()
 
         def gradient_on_this_process():
