@@ -20,7 +20,7 @@ from .errors import DFMP2Error, InputError
 from .outputs import Outputs
 from .distributed import DEFAULT_TIMEOUT_S, join_launched_team
 from .context import RunContext
-from .kernels import COMMAND_PRECISION, default_precision
+from .kernels import COMMAND_PRECISION
 from .settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
@@ -136,8 +136,8 @@ def run(**options):
 def _grad(**options):
     """DF-MP2 energy and analytic nuclear gradient of the molecule in MOLECULE.xyz (Angstrom):
     dE/dR per atom in Eh/bohr, the input's frame and atom order (RHF and UHF references, RKS
-    double hybrids). --precision defaults to fp64 here (cpu, cuda): an fp32 pair stage moves the
-    gradient by up to 6e-5 Eh/bohr (benzene/cc-pVDZ)."""
+    double hybrids). --precision defaults to fp32 as for `run` (the pair stage's GEMMs; its sums and the
+    gradient's own GEMMs are fp64): within 5e-9 Eh/bohr of fp64 on cpu (docs/method.md)."""
     _run_molecule(True, **options)
 
 
@@ -180,7 +180,7 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
                             scf=scf, scf_max_cycle=scf_max_cycle, scf_backend=scf_backend,
                             scf_precision=scf_precision, screening=screening, frozen_core=frozen_core, xc=xc,
                             c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
-                            precision=precision or (default_precision(device) if gradient else COMMAND_PRECISION), simulate=simulate, nki_api=nki_api,
+                            precision=precision or COMMAND_PRECISION, simulate=simulate, nki_api=nki_api,
                             transform=transform, max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
                             checkpoint_allow_other_files=checkpoint_allow_other_files,
                             properties=tuple(properties.split(",")) if properties else (), gradient=gradient)

@@ -184,7 +184,7 @@ def test_cuda_gradient_matches_the_cpu(spin):
 
 
 def test_cuda_cli_grad_with_dipole_and_double_hybrid(tmp_path):
-    """`dfmp2 grad --device cuda --properties dipole` (fp64, grad's default on a GPU): the JSON's
+    """`dfmp2 grad --device cuda --properties dipole --precision fp64`: the JSON's
     gradient and relaxed dipole equal the CPU's to 1e-9; the response's J/K were whitened on the
     GPU; the same for a B2PLYP gradient (the CPKS with PySCF's XC kernel)."""
     import json
@@ -198,8 +198,8 @@ def test_cuda_cli_grad_with_dipole_and_double_hybrid(tmp_path):
 
     def grad(device, *extra):
         out = tmp_path / f"{device}{len(extra)}.json"
-        proc = subprocess.run([sys.executable, "-m", "dfmp2", "grad", water, "--device", device, *extra,
-                               "--json", str(out)], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([sys.executable, "-m", "dfmp2", "grad", water, "--device", device, "--precision", "fp64",
+                               *extra, "--json", str(out)], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
         return json.loads(out.read_text())
 

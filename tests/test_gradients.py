@@ -88,10 +88,10 @@ def test_gradient_against_pyscf_conventional_mp2(spin):
 
 @pytest.mark.parametrize("spin", [0, 1])
 def test_cli_grad_in_the_input_frame_matches_finite_differences(tmp_path, spin):
-    """`dfmp2 grad MOLECULE.xyz --json` (fp64 by default): the gradient [[gx, gy, gz] per atom] in
-    Eh/bohr, in the input's frame and atom order (a tilted water off the origin, hydrogens first;
-    the hydroxyl radical, UHF, with --spin 1), against central differences of `run_xyz` energies
-    (dfmp2's own DF-SCF), 1e-6 Eh/bohr."""
+    """`dfmp2 grad MOLECULE.xyz --json` (the command's fp32 pair stage by default): the gradient
+    [[gx, gy, gz] per atom] in Eh/bohr, in the input's frame and atom order (a tilted water off the
+    origin, hydrogens first; the hydroxyl radical, UHF, with --spin 1), against central
+    differences of fp64 `run_xyz` energies (dfmp2's own DF-SCF), 1e-6 Eh/bohr."""
     import json
     import subprocess
     import sys
@@ -112,7 +112,7 @@ def test_cli_grad_in_the_input_frame_matches_finite_differences(tmp_path, spin):
     assert proc.returncode == 0, proc.stderr
     assert "gradient dE/dR (Eh/bohr)" in proc.stdout
     record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
-    assert record["atoms"] == ["H", "O", "H"][spin:] and record["precision"] == "fp64"  # grad's default
+    assert record["atoms"] == ["H", "O", "H"][spin:] and record["precision"] == "fp32"  # grad's default, as run's
     jk = record["gradient_jk"]  # the CPHF's J/K: dfmp2's builds in the reference's fitting set, exact kind
     assert jk["backend"] == "torch" and jk["precision"] == "exact" and jk["builds"] >= 5
     fd = _finite_difference(lambda c: run_xyz(write(c, "d.xyz"), precision="fp64", spin=spin).e_tot, x0)

@@ -24,9 +24,10 @@ SPLIT_PRECISIONS = ("tf32x3", "bf16x3")
 # sums; 1 uEh, see ozaki.py) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
 # molecules, see docs/trainium.md)
 TRANSFORMS = ("exact", "fp32")
-# The default of the `dfmp2 run` and `dfmp2 bench` commands on every device: fp32 GEMMs in the
+# The default of the `dfmp2 run`, `grad`, `optimize` and `bench` commands on every device: fp32 GEMMs in the
 # pair stage with fp64 sums, measured within 0.1 uEh of fp64 from 24 to 1,156 basis functions
-# (docs/benchmarking.md). Library calls (Settings, the PySCF drop-in) keep default_precision.
+# (docs/benchmarking.md), gradients within 5e-9 Eh/bohr (docs/method.md). Library calls (Settings, the
+# PySCF drop-in) keep default_precision.
 COMMAND_PRECISION = "fp32"
 TRAINIUM = ("trn1", "trn2")
 
