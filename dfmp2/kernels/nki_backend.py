@@ -416,15 +416,14 @@ class NkiBackend:
         """The three-index two-particle density of the pairs (i, j), i in b_i, all j in b_all, via
         gamma_kernel (the amplitudes stay on chip), whitened: torch_backend.density_block's G of its
         k block, here the block of j (G_jb^Q = sum_ia B_ia^Q X_ij^ab):
-        X = c_w t - c_u t^T with (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed, (2 c_ss, 2 c_ss)
-        same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
+        X = c_w t - c_u t^T = g Y (density_weights): (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed,
+        (2 c_ss, 2 c_ss) same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
         block of j (NkiBackend.gamma_rows: every B_j and G_j of the launch in SBUF); the partial G
         comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
         from ..errors import ComputationError
 
-        c_os, c_ss = (float(c) for c in scaling)
-        c_w, c_u = {"closed": (4.0 * (c_os + c_ss), 4.0 * c_ss), "same": (2.0 * c_ss, 2.0 * c_ss),
-                    "opposite": (2.0 * c_os, 0.0)}[spin_case]
+        _, (y_w, y_u), _, g = self.density_weights(scaling, spin_case)
+        c_w, c_u = g * y_w, g * y_u  # X = g Y: 4 T for closed-shell MP2
         ni, nvir, naux = b_i.shape
         nall, nvir_all = b_all.shape[0], b_all.shape[1]
         rows = self.gamma_rows(nvir, nvir_all, naux)
@@ -479,13 +478,16 @@ class NkiBackend:
 
     @staticmethod
     def density_weights(scaling, spin_case) -> tuple:
-        """((x_w, x_u), (y_w, y_u), w): density_kernel's amplitude combinations X = (x_w W - x_u U)/D
-        and Y = (y_w W - y_u U)/D and the host's weight w (P_ij = -w sum oo, P_ab = w sum vv), per
-        spin case of torch_backend.density_block: closed X = t, Y = (c_os + c_ss) t - c_ss t^T,
-        w = 2; same spin X = Y = t - t^T, w = c_ss / 2; opposite spin X = Y = t, w = c_os."""
+        """((x_w, x_u), (y_w, y_u), w, g): the amplitude combinations X = (x_w W - x_u U)/D and
+        Y = (y_w W - y_u U)/D, the density's weight w (P_ij = -w sum oo, P_ab = w sum vv) and the
+        three-index density's g (G = g sum Y^T B: gamma_kernel's X is g Y), per spin case of
+        torch_backend.density_block: closed X = t, Y = (c_os + c_ss) t - c_ss t^T, w = 2, g = 4;
+        same spin X = Y = t - t^T, w = c_ss / 2, g = 2 c_ss; opposite spin X = Y = t, w = c_os,
+        g = 2 c_os."""
         c_os, c_ss = (float(c) for c in scaling)
-        return {"closed": ((1.0, 0.0), (c_os + c_ss, c_ss), 2.0), "same": ((1.0, 1.0), (1.0, 1.0), 0.5 * c_ss),
-                "opposite": ((1.0, 0.0), (1.0, 0.0), c_os)}[spin_case]
+        return {"closed": ((1.0, 0.0), (c_os + c_ss, c_ss), 2.0, 4.0),
+                "same": ((1.0, 1.0), (1.0, 1.0), 0.5 * c_ss, 2.0 * c_ss),
+                "opposite": ((1.0, 0.0), (1.0, 0.0), c_os, 2.0 * c_os)}[spin_case]
 
     def _density_kernel_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k=None):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k (e_vir_k: k's
@@ -498,7 +500,7 @@ class NkiBackend:
         formulas)."""
         from ..errors import ComputationError
 
-        (x_w, x_u), (y_w, y_u), weight = self.density_weights(scaling, spin_case)
+        (x_w, x_u), (y_w, y_u), weight, _ = self.density_weights(scaling, spin_case)
         nocc, nvir, naux = b_occ.shape
         nk, nvir_k = b_k.shape[0], b_k.shape[1]
         rows = self.density_rows(nvir, naux, nvir_k)

@@ -726,7 +726,7 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, out, weights):
                                operand0=shift[0:mc])
             nisa.reciprocal(dst=inv_d[0:mc, 0:a1 - a0], data=inv_d[0:mc, 0:a1 - a0])
             numerator = w[0:mc, 0:a1 - a0]  # c_w W - c_u U (W itself for t)
-            if c_w != 1.0 or c_u != 0.0:
+            if c_w != 1.0 or c_u != 0.0:  # c_w W into SBUF even for c_w = 1: at most one operand in PSUM
                 combined = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=combined[0:mc, 0:a1 - a0], data=numerator, op0=nl.multiply, operand0=c_w)
                 if c_u != 0.0:
