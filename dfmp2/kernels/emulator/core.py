@@ -171,6 +171,7 @@ class KernelRun:
         self._device_loop_repeats = 0  # > 0 inside a later iteration of a device-side loop
         self.live = {"sbuf": 0, "psum": 0}  # bytes per partition
         self._last = {"sbuf": None, "psum": None}  # description of the latest allocation
+        self._allocated_since_check = False  # releases only lower the live bytes: nothing to check
 
     def allocate(self, buffer: str, per_partition: int, shape, owner) -> None:
         self.checkpoint()
@@ -178,6 +179,7 @@ class KernelRun:
             bank = self.target.psum_bank_bytes
             per_partition = -(-per_partition // bank) * bank
         self.live[buffer] += per_partition
+        self._allocated_since_check = True
         self._last[buffer] = (tuple(shape), per_partition)
         weakref.finalize(owner, self._release, buffer, per_partition)
 
@@ -213,6 +215,8 @@ class KernelRun:
 
     def checkpoint(self) -> None:
         """Raise if the live allocations exceed usable SBUF or PSUM capacity; track the peaks."""
+        if not self._allocated_since_check:
+            return
         for buffer, limit, key in (("sbuf", self.target.sbuf_usable_bytes_per_partition, "peak_sbuf_bytes"),
                                    ("psum", self.target.psum_bytes_per_partition, "peak_psum_bytes")):
             if self.live[buffer] > limit:
@@ -225,6 +229,7 @@ class KernelRun:
                     f"partition) exceeds {buffer.upper()} capacity on {self.target.name}: "
                     f"{self.live[buffer] - size} B already live, limit {limit} B per partition{usable}")
             setattr(self.trace, key, max(getattr(self.trace, key), self.live[buffer]))
+        self._allocated_since_check = False
 
     def _release(self, buffer: str, per_partition: int) -> None:
         self.live[buffer] -= per_partition
@@ -257,10 +262,11 @@ class Tile:
     by a matmul, the only ones a later matmul may accumulate into.
     """
 
-    __slots__ = ("data", "written", "matmul_result", "buffer", "_base", "__weakref__")
+    __slots__ = ("data", "written", "matmul_result", "buffer", "_base", "_first_partition", "__weakref__")
 
-    def __init__(self, data, written, matmul_result, buffer: str, base=None):
+    def __init__(self, data, written, matmul_result, buffer: str, base=None, first_partition: int = 0):
         self.data = data
+        self._first_partition = first_partition  # of an on-chip view, within its allocation
         self.written = written
         self.matmul_result = matmul_result  # holds a matmul result (accumulation is defined)
         self.buffer = buffer
@@ -281,14 +287,14 @@ class Tile:
     @property
     def partitions(self) -> tuple:
         """(first partition, number of partitions) of an on-chip tile or view."""
-        base = self._base or self
-        offset = self.data.__array_interface__["data"][0] - base.data.__array_interface__["data"][0]
-        return offset // base.data.strides[0] if base.data.strides[0] else 0, self.shape[0]
+        return self._first_partition, self.shape[0]
 
     def __getitem__(self, index):
-        index = _normalise_index(index, self.data.shape, keep_partition=self.on_chip)
+        on_chip = self.on_chip
+        index = _normalise_index(index, self.data.shape, keep_partition=on_chip)
+        first = self._first_partition + index[0].start if on_chip else 0  # axis 0 stays a slice on chip
         return Tile(self.data[index], self.written[index], self.matmul_result[index], self.buffer,
-                    self._base or self)
+                    self._base or self, first)
 
     def reshape(self, shape):
         shape = tuple(shape)
@@ -300,7 +306,7 @@ class Tile:
         if not np.shares_memory(data, self.data):
             raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}")
         return Tile(data, self.written.reshape(shape), self.matmul_result.reshape(shape),
-                    self.buffer, self._base or self)
+                    self.buffer, self._base or self, self._first_partition)
 
     def __setitem__(self, index, value):
         raise NkiConstraintError(

@@ -12,6 +12,8 @@ and transpose do), and an access that spans more than 64 partitions starts at pa
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import language as nl
@@ -74,7 +76,7 @@ def _vector(dst: Tile, what: str, engine: str = "vector"):
 
 
 def _per_partition(tile: Tile) -> int:
-    return int(np.prod(tile.shape[1:]))
+    return math.prod(tile.shape[1:])
 
 
 # ---- data movement -----------------------------------------------------------------------

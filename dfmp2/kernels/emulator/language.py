@@ -8,6 +8,7 @@ body is compiled once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,7 +132,7 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
                 f"{run.target.partitions}")
         if buffer == psum and dtype != np.float32:
             raise NkiConstraintError(f"nl.ndarray: PSUM tile {shape} must be float32, not {dtype}")
-        per_partition = int(np.prod(shape[1:])) * dtype.itemsize
+        per_partition = math.prod(shape[1:]) * dtype.itemsize
         run.allocate(buffer, per_partition, shape, tile)
     elif buffer not in (shared_hbm, private_hbm):
         raise NkiConstraintError(f"nl.ndarray: unknown buffer {buffer!r}")
