@@ -645,7 +645,7 @@ def _model_lines(r, scale, unit):
         if own and m.get("by_kernel"):
             lines.append("      per kernel: " + ", ".join(
                 f"{k} useful {v['tensor_engine_useful_fraction']:.2f}, {v['max_instructions_per_launch']:,} "
-                "instructions/launch" for k, v in sorted(m["by_kernel"].items())
+                f"instructions/launch, SBUF {v['peak_sbuf_bytes_per_partition'] / 1024:.0f} KiB" for k, v in sorted(m["by_kernel"].items())
                 if v["tensor_engine_useful_fraction"] is not None))
     lines.append("  peak model (published peaks, no launch cost; old): " + ", ".join(
         f"{k} {v * scale:.3f} {unit}" for k, v in r["modelled_seconds"].items()))

@@ -104,6 +104,25 @@ def test_ao2mo_plain_fp32_transform(target, api, dim, size):
     assert "host:slice_operands" not in backend.calls
 
 
+@pytest.mark.parametrize("target, api, nao, nocc, nvir, naux", [
+    ("trn1", "0.2", 1408, 8, 1400, 3),  # the shape whose resident C_vir slices once overflowed SBUF
+    ("trn2", "0.6", 3000, 230, 131, 2),  # nbasis 3,000: 3 occupied chunks of 77
+])
+def test_ao2mo_streams_c_vir_for_any_nao(target, api, nao, nocc, nvir, naux):
+    """Large nao: C_vir streamed per 128 x 128 tile, C_occ in chunks that fit, H per batch of
+    functions; the exact transform against fp64, inside the target's usable SBUF."""
+    rng = np.random.default_rng(nao)
+    ints = rng.standard_normal((naux, nao, nao))
+    ints = ints + ints.transpose(0, 2, 1)
+    c_occ, c_vir = rng.standard_normal((nao, nocc)), rng.standard_normal((nao, nvir))
+    backend = NkiBackend(target, simulate=True, nki_api=api)
+    out = backend.ao2mo(f32(ints), f32(c_occ), f32(c_vir))
+    assert rel_err(out, np.einsum("pmn,mi,na->iap", ints, c_occ, c_vir, optimize=True)) <= REL_TOL
+    from dfmp2.kernels.emulator import TARGETS as LIMITS
+    assert backend.trace.peak_sbuf_bytes <= LIMITS[target].sbuf_usable_bytes_per_partition
+    assert backend.calls["ao2mo_kernel"] == 1
+
+
 @pytest.mark.parametrize("target, api", TARGETS)
 def test_exact_transform_survives_cancellation_that_plain_fp32_does_not(target, api):
     """A nearly linearly dependent AO basis (pairs of functions that differ by ~3%) and MO

@@ -271,8 +271,8 @@ class NkiBackend:
         transform "exact": the fp64 (mn|P) and C (host arrays: a NeuronCore has no fp64) are cut
         into 7-bit slices on the host (`column_digits`, `column_slices`), so the kernel's products
         and PSUM sums are exact (see the kernel). "fp32": (mn|P) and C rounded to fp32, one
-        product per half. Occupied orbitals go in chunks of at most 512 (one PSUM bank), one
-        call each.
+        product per half. One call per block of functions (the kernel cuts the occupied
+        orbitals and the functions into the chunks and batches that fit in SBUF).
         """
         x = np.asarray(self.to_host(ao_block), dtype=np.float64)
         nP, nao, _ = x.shape
@@ -305,9 +305,9 @@ class NkiBackend:
         """ao2mo_kernel on host fp64 (mn|P): x [nP, nao, nao] (tiles None) or the kept tiles
         [nP, R, P] of `tiles`; first_half_flops: the first half's useful FLOPs per occupied
         orbital (2 nP times the (mn) elements it contracts). -> [nocc, nvir, nP]."""
-        occ_chunks, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
+        occ_slices, c_occ_l1, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
         nP, nao = x.shape[0], vir_slices.shape[1]
-        nvir = vir_slices.shape[2]
+        nocc, nvir = occ_slices.shape[2], vir_slices.shape[2]
         tile_map = 0 if tiles is None else tiles.bits
         if self.transform == "exact":
             self.calls["host:slice_operands"] += 1
@@ -317,33 +317,29 @@ class NkiBackend:
         else:
             x_digits = torch.from_numpy(x.astype(np.float32))[None]
         slices = x_digits.shape[0]
-        chunks = []
-        for occ_slices, c_occ_l1 in occ_chunks:
-            nc = occ_slices.shape[2]
-            # only the auxiliary index is padded (to the run's largest block: one specialization);
-            # the kernel takes ragged nao, nocc and nvir
-            pp = self.launcher.bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nc, nvir)))[0][0]
-            if self.transform == "exact":
-                grid = half_transform_grid(x_max, c_occ_l1)  # [nP, 1, nc]
-                scale_arg = self._pad(x_scale, (pp, nao, 1), 1.0)
-                grid_arg = self._pad(torch.from_numpy(grid), (pp, 1, nc), ROUNDING_PAD)
-            else:  # not read by the kernel: placeholders that already live in HBM
-                scale_arg, grid_arg = self._placeholder((pp, nao, 1)), self._placeholder((pp, 1, nc))
-            out = self._launch("ao2mo_kernel", (
-                pad_on_host(x_digits, (slices, pp) + tuple(x_digits.shape[2:])),
-                scale_arg,
-                occ_slices,
-                vir_slices,
-                grid_arg,
-                tile_map),
-                nc * (first_half_flops + 2 * nP * nao * nvir), grid=self.lnc)  # both halves, done once
-            chunks.append(out[:nP].permute(2, 1, 0))  # [nc, nvir, nP] view of [nP, nvir, nc]
-        return chunks[0] if len(chunks) == 1 else self._device_copy(torch.cat(chunks, dim=0))
+        # only the auxiliary index is padded (to the run's largest block: one specialization); the
+        # kernel takes ragged nao, nocc and nvir and cuts the occupied orbitals into chunks itself
+        pp = self.launcher.bucket("ao2mo_kernel", ((max(nP, self._aux_block),), (nao, nocc, nvir)))[0][0]
+        if self.transform == "exact":
+            grid = half_transform_grid(x_max, c_occ_l1)  # [nP, 1, nocc]
+            scale_arg = self._pad(x_scale, (pp, nao, 1), 1.0)
+            grid_arg = self._pad(torch.from_numpy(grid), (pp, 1, nocc), ROUNDING_PAD)
+        else:  # not read by the kernel: placeholders that already live in HBM
+            scale_arg, grid_arg = self._placeholder((pp, nao, 1)), self._placeholder((pp, 1, nocc))
+        out = self._launch("ao2mo_kernel", (
+            pad_on_host(x_digits, (slices, pp) + tuple(x_digits.shape[2:])),
+            scale_arg,
+            occ_slices,
+            vir_slices,
+            grid_arg,
+            tile_map),
+            nocc * (first_half_flops + 2 * nP * nao * nvir), grid=self.lnc)  # both halves, done once
+        return out[:nP].permute(2, 1, 0)  # [nocc, nvir, nP] view of [nP, nvir, nocc]
 
     def _orbital_slices(self, c_occ, c_vir):
-        """([(slices, sum_m |C_mi|) of each <= 512-column chunk of C_occ], slices of C_vir), the
-        slices [S, nao, n] in device HBM, cut on the host from the fp64 C once per pair of
-        coefficient tensors (one per spin channel of a run); transform "fp32": S = 1, C rounded to fp32."""
+        """(slices of C_occ, sum_m |C_mi| per occupied column, slices of C_vir), the slices
+        [S, nao, n] in device HBM, cut on the host from the fp64 C once per pair of coefficient
+        tensors (one per spin channel of a run); transform "fp32": S = 1, C rounded to fp32."""
         key = ("orbitals", id(c_occ), id(c_vir))  # one entry per spin channel
         cached = self._operand_cache.get(key)
         if cached is not None and cached[0] is c_occ and cached[1] is c_vir:
@@ -356,9 +352,7 @@ class NkiBackend:
                 return self.to_device(column_slices(c, INPUT_SLICES))
             return self.to_device(c[None])
 
-        slices = ([(cut(occ[:, i0:i0 + FREE]), np.abs(occ[:, i0:i0 + FREE]).sum(axis=0))
-                   for i0 in range(0, occ.shape[1], FREE)],
-                  cut(vir))
+        slices = (cut(occ), np.abs(occ).sum(axis=0), cut(vir))
         self._operand_cache[key] = (c_occ, c_vir, slices)
         return slices
 

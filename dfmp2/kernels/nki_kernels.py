@@ -165,6 +165,27 @@ def trsm_kernel(x, l_t, linv_t):
     return out
 
 
+TRANSFORM_RESIDENT_BYTES = 112 * 1024  # per partition: C_occ's slices of one chunk + one batch's H slices
+
+
+def transform_blocking(nao, nocc, slices, h_slices, functions):
+    """(W, NB): occupied columns per chunk and auxiliary functions per batch of ao2mo_kernel.
+
+    Resident per 128 partitions: C_occ's `slices` slices of a W-column chunk (all nao rows) and
+    the `h_slices` slices of H for NB functions side by side, (slices + NB h_slices) x nm x W x 4
+    bytes (nm = ceil(nao / 128)), within TRANSFORM_RESIDENT_BYTES; NB W <= FREE columns (the
+    second half's moving operand). W takes as many occupied orbitals as fit, in equal chunks;
+    NB as many of the call's `functions` as fit."""
+    nm = (nao + P - 1) // P
+    column_bytes = 4 * nm
+    widest = TRANSFORM_RESIDENT_BYTES // ((slices + h_slices) * column_bytes)
+    assert widest >= 1, f"ao2mo_kernel: nao {nao} leaves no room for one occupied column in SBUF"
+    chunks = (nocc + min(nocc, FREE, widest) - 1) // min(nocc, FREE, widest)
+    W = (nocc + chunks - 1) // chunks
+    room = (TRANSFORM_RESIDENT_BYTES - slices * column_bytes * W) // (h_slices * column_bytes * W)
+    return W, max(1, min(FREE // W, room, functions))
+
+
 @nki.jit
 def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map):
     """Batched two-sided transform: out[p, a, i] = sum_mn C_mi C_na (mn|p), with exact fp32
@@ -196,14 +217,20 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
       H[n, i] = sum_m (mn|p) C_mi   = sum_{s+t<=S+1} X_s^T C_t   (groups g = s + t in PSUM,
                                       exact per 512-term chunk; groups and chunks combined by
                                       TwoSum into H_hi + H_lo)
-      H_u     = slices of H_hi + H_lo per column i (rounding trick, u = 1..SH)
+      H_u     = slices of H_hi + H_lo per column i (rounding trick, u = 1..SH), cut per row tile n
       T[a, i] = sum_n C_na H[n, i]  = sum_{u+t<=SH+1} Cvir_t^T H_u   (same grouping)
-    Tiles: n, m on partitions in 128s; i in one moving tile of NOCC <= 512 (both halves, so a
-    small occupied space wastes no Tensor Engine rows); a in 128-row stationary tiles (second
-    half). Every last tile is ragged (any NAO, NOCC <= 512, NVIR;
-    no padding). C slices stay in SBUF; (mn|p) is streamed in 128 x 128 tiles, each read once; the
-    first half's tile loops are Python loops over the kept tiles (a trace-time list, unrolled).
-    SPMD: program p of n takes the functions P = p, p + n, ...
+    Tiles and residency (any NAO, NOCC, NVIR, NP; every last tile ragged, no padding):
+      - occupied orbitals in chunks of W columns, functions in batches of NB
+        (`transform_blocking`): per chunk, C_occ's slices stay in SBUF (n, m on partitions in
+        128s); per batch, the H slices of its NB functions sit side by side in SBUF (row n on
+        the partitions, NB x W columns);
+      - first half, per function and row tile n: (mn|p) streamed in 128 x 128 tiles (each read
+        once per chunk), the moving operand C_occ's W columns; H's tile n is sliced at once;
+      - second half, per batch: C_vir streamed in 128 x 128 tiles (n on partitions, a the
+        stationary columns), each read once per batch and multiplied by all NB x W columns of
+        the batch's H slices (the moving operand), so C_vir crosses HBM once per NB functions.
+    The first half's tile loops are Python loops over the kept tiles (a trace-time list, unrolled).
+    SPMD: program q of n takes the batches q, q + n, ...
     Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
     would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
@@ -224,94 +251,99 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
             tile_rows[-1].append(row)
             row += min(P, NAO - m * P)
     chunk = CHUNK if exact else nm  # exact PSUM sums need contractions of <= 512 terms
-    GW = 256 if NOCC <= 256 else FREE  # PSUM columns per group: two groups share a bank when they fit
+    W, NB = transform_blocking(NAO, NOCC, S, SH, NP)
+    GW = 256 if NB * W <= 256 else FREE  # PSUM columns per group: two groups share a bank when they fit
     out = nl.ndarray((NP, NVIR, NOCC), dtype=nl.float32, buffer=nl.shared_hbm)
-    c_occ_sb = nl.ndarray((P, S * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-    c_vir_sb = nl.ndarray((P, S * nm, NVIR), dtype=nl.float32, buffer=nl.sbuf)
-    for t in nl.affine_range(S):
-        for m in nl.affine_range(nm):
-            rm = min(P, NAO - m * P)
-            nisa.dma_copy(dst=c_occ_sb[0:rm, t * nm + m, :], src=c_occ_slices[t, m * P:m * P + rm, :])
-            nisa.dma_copy(dst=c_vir_sb[0:rm, t * nm + m, :], src=c_vir_slices[t, m * P:m * P + rm, :])
     if exact:
         ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)  # broadcasts a row to 128 partitions
         nisa.memset(dst=ones, value=1.0)
-    for p in range(nl.program_id(0), NP, nl.num_programs()):
-        h_hi = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)  # H[n, i], n on partitions
-        if exact:
-            h_lo = nl.ndarray((P, nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            scale = nl.ndarray((P, nm), dtype=nl.float32, buffer=nl.sbuf)  # 2^(e_pn), n on partitions
-            for n in nl.affine_range(nm):
-                rn = min(P, NAO - n * P)
-                nisa.dma_copy(dst=scale[0:rn, n:n + 1], src=x_scale[p, n * P:n * P + rn, :])
-        for n in range(nm):
-            rn = min(P, NAO - n * P)
-            for c0 in range(0, len(kept[n]), chunk):
-                groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
-                for k in range(c0, min(c0 + chunk, len(kept[n]))):
-                    m = kept[n][k]
-                    rm = min(P, NAO - m * P)
-                    # tile (m, n): rows and columns of x_digits (dense), or its packed rows
-                    r0, q0 = (m * P, n * P) if tile_map == 0 else (tile_rows[n][k], 0)
-                    x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
+    for i0 in range(0, NOCC, W):  # occupied chunk: columns i0 .. i0 + w
+        w = min(W, NOCC - i0)
+        c_occ_sb = nl.ndarray((P, S * nm, W), dtype=nl.float32, buffer=nl.sbuf)
+        for t in nl.affine_range(S):
+            for m in nl.affine_range(nm):
+                rm = min(P, NAO - m * P)
+                nisa.dma_copy(dst=c_occ_sb[0:rm, t * nm + m, 0:w], src=c_occ_slices[t, m * P:m * P + rm, i0:i0 + w])
+        for b in range(nl.program_id(0), (NP + NB - 1) // NB, nl.num_programs()):
+            p0 = b * NB
+            nb = min(NB, NP - p0)
+            F = nb * w  # the batch's H columns: function p0 + j in columns j w .. (j + 1) w
+            h_slices = nl.ndarray((P, SH * nm, NB * W), dtype=nl.float32, buffer=nl.sbuf)
+            for j in range(nb):  # first half, one function at a time
+                p = p0 + j
+                if exact:
+                    scale = nl.ndarray((P, nm), dtype=nl.float32, buffer=nl.sbuf)  # 2^(e_pn), n on partitions
+                    for n in nl.affine_range(nm):
+                        rn = min(P, NAO - n * P)
+                        nisa.dma_copy(dst=scale[0:rn, n:n + 1], src=x_scale[p, n * P:n * P + rn, :])
+                    grid_row = nl.ndarray((1, W), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=grid_row[0:1, 0:w], src=h_grid[p, :, i0:i0 + w])
+                    grid_psum = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_matmul(dst=grid_psum[0:P, 0:w], stationary=ones, moving=grid_row[0:1, 0:w])
+                    grids = nl.ndarray((P, SH, W), dtype=nl.float32, buffer=nl.sbuf)  # slice u's grid: 2^(-7u) finer
+                    nisa.tensor_copy(dst=grids[0:P, 0, 0:w], src=grid_psum[0:P, 0:w])
+                    for u in range(1, SH):
+                        nisa.tensor_scalar(dst=grids[0:P, u, 0:w], data=grids[0:P, u - 1, 0:w], op0=nl.multiply,
+                                           operand0=SLICE_STEP)
+                for n in range(nm):
+                    rn = min(P, NAO - n * P)
+                    h_hi = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)  # H[n, i], n on partitions
+                    h_lo = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+                    for c0 in range(0, len(kept[n]), chunk):
+                        groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
+                        for k in range(c0, min(c0 + chunk, len(kept[n]))):
+                            m = kept[n][k]
+                            rm = min(P, NAO - m * P)
+                            # tile (m, n): rows and columns of x_digits (dense), or its packed rows
+                            r0, q0 = (m * P, n * P) if tile_map == 0 else (tile_rows[n][k], 0)
+                            x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
+                            if exact:
+                                digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
+                                for s in range(S):
+                                    nisa.dma_copy(dst=digits[0:rm, s, 0:rn], src=x_digits[s, p, r0:r0 + rm, q0:q0 + rn])
+                                    nisa.activation(dst=x_tiles[0:rm, s, 0:rn], op=nl.copy,
+                                                    data=digits[0:rm, s, 0:rn], scale=DIGIT_WEIGHTS[s])
+                            else:
+                                nisa.dma_copy(dst=x_tiles[0:rm, 0, 0:rn], src=x_digits[0, p, r0:r0 + rm, q0:q0 + rn])
+                            for s in range(S):
+                                for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
+                                    nisa.nc_matmul(dst=groups[0:rn, s + t, 0:w], stationary=x_tiles[0:rm, s, 0:rn],
+                                                   moving=c_occ_sb[0:rm, t * nm + m, 0:w])
+                        if exact:
+                            _add_groups(groups, S, h_hi[0:rn, 0:w], h_lo[0:rn, 0:w], w, c0 == 0)
+                        else:
+                            nisa.tensor_copy(dst=h_slices[0:rn, n, j * w:j * w + w], src=groups[0:rn, 0, 0:w])
                     if exact:
-                        digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
-                        for s in range(S):
-                            nisa.dma_copy(dst=digits[0:rm, s, 0:rn], src=x_digits[s, p, r0:r0 + rm, q0:q0 + rn])
-                            nisa.activation(dst=x_tiles[0:rm, s, 0:rn], op=nl.copy,
-                                            data=digits[0:rm, s, 0:rn], scale=DIGIT_WEIGHTS[s])
+                        for part in (h_hi, h_lo):  # H rows times 2^(e_pn): exact
+                            nisa.tensor_scalar(dst=part[0:rn, 0:w], data=part[0:rn, 0:w], op0=nl.multiply,
+                                               operand0=scale[0:rn, n:n + 1])
+                        for u in range(SH):
+                            _peel_slice(h_hi[0:rn, 0:w], h_lo[0:rn, 0:w], grids[0:rn, u, 0:w],
+                                        h_slices[0:rn, u * nm + n, j * w:j * w + w], w)
+            for a0 in range(0, NVIR, P):  # second half: T^T[a, i], virtuals on the output partitions
+                ma = min(P, NVIR - a0)
+                t_hi = nl.ndarray((P, NB * W), dtype=nl.float32, buffer=nl.sbuf)
+                if exact:
+                    t_lo = nl.ndarray((P, NB * W), dtype=nl.float32, buffer=nl.sbuf)
+                for c0 in range(0, nm, chunk):
+                    groups = nl.ndarray((P, SH, GW), dtype=nl.float32, buffer=nl.psum)
+                    for n in nl.affine_range(c0, min(c0 + chunk, nm)):
+                        rn = min(P, NAO - n * P)
+                        c_vir_tile = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)  # streamed
+                        for t in range(S):
+                            nisa.dma_copy(dst=c_vir_tile[0:rn, t, 0:ma], src=c_vir_slices[t, n * P:n * P + rn, a0:a0 + ma])
+                        for u in range(SH):
+                            for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
+                                nisa.nc_matmul(dst=groups[0:ma, u + t, 0:F], stationary=c_vir_tile[0:rn, t, 0:ma],
+                                               moving=h_slices[0:rn, u * nm + n, 0:F])
+                    if exact:
+                        _add_groups(groups, SH, t_hi[0:ma, 0:F], t_lo[0:ma, 0:F], F, c0 == 0)
                     else:
-                        nisa.dma_copy(dst=x_tiles[0:rm, 0, 0:rn], src=x_digits[0, p, r0:r0 + rm, q0:q0 + rn])
-                    for s in range(S):
-                        for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
-                            nisa.nc_matmul(dst=groups[0:rn, s + t, 0:NOCC], stationary=x_tiles[0:rm, s, 0:rn],
-                                           moving=c_occ_sb[0:rm, t * nm + m, :])
+                        nisa.tensor_copy(dst=t_hi[0:ma, 0:F], src=groups[0:ma, 0, 0:F])
                 if exact:
-                    _add_groups(groups, S, h_hi[0:rn, n, :], h_lo[0:rn, n, :], NOCC, c0 == 0)
-                else:
-                    nisa.tensor_copy(dst=h_hi[0:rn, n, :], src=groups[0:rn, 0, 0:NOCC])
-            if exact:
-                for part in (h_hi, h_lo):  # H rows times 2^(e_pn): exact
-                    nisa.tensor_scalar(dst=part[0:rn, n, :], data=part[0:rn, n, :], op0=nl.multiply,
-                                       operand0=scale[0:rn, n:n + 1])
-        if exact:
-            grid_row = nl.ndarray((1, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=grid_row, src=h_grid[p, :, :])
-            grid_psum = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=grid_psum, stationary=ones, moving=grid_row)  # the row on every partition
-            grid = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=grid, src=grid_psum)
-            h_slices = nl.ndarray((P, SH * nm, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            for u in range(SH):
-                if u > 0:  # the next slice's grid: 2^-7 finer (exact)
-                    nisa.tensor_scalar(dst=grid, data=grid, op0=nl.multiply, operand0=SLICE_STEP)
-                for n in nl.affine_range(nm):
-                    rn = min(P, NAO - n * P)
-                    _peel_slice(h_hi[0:rn, n, :], h_lo[0:rn, n, :], grid[0:rn], h_slices[0:rn, u * nm + n, :],
-                                NOCC)
-        else:
-            h_slices = h_hi  # the one "slice": H itself
-        for a0 in range(0, NVIR, P):  # T^T[a, i]: virtuals on the output partitions, NOCC moving
-            ma = min(P, NVIR - a0)
-            t_hi = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            if exact:
-                t_lo = nl.ndarray((P, NOCC), dtype=nl.float32, buffer=nl.sbuf)
-            for c0 in range(0, nm, chunk):
-                groups = nl.ndarray((P, SH, GW), dtype=nl.float32, buffer=nl.psum)
-                for n in nl.affine_range(c0, min(c0 + chunk, nm)):
-                    rn = min(P, NAO - n * P)
-                    for u in range(SH):
-                        for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
-                            nisa.nc_matmul(dst=groups[0:ma, u + t, 0:NOCC],
-                                           stationary=c_vir_sb[0:rn, t * nm + n, a0:a0 + ma],
-                                           moving=h_slices[0:rn, u * nm + n, :])
-                if exact:
-                    _add_groups(groups, SH, t_hi[0:ma], t_lo[0:ma], NOCC, c0 == 0)
-                else:
-                    nisa.tensor_copy(dst=t_hi[0:ma], src=groups[0:ma, 0, 0:NOCC])
-            if exact:
-                nisa.tensor_tensor(dst=t_hi[0:ma], data1=t_hi[0:ma], data2=t_lo[0:ma], op=nl.add)
-            nisa.dma_copy(dst=out[p, a0:a0 + ma, :], src=t_hi[0:ma])
+                    nisa.tensor_tensor(dst=t_hi[0:ma, 0:F], data1=t_hi[0:ma, 0:F], data2=t_lo[0:ma, 0:F], op=nl.add)
+                for j in range(nb):
+                    nisa.dma_copy(dst=out[p0 + j, a0:a0 + ma, i0:i0 + w], src=t_hi[0:ma, j * w:j * w + w])
     return out
 
 

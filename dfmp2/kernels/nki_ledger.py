@@ -28,14 +28,14 @@ class CostLedger:
         self.model_costs = {name: {} for name in TARGETS}  # calibrated MODEL, per target
         self.model_costs_by_step = {name: {} for name in TARGETS}  # ... per kernel / transfer / copy
         self.useful_flops = 0  # minimal matmul FLOPs of the algorithm (unpadded shapes, done once)
-        self._by_kernel = {}  # kernel -> [useful FLOPs, array columns issued, largest program's instructions]
+        self._by_kernel = {}  # kernel -> [useful FLOPs, array columns issued, largest program's instructions, peak SBUF]
 
     def count_launch(self, kernel_name: str, useful_flops) -> None:
         """One call of `kernel_name` whose unpadded work needs `useful_flops` matmul FLOPs (its
         trace follows through `record`, except on a Trainium host where there is none)."""
         self.calls[kernel_name] += 1
         self.useful_flops += int(useful_flops)
-        self._by_kernel.setdefault(kernel_name, [0, 0, 0])[0] += int(useful_flops)
+        self._by_kernel.setdefault(kernel_name, [0, 0, 0, 0])[0] += int(useful_flops)
 
     def record(self, trace: Trace, host_bytes_in=None, step=None) -> None:
         """Add a kernel trace (host_bytes_in: its arguments' host -> device bytes; the result
@@ -49,6 +49,7 @@ class CostLedger:
             # instructions of the compiled program (one per physical core under LNC=2; no
             # device-side loops here, so executed = unrolled)
             stats[2] = max(stats[2], max(sum(p.instructions.values()) for p in (trace.programs or [trace])))
+            stats[3] = max(stats[3], trace.peak_sbuf_bytes)
         self.trace.add(trace)
         step = step or ("host<->device transfer" if trace.host_bytes_in or trace.host_bytes_out
                         else "device copy")
@@ -98,8 +99,9 @@ class CostLedger:
                 "physical_cores_per_launch": TARGETS[name].max_lnc,
                 "by_kernel": {kernel: {
                     "tensor_engine_useful_fraction": useful / (2 * P * P * columns) if columns else None,
-                    "max_instructions_per_launch": instructions}
-                    for kernel, (useful, columns, instructions) in self._by_kernel.items()},
+                    "max_instructions_per_launch": instructions,
+                    "peak_sbuf_bytes_per_partition": peak_sbuf}
+                    for kernel, (useful, columns, instructions, peak_sbuf) in self._by_kernel.items()},
                 "instruction_limit": emulator.INSTRUCTION_LIMIT,
             }
         return out
