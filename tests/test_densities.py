@@ -279,3 +279,34 @@ def test_trainium_densities_out_of_core_are_refused_before_the_pair_stage(monkey
     for (_, _, oo, vv), (_, _, oo_ref, vv_ref) in zip(out_of_core.correlation.rdm1_active,
                                                       in_memory.correlation.rdm1_active):
         assert np.abs(oo - oo_ref).max() < 1e-10 and np.abs(vv - vv_ref).max() < 1e-10
+
+
+@pytest.mark.parametrize("case, nvir_k", [("closed", 1500), ("opposite", 700)])
+def test_density_kernel_streams_b_rows_and_vv_at_large_sizes(case, nvir_k):
+    """nvir 1500 with naux 3000 on trn1: one B row (141 KiB per partition) and P_vv's partial sums
+    (70 KiB) together overflow SBUF, so B is streamed in [128, 512] tiles and P_vv accumulates in
+    HBM; the result equals the fp64 formulas and the kernel stays inside usable SBUF."""
+    import torch
+
+    from dfmp2.kernels.emulator import TARGETS
+    from dfmp2.kernels.nki_backend import NkiBackend
+    from dfmp2.kernels.torch_backend import TorchBackend
+
+    nocc, nk, nvir, naux = 2, 2, 1500, 3000
+    rng = np.random.default_rng(nvir_k)
+    b = torch.from_numpy(rng.standard_normal((nocc, nvir, naux)) * 0.02)
+    e_occ, e_vir = torch.from_numpy(rng.uniform(-2, -0.5, nocc)), torch.from_numpy(rng.uniform(0.2, 3, nvir))
+    if case == "opposite":
+        b_k = torch.from_numpy(rng.standard_normal((nk, nvir_k, naux)) * 0.02)
+        e_k, e_vir_k = torch.from_numpy(rng.uniform(-2, -0.5, nk)), torch.from_numpy(rng.uniform(0.2, 3, nvir_k))
+    else:
+        b_k, e_k, e_vir_k = b[:nk], e_occ[:nk], None
+    ref_oo, ref_vv, _ = TorchBackend("cpu", "fp64").density_block(b, b_k, e_occ, e_k, e_vir, (1.0, 1.0), case, e_vir_k)
+    nki = NkiBackend("trn1", simulate=True)
+    oo, vv, _ = nki.density_block(b.float(), b_k.float(), e_occ.float(), e_k.float(), e_vir.float(), (1.0, 1.0),
+                                  case, None if e_vir_k is None else e_vir_k.float())
+    scale = max(float(ref_oo.abs().max()), float(ref_vv.abs().max()))
+    assert float((oo - ref_oo).abs().max()) < 1e-5 * scale
+    assert float((vv - ref_vv).abs().max()) < 1e-5 * scale
+    assert nki.calls["density_kernel"] == 1
+    assert nki.trace.peak_sbuf_bytes <= TARGETS["trn1"].sbuf_usable_bytes_per_partition

@@ -41,7 +41,7 @@ from .nki_sparse import TileMap, pack_tiles, tile_digits
 from .nki_support import installed_nki_api, installed_versions
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, column_digits, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints
-from .tiles import FREE, P
+from .tiles import FREE, P, VV_RESIDENT_BYTES
 
 
 class NkiBackend:
@@ -527,16 +527,17 @@ class NkiBackend:
         return torch.from_numpy(-weight * oo), torch.from_numpy(weight * vv)
 
     def density_rows(self, nvir, naux, nvir_k=None):
-        """Occupied orbitals per side of one density launch: the amplitudes X^T and Y^T of each
-        [nvir_k, nvir] pair (4 bytes per element, over 128 partitions), P_vv [nvir, nvir] and three
-        B rows in the target's usable SBUF, with room for the working tiles (nvir_k: k's virtuals
-        when k is the other spin)."""
-        nvir_k = nvir if nvir_k is None else nvir_k
-        per_pair = -(-nvir_k // P) * nvir * 4  # one [nvir_k, nvir] fp32 array per partition
+        """Occupied orbitals per side of one density launch (at most 32): the amplitudes of one
+        block of 128 of k's virtuals for every row of both sides (nvir fp32 per partition each),
+        their oo partials, beside P_vv's partial sums when they stay in SBUF
+        (density_kernel's VV_RESIDENT_BYTES), B_k's and B_i's columns of the block, the
+        streamed B tiles and the working tiles (nvir_k: k's virtuals when k is the other
+        spin; the streamed kernel holds no [nvir_k, nvir] array)."""
         vv = -(-nvir // P) * nvir * 4
-        b_rows = (2 * nvir + nvir_k) * -(-naux // P) * 4
-        room = TARGETS[self.target].sbuf_usable_bytes_per_partition - b_rows - vv - 24 * 1024
-        return max(0, min(16, room // (2 * per_pair)))
+        vv = vv if vv <= VV_RESIDENT_BYTES else 0
+        fixed = vv + 2 * -(-naux // P) * P * 4 + 2 * nvir * 4 + 32 * 1024
+        room = TARGETS[self.target].sbuf_usable_bytes_per_partition - fixed
+        return max(0, min(32, room // (2 * nvir * 4 + 2 * 32 * 4)))
 
     def _aux_rows(self, b):
         """B [n, nvir, naux] as the kernels' [n, naux, nvir] (auxiliary index on the rows): a view

@@ -29,7 +29,7 @@ import nki.language as nl
 
 # relative: resolves to dfmp2.kernels.tiles both when this file is imported as
 # dfmp2.kernels.nki_kernels and when nki_launch.load_kernels loads it from its path for the emulator
-from .tiles import FREE, P, SLICE_BITS
+from .tiles import FREE, P, SLICE_BITS, VV_RESIDENT_BYTES
 
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
@@ -570,30 +570,34 @@ def _add_dot(column, a, b, scale=1.0):
 def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg_e_vir_rows, with_vv,
                    x_w, x_u, y_w, y_u):
     """Unrelaxed MP2 density contributions of the pairs (i, k) and (j, k), i in block I, j in
-    block J, k in block K, any spin case and scaling; the amplitudes never leave the chip.
+    block J, k in block K, any spin case and scaling, any size; the amplitudes never leave the chip.
 
     b_i [NI, NAUX, NVIR], b_j [NJ, NAUX, NVIR], b_k [NK, NAUX, NVIRK]: whitened B, auxiliary index
     on the rows (k may be the other spin: NVIRK may differ). e_*_rows [128, N*]: occupied
     energies on every partition; e_vir_k_col [NVIRK, 1]: k's virtual energies e_c;
     neg_e_vir_rows [128, NVIR]: -e_a. with_vv = 1 (a diagonal launch, J = I): also P_vv.
     (x_w, x_u), (y_w, y_u): compile-time weights of the two amplitude combinations (x_u, y_u
-    nonzero only for NVIRK = NVIR). Per pair (i, k), c in 128-row blocks (partitions), a in
-    512-column chunks:
+    nonzero only for NVIRK = NVIR). Per k and per block of 128 of k's virtuals c (partitions),
+    for every i of I and j of J, a in 512-column chunks:
         W[c, a] = (ia|kc) = sum_Q B_k[Q, c] B_i[Q, a]      U[c, a] = (ic|ka) = sum_Q B_i[Q, c] B_k[Q, a]
         X^T[c, a] = (x_w W - x_u U) / D,   Y^T[c, a] = (y_w W - y_u U) / D,   D = e_i + e_k - e_a - e_c
     (closed shell: X = t, Y = (c_os + c_ss) t - c_ss t^T; same spin: X = Y = t - t^T; opposite
     spin: X = Y = t; NkiBackend.density_weights), so that
         oo[i, j]  += sum_{c, a} X_ik^T[c, a] Y_jk^T[c, a]    (host: P_ij = -w sum_k oo)
         vv[a, b]  += sum_c X_ik^T[c, a] Y_ik^T[c, b]         (host: P_ab = w sum vv; J = I only)
+    Residency: the amplitudes of one c block for all rows of the launch ((NI + NJ) NVIR fp32 per
+    partition, NkiBackend.density_rows) and B_k's and B_i's columns c (stationary, [128, nq, 128]);
+    the moving B rows are streamed in [128, 512] tiles; vv stays in SBUF up to VV_RESIDENT_BYTES,
+    beyond it its partial sums are added into vv_out in HBM per c block.
     Returns (oo partials [128, NI * NJ] per partition, vv [NVIR, NVIR]).
     Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
     would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
     NI, NAUX, NVIR = b_i.shape
     NJ, NK, NVIRK = b_j.shape[0], b_k.shape[0], b_k.shape[2]
-    nq = (NAUX + P - 1) // P
     nc = (NVIRK + P - 1) // P  # blocks of k's virtuals c (the partitions of the amplitudes)
     na = (NVIR + P - 1) // P  # blocks of i's virtuals a (the partitions of vv)
+    vv_resident = na * NVIR * 4 <= VV_RESIDENT_BYTES
     oo_out = nl.ndarray((P, NI * NJ), dtype=nl.float32, buffer=nl.shared_hbm)
     vv_out = nl.ndarray((NVIR, NVIR), dtype=nl.float32, buffer=nl.shared_hbm)
     ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
@@ -607,44 +611,122 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg
     ec = _vir_column(e_vir_k_col)
     oo = nl.ndarray((P, NI * NJ), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=oo, value=0.0)
-    vv = nl.ndarray((P, na, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # vv[a, b], a on partitions
-    nisa.memset(dst=vv, value=0.0)
+    if vv_resident:
+        vv = nl.ndarray((P, na, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # vv[a, b], a on partitions
+        nisa.memset(dst=vv, value=0.0)
+    else:  # vv_out starts at zero and takes each c block's partial sums
+        zeros = nl.ndarray((P, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=zeros, value=0.0)
+        for a in nl.affine_range(na):
+            ma = min(P, NVIR - a * P)
+            nisa.dma_copy(dst=vv_out[a * P:a * P + ma, :], src=zeros[0:ma, :])
     for k in range(NK):
-        bk = _load_rows(b_k, k, nq)
-        x_i = nl.ndarray((P, NI * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # X^T of (i, k)
-        y_j = nl.ndarray((P, NJ * nc, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # Y^T of (j, k)
-        for i in range(NI):
-            _amplitudes(_load_rows(b_i, i, nq), bk, NAUX, ei[:, i:i + 1], ek[:, k:k + 1], ec, neg_ea,
-                        x_i[:, i * nc:(i + 1) * nc, :], (x_w, x_u))
-        for j in range(NJ):
-            _amplitudes(_load_rows(b_j, j, nq), bk, NAUX, ej[:, j:j + 1], ek[:, k:k + 1], ec, neg_ea,
-                        y_j[:, j * nc:(j + 1) * nc, :], (y_w, y_u))
-        for i in range(NI):
-            for j in range(NJ):
-                for c in range(nc):
-                    mc = min(P, NVIRK - c * P)
-                    _add_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], x_i[0:mc, i * nc + c, :],
-                             y_j[0:mc, j * nc + c, :])
-        if with_vv == 1:  # J = I: vv[a, b] += sum_c X^T[c, a] Y^T[c, b]
+        for c in range(nc):
+            mc = min(P, NVIRK - c * P)
+            bk_c = _load_columns(b_k, k, c * P, mc)  # B_k[Q, c]: W's stationary
+            x_i = nl.ndarray((P, NI, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # X^T of (i, k), rows c
+            y_j = nl.ndarray((P, NJ, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # Y^T of (j, k), rows c
             for i in range(NI):
+                _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, ei[:, i:i + 1], ek[:, k:k + 1], ec, neg_ea,
+                                 x_i[:, i, :], (x_w, x_u))
+            for j in range(NJ):
+                _amplitude_block(b_j, j, b_k, k, bk_c, c, mc, ej[:, j:j + 1], ek[:, k:k + 1], ec, neg_ea,
+                                 y_j[:, j, :], (y_w, y_u))
+            for i in range(NI):
+                for j in range(NJ):
+                    _add_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], x_i[0:mc, i, :], y_j[0:mc, j, :])
+            if with_vv == 1:  # J = I: vv[a, b] += sum_i sum_c X_i^T[c, a] Y_i^T[c, b]
                 for a in range(na):
                     ma = min(P, NVIR - a * P)
                     for b0 in range(0, NVIR, FREE):
                         b1 = min(b0 + FREE, NVIR)
                         acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-                        for c in range(nc):
-                            mc = min(P, NVIRK - c * P)
-                            nisa.nc_matmul(dst=acc[0:ma, 0:b1 - b0], stationary=x_i[0:mc, i * nc + c, a * P:a * P + ma],
-                                           moving=y_j[0:mc, i * nc + c, b0:b1])
+                        for i in range(NI):
+                            nisa.nc_matmul(dst=acc[0:ma, 0:b1 - b0], stationary=x_i[0:mc, i, a * P:a * P + ma],
+                                           moving=y_j[0:mc, i, b0:b1])
                         part = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                         nisa.tensor_copy(dst=part[0:ma, 0:b1 - b0], src=acc[0:ma, 0:b1 - b0])
-                        nisa.tensor_tensor(dst=vv[0:ma, a, b0:b1], data1=vv[0:ma, a, b0:b1],
-                                           data2=part[0:ma, 0:b1 - b0], op=nl.add)
+                        if vv_resident:
+                            nisa.tensor_tensor(dst=vv[0:ma, a, b0:b1], data1=vv[0:ma, a, b0:b1],
+                                               data2=part[0:ma, 0:b1 - b0], op=nl.add)
+                        else:
+                            held = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=held[0:ma, 0:b1 - b0], src=vv_out[a * P:a * P + ma, b0:b1])
+                            nisa.tensor_tensor(dst=held[0:ma, 0:b1 - b0], data1=held[0:ma, 0:b1 - b0],
+                                               data2=part[0:ma, 0:b1 - b0], op=nl.add)
+                            nisa.dma_copy(dst=vv_out[a * P:a * P + ma, b0:b1], src=held[0:ma, 0:b1 - b0])
     nisa.dma_copy(dst=oo_out, src=oo)
-    for a in nl.affine_range(na):
-        ma = min(P, NVIR - a * P)
-        nisa.dma_copy(dst=vv_out[a * P:a * P + ma, :], src=vv[0:ma, a, :])
+    if vv_resident:
+        for a in nl.affine_range(na):
+            ma = min(P, NVIR - a * P)
+            nisa.dma_copy(dst=vv_out[a * P:a * P + ma, :], src=vv[0:ma, a, :])
     return oo_out, vv_out
+
+
+def _load_columns(b, row, c0, mc):
+    """B[row][:, c0:c0 + mc] [NAUX, mc] into SBUF [128, nq, 128] (auxiliary index on the partitions)."""
+    NAUX = b.shape[1]
+    nq = (NAUX + P - 1) // P
+    tile = nl.ndarray((P, nq, P), dtype=nl.float32, buffer=nl.sbuf)
+    for q in nl.affine_range(nq):
+        qs = min(P, NAUX - q * P)
+        nisa.dma_copy(dst=tile[0:qs, q, 0:mc], src=b[row, q * P:q * P + qs, c0:c0 + mc])
+    return tile
+
+
+def _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, e_i, e_k, ec, neg_ea, out, weights):
+    """X^T[c, a] = (c_w (ia|kc) - c_u (ic|ka)) / D for one block of 128 of k's virtuals c (rows
+    c P .. c P + mc, on the partitions) and all of i's virtuals a, into out [128, NVIR].
+    bk_c [128, nq, 128]: B_k's columns c in SBUF (W's stationary); the moving rows B_i[Q, a] (and,
+    for U, B_k[Q, a] with B_i's columns c stationary) are streamed in [128, 512] tiles from HBM.
+    weights (c_w, c_u): c_u = 0 skips (ic|ka) (then k's virtuals may differ from i's)."""
+    NAUX, NVIR = b_i.shape[1], b_i.shape[2]
+    nq = (NAUX + P - 1) // P
+    c_w, c_u = weights
+    if c_u != 0.0:
+        bi_c = _load_columns(b_i, i, c * P, mc)  # B_i[Q, c]: U's stationary
+    shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_k - e_c
+    nisa.tensor_tensor(dst=shift[0:mc], data1=e_i[0:mc], data2=e_k[0:mc], op=nl.add)
+    nisa.tensor_tensor(dst=shift[0:mc], data1=shift[0:mc], data2=ec[0:mc, c:c + 1], op=nl.subtract)
+    for a0 in range(0, NVIR, FREE):
+        a1 = min(a0 + FREE, NVIR)
+        w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+        u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum) if c_u != 0.0 else w  # w: not read
+        for q in range(nq):
+            qs = min(P, NAUX - q * P)
+            bi_rows = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=bi_rows[0:qs, 0:a1 - a0], src=b_i[i, q * P:q * P + qs, a0:a1])
+            nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk_c[0:qs, q, 0:mc], moving=bi_rows[0:qs, 0:a1 - a0])
+            if c_u != 0.0:
+                bk_rows = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=bk_rows[0:qs, 0:a1 - a0], src=b_k[k, q * P:q * P + qs, a0:a1])
+                nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi_c[0:qs, q, 0:mc], moving=bk_rows[0:qs, 0:a1 - a0])
+        _divide_by_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0], neg_ea[0:mc, a0:a1], shift[0:mc], weights,
+                               out[0:mc, a0:a1])
+
+
+def _divide_by_denominator(w, u, neg_ea, shift, weights, out):
+    """out = (c_w W - c_u U) / (shift - e_a) on the Vector Engine: W, U [R, F] in PSUM, neg_ea
+    [R, F] = -e_a, shift [R, 1] = e_i + e_k - e_c; c_w W goes to SBUF first even for c_w = 1
+    when U is subtracted (tensor_tensor takes at most one PSUM operand)."""
+    R, F = w.shape
+    c_w, c_u = weights
+    inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=inv_d[0:R, 0:F], data=neg_ea, op0=nl.add, operand0=shift)
+    nisa.reciprocal(dst=inv_d[0:R, 0:F], data=inv_d[0:R, 0:F])
+    numerator = w  # c_w W - c_u U (W itself for t)
+    if c_w != 1.0 or c_u != 0.0:
+        combined = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=combined[0:R, 0:F], data=w, op0=nl.multiply, operand0=c_w)
+        if c_u != 0.0:
+            u_part = u
+            if c_u != 1.0:
+                scaled = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=scaled[0:R, 0:F], data=u, op0=nl.multiply, operand0=c_u)
+                u_part = scaled[0:R, 0:F]
+            nisa.tensor_tensor(dst=combined[0:R, 0:F], data1=combined[0:R, 0:F], data2=u_part, op=nl.subtract)
+        numerator = combined[0:R, 0:F]
+    nisa.tensor_tensor(dst=out, data1=numerator, data2=inv_d[0:R, 0:F], op=nl.multiply)
 
 
 @nki.jit
@@ -735,7 +817,7 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, out, weights):
     NVIR = bi.shape[2]
     nq = bi.shape[1]
     nc = (bk.shape[2] + P - 1) // P
-    c_w, c_u = weights
+    c_u = weights[1]
     eik = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=eik, data1=e_i, data2=e_k, op=nl.add)
     for c in range(nc):
@@ -753,25 +835,8 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, out, weights):
                 if c_u != 0.0:
                     nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi[0:qs, q, c0:c0 + mc],
                                    moving=bk[0:qs, q, a0:a1])
-            inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=inv_d[0:mc, 0:a1 - a0], data=neg_ea[0:mc, a0:a1], op0=nl.add,
-                               operand0=shift[0:mc])
-            nisa.reciprocal(dst=inv_d[0:mc, 0:a1 - a0], data=inv_d[0:mc, 0:a1 - a0])
-            numerator = w[0:mc, 0:a1 - a0]  # c_w W - c_u U (W itself for t)
-            if c_w != 1.0 or c_u != 0.0:  # c_w W into SBUF even for c_w = 1: at most one operand in PSUM
-                combined = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=combined[0:mc, 0:a1 - a0], data=numerator, op0=nl.multiply, operand0=c_w)
-                if c_u != 0.0:
-                    u_part = u[0:mc, 0:a1 - a0]
-                    if c_u != 1.0:
-                        scaled = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                        nisa.tensor_scalar(dst=scaled[0:mc, 0:a1 - a0], data=u_part, op0=nl.multiply, operand0=c_u)
-                        u_part = scaled[0:mc, 0:a1 - a0]
-                    nisa.tensor_tensor(dst=combined[0:mc, 0:a1 - a0], data1=combined[0:mc, 0:a1 - a0], data2=u_part,
-                                       op=nl.subtract)
-                numerator = combined[0:mc, 0:a1 - a0]
-            nisa.tensor_tensor(dst=out[0:mc, c, a0:a1], data1=numerator, data2=inv_d[0:mc, 0:a1 - a0],
-                               op=nl.multiply)
+            _divide_by_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0], neg_ea[0:mc, a0:a1], shift[0:mc],
+                                   weights, out[0:mc, c, a0:a1])
 
 
 # ---- the SCF's Coulomb and exchange builds (dfmp2.scf; the backend side in nki_fitted.py) ------------

@@ -12,3 +12,4 @@ Plain constants and no imports: nki_kernels.py imports this module both as part 
 P = 128  # partitions: contraction tiles and the stationary free size
 FREE = 512  # moving free size = one PSUM bank of fp32
 SLICE_BITS = 7  # exact-product transform: each slice an integer of <= 7 bits times a power of two
+VV_RESIDENT_BYTES = 64 * 1024  # density_kernel: P_vv's partial sums up to this (per partition) stay in SBUF
