@@ -585,8 +585,9 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg
     spin: X = Y = t; NkiBackend.density_weights), so that
         oo[i, j]  += sum_{c, a} X_ik^T[c, a] Y_jk^T[c, a]    (host: P_ij = -w sum_k oo)
         vv[a, b]  += sum_c X_ik^T[c, a] Y_ik^T[c, b]         (host: P_ab = w sum vv; J = I only)
-    Residency: the amplitudes of one c block for all rows of the launch ((NI + NJ) NVIR fp32 per
-    partition, NkiBackend.density_rows) and B_k's and B_i's columns c (stationary, [128, nq, 128]);
+    A diagonal launch forms W and U once per (i, k, c block) and both X and Y from them (Y is X
+    itself when the weights agree). Residency: the amplitudes of one c block for all rows of the
+    launch ((NI + NJ) NVIR fp32 per partition, NkiBackend.density_rows) and B_k's and B_i's columns c (stationary, [128, nq, 128]);
     the moving B rows are streamed in [128, 512] tiles; vv stays in SBUF up to VV_RESIDENT_BYTES,
     beyond it its partial sums are added into vv_out in HBM per c block.
     Returns (oo partials [128, NI * NJ] per partition, vv [NVIR, NVIR]).
@@ -625,13 +626,16 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg
             mc = min(P, NVIRK - c * P)
             bk_c = _load_columns(b_k, k, c * P, mc)  # B_k[Q, c]: W's stationary
             x_i = nl.ndarray((P, NI, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # X^T of (i, k), rows c
-            y_j = nl.ndarray((P, NJ, NVIR), dtype=nl.float32, buffer=nl.sbuf)  # Y^T of (j, k), rows c
-            for i in range(NI):
+            # Y^T of (j, k), rows c: X^T itself when J = I and the weights agree (same and opposite spin)
+            same_y = with_vv == 1 and (y_w, y_u) == (x_w, x_u)
+            y_j = x_i if same_y else nl.ndarray((P, NJ, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+            for i in range(NI):  # J = I: Y from the same (ia|kc), (ic|ka) as X
+                both = with_vv == 1 and not same_y
                 _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, ei[:, i:i + 1], ek[:, k:k + 1], ec, neg_ea,
-                                 x_i[:, i, :], (x_w, x_u))
-            for j in range(NJ):
+                                 [(x_i[:, i, :], (x_w, x_u))] + ([(y_j[:, i, :], (y_w, y_u))] if both else []))
+            for j in range(NJ if with_vv != 1 else 0):
                 _amplitude_block(b_j, j, b_k, k, bk_c, c, mc, ej[:, j:j + 1], ek[:, k:k + 1], ec, neg_ea,
-                                 y_j[:, j, :], (y_w, y_u))
+                                 [(y_j[:, j, :], (y_w, y_u))])
             for i in range(NI):
                 for j in range(NJ):
                     _add_dot(oo[0:mc, i * NJ + j:i * NJ + j + 1], x_i[0:mc, i, :], y_j[0:mc, j, :])
@@ -674,16 +678,17 @@ def _load_columns(b, row, c0, mc):
     return tile
 
 
-def _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, e_i, e_k, ec, neg_ea, out, weights):
+def _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, e_i, e_k, ec, neg_ea, outs):
     """X^T[c, a] = (c_w (ia|kc) - c_u (ic|ka)) / D for one block of 128 of k's virtuals c (rows
-    c P .. c P + mc, on the partitions) and all of i's virtuals a, into out [128, NVIR].
+    c P .. c P + mc, on the partitions) and all of i's virtuals a, into each out [128, NVIR] of
+    outs [(out, (c_w, c_u)), ...], all from the same W and U (formed once).
     bk_c [128, nq, 128]: B_k's columns c in SBUF (W's stationary); the moving rows B_i[Q, a] (and,
     for U, B_k[Q, a] with B_i's columns c stationary) are streamed in [128, 512] tiles from HBM.
-    weights (c_w, c_u): c_u = 0 skips (ic|ka) (then k's virtuals may differ from i's)."""
+    U only where some c_u != 0 (then k's virtuals are i's; otherwise they may differ)."""
     NAUX, NVIR = b_i.shape[1], b_i.shape[2]
     nq = (NAUX + P - 1) // P
-    c_w, c_u = weights
-    if c_u != 0.0:
+    with_u = any(weights[1] != 0.0 for _, weights in outs)
+    if with_u:
         bi_c = _load_columns(b_i, i, c * P, mc)  # B_i[Q, c]: U's stationary
     shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_k - e_c
     nisa.tensor_tensor(dst=shift[0:mc], data1=e_i[0:mc], data2=e_k[0:mc], op=nl.add)
@@ -691,29 +696,37 @@ def _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, e_i, e_k, ec, neg_ea, out, wei
     for a0 in range(0, NVIR, FREE):
         a1 = min(a0 + FREE, NVIR)
         w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-        u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum) if c_u != 0.0 else w  # w: not read
+        u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum) if with_u else w  # w: not read
         for q in range(nq):
             qs = min(P, NAUX - q * P)
             bi_rows = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=bi_rows[0:qs, 0:a1 - a0], src=b_i[i, q * P:q * P + qs, a0:a1])
             nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk_c[0:qs, q, 0:mc], moving=bi_rows[0:qs, 0:a1 - a0])
-            if c_u != 0.0:
+            if with_u:
                 bk_rows = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.dma_copy(dst=bk_rows[0:qs, 0:a1 - a0], src=b_k[k, q * P:q * P + qs, a0:a1])
                 nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi_c[0:qs, q, 0:mc], moving=bk_rows[0:qs, 0:a1 - a0])
-        _divide_by_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0], neg_ea[0:mc, a0:a1], shift[0:mc], weights,
-                               out[0:mc, a0:a1])
+        inv_d = _inverse_denominator(neg_ea[0:mc, a0:a1], shift[0:mc])
+        for out, weights in outs:
+            _combine_over_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0], inv_d, weights, out[0:mc, a0:a1])
 
 
-def _divide_by_denominator(w, u, neg_ea, shift, weights, out):
-    """out = (c_w W - c_u U) / (shift - e_a) on the Vector Engine: W, U [R, F] in PSUM, neg_ea
-    [R, F] = -e_a, shift [R, 1] = e_i + e_k - e_c; c_w W goes to SBUF first even for c_w = 1
-    when U is subtracted (tensor_tensor takes at most one PSUM operand)."""
-    R, F = w.shape
-    c_w, c_u = weights
+def _inverse_denominator(neg_ea, shift):
+    """1 / (shift - e_a) [R, F] in SBUF (in a [128, 512] tile) on the Vector Engine: neg_ea [R, F] = -e_a,
+    shift [R, 1] = e_i + e_k - e_c."""
+    R, F = neg_ea.shape
     inv_d = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=inv_d[0:R, 0:F], data=neg_ea, op0=nl.add, operand0=shift)
     nisa.reciprocal(dst=inv_d[0:R, 0:F], data=inv_d[0:R, 0:F])
+    return inv_d[0:R, 0:F]
+
+
+def _combine_over_denominator(w, u, inv_d, weights, out):
+    """out = (c_w W - c_u U) inv_d on the Vector Engine: W, U [R, F] in PSUM, inv_d [R, F] from
+    _inverse_denominator; c_w W goes to SBUF first even for c_w = 1 when U is subtracted
+    (tensor_tensor takes at most one PSUM operand)."""
+    R, F = w.shape
+    c_w, c_u = weights
     numerator = w  # c_w W - c_u U (W itself for t)
     if c_w != 1.0 or c_u != 0.0:
         combined = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
@@ -726,7 +739,7 @@ def _divide_by_denominator(w, u, neg_ea, shift, weights, out):
                 u_part = scaled[0:R, 0:F]
             nisa.tensor_tensor(dst=combined[0:R, 0:F], data1=combined[0:R, 0:F], data2=u_part, op=nl.subtract)
         numerator = combined[0:R, 0:F]
-    nisa.tensor_tensor(dst=out, data1=numerator, data2=inv_d[0:R, 0:F], op=nl.multiply)
+    nisa.tensor_tensor(dst=out, data1=numerator, data2=inv_d, op=nl.multiply)
 
 
 @nki.jit
@@ -835,8 +848,9 @@ def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, out, weights):
                 if c_u != 0.0:
                     nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi[0:qs, q, c0:c0 + mc],
                                    moving=bk[0:qs, q, a0:a1])
-            _divide_by_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0], neg_ea[0:mc, a0:a1], shift[0:mc],
-                                   weights, out[0:mc, c, a0:a1])
+            _combine_over_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0],
+                                      _inverse_denominator(neg_ea[0:mc, a0:a1], shift[0:mc]), weights,
+                                      out[0:mc, c, a0:a1])
 
 
 # ---- the SCF's Coulomb and exchange builds (dfmp2.scf; the backend side in nki_fitted.py) ------------
