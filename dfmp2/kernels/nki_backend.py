@@ -497,10 +497,11 @@ class NkiBackend:
         (x_w, x_u), (y_w, y_u), weight, _ = self.density_weights(scaling, spin_case)
         nocc, nvir, naux = b_occ.shape
         nk, nvir_k = b_k.shape[0], b_k.shape[1]
-        rows = self.density_rows(nvir, naux, nvir_k)
+        rows = self.density_rows(nvir, naux)
         if rows < 1:
-            raise ComputationError(f"the NKI density kernel holds the amplitudes of one (i, k) pair in SBUF: "
-                                   f"nvir {max(nvir, nvir_k)} with naux {naux} does not fit on {self.target}")
+            raise ComputationError(f"the NKI density kernel holds one row's amplitudes per block of k's virtuals "
+                                   f"(nvir fp32 per partition) in SBUF: nvir {nvir} with naux {naux} does not fit "
+                                   f"on {self.target}")
         b_all, b_kk = self._aux_rows(b_occ), self._aux_rows(b_k)
         e_vir_k_col = (e_vir if e_vir_k is None else e_vir_k).to(torch.float32).reshape(nvir_k, 1).contiguous()
         neg_e_vir_rows = (-e_vir.to(torch.float32)).expand(P, nvir).contiguous()
@@ -526,13 +527,12 @@ class NkiBackend:
                     vv += self.to_host(part_vv).astype(np.float64)
         return torch.from_numpy(-weight * oo), torch.from_numpy(weight * vv)
 
-    def density_rows(self, nvir, naux, nvir_k=None):
+    def density_rows(self, nvir, naux):
         """Occupied orbitals per side of one density launch (at most 32): the amplitudes of one
-        block of 128 of k's virtuals for every row of both sides (nvir fp32 per partition each),
-        their oo partials, beside P_vv's partial sums when they stay in SBUF
-        (density_kernel's VV_RESIDENT_BYTES), B_k's and B_i's columns of the block, the
-        streamed B tiles and the working tiles (nvir_k: k's virtuals when k is the other
-        spin; the streamed kernel holds no [nvir_k, nvir] array)."""
+        block of 128 of k's virtuals for every row of both sides (nvir fp32 per partition each,
+        whatever k's virtual count), their oo partials, beside P_vv's partial sums when they
+        stay in SBUF (density_kernel's VV_RESIDENT_BYTES), B_k's and B_i's columns of the
+        block, the streamed B tiles and the working tiles."""
         vv = -(-nvir // P) * nvir * 4
         vv = vv if vv <= VV_RESIDENT_BYTES else 0
         fixed = vv + 2 * -(-naux // P) * P * 4 + 2 * nvir * 4 + 32 * 1024

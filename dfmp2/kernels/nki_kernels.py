@@ -178,9 +178,9 @@ def transform_blocking(nao, nocc, slices, h_slices, functions):
     NB as many of the call's `functions` as fit."""
     nm = (nao + P - 1) // P
     column_bytes = 4 * nm
-    widest = TRANSFORM_RESIDENT_BYTES // ((slices + h_slices) * column_bytes)
+    widest = min(nocc, FREE, TRANSFORM_RESIDENT_BYTES // ((slices + h_slices) * column_bytes))
     assert widest >= 1, f"ao2mo_kernel: nao {nao} leaves no room for one occupied column in SBUF"
-    chunks = (nocc + min(nocc, FREE, widest) - 1) // min(nocc, FREE, widest)
+    chunks = (nocc + widest - 1) // widest
     W = (nocc + chunks - 1) // chunks
     room = (TRANSFORM_RESIDENT_BYTES - slices * column_bytes * W) // (h_slices * column_bytes * W)
     return W, max(1, min(FREE // W, room, functions))
