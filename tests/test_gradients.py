@@ -272,6 +272,35 @@ def test_gamma_kernel_blocks_and_ragged_sizes(target, case, ni, nall, nvir, nvir
     assert nki.calls["gamma_kernel"] == -(-nall // rows)
 
 
+@pytest.mark.parametrize("case, nvir_all", [("closed", 1500), ("opposite", 1100)])
+def test_gamma_kernel_streams_at_large_sizes(case, nvir_all):
+    """nvir 1500 with naux 3000 on trn1: one B_j row (141 KiB per partition) and one G_j
+    (141 KiB) each overflow SBUF, so gamma_kernel streams B, forms X in blocks of j's virtuals
+    (two blocks at 1500) and adds G_j into HBM; the result equals the fp64 formulas (closed
+    shell with (ib|ja), opposite spin with j's virtual count different) inside usable SBUF."""
+    import torch
+
+    from dfmp2.kernels.emulator import TARGETS
+    from dfmp2.kernels.nki_backend import NkiBackend
+    from dfmp2.kernels.torch_backend import TorchBackend
+
+    ni, nall, nvir, naux = 1, 2, 1500, 3000
+    rng = np.random.default_rng(nvir_all)
+    b_all = torch.from_numpy(rng.standard_normal((nall, nvir_all, naux)) * 0.02)
+    b_i = b_all[:ni] if case == "closed" else torch.from_numpy(rng.standard_normal((ni, nvir, naux)) * 0.02)
+    e_i, e_all = torch.from_numpy(rng.uniform(-2, -0.5, ni)), torch.from_numpy(rng.uniform(-2, -0.5, nall))
+    e_vir, e_vir_all = torch.from_numpy(rng.uniform(0.2, 3, nvir)), torch.from_numpy(rng.uniform(0.2, 3, nvir_all))
+    other = e_vir_all if case == "opposite" else None
+    ref = TorchBackend("cpu", "fp64").density_block(b_i, b_all, e_i, e_all, e_vir, (1.2, 1.0 / 3.0), case, other,
+                                                    with_gamma=True)[2]
+    nki = NkiBackend("trn1", simulate=True)
+    out = nki.gamma_block(b_i.float(), b_all.float(), e_i.float(), e_all.float(), e_vir.float(), (1.2, 1.0 / 3.0),
+                          case, None if other is None else other.float())
+    assert float((out - ref).abs().max()) < 1e-5 * float(ref.abs().max())
+    assert nki.calls["gamma_kernel"] == 1
+    assert nki.trace.peak_sbuf_bytes <= TARGETS["trn1"].sbuf_usable_bytes_per_partition
+
+
 def _b2plyp_gradient_and_differences(atoms, scf_mode, spin=0):
     """(the analytic B2PLYP gradient (response.nuclear_gradient), central differences of
     E_KS + c_os E_os + c_ss E_ss, the reference at the start) for `atoms` on a level-6 grid,

@@ -41,7 +41,7 @@ from .nki_sparse import TileMap, pack_tiles, tile_digits
 from .nki_support import installed_nki_api, installed_versions
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, column_digits, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints
-from .tiles import FREE, P, VV_RESIDENT_BYTES
+from .tiles import FREE, GAMMA_X_BYTES, P, VV_RESIDENT_BYTES
 
 
 class NkiBackend:
@@ -412,8 +412,7 @@ class NkiBackend:
         k block, here the block of j (G_jb^Q = sum_ia B_ia^Q X_ij^ab):
         X = c_w t - c_u t^T = g Y (density_weights): (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed,
         (2 c_ss, 2 c_ss) same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
-        block of j (NkiBackend.gamma_rows: every B_j and G_j of the launch in SBUF); the partial G
-        comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
+        block of j (NkiBackend.gamma_rows); the partial G comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
         from ..errors import ComputationError
 
         _, (y_w, y_u), _, g = self.density_weights(scaling, spin_case)
@@ -422,8 +421,8 @@ class NkiBackend:
         nall, nvir_all = b_all.shape[0], b_all.shape[1]
         rows = self.gamma_rows(nvir, nvir_all, naux)
         if rows < 1:
-            raise ComputationError(f"the NKI gamma kernel holds one B row and G row of j in SBUF: nvir {nvir_all} "
-                                   f"with naux {naux} does not fit on {self.target}")
+            raise ComputationError(f"the NKI gamma kernel holds one pair's amplitudes for 128 of j's virtuals in SBUF: "
+                                   f"nvir {nvir} does not fit on {self.target}")
         b_i_rows, b_all_rows = self._aux_rows(b_i), self._aux_rows(b_all)
         b_i_cols = b_i.to(torch.float32).contiguous()
         e_vir_col = e_vir.to(torch.float32).reshape(nvir, 1).contiguous()
@@ -441,14 +440,13 @@ class NkiBackend:
             out[j0:j1] = self.to_host(part).astype(np.float64)
         return torch.from_numpy(out)
 
-    def gamma_rows(self, nvir, nvir_j, naux):
-        """Occupied orbitals j per gamma launch: each holds its B_j rows and its G_j in SBUF (per
-        partition: ceil(naux / 128) nvir_j + ceil(nvir_j / 128) naux fp32), beside one B_i in
-        both layouts and one X, with room for the working tiles."""
-        per_j = (-(-naux // P) * nvir_j + -(-nvir_j // P) * naux) * 4
-        fixed = (-(-naux // P) * nvir + -(-nvir // P) * naux + -(-nvir // P) * nvir_j) * 4 + 24 * 1024
-        room = TARGETS[self.target].sbuf_usable_bytes_per_partition - fixed
-        return max(0, min(32, room // per_j))
+    @staticmethod
+    def gamma_rows(nvir, nvir_j, naux):
+        """Occupied orbitals j per gamma launch (at most 32): gamma_kernel streams B and keeps one
+        pair's X and one j's G on chip whatever the count, so the cap only bounds one launch's
+        unrolled program; it refuses (0) only where one block of 128 of X[a, b] for every a tile
+        does not fit its share of SBUF (nki_kernels.gamma_blocking: nvir above ~12,000)."""
+        return 32 if -(-nvir // P) * P * 4 <= GAMMA_X_BYTES else 0
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
                       with_gamma=False):

@@ -29,7 +29,7 @@ import nki.language as nl
 
 # relative: resolves to dfmp2.kernels.tiles both when this file is imported as
 # dfmp2.kernels.nki_kernels and when nki_launch.load_kernels loads it from its path for the emulator
-from .tiles import FREE, P, SLICE_BITS, VV_RESIDENT_BYTES
+from .tiles import FREE, GAMMA_B_BYTES, GAMMA_G_BYTES, GAMMA_ROWS_BYTES, GAMMA_X_BYTES, P, SLICE_BITS, VV_RESIDENT_BYTES
 
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
@@ -540,6 +540,16 @@ def _program_rows(n, programs, pid, triangle):
     return [i for i in range(n) if i % programs == pid]
 
 
+def _load_rows(b, row, nq):
+    """B[row] [NAUX, NVIR] into SBUF [128, nq, NVIR] (auxiliary index on the partitions)."""
+    NAUX, NVIR = b.shape[1], b.shape[2]
+    tile = nl.ndarray((P, nq, NVIR), dtype=nl.float32, buffer=nl.sbuf)
+    for q in nl.affine_range(nq):
+        qs = min(P, NAUX - q * P)
+        nisa.dma_copy(dst=tile[0:qs, q, :], src=b[row, q * P:q * P + qs, :])
+    return tile
+
+
 def _vir_column(e_vir_col):
     """e_vir_col [NVIR, 1] in SBUF as [128, ceil(NVIR / 128)]: virtual 128 t + p on partition p,
     column t (one per-partition scalar per 128-row block of virtuals)."""
@@ -678,14 +688,17 @@ def _load_columns(b, row, c0, mc):
     return tile
 
 
-def _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, e_i, e_k, ec, neg_ea, outs):
+def _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, e_i, e_k, ec, neg_ea, outs, span=None, held=(None, None)):
     """X^T[c, a] = (c_w (ia|kc) - c_u (ic|ka)) / D for one block of 128 of k's virtuals c (rows
-    c P .. c P + mc, on the partitions) and all of i's virtuals a, into each out [128, NVIR] of
-    outs [(out, (c_w, c_u)), ...], all from the same W and U (formed once).
+    c P .. c P + mc, on the partitions) and i's virtuals a in span = (lo, hi) (all of them by
+    default), into each out [128, hi - lo] of outs [(out, (c_w, c_u)), ...], all from the same W
+    and U (formed once).
     bk_c [128, nq, 128]: B_k's columns c in SBUF (W's stationary); the moving rows B_i[Q, a] (and,
-    for U, B_k[Q, a] with B_i's columns c stationary) are streamed in [128, 512] tiles from HBM.
+    for U, B_k[Q, a] with B_i's columns c stationary) are streamed in [128, 512] tiles from HBM,
+    or read from held = (B_i rows, B_k rows) [128, nq, NVIR] where the caller keeps them in SBUF.
     U only where some c_u != 0 (then k's virtuals are i's; otherwise they may differ)."""
     NAUX, NVIR = b_i.shape[1], b_i.shape[2]
+    lo, hi = (0, NVIR) if span is None else span
     nq = (NAUX + P - 1) // P
     with_u = any(weights[1] != 0.0 for _, weights in outs)
     if with_u:
@@ -693,22 +706,30 @@ def _amplitude_block(b_i, i, b_k, k, bk_c, c, mc, e_i, e_k, ec, neg_ea, outs):
     shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_k - e_c
     nisa.tensor_tensor(dst=shift[0:mc], data1=e_i[0:mc], data2=e_k[0:mc], op=nl.add)
     nisa.tensor_tensor(dst=shift[0:mc], data1=shift[0:mc], data2=ec[0:mc, c:c + 1], op=nl.subtract)
-    for a0 in range(0, NVIR, FREE):
-        a1 = min(a0 + FREE, NVIR)
+    for a0 in range(lo, hi, FREE):
+        a1 = min(a0 + FREE, hi)
         w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
         u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum) if with_u else w  # w: not read
         for q in range(nq):
             qs = min(P, NAUX - q * P)
-            bi_rows = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=bi_rows[0:qs, 0:a1 - a0], src=b_i[i, q * P:q * P + qs, a0:a1])
-            nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk_c[0:qs, q, 0:mc], moving=bi_rows[0:qs, 0:a1 - a0])
+            bi_rows = _moving_rows(b_i, i, held[0], q, qs, a0, a1)
+            nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk_c[0:qs, q, 0:mc], moving=bi_rows)
             if with_u:
-                bk_rows = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=bk_rows[0:qs, 0:a1 - a0], src=b_k[k, q * P:q * P + qs, a0:a1])
-                nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi_c[0:qs, q, 0:mc], moving=bk_rows[0:qs, 0:a1 - a0])
+                bk_rows = _moving_rows(b_k, k, held[1], q, qs, a0, a1)
+                nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi_c[0:qs, q, 0:mc], moving=bk_rows)
         inv_d = _inverse_denominator(neg_ea[0:mc, a0:a1], shift[0:mc])
         for out, weights in outs:
-            _combine_over_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0], inv_d, weights, out[0:mc, a0:a1])
+            _combine_over_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0], inv_d, weights, out[0:mc, a0 - lo:a1 - lo])
+
+
+def _moving_rows(b, row, held, q, qs, a0, a1):
+    """B[row][q P .. q P + qs, a0:a1]: a view of held [128, nq, NVIR] (the rows kept in SBUF),
+    or streamed from HBM into a [128, 512] tile."""
+    if held is not None:
+        return held[0:qs, q, a0:a1]
+    tile = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile[0:qs, 0:a1 - a0], src=b[row, q * P:q * P + qs, a0:a1])
+    return tile[0:qs, 0:a1 - a0]
 
 
 def _inverse_denominator(neg_ea, shift):
@@ -742,29 +763,45 @@ def _combine_over_denominator(w, u, inv_d, weights, out):
     nisa.tensor_tensor(dst=out, data1=numerator, data2=inv_d, op=nl.multiply)
 
 
+def gamma_blocking(nvir, nvir_j, naux):
+    """(WB, QW, g_resident) of gamma_kernel: j's virtuals per block (a multiple of 128, X[a, b]
+    of all a tiles within GAMMA_X_BYTES), auxiliary columns per chunk of the held B_i[a, Q]
+    (within GAMMA_B_BYTES, <= FREE) and whether G_j [ceil(nvir_j / 128), naux] fits GAMMA_G_BYTES."""
+    na = (nvir + P - 1) // P
+    tiles = min((nvir_j + P - 1) // P, GAMMA_X_BYTES // (na * P * 4))
+    qw = min(FREE, naux, GAMMA_B_BYTES // (na * 4))
+    assert tiles >= 1 and qw >= 1, f"gamma_kernel: nvir {nvir} leaves no room for one block of X in SBUF"
+    return tiles * P, qw, (nvir_j + P - 1) // P * naux * 4 <= GAMMA_G_BYTES
+
+
 @nki.jit
 def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_rows, c_w, c_u):
     """The three-index two-particle density of the pairs (i, j), i in block I, j in block J,
-    whitened; the amplitudes never leave the chip.
+    whitened, at any size; the amplitudes never leave the chip.
 
     b_i [NI, NAUX, NVIR] and b_j [NJ, NAUX, NVIRJ]: B with the auxiliary index on the rows;
     b_i_cols [NI, NVIR, NAUX]: B_i with the virtual index on the rows. e_*_rows [128, N*]: the
     occupied energies on every partition; e_vir_col [NVIR, 1]: i's virtual energies e_a;
     neg_e_vir_j_rows [128, NVIRJ]: -e_b of j's virtuals. c_w, c_u: compile-time weights. Per pair
-    (i, j), a on partitions in 128s, b in 512-column chunks:
+    (i, j) and block of WB of j's virtuals b (gamma_blocking), a on partitions in 128s:
         W[a, b] = (ia|jb) = sum_Q B_i[Q, a] B_j[Q, b]      U[a, b] = (ib|ja) = sum_Q B_j[Q, a] B_i[Q, b]
         X[a, b] = (c_w W - c_u U) / D,   D = e_i + e_j - e_a - e_b      (U only for c_u != 0: NVIRJ = NVIR)
-    then, b on partitions in 128s, Q in 512-column chunks:
+    (density_kernel's _amplitude_block with i and j's roles swapped), then, b on partitions in
+    128s, Q in chunks of QW columns:
         G_j[b, Q] += sum_a X[a, b] B_i[a, Q]
-    Returns G [NJ, NVIRJ, NAUX] (summed over the launch's i). SBUF: every B_j row and G_j of
-    the launch, one B_i (both layouts) and one X at a time (NkiBackend.gamma_rows).
+    Returns G [NJ, NVIRJ, NAUX] (summed over the launch's i). SBUF: X of one pair and block
+    [128, na, WB], B_i[a, Q] of one Q chunk [128, na, QW], B_i's columns a and (for U) B_j's
+    [128, nq, 128]; the moving B rows streamed in [128, 512] tiles; G_j of one j in SBUF when it
+    fits GAMMA_G_BYTES, else its partial sums are added into g_out in HBM per pair.
     Long (the kernel's loop nest is its tile schedule, kept whole).
     """
     NI, NAUX, NVIR = b_i.shape
     NJ, NVIRJ = b_j.shape[0], b_j.shape[2]
-    nq = (NAUX + P - 1) // P
     na = (NVIR + P - 1) // P
     nb = (NVIRJ + P - 1) // P
+    WB, QW, g_resident = gamma_blocking(NVIR, NVIRJ, NAUX)
+    nq = (NAUX + P - 1) // P
+    hold = nq * (NVIRJ + (NVIR if c_u != 0.0 else 0)) * 4 <= GAMMA_ROWS_BYTES  # B_j (and B_i) rows in SBUF
     g_out = nl.ndarray((NJ, NVIRJ, NAUX), dtype=nl.float32, buffer=nl.shared_hbm)
     ei = nl.ndarray((P, NI), dtype=nl.float32, buffer=nl.sbuf)
     ej = nl.ndarray((P, NJ), dtype=nl.float32, buffer=nl.sbuf)
@@ -773,84 +810,53 @@ def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_
     nisa.dma_copy(dst=ej, src=e_j_rows)
     nisa.dma_copy(dst=neg_eb, src=neg_e_vir_j_rows)
     ea = _vir_column(e_vir_col)
-    bj = nl.ndarray((P, NJ * nq, NVIRJ), dtype=nl.float32, buffer=nl.sbuf)  # every B_j, Q on partitions
-    for j in nl.affine_range(NJ):
-        for q in nl.affine_range(nq):
-            qs = min(P, NAUX - q * P)
-            nisa.dma_copy(dst=bj[0:qs, j * nq + q, :], src=b_j[j, q * P:q * P + qs, :])
-    g = nl.ndarray((P, NJ * nb, NAUX), dtype=nl.float32, buffer=nl.sbuf)  # G_j[b, Q], b on partitions
-    nisa.memset(dst=g, value=0.0)
-    for i in range(NI):
-        bi = _load_rows(b_i, i, nq)
-        bic = nl.ndarray((P, na, NAUX), dtype=nl.float32, buffer=nl.sbuf)  # B_i[a, Q], a on partitions
-        for t in nl.affine_range(na):
-            ma = min(P, NVIR - t * P)
-            nisa.dma_copy(dst=bic[0:ma, t, :], src=b_i_cols[i, t * P:t * P + ma, :])
-        for j in range(NJ):
-            x = nl.ndarray((P, na, NVIRJ), dtype=nl.float32, buffer=nl.sbuf)  # X[a, b], a on partitions
-            # (the density kernel's amplitudes with j's B on the free axis: W[a, b] = (ia|jb), U = (ib|ja))
-            _amplitudes(bj[:, j * nq:(j + 1) * nq, :], bi, NAUX, ej[:, j:j + 1], ei[:, i:i + 1], ea, neg_eb,
-                        x, (c_w, c_u))
-            for r in range(nb):  # G_j[b, Q] += sum_a X[a, b] B_i[a, Q]
-                r0 = r * P
-                mb = min(P, NVIRJ - r0)
-                for q0 in range(0, NAUX, FREE):
-                    q1 = min(q0 + FREE, NAUX)
-                    acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-                    for t in range(na):
-                        ma = min(P, NVIR - t * P)
-                        nisa.nc_matmul(dst=acc[0:mb, 0:q1 - q0], stationary=x[0:ma, t, r0:r0 + mb],
-                                       moving=bic[0:ma, t, q0:q1])
-                    part = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.tensor_copy(dst=part[0:mb, 0:q1 - q0], src=acc[0:mb, 0:q1 - q0])
-                    nisa.tensor_tensor(dst=g[0:mb, j * nb + r, q0:q1], data1=g[0:mb, j * nb + r, q0:q1],
-                                       data2=part[0:mb, 0:q1 - q0], op=nl.add)
-    for j in nl.affine_range(NJ):
+    zeros = nl.ndarray((P, NAUX), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=zeros, value=0.0)
+    for j in range(NJ):
+        bj_rows = _load_rows(b_j, j, nq) if hold else None  # B_j[Q, b]: W's moving rows
+        g = nl.ndarray((P, nb, NAUX), dtype=nl.float32, buffer=nl.sbuf) if g_resident else None  # G_j[b, Q]
         for r in nl.affine_range(nb):
             mb = min(P, NVIRJ - r * P)
-            nisa.dma_copy(dst=g_out[j, r * P:r * P + mb, :], src=g[0:mb, j * nb + r, :])
+            if g_resident:
+                nisa.memset(dst=g[:, r, :], value=0.0)
+            else:
+                nisa.dma_copy(dst=g_out[j, r * P:r * P + mb, :], src=zeros[0:mb, :])
+        for i in range(NI):
+            bi_rows = _load_rows(b_i, i, nq) if hold and c_u != 0.0 else None  # B_i[Q, b]: U's moving rows
+            for b0 in range(0, NVIRJ, WB):
+                b1 = min(b0 + WB, NVIRJ)
+                x = nl.ndarray((P, na, WB), dtype=nl.float32, buffer=nl.sbuf)  # X[a, b], a on partitions
+                for t in range(na):
+                    ma = min(P, NVIR - t * P)
+                    bi_t = _load_columns(b_i, i, t * P, ma)  # B_i[Q, a]: W's stationary
+                    _amplitude_block(b_j, j, b_i, i, bi_t, t, ma, ej[:, j:j + 1], ei[:, i:i + 1], ea, neg_eb,
+                                     [(x[:, t, :], (c_w, c_u))], (b0, b1), (bj_rows, bi_rows))
+                for q0 in range(0, NAUX, QW):  # G_j[b, Q] += sum_a X[a, b] B_i[a, Q]
+                    q1 = min(q0 + QW, NAUX)
+                    bic = nl.ndarray((P, na, QW), dtype=nl.float32, buffer=nl.sbuf)  # B_i[a, Q], a on partitions
+                    for t in nl.affine_range(na):
+                        ma = min(P, NVIR - t * P)
+                        nisa.dma_copy(dst=bic[0:ma, t, 0:q1 - q0], src=b_i_cols[i, t * P:t * P + ma, q0:q1])
+                    for r0 in range(b0, b1, P):
+                        mb = min(P, b1 - r0)
+                        acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                        for t in range(na):
+                            ma = min(P, NVIR - t * P)
+                            nisa.nc_matmul(dst=acc[0:mb, 0:q1 - q0], stationary=x[0:ma, t, r0 - b0:r0 - b0 + mb],
+                                           moving=bic[0:ma, t, 0:q1 - q0])
+                        if g_resident:
+                            g_rq = g[0:mb, r0 // P, q0:q1]
+                        else:
+                            g_rq = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)[0:mb, 0:q1 - q0]
+                            nisa.dma_copy(dst=g_rq, src=g_out[j, r0:r0 + mb, q0:q1])
+                        nisa.tensor_tensor(dst=g_rq, data1=g_rq, data2=acc[0:mb, 0:q1 - q0], op=nl.add)
+                        if not g_resident:
+                            nisa.dma_copy(dst=g_out[j, r0:r0 + mb, q0:q1], src=g_rq)
+        if g_resident:
+            for r in nl.affine_range(nb):
+                mb = min(P, NVIRJ - r * P)
+                nisa.dma_copy(dst=g_out[j, r * P:r * P + mb, :], src=g[0:mb, r, :])
     return g_out
-
-
-def _load_rows(b, row, nq):
-    """B[row] [NAUX, NVIR] into SBUF [128, nq, NVIR] (auxiliary index on the partitions)."""
-    NAUX, NVIR = b.shape[1], b.shape[2]
-    tile = nl.ndarray((P, nq, NVIR), dtype=nl.float32, buffer=nl.sbuf)
-    for q in nl.affine_range(nq):
-        qs = min(P, NAUX - q * P)
-        nisa.dma_copy(dst=tile[0:qs, q, :], src=b[row, q * P:q * P + qs, :])
-    return tile
-
-
-def _amplitudes(bi, bk, NAUX, e_i, e_k, ec, neg_ea, out, weights):
-    """X^T[c, a] = (c_w (ia|kc) - c_u (ic|ka)) / D into out ([128, nc, NVIR], c on partitions);
-    bi [128, nq, NVIR], bk [128, nq, NVIRK]: B rows in SBUF (c runs over k's NVIRK virtuals, a over
-    i's NVIR); weights (c_w, c_u): (1, 0) is t, (2, 1) is T = 2 t - t^T, (1, 1) is t - t^T;
-    c_u = 0 skips (ic|ka) (then NVIRK may differ from NVIR)."""
-    NVIR = bi.shape[2]
-    nq = bi.shape[1]
-    nc = (bk.shape[2] + P - 1) // P
-    c_u = weights[1]
-    eik = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=eik, data1=e_i, data2=e_k, op=nl.add)
-    for c in range(nc):
-        c0 = c * P
-        mc = min(P, bk.shape[2] - c0)
-        shift = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # e_i + e_k - e_c
-        nisa.tensor_tensor(dst=shift[0:mc], data1=eik[0:mc], data2=ec[0:mc, c:c + 1], op=nl.subtract)
-        for a0 in range(0, NVIR, FREE):
-            a1 = min(a0 + FREE, NVIR)
-            w = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-            u = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-            for q in range(nq):
-                qs = min(P, NAUX - q * P)
-                nisa.nc_matmul(dst=w[0:mc, 0:a1 - a0], stationary=bk[0:qs, q, c0:c0 + mc], moving=bi[0:qs, q, a0:a1])
-                if c_u != 0.0:
-                    nisa.nc_matmul(dst=u[0:mc, 0:a1 - a0], stationary=bi[0:qs, q, c0:c0 + mc],
-                                   moving=bk[0:qs, q, a0:a1])
-            _combine_over_denominator(w[0:mc, 0:a1 - a0], u[0:mc, 0:a1 - a0],
-                                      _inverse_denominator(neg_ea[0:mc, a0:a1], shift[0:mc]), weights,
-                                      out[0:mc, c, a0:a1])
 
 
 # ---- the SCF's Coulomb and exchange builds (dfmp2.scf; the backend side in nki_fitted.py) ------------

@@ -13,3 +13,7 @@ P = 128  # partitions: contraction tiles and the stationary free size
 FREE = 512  # moving free size = one PSUM bank of fp32
 SLICE_BITS = 7  # exact-product transform: each slice an integer of <= 7 bits times a power of two
 VV_RESIDENT_BYTES = 64 * 1024  # density_kernel: P_vv's partial sums up to this (per partition) stay in SBUF
+GAMMA_X_BYTES = 48 * 1024  # gamma_kernel: one pair's X[a, b] of every a tile for a block of j's virtuals b
+GAMMA_B_BYTES = 32 * 1024  # gamma_kernel: B_i[a, Q] of every a tile for one chunk of Q
+GAMMA_G_BYTES = 32 * 1024  # gamma_kernel: G_j[b, Q] up to this stays in SBUF, beyond it in HBM
+GAMMA_ROWS_BYTES = 32 * 1024  # gamma_kernel: B_j's rows (and B_i's, for U) up to this stay in SBUF per pair
