@@ -309,13 +309,16 @@ def test_a_new_geometry_gets_new_integrals():
 
 
 def test_trainium_store_refuses_what_does_not_fit_on_the_device():
-    """B on a NeuronCore: one auxiliary function's [nao, nao] block on chip (nao <= 1,024), and B in
-    fp32 plus its 5 digit slices (9 bytes an element) within 80% of the HBM one launch's cores have."""
+    """B on a NeuronCore: B in fp32 plus its 5 digit slices (9 bytes an element) within 80% of the
+    HBM one launch's cores have; the kernels stream B^P and K, so nao 1,100 (refused before they
+    did) is taken, and only an nao that leaves no room for 32 factor columns' half transforms
+    (5,000) is refused."""
     from dfmp2.kernels.nki_fitted import NkiFittedStore
 
     backend = get_backend("trn1", simulate=True)
-    with pytest.raises(dfmp2.MemoryBudgetError, match="nao 1100 > 1024"):
-        NkiFittedStore(backend, np.zeros((1, 1100 * 1101 // 2)), 1100, ["fp32", "exact"], lambda: 1 << 40)
+    NkiFittedStore(backend, np.zeros((1, 1100 * 1101 // 2)), 1100, ["fp32", "exact"], lambda: 1 << 40).close()
+    with pytest.raises(dfmp2.MemoryBudgetError, match="nao 5000 leaves no room"):
+        NkiFittedStore(backend, np.zeros((1, 1)), 5000, ["fp32", "exact"], lambda: 1 << 40)
     with pytest.raises(dfmp2.MemoryBudgetError, match="HBM"):  # 9 x 5000 x 600^2 bytes = 16.2 GB > 0.8 x 16 GiB
         NkiFittedStore(backend, np.zeros((5000, 1)), 600, ["fp32", "exact"], lambda: 1 << 40)
 
@@ -368,3 +371,35 @@ def test_run_computes_the_jk_integrals_early_where_it_will_use_them(changes, ear
     kept = run_xyz(WATER, checkpoint=str(tmp_path / "ck")).as_dict()
     assert kept["scf_builds"]["integrals"] == "set-up"
     assert abs(kept["e_tot"] - result["e_tot"]) < 1e-10
+
+
+@pytest.mark.parametrize("target, nao, r, same", [("trn1", 1300, 384, False), ("trn2", 1300, 512, True),
+                                                  ("trn1", 200, 40, True), ("trn2", 150, 96, False)])
+def test_fitted_jk_kernel_streams_b_and_k_at_any_nao(target, nao, r, same):
+    """fitted_jk_kernel streams B^P in 512-column chunks and, where K [nao, nao] no longer fits
+    beside the factors (nao 1,300: 59 KiB per partition), adds K into HBM per auxiliary function:
+    J and K of D = L diag(w) R^T with weights of both signs (an increment's eigenvalues) equal the
+    fp64 contractions of the same fp32 B, and the launch stays inside usable SBUF."""
+    import torch
+
+    from dfmp2.kernels.emulator import TARGETS
+    from dfmp2.kernels.tiles import jk_columns, jk_k_resident
+
+    assert r <= jk_columns(nao, same)
+    assert jk_k_resident(nao, r, same) == (nao < 1024)
+    rng = np.random.default_rng(nao + r)
+    naux = 3
+    b = rng.standard_normal((naux, nao, nao)) * 0.1
+    b = (b + b.transpose(0, 2, 1)).astype(np.float32)
+    left = rng.standard_normal((nao, r)) * 0.1
+    right = left if same else rng.standard_normal((nao, r)) * 0.1
+    weights = rng.uniform(-1.0, 2.0, r)
+    backend = get_backend(target, simulate=True)
+    out = backend.fitted_jk(torch.from_numpy(b), left, right, weights, same, True)
+    d = (left * weights) @ right.T
+    b64 = b.astype(np.float64)
+    ref_j = np.einsum("pmn,mn,pab->ab", b64, d, b64, optimize=True)
+    ref_k = np.einsum("pma,ab,pnb->mn", b64, d, b64, optimize=True)  # K_mn = sum_P (B^P D B^P)_mn
+    assert np.abs(out[0] - ref_j).max() < 1e-4 * np.abs(ref_j).max()
+    assert np.abs(out[1] - ref_k).max() < 1e-4 * np.abs(ref_k).max()
+    assert backend.trace.peak_sbuf_bytes <= TARGETS[target].sbuf_usable_bytes_per_partition

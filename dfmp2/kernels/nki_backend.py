@@ -559,7 +559,7 @@ class NkiBackend:
         return self._resident(tensor.to(self.device))
 
     def fitted_jk(self, square32, left, right, weights, same, with_k):
-        """(J, K) [2, nao, nao] host fp64 of D = L diag(w) R^T (L, R [nao, r <= 512] host fp64,
+        """(J, K) [2, nao, nao] host fp64 of D = L diag(w) R^T (L, R [nao, r <= tiles.jk_columns] host fp64,
         same: R is L) from the resident fp32 B [naux, nao, nao]: one fitted_jk_kernel launch."""
         naux, nao, _ = square32.shape
         r = left.shape[1]

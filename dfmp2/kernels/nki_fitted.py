@@ -27,10 +27,9 @@ from ..errors import MemoryBudgetError
 from ..memory import MB
 from .emulator.core import TARGETS
 from .ozaki import INPUT_SLICES, column_digits, column_slices
-from .tiles import FREE, SLICE_BITS
+from .tiles import SLICE_BITS, jk_columns
 
 HBM_BYTES_PER_CHIP = {"trn1": 32 * 2**30, "trn2": 96 * 2**30}  # nki-facts.md: HBM per chip
-MAX_NAO = 1024  # fitted_jk_kernel keeps B^P, K and the half transforms of one P in SBUF
 RANK_STEP = 32  # factor columns are padded with zeros to a multiple of this, then to the largest
 # count a kernel ran with (KernelLauncher.bucket): few shapes, so few compilations on a host
 DIGIT_WEIGHTS = np.array([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(INPUT_SLICES)])
@@ -62,9 +61,10 @@ class NkiFittedStore:
         naux = rows.shape[0]
         need = naux * nao * nao * (4 + INPUT_SLICES)
         hbm = hbm_bytes_per_launch_core(backend.target)
-        if nao > MAX_NAO:
-            raise MemoryBudgetError(f"dfmp2's SCF builds on {backend.target} hold one auxiliary function's "
-                                    f"[nao, nao] block on chip: nao {nao} > {MAX_NAO}; use --scf-backend pyscf")
+        if jk_columns(nao, False) < RANK_STEP:
+            raise MemoryBudgetError(f"dfmp2's fp32 SCF builds on {backend.target} hold the factors' half transforms "
+                                    f"of one auxiliary function on chip: nao {nao} leaves no room; "
+                                    "use --scf-backend pyscf")
         if need > 0.8 * hbm:
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds on {backend.target} keep B in fp32 and as exact-product digits in device "
@@ -105,9 +105,10 @@ class NkiFittedStore:
         backend = self.backend
         for s, (left, right, weights) in enumerate(factors):
             weights = np.ones(left.shape[1]) if weights is None else weights
-            for c0 in range(0, left.shape[1], FREE):  # D = sum over column chunks of L w R^T
-                c1 = min(left.shape[1], c0 + FREE)
-                width = self._columns("fitted_jk_kernel", c1 - c0)
+            most = jk_columns(self.nao, right is None)  # columns per launch (tiles.jk_fixed_bytes)
+            for c0 in range(0, left.shape[1], most):  # D = sum over column chunks of L w R^T
+                c1 = min(left.shape[1], c0 + most)
+                width = self._columns("fitted_jk_kernel", c1 - c0, most)
                 lc = _padded(left[:, c0:c1], width)
                 rc = lc if right is None else _padded(right[:, c0:c1], width)
                 out = backend.fitted_jk(self._square32, lc, rc, _padded(weights[None, c0:c1], width)[0],
@@ -116,11 +117,11 @@ class NkiFittedStore:
                 vk[s] += out[1]
         return (vj if with_j else None), (vk if with_k else None)
 
-    def _columns(self, kernel, count):
-        """The padded column count of a launch: a multiple of RANK_STEP, bucketed (<= FREE for fitted_jk)."""
+    def _columns(self, kernel, count, most=None):
+        """The padded column count of a launch: a multiple of RANK_STEP, bucketed (<= most, if given)."""
         width = -(-count // RANK_STEP) * RANK_STEP
         bucket = self.backend.launcher.bucket(f"{kernel}:columns", ((width,),))[0][0]
-        return bucket if kernel != "fitted_jk_kernel" or bucket <= FREE else width
+        return bucket if most is None or bucket <= most else width
 
     def _exact(self, factors, with_j, with_k):
         """Both kinds' formulas with exact products; see the module docstring."""

@@ -29,7 +29,8 @@ import nki.language as nl
 
 # relative: resolves to dfmp2.kernels.tiles both when this file is imported as
 # dfmp2.kernels.nki_kernels and when nki_launch.load_kernels loads it from its path for the emulator
-from .tiles import FREE, GAMMA_B_BYTES, GAMMA_G_BYTES, GAMMA_ROWS_BYTES, GAMMA_X_BYTES, P, SLICE_BITS, VV_RESIDENT_BYTES
+from .tiles import (FREE, GAMMA_B_BYTES, GAMMA_G_BYTES, GAMMA_ROWS_BYTES, GAMMA_X_BYTES, P, SLICE_BITS, VV_RESIDENT_BYTES,
+                    jk_k_resident)
 
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
@@ -863,100 +864,117 @@ def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_
 
 @nki.jit
 def fitted_jk_kernel(b, left, right, left_t, w_col, same, with_k):
-    """One fp32 SCF build of one density D = L diag(w) R^T from the whitened JK-fit integrals:
-      H^P = B^P R,  G^P = B^P L                 half transforms (G = H when same: R is L)
-      rho_P = sum_(m, i) L_mi w_i H^P_mi        the fitted density (= sum_mn B^P_mn D_mn)
-      K = sum_P G^P diag(w) H^P^T               exchange (with_k)
+    """One fp32 SCF build of one density D = L diag(w) R^T from the whitened JK-fit integrals, at
+    any nao:
+      H^P = B^P R diag(w),  G^P = B^P L         half transforms (G = B^P R when same: R is L)
+      rho_P = sum_(m, i) L_mi H^P_mi            the fitted density (= sum_mn B^P_mn D_mn)
+      K = sum_P G^P H^P^T                       exchange (with_k)
       J = sum_P rho_P B^P                       Coulomb: a second pass over B, once rho is whole
     b [NP, NAO, NAO] (B^P symmetric), left, right [NAO, R], left_t [R, NAO] = L^T, w_col [R, 1];
-    out [2, NAO, NAO]: J, K (K zero without with_k). R <= 512.
-    Tiles: pass 1, per P: the AO index n on partitions (128s, ragged last) for the half
-    transforms, whose results H^T, G^T [i, m] have the orbital index i on partitions (128s) for
-    K's contraction; B^P is loaded once per P ([128, NAO/128, NAO] in SBUF, NAO <= 2048), L, R,
-    L^T and w once per launch; K accumulates in SBUF (fp32 adds after each P). Pass 2: J's
-    contraction over P on partitions (128s), J's flattened rows m as 512-column moving tiles.
+    out [2, NAO, NAO]: J, K (K zero without with_k). R within jk_columns(NAO, same) (<= 512).
+    Tiles: pass 1, per P and 512-column chunk of B^P (streamed, [128, nn, 512], each B^P read
+    once): the AO index n on partitions for the half transforms, whose results H^T, G^T [i, m]
+    have the orbital index i on partitions (128s) for K's contraction; w is applied as H leaves
+    PSUM. Resident per launch: R (and L) [128, nn, R], L^T [128, ni, NAO], w; per P: H^T, G^T.
+    K accumulates in SBUF when it fits (jk_k_resident), else its partial sums are added into
+    out[1] in HBM per P. Pass 2: J's contraction over P on partitions (128s), J's flattened
+    rows m as 512-column moving tiles.
+    Long (the kernel's loop nest is its tile schedule, kept whole).
     """
     NP, NAO, _ = b.shape
     R = left.shape[1]
     nn = (NAO + P - 1) // P
     ni = (R + P - 1) // P
+    k_resident = jk_k_resident(NAO, R, same)
     out = nl.ndarray((2, NAO, NAO), dtype=nl.float32, buffer=nl.shared_hbm)
-    l_sb = nl.ndarray((P, nn, R), dtype=nl.float32, buffer=nl.sbuf)
     r_sb = nl.ndarray((P, nn, R), dtype=nl.float32, buffer=nl.sbuf)
+    l_sb = r_sb if same else nl.ndarray((P, nn, R), dtype=nl.float32, buffer=nl.sbuf)
     for n in nl.affine_range(nn):
         rn = min(P, NAO - n * P)
-        nisa.dma_copy(dst=l_sb[0:rn, n, :], src=left[n * P:n * P + rn, :])
         nisa.dma_copy(dst=r_sb[0:rn, n, :], src=right[n * P:n * P + rn, :])
+        if not same:
+            nisa.dma_copy(dst=l_sb[0:rn, n, :], src=left[n * P:n * P + rn, :])
     lt_sb = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)
     w_sb = nl.ndarray((P, ni), dtype=nl.float32, buffer=nl.sbuf)
     for i in nl.affine_range(ni):
         ri = min(P, R - i * P)
         nisa.dma_copy(dst=lt_sb[0:ri, i, :], src=left_t[i * P:i * P + ri, :])
         nisa.dma_copy(dst=w_sb[0:ri, i:i + 1], src=w_col[i * P:i * P + ri, :])
-    k_sb = nl.ndarray((P, nn, NAO), dtype=nl.float32, buffer=nl.sbuf)
-    for m in nl.affine_range(nn):
-        nisa.memset(dst=k_sb[:, m, :], value=0.0)
-    one = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=one, value=1.0)
-    rho_row = nl.ndarray((1, NP), dtype=nl.float32, buffer=nl.sbuf)
-    for p in nl.sequential_range(NP):
-        bp = nl.ndarray((P, nn, NAO), dtype=nl.float32, buffer=nl.sbuf)
-        for n in nl.affine_range(nn):
-            rn = min(P, NAO - n * P)
-            nisa.dma_copy(dst=bp[0:rn, n, :], src=b[p, n * P:n * P + rn, :])
-        h_t = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)  # (B^P R)^T: i on partitions
-        g_t = h_t if same else nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)
-        for i in nl.affine_range(ni):
-            ri = min(P, R - i * P)
+    ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    if with_k and k_resident:
+        k_sb = nl.ndarray((P, nn, NAO), dtype=nl.float32, buffer=nl.sbuf)
+        for m in nl.affine_range(nn):
+            nisa.memset(dst=k_sb[:, m, :], value=0.0)
+    else:  # out[1] starts at zero (and takes each P's partial sums with_k)
+        zeros = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=zeros, value=0.0)
+        for m in nl.affine_range(nn):
+            rm = min(P, NAO - m * P)
+            for c0 in range(0, NAO, FREE):
+                nisa.dma_copy(dst=out[1, m * P:m * P + rm, c0:min(c0 + FREE, NAO)],
+                              src=zeros[0:rm, 0:min(FREE, NAO - c0)])
+    npt = (NP + P - 1) // P
+    rho_col = nl.ndarray((P, npt), dtype=nl.float32, buffer=nl.sbuf)  # rho_P at [P mod 128, P // 128]
+    for pt in range(npt):
+        for pp in nl.sequential_range(min(P, NP - pt * P)):
+            p = pt * P + pp
+            h_t = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)  # w_i (B^P R)^T: i on partitions
+            g_t = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf) if with_k else None  # (B^P L)^T
             for c0 in range(0, NAO, FREE):
                 w = min(FREE, NAO - c0)
-                halves = ((h_t, r_sb),) if same else ((h_t, r_sb), (g_t, l_sb))
-                for half, ops in halves:
-                    acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
-                    for n in nl.affine_range(nn):
-                        rn = min(P, NAO - n * P)
-                        nisa.nc_matmul(dst=acc[0:ri, 0:w], stationary=ops[0:rn, n, i * P:i * P + ri],
-                                       moving=bp[0:rn, n, c0:c0 + w])
-                    nisa.tensor_copy(dst=half[0:ri, i, c0:c0 + w], src=acc[0:ri, 0:w])
-        # rho_P = sum_i w_i sum_m L^T[i, m] H^T[i, m]: row sums on the Vector Engine, the sum over
-        # the partitions i on the Tensor Engine (weighted by w)
-        rho_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
-        for i in nl.affine_range(ni):
-            ri = min(P, R - i * P)
-            prod = nl.ndarray((P, NAO), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=prod[0:ri], data1=lt_sb[0:ri, i, :], data2=h_t[0:ri, i, :], op=nl.multiply)
-            row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=row_sum[0:ri], op=nl.add, data=prod[0:ri], axis=1)
-            nisa.nc_matmul(dst=rho_ps, stationary=row_sum[0:ri], moving=w_sb[0:ri, i:i + 1])
-        nisa.tensor_copy(dst=rho_row[0:1, p:p + 1], src=rho_ps)
-        if with_k:  # K[m, n] += sum_i G^T[i, m] w_i H^T[i, n]
-            gw_t = nl.ndarray((P, ni, NAO), dtype=nl.float32, buffer=nl.sbuf)  # w_i G^T[i, m]
+                bp = nl.ndarray((P, nn, FREE), dtype=nl.float32, buffer=nl.sbuf)  # B^P[n, c0:c0 + w]
+                for n in nl.affine_range(nn):
+                    rn = min(P, NAO - n * P)
+                    nisa.dma_copy(dst=bp[0:rn, n, 0:w], src=b[p, n * P:n * P + rn, c0:c0 + w])
+                for i in nl.affine_range(ni):
+                    ri = min(P, R - i * P)
+                    halves = ((r_sb, True),) + (((l_sb, False),) if with_k and not same else ())
+                    for ops, weighted in halves:
+                        acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                        for n in nl.affine_range(nn):
+                            rn = min(P, NAO - n * P)
+                            nisa.nc_matmul(dst=acc[0:ri, 0:w], stationary=ops[0:rn, n, i * P:i * P + ri],
+                                           moving=bp[0:rn, n, 0:w])
+                        if weighted:  # H^T = w_i (B^P R)^T; when same, G^T = (B^P R)^T from the same sums
+                            nisa.tensor_scalar(dst=h_t[0:ri, i, c0:c0 + w], data=acc[0:ri, 0:w], op0=nl.multiply,
+                                               operand0=w_sb[0:ri, i:i + 1])
+                        if with_k and same == weighted:
+                            nisa.tensor_copy(dst=g_t[0:ri, i, c0:c0 + w], src=acc[0:ri, 0:w])
+            # rho_P = sum_i sum_m L^T[i, m] H^T[i, m]: row sums on the Vector Engine, the sum over the
+            # partitions i on the Tensor Engine
+            rho_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
             for i in nl.affine_range(ni):
                 ri = min(P, R - i * P)
-                nisa.tensor_scalar(dst=gw_t[0:ri, i, :], data=g_t[0:ri, i, :], op0=nl.multiply,
-                                   operand0=w_sb[0:ri, i:i + 1])
-            for m in nl.affine_range(nn):
+                prod = nl.ndarray((P, NAO), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=prod[0:ri], data1=lt_sb[0:ri, i, :], data2=h_t[0:ri, i, :], op=nl.multiply)
+                row_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_reduce(dst=row_sum[0:ri], op=nl.add, data=prod[0:ri], axis=1)
+                nisa.nc_matmul(dst=rho_ps, stationary=row_sum[0:ri], moving=ones[0:ri])
+            rho_p = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=rho_p, src=rho_ps)
+            nisa.dma_copy(dst=rho_col[pp:pp + 1, pt:pt + 1], src=rho_p)  # onto partition P mod 128
+            for m in range(nn if with_k else 0):  # K[m, n] += sum_i G^T[i, m] H^T[i, n]
                 rm = min(P, NAO - m * P)
                 for c0 in range(0, NAO, FREE):
                     w = min(FREE, NAO - c0)
                     acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
                     for i in nl.affine_range(ni):
                         ri = min(P, R - i * P)
-                        nisa.nc_matmul(dst=acc[0:rm, 0:w], stationary=gw_t[0:ri, i, m * P:m * P + rm],
+                        nisa.nc_matmul(dst=acc[0:rm, 0:w], stationary=g_t[0:ri, i, m * P:m * P + rm],
                                        moving=h_t[0:ri, i, c0:c0 + w])
-                    nisa.tensor_tensor(dst=k_sb[0:rm, m, c0:c0 + w], data1=k_sb[0:rm, m, c0:c0 + w],
-                                       data2=acc[0:rm, 0:w], op=nl.add)
-    for m in nl.affine_range(nn):
+                    if k_resident:
+                        k_mc = k_sb[0:rm, m, c0:c0 + w]
+                    else:
+                        k_mc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)[0:rm, 0:w]
+                        nisa.dma_copy(dst=k_mc, src=out[1, m * P:m * P + rm, c0:c0 + w])
+                    nisa.tensor_tensor(dst=k_mc, data1=k_mc, data2=acc[0:rm, 0:w], op=nl.add)
+                    if not k_resident:
+                        nisa.dma_copy(dst=out[1, m * P:m * P + rm, c0:c0 + w], src=k_mc)
+    for m in nl.affine_range(nn if with_k and k_resident else 0):
         rm = min(P, NAO - m * P)
         nisa.dma_copy(dst=out[1, m * P:m * P + rm, :], src=k_sb[0:rm, m, :])
     # pass 2: J[m, :] = sum_P rho_P B^P[m, :], P on partitions
-    npt = (NP + P - 1) // P
-    rho_col = nl.ndarray((P, npt), dtype=nl.float32, buffer=nl.sbuf)
-    for q in nl.affine_range(npt):
-        rq = min(P, NP - q * P)
-        col_ps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum)  # the row onto the partitions
-        nisa.nc_matmul(dst=col_ps[0:rq], stationary=rho_row[0:1, q * P:q * P + rq], moving=one)
-        nisa.tensor_copy(dst=rho_col[0:rq, q:q + 1], src=col_ps[0:rq])
     for m in nl.affine_range(NAO):
         for c0 in range(0, NAO, FREE):
             w = min(FREE, NAO - c0)
