@@ -642,6 +642,9 @@ def _model_lines(r, scale, unit):
                      f"({parts} {unit}); Tensor Engine useful fraction "
                      f"{m['tensor_engine_useful_fraction']:.3f}"
                      + ("" if own else f" (from the {r.get('device')} trace)"))
+        if m.get("hidden_upload_seconds"):
+            lines.append(f"      uploads overlapped with the previous kernel (a runtime assumption, not in "
+                         f"host_transfer): {m['hidden_upload_seconds'] * scale:.3f} {unit}")
         if own and m.get("by_kernel"):
             lines.append("      per kernel: " + ", ".join(
                 f"{k} useful {v['tensor_engine_useful_fraction']:.2f}, {v['max_instructions_per_launch']:,} "

@@ -242,3 +242,37 @@ def test_bench_cli_bad_input(args, code, needle, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dfmp2: error:") and needle in lines[0]
     assert "Traceback" not in proc.stderr and not (tmp_path / "out.json").exists()
+
+
+def test_prefetched_uploads_overlap_the_previous_kernel_in_the_model():
+    """CostLedger: a launch recorded `prefetched` has its upload MODELLED as running while the
+    previous kernel computes: three launches with uploads u_k and device times d_k cost
+    launches + u_1 + max(u_2, d_1) + max(u_3, d_2) + d_3 (a pipeline), an unprefetched launch
+    the serial sum; the hidden part is reported, and a transfer in between hides nothing."""
+    from dfmp2.kernels.emulator import TARGETS, cost_model
+    from dfmp2.kernels.emulator.core import Trace
+    from dfmp2.kernels.nki_ledger import CostLedger
+
+    def kernel(columns, upload):
+        t = Trace(matmul_columns=columns, launches=1)
+        t.instructions["tensor"] = 1
+        return t, upload
+
+    calls = [kernel(4_000_000, 10**8), kernel(1_000_000, 3 * 10**8), kernel(2_000_000, 10**7)]
+    ledger = CostLedger()
+    for k, (trace, upload) in enumerate(calls):
+        ledger.record(trace, upload, "k", prefetched=k > 0)
+    for name, target in TARGETS.items():
+        parts = [cost_model.call_seconds(Trace(**{**t.__dict__, "host_bytes_in": u}), target) for t, u in calls]
+        up, dev = [p["host_transfer"] for p in parts], [p["device"] for p in parts]
+        launches = sum(p["launch"] for p in parts)
+        pipeline = launches + up[0] + max(up[1], dev[0]) + max(up[2], dev[1]) + dev[2]
+        model = ledger.modelled()[name]
+        assert model["seconds"] == pytest.approx(pipeline, rel=1e-12)
+        assert model["hidden_upload_seconds"] == pytest.approx(sum(up) + sum(dev) + launches - pipeline, rel=1e-12)
+        assert model["hidden_upload_seconds"] > 0
+    serial = CostLedger()
+    serial.record(*calls[0], "k")
+    serial.transfer(10**6, 0)  # a synchronous copy between them: nothing to hide under
+    serial.record(*calls[1], "k", prefetched=True)
+    assert serial.modelled()["trn2"]["hidden_upload_seconds"] == 0.0

@@ -54,8 +54,8 @@ def psum_roundtrip_kernel(x, rows):
 
 @nki.jit
 def matmul_kernel(a_t, b):
-    """out[M, N] = a_t[K, M]^T @ b[K, N] in one nc_matmul. The PSUM tile has min(M, 128)
-    partitions so that M = 129 reaches nc_matmul instead of failing at allocation."""
+    """out[M, N] = a_t[K, M]^T @ b[K, N] in one nc_matmul. The PSUM tile is at most [128, 512]
+    (one bank) so that M = 129 or N = 513 reaches nc_matmul instead of failing at allocation."""
     K, M = a_t.shape
     N = b.shape[1]
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -63,7 +63,7 @@ def matmul_kernel(a_t, b):
     moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=stationary, src=a_t)
     nisa.dma_copy(dst=moving, src=b)
-    acc = nl.ndarray((min(M, P), N), dtype=nl.float32, buffer=nl.psum)
+    acc = nl.ndarray((min(M, P), min(N, 512)), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=acc, stationary=stationary, moving=moving)
     res = nl.ndarray((min(M, P), N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=acc)
@@ -130,7 +130,8 @@ def psum_dtype_kernel(a_t, b, psum_f16):
 
 @nki.jit
 def bank_offset_kernel(a_t, b, col):
-    """out = a_t^T @ b [128, 512] computed into columns col:col+512 of a two-bank PSUM tile."""
+    """out = a_t^T @ b [128, 512] computed into columns col:col+512 of a two-bank PSUM tile
+    (refused at allocation: a PSUM tile is at most one bank, so no output can cross one)."""
     K, M = a_t.shape
     N = b.shape[1]
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -143,6 +144,24 @@ def bank_offset_kernel(a_t, b, col):
                    )
     res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=two_banks[:, col:col + N])
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+@nki.jit
+def second_bank_kernel(a_t, b):
+    """out = a_t^T @ b [128, 512] computed into the second of two one-bank PSUM tiles."""
+    K, M = a_t.shape
+    N = b.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    stationary = nl.ndarray((K, M), dtype=nl.float32, buffer=nl.sbuf)
+    moving = nl.ndarray((K, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=stationary, src=a_t)
+    nisa.dma_copy(dst=moving, src=b)
+    banks = [nl.ndarray((M, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(2)]
+    nisa.nc_matmul(dst=banks[1][:, 0:N], stationary=stationary, moving=moving)
+    res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=banks[1][:, 0:N])
     nisa.dma_copy(dst=out, src=res)
     return out
 
@@ -192,16 +211,15 @@ def loop_rebound_big_tile_kernel(x, y, z):
 
 
 @nki.jit
-def psum_tiles_kernel(x, count):
+def psum_tiles_kernel(x, eye, count):
     """`count` PSUM tiles of one bank each, all live at once, each holding I^T x (a matmul
-    with an identity stationary); out = their sum = count * x."""
+    with an identity stationary, DMA'd from `eye`: a memset per partition would break the
+    start-partition rule); out = their sum = count * x."""
     out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
     ident = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
     moving = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=moving, src=x)
-    nisa.memset(dst=ident, value=0.0)
-    for p in range(P):  # identity, one element per partition
-        nisa.memset(dst=ident[p, p:p + 1], value=1.0)
+    nisa.dma_copy(dst=ident, src=eye)
     tiles = []
     for _ in range(count):
         acc = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.psum)
@@ -410,15 +428,16 @@ def test_psum_float16_fails():
 # ---- 4. one matmul output inside one PSUM bank ----------------------------------------------------
 def test_matmul_output_in_second_bank_works():
     a_t, b = rand((128, 128), 9), rand((128, 512), 10)
-    out = bank_offset_kernel(a_t, b, 512)
+    out = second_bank_kernel(a_t, b)
     np.testing.assert_allclose(out, a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
-    assert bank_offset_kernel.last_trace.peak_psum_bytes == 4096
+    assert second_bank_kernel.last_trace.peak_psum_bytes == 4096
 
 
 def test_matmul_output_crossing_bank_boundary_fails():
+    """The two-bank PSUM tile such an output needs is refused at allocation (audit rows L1, MM11)."""
     with pytest.raises(NkiConstraintError,
-                       match=r"nisa\.nc_matmul\(.*dst \(128, 512\)\): output spans bytes 1024\.\.3072 "
-                             r"of each partition, crossing a 2048 B PSUM bank boundary"):
+                       match=r"nl\.ndarray: PSUM tile \(128, 1024\) of 4096 B per partition is wider than one "
+                             r"2048 B PSUM bank"):
         bank_offset_kernel(rand((128, 128), 9), rand((128, 512), 10), 256)
 
 
@@ -466,7 +485,7 @@ def test_loop_rebound_sbuf_tile_frees_space_on_trn1():
 def test_eight_psum_banks_work(target):
     x = rand((P, 512), 16)
     with nki.target(target):
-        out = psum_tiles_kernel(x, 8)
+        out = psum_tiles_kernel(x, np.eye(P, dtype=np.float32), 8)
     np.testing.assert_allclose(out, 8 * x, rtol=1e-6)
     assert psum_tiles_kernel.last_trace.peak_psum_bytes == 16 * 1024
 
@@ -477,7 +496,7 @@ def test_nine_psum_banks_fail(target):
             NkiConstraintError,
             match=rf"allocating a PSUM tile of shape \(128, 512\) \(2048 B per partition\) "
                   rf"exceeds PSUM capacity on {target}: 16384 B already live, limit 16384 B"):
-        psum_tiles_kernel(rand((P, 512), 16), 9)
+        psum_tiles_kernel(rand((P, 512), 16), np.eye(P, dtype=np.float32), 9)
 
 
 # ---- 7. no float64 on the device ------------------------------------------------------------
@@ -720,12 +739,12 @@ def test_reduce_over_a_middle_free_axis_fails():
 
 
 @nki.jit
-def transpose_kernel(x, col0):
-    """out = x^T for x [128, 128], transposed into columns col0..col0+128 of a 1024-wide PSUM tile."""
+def transpose_kernel(x, col0, width):
+    """out = x^T for x [128, 128], transposed into columns col0..col0+128 of a PSUM tile [128, width]."""
     out = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.shared_hbm)
     t = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=x)
-    acc = nl.ndarray((P, 1024), dtype=nl.float32, buffer=nl.psum)
+    acc = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=acc[:, col0:col0 + P], data=t)
     res = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=acc[:, col0:col0 + P])
@@ -735,14 +754,14 @@ def transpose_kernel(x, col0):
 
 def test_transpose_inside_one_psum_bank_works():
     x = rand((P, P), 35)
-    np.testing.assert_array_equal(transpose_kernel(x, 512), x.T)
+    np.testing.assert_array_equal(transpose_kernel(x, 384, 512), x.T)
 
 
 def test_transpose_crossing_a_psum_bank_fails():
-    with pytest.raises(NkiConstraintError,
-                       match=r"nisa\.nc_transpose\(.*\): output spans bytes 1792\.\.2304 of each partition, "
-                             r"crossing a 2048 B PSUM bank boundary"):
-        transpose_kernel(rand((P, P), 35), 448)
+    """The two-bank PSUM tile such an output needs is refused at allocation (audit rows L1, T7)."""
+    with pytest.raises(NkiConstraintError, match=r"PSUM tile \(128, 1024\) of 4096 B per partition is wider than "
+                                                 r"one 2048 B PSUM bank"):
+        transpose_kernel(rand((P, P), 35), 448, 1024)
 
 
 @nki.jit
@@ -769,7 +788,8 @@ def test_memset_int_value_on_float_tile_fails_under_0_3():
 
 @nki.jit
 def psum_dma_kernel(a_t, b):
-    """A matmul result DMA'd straight from PSUM to HBM (legal only up to nki 0.2)."""
+    """A matmul result DMA'd straight from PSUM to HBM (refused in every release: 0.3+ documents
+    it, and for 0.2 the emulator takes the stricter reading of its ISA page)."""
     K, M = a_t.shape
     N = b.shape[1]
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -783,15 +803,10 @@ def psum_dma_kernel(a_t, b):
     return out
 
 
-def test_dma_out_of_psum_works_under_0_2():
-    a_t, b = rand((64, 32), 36), rand((64, 16), 37)
-    with nki.target("trn1", api="0.2"):
-        np.testing.assert_allclose(psum_dma_kernel(a_t, b), a_t.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
-
-
-def test_dma_out_of_psum_fails_under_0_3():
-    with nki.target("trn1", api="0.3"), pytest.raises(
-            NkiConstraintError, match=r"under nki 0\.3 dma_copy cannot read PSUM \(allowed up to 0\.2\)"):
+@pytest.mark.parametrize("api", ["0.2", "0.3"])
+def test_dma_out_of_psum_fails_in_every_release(api):
+    with nki.target("trn1", api=api), pytest.raises(
+            NkiConstraintError, match=rf"dma_copy cannot read PSUM .*\[D2; trn1, nki {api}\]"):
         psum_dma_kernel(rand((64, 32), 36), rand((64, 16), 37))
 
 

@@ -37,9 +37,9 @@ from . import emulator
 from .emulator.core import TARGETS
 from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
 from .nki_ledger import CostLedger
-from .nki_sparse import TileMap, pack_tiles, tile_digits
+from .nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
 from .nki_support import installed_nki_api, installed_versions
-from .ozaki import INPUT_SLICES, ROUNDING_PAD, column_digits, column_slices, half_transform_grid
+from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints
 from .tiles import FREE, GAMMA_X_BYTES, P, VV_RESIDENT_BYTES
 
@@ -184,13 +184,13 @@ class NkiBackend:
         return f"{self.target} {core} via torch-neuronx ({self.device}), nki {self.nki_api}, {transform} transform"
 
     # ---- kernel calls ------------------------------------------------------------------
-    def _launch(self, kernel_name, arrays, useful_flops, grid=1):
+    def _launch(self, kernel_name, arrays, useful_flops, grid=1, prefetched=False):
         """Run one kernel on fp32 arrays on `grid` physical cores (KernelLauncher.launch):
-        arguments not resident in device HBM are host -> device transfers; the outputs stay in
-        HBM. `useful_flops`: the minimal matmul FLOPs of its unpadded work. Int arguments are
-        compile-time constants."""
+        arguments not resident in device HBM are host -> device transfers (prefetched: uploaded
+        while the previous kernel ran, nki_ledger); the outputs stay in HBM. `useful_flops`: the
+        minimal matmul FLOPs of its unpadded work. Int arguments are compile-time constants."""
         host_bytes = sum(a.nbytes for a in arrays if isinstance(a, torch.Tensor) and not self.is_resident(a))
-        out = self.launcher.launch(kernel_name, arrays, useful_flops, host_bytes, grid)
+        out = self.launcher.launch(kernel_name, arrays, useful_flops, host_bytes, grid, prefetched)
         return self._outputs(out) if self.simulate else out
 
     def _outputs(self, out):
@@ -269,8 +269,8 @@ class NkiBackend:
         """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP].
 
         transform "exact": the fp64 (mn|P) and C (host arrays: a NeuronCore has no fp64) are cut
-        into 7-bit slices on the host (`column_digits`, `column_slices`), so the kernel's products
-        and PSUM sums are exact (see the kernel). "fp32": (mn|P) and C rounded to fp32, one
+        into 7-bit slices on the host (`nki_sparse.symmetric_digits` of (mn|P)'s lower tiles,
+        `column_slices` of C), so the kernel's products and PSUM sums are exact (see the kernel). "fp32": (mn|P) and C rounded to fp32, one
         product per half. One call per block of functions (the kernel cuts the occupied
         orbitals and the functions into the chunks and batches that fit in SBUF).
         """
@@ -285,7 +285,8 @@ class NkiBackend:
         half is the dense one. -> [nocc, nvir, nP]."""
         tiles = self._tile_map(screened.pattern)
         self.calls["host:pack_tiles"] += 1
-        x = pack_tiles(screened, tiles)  # [nP, R, P]: the kept tiles, stacked along the rows
+        # [nP, R, P]: the kept tiles stacked along the rows (exact: those on and below the diagonal)
+        x = pack_tiles(screened, tiles.lower() if self.transform == "exact" else tiles)
         # first-half FLOPs of the kept pair blocks (the tiles' zeros are not useful work)
         return self._transform(x, tiles, c_occ, c_vir, 2 * screened.naux * screened.pattern.stored_elements)
 
@@ -303,17 +304,23 @@ class NkiBackend:
 
     def _transform(self, x, tiles, c_occ, c_vir, first_half_flops):
         """ao2mo_kernel on host fp64 (mn|P): x [nP, nao, nao] (tiles None) or the kept tiles
-        [nP, R, P] of `tiles`; first_half_flops: the first half's useful FLOPs per occupied
+        [nP, R, P] of `tiles` (exact: its lower tiles, TileMap.lower); first_half_flops: the first half's useful FLOPs per occupied
         orbital (2 nP times the (mn) elements it contracts). -> [nocc, nvir, nP]."""
         occ_slices, c_occ_l1, vir_slices = self._orbital_slices(c_occ, c_vir)  # on the device once per run
         nP, nao = x.shape[0], vir_slices.shape[1]
         nocc, nvir = occ_slices.shape[2], vir_slices.shape[2]
-        tile_map = 0 if tiles is None else tiles.bits
+        tile_map, symmetric = (0 if tiles is None else tiles.bits), 0
         if self.transform == "exact":
             self.calls["host:slice_operands"] += 1
-            digits, scale = column_digits(x, INPUT_SLICES) if tiles is None else tile_digits(x, tiles, INPUT_SLICES)
-            x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
             x_max = np.abs(x).reshape(nP, -1).max(axis=1)
+            # only the kept tiles on and below the diagonal cross, with symmetric digits (one
+            # exponent per function): the kernel turns each for its mirror above the diagonal
+            if tiles is None:  # dense (mn|P): every tile kept
+                tiles = TileMap.full(nao)
+                x = pack_dense_tiles(x, tiles.lower())
+            tile_map, symmetric = tiles.bits, 1
+            digits, scale = symmetric_digits(x, nao, X_DIGITS)
+            x_digits, x_scale = torch.from_numpy(digits), torch.from_numpy(scale)
         else:
             x_digits = torch.from_numpy(x.astype(np.float32))[None]
         slices = x_digits.shape[0]
@@ -332,8 +339,10 @@ class NkiBackend:
             occ_slices,
             vir_slices,
             grid_arg,
-            tile_map),
-            nocc * (first_half_flops + 2 * nP * nao * nvir), grid=self.lnc)  # both halves, done once
+            tile_map,
+            symmetric),
+            nocc * (first_half_flops + 2 * nP * nao * nvir), grid=self.lnc,  # both halves, done once
+            prefetched=True)  # this block's digits cross while the previous block's kernel runs
         return out[:nP].permute(2, 1, 0)  # [nocc, nvir, nP] view of [nP, nvir, nocc]
 
     def _orbital_slices(self, c_occ, c_vir):

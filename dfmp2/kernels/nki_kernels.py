@@ -169,16 +169,16 @@ def trsm_kernel(x, l_t, linv_t):
 TRANSFORM_RESIDENT_BYTES = 112 * 1024  # per partition: C_occ's slices of one chunk + one batch's H slices
 
 
-def transform_blocking(nao, nocc, slices, h_slices, functions):
+def transform_blocking(nao, nocc, slices, h_slices, functions, itemsize=4):
     """(W, NB): occupied columns per chunk and auxiliary functions per batch of ao2mo_kernel.
 
     Resident per 128 partitions: C_occ's `slices` slices of a W-column chunk (all nao rows) and
-    the `h_slices` slices of H for NB functions side by side, (slices + NB h_slices) x nm x W x 4
-    bytes (nm = ceil(nao / 128)), within TRANSFORM_RESIDENT_BYTES; NB W <= FREE columns (the
+    the `h_slices` slices of H for NB functions side by side, (slices + NB h_slices) x nm x W x
+    itemsize bytes (nm = ceil(nao / 128); 2 for the exact transform's bf16 slices), within TRANSFORM_RESIDENT_BYTES; NB W <= FREE columns (the
     second half's moving operand). W takes as many occupied orbitals as fit, in equal chunks;
     NB as many of the call's `functions` as fit."""
     nm = (nao + P - 1) // P
-    column_bytes = 4 * nm
+    column_bytes = itemsize * nm
     widest = min(nocc, FREE, TRANSFORM_RESIDENT_BYTES // ((slices + h_slices) * column_bytes))
     assert widest >= 1, f"ao2mo_kernel: nao {nao} leaves no room for one occupied column in SBUF"
     chunks = (nocc + widest - 1) // widest
@@ -188,7 +188,7 @@ def transform_blocking(nao, nocc, slices, h_slices, functions):
 
 
 @nki.jit
-def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map):
+def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map, symmetric):
     """Batched two-sided transform: out[p, a, i] = sum_mn C_mi C_na (mn|p), with exact fp32
     products (S > 1 slices, the default) or plain fp32 products (S == 1).
 
@@ -198,13 +198,17 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
     along the contraction (Ozaki's scheme), so each slice product and its accumulation in PSUM
     over up to 512 terms (CHUNK tiles) are exact; only the truncation of the slices remains.
 
-    x_digits [S, NP, NAO, NAO] (tile_map 0: every tile), or block-sparse [S, NP, R, P]: only the
+    x_digits [SX, NP, NAO, NAO] (tile_map 0: every tile), or block-sparse [SX, NP, R, P]: only the
     kept 128 x 128 tiles (m, n) of (mn|p), stacked along the rows in the order of n then m (each
     tile's rows, m on the rows; a ragged last column tile zero-padded); tile_map: 0 (dense), or
     the kept tiles as a compile-time int, bit m * nm + n for tile (m, n) (symmetric, every
-    diagonal tile kept). Each output column tile n of H issues one
+    diagonal tile kept); symmetric = 1 (exact, packed): only the kept tiles with m >= n are
+    uploaded, with one exponent per function (the digits of (mn|p) symmetric, x_scale constant
+    per function), and each tile above the diagonal is its mirror's transpose, turned on chip
+    (`_load_mirrored`): about half the bytes cross from the host. Each output column tile n of H issues one
     matmul per slice pair per kept tile (m, n) only: a dropped tile is never uploaded or multiplied.
-    S > 1: int8, the slices of (mn|p) as integers d_s (|d_s| <= 127),
+    S > 1 (S slices of C, SX <= S digits of (mn|p): ozaki.X_DIGITS = 4 of INPUT_SLICES = 5, the
+    measured trade, docs/trainium.md): int8, the slices of (mn|p) as integers d_s (|d_s| <= 127),
     slice s = d_s 2^(e_pn - 7 (s + 1)); x_scale [NP, NAO, 1]: 2^(e_pn) per column n (1 byte per
     slice element crosses from the host, not 4). The kernel makes X_s = d_s 2^(-7 (s + 1)) (exact,
     on the Scalar Engine) and applies 2^(e_pn) to row n of H (exact, a power of two).
@@ -215,7 +219,7 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
     host bound); broadcast to the partitions on the Tensor Engine and scaled by 2^(-7 (u - 1)):
     adding and subtracting it rounds to the grid of slice u (the Vector Engine's fp32
     round-to-nearest).
-      H[n, i] = sum_m (mn|p) C_mi   = sum_{s+t<=S+1} X_s^T C_t   (groups g = s + t in PSUM,
+      H[n, i] = sum_m (mn|p) C_mi   = sum_{s+t<=S+1} X_s^T C_t   (s <= SX, t <= S; groups g = s + t in PSUM,
                                       exact per 512-term chunk; groups and chunks combined by
                                       TwoSum into H_hi + H_lo)
       H_u     = slices of H_hi + H_lo per column i (rounding trick, u = 1..SH), cut per row tile n
@@ -235,24 +239,26 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
     Long (the kernel's loop nest is its tile schedule, kept whole): cutting it into helpers
     would move where tiles die (on-chip memory peaks, recorded in the trace).
     """
-    S, NP = x_digits.shape[0], x_digits.shape[1]
+    SX, NP = x_digits.shape[0], x_digits.shape[1]  # digits of (mn|p)
+    S = c_occ_slices.shape[0]  # slices of C_occ and C_vir
     exact = S > 1
     SH = H_SLICES if exact else 1
     NAO, NOCC = c_occ_slices.shape[1], c_occ_slices.shape[2]
     NVIR = c_vir_slices.shape[2]
     nm = (NAO + P - 1) // P
-    # the kept row tiles m of each column tile n, and (block-sparse layout) the packed row where
-    # tile (kept[n][k], n) starts: tile_rows[n][k]
+    # the kept row tiles m of each column tile n, and (block-sparse layout) where each is packed
     kept = [[m for m in range(nm) if tile_map == 0 or (tile_map >> (m * nm + n)) & 1] for n in range(nm)]
     assert all(n in kept[n] for n in range(nm)), "ao2mo_kernel: every diagonal tile is kept"
-    tile_rows, row = [], 0
+    assert not symmetric or (exact and tile_map != 0), "ao2mo_kernel: a symmetric upload is packed exact digits"
+    where, row = {}, 0  # the packed row of each stored tile (m, n): with symmetric, m >= n only
     for n in range(nm):
-        tile_rows.append([])
         for m in kept[n]:
-            tile_rows[-1].append(row)
-            row += min(P, NAO - m * P)
+            if m >= n or not symmetric:
+                where[(m, n)] = row
+                row += min(P, NAO - m * P)
     chunk = CHUNK if exact else nm  # exact PSUM sums need contractions of <= 512 terms
-    W, NB = transform_blocking(NAO, NOCC, S, SH, NP)
+    OP = nl.bfloat16 if exact else nl.float32  # the slices' dtype: each is exact in bf16 (8 significant bits)
+    W, NB = transform_blocking(NAO, NOCC, S, SH, NP, 2 if exact else 4)
     GW = 256 if NB * W <= 256 else FREE  # PSUM columns per group: two groups share a bank when they fit
     out = nl.ndarray((NP, NVIR, NOCC), dtype=nl.float32, buffer=nl.shared_hbm)
     if exact:
@@ -260,7 +266,7 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
         nisa.memset(dst=ones, value=1.0)
     for i0 in range(0, NOCC, W):  # occupied chunk: columns i0 .. i0 + w
         w = min(W, NOCC - i0)
-        c_occ_sb = nl.ndarray((P, S * nm, W), dtype=nl.float32, buffer=nl.sbuf)
+        c_occ_sb = nl.ndarray((P, S * nm, W), dtype=OP, buffer=nl.sbuf)  # fp32 in HBM, cast by the DMA (exact)
         for t in nl.affine_range(S):
             for m in nl.affine_range(nm):
                 rm = min(P, NAO - m * P)
@@ -269,7 +275,7 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
             p0 = b * NB
             nb = min(NB, NP - p0)
             F = nb * w  # the batch's H columns: function p0 + j in columns j w .. (j + 1) w
-            h_slices = nl.ndarray((P, SH * nm, NB * W), dtype=nl.float32, buffer=nl.sbuf)
+            h_slices = nl.ndarray((P, SH * nm, NB * W), dtype=OP, buffer=nl.sbuf)
             for j in range(nb):  # first half, one function at a time
                 p = p0 + j
                 if exact:
@@ -291,29 +297,31 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
                     h_hi = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)  # H[n, i], n on partitions
                     h_lo = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
                     for c0 in range(0, len(kept[n]), chunk):
-                        groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)  # a bank per group
+                        groups = _psum_tiles(S, FREE)  # a bank per group
                         for k in range(c0, min(c0 + chunk, len(kept[n]))):
                             m = kept[n][k]
                             rm = min(P, NAO - m * P)
                             # tile (m, n): rows and columns of x_digits (dense), or its packed rows
-                            r0, q0 = (m * P, n * P) if tile_map == 0 else (tile_rows[n][k], 0)
-                            x_tiles = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
-                            if exact:
-                                digits = nl.ndarray((P, S, P), dtype=nl.int8, buffer=nl.sbuf)
-                                for s in range(S):
+                            r0, q0 = (m * P, n * P) if tile_map == 0 else (where.get((m, n), 0), 0)
+                            x_tiles = nl.ndarray((P, SX, P), dtype=OP, buffer=nl.sbuf)
+                            if symmetric and m < n:  # the mirror of stored tile (n, m), transposed
+                                _load_mirrored(x_digits, p, where[(n, m)], rn, rm, x_tiles, SX)
+                            elif exact:
+                                digits = nl.ndarray((P, SX, P), dtype=nl.int8, buffer=nl.sbuf)
+                                for s in range(SX):
                                     nisa.dma_copy(dst=digits[0:rm, s, 0:rn], src=x_digits[s, p, r0:r0 + rm, q0:q0 + rn])
                                     nisa.activation(dst=x_tiles[0:rm, s, 0:rn], op=nl.copy,
                                                     data=digits[0:rm, s, 0:rn], scale=DIGIT_WEIGHTS[s])
                             else:
                                 nisa.dma_copy(dst=x_tiles[0:rm, 0, 0:rn], src=x_digits[0, p, r0:r0 + rm, q0:q0 + rn])
-                            for s in range(S):
+                            for s in range(SX):
                                 for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
-                                    nisa.nc_matmul(dst=groups[0:rn, s + t, 0:w], stationary=x_tiles[0:rm, s, 0:rn],
+                                    nisa.nc_matmul(dst=groups[s + t][0:rn, 0:w], stationary=x_tiles[0:rm, s, 0:rn],
                                                    moving=c_occ_sb[0:rm, t * nm + m, 0:w])
                         if exact:
                             _add_groups(groups, S, h_hi[0:rn, 0:w], h_lo[0:rn, 0:w], w, c0 == 0)
                         else:
-                            nisa.tensor_copy(dst=h_slices[0:rn, n, j * w:j * w + w], src=groups[0:rn, 0, 0:w])
+                            nisa.tensor_copy(dst=h_slices[0:rn, n, j * w:j * w + w], src=groups[0][0:rn, 0:w])
                     if exact:
                         for part in (h_hi, h_lo):  # H rows times 2^(e_pn): exact
                             nisa.tensor_scalar(dst=part[0:rn, 0:w], data=part[0:rn, 0:w], op0=nl.multiply,
@@ -327,20 +335,20 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
                 if exact:
                     t_lo = nl.ndarray((P, NB * W), dtype=nl.float32, buffer=nl.sbuf)
                 for c0 in range(0, nm, chunk):
-                    groups = nl.ndarray((P, SH, GW), dtype=nl.float32, buffer=nl.psum)
+                    groups = _psum_tiles(SH, GW)
                     for n in nl.affine_range(c0, min(c0 + chunk, nm)):
                         rn = min(P, NAO - n * P)
-                        c_vir_tile = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)  # streamed
+                        c_vir_tile = nl.ndarray((P, S, P), dtype=OP, buffer=nl.sbuf)  # streamed
                         for t in range(S):
                             nisa.dma_copy(dst=c_vir_tile[0:rn, t, 0:ma], src=c_vir_slices[t, n * P:n * P + rn, a0:a0 + ma])
                         for u in range(SH):
                             for t in range(min(S, SH - u)):  # u + t <= SH - 1 (0-based)
-                                nisa.nc_matmul(dst=groups[0:ma, u + t, 0:F], stationary=c_vir_tile[0:rn, t, 0:ma],
+                                nisa.nc_matmul(dst=groups[u + t][0:ma, 0:F], stationary=c_vir_tile[0:rn, t, 0:ma],
                                                moving=h_slices[0:rn, u * nm + n, 0:F])
                     if exact:
                         _add_groups(groups, SH, t_hi[0:ma, 0:F], t_lo[0:ma, 0:F], F, c0 == 0)
                     else:
-                        nisa.tensor_copy(dst=t_hi[0:ma, 0:F], src=groups[0:ma, 0, 0:F])
+                        nisa.tensor_copy(dst=t_hi[0:ma, 0:F], src=groups[0][0:ma, 0:F])
                 if exact:
                     nisa.tensor_tensor(dst=t_hi[0:ma, 0:F], data1=t_hi[0:ma, 0:F], data2=t_lo[0:ma, 0:F], op=nl.add)
                 for j in range(nb):
@@ -348,13 +356,35 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
     return out
 
 
+def _load_mirrored(x_digits, p, r0, rn, rm, x_tiles, SX):
+    """x_tiles[0:rm, s, 0:rn] = X_s of tile (m, n), m < n, from the stored tile (n, m) (rows
+    r0 .. r0 + rn of the packed digits, columns 0:rm): X_s[m, n] = X_s[n, m]^T (symmetric digits,
+    one exponent per function), each slice turned on the Tensor Engine (fp32, exact) through PSUM."""
+    digits = nl.ndarray((P, SX, P), dtype=nl.int8, buffer=nl.sbuf)
+    for s in range(SX):
+        nisa.dma_copy(dst=digits[0:rn, s, 0:rm], src=x_digits[s, p, r0:r0 + rn, 0:rm])
+        flat = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)  # X_s[n, m], n on partitions
+        nisa.activation(dst=flat[0:rn, 0:rm], op=nl.copy, data=digits[0:rn, s, 0:rm], scale=DIGIT_WEIGHTS[s])
+        turned = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(dst=turned[0:rm, 0:rn], data=flat[0:rn, 0:rm])
+        nisa.tensor_copy(dst=x_tiles[0:rm, s, 0:rn], src=turned[0:rm, 0:rn])
+
+
+def _psum_tiles(count, width):
+    """count PSUM accumulators [128, width], FREE // width of them side by side in each one-bank
+    (2 KiB) tile: a list of views (width divides FREE)."""
+    per_bank = FREE // width
+    banks = [nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum) for _ in range((count + per_bank - 1) // per_bank)]
+    return [banks[g // per_bank][:, (g % per_bank) * width:(g % per_bank + 1) * width] for g in range(count)]
+
+
 def _add_groups(groups, count, hi, lo, F, first):
-    """hi + lo (+)= the PSUM group tiles groups[0:R, k, 0:F] (k < count, largest first; R = hi's
+    """hi + lo (+)= the PSUM group tiles groups[k][0:R, 0:F] (k < count, largest first; R = hi's
     partitions), by TwoSum on the Vector Engine: s = hi + g; b = s - hi;
     e = (hi - (s - b)) + (g - b); lo += e; hi = s. first: hi, lo start from the first group and zero."""
     R = hi.shape[0]
     if first:
-        nisa.tensor_copy(dst=hi, src=groups[0:R, 0, 0:F])
+        nisa.tensor_copy(dst=hi, src=groups[0][0:R, 0:F])
         nisa.memset(dst=lo, value=0.0)
     g = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     total = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
@@ -362,7 +392,7 @@ def _add_groups(groups, count, hi, lo, F, first):
     a_virtual = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     err = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     for k in range(1 if first else 0, count):
-        nisa.tensor_copy(dst=g[0:R], src=groups[0:R, k, 0:F])
+        nisa.tensor_copy(dst=g[0:R], src=groups[k][0:R, 0:F])
         nisa.tensor_tensor(dst=total[0:R], data1=hi, data2=g[0:R], op=nl.add)
         nisa.tensor_tensor(dst=b_virtual[0:R], data1=total[0:R], data2=hi, op=nl.subtract)
         nisa.tensor_tensor(dst=a_virtual[0:R], data1=total[0:R], data2=b_virtual[0:R], op=nl.subtract)
@@ -374,12 +404,18 @@ def _add_groups(groups, count, hi, lo, F, first):
 
 
 def _peel_slice(hi, lo, grid, piece, F):
-    """piece = hi rounded to the grid whose rounding constant is `grid` ((hi + c) - c);
-    then hi + lo -= piece, renormalised (FastTwoSum), all in place (R = hi's partitions)."""
+    """piece = hi rounded to the grid whose rounding constant is `grid` ((hi + c) - c, in fp32);
+    then hi + lo -= piece, renormalised (FastTwoSum), all in place (R = hi's partitions). A bf16
+    piece is written from the fp32 rounding on the Scalar Engine (exact: <= 8 significant bits)."""
     R = hi.shape[0]
-    nisa.tensor_tensor(dst=piece, data1=hi, data2=grid, op=nl.add)
-    nisa.tensor_tensor(dst=piece, data1=piece, data2=grid, op=nl.subtract)
-    nisa.tensor_tensor(dst=hi, data1=hi, data2=piece, op=nl.subtract)  # exact
+    rounded = piece
+    if piece.dtype != nl.float32:
+        rounded = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)[0:R, 0:piece.shape[1]]
+    nisa.tensor_tensor(dst=rounded, data1=hi, data2=grid, op=nl.add)
+    nisa.tensor_tensor(dst=rounded, data1=rounded, data2=grid, op=nl.subtract)
+    nisa.tensor_tensor(dst=hi, data1=hi, data2=rounded, op=nl.subtract)  # exact
+    if rounded is not piece:
+        nisa.activation(dst=piece, op=nl.copy, data=rounded)
     total = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=total[0:R], data1=hi, data2=lo, op=nl.add)
     back = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
@@ -480,9 +516,9 @@ def _pair_sums(bi, b_j, i, j, same, resident, exchange, ei, ej, ea, neg_eb, sums
         for g0 in range(0, len(chunks), GROUP):
             group = chunks[g0:g0 + GROUP]
             span0, span1 = group[0][0], group[-1][1]  # columns of this group
-            v = nl.ndarray((P, GROUP, FREE), dtype=nl.float32, buffer=nl.psum)
+            v = _psum_tiles(GROUP, FREE)
             if exchange:
-                x = nl.ndarray((P, GROUP, FREE), dtype=nl.float32, buffer=nl.psum)
+                x = _psum_tiles(GROUP, FREE)
             for q in nl.affine_range(nq):
                 qs = min(P, NAUX - q * P)
                 if streamed:  # B_j[Q, span0:span1] for this block and group only
@@ -495,11 +531,11 @@ def _pair_sums(bi, b_j, i, j, same, resident, exchange, ei, ej, ea, neg_eb, sums
                 for c in range(len(group)):
                     c0, c1 = group[c]
                     bj_move = tile[0:qs, c0 - span0:c1 - span0] if streamed else bj[0:qs, q, c0:c1]
-                    nisa.nc_matmul(dst=v[0:ma, c, 0:c1 - c0], stationary=bi[0:qs, q, a0:a0 + ma],
+                    nisa.nc_matmul(dst=v[c][0:ma, 0:c1 - c0], stationary=bi[0:qs, q, a0:a0 + ma],
                                    moving=bj_move)
                     x0 = max(c0, a0 + ma)
                     if exchange and x0 < c1:
-                        nisa.nc_matmul(dst=x[0:ma, c, x0 - c0:c1 - c0], stationary=bj_stat,
+                        nisa.nc_matmul(dst=x[c][0:ma, x0 - c0:c1 - c0], stationary=bj_stat,
                                        moving=bi[0:qs, q, x0:c1])
             for c in range(len(group)):
                 c0, c1 = group[c]
@@ -509,21 +545,21 @@ def _pair_sums(bi, b_j, i, j, same, resident, exchange, ei, ej, ea, neg_eb, sums
                                    operand0=shift[0:ma])
                 nisa.reciprocal(dst=inv_d[0:ma, 0:w], data=inv_d[0:ma, 0:w])
                 t = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # T = V / D
-                nisa.tensor_tensor(dst=t[0:ma, 0:w], data1=inv_d[0:ma, 0:w], data2=v[0:ma, c, 0:w],
+                nisa.tensor_tensor(dst=t[0:ma, 0:w], data1=inv_d[0:ma, 0:w], data2=v[c][0:ma, 0:w],
                                    op=nl.multiply)
                 os_col = sums[0:ma, 0:1]
                 ex_col = sums[0:ma, 1:2]
-                _add_dot(os_col, t[0:ma, 0:w], v[0:ma, c, 0:w], 1.0)  # sum T V
+                _add_dot(os_col, t[0:ma, 0:w], v[c][0:ma, 0:w], 1.0)  # sum T V
                 o = max(c0, a0 + ma) - c0
                 if exchange and o < w:
                     tx = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)  # X / D
                     nisa.tensor_tensor(dst=tx[0:ma, o:w], data1=inv_d[0:ma, o:w],
-                                       data2=x[0:ma, c, o:w], op=nl.multiply)
-                    _add_dot(os_col, tx[0:ma, o:w], x[0:ma, c, o:w], 1.0)  # sum X^2 / D
-                    _add_dot(ex_col, t[0:ma, o:w], x[0:ma, c, o:w], 2.0)  # 2 sum T X
+                                       data2=x[c][0:ma, o:w], op=nl.multiply)
+                    _add_dot(os_col, tx[0:ma, o:w], x[c][0:ma, o:w], 1.0)  # sum X^2 / D
+                    _add_dot(ex_col, t[0:ma, o:w], x[c][0:ma, o:w], 2.0)  # 2 sum T X
                 if exchange and g0 + c == 0:  # the diagonal block V[A, A], transposed on the Tensor Engine
                     v_diag = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.tensor_copy(dst=v_diag[0:ma, 0:ma], src=v[0:ma, 0, 0:ma])
+                    nisa.tensor_copy(dst=v_diag[0:ma, 0:ma], src=v[0][0:ma, 0:ma])
                     v_diag_t = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
                     nisa.nc_transpose(dst=v_diag_t[0:ma, 0:ma], data=v_diag[0:ma, 0:ma])
                     _add_dot(ex_col, t[0:ma, 0:ma], v_diag_t[0:ma, 0:ma], 1.0)  # sum T V^T
@@ -1027,7 +1063,7 @@ def exact_matmul_kernel(x, y):
                 hi = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                 lo = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
                 for k0 in range(0, nk, CHUNK):
-                    groups = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.psum)
+                    groups = _psum_tiles(S, FREE)
                     for k in nl.affine_range(k0, min(k0 + CHUNK, nk)):
                         rk = min(P, K - k * P)
                         x_sb = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
@@ -1041,7 +1077,7 @@ def exact_matmul_kernel(x, y):
                         for s in range(S):
                             for t in range(S - s):  # slice pairs with s + t <= S - 1 (0-based)
                                 ycol = c0 if resident else 0
-                                nisa.nc_matmul(dst=groups[0:rm, s + t, 0:w], stationary=x_sb[0:rk, s, 0:rm],
+                                nisa.nc_matmul(dst=groups[s + t][0:rm, 0:w], stationary=x_sb[0:rk, s, 0:rm],
                                                moving=y_tiles[0:rk, t * ys + y0, ycol:ycol + w])
                     _add_groups(groups, S, hi[0:rm, 0:w], lo[0:rm, 0:w], w, k0 == 0)
                 nisa.dma_copy(dst=out[0, bt, m0:m0 + rm, c0:c0 + w], src=hi[0:rm, 0:w])

@@ -23,7 +23,7 @@ import torch
 
 from . import emulator
 from .nki_ledger import CostLedger
-from .nki_sparse import TileMap, unpack_tiles
+from .nki_sparse import TileMap, unpack_symmetric, unpack_tiles
 from .ozaki import digits_value
 from .tiles import FREE, P
 
@@ -118,10 +118,11 @@ class KernelLauncher:
         self._largest[kernel_name] = shapes
         return shapes
 
-    def launch(self, kernel_name, arrays, useful_flops, host_bytes, grid=1):
+    def launch(self, kernel_name, arrays, useful_flops, host_bytes, grid=1, prefetched=False):
         """Run one kernel on `arrays` (fp32 or int8 tensors; ints are compile-time constants) on
         `grid` physical cores; count the call and its specialization, and record its trace with
-        `host_bytes` of arguments crossing from the host. Returns the kernel's output(s): numpy
+        `host_bytes` of arguments crossing from the host (prefetched: during the previous
+        kernel, CostLedger.record). Returns the kernel's output(s): numpy
         arrays or tensors from the emulator or the reference math (simulate), the real kernel's
         tensors on a Trainium host."""
         shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in arrays)
@@ -130,14 +131,14 @@ class KernelLauncher:
         kernel = getattr(self.kernels, kernel_name)
         key = (kernel_name, shapes, grid)
         if self.simulate and self.model_only and key in self._trace_cache:
-            self.ledger.record(self._trace_cache[key], host_bytes, kernel_name)
+            self.ledger.record(self._trace_cache[key], host_bytes, kernel_name, prefetched)
             return REFERENCE[kernel_name](*(
                 a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype != torch.int8 else a for a in arrays))
         if self.simulate:
             with emulator.target(self.target, self.nki_api):
                 launcher = kernel[grid] if grid > 1 else kernel
                 out = launcher(*(_kernel_array(a) if isinstance(a, torch.Tensor) else a for a in arrays))
-            self.ledger.record(kernel.last_trace, host_bytes, kernel_name)
+            self.ledger.record(kernel.last_trace, host_bytes, kernel_name, prefetched)
             self._trace_cache[key] = kernel.last_trace
             return out
         return (kernel[grid] if grid > 1 else kernel)(*arrays)
@@ -222,10 +223,12 @@ def _ref_exact_matmul(x, y, columns=1 << 16):
     return out
 
 
-def _ref_ao2mo(digits, scale, cos, cvs, grid, tile_map):
-    """ao2mo_kernel's output from fp64 host math (model-only runs); block-sparse digits unpacked."""
+def _ref_ao2mo(digits, scale, cos, cvs, grid, tile_map, symmetric):
+    """ao2mo_kernel's output from fp64 host math (model-only runs); block-sparse digits unpacked
+    (symmetric: the lower tiles mirrored)."""
     if tile_map:
-        digits = unpack_tiles(digits, TileMap.from_bits(tile_map, cos.shape[1]))
+        tiles = TileMap.from_bits(tile_map, cos.shape[1])
+        digits = unpack_symmetric(digits, tiles.lower()) if symmetric else unpack_tiles(digits, tiles)
     return torch.einsum("pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float()
 
 

@@ -1,5 +1,5 @@
-"""Block-sparse (mn|P) as the NKI transform's 128 x 128 tiles: the kept tiles only, packed on the
-host in fp64 for ao2mo_kernel's block-sparse layout (see the kernel).
+"""(mn|P) as the NKI transform's 128 x 128 tiles: the kept tiles only (every tile when dense), packed
+on the host in fp64 for ao2mo_kernel's packed layout (see the kernel).
 
     tile (m, n)   rows [m P, m P + P), columns [n P, n P + P) of (mn|P), P = 128 (the partitions)
     kept          when any kept pair block of the pattern (`dfmp2.sparse.ScreenedPattern`, whose
@@ -9,8 +9,10 @@ host in fp64 for ao2mo_kernel's block-sparse layout (see the kernel).
                   (m on the rows; R = their rows, a ragged last row tile's rows only), zero where
                   the pattern dropped a block inside a kept tile or beyond nao (the columns of a
                   ragged last column tile)
-    digits        as `ozaki.column_digits`, with each column's power of two taken over its kept
-                  tiles (the contraction index m of the kernel's first half)
+    lower         the exact transform uploads only the kept tiles with m >= n (TileMap.lower):
+                  (mn|P) is symmetric, and the kernel turns each for its mirror
+    digits        `symmetric_digits`: int8 digits with one power of two per auxiliary function
+                  (so the digits of (m, n) and (n, m) agree)
 
 Pure functions and a frozen map, no state; nothing of a dropped tile is formed.
 """
@@ -44,6 +46,16 @@ class TileMap:
             kept[a0 // P:(a1 - 1) // P + 1, b0 // P:(b1 - 1) // P + 1] = True
         kept |= kept.T
         return cls(pattern.nao, tuple(tuple(int(m) for m in np.flatnonzero(kept[:, n])) for n in range(nm)))
+
+    @classmethod
+    def full(cls, nao: int) -> TileMap:
+        """Every tile of a dense nao x nao (mn|P)."""
+        nm = -(-nao // P)
+        return cls(nao, tuple(tuple(range(nm)) for _ in range(nm)))
+
+    def lower(self) -> TileMap:
+        """The kept tiles on and below the diagonal (m >= n): what a symmetric upload holds."""
+        return TileMap(self.nao, tuple(tuple(m for m in rows if m >= n) for n, rows in enumerate(self.kept)))
 
     @classmethod
     def from_bits(cls, bits: int, nao: int) -> TileMap:
@@ -97,24 +109,44 @@ def pack_tiles(screened, tiles: TileMap) -> np.ndarray:
             r0, r1 = max(a0, m * P), min(a1, m * P + P)
             rows = np.arange(r0 - a0, r1 - a0)
             for n in np.unique(cols // P):
+                if (m, int(n)) not in start:  # an upper tile of a lower (symmetric) map
+                    continue
                 mask = cols // P == n
                 t0 = start[(m, int(n))] + r0 - m * P
                 packed[:, t0:t0 + r1 - r0, cols[mask] - n * P] = panel[:, rows][:, :, mask]
     return packed
 
 
-def tile_digits(packed: np.ndarray, tiles: TileMap, count: int):
-    """(int8 digits [count, nP, R, P], fp32 2^e [nP, nao, 1]) of packed tiles, e per column over
-    that column's kept tiles (`ozaki.column_digits` of the dense tensor, restricted to them)."""
-    nP, offsets = packed.shape[0], tiles.row_offsets()
-    exponent = np.empty((nP, packed.shape[1], P))
-    scale = np.empty((nP, tiles.nm * P))
-    for n in range(tiles.nm):
-        r0, r1 = offsets[n][0], offsets[n][-1]
-        column = digit_exponent(np.abs(packed[:, r0:r1]).max(axis=1))  # [nP, P]: over column n's kept tiles
-        exponent[:, r0:r1] = column[:, None, :]
-        scale[:, n * P:n * P + P] = np.exp2(column)
-    return split_digits(packed, exponent, count), scale[:, :tiles.nao, None].astype(np.float32)
+def pack_dense_tiles(x: np.ndarray, tiles: TileMap) -> np.ndarray:
+    """The tiles of `tiles` of a dense x [nP, nao, nao] -> [nP, R, P] (ragged columns zero)."""
+    offsets = tiles.row_offsets()
+    packed = np.zeros((x.shape[0], offsets[-1][-1], P))
+    for n, rows in enumerate(tiles.kept):
+        width = min(P, tiles.nao - n * P)
+        for k, m in enumerate(rows):
+            h = tiles.height(m)
+            packed[:, offsets[n][k]:offsets[n][k] + h, :width] = x[:, m * P:m * P + h, n * P:n * P + width]
+    return packed
+
+
+def symmetric_digits(packed: np.ndarray, nao: int, count: int):
+    """(int8 digits [count, nP, R, P], fp32 2^e [nP, nao, 1]) of the packed lower tiles of a
+    symmetric (mn|P) with ONE exponent per auxiliary function (e = digit_exponent of its largest
+    element): the digits of (m, n) and (n, m) are then the same, so the kernel can transpose a
+    stored tile for its mirror (ao2mo_kernel, symmetric)."""
+    exponent = digit_exponent(np.abs(packed).reshape(packed.shape[0], -1).max(axis=1))  # [nP]
+    digits = split_digits(packed, exponent[:, None, None], count)
+    scale = np.broadcast_to(np.exp2(exponent)[:, None, None], (packed.shape[0], nao, 1)).astype(np.float32)
+    return digits, np.ascontiguousarray(scale)
+
+
+def unpack_symmetric(packed: torch.Tensor, tiles: TileMap) -> torch.Tensor:
+    """[..., R, P] packed lower tiles of `tiles` (TileMap.lower of the kept map) -> the symmetric
+    [..., nao, nao]: each tile below the diagonal mirrored above it; host reference math."""
+    low = unpack_tiles(packed, tiles)
+    tile = torch.arange(tiles.nao) // P
+    above = (tile[:, None] < tile[None, :]).to(low.dtype)
+    return low + low.transpose(-1, -2) * above
 
 
 def unpack_tiles(packed: torch.Tensor, tiles: TileMap) -> torch.Tensor:

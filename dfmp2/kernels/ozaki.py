@@ -1,8 +1,8 @@
 """Exact-product slices for the NKI AO->MO transform (Ozaki's scheme), cut on the host in fp64.
 
 A NeuronCore has no fp64 and its fp32 sums of (mn|P) C products lose up to mEh of the MP2
-energy to cancellation. So every operand of ao2mo_kernel is sent as INPUT_SLICES slices, each
-an integer of at most SLICE_BITS bits (+ sign) times a power of two shared along the
+energy to cancellation. So every operand of ao2mo_kernel is sent in slices (INPUT_SLICES of the
+C's, X_DIGITS of (mn|P)), each an integer of at most SLICE_BITS bits (+ sign) times a power of two shared along the
 contraction: every product of two slices is exact in fp32, and so is a sum of 512 of them
 (see nki_kernels.ao2mo_kernel). Pure functions, no state.
 """
@@ -14,10 +14,11 @@ import torch
 
 from .tiles import SLICE_BITS
 
-INPUT_SLICES = 5  # slices of (mn|P), C_occ, C_vir: 35 bits below each column's largest element
+INPUT_SLICES = 5  # slices of C_occ, C_vir (and of the SCF builds' operands): 35 bits below each column's largest
+X_DIGITS = 5  # int8 digits of (mn|P) in the AO->MO transform: 35 bits below each function's largest element
 ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-67)  # first-slice rounding constant of padded (all-zero) columns
 
-__all__ = ["SLICE_BITS", "INPUT_SLICES", "ROUNDING_PAD", "column_slices", "column_digits", "digit_exponent",
+__all__ = ["SLICE_BITS", "INPUT_SLICES", "X_DIGITS", "ROUNDING_PAD", "column_slices", "column_digits", "digit_exponent",
            "split_digits", "half_transform_grid", "digits_value"]
 
 

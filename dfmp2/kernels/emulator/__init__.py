@@ -1,18 +1,22 @@
 """An emulator of the NKI API subset dfmp2's kernels use, executed with numpy.
 
 It stands in for the `nki` package (`nki.jit`, `nki.simulate`, `nki.language`, `nki.isa`)
-when kernels run with --simulate, and enforces the NeuronCore limits that AWS's own
-simulator does not: usable SBUF/PSUM capacity of live allocations, partition and matmul tile
-limits, one-PSUM-bank matmul and transpose outputs, no float64, reductions only over the
-last free axes, no data movement across partitions on the engines (matching partition
-ranges; an operand over 64 partitions starts at partition 0).
+when kernels run with --simulate, and enforces the NeuronCore rules of AWS's NKI ISA
+reference for every instruction it models (docs/nki-audit.md: each rule, its AWS source and
+the test that proves the refusal): usable SBUF/PSUM capacity of live allocations, partition
+and matmul tile limits, one-PSUM-bank matmul and transpose outputs, PSUM tiles of at most one
+bank, memories, dtypes and engines per operand (GpSimd never touches PSUM), start-partition
+and access-pattern rules, no float64, reductions only over the last free axes, no data
+movement across partitions on the engines.
 
 It emulates one NKI API version at a time (`target(name, api=...)`; default: the newest
 release AWS documents for the target, 0.2 on trn1 and 0.6 on trn2) with that release's
-rules: 0.2 has no `accumulate=` on nc_matmul and lets dma_copy read PSUM; 0.3+ unrolls every
-static loop (at most 5,000,000 instructions per kernel), rejects `*` in a kernel signature
-and `is`/`is not`, wants a memset value of the tile's dtype and no DMA out of PSUM. New
-on-chip and output memory is NaN-filled and tracked, so reading unwritten memory or
+rules: 0.2 has no `accumulate=` on nc_matmul and no `engine=`/`priority=` on dma_copy; 0.3+
+unrolls every static loop (at most 5,000,000 instructions per kernel), rejects `*` in a
+kernel signature, `is`/`is not`, list arguments, string buffer names and raw ints for enums,
+and wants a memset value of the tile's dtype. No release may DMA out of PSUM (the stricter
+reading of 0.2's docs). nl.bfloat16 tiles hold float32 values rounded to bf16 (RNE) on every
+write. New on-chip and output memory is NaN-filled and tracked, so reading unwritten memory or
 returning a partly written output raises NkiConstraintError. Every call leaves a trace
 (matmuls, DMA bytes, vector work) from which a *modelled* trn1/trn2 time is derived.
 
@@ -90,7 +94,7 @@ class EmulatedKernel:
         if grid > limit:
             raise NkiConstraintError(
                 f"{self.fn.__name__}[{grid}]: {_config.target} runs at most LNC={limit} physical "
-                f"core(s) per launch (trn1: LNC=1 only; trn2: LNC=1 or 2)")
+                f"core(s) per launch (trn1: LNC=1 only; trn2: LNC=1 or 2) [L13]")
         return functools.partial(self._launch, grid)
 
     def __call__(self, *args):
@@ -102,6 +106,10 @@ class EmulatedKernel:
         api = current_api()
         if api_tuple(api) >= (0, 3):
             _check_python_subset(self.fn, api)
+            if any(isinstance(arg, list) for arg in args):
+                raise NkiConstraintError(
+                    f"{self.fn.__name__}: nki {api} accepts no list kernel argument (0.2 did): pass a tuple "
+                    f"[L9; {_config.target}, nki {api}]")
         hbm_args = [_as_hbm(arg, self.fn.__name__, n) for n, arg in enumerate(args)]
         shared, traces, result = [], [], None
         with _one_blas_thread():
@@ -163,6 +171,8 @@ def _python_subset_violation(fn):
     args = function.args
     if args.vararg or args.kwarg or args.kwonlyargs:
         return "'*' or '**' in the kernel signature"
+    if any(isinstance(default, ast.List) for default in args.defaults + args.kw_defaults):
+        return "a list default in the kernel signature (use a tuple)"
     for node in ast.walk(function):
         if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
             return f"'is' / 'is not' (line {function.lineno + node.lineno - 1} of the kernel)"
@@ -174,7 +184,8 @@ def _check_python_subset(fn, api):
     if problem:
         raise NkiConstraintError(
             f"{fn.__name__}: nki {api} rejects {problem}; the 0.3+ kernel language has no varargs, "
-            "keyword-only arguments or identity comparisons (use == / !=)")
+            "keyword-only arguments, list arguments or identity comparisons (use == / !=) "
+            f"[L8/L9; {_config.target}, nki {api}]")
 
 
 def _as_hbm(arg, kernel_name, position):
@@ -183,17 +194,21 @@ def _as_hbm(arg, kernel_name, position):
             raise NkiConstraintError(
                 f"{kernel_name}: argument {position} is float64 {arg.shape}; there is no float64 on "
                 "a NeuronCore (convert to float32 on the host)")
+        if arg.dtype not in language.DTYPES:
+            raise NkiConstraintError(
+                f"{kernel_name}: argument {position} is {arg.dtype} {arg.shape}, not an NKI dtype [X13]")
         data = np.ascontiguousarray(arg)
         ones = np.ones(data.shape, dtype=bool)
-        return Tile(data, ones, np.zeros(data.shape, dtype=bool), "shared_hbm")
+        return Tile(data, ones, np.zeros(data.shape, dtype=bool), language.shared_hbm)
     return arg  # compile-time constants: ints, floats, tuples
 
 
 def _returned(tile, kernel_name) -> np.ndarray:
     if not isinstance(tile, Tile) or tile.buffer != "shared_hbm":
-        raise NkiConstraintError(f"{kernel_name}: kernel outputs must be nl.shared_hbm tensors")
+        raise NkiConstraintError(f"{kernel_name}: kernel outputs must be nl.shared_hbm tensors (0.3+; the "
+                                 "emulator applies it to 0.2 too) [L7]")
     if not tile.written.all():
         missing = int((~tile.written).sum())
         raise NkiConstraintError(
-            f"{kernel_name}: output {tile.shape} has {missing} element(s) no instruction wrote")
+            f"{kernel_name}: output {tile.shape} has {missing} element(s) no instruction wrote [X14]")
     return np.array(tile.data, copy=True)

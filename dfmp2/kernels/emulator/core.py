@@ -21,6 +21,41 @@ class NkiConstraintError(RuntimeError):
     """A kernel broke a NeuronCore rule (names the instruction, the tile shape and the limit)."""
 
 
+class BFloat16:
+    """The dtype `nl.bfloat16` (1 sign, 8 exponent, 7 mantissa bits). numpy has no bfloat16, so a
+    bf16 tile keeps its values in a float32 array (`storage`) and every write into it is rounded
+    to bf16, round-to-nearest-even (AWS's "Neuron Rounding Modes": RNE is the default of every
+    NeuronCore). It counts 2 bytes per element (SBUF capacity, DMA bytes)."""
+
+    name = "bfloat16"
+    kind = "f"
+    itemsize = 2
+    storage = np.dtype(np.float32)
+
+    def __repr__(self):
+        return "bfloat16"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return "BFLOAT16"
+
+
+BFLOAT16 = BFloat16()
+
+
+def round_to_bf16(value: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16, ties to even (NaN stays NaN, overflow
+    goes to +-inf), returned as float32."""
+    bits = np.ascontiguousarray(value, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (((bits >> 16) & 1) + np.uint32(0x7FFF))) & np.uint32(0xFFFF0000)
+    out = rounded.view(np.float32)
+    nan = np.isnan(value)
+    if nan.any():
+        out = np.where(nan, np.float32(np.nan), out)
+    return out
+
+
 # ---- NKI API versions ---------------------------------------------------------------------
 # nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32.
 API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6")
@@ -91,6 +126,9 @@ class Trace:
     instructions: Counter = field(default_factory=Counter)  # engine -> instructions issued
     engine_elements: Counter = field(default_factory=Counter)  # engine -> elements processed
     matmul_columns: int = 0  # moving-tensor columns streamed through the Tensor Engine
+    # the same columns by the moving operand's dtype name ('float32', 'bfloat16', 'float16'):
+    # the Tensor Engine streams fp32 at a quarter of the bf16/fp16 rate (cost_model)
+    matmul_columns_by_dtype: Counter = field(default_factory=Counter)
     dma_transfers: int = 0  # dma_copy instructions
     launches: int = 0  # kernel calls
     host_bytes_in: int = 0  # kernel arguments (host -> device HBM)
@@ -112,6 +150,7 @@ class Trace:
         self.instructions.update(other.instructions)
         self.engine_elements.update(other.engine_elements)
         self.matmul_columns += other.matmul_columns
+        self.matmul_columns_by_dtype.update(other.matmul_columns_by_dtype)
         self.dma_transfers += other.dma_transfers
         self.launches += other.launches
         self.host_bytes_in += other.host_bytes_in
@@ -172,9 +211,11 @@ class KernelRun:
         self.live = {"sbuf": 0, "psum": 0}  # bytes per partition
         self._last = {"sbuf": None, "psum": None}  # description of the latest allocation
         self._allocated_since_check = False  # releases only lower the live bytes: nothing to check
+        # the Scalar Engine's reduce registers (one fp32 per partition, nisa.activation reduce_cmd);
+        # None until an instruction resets them (reading them before is refused)
+        self.scalar_reduce_regs = None
 
     def allocate(self, buffer: str, per_partition: int, shape, owner) -> None:
-        self.checkpoint()
         if buffer == "psum":  # PSUM is handed out in whole 2 KiB banks
             bank = self.target.psum_bank_bytes
             per_partition = -(-per_partition // bank) * bank
@@ -202,7 +243,7 @@ class KernelRun:
             raise NkiConstraintError(
                 f"{self.name}: more than {INSTRUCTION_LIMIT:,} instructions after unrolling (nki "
                 f"{self.api} unrolls every static loop at trace time; the compiler stops with "
-                "XTP002): use a device-side loop or launch smaller blocks")
+                f"XTP002): use a device-side loop or launch smaller blocks [L12; {self.target.name}, nki {self.api}]")
 
     @contextlib.contextmanager
     def device_loop_iteration(self, first: bool):
@@ -227,7 +268,8 @@ class KernelRun:
                 raise NkiConstraintError(
                     f"{self.name}: allocating a {buffer.upper()} tile of shape {shape} ({size} B per "
                     f"partition) exceeds {buffer.upper()} capacity on {self.target.name}: "
-                    f"{self.live[buffer] - size} B already live, limit {limit} B per partition{usable}")
+                    f"{self.live[buffer] - size} B already live, limit {limit} B per partition{usable} "
+                    f"[{'L4/X9' if buffer == 'sbuf' else 'L2'}; {self.target.name}, nki {self.api}]")
             setattr(self.trace, key, max(getattr(self.trace, key), self.live[buffer]))
         self._allocated_since_check = False
 
@@ -235,11 +277,15 @@ class KernelRun:
         self.live[buffer] -= per_partition
 
 
-def current_run() -> KernelRun:
-    """The running kernel (every instruction calls this first: it is also a capacity checkpoint)."""
+def current_run(check=True) -> KernelRun:
+    """The running kernel (every instruction calls this first: it is also a capacity checkpoint).
+    Allocations pass check=False: a tile dies at its last use on the device, which the emulator
+    sees only when its Python name is rebound after the next allocation, so capacity is checked
+    at the next instruction (when every replaced tile is gone), not between allocations."""
     if _state.run is None:
         raise NkiConstraintError("NKI instruction called outside a kernel (no @nki.jit kernel is running)")
-    _state.run.checkpoint()
+    if check:
+        _state.run.checkpoint()
     return _state.run
 
 
@@ -259,26 +305,26 @@ class Tile:
     `written` is a boolean mask shared with the allocation: instructions set it on their
     destination, and reading an element no instruction wrote raises NkiConstraintError
     (the data itself is NaN there as well). `matmul_result` marks PSUM elements last written
-    by a matmul, the only ones a later matmul may accumulate into.
+    by a matmul, the only ones a later matmul may accumulate into. `dtype` is the NKI dtype: the
+    numpy dtype of `data`, or BFLOAT16, whose values `data` holds as float32.
     """
 
-    __slots__ = ("data", "written", "matmul_result", "buffer", "_base", "_first_partition", "__weakref__")
+    __slots__ = ("data", "written", "matmul_result", "buffer", "dtype", "_base", "_first_partition",
+                 "__weakref__")
 
-    def __init__(self, data, written, matmul_result, buffer: str, base=None, first_partition: int = 0):
+    def __init__(self, data, written, matmul_result, buffer: str, base=None, first_partition: int = 0,
+                 dtype=None):
         self.data = data
         self._first_partition = first_partition  # of an on-chip view, within its allocation
         self.written = written
         self.matmul_result = matmul_result  # holds a matmul result (accumulation is defined)
         self.buffer = buffer
+        self.dtype = data.dtype if dtype is None else dtype
         self._base = base  # keeps the allocation alive (and accounted) while views exist
 
     @property
     def shape(self):
         return self.data.shape
-
-    @property
-    def dtype(self):
-        return self.data.dtype
 
     @property
     def on_chip(self) -> bool:
@@ -294,19 +340,19 @@ class Tile:
         index = _normalise_index(index, self.data.shape, keep_partition=on_chip)
         first = self._first_partition + index[0].start if on_chip else 0  # axis 0 stays a slice on chip
         return Tile(self.data[index], self.written[index], self.matmul_result[index], self.buffer,
-                    self._base or self, first)
+                    self._base or self, first, self.dtype)
 
     def reshape(self, shape):
         shape = tuple(shape)
         if self.on_chip and shape[0] != self.shape[0]:
             raise NkiConstraintError(
                 f"reshape {self.shape} -> {shape} would move data across partitions "
-                "(an on-chip tile keeps its partition axis)")
+                "(an on-chip tile keeps its partition axis) [L6]")
         data = self.data.reshape(shape)
         if not np.shares_memory(data, self.data):
             raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}")
         return Tile(data, self.written.reshape(shape), self.matmul_result.reshape(shape),
-                    self.buffer, self._base or self, self._first_partition)
+                    self.buffer, self._base or self, self._first_partition, self.dtype)
 
     def __setitem__(self, index, value):
         raise NkiConstraintError(
@@ -329,7 +375,10 @@ def _normalise_index(index, shape, keep_partition):
             item = slice(item.start, item.start + item.size)
         if isinstance(item, slice):
             if item.step not in (None, 1):
-                raise NkiConstraintError("strided slices are not used by dfmp2 kernels")
+                raise NkiConstraintError(
+                    f"strided slice {item} on axis {axis} of a tile of shape {tuple(shape)}: the hardware "
+                    "has no partition-axis stride; the emulator also refuses free-axis strides (legal "
+                    "on the device, not used by dfmp2) [X5]")
             start = 0 if item.start is None else int(item.start)
             stop = shape[axis] if item.stop is None else int(item.stop)
             if start < 0 or stop > shape[axis] or start >= stop:

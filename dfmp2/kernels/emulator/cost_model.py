@@ -8,8 +8,9 @@ Everything here is a model, never a measurement. One kernel call costs
     launch         fixed cost of one call (runtime dispatch, NEFF start)            [fitted]
     host_transfer  (argument + result bytes) / host<->device rate                    [fitted]
     tensor_engine  per matmul/transpose: (fixed + columns x cycles per column) / clock;
-                   a 128 x 128 systolic array streams one moving column per cycle in bf16 and
-                   4 cycles per column in fp32, whatever K and M are (small tiles waste it)
+                   a 128 x 128 systolic array streams one moving column per cycle in bf16 (and
+                   fp16/fp8) and 4 cycles per column in fp32, whatever K and M are (small tiles
+                   waste it): the trace counts the columns per moving dtype
     dma            bytes / (16 DMA engines x 27.2 GB/s, capped by the core's HBM share, x 65%)
                    + a fixed cost per dma_copy
     vector/scalar  per instruction: (fixed + elements per partition) / engine clock
@@ -35,6 +36,7 @@ DMA_ENGINE_GB_PER_S = 27.2
 DMA_EFFICIENCY = 0.65
 FIXED_CYCLES = 64  # per instruction, any engine (performance guide: 60-100)
 FP32_CYCLES_PER_COLUMN = 4  # fp32 matmul costs ~4x bf16 on the Tensor Engine
+CYCLES_PER_COLUMN = {"float32": FP32_CYCLES_PER_COLUMN}  # any other dtype (bf16, fp16, fp8): 1
 PARTITIONS = 128
 
 
@@ -65,12 +67,19 @@ PARTS = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar")
 ENGINES = ("tensor_engine", "dma", "vector", "scalar")
 
 
+def _column_cycles(trace: Trace) -> int:
+    """Tensor Engine cycles streaming moving columns: 4 per fp32 column, 1 per bf16/fp16/fp8 one.
+    Columns a trace does not attribute to a dtype (traces built elsewhere) count as fp32."""
+    by_dtype = trace.matmul_columns_by_dtype
+    unattributed = trace.matmul_columns - sum(by_dtype.values())
+    return (unattributed * FP32_CYCLES_PER_COLUMN
+            + sum(columns * CYCLES_PER_COLUMN.get(dtype, 1) for dtype, columns in by_dtype.items()))
+
+
 def _engine_seconds(trace: Trace, cal: Calibration) -> dict:
     """MODEL: busy seconds of each engine of one core running `trace`."""
     te_clock = cal.tensor_columns_per_s
-    # Tensor Engine: fp32 everywhere in dfmp2's kernels
-    out = {"tensor_engine": (trace.instructions["tensor"] * FIXED_CYCLES
-                             + trace.matmul_columns * FP32_CYCLES_PER_COLUMN) / te_clock,
+    out = {"tensor_engine": (trace.instructions["tensor"] * FIXED_CYCLES + _column_cycles(trace)) / te_clock,
            "dma": ((trace.dma_bytes_in + trace.dma_bytes_out) / cal.dma_bytes_per_s
                    + trace.instructions["dma"] * FIXED_CYCLES / te_clock)}
     for engine in ("vector", "scalar"):

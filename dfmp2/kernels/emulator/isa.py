@@ -1,61 +1,186 @@
 """Emulated `nki.isa` (nisa): the instructions dfmp2's kernels use, executed with numpy.
 
 Each instruction checks the NeuronCore rules it is subject to (and those of the emulated NKI
-API version), reads only written memory, writes into `dst` (marking it written) and records
-itself in the kernel's trace with the engine that runs it. Arithmetic is float32, as on the
-device (PSUM accumulates in float32).
+API version and target), reads only written memory, writes into `dst` (marking it written) and
+records itself in the kernel's trace with the engine that runs it. Arithmetic is float32, as on
+the device (PSUM accumulates in float32); a write into a bfloat16 tile rounds to bf16 (RNE), and
+a copy between different dtypes goes through float32. docs/nki-audit.md lists every rule, its
+AWS source and the test that proves the refusal; a refusal names its rule there as [tag].
 
-Partition rules (architecture guide): the Vector, Scalar and GpSimd engines read and write
-the same partitions (they cannot move data across partitions; only the Tensor Engine's matmul
-and transpose do), and an access that spans more than 64 partitions starts at partition 0.
+Partition rules (architecture guide): an engine access of n partitions starts at partition 0
+if n > 64, at 0 or 64 if 32 < n <= 64, at 0/32/64/96 if n <= 32 (DMA is exempt); the Vector,
+Scalar and GpSimd engines read and write the same partitions (the emulator refuses the
+cross-half/cross-quadrant moves NeuronCore-v2 allows for n <= 64: the stricter reading); at
+most 4 free dims; Vector/Scalar/GpSimd free size <= 64K elements (SBUF) or 4K (PSUM); GpSimd
+cannot access PSUM. `engine=` arguments are validated per instruction and target.
 """
 
 from __future__ import annotations
 
 import math
+from enum import Enum
 
 import numpy as np
 
 from . import language as nl
-from .core import NkiConstraintError, Tile, current_run
+from .core import BFLOAT16, NkiConstraintError, Tile, current_run, round_to_bf16
+
+
+# ---- enums (members as in nki.isa; raw ints only under nki 0.2) --------------------------------
+class engine(Enum):  # noqa: N801 - the NKI name
+    tensor = 1
+    vector = 5
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    sync = 6
+    unknown = 0
+
+
+tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
+gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
+
+
+class dge_mode(Enum):  # noqa: N801
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
+
+
+class oob_mode(Enum):  # noqa: N801
+    error = 0
+    skip = 1
+
+
+class reduce_cmd(Enum):  # noqa: N801
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+class matmul_perf_mode(Enum):  # noqa: N801
+    none = "none"
+    double_row = "double_row"
+
+
+def _at(run, rule: str) -> str:
+    """The suffix every refusal carries: its audit row, the target and the NKI release."""
+    return f" [{rule}; {run.target.name}, nki {run.api}]"
+
+
+def _enum(value, kind, what: str, param: str):
+    """An enum argument as a member of `kind` (None: the default); ints only under nki 0.2."""
+    if value is None or isinstance(value, kind):
+        return value
+    run = current_run()
+    if isinstance(value, int) and not isinstance(value, bool):
+        if run.api_at_least("0.3"):
+            raise NkiConstraintError(
+                f"{what}: {param}={value}: nki {run.api} accepts no raw int for an enum (0.2 did); use "
+                f"nisa.{kind.__name__} members" + _at(run, "X11"))
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    raise NkiConstraintError(f"{what}: {param}={value!r} is not a nisa.{kind.__name__} member" + _at(run, "X11"))
+
+
+def _engine(value, what: str, allowed: tuple, default: str, rule: str = "X11", hint: str = "") -> str:
+    """The engine an instruction runs on: `default` when none is named (the compiler's choice)."""
+    if value is None or value is engine.unknown:
+        return default
+    name = _enum(value, engine, what, "engine").name
+    if name == "unknown":
+        return default
+    if name not in allowed:
+        raise NkiConstraintError(
+            f"{what}: engine={name} is not allowed; this instruction runs on {' or '.join(allowed)} "
+            f"here{hint}" + _at(current_run(), rule))
+    return name
+
+
+def _no_gpsimd_psum(name: str, tiles, what: str, rule: str = "X10") -> None:
+    if name == "gpsimd" and any(isinstance(t, Tile) and t.buffer == "psum" for t in tiles):
+        raise NkiConstraintError(f"{what}: the GpSimd Engine cannot access PSUM" + _at(current_run(), rule))
 
 
 def _read(tile: Tile, what: str) -> np.ndarray:
     if not isinstance(tile, Tile):
         raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}")
     if tile.dtype == np.float64:
-        raise NkiConstraintError(f"{what}: float64 operand {tile.shape} (no float64 on a NeuronCore)")
+        raise NkiConstraintError(f"{what}: float64 operand {tile.shape} (no float64 on a NeuronCore) [X12]")
     if not tile.written.all():
         missing = int((~tile.written).sum())
         raise NkiConstraintError(
             f"{what}: reads {missing} element(s) of a {tile.buffer.upper()} tile {tile.shape} "
-            "that no instruction wrote")
+            "that no instruction wrote [X14]")
     return tile.data
 
 
 def _write(dst: Tile, value: np.ndarray, what: str) -> None:
+    """dst <- value; a value of another dtype is cast through float32, a bf16 dst rounds (RNE)."""
     if not isinstance(dst, Tile):
         raise NkiConstraintError(f"{what}: dst must be a tile")
-    if value.size != dst.data.size:
+    data = dst.data
+    if value.size != data.size:
         raise NkiConstraintError(f"{what}: writes {value.size} elements into dst {dst.shape}")
-    dst.data[...] = value.reshape(dst.shape).astype(dst.dtype, copy=False)
+    if value.dtype != data.dtype and value.dtype != np.float32:
+        value = value.astype(np.float32)
+    if dst.dtype is BFLOAT16:
+        value = round_to_bf16(value)
+    data[...] = value.reshape(data.shape)
     dst.written[...] = True
     dst.matmul_result[...] = False
 
 
 def _on_chip(tile: Tile, what: str, allowed=("sbuf", "psum")) -> None:
+    """An engine operand: its memory, partition count and start, free dims and free size."""
     if not isinstance(tile, Tile):
         raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}")
     if tile.buffer not in allowed:
         raise NkiConstraintError(f"{what}: operand {tile.shape} is in {tile.buffer}, must be in "
                                  f"{' or '.join(a.upper() for a in allowed)}")
-    if tile.shape[0] > current_run().target.partitions:
-        raise NkiConstraintError(f"{what}: tile {tile.shape} spans more than 128 partitions")
+    shape = tile.data.shape
+    count = shape[0]
+    if count > 128:
+        raise NkiConstraintError(f"{what}: tile {shape} spans more than 128 partitions [X1]")
+    start = tile._first_partition
+    if start and (count > 64 or (count > 32 and start != 64) or start % 32):
+        _start_partition_error(tile, what)
+    if len(shape) > 5:
+        raise NkiConstraintError(f"{what}: operand {shape} has {len(shape) - 1} free dims; an engine "
+                                 "access pattern has at most 4" + _at(current_run(), "X6"))
+    if tile.data.size > 4096 * count:
+        _free_size(tile, what)
+
+
+def _start_partition_error(tile: Tile, what: str):
     start, count = tile.partitions
-    if count > 64 and start != 0:
+    if count > 64:
+        rule, text = "X2", "an access over 64 partitions must start at partition 0"
+    elif count > 32:
+        rule, text = "X3", "an access over 32 and up to 64 partitions must start at partition 0 or 64"
+    else:
+        rule, text = "X4", "an access of up to 32 partitions must start at partition 0, 32, 64 or 96"
+    raise NkiConstraintError(f"{what}: operand {tile.shape} spans {count} partitions starting at partition "
+                             f"{start}; {text} (start-partition rule)" + _at(current_run(), rule))
+
+
+def _free_size(tile: Tile, what: str) -> None:
+    """Vector/Scalar/GpSimd access: <= 64K elements per partition in SBUF, 4K in PSUM; each free
+    dim fits the ISA's uint16 size field."""
+    per_partition = tile.data.size // tile.shape[0]
+    limit = 4096 if tile.buffer == "psum" else 65536
+    if per_partition > limit:
         raise NkiConstraintError(
-            f"{what}: operand {tile.shape} spans {count} partitions starting at partition {start}; "
-            "an access over 64 partitions must start at partition 0 (start-partition rule)")
+            f"{what}: operand {tile.shape} has {per_partition} elements per partition; an engine access "
+            f"of {tile.buffer.upper()} holds at most {limit}" + _at(current_run(), "X8"))
+    if max(tile.shape[1:]) > 65535:
+        raise NkiConstraintError(f"{what}: operand {tile.shape}: a free dim over 65535 does not fit the "
+                                 "ISA's uint16 size field" + _at(current_run(), "X6"))
 
 
 def _same_partitions(dst: Tile, src: Tile, what: str) -> None:
@@ -65,7 +190,8 @@ def _same_partitions(dst: Tile, src: Tile, what: str) -> None:
         raise NkiConstraintError(
             f"{what}: reads partitions {s0}..{s0 + sn - 1} but writes partitions {d0}..{d0 + dn - 1}; "
             "engine instructions cannot move data across partitions (operand and result "
-            "partition ranges must match; use the Tensor Engine to move data between partitions)")
+            "partition ranges must match; use the Tensor Engine to move data between partitions)"
+            + _at(current_run(), "X7"))
 
 
 def _vector(dst: Tile, what: str, engine: str = "vector"):
@@ -81,58 +207,97 @@ def _per_partition(tile: Tile) -> int:
 
 # ---- data movement -----------------------------------------------------------------------
 def dma_copy(dst, src, oob_mode=None, dge_mode=None, engine=None, name=None, priority=None):
-    """dst <- src between HBM and SBUF; element counts must match. nki 0.2 may also read PSUM;
-    0.3+ may not (copy PSUM to SBUF with tensor_copy first). No DMA writes PSUM."""
+    """dst <- src between HBM and SBUF; element counts must match; a dtype change goes through
+    float32. No DMA reads or writes PSUM (in every release: the stricter reading for 0.2)."""
     what = f"nisa.dma_copy({src.shape} -> {dst.shape})"
     run = current_run()
     if dst.buffer == "psum":
-        raise NkiConstraintError(f"{what}: DMA cannot write PSUM")
-    if src.buffer == "psum" and run.api_at_least("0.3"):
+        raise NkiConstraintError(f"{what}: DMA cannot write PSUM" + _at(run, "D1"))
+    if src.buffer == "psum":
         raise NkiConstraintError(
-            f"{what}: under nki {run.api} dma_copy cannot read PSUM (allowed up to 0.2): "
-            "nisa.tensor_copy the PSUM tile to SBUF first")
+            f"{what}: dma_copy cannot read PSUM (0.3+ refuses it; 0.2's ISA page lists only HBM and SBUF: "
+            "the stricter reading): nisa.tensor_copy the PSUM tile to SBUF first" + _at(run, "D2"))
+    if engine is not None or dge_mode is not None or priority is not None:
+        _dma_options(run, dst, src, dge_mode, engine, priority, what)
     value = _read(src, what)
-    _write(dst, value.astype(np.float32, copy=False) if dst.dtype == np.float32 else value, what)
+    _write(dst, value, what)
     run.issue("dma", value.size)
     run.trace.dma_transfers += 1
-    nbytes = int(value.size) * dst.dtype.itemsize
-    if dst.buffer == "sbuf" and src.buffer != "sbuf":
-        run.trace.dma_bytes_in += nbytes
+    if dst.buffer == "sbuf" and src.buffer != "sbuf":  # bytes on the HBM side
+        run.trace.dma_bytes_in += int(value.size) * src.dtype.itemsize
     elif src.buffer == "sbuf" and dst.buffer != "sbuf":
-        run.trace.dma_bytes_out += nbytes
+        run.trace.dma_bytes_out += int(value.size) * dst.dtype.itemsize
     else:
-        run.trace.dma_bytes_in += nbytes
-        run.trace.dma_bytes_out += nbytes
+        run.trace.dma_bytes_in += int(value.size) * src.dtype.itemsize
+        run.trace.dma_bytes_out += int(value.size) * dst.dtype.itemsize
+
+
+def _dma_options(run, dst, src, mode, eng, priority, what) -> None:
+    """dge_mode / engine / priority of a dma_copy, per release and target."""
+    if priority is not None:
+        reason = "0.2 dma_copy has no priority= argument" if not run.api_at_least("0.3") else \
+            "priority= needs NeuronCore-v4 (trn3)"
+        raise NkiConstraintError(f"{what}: {reason}" + _at(run, "D7"))
+    mode = _enum(mode, dge_mode, what, "dge_mode")
+    if mode is dge_mode.hwdge:
+        if run.target.name == "trn1":
+            raise NkiConstraintError(f"{what}: hardware DGE (dge_mode=hwdge) needs NeuronCore-v3 or newer, "
+                                     "not trn1 (NeuronCore-v2)" + _at(run, "D6"))
+        if run.api_at_least("0.3") and dst.dtype != src.dtype:
+            raise NkiConstraintError(f"{what}: dge_mode=hwdge moves raw bytes: src {src.dtype} and dst "
+                                     f"{dst.dtype} must match from nki 0.3" + _at(run, "D5"))
+    if eng is not None:
+        if not run.api_at_least("0.3"):
+            raise NkiConstraintError(f"{what}: 0.2 dma_copy has no engine= argument (added in 0.3)"
+                                     + _at(run, "D7"))
+        name = _engine(eng, what, ("sync", "scalar"), "unknown", "D7")
+        if name != "unknown" and mode is not dge_mode.hwdge:
+            raise NkiConstraintError(f"{what}: engine={name} is only valid with dge_mode=hwdge" + _at(run, "D7"))
+
+
+_COPY_ENGINES = {"trn1": ("vector", "gpsimd"), "trn2": ("vector", "scalar", "gpsimd")}
 
 
 def tensor_copy(dst, src, engine=None, name=None):
-    """On-chip copy with a cast (the usual way out of PSUM)."""
+    """On-chip copy (the usual way out of PSUM): bit-exact for equal dtypes, else through fp32."""
     what = f"nisa.tensor_copy({src.shape} -> {dst.shape})"
+    run = current_run()
+    eng = "vector" if engine is None else _engine(
+        engine, what, _COPY_ENGINES[run.target.name], "vector", "C3",
+        " (NeuronCore-v2 has no Scalar Engine tensor_copy: use nisa.activation(op=nl.copy))"
+        if run.target.name == "trn1" else "")
     _on_chip(src, what)
     _on_chip(dst, what)
+    _no_gpsimd_psum(eng, (src, dst), what, "C4")
     _same_partitions(dst, src, what)
     _write(dst, _read(src, what), what)
-    _vector(dst, what)
+    _vector(dst, what, eng)
 
 
 def memset(dst, value, engine=None, name=None):
-    """dst = value; under nki 0.3+ the value must be of the tile's dtype kind (0.0 for floats)."""
-    what = f"nisa.memset({dst.shape}, value={value!r})"
+    """dst = value (a compile-time constant); under nki 0.3+ of the tile's dtype kind."""
+    what = f"nisa.memset({getattr(dst, 'shape', dst)}, value={value!r})"
+    eng = _engine(engine, what, ("vector", "gpsimd"), "vector", "M2")
     _on_chip(dst, what)
+    _no_gpsimd_psum(eng, (dst,), what, "M3")
     run = current_run()
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise NkiConstraintError(f"{what}: value must be a compile-time constant number, not "
+                                 f"{type(value).__name__}" + _at(run, "M5"))
     if run.api_at_least("0.3"):
         is_float = isinstance(value, (float, np.floating))
         is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
         if (dst.dtype.kind == "f" and not is_float) or (dst.dtype.kind in "iu" and not is_int):
             raise NkiConstraintError(
                 f"{what}: under nki {run.api} the memset value must match the tile dtype {dst.dtype} "
-                f"(got {type(value).__name__})")
-    _write(dst, np.full(dst.shape, value, dtype=dst.dtype), what)
-    _vector(dst, what)
+                f"(got {type(value).__name__})" + _at(run, "M4"))
+    _write(dst, np.full(dst.shape, value, dtype=dst.data.dtype), what)
+    _vector(dst, what, eng)
 
 
 # ---- Tensor Engine -------------------------------------------------------------------------
 _NOT_GIVEN = object()
+_MATMUL_DTYPES = (nl.float32, nl.float16, nl.bfloat16)  # + fp8 and tfloat32 (not emulated)
 
 
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
@@ -140,62 +305,117 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
               perf_mode=None, name=None):
     """dst[M, N] (PSUM, fp32) = stationary[K, M].T @ moving[K, N]; K, M <= 128, N <= 512.
 
-    accumulate (nki 0.3+ only; 0.2 has no such argument): False overwrites, True adds (the
-    region must already hold a matmul result); not given or None: the first write to a PSUM
-    region overwrites and later writes add, as in 0.2.
+    Inputs fp32, fp16 or bf16 (fp32 only with fp32); products are exact in fp32 for bf16/fp16
+    and summed in float32. accumulate (nki 0.3+ only; 0.2 has no such argument): False
+    overwrites, True adds (the region must already hold a matmul result); not given or None: the
+    first write to a PSUM region overwrites and later writes add, as in 0.2 (a region that is
+    only partly a matmul result is refused).
     """
     run = current_run()
-    target = run.target
     what = f"nisa.nc_matmul(stationary {stationary.shape}, moving {moving.shape} -> dst {dst.shape})"
     if accumulate is not _NOT_GIVEN and not run.api_at_least("0.3"):
         raise NkiConstraintError(
             f"{what}: nki {run.api} nc_matmul has no accumulate= argument (added in 0.3): the "
-            "first write to a PSUM tile overwrites and later writes accumulate")
-    if accumulate is _NOT_GIVEN:
-        accumulate = None
-    _on_chip(stationary, what, ("sbuf",))
-    _on_chip(moving, what, ("sbuf",))
-    if dst.buffer != "psum":
-        raise NkiConstraintError(f"{what}: the output must be in PSUM, not {dst.buffer.upper()}")
-    _on_chip(dst, what, ("psum",))
-    if dst.dtype != np.float32:
-        raise NkiConstraintError(f"{what}: the PSUM output must be float32, not {dst.dtype}")
-    if len(stationary.shape) != 2 or len(moving.shape) != 2:
-        raise NkiConstraintError(f"{what}: operands must be 2-D [K, M] and [K, N]")
-    k, m = stationary.shape
-    k2, n = moving.shape
-    if k != k2:
-        raise NkiConstraintError(f"{what}: contraction (partition) sizes differ: {k} vs {k2}")
-    if k > target.partitions:
-        raise NkiConstraintError(f"{what}: contraction K={k} exceeds {target.partitions} partitions")
-    if m > target.stationary_free_max:
-        raise NkiConstraintError(f"{what}: stationary free size M={m} exceeds {target.stationary_free_max}")
-    if n > target.moving_free_max:
-        raise NkiConstraintError(f"{what}: moving free size N={n} exceeds {target.moving_free_max}")
-    if dst.shape[0] != m or _per_partition(dst) != n:
-        raise NkiConstraintError(f"{what}: dst must be [{m}, {n}]")
-    _check_one_bank(dst, what, target.psum_bank_bytes)
-    if (stationary.dtype == np.float32) != (moving.dtype == np.float32):
-        raise NkiConstraintError(f"{what}: float32 operands must be paired with float32")
-    product = _read(stationary, what).astype(np.float32).T @ _read(moving, what).astype(np.float32)
-    if accumulate is None:  # first write to this PSUM region overwrites, later ones add
-        accumulate = bool(dst.matmul_result.all())
+            "first write to a PSUM tile overwrites and later writes accumulate" + _at(run, "MM15"))
+    k, m, n = _matmul_operands(run, dst, stationary, moving, what)
+    _matmul_modes(run, k, m, tile_position, tile_size, perf_mode, what)
+    if is_transpose and run.target.name != "trn1" and stationary.dtype != dst.dtype:
+        raise NkiConstraintError(
+            f"{what}: is_transpose=True writes the input dtype ({stationary.dtype}) to PSUM from NeuronCore-v3; "
+            "the emulator's PSUM holds float32 only" + _at(run, "MM14"))
+    product = _read(stationary, what).astype(np.float32, copy=False).T @ \
+        _read(moving, what).astype(np.float32, copy=False)
+    done = dst.matmul_result
+    if accumulate is _NOT_GIVEN or accumulate is None:  # first write overwrites, later ones add
+        accumulate = bool(done.all())
+        if not accumulate and done.any():
+            raise NkiConstraintError(
+                f"{what}: accumulate=None onto a PSUM region only partly holding a matmul result (the "
+                "first-write rule is per location: split the matmul)" + _at(run, "MM18"))
     if accumulate:
-        if not dst.matmul_result.all():
-            raise NkiConstraintError(f"{what}: accumulate=True into PSUM that holds no matmul result")
+        if not done.all():
+            raise NkiConstraintError(f"{what}: accumulate=True into PSUM that holds no matmul result"
+                                     + _at(run, "MM16"))
         dst.data[...] += product.reshape(dst.shape)
     else:
         dst.data[...] = product.reshape(dst.shape)
     dst.written[...] = True
-    dst.matmul_result[...] = True
-    run.trace.matmuls += 1
-    run.trace.matmul_flops += 2 * k * m * n
-    run.trace.matmul_shapes[(k, m, n)] += 1
-    run.trace.matmul_columns += n
+    done[...] = True
+    trace = run.trace
+    trace.matmuls += 1
+    trace.matmul_flops += 2 * k * m * n
+    trace.matmul_shapes[(k, m, n)] += 1
+    trace.matmul_columns += n
+    trace.matmul_columns_by_dtype[moving.dtype.name] += n
     run.issue("tensor", n)
 
 
-def _check_one_bank(dst: Tile, what: str, bank_bytes: int) -> None:
+def _matmul_operands(run, dst, stationary, moving, what):
+    """Memories, dtypes and shapes of an nc_matmul; returns (K, M, N)."""
+    target = run.target
+    _on_chip(stationary, what, ("sbuf",))
+    _on_chip(moving, what, ("sbuf",))
+    if dst.buffer != "psum":
+        raise NkiConstraintError(f"{what}: the output must be in PSUM, not {dst.buffer.upper()}" + _at(run, "MM2"))
+    _on_chip(dst, what, ("psum",))
+    if dst.dtype != np.float32:
+        raise NkiConstraintError(f"{what}: the PSUM output must be float32, not {dst.dtype}" + _at(run, "MM5"))
+    s_type, m_type = stationary.dtype, moving.dtype
+    if s_type not in _MATMUL_DTYPES or m_type not in _MATMUL_DTYPES:
+        raise NkiConstraintError(
+            f"{what}: Tensor Engine inputs are fp8/bf16/fp16/tf32/fp32, not {s_type} x {m_type} (integers "
+            "go through activation/tensor_copy to a float tile first)" + _at(run, "MM3"))
+    if (s_type == np.float32) != (m_type == np.float32):
+        raise NkiConstraintError(f"{what}: float32 operands must be paired with float32, not {s_type} x "
+                                 f"{m_type}" + _at(run, "MM4"))
+    if len(stationary.shape) != 2 or len(moving.shape) != 2:
+        raise NkiConstraintError(f"{what}: operands must be 2-D [K, M] and [K, N]" + _at(run, "MM19"))
+    k, m = stationary.shape
+    k2, n = moving.shape
+    if k != k2:
+        raise NkiConstraintError(f"{what}: contraction (partition) sizes differ: {k} vs {k2}" + _at(run, "MM6"))
+    if k > target.partitions:
+        raise NkiConstraintError(f"{what}: contraction K={k} exceeds {target.partitions} partitions"
+                                 + _at(run, "MM7"))
+    if m > target.stationary_free_max:
+        raise NkiConstraintError(f"{what}: stationary free size M={m} exceeds {target.stationary_free_max}"
+                                 + _at(run, "MM8"))
+    if n > target.moving_free_max:
+        raise NkiConstraintError(f"{what}: moving free size N={n} exceeds {target.moving_free_max}"
+                                 + _at(run, "MM9"))
+    if dst.shape[0] != m or _per_partition(dst) != n:
+        raise NkiConstraintError(f"{what}: dst must be [{m}, {n}]" + _at(run, "MM10"))
+    _check_one_bank(dst, what, target.psum_bank_bytes, "MM11")
+    return k, m, n
+
+
+def _matmul_modes(run, k, m, tile_position, tile_size, perf_mode, what) -> None:
+    """Tiling mode (row tiles of 64, or 32 from NeuronCore-v3; no column tiling: the stricter
+    reading of the parameter text) and perf_mode (double_row: NeuronCore-v3+ with fp8 only)."""
+    perf = _enum(perf_mode, matmul_perf_mode, what, "perf_mode")
+    if perf is matmul_perf_mode.double_row:
+        reason = "not on NeuronCore-v2 (trn1)" if run.target.name == "trn1" else \
+            "it needs fp8 inputs, which the emulator does not have"
+        raise NkiConstraintError(f"{what}: perf_mode=double_row: {reason}" + _at(run, "MM13"))
+    if not tile_position and not tile_size:
+        return
+    if len(tuple(tile_position)) != 2 or len(tuple(tile_size)) != 2:
+        raise NkiConstraintError(f"{what}: tiling mode needs both tile_position=(start_row, start_column) and "
+                                 "tile_size=(row_size, column_size)" + _at(run, "MM12"))
+    (row0, col0), (rows, cols) = tile_position, tile_size
+    sizes = (128, 64) if run.target.name == "trn1" else (128, 64, 32)
+    if rows not in sizes or cols != 128 or col0 != 0:
+        raise NkiConstraintError(
+            f"{what}: tile_size={tuple(tile_size)}, tile_position={tuple(tile_position)}: row_size must be one "
+            f"of {sizes} on {run.target.name}, column_size 128 and start_column 0 (no column tiling)"
+            + _at(run, "MM12"))
+    if row0 % rows or row0 + rows > 128 or k > rows or m > cols:
+        raise NkiConstraintError(
+            f"{what}: row tile {rows} at start_row {row0}: start_row must be a multiple of row_size inside "
+            f"the 128 rows and K={k} <= row_size, M={m} <= column_size" + _at(run, "MM12"))
+
+
+def _check_one_bank(dst: Tile, what: str, bank_bytes: int, rule: str) -> None:
     """The output of one matmul must lie inside one 2 KiB PSUM bank of each partition."""
     base = dst._base or dst
     row_bytes = base.data.strides[0]
@@ -204,139 +424,257 @@ def _check_one_bank(dst: Tile, what: str, bank_bytes: int) -> None:
     if offset // bank_bytes != (offset + size - 1) // bank_bytes:
         raise NkiConstraintError(
             f"{what}: output spans bytes {offset}..{offset + size} of each partition, crossing a "
-            f"{bank_bytes} B PSUM bank boundary (one matmul output must fit in one bank)")
+            f"{bank_bytes} B PSUM bank boundary (one matmul output must fit in one bank)"
+            + _at(current_run(), rule))
 
 
 def nc_transpose(dst, data, engine=None, name=None):
-    """dst[N, M] = data[M, N]^T on the Tensor Engine (<= 128 x 128, SBUF -> PSUM)."""
+    """dst[N, M] = data[M, N]^T: Tensor Engine (default; <= 128 x 128, SBUF -> PSUM) or Vector
+    Engine (engine=nisa.engine.vector; <= 32 x 32, SBUF or PSUM on both sides)."""
     run = current_run()
     what = f"nisa.nc_transpose({data.shape} -> {dst.shape})"
-    _on_chip(data, what, ("sbuf",))
-    if dst.buffer != "psum":
-        raise NkiConstraintError(f"{what}: the Tensor Engine transpose writes PSUM")
-    _on_chip(dst, what, ("psum",))
-    _check_one_bank(dst, what, run.target.psum_bank_bytes)
-    if data.shape[0] > 128 or _per_partition(data) > 128:
-        raise NkiConstraintError(f"{what}: Tensor Engine transpose is limited to 128 x 128")
+    eng = _engine(engine, what, ("tensor", "vector"), "tensor", "T8")
+    if eng == "vector":
+        _on_chip(data, what)
+        _on_chip(dst, what)
+        if data.shape[0] > 32 or _per_partition(data) > 32:
+            raise NkiConstraintError(f"{what}: Vector Engine transpose is limited to 32 x 32" + _at(run, "T4"))
+    else:
+        _on_chip(data, what, ("sbuf",))
+        if dst.buffer != "psum":
+            raise NkiConstraintError(f"{what}: the Tensor Engine transpose writes PSUM" + _at(run, "T1"))
+        _on_chip(dst, what, ("psum",))
+        _check_one_bank(dst, what, run.target.psum_bank_bytes, "T7")
+        if data.shape[0] > 128 or _per_partition(data) > 128:
+            raise NkiConstraintError(f"{what}: Tensor Engine transpose is limited to 128 x 128" + _at(run, "T3"))
     if dst.dtype != data.dtype:
-        raise NkiConstraintError(f"{what}: dst dtype must equal the input dtype")
+        raise NkiConstraintError(f"{what}: dst dtype must equal the input dtype" + _at(run, "T5"))
+    if dst.shape[0] != _per_partition(data) or _per_partition(dst) != data.shape[0]:
+        raise NkiConstraintError(f"{what}: dst must be [{_per_partition(data)}, {data.shape[0]}], the "
+                                 "input's free size by its partitions" + _at(run, "T6"))
     value = _read(data, what).reshape(data.shape[0], -1).T
+    if eng == "tensor" and run.target.name == "trn1" and not np.isfinite(value).all():
+        raise NkiConstraintError(f"{what}: a NeuronCore-v2 Tensor Engine transpose of NaN/Inf is not "
+                                 "bit-accurate (they spread through the matmul)" + _at(run, "T9"))
     _write(dst, value, what)
+    if eng == "vector":
+        _vector(dst, what)
+        return
+    columns = _per_partition(data)
     run.trace.matmuls += 1
-    run.trace.matmul_flops += 2 * data.shape[0] * _per_partition(data) * data.shape[0]
-    run.trace.matmul_columns += _per_partition(data)
-    run.issue("tensor", _per_partition(data))
+    run.trace.matmul_flops += 2 * data.shape[0] * columns * data.shape[0]
+    run.trace.matmul_columns += columns
+    run.trace.matmul_columns_by_dtype[data.dtype.name] += columns
+    run.issue("tensor", columns)
 
 
-# ---- Vector / Scalar engines -----------------------------------------------------------------
-def _same_layout(a: Tile, b: Tile, what: str) -> None:
+# ---- Vector / Scalar / GpSimd engines ----------------------------------------------------------
+def _same_layout(a: Tile, b: Tile, what: str, rule: str) -> None:
     if a.shape[0] != b.shape[0] or _per_partition(a) != _per_partition(b):
         raise NkiConstraintError(f"{what}: operands {a.shape} and {b.shape} differ in partitions or "
-                                 "elements per partition (no broadcasting)")
+                                 "elements per partition (no broadcasting)" + _at(current_run(), rule))
 
 
-def _scalar_operand(operand, data: Tile, what: str):
-    """A scalar, or a [P, 1] tile on the same partitions as `data` (one value per partition)."""
+def _scalar_operand(operand, data: Tile, what: str, rule: str, dtype_rule: str, dtypes=(nl.float32,)):
+    """A scalar, or a [P, 1] tile of `dtypes` on the same partitions as `data` (one value per
+    partition); `rule` / `dtype_rule`: the audit rows of its layout and its dtype."""
     partitions = data.shape[0]
     if isinstance(operand, Tile):
         _on_chip(operand, what)
         if operand.shape[0] != partitions or _per_partition(operand) != 1:
-            raise NkiConstraintError(f"{what}: tile operand must be [{partitions}, 1], got {operand.shape}")
-        if operand.dtype != np.float32:
-            raise NkiConstraintError(f"{what}: tile operand must be float32")
+            raise NkiConstraintError(f"{what}: tile operand must be [{partitions}, 1], got {operand.shape}"
+                                     + _at(current_run(), rule))
+        if operand.dtype not in dtypes:
+            raise NkiConstraintError(f"{what}: tile operand is {operand.dtype}, must be "
+                                     f"{'/'.join(str(d) for d in dtypes)}" + _at(current_run(), dtype_rule))
         _same_partitions(data, operand, what)
-        return _read(operand, what).reshape(partitions, 1)
+        return _read(operand, what).reshape(partitions, 1).astype(np.float32, copy=False)
     if isinstance(operand, (int, float, np.floating, np.integer)):
         return np.float32(operand)
-    raise NkiConstraintError(f"{what}: operand must be a scalar or a [P, 1] tile")
+    raise NkiConstraintError(f"{what}: operand must be a scalar or a [P, 1] tile" + _at(current_run(), rule))
 
 
 def tensor_tensor(dst, data1, data2, op, engine=None, name=None):
-    """dst = op(data1, data2) elementwise; at most one input in PSUM."""
-    what = f"nisa.tensor_tensor({op.__name__}, {data1.shape}, {data2.shape})"
+    """dst = op(data1, data2) elementwise (a binary ALU op); at most one input in PSUM."""
+    what = f"nisa.tensor_tensor({getattr(op, '__name__', op)}, {data1.shape}, {data2.shape})"
+    eng = _engine(engine, what, ("vector", "gpsimd"), "vector", "TT4")
+    if op not in nl.BINARY_ALU_OPS:
+        raise NkiConstraintError(f"{what}: op must be a binary ALU operator" + _at(current_run(), "TT6"))
     for tile in (dst, data1, data2):
         _on_chip(tile, what)
+    _no_gpsimd_psum(eng, (dst, data1, data2), what, "TT5")
     if data1.buffer == "psum" and data2.buffer == "psum":
-        raise NkiConstraintError(f"{what}: at most one input may be in PSUM")
-    _same_layout(data1, data2, what)
-    _same_layout(dst, data1, what)
+        raise NkiConstraintError(f"{what}: at most one input may be in PSUM" + _at(current_run(), "TT2"))
+    _same_layout(data1, data2, what, "TT3")
+    _same_layout(dst, data1, what, "TT3")
     _same_partitions(dst, data1, what)
     _same_partitions(dst, data2, what)
-    a = _read(data1, what).astype(np.float32).reshape(dst.shape[0], -1)
-    b = _read(data2, what).astype(np.float32).reshape(dst.shape[0], -1)
+    a = _read(data1, what).reshape(dst.shape[0], -1)
+    b = _read(data2, what).reshape(dst.shape[0], -1)
+    if engine is None and _int32_on_gpsimd(dst, data1, data2):  # nki 0.3+: exact integer arithmetic
+        eng = "gpsimd"
+    else:  # arithmetic in fp32
+        a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
     _write(dst, op(a, b), what)
-    _vector(dst, what)
+    _vector(dst, what, eng)
 
 
-def _unary_input(dst: Tile, data: Tile, what: str):
+def _int32_on_gpsimd(*tiles) -> bool:
+    """From nki 0.3, a tensor_tensor whose tiles are all int32/uint32 runs on GpSimd in exact
+    integer arithmetic, unless a tile is in PSUM (then the Vector Engine, in fp32)."""
+    return (tiles[0].dtype in (nl.int32, nl.uint32) and all(t.dtype == tiles[0].dtype for t in tiles)
+            and all(t.buffer == "sbuf" for t in tiles) and current_run().api_at_least("0.3"))
+
+
+def _unary_input(dst: Tile, data: Tile, what: str, rule: str):
     """Checks of a one-input elementwise instruction; returns (partitions, data as fp32 [P, F])."""
     _on_chip(dst, what)
     _on_chip(data, what)
-    _same_layout(dst, data, what)
+    _same_layout(dst, data, what, rule)
     _same_partitions(dst, data, what)
     partitions = data.shape[0]
-    return partitions, _read(data, what).astype(np.float32).reshape(partitions, -1)
+    return partitions, _read(data, what).astype(np.float32, copy=False).reshape(partitions, -1)
+
+
+_SCALAR_ENGINE_PAIRS = ((nl.multiply, nl.add), (nl.multiply, None), (nl.add, None))
 
 
 def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   engine=None, name=None):
-    """dst = (data op0 operand0) op1 operand1; operands are scalars or [P, 1] tiles."""
-    what = f"nisa.tensor_scalar({op0.__name__}, {data.shape})"
-    partitions, x = _unary_input(dst, data, what)
+    """dst = (data op0 operand0) op1 operand1; operands are scalars or [P, 1] float32 tiles."""
+    what = f"nisa.tensor_scalar({getattr(op0, '__name__', op0)}, {data.shape})"
+    run = current_run()
+    eng = _engine(engine, what, ("vector", "scalar", "gpsimd"), "vector", "TS7")
+    _no_gpsimd_psum(eng, (dst, data, operand0, operand1), what, "TS9")
+    if eng == "gpsimd":  # the docs allow GpSimd for rsqrt only, an op the emulator does not have
+        raise NkiConstraintError(f"{what}: engine=gpsimd is only allowed for rsqrt" + _at(run, "TS7"))
+    if eng == "scalar" and (op0, op1) not in _SCALAR_ENGINE_PAIRS:
+        raise NkiConstraintError(
+            f"{what}: the Scalar Engine runs only (multiply, add), (multiply, None), (add, None) (documented "
+            "for trn2; applied to trn1 too, the stricter reading)" + _at(run, "TS8"))
+    if op1 is None and operand1 is not None:
+        raise NkiConstraintError(f"{what}: operand1 given without op1 (both must be None when unused)"
+                                 + _at(run, "TS5"))
+    partitions, x = _unary_input(dst, data, what, "TS2")
     for op, operand, reverse in ((op0, operand0, reverse0), (op1, operand1, reverse1)):
         if op is None:
             continue
-        y = _scalar_operand(operand, data, what)
+        if op in nl.UNARY_ALU_OPS:
+            if operand is not None and not (isinstance(operand, (int, float, np.integer, np.floating))
+                                            and operand == 0):
+                raise NkiConstraintError(f"{what}: a unary operator takes operand None or 0" + _at(run, "TS10"))
+            x = op(x)
+            continue
+        if op not in nl.BINARY_ALU_OPS:
+            raise NkiConstraintError(f"{what}: {getattr(op, '__name__', op)} is not an ALU operator"
+                                     + _at(run, "TS10"))
+        if operand is None:
+            raise NkiConstraintError(f"{what}: a binary operator needs its operand" + _at(run, "TS5"))
+        y = _scalar_operand(operand, data, what, "TS3", "TS4")
         x = op(y, x) if reverse else op(x, y)
-    _write(dst, x.astype(np.float32), what)
-    _vector(dst, what)
+    _write(dst, x.astype(np.float32, copy=False), what)
+    _vector(dst, what, eng)
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
-    """Reduce `data` over free axes only (never the partition axis 0)."""
+    """Reduce `data` over free axes only (never the partition axis 0), at most 4 of them."""
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    what = f"nisa.tensor_reduce({op.__name__}, {data.shape}, axis={axes})"
+    what = f"nisa.tensor_reduce({getattr(op, '__name__', op)}, {data.shape}, axis={axes})"
+    run = current_run()
     axes = tuple(a % len(data.shape) for a in axes)  # negative axes count from the end
     if 0 in axes:
         raise NkiConstraintError(
             f"{what}: reduction over the partition axis is not possible on the vector engine "
-            "(use a matmul with a ones vector)")
+            "(use a matmul with a ones vector)" + _at(run, "R1"))
+    if len(axes) > 4:
+        raise NkiConstraintError(f"{what}: at most 4 free axes can be reduced" + _at(run, "R3"))
     ndim = len(data.shape)
     if sorted(axes) != list(range(ndim - len(axes), ndim)):
         raise NkiConstraintError(
             f"{what}: tensor_reduce reduces only the last free axes, contiguous and ending at the "
-            f"final axis (axis {ndim - 1}); got axes {tuple(sorted(axes))}")
+            f"final axis (axis {ndim - 1}); got axes {tuple(sorted(axes))}" + _at(run, "R2"))
     if op not in nl._REDUCERS:
-        raise NkiConstraintError(f"{what}: unsupported reduction op")
+        raise NkiConstraintError(f"{what}: unsupported reduction op (emulated: add, maximum, minimum)"
+                                 + _at(run, "R4"))
     _on_chip(dst, what)
     _on_chip(data, what)
     _same_partitions(dst, data, what)
-    value = nl._REDUCERS[op](_read(data, what).astype(np.float32), axis=axes, keepdims=True)
+    value = nl._REDUCERS[op](_read(data, what).astype(np.float32, copy=False), axis=axes, keepdims=True)
     if negate:
         value = -value
     if value.size != dst.data.size:
-        raise NkiConstraintError(f"{what}: result has {value.size} elements, dst {dst.shape}")
+        raise NkiConstraintError(f"{what}: result has {value.size} elements, dst {dst.shape}" + _at(run, "R7"))
     _write(dst, value, what)
     _vector(data, what)
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=None,
                name=None):
-    """dst = op(data * scale + bias) on the Scalar Engine; bias is a [P, 1] tile."""
-    what = f"nisa.activation({op.__name__}, {data.shape})"
-    partitions, x = _unary_input(dst, data, what)
-    x = x * _scalar_operand(scale, data, what)
+    """dst = op(data * scale + bias) on the Scalar Engine; bias: a [P, 1] tile (or, from
+    NeuronCore-v3, a scalar). reduce_op=nl.add sums the result per partition into the engine's
+    reduce registers (reduce_cmd) and reduce_res [P, 1] reads them out."""
+    what = f"nisa.activation({getattr(op, '__name__', op)}, {data.shape})"
+    run = current_run()
+    if op not in nl.ACTIVATIONS:
+        raise NkiConstraintError(f"{what}: op must be an activation function" + _at(run, "A3"))
+    partitions, x = _unary_input(dst, data, what, "A2")
+    x = x * _scalar_operand(scale, data, what, "A4", "A4")
     if bias is not None:
-        x = x + _scalar_operand(bias, data, what)
-    _write(dst, op(x).astype(np.float32), what)
+        x = x + _activation_bias(run, op, bias, data, what)
+    bounds = nl.ACTIVATIONS[op]
+    if bounds is not None:
+        size = np.abs(x)
+        if not ((size >= bounds[0]) & (size <= bounds[1])).all():
+            raise NkiConstraintError(f"{what}: input outside the valid range +-[{bounds[0]:g}, {bounds[1]:g}] "
+                                     "of the function (the hardware output is invalid)" + _at(run, "A10"))
+    result = op(x).astype(np.float32, copy=False)
+    _write(dst, result, what)
     _vector(dst, what, engine="scalar")
+    if reduce_op is not None or reduce_res is not None or reduce_cmd is not None:
+        _activation_reduce(run, result, data, reduce_op, reduce_res, reduce_cmd, what)
+
+
+def _activation_bias(run, op, bias, data, what):
+    if not isinstance(bias, Tile) and run.target.name == "trn1":
+        raise NkiConstraintError(f"{what}: NeuronCore-v2 needs bias as a [N, 1] tile, not a scalar" + _at(run, "A5"))
+    if op is nl.reciprocal and run.target.name == "trn1":
+        raise NkiConstraintError(f"{what}: activation(op=nl.reciprocal) takes no bias on NeuronCore-v2"
+                                 + _at(run, "A9"))
+    dtypes = nl.DTYPES if run.api_at_least("0.3") else (nl.float32, nl.float16, nl.bfloat16)
+    return _scalar_operand(bias, data, what, "A5", "A6", dtypes)
+
+
+def _activation_reduce(run, result, data, reduce_op, reduce_res, command, what) -> None:
+    """The Scalar Engine's per-partition reduce registers (reduce_op must be nl.add)."""
+    command = _enum(command, reduce_cmd, what, "reduce_cmd") or reduce_cmd.idle
+    if command is reduce_cmd.load_reduce:
+        raise NkiConstraintError(f"{what}: reduce_cmd=load_reduce is not an activation command" + _at(run, "A7"))
+    if reduce_op is not nl.add and (reduce_op is not None or command in (reduce_cmd.reduce, reduce_cmd.reset_reduce)):
+        raise NkiConstraintError(f"{what}: reduce_op must be nl.add" + _at(run, "A7"))
+    start, count = data.partitions
+    if run.scalar_reduce_regs is None:  # (values, which partitions were reset)
+        run.scalar_reduce_regs = (np.zeros(128, dtype=np.float32), np.zeros(128, dtype=bool))
+    regs, reset = run.scalar_reduce_regs
+    if command in (reduce_cmd.reset, reduce_cmd.reset_reduce):
+        regs[start:start + count] = 0.0
+        reset[start:start + count] = True
+    if not reset[start:start + count].all():
+        raise NkiConstraintError(f"{what}: the reduce registers of partitions {start}..{start + count - 1} "
+                                 "were never reset (reduce_cmd=reset or reset_reduce first)" + _at(run, "A7"))
+    if command in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
+        regs[start:start + count] += result.reshape(count, -1).sum(axis=1, dtype=np.float32)
+    if reduce_res is not None:
+        _on_chip(reduce_res, what)
+        if reduce_res.shape[0] != count or _per_partition(reduce_res) != 1:
+            raise NkiConstraintError(f"{what}: reduce_res must be [{count}, 1], got {reduce_res.shape}"
+                                     + _at(run, "A8"))
+        _same_partitions(reduce_res, data, what)
+        _write(reduce_res, regs[start:start + count].copy(), what)
 
 
 def reciprocal(dst, data, name=None):
+    """dst = 1 / data on the Vector Engine (fp32 math, cast to dst)."""
     what = f"nisa.reciprocal({data.shape})"
-    _on_chip(dst, what)
-    _on_chip(data, what)
-    _same_layout(dst, data, what)
-    _same_partitions(dst, data, what)
-    _write(dst, np.reciprocal(_read(data, what).astype(np.float32)), what)
+    partitions, x = _unary_input(dst, data, what, "RC2")
+    _write(dst, np.reciprocal(x), what)
     _vector(dst, what)

@@ -13,22 +13,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import NkiConstraintError, Tile, current_run
+from .core import BFLOAT16, NkiConstraintError, Tile, current_run
+
 
 # ---- buffers ---------------------------------------------------------------------------
-sbuf = "sbuf"
-psum = "psum"
-shared_hbm = "shared_hbm"
-private_hbm = "private_hbm"
-hbm = private_hbm
+class Buffer(str):
+    """A buffer object (nl.sbuf, nl.psum, ...). It equals its name, but nki 0.3+ refuses the
+    plain string ('sbuf') that 0.2 accepted (MIG-0.3, "String Buffer Names No Longer Supported")."""
 
-# ---- dtypes (no float64 on a NeuronCore) -----------------------------------------------
+
+sbuf = Buffer("sbuf")
+psum = Buffer("psum")
+shared_hbm = Buffer("shared_hbm")
+private_hbm = Buffer("private_hbm")
+hbm = private_hbm
+_BUFFERS = {"sbuf": sbuf, "psum": psum, "shared_hbm": shared_hbm, "private_hbm": private_hbm, "hbm": hbm}
+
+# ---- dtypes (the NKI dtype table; no float64 on a NeuronCore) --------------------------
 float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
+bfloat16 = BFLOAT16  # values held in float32 arrays, every write rounded to bf16 (RNE)
 int32 = np.dtype(np.int32)
+uint32 = np.dtype(np.uint32)
+int16 = np.dtype(np.int16)
+uint16 = np.dtype(np.uint16)
 int8 = np.dtype(np.int8)
 uint8 = np.dtype(np.uint8)
 bool_ = np.dtype(np.bool_)
+# the emulated part of AWS's dtype table (fp8 and tfloat32 are not emulated)
+DTYPES = (float32, float16, bfloat16, int32, uint32, int16, uint16, int8, uint8, bool_)
 
 
 class tile_size:  # noqa: N801 - the NKI name
@@ -73,6 +86,11 @@ def square(x):
 
 
 _REDUCERS = {add: np.sum, maximum: np.max, minimum: np.min}
+# AWS's operator tables (SHARED tbl-aluop, tbl-act-func), restricted to the emulated operators
+BINARY_ALU_OPS = (add, subtract, multiply, maximum, minimum)
+UNARY_ALU_OPS = (reciprocal,)  # arithmetic ALU ops of one input (tensor_scalar: operand None or 0)
+# activation functions and their valid input ranges (|x| bounds; None: any value)
+ACTIVATIONS = {copy: None, square: None, reciprocal: (2.0 ** -42, 2.0 ** 42)}
 
 
 # ---- indexing and loops ----------------------------------------------------------------
@@ -98,7 +116,8 @@ def dynamic_range(start, stop=None, step=1):
     run = current_run()
     if run.api_at_least("0.6"):
         raise NkiConstraintError(
-            f"{run.name}: nl.dynamic_range does not exist in nki {run.api} (replaced by nl.fori_loop)")
+            f"{run.name}: nl.dynamic_range does not exist in nki {run.api} (replaced by nl.fori_loop) "
+            f"[L11; {run.target.name}, nki {run.api}]")
     for n, value in enumerate(affine_range(start, stop, step)):
         with run.device_loop_iteration(first=n == 0):
             yield value
@@ -106,10 +125,31 @@ def dynamic_range(start, stop=None, step=1):
 
 # ---- allocation ------------------------------------------------------------------------
 def _check_dtype(dtype, what):
-    dtype = np.dtype(dtype)
+    if dtype is BFLOAT16:
+        return dtype
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise NkiConstraintError(f"{what}: {dtype!r} is not an NKI dtype") from None
     if dtype == np.float64:
-        raise NkiConstraintError(f"{what}: float64 does not exist on a NeuronCore (use float32)")
+        raise NkiConstraintError(f"{what}: float64 does not exist on a NeuronCore (use float32) [X12]")
+    if dtype not in DTYPES:
+        raise NkiConstraintError(
+            f"{what}: {dtype} is not an NKI dtype (emulated: {', '.join(str(d) for d in DTYPES)}) [X13]")
     return dtype
+
+
+def _buffer(buffer, run):
+    """The buffer object; a plain string name only under nki 0.2."""
+    if isinstance(buffer, Buffer):
+        return buffer
+    if isinstance(buffer, str) and buffer in _BUFFERS:
+        if run.api_at_least("0.3"):
+            raise NkiConstraintError(
+                f"nl.ndarray: buffer={buffer!r}: nki {run.api} accepts no string buffer names (0.2 "
+                f"did); use nl.{buffer} [L10; {run.target.name}, nki {run.api}]")
+        return _BUFFERS[buffer]
+    raise NkiConstraintError(f"nl.ndarray: unknown buffer {buffer!r}")
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
@@ -118,24 +158,30 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     dtype = _check_dtype(dtype, f"nl.ndarray{shape}")
     if any(n <= 0 for n in shape):
         raise NkiConstraintError(f"nl.ndarray: empty shape {shape}")
-    run = current_run()
-    data = np.full(shape, np.nan, dtype=dtype) if dtype.kind == "f" else np.full(shape, 4, dtype=dtype)
-    tile = Tile(data, np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool), buffer)
+    run = current_run(check=False)
+    buffer = _buffer(buffer, run)
+    storage = getattr(dtype, "storage", dtype)
+    data = np.full(shape, np.nan, dtype=storage) if dtype.kind == "f" else np.full(shape, 4, dtype=storage)
+    tile = Tile(data, np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool), buffer, dtype=dtype)
     if buffer == shared_hbm:
         return _shared(run, tile)
     if buffer in (sbuf, psum):
         if len(shape) < 2:
-            raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis")
+            raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis [L5]")
         if shape[0] > run.target.partitions:
             raise NkiConstraintError(
                 f"nl.ndarray: tile of shape {shape} has {shape[0]} partitions; the limit is "
-                f"{run.target.partitions}")
+                f"{run.target.partitions} [X1]")
         if buffer == psum and dtype != np.float32:
-            raise NkiConstraintError(f"nl.ndarray: PSUM tile {shape} must be float32, not {dtype}")
+            raise NkiConstraintError(f"nl.ndarray: PSUM tile {shape} must be float32, not {dtype} "
+                                     f"[L3; {run.target.name}, nki {run.api}]")
         per_partition = math.prod(shape[1:]) * dtype.itemsize
+        if buffer == psum and per_partition > run.target.psum_bank_bytes:
+            raise NkiConstraintError(
+                f"nl.ndarray: PSUM tile {shape} of {per_partition} B per partition is wider than one "
+                f"{run.target.psum_bank_bytes} B PSUM bank (tile_size.psum_fmax = 512 fp32; the stricter "
+                f"reading): use a list of one-bank tiles [L1; {run.target.name}, nki {run.api}]")
         run.allocate(buffer, per_partition, shape, tile)
-    elif buffer not in (shared_hbm, private_hbm):
-        raise NkiConstraintError(f"nl.ndarray: unknown buffer {buffer!r}")
     return tile
 
 
