@@ -248,7 +248,8 @@ def test_prefetched_uploads_overlap_the_previous_kernel_in_the_model():
     """CostLedger: a launch recorded `prefetched` has its upload MODELLED as running while the
     previous kernel computes: three launches with uploads u_k and device times d_k cost
     launches + u_1 + max(u_2, d_1) + max(u_3, d_2) + d_3 (a pipeline), an unprefetched launch
-    the serial sum; the hidden part is reported, and a transfer in between hides nothing."""
+    the serial sum; the hidden part is reported; a device copy in between adds its time to the
+    window, a transfer in between leaves nothing to hide under."""
     from dfmp2.kernels.emulator import TARGETS, cost_model
     from dfmp2.kernels.emulator.core import Trace
     from dfmp2.kernels.nki_ledger import CostLedger
@@ -271,6 +272,15 @@ def test_prefetched_uploads_overlap_the_previous_kernel_in_the_model():
         assert model["seconds"] == pytest.approx(pipeline, rel=1e-12)
         assert model["hidden_upload_seconds"] == pytest.approx(sum(up) + sum(dev) + launches - pipeline, rel=1e-12)
         assert model["hidden_upload_seconds"] > 0
+    copied = CostLedger()  # a device copy after a kernel widens the window the next upload hides in
+    copied.record(*calls[0], "k")
+    copied.device_copy(10**9)
+    copied.record(calls[1][0], 10**9, "k", prefetched=True)
+    copy = cost_model.call_seconds(Trace(dma_bytes_in=10**9, dma_bytes_out=10**9), TARGETS["trn2"])["device"]
+    first = cost_model.call_seconds(calls[0][0], TARGETS["trn2"])["device"]
+    upload = cost_model.call_seconds(Trace(host_bytes_in=10**9), TARGETS["trn2"])["host_transfer"]
+    assert copied.modelled()["trn2"]["hidden_upload_seconds"] == pytest.approx(min(upload, first + copy), rel=1e-12)
+    assert first < min(upload, first + copy)
     serial = CostLedger()
     serial.record(*calls[0], "k")
     serial.transfer(10**6, 0)  # a synchronous copy between them: nothing to hide under

@@ -11,8 +11,10 @@ A launch recorded `prefetched` had its arguments uploaded while the previous ker
 runtime executes asynchronously: the host hands over the next block's arguments and launches
 without waiting, and host -> device copies run on their own DMA queues beside the kernel, the
 previous block's arguments double-buffered in HBM). Its upload is then MODELLED as hidden up to
-the previous launch's device time: total = up_1 + sum_k max(up_(k+1), device_k) + device_N +
-launches. An assumption about the runtime, not a measurement; the hidden seconds are reported.
+the device time since the host link was last busy (the previous launch, and the device copies
+after it): for launches alone, total = up_1 + sum_k max(up_(k+1), device_k) + device_N +
+launches. A synchronous transfer in between ends the window. An assumption about the runtime,
+not a measurement; the hidden seconds are reported.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class CostLedger:
         self.model_costs_by_step = {name: {} for name in TARGETS}  # ... per kernel / transfer / copy
         self.useful_flops = 0  # minimal matmul FLOPs of the algorithm (unpadded shapes, done once)
         self._by_kernel = {}  # kernel -> [useful FLOPs, array columns issued, largest program's instructions, peak SBUF]
-        self._previous_device = {name: 0.0 for name in TARGETS}  # device seconds of the last entry
+        self._device_window = {name: 0.0 for name in TARGETS}  # device seconds since the last upload
         self.hidden_upload_seconds = {name: 0.0 for name in TARGETS}  # uploads under a previous kernel
 
     def count_launch(self, kernel_name: str, useful_flops) -> None:
@@ -65,12 +67,14 @@ class CostLedger:
                         else "device copy")
         for name, target in TARGETS.items():
             call = cost_model.call_seconds(trace, target)
-            if prefetched:  # the upload runs while the previous kernel computes
-                hidden = min(call["host_transfer"], self._previous_device[name])
+            if prefetched:  # the upload runs while the device works on what came before
+                hidden = min(call["host_transfer"], self._device_window[name])
                 call["host_transfer"] -= hidden
                 call["seconds"] -= hidden
                 self.hidden_upload_seconds[name] += hidden
-            self._previous_device[name] = call["device"]
+            # device seconds since the host link was last busy: what the next upload may hide under
+            crossed = trace.host_bytes_in or trace.host_bytes_out
+            self._device_window[name] = call["device"] + (0.0 if crossed else self._device_window[name])
             cost_model.add_costs(self.model_costs[name], call)
             by_step = self.model_costs_by_step[name].setdefault(
                 step, {"seconds": 0.0, "launches": 0, "upload_seconds": 0.0})
