@@ -253,7 +253,9 @@ def test_a_second_run_on_a_checkpoint_in_use_is_refused_at_once(tmp_path):
     """Two runs sharing one --checkpoint: the second exits 2 naming the first's process, before
     its SCF (it used to fail after it with an HDF5 lock error)."""
     checkpoint = tmp_path / "ck"
-    first = start([BENZENE, "--checkpoint", checkpoint, "--quiet"], delay=DELAY_S)
+    # 3 s a block (the first is killed at the end): the first run must outlast the second's
+    # start-up even on a loaded machine, where 0.4 s blocks let it finish first
+    first = start([BENZENE, "--checkpoint", checkpoint, "--quiet"], delay="3.0")
     try:
         wait_for_blocks(first, checkpoint, 1)
         second = dfmp2_run(BENZENE, "--checkpoint", checkpoint, "--scf-max-cycle", "1")
