@@ -301,11 +301,14 @@ def ao2mo_kernel(x_digits, x_scale, c_occ_slices, c_vir_slices, h_grid, tile_map
                         for k in range(c0, min(c0 + chunk, len(kept[n]))):
                             m = kept[n][k]
                             rm = min(P, NAO - m * P)
-                            # tile (m, n): rows and columns of x_digits (dense), or its packed rows
-                            r0, q0 = (m * P, n * P) if tile_map == 0 else (where.get((m, n), 0), 0)
+                            # tile (m, n): rows and columns of x_digits (dense), or the packed rows of
+                            # the stored tile, (n, m) for a mirror above the diagonal (symmetric)
+                            mirrored = symmetric and m < n
+                            stored = (n, m) if mirrored else (m, n)
+                            r0, q0 = (m * P, n * P) if tile_map == 0 else (where[stored], 0)
                             x_tiles = nl.ndarray((P, SX, P), dtype=OP, buffer=nl.sbuf)
-                            if symmetric and m < n:  # the mirror of stored tile (n, m), transposed
-                                _load_mirrored(x_digits, p, where[(n, m)], rn, rm, x_tiles, SX)
+                            if mirrored:  # stored tile (n, m), transposed
+                                _load_mirrored(x_digits, p, r0, rn, rm, x_tiles, SX)
                             elif exact:
                                 digits = nl.ndarray((P, SX, P), dtype=nl.int8, buffer=nl.sbuf)
                                 for s in range(SX):
