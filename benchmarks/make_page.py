@@ -16,7 +16,8 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHAPE_ORDER = ["small", "medium", "large"]
+SHAPE_ORDER = ["small", "medium", "large", "big-virtual"]  # big-virtual: Trainium model rows only
+PLOT_SHAPES = SHAPE_ORDER[:3]
 # warm times published by the sibling Trainium libraries for the same shapes (seconds)
 PUBLISHED = {
     "NVIDIA A10G fp32 (sibling, published)": {"small": 0.001, "medium": 0.266, "large": 2.018},
@@ -31,26 +32,40 @@ BEFORE = {
     ("medium", "trn1"): (2.4787, 608, 0.204), ("medium", "trn2"): (2.5325, 608, 0.204),
     ("large", "trn1"): (18.9585, 4824, 0.175), ("large", "trn2"): (19.4071, 4824, 0.175),
 }
+# the calibrated MODEL before Trainium round 3 (issue 27; results of commit 753c3c2, each trace on
+# its own target): shape, target, transform -> seconds, or why it did not run
+BEFORE_ROUND3 = {
+    ("small", "trn1", "exact"): 0.0102, ("small", "trn1", "plain fp32"): 0.0059,
+    ("small", "trn2", "exact"): 0.0085, ("small", "trn2", "plain fp32"): 0.0058,
+    ("medium", "trn1", "exact"): 0.3809, ("medium", "trn1", "plain fp32"): 0.2503,
+    ("medium", "trn2", "exact"): 0.3127, ("medium", "trn2", "plain fp32"): 0.2200,
+    ("large", "trn1", "exact"): 1.6851, ("large", "trn1", "plain fp32"): 1.1024,
+    ("large", "trn2", "exact"): 1.2904, ("large", "trn2", "plain fp32"): 0.8942,
+    ("big-virtual", "trn1", "exact"): "SBUF error", ("big-virtual", "trn2", "exact"): "SBUF error",
+}
 A10G = PUBLISHED["NVIDIA A10G fp32 (sibling, published)"]
 
 
 def before_after_table(bench):
-    """Calibrated MODEL before and after, each run on its own target, against the A10G."""
-    rows = ["| shape | target | MODEL before (s) | launches before | useful fraction before | "
-            "transform now | MODEL now (s) | launches now | specializations now | "
-            "useful fraction now (pair kernel) | now without the (mn\\|P) upload (s) | "
-            "A10G measured (s, sibling) |",
-            "|---" * 12 + "|"]
+    """Calibrated MODEL at ee90289, before round 3 and now, each run on its own target, against the A10G."""
+    rows = ["| shape | target | transform | MODEL at ee90289 (s) | launches then | useful fraction then | "
+            "MODEL before round 3 (s) | MODEL now (s) | launches now | specializations now | "
+            "useful fraction now (pair kernel) | upload visible / hidden now (s) | "
+            "now without the (mn\\|P) upload (s) | A10G measured (s, sibling) |",
+            "|---" * 14 + "|"]
     for r in sorted((r for r in bench if r.get("modelled")), key=_model_order):
         name, target = r["shape"].get("name", ""), r["device"]
         m = r["modelled"][target]
         before = BEFORE.get((name, target))
+        round3 = BEFORE_ROUND3.get((name, target, transform(r)), "-")
+        round3 = f"{round3:.4f}" if isinstance(round3, float) else round3
         upload = m.get("seconds_by_step", {}).get("ao2mo_kernel", {}).get("upload_seconds", 0.0)
         pair = m.get("by_kernel", {}).get("pair_energy_kernel", {}).get("tensor_engine_useful_fraction")
         b = (f"{before[0]:.4f} | {before[1]} | {before[2]:.3f}" if before else "- | - | -")
-        rows.append(f"| {name} | {target} | {b} | {transform(r)} | {m['seconds']:.4f} | {m['launches']} | "
-                    f"{sum(r.get('kernel_specializations', {}).values())} | "
+        rows.append(f"| {name} | {target} | {transform(r)} | {b} | {round3} | {m['seconds']:.4f} | "
+                    f"{m['launches']} | {sum(r.get('kernel_specializations', {}).values())} | "
                     f"{m['tensor_engine_useful_fraction']:.3f} ({pair:.3f}) | "
+                    f"{upload:.4f} / {m.get('hidden_upload_seconds', 0.0):.4f} | "
                     f"{m['seconds'] - upload:.4f} | {A10G.get(name, '-')} |")
     return "\n".join(rows)
 
@@ -253,7 +268,7 @@ def plot(bench, path):
     series = {}
     for r in bench:
         name = r["shape"].get("name")
-        if name not in SHAPE_ORDER:
+        if name not in PLOT_SHAPES:
             continue
         if r.get("simulated"):
             if r.get("modelled"):
@@ -267,9 +282,9 @@ def plot(bench, path):
     for name, values in PUBLISHED.items():
         series[name] = values
     for name, values in sorted(series.items()):
-        shapes = [s for s in SHAPE_ORDER if s in values]
+        shapes = [s for s in PLOT_SHAPES if s in values]
         style = "--" if "MODEL" in name else (":" if "published" in name else "-")
-        ax.plot([SHAPE_ORDER.index(s) for s in shapes], [values[s] for s in shapes], style, marker="o",
+        ax.plot([PLOT_SHAPES.index(s) for s in shapes], [values[s] for s in shapes], style, marker="o",
                 label=name)
     ax.set_xticks(range(3), ["small\n128/16/384", "medium\n512/64/1536", "large\n768/96/2304"])
     ax.set_yscale("log")

@@ -2,6 +2,7 @@
 
     python benchmarks/run_benchmarks.py                       # everything usable here
     python benchmarks/run_benchmarks.py --shapes small medium --devices cpu trn1-sim
+    python benchmarks/run_benchmarks.py --shapes big-virtual --devices trn1-sim trn2-sim --no-peers --no-kernels
     python benchmarks/run_benchmarks.py --shapes --no-peers                # only the NKI kernel models
     python benchmarks/make_page.py                            # -> docs/benchmarks.md + plot
 
@@ -40,10 +41,16 @@ def bench_devices():
     return devices
 
 
+# beyond the published shapes: many virtuals, few occupied (the exact transform's C_vir streaming;
+# issue 27's case that stopped with an SBUF error); run with --shapes big-virtual
+EXTRA_SHAPES = {"big-virtual": (1408, 8, 2304)}
+
+
 def run_shapes(shapes, wanted, repeat):
     from dfmp2.bench import run_bench
     from dfmp2.rng.synthetic import SHAPES
 
+    shape_table = {**SHAPES, **EXTRA_SHAPES}
     for shape in shapes:
         for device, precision, simulate, transform in bench_devices():
             label = f"{device}-sim" if simulate else device
@@ -52,7 +59,7 @@ def run_shapes(shapes, wanted, repeat):
             start = time.perf_counter()
             # beyond the small shape, full emulation in numpy takes hours: model-only emulates
             # each kernel shape once and reuses its trace (the modelled time is the same)
-            record = run_bench(*SHAPES[shape], device=device, precision=precision, simulate=simulate,
+            record = run_bench(*shape_table[shape], device=device, precision=precision, simulate=simulate,
                                repeat=1 if simulate else repeat,
                                model_only=simulate and shape != "small", transform=transform)
             record["shape"]["name"] = shape

@@ -272,3 +272,32 @@ def test_every_kernel_under_every_release_pair(target, api):
     test_trsm_whitening(target, api, "naux", 300)
     test_ao2mo(target, api, "nao", 300)
     test_pair_energy(target, api, "nvir", 300)
+
+
+@pytest.mark.parametrize("target, api", TARGETS)
+@pytest.mark.parametrize("shared_y", [True, False])
+def test_exact_product_of_slices(target, api, shared_y):
+    """exact_matmul_kernel (the SCF's exact builds; bf16 slice products into fp32 PSUM, TwoSum
+    over groups and 512-term chunks): hi + lo against numpy's fp64 product of the slice values,
+    to the Ozaki truncation (~1e-10 relative per column), far inside one fp32 rounding (6e-8). Ragged K over
+    two chunks, ragged MX over two stationary tiles, NY over two moving tiles; int8 digits on one
+    side, fp32 slices (7-bit integers times 2^(-7 (s + 1)) times a power of two per column) on
+    the other; Y shared by both batches (resident in SBUF) or one per batch (streamed)."""
+    rng = np.random.default_rng(11)
+    slices, nb, k, mx, ny = 5, 2, 600, 200, 600
+    weights = 2.0 ** (-7 * (np.arange(slices) + 1))
+    x = rng.integers(-127, 128, (slices, nb, k, mx)).astype(np.int8)
+    column_scale = 2.0 ** rng.integers(-10, 11, ny)
+    y_ints = rng.integers(-127, 128, (slices, 1 if shared_y else nb, k, ny))
+    y = (y_ints * weights[:, None, None, None] * column_scale).astype(np.float32)
+    x_value = np.einsum("s,sbkm->bkm", weights, x.astype(np.float64))
+    y_value = y.astype(np.float64).sum(axis=0)
+    reference = np.einsum("bkm,bkn->bmn", x_value, np.broadcast_to(y_value, (nb, k, ny)))
+    backend = NkiBackend(target, simulate=True, nki_api=api)
+    out = backend.exact_product(x, y)
+    assert out.shape == (nb, mx, ny)
+    plain = np.einsum("bkm,bkn->bmn", x_value.astype(np.float32), np.broadcast_to(y_value, (nb, k, ny)).astype(np.float32))
+    per_column = lambda a: np.max(np.abs(a - reference) / np.max(np.abs(reference), axis=(0, 1)))  # noqa: E731
+    assert per_column(plain) > 1e-8  # one fp32 product would not pass the bound below
+    assert per_column(out) <= 5e-10  # dropped slice pairs (s + t >= 5): ~2^-35 per term
+    assert backend.calls["exact_matmul_kernel"] == 1

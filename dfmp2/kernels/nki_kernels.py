@@ -1043,16 +1043,17 @@ def exact_matmul_kernel(x, y):
     groups and the chunks are combined by TwoSum into out[0] (hi) + out[1] (lo) [2, NB, MX, NY].
     Tiles: K on partitions (128s, ragged last); X's columns mx in 128-row stationary tiles, Y's
     columns in moving tiles of <= 512 (one PSUM bank per group, S <= 8 banks); a shared Y is
-    loaded once per launch when it fits EXACT_RESIDENT_BYTES, else per tile.
+    loaded once per launch when it fits EXACT_RESIDENT_BYTES, else per tile. The slices sit in
+    SBUF as bf16 (each is exact in bf16's 8 significant bits: the products at the bf16 rate).
     """
     S, NBX, K, MX = x.shape
     NBY, NY = y.shape[1], y.shape[3]
     NB = max(NBX, NBY)
     nk = (K + P - 1) // P
     out = nl.ndarray((2, NB, MX, NY), dtype=nl.float32, buffer=nl.shared_hbm)
-    resident = NBY == 1 and S * nk * NY * 4 <= EXACT_RESIDENT_BYTES
+    resident = NBY == 1 and S * nk * NY * 2 <= EXACT_RESIDENT_BYTES
     if resident:
-        y_sb = nl.ndarray((P, S * nk, NY), dtype=nl.float32, buffer=nl.sbuf)
+        y_sb = nl.ndarray((P, S * nk, NY), dtype=nl.bfloat16, buffer=nl.sbuf)
         for k in nl.affine_range(nk):
             rk = min(P, K - k * P)
             _load_slices(y, 0, k * P, rk, 0, NY, y_sb, k, nk, S)
@@ -1069,12 +1070,12 @@ def exact_matmul_kernel(x, y):
                     groups = _psum_tiles(S, FREE)
                     for k in nl.affine_range(k0, min(k0 + CHUNK, nk)):
                         rk = min(P, K - k * P)
-                        x_sb = nl.ndarray((P, S, P), dtype=nl.float32, buffer=nl.sbuf)
+                        x_sb = nl.ndarray((P, S, P), dtype=nl.bfloat16, buffer=nl.sbuf)
                         _load_slices(x, bx, k * P, rk, m0, rm, x_sb, 0, 1, S)
                         if resident:
                             y_tiles, y0, ys = y_sb, k, nk
                         else:
-                            y_tiles = nl.ndarray((P, S, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                            y_tiles = nl.ndarray((P, S, FREE), dtype=nl.bfloat16, buffer=nl.sbuf)
                             _load_slices(y, by, k * P, rk, c0, w, y_tiles, 0, 1, S)
                             y0, ys = 0, 1
                         for s in range(S):
@@ -1089,8 +1090,9 @@ def exact_matmul_kernel(x, y):
 
 
 def _load_slices(src, batch, k0, rk, c0, w, dst, first, stride, S):
-    """dst[0:rk, s * stride + first, 0:w] = slice s of src[:, batch, k0:k0 + rk, c0:c0 + w] as fp32:
-    int8 digits scaled by 2^(-7 (s + 1)) on the Scalar Engine (exact), fp32 slices copied."""
+    """dst[0:rk, s * stride + first, 0:w] = slice s of src[:, batch, k0:k0 + rk, c0:c0 + w] in dst's
+    dtype (bf16 or fp32; exact in either): int8 digits scaled by 2^(-7 (s + 1)) on the Scalar
+    Engine, fp32 slices cast by the DMA."""
     for s in range(S):
         if src.dtype == nl.int8:
             digits = nl.ndarray((P, w), dtype=nl.int8, buffer=nl.sbuf)
