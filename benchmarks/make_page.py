@@ -344,26 +344,25 @@ calls of the busiest engine, and MODEL seconds = launch + host_transfer + device
 
 {model_table(bench)}
 
-### Before and after the pair-kernel rewrite (MODEL)
+### Before and after (MODEL): the pair-kernel rewrite, then Trainium round 3
 
-"Before" is the state at commit ee90289: a pair-energy launch per small block pair with a second
-(ib|ja) matmul chain and padding to 512, B copied from the host for every launch, fp32 (mn|P)
-slices. "Now": each (ia|jb) formed once, B resident in HBM, 32 x 32-pair launches split over the
-two physical cores of a trn2 logical core, (mn|P) slices sent as int8 digits, ragged tiles. The
-useful fraction now counts the 128 x 128 array per streamed column (a ragged tile's empty rows
-are waste), a stricter measure than before; the pair kernel's own figure is in brackets. Two
-transforms: `exact` (the default: 35 slice products per (mn|P) tile for exact sums, needed for
-1 uEh on diffuse and large basis sets, see docs/trainium.md; (mn|P) crosses as 5 int8 digits per element)
-and `plain fp32` (`--transform fp32`: one fp32 product per half, the arithmetic of the A10G's
-fp32 run; 4 bytes per element cross). "Without the upload" subtracts the host -> device transfer
-of (mn|P), the one step whose cost is the host link rather than the NeuronCore.
-
-Where the time goes (medium, trn2, plain fp32 transform, 0.220 s): the upload of (mn|P) (1.6 GB
-at the fitted 10.3 GB/s) is 0.156 s, 71%; 16 launches 0.016 s; the pair kernel's device time
-0.024 s, the transform's ~0.01 s. With the exact transform the upload is 0.196 s and the
-transform's Tensor Engine and TwoSum work add ~0.05 s (0.313 s). Nothing here overlaps the
-upload with the kernels (the model is serial); overlapping them, or computing (mn|P) on the
-device, is what would take medium below ~0.1 s.
+Three states. "ee90289": before the pair-kernel rewrite (a pair-energy launch per small block
+pair with a second (ib|ja) matmul chain and padding to 512, B copied from the host for every
+launch, fp32 (mn|P) slices). "Before round 3": the results of commit 753c3c2, before issue 27
+(each (ia|jb) formed once, B resident in HBM, 32 x 32-pair launches split over the two physical
+cores of a trn2 logical core, (mn|P) as dense int8 digits, fp32 slice products, the upload
+serial with the kernels; the exact transform's resident C slices stopped nbasis 1,408 with an
+SBUF error). "Now": C_vir streamed (any size), only the lower 128 x 128 tiles of (mn|P) uploaded,
+bf16 slice products, and each ao2mo launch's upload overlapped with the previous launch (a
+MODEL of an asynchronous runtime, not a measurement: the hidden seconds have their own column).
+The useful fraction counts the 128 x 128 array per streamed column (a ragged tile's empty rows
+are waste); the pair kernel's own figure is in brackets. Two transforms: `exact` (the default:
+35 slice products per (mn|P) tile for exact sums, needed for 1 uEh on diffuse and large basis
+sets, see docs/trainium.md; the lower tiles of (mn|P) cross as 5 int8 digits per element) and
+`plain fp32` (`--transform fp32`: one fp32 product per half, the arithmetic of the A10G's fp32
+run; every tile crosses, 4 bytes per element). "Without the upload" subtracts the visible
+host -> device transfer of (mn|P), the one step whose cost is the host link rather than the
+NeuronCore.
 
 {before_after_table(bench)}
 

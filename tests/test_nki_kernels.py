@@ -106,7 +106,7 @@ def test_ao2mo_plain_fp32_transform(target, api, dim, size):
 
 @pytest.mark.parametrize("target, api, nao, nocc, nvir, naux", [
     ("trn1", "0.2", 1408, 8, 1400, 3),  # the shape whose resident C_vir slices once overflowed SBUF
-    ("trn2", "0.6", 3000, 230, 131, 2),  # nbasis 3,000: 3 occupied chunks of 77
+    ("trn2", "0.6", 3000, 230, 131, 2),  # nbasis 3,000: 2 occupied chunks of 115 (bf16 slices)
 ])
 def test_ao2mo_streams_c_vir_for_any_nao(target, api, nao, nocc, nvir, naux):
     """Large nao: C_vir streamed per 128 x 128 tile, C_occ in chunks that fit, H per batch of
