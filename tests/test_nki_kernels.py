@@ -291,12 +291,12 @@ def test_exact_product_of_slices(target, api, shared_y):
     y_ints = rng.integers(-127, 128, (slices, 1 if shared_y else nb, k, ny))
     y = (y_ints * weights[:, None, None, None] * column_scale).astype(np.float32)
     x_value = np.einsum("s,sbkm->bkm", weights, x.astype(np.float64))
-    y_value = y.astype(np.float64).sum(axis=0)
-    reference = np.einsum("bkm,bkn->bmn", x_value, np.broadcast_to(y_value, (nb, k, ny)))
+    y_value = np.broadcast_to(y.astype(np.float64).sum(axis=0), (nb, k, ny))
+    reference = np.einsum("bkm,bkn->bmn", x_value, y_value)
     backend = NkiBackend(target, simulate=True, nki_api=api)
     out = backend.exact_product(x, y)
     assert out.shape == (nb, mx, ny)
-    plain = np.einsum("bkm,bkn->bmn", x_value.astype(np.float32), np.broadcast_to(y_value, (nb, k, ny)).astype(np.float32))
+    plain = np.einsum("bkm,bkn->bmn", x_value.astype(np.float32), y_value.astype(np.float32))
     per_column = lambda a: np.max(np.abs(a - reference) / np.max(np.abs(reference), axis=(0, 1)))  # noqa: E731
     assert per_column(plain) > 1e-8  # one fp32 product would not pass the bound below
     assert per_column(out) <= 5e-10  # dropped slice pairs (s + t >= 5): ~2^-35 per term
