@@ -1,8 +1,13 @@
-"""dfmp2: density-fitted MP2 (RI-MP2) correlation energies on CPUs, NVIDIA GPUs and (soon) Trainium.
+"""dfmp2: density-fitted MP2 (RI-MP2) correlation energies on CPUs, NVIDIA GPUs and AWS Trainium
+(NKI kernels; emulated where no Trainium is present).
 
     from dfmp2 import DFMP2
-    pt = DFMP2(mf).run()        # mf: a converged PySCF RHF
+    pt = DFMP2(mf).run()        # mf: a converged PySCF RHF, UHF or ROHF
     pt.e_corr, pt.e_tot
+
+    import dfmp2
+    result = dfmp2.run_xyz("water.xyz", basis="cc-pvtz", frozen_core=True)   # as `dfmp2 run`
+    result.e_tot, result.as_dict()
 """
 
 import os as _os
@@ -24,14 +29,19 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 from .errors import ComputationError, DFMP2Error, InputError, MemoryBudgetError  # noqa: E402
 
 
-def __getattr__(name):
-    # The PySCF plugin imports torch and PySCF; load it on first use only.
-    if name in ("DFMP2", "DFUMP2", "DFROMP2", "use_dfmp2_jk"):
-        from . import pyscf_plugin
+_LAZY = {  # name -> module: these import torch and PySCF, so they load on first use only
+    "DFMP2": "pyscf_plugin", "DFUMP2": "pyscf_plugin", "DFROMP2": "pyscf_plugin", "use_dfmp2_jk": "pyscf_plugin",
+    "run_xyz": "driver", "run_atoms": "driver", "run_mean_field": "driver", "DFMP2Result": "driver",
+    "Settings": "settings",
+}
 
-        return getattr(pyscf_plugin, name)
+
+def __getattr__(name):
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")
 
 
-__all__ = ["DFMP2", "DFUMP2", "DFROMP2", "use_dfmp2_jk", "DFMP2Error", "InputError", "MemoryBudgetError", "ComputationError",
-           "__version__"]
+__all__ = [*_LAZY, "DFMP2Error", "InputError", "MemoryBudgetError", "ComputationError", "__version__"]

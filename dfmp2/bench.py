@@ -15,10 +15,11 @@ import platform
 import statistics
 import subprocess
 import time
+from dataclasses import dataclass
 
 from . import __version__
 from .driver import MODEL_NOTE, memory_record, model_record
-from .errors import InputError
+from .errors import InputError, option
 from .kernels import backend_for, get_backend
 from .memory import peak_resident_bytes, plan_for, resident_bytes
 from .context import RunContext
@@ -28,6 +29,8 @@ from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from .settings import Settings, settings_from
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")
+MAX_REPEAT = 100  # warm passes: the record keeps each one's seconds, timings and energy
+MAX_KERNEL_SIZE = 4096  # --kernel --size: the emulator runs every instruction of the call (gemm: (N/128)^3 matmuls)
 
 
 def stage_gflop(nbasis, nocc, naux, occ_block, rank) -> dict:
@@ -81,39 +84,52 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
         raise InputError(f"--integrals device: only with --device cuda (on {settings.device} the synthetic "
                          "integrals are made on the host and uploaded, as PySCF's are)")
     made_on = "cuda" if integrals == "device" else "cpu"
-    if repeat < 0:
-        raise InputError(f"--repeat must be 0 or more, got {repeat}")
+    if not 0 <= repeat <= MAX_REPEAT:
+        raise InputError(f"{option('repeat')} must be between 0 and {MAX_REPEAT}, got {repeat}")
     if not 0 <= seed < 2**64:
         raise InputError(f"--seed must be in 0 .. 2^64 - 1 (the Philox key), got {seed}")
     first = backend_for(settings)  # fail fast
     # the budget is checked before anything of the problem's size is made
     plan_for(first, SyntheticIntegrals(nbasis, nocc, naux, seed), [(nocc, nbasis - nocc)], settings.max_memory)
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
-    passes = []  # (seconds, result, backend) of each pass, cold first
+    passes, last = [], None  # each pass's (seconds, timings, e_corr), cold first; the last pass's (result, backend)
     for n in range(repeat + 1):
         backend = first if n == 0 else backend_for(settings)
         context = RunContext(progress=progress)  # each pass its own timer
         problem = SyntheticIntegrals(nbasis, nocc, naux, seed, made_on)
+        last = None  # (the previous pass's result and backend, with its arrays and trace, go first)
         start = time.perf_counter()
         result = dfmp2_energy(backend, problem, coeff, energies, occupations, settings, context=context)
-        passes.append((time.perf_counter() - start, result, backend))
+        passes.append(Pass(time.perf_counter() - start, dict(result.timings), result.e_corr))
+        last = (result, backend)
+        del result, backend
         context.report("bench passes", n + 1, repeat + 1)
-    record = bench_record((nbasis, nocc, naux, seed), problem.rank, passes, settings)
+    record = bench_record((nbasis, nocc, naux, seed), problem.rank, passes, last, settings)
     record["integrals_made_on"] = made_on  # "cpu": the host, uploaded block by block
     return record
 
 
-def bench_record(problem, rank, passes, settings) -> dict:
-    """The JSON record of the passes [(seconds, result, backend)] (cold first) on the synthetic
-    problem (nbasis, nocc, naux, seed) whose (mn|P) slices have rank `rank`: per stage the warm median with its GFLOP and TFLOPS,
-    what ran (the last warm pass's backend record), and on a real device its measured GEMM rate."""
+@dataclass(frozen=True)
+class Pass:
+    """What the record keeps of one pass: wall seconds, its step timings (s) and E_corr (Eh)."""
+
+    seconds: float
+    timings: dict
+    e_corr: float
+
+
+def bench_record(problem, rank, passes, last, settings) -> dict:
+    """The JSON record of the passes [Pass] (cold first) on the synthetic problem (nbasis, nocc,
+    naux, seed) whose (mn|P) slices have rank `rank`: per stage the warm median with its GFLOP and
+    TFLOPS, what ran (last: the last pass's (result, backend)), and on a real device its measured
+    GEMM rate."""
     nbasis, nocc, naux, seed = problem
     warm = passes[1:] or passes  # repeat 0: the cold pass is the timed one
-    result, ran = warm[-1][1], warm[-1][2].record()
+    (result, backend), ran = last, last[1].record()
     flops = stage_gflop(nbasis, nocc, naux, result.plan.occ_block, rank)
     stages = {}
     for name in STAGES:
-        seconds = statistics.median(p[1].timings.get(name, 0.0) for p in warm)
+        seconds = statistics.median(p.timings.get(name, 0.0) for p in warm)
         stages[name] = {"seconds": seconds, "gflop": flops[name],
                         "tflops": flops[name] / seconds / 1e3 if seconds > 0 else None}
     record = {
@@ -123,10 +139,10 @@ def bench_record(problem, rank, passes, settings) -> dict:
         "backend": ran.name, "device_description": ran.description,
         "e_corr": result.e_corr, "e_corr_os": result.e_corr_os, "e_corr_ss": result.e_corr_ss,
         # one pass: nothing to compare
-        "energy_identical_across_passes": len({p[1].e_corr for p in passes}) == 1 if len(passes) > 1 else None,
-        "stages": stages, "total_seconds": statistics.median(p[0] for p in warm),
+        "energy_identical_across_passes": len({p.e_corr for p in passes}) == 1 if len(passes) > 1 else None,
+        "stages": stages, "total_seconds": statistics.median(p.seconds for p in warm),
         "timed_passes": "warm" if len(passes) > 1 else "cold",
-        "cold_seconds": passes[0][0], "warm_seconds": [p[0] for p in passes[1:]],
+        "cold_seconds": passes[0].seconds, "warm_seconds": [p.seconds for p in passes[1:]],
         "gflop": sum(flops.values()), "nominal_gflop": nominal_gflop(nbasis, nocc, naux),
         "kernels": dict(result.kernels), "io": dict(result.io),
         "machine": {"cpu": _cpu(), "platform": platform.platform(), "python": platform.python_version()},
@@ -138,7 +154,6 @@ def bench_record(problem, rank, passes, settings) -> dict:
 
         peak_device_mb = torch.cuda.max_memory_allocated() / 2**20
     if not ran.simulated:  # a square GEMM as large as the budget leaves room for (3 n^2 elements)
-        backend = warm[-1][2]
         room = max(0, result.plan.budget - resident_bytes())
         n = max(256, min(2048, int((room / (3 * backend.itemsize)) ** 0.5) // 64 * 64))
         rate = measured_gemm_tflops(backend, n)
@@ -208,8 +223,9 @@ def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: boo
     """MODEL of one warm kernel call on trn1/trn2 from its emulator trace -> a JSON-able record."""
     if device not in ("trn1", "trn2") or not simulate:
         raise InputError("--kernel models an NKI kernel call: use --device trn1|trn2 --simulate")
-    if size < 1:
-        raise InputError(f"--size must be positive, got {size}")
+    if not 1 <= size <= MAX_KERNEL_SIZE:
+        raise InputError(f"{option('size')} must be between 1 and {MAX_KERNEL_SIZE} (the emulator runs every "
+                         f"instruction of the call), got {size}")
     description, call = kernel_problem(kernel, size, seed)
     backend = get_backend(device, "fp32", simulate=True, nki_api=nki_api)
     out = call(backend)

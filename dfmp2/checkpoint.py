@@ -52,14 +52,20 @@ import zlib
 import numpy as np
 
 from . import __version__
-from .errors import InputError
-from .files import write_atomically
+from .errors import InputError, option
+from .files import display, scratch_prefix, write_atomically
+from .provenance import (JOURNAL_HEADER_BYTES, arrays_identity, difference, h5_identity, journal_digest,
+                         journal_header, mismatch, normalised, stamp_h5, stamped)
+from . import provenance
 from .storage import DiskStore, remove_scratch
 
 MANIFEST = "manifest.json"
 LOCK = "dfmp2.lock"
 FORMAT = "dfmp2-checkpoint"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: every file carries its identity (dfmp2.provenance; journals a header)
+# the manifest sections each section's files are made from: their file identity (`Checkpoint.file_identity`)
+FILE_SOURCES = {"run": ("run",), "optimize": ("optimize",), "B": ("run", "pipeline"),
+                "pairs": ("run", "pipeline", "pairs")}
 RECORD = struct.Struct("<qddI")  # task index, E_os part, E_ss part, crc32 of the first three
 SYNC_SECONDS = 5.0  # the journal is fsync'ed at most this often (a kill of the process loses nothing)
 # the names dfmp2 writes in a checkpoint directory (and their temporaries), beside the manifest
@@ -110,8 +116,8 @@ class Checkpoint:
 
     def __init__(self, directory):
         self.directory = os.path.abspath(directory)
-        self.label = str(directory)
-        self.tag = "ck" + hashlib.sha256(self.directory.encode()).hexdigest()[:12]  # names its scratch
+        self.label = display(directory)  # (as messages show it: one line, UTF-8)
+        self.scratch_prefix = scratch_prefix(self.directory)  # names its scratch directories
         self.manifest = {}
         self.notes = []  # what was found damaged and recomputed (for the result's notes)
         self._lock = None
@@ -123,25 +129,25 @@ class Checkpoint:
         and read the manifest; a non-empty directory without one is refused unless
         allow_other_files."""
         if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
-            raise InputError(f"--checkpoint {self.label}: is a file, not a directory")
+            raise InputError(f"{option('checkpoint', self.label)}: is a file, not a directory")
         if not os.path.isdir(self.directory):
             parent = os.path.dirname(self.directory)
             if not os.path.isdir(parent):
-                raise InputError(f"--checkpoint {self.label}: directory {parent} does not exist")
+                raise InputError(f"{option('checkpoint', self.label)}: directory {parent} does not exist")
             try:
                 os.makedirs(self.directory, exist_ok=True)
             except OSError as error:
-                raise InputError(f"--checkpoint {self.label}: cannot create it ({error.strerror})") from None
+                raise InputError(f"{option('checkpoint', self.label)}: cannot create it ({error.strerror})") from None
         try:
             entries = set(os.listdir(self.directory))
         except OSError as error:
-            raise InputError(f"--checkpoint {self.label}: cannot read it ({error.strerror})") from None
+            raise InputError(f"{option('checkpoint', self.label)}: cannot read it ({error.strerror})") from None
         others = sorted(entries - {LOCK})
         if MANIFEST not in entries and others:
             if not allow_other_files:
                 shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-                raise InputError(f"--checkpoint {self.label}: the directory holds files ({shown}) but no dfmp2 "
-                                 f"{MANIFEST}: give a new or empty directory (or --checkpoint-allow-other-files "
+                raise InputError(f"{option('checkpoint', self.label)}: the directory holds files ({shown}) but no dfmp2 "
+                                 f"{MANIFEST}: give a new or empty directory (or {option('checkpoint_allow_other_files')} "
                                  "to write beside them; dfmp2 never touches files it did not write)")
             self._refuse_look_alikes(entries, {})
         self._read_manifest()  # a manifest of something else is refused before anything is written here
@@ -162,7 +168,7 @@ class Checkpoint:
         the manifest's `files` do not list it: it is someone else's and would be overwritten."""
         foreign = sorted(name for name in entries if OUR_NAMES.match(name) and name not in files)
         if foreign:
-            raise InputError(f"--checkpoint {self.label}: {foreign[0]} there was not written by dfmp2 (the "
+            raise InputError(f"{option('checkpoint', self.label)}: {foreign[0]} there was not written by dfmp2 (the "
                              "manifest does not list it) and would be overwritten: move it, or use another "
                              "directory")
 
@@ -170,16 +176,16 @@ class Checkpoint:
         try:
             fd = os.open(self.path(LOCK), os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as error:
-            raise InputError(f"--checkpoint {self.label}: cannot write there ({error.strerror})") from None
+            raise InputError(f"{option('checkpoint', self.label)}: cannot write there ({error.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
             os.close(fd)
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise InputError(f"--checkpoint {self.label} is in use by process {holder}: wait for it, "
+                raise InputError(f"{option('checkpoint', self.label)} is in use by process {holder}: wait for it, "
                                  "or give another directory") from None
-            raise InputError(f"--checkpoint {self.label}: cannot lock {LOCK} ({error.strerror})") from None
+            raise InputError(f"{option('checkpoint', self.label)}: cannot lock {LOCK} ({error.strerror})") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock = fd
@@ -211,11 +217,11 @@ class Checkpoint:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as error:
-            raise InputError(f"--checkpoint {self.label}: unreadable {MANIFEST} ({error}); delete the "
+            raise InputError(f"{option('checkpoint', self.label)}: unreadable {MANIFEST} ({error}); delete the "
                              "directory to start over") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
                 or not isinstance(manifest.get("files"), dict):
-            raise InputError(f"--checkpoint {self.label}: {MANIFEST} is not a dfmp2 checkpoint manifest (of "
+            raise InputError(f"{option('checkpoint', self.label)}: {MANIFEST} is not a dfmp2 checkpoint manifest (of "
                              "this version); give another directory, or delete it to start over")
         return manifest
 
@@ -241,7 +247,7 @@ class Checkpoint:
         files = self.manifest["files"]
         for name in names:
             if name not in files and os.path.lexists(self.path(name)):
-                raise InputError(f"--checkpoint {self.label}: {name} there was not written by dfmp2 (the "
+                raise InputError(f"{option('checkpoint', self.label)}: {name} there was not written by dfmp2 (the "
                                  f"manifest does not list it) and would be overwritten: move it, or use "
                                  "another directory")
         for name in names:
@@ -302,12 +308,15 @@ class Checkpoint:
             self._write_manifest()
             return False
         if held != identity:
-            diff = [key for key in sorted(set(held) | set(identity)) if held.get(key) != identity.get(key)]
-            shown = "; ".join(f"{key}: {_short(held.get(key))} there, {_short(identity.get(key))} now"
-                              for key in diff[:3])
-            raise InputError(f"--checkpoint {self.label} belongs to another run ({section} differs: {shown}); "
-                             "use another directory, or delete it to start over")
+            raise InputError(f"{option('checkpoint', self.label)} belongs to another run ({section} differs: "
+                             f"{difference(held, identity)}); use another directory, or delete it to start over")
         return True
+
+    def file_identity(self, section: str) -> dict:
+        """The identity every file of `section` carries (`dfmp2.provenance`): the manifest
+        sections it was made from (FILE_SOURCES), as they stand when it is written."""
+        return {"format": FORMAT_VERSION, "section": section,
+                **{source: self.manifest[source] for source in FILE_SOURCES[section] if source in self.manifest}}
 
     def holds(self, section: str) -> bool:
         return section in self.manifest
@@ -319,18 +328,23 @@ class Checkpoint:
     def save_arrays(self, name: str, section: str, **arrays):
         """DIR/name.npz of `section`, atomically, vouched for."""
         self.register(section, f"{name}.npz", f".{name}.npz.partial")
+        arrays = stamped(arrays, self.file_identity(section))
         self._atomic_write(f"{name}.npz", lambda handle: np.savez(handle, **arrays))
         del self.manifest["files"][f".{name}.npz.partial"]
         self.vouch(f"{name}.npz")
 
-    def load_arrays(self, name: str, what: str) -> dict | None:
-        """DIR/name.npz if the manifest vouches for it (size, sha256) and it reads back; else
-        None, and where a file was there but unusable, a note naming it and `what` is redone."""
+    def load_arrays(self, name: str, what: str, section: str | None = None) -> dict | None:
+        """DIR/name.npz of `section` (default: name) if the manifest vouches for it (size,
+        sha256), it reads back and it carries this run's identity (`file_identity`); else None,
+        and where a file was there but unusable, a note naming it and `what` is redone."""
         reason = self.check(f"{name}.npz")
         if reason is None:
             try:
                 with np.load(self.path(f"{name}.npz"), allow_pickle=False) as data:
-                    return {key: data[key] for key in data.files}
+                    identity, arrays = arrays_identity({key: data[key] for key in data.files})
+                reason = mismatch(identity, self.file_identity(section or name))
+                if reason is None:
+                    return arrays
             except (OSError, ValueError, KeyError) as error:
                 reason = f"unreadable ({error})"
         if reason != "not complete":
@@ -371,28 +385,33 @@ class Checkpoint:
     def journal_name(rank: int | None = None) -> str:
         return "pairs.journal" if rank is None else f"pairs.rank{rank}.journal"
 
-    def journal(self, ntasks: int, rank: int | None = None) -> PairJournal:
-        """The journal of one process (rank None) or of rank `rank`; claim_pairs first."""
-        return PairJournal(self.path(self.journal_name(rank)), ntasks)
+    def journal(self, ntasks: int, rank: int | None = None, identity: dict | None = None) -> PairJournal:
+        """The journal of one process (rank None) or of rank `rank`, for the file identity
+        `identity` (default: file_identity("pairs"); ranks other than 0 are given rank 0's);
+        claim_pairs first."""
+        return PairJournal(self.path(self.journal_name(rank)), ntasks,
+                           identity if identity is not None else self.file_identity("pairs"))
 
-    def save_blocks(self, name: str, blocks: dict, to_host=np.asarray) -> dict:
+    def save_blocks(self, name: str, blocks: dict, identity: dict, to_host=np.asarray) -> dict:
         """DIR/name.h5 with one dataset per block {b: array} (to_host(array): a host copy, made
-        one block at a time), atomically and fsync'ed (rank 0 listed both names beforehand).
-        Returns its `file_digest`, for rank 0 to vouch for it."""
+        one block at a time) and the file identity `identity` (rank 0's file_identity("B")),
+        atomically and fsync'ed (rank 0 listed both names beforehand). Returns its
+        `file_digest`, for rank 0 to vouch for it."""
         import h5py
 
         def write_blocks(tmp):
             with h5py.File(tmp, "w") as out:
+                stamp_h5(out, identity)
                 for b, block in blocks.items():
                     out.create_dataset(f"block_{b}", data=to_host(block))
 
         write_atomically(self.path(f"{name}.h5"), write_blocks, self.path(f".{name}.h5.partial"))
         return file_digest(self.path(f"{name}.h5"))
 
-    def load_blocks(self, name: str, shapes: dict, entry: dict | None) -> tuple:
+    def load_blocks(self, name: str, shapes: dict, entry: dict | None, identity: dict) -> tuple:
         """({b: host array}, None) from DIR/name.h5 if `entry` (rank 0's manifest record of the
-        file) vouches for it and it holds every block with the expected shape {b: shape};
-        (None, why not) otherwise."""
+        file) vouches for it, it carries the file identity `identity` and it holds every block
+        with the expected shape {b: shape}; (None, why not) otherwise."""
         import h5py
 
         reason = self.check(f"{name}.h5", entry or {})
@@ -400,6 +419,9 @@ class Checkpoint:
             return None, reason
         try:
             with h5py.File(self.path(f"{name}.h5"), "r") as held:
+                reason = mismatch(h5_identity(held), identity)
+                if reason is not None:
+                    return None, reason
                 if set(held) != {f"block_{b}" for b in shapes}:
                     return None, "holds other blocks"
                 blocks = {b: held[f"block_{b}"][...] for b in shapes}
@@ -411,40 +433,50 @@ class Checkpoint:
 
 
 class PairJournal:
-    """Append-only record of finished pair tasks (fp64 partial sums), each record with the
+    """Append-only record of finished pair tasks (fp64 partial sums) of one file identity: a
+    header (`provenance.journal_header`: the identity's digest), then records, each with the
     crc32 of its contents."""
 
-    def __init__(self, path, ntasks):
+    def __init__(self, path, ntasks, identity):
         self.path = path
         self.ntasks = ntasks
+        self.header = journal_header(identity)
         self._handle = None
         self._synced = time.monotonic()
 
     def restore(self, sums: np.ndarray) -> tuple:
         """Fill sums[k] = (E_os part, E_ss part) of the finished tasks; returns (their indices,
-        the number of damaged records: a wrong crc32 or index; those tasks are recomputed). A
-        torn last record (a kill in mid-write) is ignored."""
+        the number of damaged records: a wrong crc32 or index; those tasks are recomputed, None
+        if the journal is not this identity's: none of it is used and it starts over). A torn
+        last record (a kill in mid-write) is ignored."""
         if not os.path.exists(self.path):
             return [], 0
         with open(self.path, "rb") as handle:
             data = handle.read()
+        if journal_digest(data) != self.header[-32:]:  # another run's journal (or none of dfmp2's)
+            with open(self.path, "r+b") as handle:
+                handle.truncate(0)
+            return [], None
+        body = data[JOURNAL_HEADER_BYTES:]
         done, damaged = [], 0
-        for offset in range(0, len(data) - RECORD.size + 1, RECORD.size):
-            index, e_os, e_ss, crc = RECORD.unpack_from(data, offset)
+        for offset in range(0, len(body) - RECORD.size + 1, RECORD.size):
+            index, e_os, e_ss, crc = RECORD.unpack_from(body, offset)
             if crc != _crc(index, e_os, e_ss) or not 0 <= index < self.ntasks \
                     or not (np.isfinite(e_os) and np.isfinite(e_ss)):
                 damaged += 1
                 continue
             sums[index] = (e_os, e_ss)
             done.append(index)
-        if len(data) % RECORD.size:  # drop the torn tail so that appends stay aligned
+        if len(body) % RECORD.size:  # drop the torn tail so that appends stay aligned
             with open(self.path, "r+b") as handle:
-                handle.truncate(len(data) - len(data) % RECORD.size)
+                handle.truncate(len(data) - len(body) % RECORD.size)
         return done, damaged
 
     def record(self, index: int, e_os: float, e_ss: float):
         if self._handle is None:
             self._handle = open(self.path, "ab", buffering=0)
+            if self._handle.tell() == 0:
+                self._handle.write(self.header)
         self._handle.write(RECORD.pack(index, e_os, e_ss, _crc(index, e_os, e_ss)))
         if time.monotonic() - self._synced > SYNC_SECONDS:
             os.fsync(self._handle.fileno())
@@ -459,11 +491,6 @@ class PairJournal:
 
 def _crc(index, e_os, e_ss) -> int:
     return zlib.crc32(struct.pack("<qdd", index, e_os, e_ss))
-
-
-def _short(value):
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def version_identity() -> dict:
@@ -511,6 +538,9 @@ class NoCheckpoint:
     def b_path(self, channel):
         return None
 
+    def b_identity(self):
+        return None
+
     def keep_b(self, channels, nkept, metric_label):
         pass
 
@@ -547,7 +577,7 @@ class RunCheckpoint(NoCheckpoint):
 
     def __init__(self, checkpoint: Checkpoint, team=None, scratch=None):
         self.checkpoint, self.team, self.scratch = checkpoint, team, scratch
-        self.scratch_prefix = f"dfmp2-{checkpoint.tag}-"
+        self.scratch_prefix = checkpoint.scratch_prefix
         self._journal = None
         self._reused_pair_tasks = 0
 
@@ -567,7 +597,7 @@ class RunCheckpoint(NoCheckpoint):
         before the SCF; sections made from the orbitals of a lost SCF are dropped."""
         checkpoint = self.checkpoint
         if checkpoint.claim("run", identity):
-            held = checkpoint.load_arrays("scf", "the SCF was")
+            held = checkpoint.load_arrays("scf", "the SCF was", "run")
             if held is not None:
                 return held, True
             for section in ("pairs", "B", "pipeline"):
@@ -593,8 +623,9 @@ class RunCheckpoint(NoCheckpoint):
         names = [self.b_path(ch, full=False) for ch in channels]
         if "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):  # a section of one process's B
             reasons = [checkpoint.check(name) for name in names]
-            stores = [DiskStore.reopen(backend, checkpoint.path(name), shape) if reason is None else None
-                      for name, shape, reason in zip(names, shapes, reasons)]
+            opened = [DiskStore.reopen(backend, checkpoint.path(name), shape, self.b_identity())
+                      if reason is None else (None, reason) for name, shape, reason in zip(names, shapes, reasons)]
+            stores, reasons = [store for store, _ in opened], [why for _, why in opened]
             if all(store is not None for store in stores):
                 return stores
             for name, store, reason in zip(names, stores, reasons):
@@ -605,6 +636,10 @@ class RunCheckpoint(NoCheckpoint):
         checkpoint.reset("B")  # none, another layout's (ranks), a killed run's or a damaged one
         checkpoint.register("B", *names)
         return []
+
+    def b_identity(self) -> dict:
+        """The file identity of this run's B files (`Checkpoint.file_identity`)."""
+        return self.checkpoint.file_identity("B")
 
     def held_b_label(self) -> tuple:
         """(nkept, metric label) of the B the manifest vouches for."""
@@ -629,12 +664,13 @@ class RunCheckpoint(NoCheckpoint):
         channel], nkept, metric label), or None on every rank unless every rank holds all of
         its blocks (then rank 0 resets the B section, and notes a damaged file)."""
         team, checkpoint = self.team, self.checkpoint
-        held, files = team.on_root(lambda: (checkpoint.manifest.get("B"), {
-            name: entry for name, entry in checkpoint.manifest["files"].items() if entry.get("section") == "B"}))
+        held, files, identity = team.on_root(lambda: (checkpoint.manifest.get("B"), {
+            name: entry for name, entry in checkpoint.manifest["files"].items() if entry.get("section") == "B"},
+            checkpoint.file_identity("B")))
         if held is not None and all(held.get(key) == value for key, value in layout.items()):
             loaded = [(name, *checkpoint.load_blocks(name, {
                 b: (i1 - i0, ch.nvir, held["nkept"]) for b, (i0, i1) in enumerate(blocks[s])
-                if owners[s][b] == team.rank}, files.get(name + ".h5")))
+                if owners[s][b] == team.rank}, files.get(name + ".h5"), identity))
                 for s, ch in enumerate(channels) for name in [checkpoint.b_name(ch.name, team.rank)]]
             failures = [(name + ".h5", reason) for name, rows, reason in loaded if rows is None]
             if not team.all_reduce_sum(np.array([float(bool(failures))]))[0]:
@@ -651,10 +687,10 @@ class RunCheckpoint(NoCheckpoint):
         then rank 0 records their digests and the section that vouches for them."""
         team, checkpoint = self.team, self.checkpoint
         names = [checkpoint.b_name(ch.name, r) for r in range(team.size) for ch in channels]
-        team.on_root(lambda: checkpoint.register("B", *[n for name in names
-                                                        for n in (f"{name}.h5", f".{name}.h5.partial")]))
+        identity = team.on_root(lambda: (checkpoint.register("B", *[n for name in names for n in (
+            f"{name}.h5", f".{name}.h5.partial")]), checkpoint.file_identity("B"))[1])
         digests = {f"{checkpoint.b_name(ch.name, team.rank)}.h5": checkpoint.save_blocks(
-            checkpoint.b_name(ch.name, team.rank), rows[s], to_host) for s, ch in enumerate(channels)}
+            checkpoint.b_name(ch.name, team.rank), rows[s], identity, to_host) for s, ch in enumerate(channels)}
         every = team.gather_objects(digests)
 
         def vouch_for_every_rank():
@@ -674,14 +710,18 @@ class RunCheckpoint(NoCheckpoint):
         rank = None if team is None else team.rank
         journals = [checkpoint.journal_name()] if team is None else [checkpoint.journal_name(r)
                                                                      for r in range(team.size)]
-        self._on_root(lambda: checkpoint.claim_pairs({**layout, "ntasks": ntasks}, journals))
-        self._journal = checkpoint.journal(ntasks, rank)
+        identity = self._on_root(lambda: (checkpoint.claim_pairs({**layout, "ntasks": ntasks}, journals),
+                                          checkpoint.file_identity("pairs"))[1])
+        self._journal = checkpoint.journal(ntasks, rank, identity)
         journaled = np.zeros((ntasks, 2))
         done, damaged = self._journal.restore(journaled)
         every = [damaged] if team is None else team.gather_objects(damaged)
         if team is None or team.is_root:
             for r, count in enumerate(every):
-                if count:
+                if count is None:
+                    checkpoint.damaged(journals[r], "was not written for this run (its header names another "
+                                       "identity, or none, or is damaged); none of its records was used", "its pair blocks were")
+                elif count:
                     checkpoint.damaged(journals[r], f"had {count} damaged record(s)", "those pair blocks were")
         finished = set(done) & set(owned)  # each task's sums from its owner only
         sums = np.zeros((ntasks, 2))
@@ -708,7 +748,7 @@ class RunCheckpoint(NoCheckpoint):
         reused = self._reused_pair_tasks
         if self.team is not None:
             reused = int(self.team.all_reduce_sum(np.array([reused]))[0])
-        return {"directory": self.checkpoint.directory, "reused_B": reused_b, "reused_pair_tasks": reused,
+        return {"directory": display(self.checkpoint.directory), "reused_B": reused_b, "reused_pair_tasks": reused,
                 "pair_tasks": ntasks, "notes": list(self.checkpoint.notes)}
 
 
@@ -730,7 +770,7 @@ def open_run_checkpoint(settings, team=None):
     try:
         stamp = team.on_root(open_and_stamp)
         checkpoint = opened[0] if opened else Checkpoint(settings.checkpoint)  # others: unopened
-        team.agree(checkpoint.sees_stamp(stamp), f"--checkpoint {settings.checkpoint}: not every rank sees the "
+        team.agree(checkpoint.sees_stamp(stamp), f"{option('checkpoint', settings.checkpoint)}: not every rank sees the "
                    "directory rank 0 writes (several ranks need one directory on a shared file system)")
     except BaseException:
         for held in opened:

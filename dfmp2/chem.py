@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ComputationError, InputError
+from .errors import ComputationError, InputError, option
 from .memory import release_freed_memory
 from .settings import SCF_MAX_CYCLE
 
@@ -55,6 +55,7 @@ MAX_ATOMS = 100_000  # more is not a molecule a DF-MP2 run can treat
 MAX_LINE = 4096  # characters in one line of an XYZ file
 MAX_TRAILER = 65536  # bytes read past the last atom line: blank lines only
 MIN_DISTANCE = 0.3  # Angstrom; the shortest bond there is (H2) is 0.74
+MAX_COORDINATE = 1e6  # Angstrom (0.1 mm): far beyond any molecule, and safely inside fp64 distances
 
 
 def read_xyz(path: str) -> list:
@@ -136,7 +137,7 @@ def _parse_xyz(path, handle) -> list:
     if trailer.strip() or len(trailer) > MAX_TRAILER:
         raise InputError(f"{path}: the file goes on after the {natom} atoms line 1 announces (past line {lineno}; "
                          "one geometry per file)")
-    _check_distances(path, atoms, lines)
+    check_geometry(atoms, path, lines)
     return atoms
 
 
@@ -157,21 +158,36 @@ def _parse_atom(path, lineno, text, elements) -> Atom:
             raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not a number") from None
         if not math.isfinite(value):
             raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not finite")
+        if abs(value) > MAX_COORDINATE:
+            raise InputError(f"{path}, line {lineno}: coordinate {field!r} is beyond {MAX_COORDINATE:g} Angstrom "
+                             "from the origin: not a molecule")
         coords.append(value)
     return Atom(symbol, tuple(coords))
 
 
-def _check_distances(path, atoms, lines) -> None:
-    """InputError naming the first pair of atoms closer than MIN_DISTANCE (Angstrom)."""
+def check_geometry(atoms, path="atoms", lines=None) -> None:
+    """The one check of a geometry (an XYZ file's, or atoms given to `run_atoms`): at least one
+    atom, every coordinate finite and within MAX_COORDINATE Angstrom, no two atoms closer than
+    MIN_DISTANCE; InputError naming the first offence (with its file lines where `lines` gives them)."""
     from scipy.spatial import cKDTree
 
-    xyz = np.array([a.xyz for a in atoms], dtype=np.float64)
+    if not atoms:
+        raise InputError(f"{path}: no atoms")
+    lines = lines or [None] * len(atoms)
+    xyz = np.array([a.xyz for a in atoms], dtype=np.float64).reshape(len(atoms), 3)
+    bad = np.flatnonzero(~(np.abs(xyz) <= MAX_COORDINATE).all(axis=1))  # (NaN compares False)
+    if bad.size:
+        k = int(bad[0])
+        where = f", line {lines[k]}" if lines[k] else ""
+        raise InputError(f"{path}{where}: atom {k + 1} ({atoms[k].symbol}) at {tuple(atoms[k].xyz)} is not finite or "
+                         f"beyond {MAX_COORDINATE:g} Angstrom from the origin: not a molecule")
     pairs = sorted(cKDTree(xyz).query_pairs(MIN_DISTANCE))
     if pairs:
         i, j = pairs[0]
         distance = float(np.linalg.norm(xyz[i] - xyz[j]))
         where = "at the same position" if distance == 0 else f"{distance:.3g} Angstrom apart"
-        raise InputError(f"{path}, lines {lines[i]} and {lines[j]}: atoms {i + 1} ({atoms[i].symbol}) and "
+        place = f", lines {lines[i]} and {lines[j]}" if lines[i] else ""
+        raise InputError(f"{path}{place}: atoms {i + 1} ({atoms[i].symbol}) and "
                          f"{j + 1} ({atoms[j].symbol}) are {where}; atoms closer than {MIN_DISTANCE} Angstrom are "
                          "not a molecule")
 
@@ -209,7 +225,7 @@ def choose_ecp(symbols, basis: str, ecp: str | None = "auto") -> EffectiveCorePo
     if choice.lower() == "none":
         return EffectiveCorePotentials({}, {}, {el: f"{n}-electron {label}" for el, (_, label, n) in found.items()})
     if choice.lower() != "auto" and not found:
-        raise InputError(f"--ecp {choice}: no ECP of that name for any element here ({', '.join(sorted(set(symbols)))}); "
+        raise InputError(f"{option('ecp', choice)}: no ECP of that name for any element here ({', '.join(sorted(set(symbols)))}); "
                          "use auto, none, or an ECP name PySCF or the Basis Set Exchange knows")
     return EffectiveCorePotentials({el: data for el, (data, _, _) in found.items()},
                                    {el: {"name": label, "core_electrons": n} for el, (_, label, n) in found.items()}, {})
@@ -250,7 +266,7 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_
         if spin == 0:
             raise InputError(
                 f"odd electron count ({nelectron}) with spin 0: a closed shell needs an even "
-                "number; check --charge, or give --spin (2S) for an open shell")
+                f"number; check {option('charge')}, or give {option('spin')} (2S) for an open shell")
         raise InputError(f"spin {spin} (2S) is impossible with {nelectron} electrons")
     mol = gto.Mole()
     mol.atom = [(a.symbol, a.xyz) for a in atoms]
@@ -311,7 +327,7 @@ def choose_reference(spin: int, reference: str | None) -> str:
     if reference not in REFERENCES:
         raise InputError(f"unknown reference {reference!r} (use one of: {', '.join(REFERENCES)})")
     if reference == "rhf" and spin != 0:
-        raise InputError(f"RHF needs a closed shell, but 2S = {spin}: use --reference uhf or rohf")
+        raise InputError(f"RHF needs a closed shell, but 2S = {spin}: use {option('reference', 'uhf')} or rohf")
     return reference
 
 
@@ -530,7 +546,7 @@ def use_fitted_builds(mf, builds):
 
     def get_jk(dm, hermi=1, with_j=True, with_k=True, direct_scf_tol=None, omega=None):
         if omega:
-            raise InputError("range-separated exchange (omega) is not built by dfmp2: use --scf-backend pyscf")
+            raise InputError(f"range-separated exchange (omega) is not built by dfmp2: use {option('scf_backend', 'pyscf')}")
         if with_df.mol is not builds.integrals.mol:  # mf.reset(new_mol), e.g. a geometry scan: new integrals
             builds.reset(jk_fitting_integrals(with_df.mol, builds.integrals.fitting.basis))
         dms, factors, shape = density_factors(dm)
@@ -642,7 +658,19 @@ def _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc):
     mf.conv_tol_grad = SCF_CONV_TOL_GRAD if xc is None else KS_CONV_TOL_GRAD
     mf.max_cycle = max_cycle
     mf.verbose = 0
+    _without_chkfile(mf)
     return mf
+
+
+def _without_chkfile(mf) -> None:
+    """dfmp2's SCF keeps no PySCF chkfile (a run's checkpoint is dfmp2's own): the temporary file
+    PySCF opened for it when the object was made is closed (and so deleted) at once, and nothing
+    is dumped, so that no run, however it ends, leaves one behind."""
+    opened = getattr(mf, "_chkfile", None)
+    mf.chkfile = None
+    if opened is not None:
+        opened.close()
+        mf._chkfile = None
 
 
 def scf_mode(mf) -> str:
@@ -1040,7 +1068,7 @@ def pair_bounds(mol) -> np.ndarray:
         return np.asarray(_vhf._VHFOpt(mol, "int2e", qcondname="CVHFnr_int2e_q_cond").q_cond, dtype=np.float64)
     except (ImportError, AttributeError) as error:  # a PySCF without the optimizer dfmp2 was written against
         raise ComputationError(f"PySCF's Schwarz bounds (pyscf.scf._vhf._VHFOpt) are not available: {error}; "
-                               "use --screening off") from error
+                               f"use {option('screening', 'off')}") from error
 
 
 class EarlyIntegrals(ThreeCenterIntegrals):
@@ -1179,7 +1207,7 @@ def is_periodic(mf) -> bool:
 
 def write_molden(mol, path, mo_coeff, occupations) -> None:
     """Orbitals [nao, nmo] with their occupations to a Molden file at `path` (PySCF's writer;
-    dfmp2.outputs stages it and puts it in place)."""
+    dfmp2.files stages it and puts it in place)."""
     from pyscf.tools import molden
 
     molden.from_mo(mol, path, mo_coeff, occ=occupations)

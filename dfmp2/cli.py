@@ -16,8 +16,8 @@ import time
 import click
 
 from . import __version__
-from .errors import DFMP2Error, InputError
-from .outputs import Outputs
+from .errors import DFMP2Error, InputError, command_line_names
+from .files import Outputs, check_scratch, display, one_line
 from .distributed import DEFAULT_TIMEOUT_S, join_launched_team
 from .context import RunContext
 from .kernels import COMMAND_PRECISION
@@ -28,7 +28,7 @@ SEED_MAX = 2**64 - 1  # the Philox key is 64 bits
 
 
 def _fail(message: str, code: int):
-    click.echo(f"dfmp2: error: {message}", err=True)
+    click.echo(f"dfmp2: error: {one_line(message)}", err=True)  # one line, whatever a name or a library put in it
     sys.exit(code)
 
 
@@ -37,7 +37,7 @@ class _SignalExit(SystemExit):
 
 
 def _stop(message: str, code: int):
-    click.echo(f"dfmp2: error: {message}", err=True)
+    click.echo(f"dfmp2: error: {one_line(message)}", err=True)
     raise _SignalExit(code)
 
 
@@ -97,10 +97,10 @@ TRANSFORM_OPTION = click.option(
                    "auto: at 1e-10 where it pays (extended molecules); a threshold such as 1e-10: always; off: dense.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels (and the SCF's builds) run.")
-@click.option("--precision", default=None, metavar="fp32|fp64|tf32x3|bf16x3",
+@click.option("--precision", default=None, metavar="fp32|fp64",
               help="The MP2 step's GEMM precision [default: fp32, within 0.1 uEh of fp64; energy sums "
-                   "are fp64]; fp64 (cpu, cuda) keeps every GEMM in fp64; tf32x3/bf16x3 (cuda; emulated "
-                   "on cpu): fp32 with the (ia|jb) GEMMs as three tensor-core products (docs/gpu.md).")
+                   "are fp64]; fp64 (cpu, cuda) keeps every GEMM in fp64. (The tensor-core modes "
+                   "tf32x3/bf16x3 are for `dfmp2 bench` only: docs/gpu.md.)")
 @click.option("--simulate", is_flag=True,
               help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
 @NKI_API_OPTION
@@ -157,7 +157,7 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
     options): one code path."""
     from .driver import run_xyz
 
-    outputs = Outputs()
+    outputs = Outputs(inputs=[molecule], directories=[checkpoint])
 
     def compute():
         if optimize is not None:
@@ -167,8 +167,7 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
             outputs.add("--json", json_path, stdout_ok=True)
         if natorbs_path is not None:
             outputs.add("--natorbs", natorbs_path)
-        if scratch is not None:
-            _check_scratch(scratch)
+        check_scratch(scratch)  # --scratch, or PySCF's temporary directory: one line if it cannot be used
         if scf_max_cycle < 1:
             raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
         if not (math.isfinite(rank_timeout) and rank_timeout > 0):
@@ -207,8 +206,8 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
             occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), np.asarray(mf.mo_coeff),
                                                      overlap_matrix(mf.mol))
             outputs.write("--natorbs", lambda path: write_molden(mf.mol, path, orbitals, occupations))
-            record["natorbs"] = {"path": natorbs_path, "occupations": occupations.tolist()}
-        record["molecule"] = molecule
+            record["natorbs"] = {"path": display(natorbs_path), "occupations": occupations.tolist()}
+        record["molecule"] = display(molecule)
         record["charge"] = charge
         record["spin"] = spin
         if json_path is not None:
@@ -274,7 +273,8 @@ def _optimized(molecule, settings, team, progress, options, outputs, quiet) -> t
     outputs.write("--output", lambda path: _write_text(path, format_xyz([(
         f"dfmp2 optimised geometry  E = {found.energies[found.final_step]:.12f} Eh", found.atoms)])))
     outputs.write("--trajectory", lambda path: _write_text(path, format_xyz(found.frames())))
-    record = {**found.final.as_dict(), **found.as_dict(), "optimized_xyz": output, "trajectory": trajectory}
+    record = {**found.final.as_dict(), **found.as_dict(), "optimized_xyz": display(output),
+              "trajectory": display(trajectory)}
     record["notes"] = list(found.final.notes) + list(found.notes)
     return found.final, record
 
@@ -432,18 +432,6 @@ def info():
     click.echo("devices:")
     for device, (usable, detail) in device_report().items():
         click.echo(f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}")
-
-
-def _check_scratch(directory):
-    """InputError unless `directory` exists and a scratch directory can be made in it."""
-    import tempfile
-
-    if not os.path.isdir(directory):
-        raise InputError(f"--scratch {directory}: no such directory")
-    try:
-        tempfile.TemporaryDirectory(prefix=".dfmp2-probe-", dir=directory).cleanup()
-    except OSError as error:
-        raise InputError(f"--scratch {directory}: cannot write there ({error.strerror})") from None
 
 
 def _write_json(path, record):
@@ -689,7 +677,8 @@ def main(argv=None):
 
 def _run_commands(argv):
     try:
-        cli.main(args=argv, prog_name="dfmp2", standalone_mode=False)
+        with command_line_names():  # messages name settings as this command line's options
+            cli.main(args=argv, prog_name="dfmp2", standalone_mode=False)
     except click.exceptions.Exit as stop:
         sys.exit(stop.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C outside a command's computation

@@ -28,7 +28,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from .errors import ComputationError, InputError
+from .errors import ComputationError, InputError, option
 from .memory import MB, peak_resident_bytes, release_freed_memory
 from .steps import block_ranges, factor_metric, transform_aux_blocks, whiten_three_center
 from .storage import MemoryStore
@@ -112,7 +112,7 @@ class Team:
         neuron_cores = pin_neuron_core() if device in ("trn1", "trn2") and not simulate else None
         if backend == "nccl":
             if not dist.is_nccl_available():
-                raise ComputationError("--device cuda with several ranks needs NCCL, which this torch lacks")
+                raise ComputationError(f"{option('device', 'cuda')} with several ranks needs NCCL, which this torch lacks")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if not dist.is_initialized():
             missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]

@@ -14,7 +14,8 @@ from . import __version__, chem
 from .checkpoint import open_run_checkpoint, version_identity
 from .context import context_from
 from .functionals import DoubleHybrid, double_hybrid
-from .errors import InputError
+from .errors import InputError, option
+from .files import pyscf_scratch, scratch_prefix
 from .memory import MB, SCF_GROWTH, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .response import PROPERTIES, nuclear_gradient, relaxed_properties
@@ -180,6 +181,11 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
     (`dfmp2.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
     settings, context = settings_from(settings, **changes), context_from(context)
+    with pyscf_scratch(settings.scratch):  # PySCF's temporary files: the run's, removed with it
+        return _run_mean_field(mf, settings, integrals, context, given)
+
+
+def _run_mean_field(mf, settings, integrals, context, given) -> DFMP2Result:
     backend = backend_for(_offered_precision(settings))
     if context.team is not None:  # every rank uses rank 0's orbitals
         mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
@@ -200,10 +206,11 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
     out(s, shape) gives (`pipeline.three_center_mo`)."""
     settings = _offered_precision(settings_from(settings, **changes))
-    reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
-    backend = backend_for(settings)
-    return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff, reference.mo_energy,
-                           reference.mo_occ, settings, out=out, context=context)
+    with pyscf_scratch(settings.scratch):
+        reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
+        backend = backend_for(settings)
+        return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff,
+                               reference.mo_energy, reference.mo_occ, settings, out=out, context=context)
 
 
 def _offered_precision(settings: Settings) -> Settings:
@@ -212,7 +219,7 @@ def _offered_precision(settings: Settings) -> Settings:
     their fp32 sums; benchmarks/results/reference_cuda.json), outside the 1 uEh they would need
     to be offered. `dfmp2 bench` still times them (InputError here)."""
     if settings.precision in SPLIT_PRECISIONS:
-        raise InputError(f"--precision {settings.precision} is not offered for energies: on an NVIDIA H200 it was "
+        raise InputError(f"{option('precision', settings.precision)} is not offered for energies: on an NVIDIA H200 it was "
                          "0.05-36 uEh from fp64 on the reference set (the tensor cores truncate their fp32 sums; "
                          f"docs/benchmarks.md); use fp32 or fp64. `dfmp2 bench --precision {settings.precision}` "
                          "times it")
@@ -227,13 +234,16 @@ def _with_properties(settings: Settings) -> Settings:
         raise InputError(f"unknown property {unknown[0]!r} (use one of: {', '.join(PROPERTIES)})")
     if settings.gradient and chem.choose_reference(settings.spin, settings.reference) == "rohf":
         raise InputError("analytic DF-MP2 gradients of ROHF references are not implemented (RHF and UHF are; "
-                         "use --reference uhf)")
+                         f"use {option('reference', 'uhf')})")
     wanted = settings.properties or settings.gradient
     if wanted and settings.xc is not None:
         if chem.choose_reference(settings.spin, settings.reference) == "rohf":
             raise InputError("relaxed densities and gradients of ROKS double hybrids are not implemented (RKS and "
-                             "UKS double hybrids are: use --reference uhf)")
+                             f"UKS double hybrids are: use {option('reference', 'uhf')})")
         dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss)
+        if chem.is_range_separated(dh.xc):  # refused here, before the SCF: not after it (and the MP2 step)
+            raise InputError(f"analytic gradients and relaxed properties of range-separated functionals ({dh.xc}) "
+                             "are not implemented; their energies are")
         settings = settings.replace(rdm1_scaling=(dh.c_os, dh.c_ss))  # the density of c_os E_os + c_ss E_ss
     return settings.replace(with_rdm1=True, with_gamma=True) if wanted else settings
 
@@ -254,7 +264,7 @@ def _check_molecule_request(settings, reference, ranks):
     """InputError for a request run_atoms cannot do (before anything is computed)."""
     check_request(settings, 1 if reference == "rhf" else 2, ranks, semicanonical=reference == "rohf")
     if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
-        raise InputError("--c-os/--c-ss scale a double hybrid's MP2 part: give --xc too")
+        raise InputError(f"{option('c_os')}/{option('c_ss')} scale a double hybrid's MP2 part: give {option('xc')} too")
     if settings.frozen_core and settings.frozen is not None:
         raise InputError("give frozen_core or frozen, not both")
 
@@ -267,6 +277,13 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     applied on top of `settings` (default Settings()); context: the run's team, progress and
     timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
     settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
+    chem.check_geometry(atoms)
+    # PySCF's temporary files: the run's, removed with it (a checkpoint's next run removes a killed one's)
+    with pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
+        return _run_atoms(atoms, settings, context)
+
+
+def _run_atoms(atoms, settings, context) -> DFMP2Result:
     reference = chem.choose_reference(settings.spin, settings.reference)
     _check_molecule_request(settings, reference, context.ranks)
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
@@ -302,7 +319,7 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
                 builds.close()
         chem.release_integrals(mf)
         result = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
-                            [f"ECPs off (--ecp none): {el} all-electron in {settings.basis}, a basis made for its "
+                            [f"ECPs off ({option('ecp', 'none')}): {el} all-electron in {settings.basis}, a basis made for its "
                              f"{label} ECP" for el, label in sorted(ecp.off.items())],
                             {"scf": jk_fitting, "mp2": integrals.fitting})
     if settings.checkpoint is not None:
@@ -402,7 +419,7 @@ def _with_frozen_core(settings, mol, spins) -> Settings:
     for n, name in zip(spins, ("alpha", "beta")):
         if n <= nfrozen:
             label = f"{name} " if len(spins) == 2 else ""
-            raise InputError(f"--frozen-core freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
+            raise InputError(f"{option('frozen_core')} freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
     return settings.replace(frozen=nfrozen or None)
 
 

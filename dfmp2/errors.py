@@ -29,3 +29,34 @@ class ComputationError(DFMP2Error, RuntimeError):
 class MemoryBudgetError(InputError, MemoryError):
     """The memory budget (--max-memory, max_memory) cannot hold the run: bad input (exit 2),
     and a MemoryError, which PySCF scripts catch to retry with smaller settings."""
+
+
+# ----------------------------------------------------------------------------- naming a setting
+
+_UNSET = object()
+_COMMAND_LINE = [False]  # True while the command line runs: messages name its options
+
+
+def option(name: str, value=_UNSET) -> str:
+    """How the user wrote the setting `name` (a `Settings` field, or another keyword such as
+    max_steps), for a message: `--max-memory` on the command line, `max_memory` from Python;
+    with a value, `--device cuda` / `device='cuda'`. One spelling per interface, so that a
+    script is never told to pass a command-line flag, nor a shell user a keyword."""
+    if _COMMAND_LINE[0]:
+        flag = "--" + name.replace("_", "-")
+        return flag if value is _UNSET else f"{flag} {value}"
+    return name if value is _UNSET else f"{name}={value!r}"
+
+
+class command_line_names:
+    """Within this context, `option` spells settings as command-line options (the CLI's commands
+    run inside it; the previous spelling is restored on exit)."""
+
+    def __enter__(self):
+        self._previous = _COMMAND_LINE[0]
+        _COMMAND_LINE[0] = True
+        return self
+
+    def __exit__(self, *exc):
+        _COMMAND_LINE[0] = self._previous
+        return False

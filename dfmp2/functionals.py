@@ -13,7 +13,7 @@ import math
 
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import InputError, option
 
 
 @dataclass(frozen=True)
@@ -55,17 +55,17 @@ def double_hybrid(xc: str, c_os: float | None = None, c_ss: float | None = None)
     both c_os and c_ss given. Named ones take no c_os/c_ss (their paper fixes them)."""
     key = ALIASES.get(xc.upper(), xc.upper())
     if key in NOT_AVAILABLE:
-        raise InputError(f"--xc {xc}: not available ({NOT_AVAILABLE[key]}); give its KS part as a PySCF "
-                         "xc string with --c-os/--c-ss if you have one")
+        raise InputError(f"{option('xc', xc)}: not available ({NOT_AVAILABLE[key]}); give its KS part as a PySCF "
+                         f"xc string with {option('c_os')}/{option('c_ss')} if you have one")
     if key in DOUBLE_HYBRIDS:
         if c_os is not None or c_ss is not None:
-            raise InputError(f"--xc {xc} fixes c_os and c_ss ({DOUBLE_HYBRIDS[key].c_os}, "
-                             f"{DOUBLE_HYBRIDS[key].c_ss}); --c-os/--c-ss go with a custom xc string")
+            raise InputError(f"{option('xc', xc)} fixes c_os and c_ss ({DOUBLE_HYBRIDS[key].c_os}, "
+                             f"{DOUBLE_HYBRIDS[key].c_ss}); {option('c_os')}/{option('c_ss')} go with a custom xc string")
         return DOUBLE_HYBRIDS[key]
     if c_os is None or c_ss is None:
-        raise InputError(f"--xc {xc!r} is not a double hybrid dfmp2 knows ({', '.join(DOUBLE_HYBRIDS)}); "
-                         "for a custom one give its KS part as a PySCF xc string with --c-os and --c-ss")
-    for name, value in (("--c-os", c_os), ("--c-ss", c_ss)):
+        raise InputError(f"{option('xc', xc)} is not a double hybrid dfmp2 knows ({', '.join(DOUBLE_HYBRIDS)}); "
+                         f"for a custom one give its KS part as a PySCF xc string with {option('c_os')} and {option('c_ss')}")
+    for name, value in ((option("c_os"), c_os), (option("c_ss"), c_ss)):
         if not math.isfinite(float(value)):
             raise InputError(f"{name} must be a finite number, got {value}")
     return DoubleHybrid("custom", xc, float(c_os), float(c_ss), "user-defined")

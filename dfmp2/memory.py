@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, MemoryBudgetError
+from .errors import InputError, MemoryBudgetError, option
 
 MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
 MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
@@ -116,7 +116,7 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
                 "allowed for what the SCF leaves)")
     if budget <= baseline:
         raise MemoryBudgetError(
-            f"--max-memory {budget / MB:.4g} MB is below this process's own footprint: {resident} (Python, torch, "
+            f"{option('max_memory')} {budget / MB:.4g} MB is below this process's own footprint: {resident} (Python, torch, "
             f"PySCF and the reference); give at least {(baseline + least) / MB:.4g} MB")
     arrays = budget - baseline if device_limit is None else min(budget - baseline, device_limit)
     if least > arrays:
@@ -124,12 +124,12 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
         raise MemoryBudgetError(
             f"needs at least {(baseline + least) / MB:.4g} MB even in the smallest blocks ({least / MB:.3g} MB"
             f"{where} above the {resident}; nao={nao}, nocc={nocc}, nvir={nvir}, "
-            f"naux={naux}); the memory budget is {budget / MB:.4g} MB (--max-memory)")
+            f"naux={naux}); the memory budget is {budget / MB:.4g} MB ({option('max_memory')})")
     storage = "memory" if least + store <= arrays and not on_disk else "disk"
     if storage == "disk" and ranks > 1:
         raise MemoryBudgetError(f"each of the {ranks} ranks needs {(baseline + least + store) / MB:.4g} MB to hold its "
                          f"share of (ia|P) in memory; the budget is {budget / MB:.4g} MB per process "
-                         "(--max-memory): give more, or use more ranks (out-of-core storage is for one process)")
+                         f"({option('max_memory')}): give more, or use more ranks (out-of-core storage is for one process)")
     room = arrays - fixed - (store if storage == "memory" else 0)
 
     aux_block = naux
@@ -180,13 +180,25 @@ def gradient_aux_block(max_memory, nao: int) -> int:
     return int(min(GRADIENT_AUX_BLOCK, max(8, free // 4 // (48 * nao * nao))))
 
 
+def check_max_memory(max_memory) -> float | None:
+    """max_memory (MB) as a float, or None (the default budget); InputError for anything that is
+    not a positive, finite number of MB up to MAX_BUDGET_MB (a string such as '4000' included)."""
+    if max_memory is None:
+        return None
+    if isinstance(max_memory, (bool, np.bool_)) or not isinstance(max_memory, (int, float, np.integer, np.floating)):
+        raise InputError(f"{option('max_memory')} must be a number of MB, got {max_memory!r} "
+                         f"({type(max_memory).__name__})")
+    if not np.isfinite(max_memory) or not 0 < max_memory <= MAX_BUDGET_MB:
+        raise InputError(f"{option('max_memory')} must be a positive number of MB up to {MAX_BUDGET_MB:.0e} "
+                         f"(an exabyte), got {max_memory:g}")
+    return float(max_memory)
+
+
 def budget_bytes(max_memory, baseline=None):
     """The whole process's budget in bytes: --max-memory MB, or by default what is resident
     now plus 80% of the RAM still available (shared among the node's ranks under torchrun)."""
+    max_memory = check_max_memory(max_memory)
     if max_memory is not None:
-        if not np.isfinite(max_memory) or not 0 < max_memory <= MAX_BUDGET_MB:
-            raise InputError(f"--max-memory must be a positive number of MB up to {MAX_BUDGET_MB:.0e} "
-                             f"(an exabyte), got {max_memory:g}")
         return int(max_memory * MB)
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # processes sharing this node
     return (resident_bytes() if baseline is None else baseline) + int(0.8 * available_ram_bytes() / local_ranks)

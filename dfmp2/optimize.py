@@ -4,6 +4,9 @@ DF-MP2 gradient, one whole run (`driver.run_atoms` with settings.gradient) per g
     result = optimize_atoms(chem.read_xyz("water.xyz"), settings, max_steps=100, on_step=show)
     result.atoms, result.energies, result.converged
 
+A single atom has nothing to optimise: it is evaluated once (energy and gradient, zero by
+translational invariance) and reported converged at its start, in 0 steps.
+
 Convergence: geomeTRIC's default criteria, which are PySCF's geomopt defaults (energy change
 1e-6 Eh, RMS / largest gradient 3e-4 / 4.5e-4 Eh/bohr, RMS / largest displacement 1.2e-3 /
 1.8e-3 Angstrom), in its TRIC internal coordinates. Coordinates stay in the input's frame and
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -31,7 +33,8 @@ import numpy as np
 from . import chem
 from .checkpoint import open_checkpoint
 from .context import RunContext
-from .errors import InputError
+from .errors import InputError, option
+from .files import scratch_directory
 from .settings import Settings
 
 NAME = "optimize"  # the checkpoint section and file (DIR/optimize.npz)
@@ -116,7 +119,7 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
 
     modules = _import_geometric()
     if max_steps < 1:
-        raise InputError(f"--max-steps must be at least 1, got {max_steps}")
+        raise InputError(f"{option('max_steps')} must be at least 1, got {max_steps}")
     if settings.checkpoint is not None:
         raise InputError("an optimisation keeps its own checkpoint (its finished steps): give it as "
                          "optimize_atoms(checkpoint=DIR), not settings.checkpoint")
@@ -146,7 +149,11 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
         return {"energy": steps[-1].energy, "gradient": steps[-1].gradient.ravel()}
 
     try:
-        converged, final_coords = _run_geometric(modules, symbols, start, evaluate, max_steps, settings.scratch)
+        if len(atoms) == 1:  # nothing to move (its gradient is zero): converged at its start, one evaluation
+            evaluate(start.ravel() / bohr)
+            converged, final_coords = True, start
+        else:
+            converged, final_coords = _run_geometric(modules, symbols, start, evaluate, max_steps, settings.scratch)
         final_step = _final_step(steps, final_coords)
         if final_step not in runs:  # the final geometry came from the checkpoint: its full record is run again
             runs[final_step] = run_atoms(OptimizationResult(symbols, steps, converged, final_step).atoms, settings,
@@ -179,7 +186,7 @@ def _run_geometric(modules, symbols, start, evaluate, max_steps, scratch) -> tup
     molecule = molecule_module.Molecule()
     molecule.elem, molecule.xyzs = list(symbols), [start.copy()]
     root, level, handlers = logging.getLogger(), logging.getLogger().level, logging.getLogger().handlers[:]
-    with tempfile.TemporaryDirectory(prefix="dfmp2-optimize-", dir=scratch) as directory:
+    with scratch_directory("dfmp2-optimize-", scratch) as directory:
         log_ini = os.path.join(directory, "log.ini")
         with open(log_ini, "w", encoding="utf-8") as handle:
             handle.write(_QUIET_LOG)

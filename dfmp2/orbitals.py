@@ -14,10 +14,56 @@ import numpy as np
 from .errors import InputError
 
 
+def _orbital_index(value) -> int | None:
+    """value as an orbital index if it is an integer (Python or numpy, not a bool), else None."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return None
+
+
+def _index_list(frozen) -> list | None:
+    """frozen as a list of orbital indices if it is a list, tuple or 1-D integer array of
+    integers, else None (a string, a float, a nested list, ... is not)."""
+    if isinstance(frozen, np.ndarray):
+        if frozen.ndim != 1 or not (frozen.size == 0 or np.issubdtype(frozen.dtype, np.integer)):
+            return None
+        return [int(p) for p in frozen]
+    if not isinstance(frozen, (list, tuple, range)):
+        return None
+    indices = [_orbital_index(p) for p in frozen]
+    return None if any(p is None for p in indices) else indices
+
+
+def frozen_per_spin(frozen, nspin) -> list:
+    """The one check of a `frozen` setting (PySCF's conventions): None, an int n (the n lowest
+    orbitals, of each spin), a list of orbital indices (the same for both spins), or for an
+    unrestricted reference a pair of lists [[alpha...], [beta...]]. Returns one `frozen` per spin
+    channel: None, an int or a list of ints. Anything else (a string, a float, a bool, a list
+    holding one) is an InputError naming it: frozen='1' must not quietly freeze orbital 1."""
+    shown = f"frozen={frozen!r}"
+    if frozen is None:
+        return [None] * nspin
+    count = _orbital_index(frozen)
+    if count is not None:
+        return [count] * nspin
+    indices = _index_list(frozen)
+    if indices is not None:
+        return [indices] * nspin
+    per_spin = [_index_list(item) for item in frozen] if isinstance(frozen, (list, tuple)) else []
+    if len(per_spin) == 2 and all(item is not None for item in per_spin):
+        if nspin == 1:
+            raise InputError(f"{shown}: per-spin frozen orbitals ([[alpha...], [beta...]]) need an unrestricted "
+                             "reference; this one is restricted: give one list of orbital indices")
+        return per_spin
+    raise InputError(f"{shown}: expected None, an int, a list of int orbital indices"
+                     + (", or two lists [[alpha...], [beta...]]" if nspin == 2 else ""))
+
+
 def active_orbitals(mo_occ, frozen=None, spin=""):
     """Indices of active occupied and virtual orbitals of one spin channel.
 
-    frozen: None/0, an int n (the n lowest orbitals), or a list of orbital indices.
+    frozen: None/0, an int n (the n lowest orbitals), or a list of orbital indices (as
+    `frozen_per_spin` returns them; anything else is an InputError).
     spin: 'alpha'/'beta' for the error messages of an unrestricted reference.
     Returns (occ_index, vir_index, nfrozen).
     """
@@ -26,17 +72,15 @@ def active_orbitals(mo_occ, frozen=None, spin=""):
     nmo = mo_occ.size
     occupied = np.flatnonzero(mo_occ > 0)
     nocc = occupied.size
+    (frozen,) = frozen_per_spin(frozen, 1)
     if frozen is None:
         frozen_set = set()
-    elif isinstance(frozen, (int, np.integer)) and not isinstance(frozen, bool):
+    elif isinstance(frozen, int):
         if frozen < 0 or frozen > nocc:
             raise InputError(f"frozen={frozen}: must be between 0 and the {nocc} occupied orbitals{where}")
-        frozen_set = set(range(int(frozen)))
+        frozen_set = set(range(frozen))
     else:
-        try:
-            frozen_set = {int(p) for p in frozen}
-        except (TypeError, ValueError):
-            raise InputError(f"frozen={frozen!r}: expected an int or a list of orbital indices") from None
+        frozen_set = set(frozen)
         bad = sorted(p for p in frozen_set if p < 0 or p >= nmo)
         if bad:
             raise InputError(f"frozen orbital index {bad[0]} is outside 0..{nmo - 1}{where}")
@@ -47,27 +91,6 @@ def active_orbitals(mo_occ, frozen=None, spin=""):
     if vir_index.size == 0:
         raise InputError(f"no active virtual orbitals{where}: the basis has no virtual space")
     return occ_index, vir_index, len(frozen_set)
-
-
-def frozen_per_spin(frozen, nspin):
-    """PySCF's conventions for an unrestricted reference: None or an int n (the n lowest
-    orbitals of each spin), a list of indices (the same for both spins), or a pair of lists
-    [[alpha...], [beta...]]. Returns one `frozen` per spin channel."""
-    if nspin == 1:
-        return [frozen]
-    if frozen is None or isinstance(frozen, (int, np.integer)):
-        return [frozen, frozen]
-    try:
-        items = list(frozen)
-    except TypeError:
-        raise InputError(f"frozen={frozen!r}: expected an int, a list of indices or two lists") from None
-    nested = [isinstance(item, (list, tuple, np.ndarray)) for item in items]
-    if any(nested):
-        if not all(nested) or len(items) != 2:
-            raise InputError(f"frozen={frozen!r}: per-spin frozen orbitals are two lists, "
-                             "[[alpha...], [beta...]]")
-        return [list(items[0]), list(items[1])]
-    return [items, items]
 
 
 def spin_channels(mo_coeff, mo_energy, mo_occ):

@@ -24,7 +24,7 @@ import numpy as np
 from .checkpoint import open_run_checkpoint, pipeline_identity
 from .context import context_from
 from .distributed import RankDensities, three_center_over_ranks
-from .errors import ComputationError, InputError, MemoryBudgetError
+from .errors import ComputationError, InputError, MemoryBudgetError, option
 from .memory import MB, MemoryPlan, plan_for, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
 from .settings import IF_ROOM, Settings, settings_from
@@ -129,13 +129,13 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
         plan = team.broadcast_object(plan)
     if settings.with_rdm1 and team is not None and not backend.streams_densities:
         raise InputError(f"the {backend.device_name} density kernels take all of (ia|P) at once, which no rank "
-                         "holds: run densities and gradients over ranks with --device cpu or cuda, or in one process")
+                         f"holds: run densities and gradients over ranks with {option('device', 'cpu')} or cuda, or in one process")
     if settings.with_rdm1 and plan.storage == "disk" and plan.slab_rows < max(o.size for o, _, _ in selected) \
             and not backend.streams_densities:
         raise MemoryBudgetError(
             f"the {backend.device_name} density kernels take all of (ia|P) at once, which the budget "
-            f"({plan.budget / MB:.4g} MB, --max-memory) does not hold: give more memory, or run the densities with "
-            "--device cpu or cuda (out of core)")
+            f"({plan.budget / MB:.4g} MB, {option('max_memory')}) does not hold: give more memory, or run the densities with "
+            f"{option('device', 'cpu')} or cuda (out of core)")
     if given is not None and plan.storage == "disk":
         raise MemoryBudgetError(f"given (ia|P) integrals (eris=) are read into memory, which the budget "
                                 f"({plan.budget / MB:.4g} MB) does not hold: give more memory, or let dfmp2 make "
@@ -180,7 +180,7 @@ def local_three_center(backend, integrals, metric, channels, plan, scratch, chec
     try:
         for ch, shape in zip(channels, shapes):
             provider.stores.append(new_store(backend, shape, plan.storage, scratch, checkpoint.b_path(ch),
-                                             checkpoint.scratch_prefix))
+                                             checkpoint.scratch_prefix, checkpoint.b_identity()))
         transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, provider.stores,
                              timer, context.report)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
         if plan.storage == "disk" and not checkpoint.keeps_b:

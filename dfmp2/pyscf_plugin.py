@@ -26,6 +26,7 @@ rank's script makes its own SCF; rank 0's orbitals are used).
 
 from __future__ import annotations
 
+import os
 
 import numpy as np
 from pyscf import lib
@@ -36,6 +37,8 @@ from .distributed import join_launched_team
 from .context import RunContext
 from .driver import run_mean_field, three_center_of_mean_field
 from .errors import InputError
+from .provenance import mismatch
+from .files import display, pyscf_scratch
 from .orbitals import active_orbitals, frozen_per_spin
 from .steps import natural_orbitals
 from .settings import IF_ROOM, Settings
@@ -107,8 +110,11 @@ class _DFMP2Base(lib.StreamObject):
 
     @property
     def emp2_scs(self):
-        """PySCF's SCS-MP2 correlation energy, 6/5 E_os + 1/3 E_ss (no ROHF singles; e_scs has them)."""
-        return None if self.e_corr is None else 1.2 * self.e_corr_os + self.e_corr_ss / 3.0
+        """PySCF's SCS-MP2 correlation energy, 6/5 E_os + 1/3 E_ss, plus the ROHF singles unscaled
+        (as PySCF's DFROMP2: 0 for RHF/UHF and with include_singles=False)."""
+        if self.e_corr is None:
+            return None
+        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + (self.e_corr_singles or 0.0)
 
     @property
     def e_tot_scs(self):
@@ -283,7 +289,11 @@ class _DFMP2Base(lib.StreamObject):
         """work() in one process; under torchrun on rank 0 alone, which holds the three-index
         density G (`pipeline.density_stage`), its value on every rank."""
         team = join_launched_team(self.device, self.simulate)
-        return work() if team is None else team.on_root(work)
+
+        def in_scratch():  # PySCF's temporary files (the response's fitting): the run's, removed with it
+            with pyscf_scratch():
+                return work()
+        return in_scratch() if team is None else team.on_root(in_scratch)
 
     def _raw_integrals(self):
         """(mn|P) in the auxiliary basis of this object's runs, as chem.ThreeCenterIntegrals
@@ -334,7 +344,8 @@ class _DFMP2Base(lib.StreamObject):
         """(natocc, natorb): natural occupations, descending, and natural orbitals [nao, nmo] (AO
         coefficients) of `rdm1_mo` (default: make_rdm1(relaxed)); UHF: of the spin-summed density
         in the alpha orbitals' basis (as PySCF's dfump2_native)."""
-        dm = self.make_rdm1(relaxed=relaxed) if rdm1_mo is None else np.asarray(rdm1_mo)
+        # (DFMP2's make_rdm1 gives UHF's as a tuple (alpha, beta), PySCF's DFUMP2 convention)
+        dm = np.asarray(self.make_rdm1(relaxed=relaxed) if rdm1_mo is None else rdm1_mo)
         return natural_orbitals(dm, np.asarray(self.mo_coeff), chem.overlap_matrix(self.mol) if dm.ndim == 3 else None)
 
     def double_hybrid_energy(self, xc=None, c_os=None, c_ss=None):
@@ -496,8 +507,15 @@ class DFMP2(_DFMP2Base):
         memory budget allows it (else None and a note says why), True insists (MemoryError if it
         does not fit), False skips it. eris: from ao2mo() (or PySCF's, anything with .ovL):
         the (ia|P) integrals are taken from it instead of being made."""
-        given = None if eris is None else _ovl_per_spin(eris.ovL)
+        given = notes = None
+        if eris is not None:  # vouched for as ao2mo(ovL=FILE) is (`_check_eris`)
+            given = _ovl_per_spin(eris.ovL)
+            notes = self._check_eris(eris, self._integrals(), mo_coeff, getattr(eris, "source", None) or "eris")
         self._run(mo_energy, mo_coeff, with_t2=with_t2, given=given)
+        if notes:
+            self.result.notes.extend(notes)
+            for note in notes:
+                logger.note(self, "dfmp2: %s", note)
         self.t2 = self.result.correlation.t2
         return self.e_corr, self.t2
 
@@ -506,16 +524,76 @@ class DFMP2(_DFMP2Base):
         naux] (a list of two for UHF/ROHF). ovL: take them as given (an array, a list of two, or
         the path of an HDF5 file written with ovL_to_save, PySCF's or dfmp2's); ovL_to_save: also
         write them to that HDF5 file (datasets 'ovL', or 'ovL0' and 'ovL1')."""
+        integrals = self._integrals()
         if ovL is not None:
-            if isinstance(ovL, str):
-                return ThreeCenterMO(*open_ovl(ovL))
+            if isinstance(ovL, (str, os.PathLike)):
+                eris = ThreeCenterMO(*open_ovl(ovL), source=f"ovL {display(ovL)}")
+                try:
+                    self._check_eris(eris, integrals, mo_coeff, f"ovL {display(ovL)}")
+                except BaseException:
+                    eris.close()
+                    raise
+                return eris
             return ThreeCenterMO(ovL)
-        mf, integrals = self._mean_field(mo_coeff), self._integrals()
+        mf = self._mean_field(mo_coeff)
+        identity, orbitals = self._ovl_identity(integrals, mo_coeff)
         if ovL_to_save is None:  # in memory
             ovl = three_center_of_mean_field(mf, self.settings(), integrals)
-            return ThreeCenterMO(ovl[0] if len(ovl) == 1 else ovl)
-        write_ovl(ovL_to_save, lambda out: three_center_of_mean_field(mf, self.settings(), integrals, out=out))
-        return ThreeCenterMO(*open_ovl(ovL_to_save))
+            return ThreeCenterMO(ovl[0] if len(ovl) == 1 else ovl, identity=identity, orbitals=orbitals)
+        write_ovl(ovL_to_save, lambda out: three_center_of_mean_field(mf, self.settings(), integrals, out=out),
+                  identity, orbitals, directories=[self.checkpoint])
+        return ThreeCenterMO(*open_ovl(ovL_to_save), source=f"ovL {display(ovL_to_save)}")
+
+    def _ovl_identity(self, integrals, mo_coeff=None) -> tuple:
+        """(identity, [(C_occ, C_vir) per spin]) of the (ia|P) this object makes: the molecule
+        (atoms in bohr, basis and its AO labels), the auxiliary basis, the active orbitals'
+        indices (frozen); and the active orbitals themselves, compared numerically on reading."""
+        import hashlib
+
+        mol = self.mol
+        coeffs = np.asarray(self.mo_coeff if mo_coeff is None else mo_coeff)
+        coeffs = coeffs[None] if coeffs.ndim == 2 else coeffs
+        active = self._active()
+        if len(coeffs) != len(active):  # ROHF: the same orbitals for both spins (semicanonical when made)
+            coeffs = np.array([coeffs[0]] * len(active))
+        identity = {
+            "kind": "ovL", "atoms": [[mol.atom_symbol(i), *np.round(mol.atom_coord(i), 8).tolist()]
+                                     for i in range(mol.natm)],
+            "basis": chem.basis_name(mol), "nao": int(mol.nao_nr()),
+            "ao_labels": hashlib.sha256("\n".join(mol.ao_labels()).encode()).hexdigest()[:16],
+            "auxbasis": str(integrals.auxbasis), "naux": int(integrals.naux),
+            "active": [[occ.tolist(), vir.tolist()] for occ, vir, _ in active]}
+        return identity, [(c[:, occ], c[:, vir]) for c, (occ, vir, _) in zip(coeffs, active)]
+
+    def _check_eris(self, eris, integrals, mo_coeff, label) -> list:
+        """Vouch for (ia|P) read back (ao2mo(ovL=FILE), kernel(eris=)): made by dfmp2 for this
+        molecule, bases, active orbitals and orbitals (identity, then orbitals to 1e-6 up to their
+        signs), else InputError naming the difference; made elsewhere (PySCF's ovL, an array): its
+        shapes against the active spaces and the auxiliary basis, and a note saying that only
+        they could be checked. Returns the notes."""
+        blocks = _ovl_per_spin(eris.ovL)
+        identity, orbitals = self._ovl_identity(integrals, mo_coeff)
+        if getattr(eris, "identity", None) is not None:
+            reason = mismatch(eris.identity, identity)
+            if reason is None:
+                for (occ, vir), (occ_now, vir_now) in zip(eris.orbitals, orbitals):
+                    worst = max(_largest_change(occ, occ_now), _largest_change(vir, vir_now))
+                    if worst > 1e-6:
+                        reason = (f"it was made with other orbitals (a coefficient differs by {worst:.2g}; a new SCF "
+                                  "may rotate them)")
+                        break
+            if reason is not None:
+                raise InputError(f"{label}: {reason}; make them from these orbitals with ao2mo()")
+            return []
+        spaces = [(len(occ), len(vir)) for occ, vir, _ in self._active()]
+        if len(blocks) != len(spaces) or any(
+                len(b.shape) != 2 or b.shape[0] != o * v or not 0 < b.shape[1] <= integrals.naux
+                for b, (o, v) in zip(blocks, spaces)):
+            raise InputError(f"{label}: shapes {[tuple(b.shape) for b in blocks]} are not [nocc * nvir, naux <= "
+                             f"{integrals.naux}] of the active orbitals {spaces}: made with other orbitals, frozen "
+                             "orbitals or auxiliary basis")
+        return [f"{label} was not made by dfmp2 (it records no orbitals): only its shapes could be checked against "
+                "this molecule's active orbitals and auxiliary basis"]
 
     def make_rdm1(self, t2=None, ao_repr=False, with_frozen=True, relaxed=False):
         """The unrelaxed DF-MP2 one-particle density with pyscf.mp.dfmp2's signature: MO basis
@@ -562,9 +640,12 @@ class ThreeCenterMO:
     [nocc * nvir, naux] (restricted) or [ovL_alpha, ovL_beta]; arrays or HDF5 datasets (then
     `close()` closes their file)."""
 
-    def __init__(self, ovL, handle=None):  # noqa: N803 (PySCF's name)
+    def __init__(self, ovL, handle=None, identity=None, orbitals=None, source=None):  # noqa: N803 (PySCF's name)
         self.ovL = ovL
         self._handle = handle
+        self.source = source  # where they were read from, for messages ("ovL FILE"), or None
+        self.identity = identity  # what they were made from (DFMP2._ovl_identity); None: not made by dfmp2
+        self.orbitals = orbitals  # [(C_occ, C_vir) per spin] they were made from
 
     @property
     def naux(self):
@@ -574,6 +655,18 @@ class ThreeCenterMO:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+def _largest_change(before, now) -> float:
+    """The largest change of a coefficient between two orbital sets [nao, n], each orbital's
+    sign as `now` has it (a sign does not change (ia|P)'s energies); inf if the shapes differ."""
+    before, now = np.asarray(before), np.asarray(now)
+    if before.shape != now.shape:
+        return float("inf")
+    if before.size == 0:
+        return 0.0
+    signs = np.where(np.einsum("mk,mk->k", before, now) < 0, -1.0, 1.0)
+    return float(np.abs(before * signs - now).max())
 
 
 def _ovl_per_spin(ovl) -> list:

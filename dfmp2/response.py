@@ -23,6 +23,7 @@ import numpy as np
 
 from . import chem
 from .memory import gradient_aux_block, release_freed_memory
+from .errors import option
 
 
 def backend_gemm(backend, a, b) -> np.ndarray:
@@ -189,6 +190,6 @@ def nuclear_gradient(mf, correlation, settings, timer=None) -> tuple:
         builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
         record = builds.record.as_dict() if builds is not None else {
             "scf_backend": "pyscf",
-            "why": "--scf-backend pyscf" if settings.scf_backend == "pyscf" and chem.reference_fitting_integrals(mf)
+            "why": option("scf_backend", "pyscf") if settings.scf_backend == "pyscf" and chem.reference_fitting_integrals(mf)
             is not None else "a reference with exact integrals, or a backend without builds"}
     return de, record, density

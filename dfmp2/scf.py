@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from .errors import InputError, MemoryBudgetError
+from .errors import InputError, MemoryBudgetError, option
 from .kernels.protocol import FittedBuildsBackend
 from .linalg import factor_metric, whiten
 from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
@@ -53,7 +53,7 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     if precision is not None:
         check_scf_precision(precision)
     reasons = [why for why, applies in (
-        ("the conventional SCF (--scf exact) builds J and K from four-center integrals in PySCF",
+        (f"the conventional SCF ({option('scf', 'exact')}) builds J and K from four-center integrals in PySCF",
          settings.scf == "exact"),
         (f"the {backend.name} backend has no SCF builds", not isinstance(backend, FittedBuildsBackend)),
         ("range-separated exchange (omega) is not built by dfmp2", range_separated)) if applies]
@@ -61,10 +61,10 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
         choice = "pyscf" if reasons else "device"
     if choice == "pyscf":
         if precision is not None:
-            raise InputError("--scf-precision applies to dfmp2's SCF builds, not to --scf-backend pyscf")
+            raise InputError(f"{option('scf_precision')} applies to dfmp2's SCF builds, not to {option('scf_backend', 'pyscf')}")
         return None
     if reasons:
-        raise InputError(f"--scf-backend device: {reasons[0]}; use --scf-backend pyscf")
+        raise InputError(f"{option('scf_backend', 'device')}: {reasons[0]}; use {option('scf_backend', 'pyscf')}")
     return FittedCoulombExchange(backend, integrals_of(), precision, settings.max_memory)
 
 
@@ -177,7 +177,7 @@ class FittedCoulombExchange:
             check_scf_precision(precision)
         if precision == "fp64" and not backend.has_fp64:
             raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are mixed "
-                             "(fp32, with exact-product anchors); leave out --scf-precision")
+                             f"(fp32, with exact-product anchors); leave out {option('scf_precision')}")
         self.backend, self.integrals, self.max_memory = backend, integrals, max_memory
         self.record = BuildRecord(backend=backend.name, precision=precision)
         self._store = None  # the backend's copy of B (FittedStore)
@@ -196,7 +196,7 @@ class FittedCoulombExchange:
         if triangle - held + 4 * BLOCK_BYTES > free:
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
-                f"{free / MB:.0f} MB left in the budget): raise --max-memory or use --scf-backend pyscf")
+                f"{free / MB:.0f} MB left in the budget): raise {option('max_memory')} or use {option('scf_backend', 'pyscf')}")
         whitener = whitening_backend(backend)
         rows, factor = whiten_fitted_integrals(whitener, integrals)
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]

@@ -18,6 +18,10 @@ SCF_MAX_CYCLE = 100
 IF_ROOM = "if_room"  # with_t2: keep t2 when the memory budget holds it (the plugin's default)
 
 
+# settings whose values are keywords: any case is accepted (`Settings.__post_init__`)
+KEYWORDS = ("device", "precision", "reference", "scf", "scf_backend", "scf_precision", "transform", "screening")
+
+
 @dataclass(frozen=True)
 class Settings:
     """What a DF-MP2 run is asked to do (see the module docstring)."""
@@ -66,6 +70,24 @@ class Settings:
     checkpoint: str | None = None  # directory that keeps B and the pair-loop progress across runs
     checkpoint_allow_other_files: bool = False  # a non-empty checkpoint directory without a manifest is
     # refused unless this is set (dfmp2 then writes beside the files there, never over them)
+
+    def __post_init__(self):
+        """The one check of each setting's kind: keywords (device, precision, reference, ...) in
+        any case, lower-cased here; frozen's structure (`orbitals.frozen_per_spin`); max_memory a
+        number of MB (`memory.check_max_memory`). What a value may be beyond its kind (a device
+        this machine has, a frozen index inside the orbitals) is checked where it is known."""
+        from .memory import check_max_memory
+        from .orbitals import frozen_per_spin
+
+        for name in KEYWORDS:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, value.strip().lower())
+        if isinstance(self.properties, str):
+            object.__setattr__(self, "properties", (self.properties,))
+        object.__setattr__(self, "properties", tuple(str(p).strip().lower() for p in self.properties))
+        frozen_per_spin(self.frozen, 2)
+        object.__setattr__(self, "max_memory", check_max_memory(self.max_memory))
 
     def replace(self, **changes) -> Settings:
         """A copy with `changes`; unknown names are a TypeError naming them."""

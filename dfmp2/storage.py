@@ -8,15 +8,16 @@ deleted when the store closes.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
 import time
 
 import numpy as np
 
 from .errors import InputError
-from .files import write_atomically
+from .files import display, in_use, scratch_directory, scratch_failure, scratch_root, write_output
 from .memory import release_freed_memory
+from .provenance import h5_identity, mismatch, stamp_h5
 from .steps import block_ranges, whiten_three_center
 
 
@@ -59,7 +60,7 @@ class DiskStore:
       - the pair stage reads contiguous occupied slabs of B (out of core without a checkpoint,
         each slab's rows of (ia|P) are read once, whitened and written as the pair stage
         reaches them, so that (ia|P) is read once in all).
-    Both files live in a temporary directory under `directory` (default: the system's), deleted
+    Both files live in a temporary directory under `directory` (default: `files.scratch_root`), deleted
     on close(), unless `path` names where to keep B (a checkpoint): that file is kept and marked
     complete once every row is written (`reopen` reads it back). `prefix` names the temporary
     directory (a checkpointed run uses its own, to find what a killed run left behind). bytes_written / bytes_read
@@ -67,16 +68,21 @@ class DiskStore:
 
     kind = "disk"
 
-    def __init__(self, backend, shape, directory=None, path=None, prefix="dfmp2-"):
+    def __init__(self, backend, shape, directory=None, path=None, prefix="dfmp2-", identity=None):
         import h5py
 
         self.backend = backend
         self.shape = tuple(shape)
-        self._tmpdir = tempfile.TemporaryDirectory(prefix=prefix, dir=directory)
+        self.scratch = directory
+        self._tmpdir = scratch_directory(prefix, directory)
         self.path = path or os.path.join(self._tmpdir.name, "B.h5")
         self._kept = path is not None
-        self._aux_file = h5py.File(os.path.join(self._tmpdir.name, "three_center.h5"), "w")
-        self._file = h5py.File(self.path, "w")
+        self._aux_file = self._file = None
+        with self._scratch_errors():
+            self._aux_file = h5py.File(os.path.join(self._tmpdir.name, "three_center.h5"), "w")
+            self._file = h5py.File(self.path, "w")
+            if identity is not None:  # a kept B (a checkpoint's): what it was made from (dfmp2.provenance)
+                stamp_h5(self._file, identity)
         self._dtype = np.float64 if backend.itemsize == 8 else np.float32
         self._blocks = []  # [(p0, p1, dataset)] of the transform's output
         self._b = None  # whitened B [nocc, nvir, nkept]
@@ -85,26 +91,39 @@ class DiskStore:
         self.bytes_read = 0
 
     @classmethod
-    def reopen(cls, backend, path, shape):
-        """The complete B a kept store wrote (read only); None if the file is missing, unreadable
-        (a kill while it was written) or incomplete."""
+    def reopen(cls, backend, path, shape, identity) -> tuple:
+        """(the complete B a kept store wrote, read only, None) if the file carries the file
+        identity `identity`; else (None, why not: missing, unreadable (a kill while it was
+        written), incomplete, or made for another run)."""
         import h5py
 
         try:
             handle = h5py.File(path, "r")
-        except (OSError, ValueError):
-            return None
-        if not handle.attrs.get("complete", False) or "B" not in handle \
-                or tuple(handle["B"].shape[:2]) != tuple(shape[:2]):
+        except (OSError, ValueError) as error:
+            return None, f"unreadable ({error})"
+        reason = mismatch(h5_identity(handle), identity)
+        if reason is None and (not handle.attrs.get("complete", False) or "B" not in handle
+                               or tuple(handle["B"].shape[:2]) != tuple(shape[:2])):
+            reason = "incomplete, or of other shapes"
+        if reason is not None:
             handle.close()
-            return None
+            return None, reason
         store = cls.__new__(cls)
         store.backend, store.shape, store._tmpdir, store.path, store._kept = backend, tuple(shape), None, path, True
         store._aux_file, store._file, store._b, store._blocks = None, handle, handle["B"], []
         store._dtype = handle["B"].dtype
         store._whitened = np.ones(shape[0], dtype=bool)
         store.bytes_written = store.bytes_read = 0
-        return store
+        store.scratch = None
+        return store, None
+
+    @contextlib.contextmanager
+    def _scratch_errors(self):
+        """An OSError writing or reading the files (a full disk) as one line naming where."""
+        try:
+            yield
+        except OSError as error:
+            raise scratch_failure(error, self.path if self._kept else self._tmpdir.name, self.scratch) from None
 
     def whitened(self, i0, i1) -> bool:
         """Rows [i0, i1) of B are written."""
@@ -112,15 +131,22 @@ class DiskStore:
 
     def write_aux(self, p0, p1, block):
         data = np.ascontiguousarray(self.backend.to_host(block), dtype=self._dtype)
-        self._blocks.append((p0, p1, self._aux_file.create_dataset(f"aux_{p0}", data=data)))
+        with self._scratch_errors():
+            self._blocks.append((p0, p1, self._aux_file.create_dataset(f"aux_{p0}", data=data)))
+            self._aux_file.flush()  # (a full disk shows here, not at close)
         self.bytes_written += data.nbytes
 
     def write_occ(self, i0, i1, block):
+        with self._scratch_errors():
+            self._write_occ(i0, i1, block)
+
+    def _write_occ(self, i0, i1, block):
         data = np.ascontiguousarray(self.backend.to_host(block), dtype=self._dtype)
         if self._b is None:
             self._b = self._file.create_dataset("B", shape=(self.shape[0], self.shape[1], data.shape[2]),
                                                 dtype=self._dtype)
         self._b[i0:i1] = data
+        self._file.flush()
         self._whitened[i0:i1] = True
         self.bytes_written += data.nbytes
         if self._whitened.all():  # the transform's blocks are no longer needed
@@ -163,26 +189,35 @@ class DiskStore:
             os.unlink(name)
 
     def close(self):
-        self._close_aux()
+        try:
+            self._close_aux()
+        except OSError:  # (a full disk: the directory goes below all the same)
+            self._aux_file = None
         self._file, self._tmpdir = close_scratch(self._file, self._tmpdir)
 
 
 def close_scratch(handle, directory) -> tuple:
     """Close an HDF5 file and remove its temporary directory, each where there is one (None):
-    -> (None, None), what the owner keeps afterwards."""
-    if handle is not None:
-        handle.close()
-    if directory is not None:
-        directory.cleanup()
+    -> (None, None), what the owner keeps afterwards. The directory goes even when closing the
+    file fails (a full disk)."""
+    try:
+        if handle is not None:
+            handle.close()
+    except OSError:
+        pass
+    finally:
+        if directory is not None:
+            directory.cleanup()
     return None, None
 
 
-def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-"):
+def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-", identity=None):
     """An empty store of the [nocc, nvir, naux] tensor where the memory plan puts it: storage
-    "memory" (MemoryStore) or "disk" (DiskStore under `scratch`, B kept at `path` if given)."""
+    "memory" (MemoryStore) or "disk" (DiskStore under `scratch`, B kept at `path` if given,
+    carrying the file identity `identity`)."""
     if storage == "memory":
         return MemoryStore(backend, shape)
-    return DiskStore(backend, shape, scratch, path, prefix)
+    return DiskStore(backend, shape, scratch, path, prefix, identity)
 
 
 class ScratchArrays:
@@ -195,8 +230,12 @@ class ScratchArrays:
         if storage == "disk":
             import h5py
 
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="dfmp2-gradient-", dir=scratch)
-            self._file = h5py.File(os.path.join(self._tmpdir.name, "arrays.h5"), "w")
+            self._tmpdir = scratch_directory("dfmp2-gradient-", scratch)
+            try:
+                self._file = h5py.File(os.path.join(self._tmpdir.name, "arrays.h5"), "w")
+            except OSError as error:
+                self._tmpdir.cleanup()
+                raise scratch_failure(error, self._tmpdir.name, scratch) from None
 
     def new(self, shape, chunks=None):
         """A zeroed [shape] array; chunks: the HDF5 chunk shape on disk (how it will be read)."""
@@ -343,13 +382,14 @@ def given_three_center(backend, given, channels, plan) -> LocalThreeCenter:
 
 
 def remove_scratch(directory, prefix):
-    """Delete the scratch directories named prefix* under `directory` (default: the system's
-    temporary directory): what a run killed with SIGKILL could not remove."""
+    """Delete the scratch directories named prefix* under `directory` (default: `files.scratch_root`):
+    what a run killed with SIGKILL could not remove."""
     import glob
     import shutil
 
-    for path in glob.glob(os.path.join(directory or tempfile.gettempdir(), glob.escape(prefix) + "*")):
-        shutil.rmtree(path, ignore_errors=True)
+    for path in glob.glob(os.path.join(scratch_root(directory), glob.escape(prefix) + "*")):
+        if not in_use(path):  # (this run's own PySCF directory bears the same prefix)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def ovl_names(nspin: int) -> list:
@@ -357,9 +397,11 @@ def ovl_names(nspin: int) -> list:
     return ["ovL"] if nspin == 1 else [f"ovL{s}" for s in range(nspin)]
 
 
-def write_ovl(path, fill) -> None:
-    """Write B per spin channel to the HDF5 file `path` in PySCF's layout (`ovl_names`), whole or
-    not at all (written beside it, then renamed into place). fill(out) makes them, calling
+def write_ovl(path, fill, identity, orbitals, inputs=(), directories=()) -> None:
+    """Write B per spin channel to the HDF5 file `path` in PySCF's layout (`ovl_names`), by the
+    rules of every output (`files.write_output`: a regular file, whole or not at all), with what
+    it was made from: its identity (`provenance.stamp_h5`) and the active orbitals [(C_occ,
+    C_vir) per spin] (datasets dfmp2_orbitals/occ<s>, vir<s>). fill(out) makes B, calling
     out(s, shape) for channel s's dataset [nocc * nvir, naux] and writing into it; it returns
     the list of what out gave (its length is the number of channels)."""
     import h5py
@@ -374,23 +416,33 @@ def write_ovl(path, fill) -> None:
 
             if len(fill(out)) == 1:  # a restricted reference's single dataset is 'ovL'
                 h5.move("ovL0", "ovL")
+            stamp_h5(h5, identity)
+            for s, (occ, vir) in enumerate(orbitals):
+                h5.create_dataset(f"dfmp2_orbitals/occ{s}", data=np.asarray(occ, dtype=np.float64))
+                h5.create_dataset(f"dfmp2_orbitals/vir{s}", data=np.asarray(vir, dtype=np.float64))
 
-    write_atomically(path, write_file)
+    write_output("ovL_to_save", path, write_file, inputs, directories, regular_only=True)
 
 
-def open_ovl(path):
-    """(ovL, open file) of an HDF5 file of B in PySCF's layout: ovL is the 'ovL' dataset, or
-    the list of 'ovL0' and 'ovL1'; InputError if the file holds neither."""
+def open_ovl(path) -> tuple:
+    """(ovL, open file, identity, orbitals) of an HDF5 file of B in PySCF's layout: ovL is the
+    'ovL' dataset, or the list of 'ovL0' and 'ovL1'; identity and orbitals [(C_occ, C_vir) per
+    spin] what dfmp2 recorded of what it was made from (None, None in a file dfmp2 did not
+    write). InputError if the file holds neither layout."""
     import h5py
-
 
     try:
         handle = h5py.File(os.fspath(path), "r")
-    except OSError as error:
-        raise InputError(f"ovL {path}: not a readable HDF5 file ({error})") from None
+    except (OSError, ValueError) as error:
+        raise InputError(f"ovL {display(path)}: not a readable HDF5 file ({error})") from None
+    identity, orbitals = h5_identity(handle), None
+    if identity is not None and "dfmp2_orbitals" in handle:
+        group = handle["dfmp2_orbitals"]
+        orbitals = [(group[f"occ{s}"][...], group[f"vir{s}"][...]) for s in range(len(group) // 2)]
     if "ovL" in handle:
-        return handle["ovL"], handle
+        return handle["ovL"], handle, identity, orbitals
     if "ovL0" in handle and "ovL1" in handle:
-        return [handle["ovL0"], handle["ovL1"]], handle
+        return [handle["ovL0"], handle["ovL1"]], handle, identity, orbitals
     handle.close()
-    raise InputError(f"ovL {path}: no 'ovL' (or 'ovL0' and 'ovL1') dataset: not an (ia|P) file of PySCF or dfmp2")
+    raise InputError(f"ovL {display(path)}: no 'ovL' (or 'ovL0' and 'ovL1') dataset: not an (ia|P) file of PySCF "
+                     "or dfmp2")

@@ -12,10 +12,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dfmp2.checkpoint import RECORD
+from dfmp2.provenance import JOURNAL_HEADER_BYTES
 from dfmp2.errors import InputError
 from dfmp2.driver import run_xyz
 from dfmp2.kernels import COMMAND_PRECISION
@@ -52,7 +55,7 @@ def _default_stop_signals():
 
 def finished_blocks(checkpoint):
     path = os.path.join(checkpoint, "pairs.journal")
-    return os.path.getsize(path) // RECORD.size if os.path.exists(path) else 0
+    return max(0, os.path.getsize(path) - JOURNAL_HEADER_BYTES) // RECORD.size if os.path.exists(path) else 0
 
 
 def wait_for_blocks(proc, checkpoint, count, timeout=240):
@@ -210,7 +213,8 @@ def test_a_damaged_file_is_recomputed_and_announced(tmp_path, water_checkpoint, 
     source, first = water_checkpoint
     checkpoint = copy_of(source, tmp_path)
     data = bytearray((checkpoint / name).read_bytes())
-    data[len(data) // 2] ^= 0x01
+    # (a journal's: in its last record, past the header that names its run)
+    data[len(data) - RECORD.size // 2 if name == "pairs.journal" else len(data) // 2] ^= 0x01
     (checkpoint / name).write_bytes(bytes(data))
     out = tmp_path / "out.json"
     proc = dfmp2_run(WATER, "--checkpoint", checkpoint, "--json", out, "--quiet")
@@ -264,3 +268,65 @@ def test_a_second_run_on_a_checkpoint_in_use_is_refused_at_once(tmp_path):
     finally:
         first.kill()
         first.communicate()
+
+
+# ----------------------------------------------------------------------------- provenance (issue 46)
+
+def test_a_journal_copied_from_another_runs_checkpoint_is_not_used(tmp_path, water_checkpoint):
+    """The defect: pairs.journal copied from another run's checkpoint (same pair-task list, another
+    geometry) was reused: exit 0, E_tot 5.2e-4 Eh off, reused_pair_tasks 1, no note (its records
+    carry only their own crc32). Now the journal's header names the run it was written for: the
+    copy is not used, the run says so and gives the energy of its own geometry."""
+    source, _ = water_checkpoint
+    (tmp_path / "other.xyz").write_text(OTHER_WATER)
+    checkpoint, out = tmp_path / "ck", tmp_path / "out.json"
+    first = dfmp2_run(tmp_path / "other.xyz", "--checkpoint", checkpoint, "--json", out, "--quiet")
+    assert first.returncode == 0, first.stderr
+    own = json.loads(out.read_text())
+    (checkpoint / "pairs.journal").write_bytes((source / "pairs.journal").read_bytes())
+    again = dfmp2_run(tmp_path / "other.xyz", "--checkpoint", checkpoint, "--json", out, "--quiet")
+    assert again.returncode == 0, again.stderr
+    record = json.loads(out.read_text())
+    assert record["checkpoint"]["reused_pair_tasks"] == 0 and record["checkpoint"]["reused_B"]
+    assert abs(record["e_tot"] - own["e_tot"]) < 1e-12
+    notes = [note for note in record["notes"] if "pairs.journal" in note]
+    assert len(notes) == 1 and "not written for this run" in notes[0], record["notes"]
+
+
+def test_every_checkpoint_file_carries_its_identity(water_checkpoint):
+    """scf.npz, B and the journal each hold the identity of the manifest sections they were made
+    from (dfmp2.provenance), the journal as a header, so that a file alone says what it belongs to."""
+    import h5py
+
+    from dfmp2.checkpoint import FILE_SOURCES
+    from dfmp2.provenance import JOURNAL_MAGIC, arrays_identity, digest, h5_identity
+
+    source, _ = water_checkpoint
+    manifest = json.loads((source / "manifest.json").read_text())
+
+    def expected(section):
+        return {"format": manifest["format_version"], "section": section,
+                **{s: manifest[s] for s in FILE_SOURCES[section] if s in manifest}}
+
+    with np.load(source / "scf.npz") as data:
+        assert arrays_identity(dict(data))[0] == expected("run")
+    with h5py.File(source / "B_restricted.h5", "r") as held:
+        assert h5_identity(held) == expected("B")
+    journal = (source / "pairs.journal").read_bytes()
+    assert journal.startswith(JOURNAL_MAGIC) and journal[len(JOURNAL_MAGIC):len(JOURNAL_MAGIC) + 32] == \
+        digest(expected("pairs"))
+
+
+def test_another_runs_checkpoint_names_the_whole_difference(tmp_path, water_checkpoint):
+    """The refusal named the differing setting truncated to 60 characters (a geometry's atoms
+    list cut before the atom that moved). Now it names the first differing value itself, with its
+    place (atoms[1][2] of the run section) and both values."""
+    checkpoint = copy_of(water_checkpoint[0], tmp_path)
+    moved = Path(WATER).read_text().splitlines()
+    fields = moved[3].split()
+    fields[2] = f"{float(fields[2]) + 0.01:.6f}"
+    moved[3] = "  ".join(fields)
+    (tmp_path / "moved.xyz").write_text("\n".join(moved) + "\n")
+    proc = dfmp2_run(tmp_path / "moved.xyz", "--checkpoint", checkpoint)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "run differs: atoms[1][2]: " in proc.stderr and fields[2].rstrip("0") in proc.stderr, proc.stderr

@@ -327,6 +327,34 @@ CASES = [
          needles=("same file",), json=False),
     Case("natorbs-to-stdout", ["run", "{water}", "--natorbs", "-"], needles=("--natorbs -", "only for --json")),
     Case("ecp-name-covers-nothing", ["run", "{water}", "--ecp", "def2-svp"], needles=("--ecp def2-svp", "no ECP")),
+    # issue 46 (the second battery): each found before the SCF (one cycle allowed would fail with exit 1)
+    Case("coordinate-1e200", ["run", "bad.xyz", "--scf-max-cycle", "1"], needles=("bad.xyz", "line 3", "1e200"),
+         files={"bad.xyz": xyz(3, "O 0 0 1e200", GOOD[1], GOOD[2])}),
+    Case("coordinate-1e308", ["run", "bad.xyz", "--scf-max-cycle", "1"], needles=("bad.xyz", "line 5", "1e308"),
+         files={"bad.xyz": xyz(3, GOOD[0], GOOD[1], "H 1e308 0 0")}),
+    Case("json-is-the-input", ["run", "w.xyz", "--json", "w.xyz", "--scf-max-cycle", "1"],
+         needles=("--json w.xyz", "input file"), files={"w.xyz": xyz(3, *GOOD)}, json=False),
+    Case("natorbs-is-the-input-through-a-link", ["run", "w.xyz", "--natorbs", "link.xyz", "--scf-max-cycle", "1"],
+         needles=("--natorbs link.xyz", "input file"), files={"w.xyz": xyz(3, *GOOD)}),
+    Case("optimize-output-is-the-input", ["optimize", "w.xyz", "--output", "w.xyz", "--scf-max-cycle", "1"],
+         needles=("--output w.xyz", "input file"), files={"w.xyz": xyz(3, *GOOD)}, json=False),
+    Case("json-inside-the-checkpoint", ["run", "{water}", "--checkpoint", "ck", "--json", "ck/manifest.json",
+                                        "--scf-max-cycle", "1"],
+         needles=("--json ck/manifest.json", "checkpoint directory"), json=False),
+    Case("json-name-too-long", ["run", "{water}", "--json", "x" * 300 + ".json", "--scf-max-cycle", "1"],
+         needles=("--json xxx", "longer than the file system allows"), json=False),
+    Case("natorbs-to-dev-stdout", ["run", "{water}", "--natorbs", "/dev/stdout", "--json", "-", "--scf-max-cycle", "1"],
+         needles=("--natorbs /dev/stdout", "only for --json"), json=False),
+    Case("trajectory-to-dev-stdout", ["optimize", "{water}", "--trajectory", "/dev/stdout", "--json", "-",
+                                      "--output", "o.xyz", "--scf-max-cycle", "1"],
+         needles=("--trajectory /dev/stdout", "only for --json"), json=False),
+    Case("newline-in-a-file-name", ["run", "a\nb.xyz"], needles=("a\\nb.xyz", "no such file")),
+    Case("gradient-of-a-range-separated-functional", ["grad", "{water}", "--xc", "wb97x", "--c-os", "1", "--c-ss",
+                                                      "0.3", "--scf-max-cycle", "1"],
+         needles=("range-separated", "not implemented"), absent=("--scf-backend pyscf",)),
+    Case("bench-kernel-size-huge", ["bench", "--kernel", "gemm", "--size", "10000000000", "--device", "trn1",
+                                    "--simulate"], needles=("--size", "4096")),
+    Case("bench-repeat-unbounded", ["bench", "--shape", "small", "--repeat", "1000000"], needles=("--repeat", "100")),
     # runtime failures: exit status 1
     Case("scf-not-converging", ["run", "{water}", "--scf-max-cycle", "1"], code=1,
          needles=("SCF", "converge")),
@@ -368,6 +396,8 @@ def failures(request, tmp_path_factory):
         for name, text in case.files.items():
             (directory / name).parent.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text, encoding="utf-8")
+        if "link.xyz" in case.args:
+            (directory / "link.xyz").symlink_to("w.xyz")
         before[case.id] = _listing(directory)
     procs = run_all({c.id: (_case_args(c), dirs[c.id]) for c in cases})
     return {i: (procs[i], dirs[i], before[i]) for i in procs}

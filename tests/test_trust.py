@@ -187,7 +187,7 @@ def test_a_failed_run_writes_none_of_its_outputs(tmp_path):
 def test_outputs_commit_gives_back_what_it_replaced(tmp_path, monkeypatch, hard_links):
     """Two outputs, the second cannot be put in place: the first gets its previous contents back
     (kept as a hard link, or moved aside where the file system has none) and nothing else stays."""
-    from dfmp2 import outputs
+    from dfmp2 import files as outputs
     from dfmp2.errors import ComputationError
 
     first, second = tmp_path / "a.json", tmp_path / "b.molden"

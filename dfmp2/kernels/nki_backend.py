@@ -42,6 +42,7 @@ from .nki_support import installed_nki_api, installed_versions
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints
 from .tiles import FREE, GAMMA_X_BYTES, P, VV_RESIDENT_BYTES
+from ..errors import option
 
 
 class NkiBackend:
@@ -470,7 +471,7 @@ class NkiBackend:
             chunks = list(b_occ)
             if len(chunks) != 1:
                 raise ComputationError(f"out-of-core MP2 densities (B read from disk in slabs) are not implemented on "
-                                       f"{self.target}: give the run the memory to hold B, or use --device cpu or cuda")
+                                       f"{self.target}: give the run the memory to hold B, or use {option('device', 'cpu')} or cuda")
             b_occ = chunks[0]
         p_oo, p_vv = self._density_kernel_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k)
         if not with_gamma:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import MemoryBudgetError
+from ..errors import MemoryBudgetError, option
 from ..memory import MB
 from .emulator.core import TARGETS
 from .ozaki import INPUT_SLICES, column_digits, column_slices
@@ -64,12 +64,12 @@ class NkiFittedStore:
         if jk_columns(nao, False) < RANK_STEP:
             raise MemoryBudgetError(f"dfmp2's fp32 SCF builds on {backend.target} hold the factors' half transforms "
                                     f"of one auxiliary function on chip: nao {nao} leaves no room; "
-                                    "use --scf-backend pyscf")
+                                    f"use {option('scf_backend', 'pyscf')}")
         if need > 0.8 * hbm:
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds on {backend.target} keep B in fp32 and as exact-product digits in device "
                 f"memory ({need / MB:.0f} MB; {0.8 * hbm / MB:.0f} MB is 80% of the HBM of one launch's "
-                "cores): use --scf-backend pyscf")
+                f"cores): use {option('scf_backend', 'pyscf')}")
         self.backend, self.nao, self.naux = backend, nao, naux
         lower_r, lower_c = np.tril_indices(nao)
         square32 = torch.empty((naux, nao, nao), dtype=torch.float32)

@@ -9,6 +9,7 @@ through 0.6 (SDK 2.32). Only the standard library; nothing here imports the SDK 
 from __future__ import annotations
 
 import importlib.util
+from ..errors import option
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
@@ -50,6 +51,6 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
     supported = ", ".join(SUPPORTED_NKI[target])
     error = ComputationError if installed else InputError
     raise error(
-        f"--device {target} with the {'installed' if installed else 'emulated'} nki "
+        f"{option('device', target)} with the {'installed' if installed else 'emulated'} nki "
         f"{api or '(unknown version)'}: AWS does not support that pair (supported on {target}: nki "
         f"{supported}; trn1 needs Neuron SDK 2.28). Nothing was compiled.")

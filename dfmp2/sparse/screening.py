@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, option
 
 SCREENING_DEFAULT = 1e-10  # Eh-scale bound on a dropped |(mn|P)|; measured: docs/sparse.md
 LOOSEST_THRESHOLD = 1e-6  # a looser threshold is refused (energies would move by far more than 1e-8 Eh)
@@ -32,9 +32,9 @@ def parse_screening(value) -> tuple:
     try:
         threshold = float(text)
     except ValueError:
-        raise InputError(f"--screening {value!r}: use off, auto, or a threshold such as 1e-10") from None
+        raise InputError(f"{option('screening', value)}: use off, auto, or a threshold such as 1e-10") from None
     if not 0.0 < threshold <= LOOSEST_THRESHOLD:
-        raise InputError(f"--screening {value!r}: a threshold must be in (0, {LOOSEST_THRESHOLD:g}] (looser ones "
+        raise InputError(f"{option('screening', value)}: a threshold must be in (0, {LOOSEST_THRESHOLD:g}] (looser ones "
                          "move energies by far more than 1e-8 Eh)")
     return "threshold", threshold
 
@@ -171,10 +171,10 @@ def choose_screening(mode, threshold, pattern, backend_screens, backend_name, st
     the panels hold at most AUTO_MAX_STORED of the dense elements (below that the saved integrals
     and GEMMs outweigh the panels' gathers)."""
     if mode == "off":
-        return ScreeningChoice(mode, None, False, "--screening off")
+        return ScreeningChoice(mode, None, False, option("screening", "off"))
     if not backend_screens and mode == "threshold":
-        raise InputError(f"--screening {threshold:g}: the {backend_name} backend has no block-sparse kernels; "
-                         "use --screening off")
+        raise InputError(f"{option('screening', threshold)}: the {backend_name} backend has no block-sparse kernels; "
+                         f"use {option('screening', 'off')}")
     if step not in backend_screens:
         return ScreeningChoice(mode, threshold, False,
                                f"the {backend_name} backend has no block-sparse {STEPS[step]} yet: dense")
@@ -198,8 +198,8 @@ def screen_integrals(setting, integrals, screens, backend_name, step="mp2", bloc
     mode, threshold = parse_screening(setting)
     if mode != "off" and not hasattr(integrals, "screened_pattern"):
         if mode == "threshold":
-            raise InputError(f"--screening {threshold:g}: these integrals ({type(integrals).__name__}) are not "
-                             "screened; use --screening off")
+            raise InputError(f"{option('screening', threshold)}: these integrals ({type(integrals).__name__}) are not "
+                             f"screened; use {option('screening', 'off')}")
         return ScreeningChoice(mode, threshold, False, f"{type(integrals).__name__} are not screened").record()
     pattern = integrals.screened_pattern(threshold, block_functions) if mode != "off" and step in screens else None
     choice = choose_screening(mode, threshold, pattern, screens, backend_name, step)
