@@ -14,13 +14,14 @@ from . import __version__, chem
 from .checkpoint import open_run_checkpoint, version_identity
 from .context import context_from
 from .functionals import DoubleHybrid, double_hybrid
-from .errors import InputError, option
+from .errors import InputError, MemoryBudgetError, option
 from .files import pyscf_scratch, scratch_prefix
-from .memory import MB, SCF_GROWTH, peak_resident_bytes
+from .memory import MB, RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .response import PROPERTIES, nuclear_gradient, relaxed_properties
 from .kernels import SPLIT_PRECISIONS, TRAINIUM, backend_for, device_screens
-from .scf import early_integrals_fit, scf_builds_for
+from .kernels.protocol import FittedBuildsBackend
+from .scf import early_integrals_fit, fitted_bytes, scf_builds_for
 from .settings import Settings, settings_from
 from .sparse import screen_integrals
 
@@ -296,7 +297,7 @@ def _run_atoms(atoms, settings, context) -> DFMP2Result:
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
     settings = _with_frozen_core(settings, mol, spins)
-    _check_budget(backend, integrals, spins, settings, context)
+    _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting)
     builds = _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals)
 
     def run_scf():
@@ -329,6 +330,7 @@ def _run_atoms(atoms, settings, context) -> DFMP2Result:
     result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
     _gradient_and_properties(mf, result, settings, context)
     result.timings = dict(context.timer.timings)  # with the gradient's parts
+    result.peak_rss_bytes = peak_resident_bytes()  # the whole run's, the gradient and properties included
     return result
 
 
@@ -379,12 +381,32 @@ def screening_records(**providers) -> dict:
     return {kind: p.screening_record for kind, p in providers.items() if hasattr(p, "screening_record")}
 
 
-def _check_budget(backend, integrals, spins, settings, context):
-    """MemoryBudgetError before the SCF where the MP2 step's smallest blocks do not fit; spins:
-    occupied orbitals per spin channel."""
+def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fitting=None):
+    """MemoryBudgetError before the SCF where the MP2 step's smallest blocks do not fit, or (a
+    gradient) the gradient's (memory.gradient_least_bytes) above them; spins: occupied orbitals
+    per spin channel; jk_fitting: the SCF's JK-fit set (None: exact integrals)."""
     nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
-    plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
-             ranks=context.ranks, growth=SCF_GROWTH)
+    plan = plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
+                    ranks=context.ranks, growth=SCF_GROWTH, gamma=settings.with_gamma)
+    if not settings.gradient or mol is None:
+        return
+    jk = chem.ThreeCenterIntegrals(mol, jk_fitting.basis) if jk_fitting is not None else None
+    if jk is None:
+        response_jk = RESPONSE_JK_GROWTH  # PySCF's exact J/K
+    elif settings.scf_backend == "pyscf" or not isinstance(backend, FittedBuildsBackend):
+        # PySCF's DF J/K (response.response_mean_field): out of core in RESPONSE_JK_GROWTH, or in
+        # core where that is less (its integrals, their build's buffers and the metric)
+        response_jk = min(RESPONSE_JK_GROWTH, 3 * fitted_bytes(jk) + 2 * jk.naux * jk.naux * 8)
+    else:  # dfmp2's builds: the SCF's own builds, which need as much, check it at their set-up
+        response_jk = 0
+    least = plan.minimum + gradient_least_bytes(integrals.nao, integrals.naux, jk.naux if jk is not None else 0,
+                                                spins, response_jk)
+    if least > plan.budget:
+        raise MemoryBudgetError(
+            f"the gradient needs at least {least / MB:.4g} MB even in the smallest blocks (the MP2 steps' "
+            f"{plan.minimum / MB:.4g} MB, {plan.baseline / MB:.4g} MB of it resident after the SCF, then the metrics, the "
+            f"reference term's blocks and the response's J/K); the memory budget is {plan.budget / MB:.4g} MB "
+            f"({option('max_memory')})")
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):

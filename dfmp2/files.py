@@ -308,12 +308,10 @@ def scratch_root(scratch=None) -> str:
         return os.fspath(scratch)
     if _PYSCF_SCRATCH:  # (PySCF's is pointed at the run's own directory just now: where it pointed before)
         return _PYSCF_SCRATCH[0][1]
-    try:
-        from pyscf.lib import param
-
-        return os.fspath(param.TMPDIR)
-    except ImportError:
-        return tempfile.gettempdir()
+    if "pyscf.lib" in sys.modules:  # (its configuration may have set it)
+        return os.fspath(sys.modules["pyscf.lib"].param.TMPDIR)
+    # PySCF's rule, without loading PySCF (a synthetic benchmark never does: 50 MB resident)
+    return os.environ.get("PYSCF_TMPDIR") or tempfile.gettempdir()
 
 
 def _scratch_label(scratch) -> str:
@@ -348,8 +346,7 @@ def scratch_failure(error: OSError, where, scratch=None) -> ComputationError:
     reason = (os.strerror(error.errno) if error.errno else
               os.strerror(28) if "errno = 28" in text else  # HDF5 names the C library's errno in its message
               text.splitlines()[0] if text else "input/output error")
-    return ComputationError(f"scratch {display(where)} ({_scratch_label(scratch)}): {one_line(reason)}; nothing "
-                            "was written elsewhere")
+    return ComputationError(f"{display(where)} ({_scratch_label(scratch)}): {one_line(reason)}")
 
 
 def scratch_prefix(checkpoint=None) -> str:

@@ -26,7 +26,7 @@ import scipy.linalg
 from . import chem
 from .context import Timer
 from .response import backend_gemm, orbital_derivatives, relaxed_density
-from .memory import release_freed_memory
+from .memory import free_bytes, reference_arrays_bytes, release_freed_memory
 from .steps import block_ranges
 from .storage import ScratchArrays
 
@@ -57,7 +57,7 @@ def back_transformed(gammas, coeffs, spaces, backend=None):
 
 
 def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer=None, backend=None,
-                     with_density=False, arrays=None, aux_block=128):
+                     with_density=False, arrays=None, aux_block=128, max_memory=None):
     """dE_total/dR [natm, 3] (Eh/bohr) of DF-MP2 on the RHF or UHF `mf`, from a finished run made
     with with_rdm1 and with_gamma (`correlation`); integrals: the MP2 fitting set's, dense.
     Per spin channel s (RHF: one, spin-summed; UHF: alpha and beta), every term of the module
@@ -68,14 +68,18 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
     with_density: -> (the gradient, the relaxed density in the MO basis as relaxed_density gives it).
     arrays: where the reference term's [naux, nao, nocc] arrays live (storage.ScratchArrays;
     default host memory); aux_block: auxiliary functions per block of every pass over (mn|P)
-    and the derivative integrals (memory.gradient_aux_block)."""
+    and the derivative integrals, or a function () -> that number, asked again by each pass
+    (memory.gradient_aux_block of what the budget leaves then: the response's J/K may keep
+    integrals); max_memory: the budget (MB) the reference term's blocks are sized for (None: 80%
+    of the available RAM)."""
+    blocks_now = aux_block if callable(aux_block) else (lambda: aux_block)
     timer, backend = timer or Timer(), gemm_backend(backend)
     coeffs, occs = chem.per_spin_orbitals(mf)
     energies = [np.asarray(mf.mo_energy)] if len(coeffs) == 1 else list(np.asarray(mf.mo_energy))
     nspin = len(coeffs)
     terms = chem.SCFGradientTerms(mf)
     with timer.step("gradient_densities"):  # A_pi = sum_bP (pb|P) G_ib^P, B_pa = sum_jP (jp|P) G_ja^P
-        blocks = [orbital_derivatives(integrals, gamma, coeff, list(act), list(vir), aux_block, backend)
+        blocks = [orbital_derivatives(integrals, gamma, coeff, list(act), list(vir), blocks_now(), backend)
                   for (act, vir, _, _), gamma, coeff in zip(correlation.rdm1_active, correlation.gamma, coeffs)]
     with timer.step("gradient_cphf"):
         relaxed, unrelaxed_potentials = relaxed_density(mf, correlation.rdm1_active, correlation.gamma, integrals,
@@ -107,11 +111,11 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         z_mo[np.ix_(occ_index, vir_all)] = p_mo[np.ix_(occ_index, vir_all)]
         z_aos.append(coeff @ z_mo @ coeff.T)
     with timer.step("gradient_reference"):
-        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays, aux_block)
+        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays, blocks_now, max_memory)
     with timer.step("gradient_integrals"):
         spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
         fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
-                                                          gamma_aux, aux_block)
+                                                          gamma_aux, blocks_now())
     with timer.step("gradient_terms"):
         # V_eff[P + P^T] = V_eff[Q + Q^T] (from the CPHF's right-hand side) + V_eff[Z + Z^T] (low rank)
         potentials = [v + w for v, w in zip(unrelaxed_potentials, terms.veff_per_spin([z + z.T for z in z_aos]))]
@@ -129,7 +133,8 @@ def _per_spin_array(mats) -> np.ndarray:
     return mats[0] if len(mats) == 1 else np.array(mats)
 
 
-def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=128) -> np.ndarray:
+def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=lambda: 128,
+                     max_memory=None) -> np.ndarray:
     """The reference's share of the gradient per atom [natm, 3], with P (the relaxed correlation
     density) in its Fock matrix:
       HF:          V_nn' + h'(D_HF) - S'(W_HF) + 1/2 B'(D_HF, D_HF + 2P)      B = J - K/2 (UHF: J - sum_s K_s)
@@ -142,8 +147,9 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=1
     if chem.is_kohn_sham(terms.mf):
         a_x = terms.exchange_fraction()
         if jk is not None:  # 1/2 B_x'(D, 2P) = B_x'(D, P)
-            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], aux_block, a_x, arrays)
-            pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block)
+            g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], aux_block(), a_x, arrays,
+                                                      max_memory)
+            pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block())
         else:  # K's weight: a_x/2 on the spin-summed RKS densities, a_x per spin (UKS)
             pair = terms.coulomb_exchange_pair(d_hfs, p_aos, a_x * (0.5 if len(coeffs) == 1 else 1.0))
         return terms.reference_gradient() + pair + terms.xc_response(d_hfs, p_aos)
@@ -152,12 +158,13 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=1
         d_hf, p_ao = _per_spin_array(d_hfs), _per_spin_array(p_aos)
         d_plus = d_hf + 2.0 * p_ao
         return fixed + (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
-    g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)], aux_block,
-                                              arrays=arrays)
-    return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block)
+    g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)], aux_block(),
+                                              arrays=arrays, max_memory=max_memory)
+    return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block())
 
 
-def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0, arrays=None) -> tuple:
+def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0, arrays=None,
+                                max_memory=None) -> tuple:
     """(G^P_mn one auxiliary block at a time: a function (p0, p1) -> [p1-p0, nao, nao], Gbar_PQ
     [naux, naux]) of 1/2 B'(X, Y) for a reference whose
     two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
@@ -171,14 +178,19 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
     (K's G given transposed: the contraction uses G^P + G^P^T only), so that
     sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction).
     One [naux, nao, nocc_s] array per spin in `arrays` (storage.ScratchArrays: on disk with the
-    energy's B out of core; default host memory): L, written by auxiliary blocks, then d and
-    Y d formed a block of occupied orbitals at a time (REFERENCE_BLOCK_BYTES of L), Y d written over L."""
+    energy's B out of core; default host memory; on disk too where the budget, max_memory MB,
+    does not hold them beside the smallest blocks): L, written by auxiliary blocks, then d and Y d
+    formed a block of occupied orbitals at a time (at most REFERENCE_BLOCK_BYTES of L, and a
+    quarter of what the budget leaves: the block's four copies), Y d written over L."""
     naux, nao, weight = jk.naux, jk.nao, exchange * (0.5 if len(occupied) == 1 else 1.0)
     arrays = arrays if arrays is not None else ScratchArrays("memory")
     x_total = sum((c * n) @ c.T for c, n in occupied)
     y_total = sum(y_dms)
     rho_x, rho_y = np.zeros(naux), np.zeros(naux)
-    half = [arrays.new((naux, nao, c.shape[1]), chunks=(min(naux, 64), nao, 1)) for c, _ in occupied]
+    orbital = 8 * naux * nao  # bytes of one occupied orbital's share of L
+    spill = reference_arrays_bytes(naux, nao, [c.shape[1] for c, _ in occupied]) + 2 * naux * naux * 8 + \
+        4 * orbital > free_bytes(max_memory)
+    half = [arrays.new((naux, nao, c.shape[1]), chunks=(min(naux, 64), nao, 1), on_disk=spill) for c, _ in occupied]
     for p0, p1 in jk.aux_blocks(aux_block):
         ao = jk.block(p0, p1)  # (mn|P) [nP, nao, nao]
         flat = ao.reshape(p1 - p0, -1)
@@ -187,15 +199,18 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
             l_s[p0:p1] = (ao.reshape(-1, nao) @ c).reshape(p1 - p0, nao, -1)  # L^P_ni = (nm|P) C_mi
         ao = flat = None
         release_freed_memory()
-    factor = scipy.linalg.cho_factor(jk.metric())
+    factor = scipy.linalg.cho_factor(jk.metric(), overwrite_a=True)
     c_x, c_y = scipy.linalg.cho_solve(factor, rho_x), scipy.linalg.cho_solve(factor, rho_y)
     g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
     exchange_parts = []
+    rows = max(1, min(REFERENCE_BLOCK_BYTES, free_bytes(max_memory) // 4) // orbital)
     for (c, n), l_s, y in zip(occupied, half, y_dms):
-        for i0, i1 in block_ranges(c.shape[1], max(1, REFERENCE_BLOCK_BYTES // (8 * naux * nao))):
-            d = scipy.linalg.cho_solve(factor, np.asarray(l_s[:, :, i0:i1]).reshape(naux, -1)).reshape(naux, nao, -1)
+        for i0, i1 in block_ranges(c.shape[1], rows):
+            d = scipy.linalg.cho_solve(factor, np.asarray(l_s[:, :, i0:i1]).reshape(naux, -1))  # (a Fortran copy)
+            d = np.ascontiguousarray(d).reshape(naux, nao, -1)
             yd = np.matmul(y, d)  # (Y d^P)_li = M L, then Y on the left
-            g_aux -= weight * (d * n[i0:i1]).reshape(naux, -1) @ yd.reshape(naux, -1).T
+            d *= n[i0:i1]
+            g_aux -= weight * d.reshape(naux, -1) @ yd.reshape(naux, -1).T
             l_s[:, :, i0:i1] = yd
             d = yd = None
             release_freed_memory()

@@ -23,6 +23,11 @@ MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget
 # thread stacks; measured 15 MB on benzene/cc-pVTZ): allowed for when the budget is checked
 # before the SCF, so that a budget too small for the MP2 steps is refused before the SCF runs
 SCF_GROWTH = 48 * MB
+# what the orbital response's J/K add beside the gradient's own arrays when PySCF builds them
+# (--scf-backend pyscf, or an exact reference): its DF buffers out of core, where the budget
+# leaves no room for its in-core integrals (measured 25 MB on hexane/cc-pVDZ); allowed for
+# when a gradient's budget is checked before the SCF
+RESPONSE_JK_GROWTH = 32 * MB
 
 
 @dataclass
@@ -68,7 +73,7 @@ def default_hints():
 
 
 def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseline=0, device_limit=None,
-                ranks=1, growth=0) -> MemoryPlan:
+                ranks=1, growth=0, gamma=False) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes, the whole
     process's: `baseline` bytes are already resident (the arrays get budget - baseline, and
     at most `device_limit` bytes on a GPU).
@@ -81,7 +86,8 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
     nvir), the memory one pair-energy call needs beyond its B blocks. on_disk: B kept on disk
     whatever the budget. ranks > 1: each of `ranks` processes holds about 2/ranks of the
     tensor (dfmp2.distributed), in memory. growth: bytes of `baseline` allowed for what the
-    SCF will leave (named in the messages).
+    SCF will leave (named in the messages). gamma: the densities' three-index G is kept too
+    (fp64, beside B: in memory or on disk with it), fitted a block of occ_block rows at a time.
 
     Long (~80 lines) because the three steps' working sets, the storage decision and the block
     sizes are one budget: split, each part would need the others' results.
@@ -104,10 +110,10 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
         scratch = (pair_scratch_bytes or fp64_pair_temporaries_bytes)(nb, nvir)
         return 4 * nb * nvir * naux * itemsize + scratch
 
-    def whiten_bytes(nb):
-        return 4 * nb * nvir * naux * itemsize
+    def whiten_bytes(nb):  # (and with gamma the fit of G's rows: G~, B in fp64, the fitted rows)
+        return max(4 * nb * nvir * naux * itemsize, 3 * nb * nvir * naux * 8 if gamma else 0)
 
-    store = sum(o * v for o, v in spaces) * naux * itemsize
+    store = sum(o * v for o, v in spaces) * naux * (itemsize + (8 if gamma else 0))
     if ranks > 1:  # this rank's rows and one visiting rank's (or its columns and its rows)
         store = min(store, -(-store * 2 // ranks))
     least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
@@ -154,11 +160,11 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
     return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline, pair_elements)
 
 
-def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0) -> MemoryPlan:
+def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0, gamma=False) -> MemoryPlan:
     """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel (on_disk:
     B kept on disk whatever the budget, as a checkpoint does). growth: bytes the process is
     expected to add to its resident set before the MP2 steps (a check made before the SCF
-    allows SCF_GROWTH for what the SCF leaves behind)."""
+    allows SCF_GROWTH for what the SCF leaves behind). gamma: G kept beside B (plan_memory)."""
     hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
     release_freed_memory()  # the footprint measured is what is in use, not freed pages the heap keeps
     baseline = resident_bytes() + growth
@@ -166,18 +172,48 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, gro
     sizes = TensorSizes(integrals.nao, spaces, integrals.naux, integrals.largest_shell(), backend.itemsize)
     return plan_memory(budget_bytes(max_memory, baseline), sizes, hints, on_disk=on_disk, baseline=baseline,
                        device_limit=None if device_free is None else int(0.9 * device_free), ranks=ranks,
-                       growth=growth)
+                       growth=growth, gamma=gamma)
 
 
 GRADIENT_AUX_BLOCK = 128  # auxiliary functions per block of the gradient's passes, where the budget allows
 
 
+def free_bytes(max_memory) -> int:
+    """What the budget leaves now (bytes; negative when the process is already beyond it), the
+    heap's freed pages handed back first."""
+    release_freed_memory()
+    return budget_bytes(max_memory) - resident_bytes()
+
+
 def gradient_aux_block(max_memory, nao: int) -> int:
     """Auxiliary functions per block of the gradient's passes over (mn|P) and its derivative
-    integrals: what a quarter of the budget left now holds at ~6 fp64 [nao, nao] per function
-    (the block, its copies, the three derivative components), between 8 and GRADIENT_AUX_BLOCK."""
-    free = budget_bytes(max_memory) - resident_bytes()
-    return int(min(GRADIENT_AUX_BLOCK, max(8, free // 4 // (48 * nao * nao))))
+    integrals: what half of the budget left now holds at ~6 fp64 [nao, nao] per function
+    (the block, its copies, the three derivative components), between 1 and GRADIENT_AUX_BLOCK
+    (the smallest blocks are in the check made before the SCF: gradient_least_bytes)."""
+    return int(min(GRADIENT_AUX_BLOCK, max(1, free_bytes(max_memory) // 2 // (48 * nao * nao))))
+
+
+def reference_least_bytes(naux_jk: int, nao: int, nocc: list) -> int:
+    """The DF reference term's arrays (gradient.reference_fitting_densities) in the least
+    memory: the JK-fit metric and its factor, and one occupied orbital's block of its
+    [naux, nao, nocc_s] arrays (4 copies: read, solved, reordered, Y d); the arrays themselves
+    go to disk where the budget does not hold them."""
+    return 2 * naux_jk * naux_jk * 8 + 4 * naux_jk * nao * 8
+
+
+def reference_arrays_bytes(naux_jk: int, nao: int, nocc: list) -> int:
+    """The DF reference term's [naux, nao, nocc_s] arrays of every spin (fp64)."""
+    return sum(naux_jk * nao * n * 8 for n in nocc)
+
+
+def gradient_least_bytes(nao: int, naux: int, naux_jk: int, nocc: list, response_jk: int) -> int:
+    """What a gradient adds, at the least, to the MP2 steps' own least (G, fp64, is counted by
+    their plan): the MP2 metric and its factor, one auxiliary function's blocks of the passes
+    over (mn|P) and its derivatives, the DF reference's least (reference_least_bytes; none for
+    an exact reference: naux_jk 0) and response_jk, what the orbital response's J/K hold
+    (RESPONSE_JK_GROWTH for PySCF's; dfmp2's builds: their triangle and temporaries)."""
+    return (2 * naux * naux * 8 + 48 * nao * nao + (reference_least_bytes(naux_jk, nao, nocc) if naux_jk else 0)
+            + response_jk)
 
 
 def check_max_memory(max_memory) -> float | None:

@@ -124,7 +124,8 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     spaces = [(o.size, v.size) for o, v, _ in selected]
     team = context.team
     on_disk = team is None and given is None and (settings.checkpoint is not None or settings.force_outcore)
-    plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks)
+    plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks,
+                    gamma=settings.with_gamma)
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
         plan = team.broadcast_object(plan)
     if settings.with_rdm1 and team is not None and not backend.streams_densities:
@@ -236,7 +237,7 @@ def density_stage(backend, provider, channels, selected, plan, settings, metric,
     else:  # rows of k: the amplitudes of all i against them about one pair block (the backend's
         # preferred size: small on a CPU, where larger blocks ran slower, memory-bound)
         schedule = LocalDensities(provider.rows, channels, max(1, plan.occ_block * plan.occ_block // max(
-            ch.nocc for ch in channels)), plan.slab_rows if plan.storage == "disk" else None)
+            ch.nocc for ch in channels)), plan.slab_rows if plan.storage == "disk" else None, plan.occ_block)
     try:
         densities, gamma_aux = mp2_densities(backend, schedule, channels, settings.rdm1_scaling, factor, gamma)
         if team is not None and gamma is not None:

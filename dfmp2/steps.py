@@ -182,8 +182,9 @@ class LocalDensities:
     at a time, so B is read once per block of k). `distributed.RankDensities` is the same over
     the ranks of a team."""
 
-    def __init__(self, rows, channels, k_rows, slab_rows=None):
+    def __init__(self, rows, channels, k_rows, slab_rows=None, fit_rows=None):
         self.rows, self.channels, self.k_rows, self.slab_rows = rows, channels, k_rows, slab_rows
+        self.fit_rows = fit_rows  # rows of G fitted at once after the loop (None: a held block at a time)
 
     def k_blocks(self, other) -> list:
         """The blocks (k0, k1) of channel `other` this process takes as k, in order (None: a round
@@ -194,6 +195,12 @@ class LocalDensities:
     def held(self, s) -> list:
         """The row blocks (i0, i1) of channel s whose G this process holds and fits."""
         return block_ranges(self.channels[s].nocc, self.slab_rows or self.channels[s].nocc)
+
+    def fit_blocks(self, s) -> list:
+        """The row blocks of channel s whose G is fitted at once: the held blocks, cut to
+        fit_rows rows (the fit's fp64 temporaries are a few times one block: the plan's)."""
+        return [(r0, r1) for i0, i1 in self.held(s)
+                for r0, r1 in ((i0 + a, i0 + b) for a, b in block_ranges(i1 - i0, self.fit_rows or i1 - i0))]
 
     def slabs(self, s):
         """B of every i of channel s, as row blocks in order."""
@@ -248,17 +255,20 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
             if factor is not None:  # G~ of the block, fitted below (host BLAS kept out of the backend's loop)
                 gamma_out[other][k0:k1, :, :factor.nkept] = whitened
             b_k = whitened = None
+            release_freed_memory()  # the block's temporaries (glibc keeps them: +70 MB on hexane otherwise)
     densities = [(schedule.combine(oo), schedule.combine(vv)) for oo, vv in densities]
     if factor is None:
         return densities, None
     contracted = np.zeros((factor.nkept, factor.nkept))  # sum_ia G~_ia^T B_ia
     for s, channel in enumerate(channels):  # G = G~ W^T, and sum_ia G~_ia^T B_ia, a block of held rows at a time
-        for i0, i1 in schedule.held(s):
+        for i0, i1 in (schedule.fit_blocks(s) if hasattr(schedule, "fit_blocks") else schedule.held(s)):
             whitened = np.asarray(gamma_out[s][i0:i1, :, :factor.nkept])
             flat = whitened.reshape(-1, factor.nkept)
             contracted += flat.T @ np.asarray(backend.to_host(schedule.rows(s, i0, i1)),
                                               dtype=np.float64).reshape(flat.shape)
             gamma_out[s][i0:i1] = fitting_coefficients(factor, whitened)
+            whitened = flat = None
+            release_freed_memory()
     contracted = schedule.combine(contracted)
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
 

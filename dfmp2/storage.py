@@ -78,7 +78,7 @@ class DiskStore:
         self.path = path or os.path.join(self._tmpdir.name, "B.h5")
         self._kept = path is not None
         self._aux_file = self._file = None
-        with self._scratch_errors():
+        with self._scratch_errors(self._tmpdir.name):
             self._aux_file = h5py.File(os.path.join(self._tmpdir.name, "three_center.h5"), "w")
             self._file = h5py.File(self.path, "w")
             if identity is not None:  # a kept B (a checkpoint's): what it was made from (dfmp2.provenance)
@@ -118,12 +118,12 @@ class DiskStore:
         return store, None
 
     @contextlib.contextmanager
-    def _scratch_errors(self):
-        """An OSError writing or reading the files (a full disk) as one line naming where."""
+    def _scratch_errors(self, where):
+        """An OSError writing or reading the file `where` (a full disk) as one line naming it."""
         try:
             yield
         except OSError as error:
-            raise scratch_failure(error, self.path if self._kept else self._tmpdir.name, self.scratch) from None
+            raise scratch_failure(error, where, self.scratch) from None
 
     def whitened(self, i0, i1) -> bool:
         """Rows [i0, i1) of B are written."""
@@ -131,13 +131,13 @@ class DiskStore:
 
     def write_aux(self, p0, p1, block):
         data = np.ascontiguousarray(self.backend.to_host(block), dtype=self._dtype)
-        with self._scratch_errors():
+        with self._scratch_errors(self._aux_file.filename):
             self._blocks.append((p0, p1, self._aux_file.create_dataset(f"aux_{p0}", data=data)))
             self._aux_file.flush()  # (a full disk shows here, not at close)
         self.bytes_written += data.nbytes
 
     def write_occ(self, i0, i1, block):
-        with self._scratch_errors():
+        with self._scratch_errors(self.path):
             self._write_occ(i0, i1, block)
 
     def _write_occ(self, i0, i1, block):
@@ -226,21 +226,28 @@ class ScratchArrays:
     `scratch`, deleted by close() (and when the object is collected). A context manager."""
 
     def __init__(self, storage, scratch=None):
-        self.kind, self._tmpdir, self._file = storage, None, None
+        self.kind, self.scratch, self._tmpdir, self._file = storage, scratch, None, None
         if storage == "disk":
-            import h5py
+            self._open()
 
-            self._tmpdir = scratch_directory("dfmp2-gradient-", scratch)
-            try:
-                self._file = h5py.File(os.path.join(self._tmpdir.name, "arrays.h5"), "w")
-            except OSError as error:
-                self._tmpdir.cleanup()
-                raise scratch_failure(error, self._tmpdir.name, scratch) from None
+    def _open(self):
+        import h5py
 
-    def new(self, shape, chunks=None):
-        """A zeroed [shape] array; chunks: the HDF5 chunk shape on disk (how it will be read)."""
-        if self._file is None:
+        self._tmpdir = scratch_directory("dfmp2-gradient-", self.scratch)
+        try:
+            self._file = h5py.File(os.path.join(self._tmpdir.name, "arrays.h5"), "w")
+        except OSError as error:
+            self._tmpdir.cleanup()
+            raise scratch_failure(error, self._tmpdir.name, self.scratch) from None
+
+    def new(self, shape, chunks=None, on_disk=False):
+        """A zeroed [shape] array; chunks: the HDF5 chunk shape on disk (how it will be read).
+        on_disk: in the scratch file even where the others are in memory (one the budget does not
+        hold; the file is made then)."""
+        if self.kind != "disk" and not on_disk:
             return np.zeros(shape)
+        if self._file is None:
+            self._open()
         return self._file.create_dataset(f"a{len(self._file)}", shape=shape, dtype=np.float64, chunks=chunks)
 
     def close(self):

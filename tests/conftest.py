@@ -29,6 +29,78 @@ MOLECULES = {  # Angstrom
 
 _SCF_CACHE = {}
 
+# The slow tier, run with `python -m pytest -m slow` (the README's command runs the rest, the default
+# tier, which covers every module and every refusal within 20 minutes on a 2-core CI machine):
+# large molecules, finite differences, long emulations. Each entry is a test (all its cases) or
+# one case, with the seconds it took in the full suite on this project's 2-core machine when it
+# was moved here (issue 46). An entry that names no collected test is an error.
+SLOW = {
+    "test_gradients.py::test_unrestricted_double_hybrid_gradient_matches_finite_differences": 194,
+    "test_gradients.py::test_double_hybrid_gradient_matches_finite_differences": 184,
+    "test_gradients.py::test_cli_double_hybrid_gradient": 56,
+    "test_gradients.py::test_gradient_matches_finite_differences[0-df-None-scs]": 31,
+    "test_gradients.py::test_gradient_matches_finite_differences[1-exact-None-mp2]": 15,
+    "test_gradients.py::test_gradients_on_simulated_trainium[trn1-0.2]": 10,
+    "test_gradients.py::test_pyscf_geomopt_drives_dfmp2_to_the_conventional_mp2_minimum": 8,
+    "test_nki_pipeline.py::test_trainium_energy_within_a_microhartree_of_fp64[benzene-cc-pvtz-6-trn1-0.2]": 90,
+    "test_nki_pipeline.py::test_trainium_energy_within_a_microhartree_of_fp64[benzene-cc-pvtz-6-trn2-0.6]": 31,
+    "test_nki_pipeline.py::test_trainium_energy_within_a_microhartree_of_fp64[benzene-aug-cc-pvdz-6-trn1-0.2]": 29,
+    "test_nki_pipeline.py::test_trainium_energy_within_a_microhartree_of_fp64[benzene-aug-cc-pvdz-6-trn2-0.6]": 32,
+    "test_nki_pipeline.py::test_specializations_do_not_grow_with_the_molecule": 77,
+    "test_nki_pipeline.py::test_simulated_trainium_matches_cpu": 31,
+    "test_scf_builds.py::test_trainium_whole_job_envelope_at_triple_zeta": 107,
+    "test_scf_builds.py::test_trainium_builds_converge_to_the_fp64_energy[uhf-pbe0-1-1]": 11,
+    "test_scf_builds.py::test_trainium_builds_converge_to_the_fp64_energy[rhf-b3lyp-0-0]": 6,
+    "test_scf_builds.py::test_trainium_builds_converge_to_the_fp64_energy[rhf-pbe-0-0]": 6,
+    "test_scf_builds.py::test_converged_energy_matches_pyscf[fp64-uhf-pbe0-1-1]": 8,
+    "test_scf_builds.py::test_converged_energy_matches_pyscf[fp64-rohf-b3lyp-1-1]": 8,
+    "test_scf_builds.py::test_converged_energy_matches_pyscf[mixed-rohf-b3lyp-1-1]": 8,
+    "test_scf_builds.py::test_trainium_double_hybrid_matches_the_host": 8,
+    "test_sparse.py::test_trainium_screened_run_matches_dense": 91,
+    "test_sparse.py::test_screened_run_matches_dense_and_pyscf[1-uhf]": 18,
+    "test_sparse.py::test_screened_run_matches_dense_and_pyscf[1-rohf]": 15,
+    "test_optimize.py::test_twenty_atom_optimisation_converges_to_alkane_bond_lengths": 110,
+    "test_optimize.py::test_radical_optimisation_matches_the_conventional_ump2_optimum": 13,
+    "test_distributed.py::test_checkpoint_over_ranks_resumes_after_a_kill": 15,
+    "test_distributed.py::test_a_lost_rank_file_makes_every_rank_remake_b": 10,
+    "test_distributed.py::test_checkpoint_of_another_run_is_refused_by_every_rank": 9,
+    "test_distributed.py::test_gloo_ranks_give_the_one_process_energy[3-fp64-1e-10]": 7,
+    "test_distributed.py::test_gradients_over_ranks_equal_one_process[3-methyl.xyz-extra1]": 9,
+    "test_distributed.py::test_screened_run_over_two_ranks": 7,
+    "test_bench.py::test_energy_negative_and_finite_for_every_shape[large]": 44,
+    "test_bench.py::test_energy_negative_and_finite_for_every_shape[medium]": 8,
+    "test_bench.py::test_model_only_gives_the_full_emulations_modelled_time": 8,
+    "test_memory_budget.py::test_peak_stays_within_the_budget[90]": 33,
+    "test_memory_budget.py::test_molecule_with_scf_stays_within_the_budget[pyscf-480]": 18,
+    "test_memory_budget.py::test_gradient_stays_within_the_budget": 60,
+    "test_nki_kernels.py::test_ao2mo_streams_c_vir_for_any_nao[trn2-0.6-3000-230-131-2]": 13,
+    "test_nki_kernels.py::test_pair_energy_streams_b_j_for_any_size": 7,
+    "test_gpu_references.py::test_cpu_fp64_matches_gpu_fp64[naphthalene-cc-pvtz]": 24,
+    "test_gpu_references.py::test_cpu_fp64_matches_gpu_fp64[benzene-cc-pvtz]": 14,
+    "test_gpu_references.py::test_cpu_fp64_matches_gpu_fp64[naphthalene-cc-pvdz]": 9,
+    "test_pipeline.py::test_out_of_core_reads_within_the_target[0.25]": 51,
+    "test_split_precision.py::test_split_precision_bench_times_the_split_products": 11,
+    "test_double_hybrids.py::test_cli_double_hybrid_closed_and_open_shell": 11,
+    "test_make_page.py::test_page_from_results": 9,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the SLOW tests `slow`; an entry of a collected file that names no test is an error
+    (a renamed test must not drop out of the tiers unseen)."""
+    used, files = set(), set()
+    for item in items:
+        path, _, name = item.nodeid.rpartition("::")
+        base = os.path.basename(path)
+        files.add(base)
+        for key in (f"{base}::{name}", f"{base}::{name.split('[', 1)[0]}"):
+            if key in SLOW:
+                item.add_marker(pytest.mark.slow)
+                used.add(key)
+    stale = sorted(key for key in SLOW if key.split("::", 1)[0] in files and key not in used)
+    if stale and not config.getoption("keyword") and not any("::" in arg for arg in config.args):
+        raise pytest.UsageError(f"conftest.SLOW names tests that do not exist: {stale}")
+
 
 @pytest.fixture(autouse=True)
 def _signal_dispositions_restored():

@@ -73,3 +73,38 @@ def test_readme_holds_the_commands_ci_runs():
     lines = {line.strip() for block in blocks for line in block.splitlines()}
     for command in commands:
         assert command in lines, f"README.md lacks the command .ci/run runs: {command}"
+
+
+# a Python name under the package: dfmp2.NAME[.NAME...] not inside a path or a longer dotted name
+PYTHON_NAME = re.compile(r"(?<![\w./-])dfmp2\.([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+
+
+def python_names(text):
+    return {match.group(1) for match in PYTHON_NAME.finditer(text)}
+
+
+def resolves(dotted) -> bool:
+    """dfmp2.<dotted> is an attribute or module that exists (modules imported as needed)."""
+    import importlib
+
+    obj, prefix = importlib.import_module("dfmp2"), "dfmp2"
+    for part in dotted.split("."):
+        prefix = f"{prefix}.{part}"
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        try:
+            obj = importlib.import_module(prefix)
+        except ImportError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name", DOC_FILES)
+def test_named_python_objects_exist(name):
+    """docs/cli.md cited dfmp2.run_xyz, which did not exist (AttributeError): every dfmp2.NAME a
+    document names resolves (files like dfmp2.lock are names inside paths, not matched)."""
+    with open(os.path.join(ROOT, name), encoding="utf-8") as handle:
+        text = handle.read()
+    missing = sorted(n for n in python_names(text) if not resolves(n))
+    assert not missing, f"{name} names dfmp2 objects that do not exist: {missing}"
