@@ -1,6 +1,7 @@
 """The PySCF drop-in as a script user meets it: one PySCF script, run whole (start-up, SCF, MP2),
-once with PySCF's DFMP2 and once with only its import changed to dfmp2's, side by side,
-alternating, wall clock of each process.
+once with PySCF's DFMP2 and once with only its import changed to dfmp2's, side by side, timed
+by the harness (benchmarks/harness.py: a quiet machine or no result, alternating, each at its
+fastest BLAS setting), wall clock of each process.
 
     python benchmarks/bench_dropin.py examples/benzene.xyz --basis cc-pvtz --rounds 3 --json
 
@@ -16,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from harness import add_arguments, from_arguments, main_guard, median, median_ratio  # noqa: E402
 
 SCRIPT = """
 import json, sys
@@ -38,54 +39,39 @@ json.dump({{"e_tot": pt.e_tot, "e_corr": e_corr, "t2_kept": t2 is not None}}, op
 CONTENDERS = {"pyscf": "from pyscf.mp.dfmp2 import DFMP2", "dfmp2": "from dfmp2 import DFMP2"}
 
 
-def run_once(import_line, molecule, basis, out):
-    """(wall seconds, the script's JSON) of one whole process."""
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(import_line=import_line), molecule, basis, out],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{import_line}: the script failed: {proc.stderr.strip()}")
-    with open(out) as handle:
-        return seconds, json.load(handle)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("molecule")
     parser.add_argument("--basis", default="cc-pvdz")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
+    add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/dropin_*.json")
     args = parser.parse_args(argv)
-    times = {name: [] for name in CONTENDERS}
-    records = {}
+    harness = from_arguments(args)
     with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(args.rounds + 1):
-            for name, import_line in CONTENDERS.items():
-                seconds, records[name] = run_once(import_line, args.molecule, args.basis, os.path.join(tmp, "out.json"))
-                if round_:
-                    times[name].append(seconds)
-    ratios = [p / d for p, d in zip(times["pyscf"], times["dfmp2"])]
+        outs = {name: os.path.join(tmp, f"{name}.json") for name in CONTENDERS}
+        commands = {name: ([sys.executable, "-c", SCRIPT.format(import_line=line), args.molecule, args.basis,
+                            outs[name]], None, None) for name, line in CONTENDERS.items()}
+        chosen = harness.choose_blas(commands, rounds=args.blas_rounds, torch={"dfmp2"})
+        timed = harness.alternate({name: (lambda n=name: harness.process(commands[n][0], chosen[n], payload=lambda: (
+            json.load(open(outs[n]))))) for name in CONTENDERS})
+    records = {name: runs[-1].payload for name, runs in timed.items()}
     report = {
-        "molecule": os.path.basename(args.molecule), "basis": args.basis, "rounds": args.rounds,
-        "cores": os.cpu_count(), "seconds": times,
-        "median_seconds": {name: statistics.median(t) for name, t in times.items()},
-        "median_ratio_pyscf_over": {"dfmp2": statistics.median(ratios)},
+        "molecule": os.path.basename(args.molecule), "basis": args.basis,
+        "seconds": {name: [round(r.seconds, 3) for r in runs] for name, runs in timed.items()},
+        "median_seconds": {name: round(median(runs), 3) for name, runs in timed.items()},
+        "median_ratio_pyscf_over": {"dfmp2": round(median_ratio(timed["pyscf"], timed["dfmp2"]), 3)},
         "e_tot": {name: r["e_tot"] for name, r in records.items()},
         "t2_kept": {name: r["t2_kept"] for name, r in records.items()},
-        "date": time.strftime("%Y-%m-%d"),
     }
+    path = os.path.join(HERE, "results", f"dropin_{os.path.splitext(report['molecule'])[0]}_{args.basis}.json")
+    full = harness.write(path, report) if args.json else {**report, **harness.record()}
     for name in CONTENDERS:
-        print(f"{name:6s} median {report['median_seconds'][name]:7.2f} s  E_tot {report['e_tot'][name]:.10f}  "
-              f"t2 kept {report['t2_kept'][name]}")
-    print(f"PySCF / dfmp2 (median of rounds): {report['median_ratio_pyscf_over']['dfmp2']:.2f}  "
-          f"|dE| {abs(report['e_tot']['pyscf'] - report['e_tot']['dfmp2']):.1e} Eh")
-    if args.json:
-        stem = f"dropin_{os.path.splitext(report['molecule'])[0]}_{args.basis}.json"
-        with open(os.path.join(HERE, "results", stem), "w") as handle:
-            json.dump(report, handle, indent=1)
+        print(f"{name:6s} median {full['median_seconds'][name]:7.2f} s  E_tot {full['e_tot'][name]:.10f}  "
+              f"t2 kept {full['t2_kept'][name]}  BLAS {full['blas'][name]['setting']}")
+    print(f"PySCF / dfmp2 (median of rounds): {full['median_ratio_pyscf_over']['dfmp2']:.2f}  "
+          f"|dE| {abs(full['e_tot']['pyscf'] - full['e_tot']['dfmp2']):.1e} Eh")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_guard(main)

@@ -1,5 +1,6 @@
 """dfmp2 on an NVIDIA GPU against gpu4pyscf, side by side: the whole job as a user waits for it
-(one process each, start-up included), alternating, plus each one's SCF and DF-MP2 steps.
+(one process each, start-up included), timed by benchmarks/harness.py (a quiet machine or no result,
+alternating, each at its fastest BLAS setting), plus each one's SCF and DF-MP2 steps.
 
     python benchmarks/bench_gpu4pyscf.py examples/benzene.xyz --basis cc-pvtz --rounds 3
     python benchmarks/bench_gpu4pyscf.py examples/water.xyz --contenders dfmp2,pyscf-cpu --device cpu
@@ -22,16 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_whole_job import PYSCF_SCRIPT  # noqa: E402  (the PySCF user's script, shared)
+from harness import add_arguments, from_arguments, main_guard, median, median_ratio  # noqa: E402
 
 GPU4PYSCF_SCRIPT = """
 import json, sys, time
@@ -59,63 +58,42 @@ json.dump({"e_tot": float(pt.e_tot), "e_corr": float(pt.e_corr), "e_ref": float(
 """
 
 
-def timed(command, output):
-    """(wall seconds, the JSON the process wrote) of one process, which must succeed."""
-    start = time.perf_counter()
-    proc = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{command[:4]}... failed: {proc.stderr.strip()[-2000:]}")
-    with open(output, encoding="utf-8") as handle:
-        return seconds, json.load(handle)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("molecule")
     parser.add_argument("--basis", default="cc-pvdz")
     parser.add_argument("--precision", default="fp32", help="dfmp2's MP2 precision (fp32: dfmp2 run's default)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1, choices=(0, 1))
+    add_arguments(parser)
     parser.add_argument("--contenders", default="dfmp2,gpu4pyscf", help="of dfmp2, gpu4pyscf, pyscf-cpu")
     parser.add_argument("--device", default="cuda", help="dfmp2's device (cpu: to try the script without a GPU)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     molecule, scratch = os.path.abspath(args.molecule), tempfile.mkdtemp(prefix="dfmp2-bench-gpu-")
-    contenders = {
-        "dfmp2": lambda out: [sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis,
-                              "--device", args.device, "--precision", args.precision, "--quiet", "--json", out],
-        "gpu4pyscf": lambda out: [sys.executable, "-c", GPU4PYSCF_SCRIPT, molecule, args.basis, out],
-        "pyscf-cpu": lambda out: [sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis, out],
+    outs = {name: os.path.join(scratch, f"{name}.json") for name in ("dfmp2", "gpu4pyscf", "pyscf-cpu")}
+    commands = {
+        "dfmp2": [sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis, "--device", args.device,
+                  "--precision", args.precision, "--quiet", "--json", outs["dfmp2"]],
+        "gpu4pyscf": [sys.executable, "-c", GPU4PYSCF_SCRIPT, molecule, args.basis, outs["gpu4pyscf"]],
+        "pyscf-cpu": [sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis, outs["pyscf-cpu"]],
     }
-    contenders = {name: contenders[name] for name in args.contenders.split(",")}
-    walls = {name: [] for name in contenders}
-    records = {}
-    for round_index in range(args.rounds + args.warmup):
-        for name, command in contenders.items():
-            out = os.path.join(scratch, f"{name}.json")
-            seconds, record = timed(command(out), out)
-            if round_index >= args.warmup:
-                walls[name].append(seconds)
-                records[name] = record
-            print(f"round {round_index} {name:10s} {seconds:8.2f} s  E_tot {record['e_tot']:.10f}", flush=True)
-    report = {"molecule": args.molecule, "basis": args.basis, "dfmp2_precision": args.precision,
-              "rounds": args.rounds, "contenders": {}}
-    for name in contenders:
-        record = records[name]
+    names = args.contenders.split(",")
+    harness = from_arguments(args)
+    chosen = harness.choose_blas({name: (commands[name], None, ROOT) for name in names}, rounds=args.blas_rounds)
+    timed = harness.alternate({name: (lambda n=name: harness.process(commands[n], chosen[n], ROOT, lambda: json.load(
+        open(outs[n], encoding="utf-8")))) for name in names})
+    report = {"molecule": args.molecule, "basis": args.basis, "dfmp2_precision": args.precision, "contenders": {}}
+    for name in names:
+        record = timed[name][-1].payload
         report["contenders"][name] = {
-            "wall_seconds": [round(s, 3) for s in walls[name]], "median_wall": round(statistics.median(walls[name]), 3),
+            "wall_seconds": [round(r.seconds, 3) for r in timed[name]], "median_wall": round(median(timed[name]), 3),
             "timings": record["timings"], "e_tot": record["e_tot"], "e_corr": record["e_corr"],
             "e_ref": record.get("e_ref"), "version": record.get("version"), "scf_iterations": record.get("scf_iterations")}
-        if name != "dfmp2":
-            ratios = [other / mine for other, mine in zip(walls[name], walls["dfmp2"])]
-            report["contenders"][name]["ratio_to_dfmp2"] = round(statistics.median(ratios), 3)
-            report["contenders"][name]["de_tot_vs_dfmp2"] = record["e_tot"] - records["dfmp2"]["e_tot"]
-    print(json.dumps(report, indent=1))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
+        if name != "dfmp2" and "dfmp2" in timed:
+            report["contenders"][name]["ratio_to_dfmp2"] = round(median_ratio(timed[name], timed["dfmp2"]), 3)
+            report["contenders"][name]["de_tot_vs_dfmp2"] = record["e_tot"] - timed["dfmp2"][-1].payload["e_tot"]
+    full = harness.write(args.json, report) if args.json else {**report, **harness.record()}
+    print(json.dumps({k: v for k, v in full.items() if k != "runs"}, indent=1))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_guard(main)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_whole_job import timed  # noqa: E402  (one timing helper for the whole-job benchmarks)
+from harness import add_arguments, from_arguments, main_guard, median, median_ratio  # noqa: E402
 
 PYSCF_GRADIENT_SCRIPT = """
 import json, sys, time
@@ -44,8 +43,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("molecule")
     parser.add_argument("--basis", default="cc-pvdz")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
+    add_arguments(parser)
     parser.add_argument("--pyscf", action="store_true", help="also PySCF's conventional MP2 gradient")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -53,24 +51,21 @@ def main(argv=None):
     dfmp2_script = os.path.join(os.path.dirname(sys.executable), "dfmp2")
     out = tempfile.mkdtemp(prefix="dfmp2-bench-gradient-")
     contenders = {name: ([dfmp2_script, name, molecule, "--basis", args.basis, "--quiet", "--json",
-                          os.path.join(out, f"{name}.json")], None) for name in ("run", "grad")}
+                          os.path.join(out, f"{name}.json")], None, None) for name in ("run", "grad")}
     if args.pyscf:
         contenders["pyscf-conventional-grad"] = ([sys.executable, "-c", PYSCF_GRADIENT_SCRIPT, molecule, args.basis,
-                                                  os.path.join(out, "pyscf.json")], None)
-    times = {name: [] for name in contenders}
-    for round_ in range(args.warmup + args.rounds):
-        for name, (command, env) in contenders.items():
-            seconds = timed(command, env=env)
-            if round_ >= args.warmup:
-                times[name].append(seconds)
-        print(f"round {round_}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items() if t), flush=True)
+                                                  os.path.join(out, "pyscf.json")], None, None)
+    harness = from_arguments(args)
+    chosen = harness.choose_blas(contenders, rounds=args.blas_rounds)
+    timed = harness.alternate({name: (lambda n=name: harness.process(contenders[n][0], chosen[n]))
+                               for name in contenders})
     records = {name: json.load(open(os.path.join(out, f"{name}.json"), encoding="utf-8")) for name in ("run", "grad")}
     grad = records["grad"]
     report = {
-        "molecule": os.path.relpath(molecule), "basis": args.basis, "rounds": args.rounds,
+        "molecule": os.path.relpath(molecule), "basis": args.basis,
         "nbasis": grad["nbasis"], "naux": grad["naux"], "nocc": grad["nocc"],
-        "median_seconds": {name: statistics.median(t) for name, t in times.items()},
-        "grad_over_run": statistics.median(g / r for g, r in zip(times["grad"], times["run"])),
+        "median_seconds": {name: round(median(runs), 3) for name, runs in timed.items()},
+        "grad_over_run": round(median_ratio(timed["grad"], timed["run"]), 3),
         "grad_timings": grad["timings"], "run_timings": records["run"]["timings"],
         "gradient_parts_seconds": {k: v for k, v in grad["timings"].items() if k.startswith("gradient_")},
         "e_tot": {"run": records["run"]["e_tot"], "grad": grad["e_tot"]},
@@ -79,13 +74,11 @@ def main(argv=None):
     if args.pyscf:
         theirs = json.load(open(os.path.join(out, "pyscf.json"), encoding="utf-8"))
         report["e_tot"]["pyscf_conventional"] = theirs["e_tot"]
-        report["pyscf_conventional_over_grad"] = statistics.median(
-            p / g for p, g in zip(times["pyscf-conventional-grad"], times["grad"]))
-    print(json.dumps(report, indent=1))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
+        report["pyscf_conventional_over_grad"] = round(median_ratio(timed["pyscf-conventional-grad"], timed["grad"]),
+                                                       3)
+    full = harness.write(args.json, report) if args.json else {**report, **harness.record()}
+    print(json.dumps({k: v for k, v in full.items() if k not in ("runs",)}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)

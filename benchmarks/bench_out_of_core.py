@@ -1,4 +1,5 @@
-"""Out-of-core against in-memory, side by side, and the scratch traffic against the disk.
+"""Out-of-core against in-memory, side by side (timed by benchmarks/harness.py: a quiet machine or no
+result), and the scratch traffic against the disk.
 
     python benchmarks/bench_out_of_core.py --nbasis 500 --nocc 60 --naux 1500 --disk-budget 500 \
         --rounds 2 --scratch /tmp --json benchmarks/results/out_of_core.json
@@ -29,6 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import add_arguments, bench_environment, from_arguments, main_guard  # noqa: E402
 
 CHUNK = 64 * 2**20
 
@@ -104,16 +109,17 @@ def device_counters(directory):
     return fields[2] * 512, fields[6] * 512  # sectors read, sectors written (512 bytes each)
 
 
-def bench(shape, budget, scratch, repeat):
+def bench(harness, name, round_, shape, budget, scratch, repeat):
+    """One `dfmp2 bench` process timed by the harness (quiet check) -> its JSON record."""
     with tempfile.TemporaryDirectory() as out:
         path = os.path.join(out, "bench.json")
         args = [sys.executable, "-m", "dfmp2", "bench", *shape, "--repeat", str(repeat), "--quiet", "--json", path]
         if budget is not None:
             args += ["--max-memory", str(budget)]
-        env = dict(os.environ, TMPDIR=scratch)  # the scratch file's directory
-        subprocess.run(args, check=True, env=env)
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        env = bench_environment({"TMPDIR": scratch, "PYSCF_TMPDIR": scratch})  # the scratch file's directory
+        run = harness.measure(name, round_, lambda: harness.process(args, env, payload=lambda: json.load(
+            open(path, encoding="utf-8"))))
+        return run.payload
 
 
 def main():
@@ -122,7 +128,7 @@ def main():
     parser.add_argument("--nocc", type=int, default=60)
     parser.add_argument("--naux", type=int, default=1500)
     parser.add_argument("--disk-budget", type=float, default=500.0, help="MB, whole process")
-    parser.add_argument("--rounds", type=int, default=2)
+    add_arguments(parser, rounds=2)
     parser.add_argument("--scratch", default=tempfile.gettempdir())
     parser.add_argument("--repeat", type=int, default=1, help="warm passes per run (0: the cold pass)")
     parser.add_argument("--leave-free", type=float, default=None, metavar="GB",
@@ -132,16 +138,18 @@ def main():
     shape = ["--nbasis", str(args.nbasis), "--nocc", str(args.nocc), "--naux", str(args.naux)]
     tensor = args.nocc * (args.nbasis - args.nocc) * args.naux * 8
     write_rate, read_rate = disk_rate(args.scratch, max(tensor, 256 * 2**20))
+    harness = from_arguments(args)
+    harness.note_blas("dfmp2", "detected", bench_environment(harness.blas_settings.get("detected", {})), True)
     runs = {"memory": [], "disk": []}
     device_io, held = [], None
-    for _ in range(args.rounds):  # alternate: this machine is noisy
-        runs["memory"].append(bench(shape, None, args.scratch, args.repeat))
+    for round_ in range(1, args.rounds + 1):  # alternate (one program: one BLAS setting for both)
+        runs["memory"].append(bench(harness, "memory", round_, shape, None, args.scratch, args.repeat))
         with contextlib.ExitStack() as stack:
             if args.leave_free is not None:
                 hold = stack.enter_context(MemoryHold(args.leave_free * 1e9))
                 held = {"held_gb": hold.nbytes / 1e9, "mem_available_gb_while_held": hold.available / 1e9}
             before = device_counters(args.scratch)
-            runs["disk"].append(bench(shape, args.disk_budget, args.scratch, args.repeat))
+            runs["disk"].append(bench(harness, "disk", round_, shape, args.disk_budget, args.scratch, args.repeat))
             after = device_counters(args.scratch)
         if before is not None:
             device_io.append({"bytes_read": after[0] - before[0], "bytes_written": after[1] - before[1]})
@@ -171,11 +179,9 @@ def main():
                  if held is None else "a process held all available memory but --leave-free during the "
                  "disk runs, so the scratch file could not stay in the page cache (see block_device_io)"),
     }
-    print(json.dumps(record, indent=1))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(record, handle, indent=1)
+    full = harness.write(args.json, record) if args.json else {**record, **harness.record()}
+    print(json.dumps({k: v for k, v in full.items() if k != "runs"}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)

@@ -1,33 +1,35 @@
 """Time the DF-MP2 step (3-center integrals -> energy; SCF excluded) of dfmp2 and PySCF side by side.
 
-Two worker processes, started together and driven alternately in one run:
+Worker processes, each converging the same density-fitted RHF once (not timed), then driven one
+call at a time by the harness (benchmarks/harness.py: a quiet machine or no result, alternating,
+each contender at its fastest BLAS setting):
   - PySCF: `pyscf.mp.dfmp2.DFMP2` (closed shell) or `pyscf.mp.dfump2.DFUMP2` (--spin > 0: a UHF
-    reference) with the same MP2-fit auxiliary basis, `with_t2=False`, a
-    fresh DF object per call so nothing is cached. This process never imports torch or
-    dfmp2 (so it runs exactly as a PySCF user's script would).
-  - dfmp2: `dfmp2.DFMP2(...).kernel()` in fp64 and fp32.
-Each worker runs the same density-fitted RHF once (not timed). Round 0 is a discarded warm-up;
-then each round times PySCF, dfmp2 fp64, dfmp2 fp32 in turn (--gap: idle seconds before
-each call). Both workers run with OMP_WAIT_POLICY=PASSIVE unless the caller set it. Prints medians and the median of
-the per-round ratios PySCF time / dfmp2 time (> 1: dfmp2 is faster).
+    reference) with the same MP2-fit auxiliary basis, `with_t2=False`, a fresh DF object per
+    call so nothing is cached. This process never imports torch or dfmp2 (so it runs exactly as a
+    PySCF user's script would).
+  - dfmp2: `dfmp2.DFMP2(...).kernel()` in fp64 and fp32 (one worker).
+One worker per contender and BLAS setting is started; each is timed (--blas-rounds calls) and the
+fastest setting's worker runs the timed rounds. Each call reports its process's CPU seconds, for
+the harness's quiet check. Prints medians and the median of the per-round ratios PySCF time /
+dfmp2 time (> 1: dfmp2 is faster).
 
-    python benchmarks/bench_vs_pyscf.py examples/benzene.xyz --basis cc-pvtz --repeat 7
+    python benchmarks/bench_vs_pyscf.py examples/benzene.xyz --basis cc-pvtz --rounds 7
     python benchmarks/bench_vs_pyscf.py examples/naphthalene.xyz --basis cc-pvtz --charge 1 --spin 1
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from harness import add_arguments, bench_environment, from_arguments, main_guard, median, median_ratio  # noqa: E402
 
 
 def _scf(xyz, basis, charge=0, spin=0):
@@ -62,11 +64,11 @@ def pyscf_worker(conn, xyz, basis, frozen_core, charge, spin):
                "auxbasis": aux if isinstance(aux, str) else "mp2fit"})
     peer = dfump2.DFUMP2 if spin else dfmp2.DFMP2
     while conn.recv() is not None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         pt = peer(mf, frozen=frozen)
         pt.with_df = df.DF(mol, auxbasis=aux)
         pt.kernel(with_t2=False)
-        conn.send((time.perf_counter() - start, pt.e_corr, None))
+        conn.send((time.perf_counter() - start, time.process_time() - cpu, pt.e_corr, None))
 
 
 def dfmp2_worker(conn, xyz, basis, frozen_core, charge, spin, device):
@@ -80,106 +82,107 @@ def dfmp2_worker(conn, xyz, basis, frozen_core, charge, spin, device):
     conn.send({"dfmp2": dfmp2.__version__, "torch": torch.__version__,
                "device": device_report()[device][1], "threads": torch.get_num_threads()})
     while (precision := conn.recv()) is not None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         pt = DFMP2(mf, frozen=frozen, device=device, precision=precision)
         pt.kernel()
-        conn.send((time.perf_counter() - start, pt.e_corr, pt.result.timings))
+        conn.send((time.perf_counter() - start, time.process_time() - cpu, pt.e_corr, pt.result.timings))
+
+
+def start_worker(ctx, target, args, env):
+    """A worker process started in `env` (its BLAS reads the environment when it loads)."""
+    parent, child = ctx.Pipe()
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        process = ctx.Process(target=target, args=(child, *args))
+        process.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return parent, process
+
+
+def ask(worker, request):
+    """A call for the harness: one timed request to a worker -> (its CPU seconds, (seconds,
+    e_corr, timings))."""
+    conn, _ = worker
+    conn.send(request)
+    seconds, cpu, energy, timings = conn.recv()
+    return cpu, (seconds, energy, timings)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("xyz", nargs="?", default=os.path.join(HERE, "..", "examples", "benzene.xyz"))
     parser.add_argument("--basis", default="cc-pvtz")
-    parser.add_argument("--repeat", type=int, default=7)
+    add_arguments(parser, rounds=7)
     parser.add_argument("--no-frozen-core", action="store_true")
     parser.add_argument("--charge", type=int, default=0)
     parser.add_argument("--spin", type=int, default=0, help="2S; > 0: UHF, PySCF's DFUMP2 as the peer")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--gap", type=float, default=0.0, help="idle seconds before each timed call")
     parser.add_argument("--json", default=None, help="write the measurements here")
     args = parser.parse_args(argv)
     frozen_core = not args.no_frozen_core
-
-    # Same thread environment for both workers: dfmp2 sets a passive OpenMP wait policy for
-    # itself; PySCF gets it too, which also calms its own OpenBLAS/OpenMP contention.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    harness = from_arguments(args)
     ctx = multiprocessing.get_context("spawn")
-    workers = {}
+    molecule = (args.xyz, args.basis, frozen_core, args.charge, args.spin)
+    workers, info = {}, {}
     for name, target, extra in (("pyscf", pyscf_worker, ()), ("dfmp2", dfmp2_worker, (args.device,))):
-        parent, child = ctx.Pipe()
-        process = ctx.Process(target=target, args=(child, args.xyz, args.basis, frozen_core, args.charge,
-                                                   args.spin, *extra))
-        process.start()
-        workers[name] = (parent, process)
-    info = {name: conn.recv() for name, (conn, _) in workers.items()}
+        for setting, changes in harness.blas_settings.items():
+            workers[(name, setting)] = start_worker(ctx, target, (*molecule, *extra), bench_environment(changes))
+    for key, (conn, _) in workers.items():
+        info[key] = conn.recv()
+    try:
+        requests = {"pyscf": True, "dfmp2": "fp32"}  # (dfmp2's BLAS setting is chosen on its default precision)
+        for key, worker in workers.items():
+            harness.measure(key[0], 0, lambda w=worker, r=requests[key[0]]: ask(w, r))  # warm-up
+        best = harness.choose({name: {setting: (lambda w=workers[(name, setting)], r=requests[name]: ask(w, r))
+                                      for setting in harness.blas_settings} for name in requests},
+                              args.blas_rounds)
+        for name, (setting, trials) in best.items():
+            harness.note_blas(name, setting, bench_environment(harness.blas_settings[setting]), name == "dfmp2",
+                              trials)
+        chosen = {name: workers[(name, setting)] for name, (setting, _) in best.items()}
+        timed = harness.alternate({"pyscf": lambda: ask(chosen["pyscf"], True),
+                                   "dfmp2-fp64": lambda: ask(chosen["dfmp2"], "fp64"),
+                                   "dfmp2-fp32": lambda: ask(chosen["dfmp2"], "fp32")})
+    finally:
+        for conn, process in workers.values():
+            conn.send(None)
+            process.join()
 
-    contenders = {"pyscf": ("pyscf", True), "dfmp2-fp64": ("dfmp2", "fp64"),
-                  "dfmp2-fp32": ("dfmp2", "fp32")}
-    times = {name: [] for name in contenders}
-    after_integrals = {name: [] for name in contenders if name != "pyscf"}
-    energies = {}
-    for round_ in range(args.repeat + 1):  # round 0 is warm-up
-        for name, (worker, request) in contenders.items():
-            conn = workers[worker][0]
-            time.sleep(args.gap)  # let the other worker's BLAS/OpenMP threads go idle first
-            conn.send(request)
-            elapsed, energy, timings = conn.recv()
-            energies[name] = energy
-            if round_ == 0:
-                continue
-            times[name].append(elapsed)
-            if timings:
-                after_integrals[name].append(elapsed - timings["integrals"])
-    for conn, process in workers.values():
-        conn.send(None)
-        process.join()
-
-    medians = {name: statistics.median(v) for name, v in times.items()}
-    ratios = {name: statistics.median(p / d for p, d in zip(times["pyscf"], times[name]))
-              for name in contenders if name != "pyscf"}
-    sizes = info["pyscf"]
+    energies = {name: runs[-1].payload[1] for name, runs in timed.items()}
+    after_integrals = {name: [r.seconds - r.payload[2]["integrals"] for r in runs]
+                       for name, runs in timed.items() if name != "pyscf"}
+    medians = {name: median(runs) for name, runs in timed.items()}
+    ratios = {name: median_ratio(timed["pyscf"], runs) for name, runs in timed.items() if name != "pyscf"}
+    sizes = info[("pyscf", best["pyscf"][0])]
+    dfmp2_info = info[("dfmp2", best["dfmp2"][0])]
     print(f"{os.path.basename(args.xyz)} / {args.basis} ({sizes['reference'].upper()}, charge {args.charge}, "
-          f"2S {args.spin}): nao {sizes['nao']}, active nocc "
-          f"{sizes['nocc']}, aux {sizes['auxbasis']}; {info['dfmp2']['device']}; "
-          f"{args.repeat} timed rounds (medians)")
-    best = {name: min(v) for name, v in times.items()}
-    print(f"{'code':12s} {'median (s)':>10s} {'pyscf/this':>10s} {'best (s)':>9s} {'pyscf/this':>10s} "
-          f"{'e_corr (Eh)':>18s} {'vs pyscf':>9s}")
-    for name in contenders:
+          f"2S {args.spin}): nao {sizes['nao']}, active nocc {sizes['nocc']}, aux {sizes['auxbasis']}; "
+          f"{dfmp2_info['device']}; {args.rounds} timed rounds (medians); BLAS: PySCF {best['pyscf'][0]}, "
+          f"dfmp2 {best['dfmp2'][0]}")
+    print(f"{'code':12s} {'median (s)':>10s} {'pyscf/this':>10s} {'e_corr (Eh)':>18s} {'vs pyscf':>9s}")
+    for name in timed:
         ratio = "1.00" if name == "pyscf" else f"{ratios[name]:.2f}"
-        best_ratio = best["pyscf"] / best[name]
-        delta = energies[name] - energies["pyscf"]
-        print(f"{name:12s} {medians[name]:10.3f} {ratio:>10s} {best[name]:9.3f} {best_ratio:10.2f} "
-              f"{energies[name]:18.10f} {delta:9.1e}")
+        print(f"{name:12s} {medians[name]:10.3f} {ratio:>10s} {energies[name]:18.10f} "
+              f"{energies[name] - energies['pyscf']:9.1e}")
     for name, values in after_integrals.items():
         print(f"  {name}: {statistics.median(values):.3f} s of it after the 3-center integrals")
-
-    if args.json:
-        record = {
-            "molecule": os.path.basename(args.xyz), "basis": args.basis, "sizes": sizes, "gap": args.gap,
-            "charge": args.charge, "spin": args.spin, "reference": sizes["reference"],
-            "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-            "frozen_core": frozen_core, "repeat": args.repeat, "median_seconds": medians,
-            "median_ratio_pyscf_over_dfmp2": ratios, "best_seconds": best,
-            "all_seconds": times, "e_corr": energies,
-            "seconds_after_integrals": {k: statistics.median(v) for k, v in after_integrals.items()},
-            "machine": {"device": info["dfmp2"]["device"], "python": platform.python_version(),
-                        "threads": info["dfmp2"]["threads"]},
-            "versions": {"dfmp2": info["dfmp2"]["dfmp2"], "torch": info["dfmp2"]["torch"],
-                         "pyscf": sizes["pyscf"]},
-            "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
-        }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(record, out, indent=2)
-
-
-def _commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=HERE, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    record = {
+        "molecule": os.path.basename(args.xyz), "basis": args.basis, "sizes": sizes, "charge": args.charge,
+        "spin": args.spin, "reference": sizes["reference"], "frozen_core": frozen_core,
+        "median_seconds": medians, "median_ratio_pyscf_over_dfmp2": ratios,
+        "seconds": {n: [round(r.seconds, 4) for r in runs] for n, runs in timed.items()}, "e_corr": energies,
+        "seconds_after_integrals": {k: statistics.median(v) for k, v in after_integrals.items()},
+        "versions": {"dfmp2": dfmp2_info["dfmp2"], "torch": dfmp2_info["torch"], "pyscf": sizes["pyscf"]},
+        "threads": dfmp2_info["threads"], "device": dfmp2_info["device"],
+    }
+    full = harness.write(args.json, record) if args.json else {**record, **harness.record()}
+    print(f"quiet: largest share of a core used by other processes during a timed call "
+          f"{100 * full['harness']['largest_other_fraction']:.1f}%")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_guard(main)

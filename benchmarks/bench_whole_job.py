@@ -1,22 +1,23 @@
 """The whole job as a user waits for it: `dfmp2 run MOLECULE.xyz` as typed (start-up, SCF, MP2,
 output) against the PySCF script that does the same (DF-RHF with PySCF's default JK-fit set,
-then PySCF's DFMP2 with the MP2-fit set dfmp2 uses, without keeping t2, as dfmp2 run), side by side, alternating, wall clock of
-each whole process.
+then PySCF's DFMP2 with the MP2-fit set dfmp2 uses, without keeping t2, as dfmp2 run), each a
+whole process, timed by the harness (benchmarks/harness.py): quiet machine or no result,
+alternating, each contender at its fastest BLAS setting on this machine.
 
-    python benchmarks/bench_whole_job.py examples/benzene.xyz --basis cc-pvtz --rounds 3
+    python benchmarks/bench_whole_job.py examples/naphthalene.xyz --basis cc-pvtz --rounds 3 \
+        --json benchmarks/results/whole_job_naphthalene_ccpvtz_cpu.json
     python benchmarks/bench_whole_job.py examples/water.xyz --other-checkout /tmp/old   # + an older dfmp2
-    python benchmarks/bench_whole_job.py examples/water16.xyz --pyscf-builds --warmup 0 --rounds 1
+    python benchmarks/bench_whole_job.py examples/water16.xyz --pyscf-builds --warmup 0 --rounds 2
 
-Round 0 is a discarded warm-up (file caches). Each later round runs every contender once, in
-turn; the report gives per-contender medians and the median of the per-round ratios
-PySCF / contender (> 1: the contender is faster), the same for the SCF step alone (PySCF's
-mf.kernel(), integrals and guess included, against dfmp2's scf timing plus its early JK-fit
-integrals' thread time), with each contender's E(total). With
---other-checkout DIR, `python -m dfmp2 run` from that checkout (PYTHONPATH=DIR, run from DIR) runs as a
-third contender, e.g. the commit before a change; with --pyscf-builds, `dfmp2 run --scf-backend
-pyscf` (PySCF's own J/K builds in dfmp2's SCF) runs too. --warmup 0 skips the warm-up round (for
-molecules that take minutes). Each dfmp2 contender's step timings and SCF build record (of its last
-round) go into the report. Writes benchmarks/results/whole_job_*.json with --json.
+First each contender runs once (a warm-up: file caches, the bytecode cache) and then once per
+BLAS setting (harness.BLAS_SETTINGS, alternating; --blas-rounds more each); the timed rounds use
+each one's fastest. Round 0 of the timed rounds is a discarded warm-up unless --warmup 0. The
+report gives per-contender medians and the median of the per-round ratios PySCF / contender
+(> 1: the contender is faster), the same for the SCF step alone (PySCF's mf.kernel(), integrals
+and guess included, against dfmp2's scf timing plus its early JK-fit integrals' thread time), each
+contender's E(total), its BLAS setting and what threadpoolctl and torch found, and every run's
+quiet check. With --other-checkout DIR, `python -m dfmp2 run` from that checkout runs as a third
+contender; with --pyscf-builds, `dfmp2 run --scf-backend pyscf`; with --fp64, `--precision fp64`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 import timeit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from harness import add_arguments, from_arguments, main_guard, median, median_ratio  # noqa: E402
 
 PYSCF_SCRIPT = """
 import json, sys, time
@@ -50,16 +52,6 @@ json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr, "e_ref": mf.e_tot, "scf_itera
            "timings": {"scf": scf_seconds, "mp2": time.perf_counter() - start - scf_seconds}},
           open(sys.argv[3], "w"))
 """
-
-
-def timed(command, env=None, cwd=None):
-    """Wall seconds of one process (which must succeed)."""
-    start = time.perf_counter()
-    proc = subprocess.run(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{command[:4]}... failed: {proc.stderr.strip()}")
-    return seconds
 
 
 def scf_step_seconds(record):
@@ -108,96 +100,83 @@ def scf_build_rates(record, rates):
             for kind, v in per_kind.items()}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("molecule")
-    parser.add_argument("--basis", default="cc-pvdz")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
-    parser.add_argument("--other-checkout", default=None, help="another dfmp2 checkout to time too")
-    parser.add_argument("--pyscf-builds", action="store_true", help="also time dfmp2 run --scf-backend pyscf")
-    parser.add_argument("--fp64", action="store_true", help="also time dfmp2 run --precision fp64")
-    parser.add_argument("--pyscf-openblas", action="store_true",
-                        help="also time the PySCF script with OPENBLAS_THREAD_TIMEOUT=4 (what dfmp2 sets)")
-    parser.add_argument("--warmup", type=int, default=1, choices=(0, 1), help="run a discarded warm-up round")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    molecule = os.path.abspath(args.molecule)
-    out = tempfile.mkdtemp(prefix="whole-job-")
+def contenders_of(args, molecule, out) -> dict:
+    """name -> (command, base environment or None, cwd, the JSON file it writes)."""
     dfmp2_script = os.path.join(os.path.dirname(sys.executable), "dfmp2")
+    run = [dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet", "--json"]
     contenders = {
         "pyscf": ([sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis, os.path.join(out, "pyscf.json")],
-                  (None, None)),
-        "dfmp2": ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
-                   "--json", os.path.join(out, "dfmp2.json")], (None, None)),
+                  None, None),
+        "dfmp2": (run + [os.path.join(out, "dfmp2.json")], None, None),
     }
-    if args.pyscf_openblas:
-        contenders["pyscf-openblas"] = ([sys.executable, "-c", PYSCF_SCRIPT, molecule, args.basis,
-                                         os.path.join(out, "pyscf-openblas.json")],
-                                        (dict(os.environ, OPENBLAS_THREAD_TIMEOUT="4"), None))
     if args.pyscf_builds:
-        contenders["dfmp2-pyscf-builds"] = ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
-                                             "--scf-backend", "pyscf", "--json",
-                                             os.path.join(out, "dfmp2-pyscf-builds.json")], (None, None))
+        contenders["dfmp2-pyscf-builds"] = (run + [os.path.join(out, "dfmp2-pyscf-builds.json"), "--scf-backend",
+                                                   "pyscf"], None, None)
     if args.fp64:
-        contenders["dfmp2-fp64"] = ([dfmp2_script, "run", molecule, "--basis", args.basis, "--quiet",
-                                     "--precision", "fp64", "--json", os.path.join(out, "dfmp2-fp64.json")], (None, None))
+        contenders["dfmp2-fp64"] = (run + [os.path.join(out, "dfmp2-fp64.json"), "--precision", "fp64"], None, None)
     if args.other_checkout:
         # run from inside that checkout: `python -m` puts the working directory first on sys.path,
         # ahead of PYTHONPATH (from this checkout it would import this checkout's dfmp2)
         other = os.path.abspath(args.other_checkout)
         contenders["dfmp2-other"] = ([sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis,
                                       "--quiet", "--json", os.path.join(out, "dfmp2-other.json")],
-                                     (dict(os.environ, PYTHONPATH=other), other))
-    seconds = {name: [] for name in contenders}
-    scf_seconds = {name: [] for name in contenders}  # each round's SCF step, as its record gives it
-    for round_ in range(1 - args.warmup, args.rounds + 1):
-        for name, (command, (env, cwd)) in contenders.items():
-            t = timed(command, env, cwd)
-            if round_:
-                seconds[name].append(t)
-                scf_seconds[name].append(scf_step_seconds(json.load(open(os.path.join(out, f"{name}.json")))))
-        if round_:
-            print(f"round {round_}: " + ", ".join(f"{name} {s[-1]:.2f} s" for name, s in seconds.items()))
-    records = {name: json.load(open(os.path.join(out, f"{name}.json"))) for name in contenders}
-    energies = {name: record["e_tot"] for name, record in records.items()}
-    record = {
-        "molecule": os.path.relpath(molecule), "basis": args.basis, "rounds": args.rounds,
-        "seconds": seconds, "median_seconds": {n: statistics.median(s) for n, s in seconds.items()},
-        "median_ratio_pyscf_over": {n: statistics.median(p / s for p, s in zip(seconds["pyscf"], seconds[n]))
-                                    for n in contenders if n != "pyscf"},
-        **({"median_ratio_pyscf_openblas_over": {
-            n: statistics.median(p / s for p, s in zip(seconds["pyscf-openblas"], seconds[n]))
-            for n in contenders if not n.startswith("pyscf")}} if args.pyscf_openblas else {}),
-        # the SCF step alone (PySCF: mf.kernel(), integrals and guess included; dfmp2: scf_step_seconds)
-        "scf_seconds": scf_seconds,
-        "median_scf_ratio_pyscf_over": {n: statistics.median(p / s for p, s in zip(scf_seconds["pyscf"], scf_seconds[n]))
-                                        for n in contenders if n != "pyscf"},
-        "pyscf_steps": {name: {key: r.get(key) for key in ("timings", "scf_iterations")}
-                        for name, r in records.items() if name.startswith("pyscf")},
-        "e_tot": energies, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
-        "steps": {name: {key: r.get(key) for key in ("timings", "scf_backend", "scf_precision", "scf_iterations",
-                                                     "scf_builds", "precision", "nbasis", "nocc")}
-                  for name, r in records.items() if not name.startswith("pyscf")},
-    }
+                                     dict(os.environ, PYTHONPATH=other), other)
+    return contenders
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("molecule")
+    parser.add_argument("--basis", default="cc-pvdz")
+    add_arguments(parser)
+    parser.add_argument("--other-checkout", default=None, help="another dfmp2 checkout to time too")
+    parser.add_argument("--pyscf-builds", action="store_true", help="also time dfmp2 run --scf-backend pyscf")
+    parser.add_argument("--fp64", action="store_true", help="also time dfmp2 run --precision fp64")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    molecule = os.path.abspath(args.molecule)
+    out = tempfile.mkdtemp(prefix="whole-job-")
+    contenders = contenders_of(args, molecule, out)
+    harness = from_arguments(args)
+    chosen = harness.choose_blas(contenders, rounds=args.blas_rounds)
+
+    def call(name):
+        command, _, cwd = contenders[name]
+        return lambda: harness.process(command, chosen[name], cwd, lambda: json.load(
+            open(os.path.join(out, f"{name}.json"))))
+
+    timed = harness.alternate({name: call(name) for name in contenders})
+    records = {name: runs[-1].payload for name, runs in timed.items()}
+    scf_steps = {name: [scf_step_seconds(r.payload) for r in runs] for name, runs in timed.items()}
     rates = gemm_rates()
-    record["gemm_gflops"] = {k: round(v, 1) for k, v in rates.items()}
-    record["scf_build_rates"] = {name: scf_build_rates(r, rates) for name, r in records.items()
-                                 if not name.startswith("pyscf")}
-    print(f"GEMM rate: fp32 {rates['fp32']:.0f}, fp64 {rates['fp64']:.0f} GFLOP/s; SCF builds: "
-          f"{record['scf_build_rates'].get('dfmp2')}")
+    record = {
+        "molecule": os.path.relpath(molecule, os.path.dirname(HERE)), "basis": args.basis,
+        "seconds": {n: [round(r.seconds, 3) for r in runs] for n, runs in timed.items()},
+        "median_seconds": {n: round(median(runs), 3) for n, runs in timed.items()},
+        "median_ratio_pyscf_over": {n: round(median_ratio(timed["pyscf"], runs), 3)
+                                    for n, runs in timed.items() if n != "pyscf"},
+        "scf_seconds": {n: [round(s, 3) for s in v] for n, v in scf_steps.items()},
+        "median_scf_ratio_pyscf_over": {n: round(statistics.median(p / s for p, s in zip(scf_steps["pyscf"], v)), 3)
+                                        for n, v in scf_steps.items() if n != "pyscf"},
+        "e_tot": {n: r["e_tot"] for n, r in records.items()},
+        "pyscf_steps": {n: {k: r.get(k) for k in ("timings", "scf_iterations")} for n, r in records.items()
+                        if n.startswith("pyscf")},
+        "steps": {n: {k: r.get(k) for k in ("timings", "scf_backend", "scf_precision", "scf_iterations",
+                                             "scf_builds", "precision", "nbasis", "nocc", "memory")}
+                  for n, r in records.items() if not n.startswith("pyscf")},
+        "gemm_gflops": {k: round(v, 1) for k, v in rates.items()},
+        "scf_build_rates": {n: scf_build_rates(r, rates) for n, r in records.items() if not n.startswith("pyscf")},
+    }
+    full = harness.write(args.json, record) if args.json else {**record, **harness.record()}
     for name in contenders:
-        ratio = record["median_ratio_pyscf_over"].get(name)
-        tuned = record.get("median_ratio_pyscf_openblas_over", {}).get(name)
-        scf_ratio = record["median_scf_ratio_pyscf_over"].get(name)
-        print(f"{name:14s} median {record['median_seconds'][name]:7.2f} s" +
-              f" (SCF step {statistics.median(scf_seconds[name]):6.2f} s)" +
-              (f"   PySCF / {name} = {ratio:.2f} (SCF step {scf_ratio:.2f})" if ratio else "") +
-              (f"   PySCF (OpenBLAS timeout) / {name} = {tuned:.2f}" if tuned else "") +
-              f"   E(total) {energies[name]:.10f}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(record, handle, indent=1)
+        ratio = full["median_ratio_pyscf_over"].get(name)
+        print(f"{name:20s} median {full['median_seconds'][name]:8.2f} s (SCF step "
+              f"{statistics.median(scf_steps[name]):7.2f} s) BLAS {full['blas'][name]['setting']:9s}"
+              + (f"  PySCF / {name} = {ratio:.2f} (SCF step {full['median_scf_ratio_pyscf_over'][name]:.2f})"
+                 if ratio else "") + f"  E(total) {full['e_tot'][name]:.10f}")
+    print(f"quiet: largest share of a core used by other processes during a timed run "
+          f"{100 * full['harness']['largest_other_fraction']:.1f}%")
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)

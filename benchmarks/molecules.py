@@ -1,11 +1,12 @@
 """The benchmark molecules that are not in examples/, written as XYZ files (Angstrom):
 idealised geometries, good enough for timing (each converges in an ordinary number of SCF cycles).
 
-    python benchmarks/molecules.py examples/     # water16.xyz, hexane.xyz, hexadecane.xyz, triacontane.xyz, coronene.xyz, ovalene.xyz
+    python benchmarks/molecules.py examples/     # water16.xyz, hexane.xyz, hexadecane.xyz, hexacosane.xyz, ...
 
   water16      (H2O)16: a 2 x 2 x 4 grid of waters 2.85 A apart, alternately oriented (384 functions in cc-pVDZ)
   hexane       C6H14, all-trans zig-zag as below (154 functions in cc-pVDZ; the 20-atom optimisation test)
   hexadecane   C16H34, all-trans zig-zag, C-C 1.54 A, C-H 1.09 A (394 functions in cc-pVDZ)
+  hexacosane   C26H54, the same (634 functions in cc-pVDZ)
   triacontane  C30H62, the same (730 functions in cc-pVDZ)
   coronene     C24H12, planar, seven fused rings, C-C 1.42 A, C-H 1.09 A (888 functions in cc-pVTZ)
   ovalene      C32H14, the same, ten rings (1,156 functions in cc-pVTZ)
@@ -75,7 +76,7 @@ OVALENE = [(-1, 0), (-1, 1), (-1, 2), (0, -1), (0, 0), (0, 1), (0, 2), (1, -1), 
 
 
 MOLECULES = {"water16": (water_cluster, "(H2O)16"), "hexane": (lambda: alkane(6), "C6H14"),
-             "hexadecane": (lambda: alkane(16), "C16H34"),
+             "hexadecane": (lambda: alkane(16), "C16H34"), "hexacosane": (lambda: alkane(26), "C26H54"),
              "triacontane": (lambda: alkane(30), "C30H62"), "coronene": (lambda: benzenoid(CORONENE), "C24H12"),
              "ovalene": (lambda: benzenoid(OVALENE), "C32H14")}
 

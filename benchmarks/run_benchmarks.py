@@ -89,13 +89,13 @@ def run_kernels(targets=("trn1", "trn2")):
 
 def run_pyscf_peer(repeat):
     out = os.path.join(RESULTS, "peer_pyscf_benzene_ccpvtz_cpu.json")
-    subprocess.run([sys.executable, os.path.join(HERE, "bench_vs_pyscf.py"), "--repeat", str(repeat),
+    subprocess.run([sys.executable, os.path.join(HERE, "bench_vs_pyscf.py"), "--rounds", str(repeat),
                     "--json", out], check=True)
     # an open shell with > 300 basis functions: the naphthalene cation radical (UHF, 412 functions)
     out = os.path.join(RESULTS, "peer_pyscf_naphthalene_cation_ccpvtz_uhf_cpu.json")
     subprocess.run([sys.executable, os.path.join(HERE, "bench_vs_pyscf.py"),
                     os.path.join(ROOT, "examples", "naphthalene.xyz"), "--charge", "1", "--spin", "1",
-                    "--repeat", str(repeat), "--json", out], check=True)
+                    "--rounds", str(repeat), "--json", out], check=True)
 
 
 def run_gpu4pyscf_peer(xyz, basis, repeat):

@@ -12,6 +12,7 @@ and hands the pipeline plain arrays:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import files
 from .errors import ComputationError, InputError, option
 from .memory import release_freed_memory
 from .settings import SCF_MAX_CYCLE
@@ -315,6 +317,26 @@ def _check_basis_name(basis: str, symbols: list) -> None:
     for symbol in symbols:
         if not _loaded(basis_lib.load, basis, symbol):
             raise InputError(f"basis {basis!r} is unknown or has no functions for {symbol}")
+
+
+@contextlib.contextmanager
+def pyscf_scratch(scratch=None, prefix="dfmp2-"):
+    """Within: PySCF's temporary files (pyscf.lib.param.TMPDIR: out-of-core DF tensors, any
+    chkfile) go to a new directory <prefix>pyscf-* under `files.scratch_root(scratch)` (prefix:
+    `files.scratch_prefix`), removed on the way out however the run ends (after a SIGKILL, by the
+    next run of the same checkpoint); nested uses share the outer one. InputError before anything
+    runs when the directory cannot be made (a read-only PYSCF_TMPDIR, a missing --scratch)."""
+    from pyscf.lib import param
+
+    if param.TMPDIR in files.holding():
+        yield param.TMPDIR
+        return
+    with files.held_directory(prefix + "pyscf-", scratch) as directory:
+        previous, param.TMPDIR = param.TMPDIR, directory
+        try:
+            yield directory
+        finally:
+            param.TMPDIR = previous
 
 
 # ----------------------------------------------------------------------------- SCF

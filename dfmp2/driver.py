@@ -15,7 +15,7 @@ from .checkpoint import open_run_checkpoint, version_identity
 from .context import context_from
 from .functionals import DoubleHybrid, double_hybrid
 from .errors import InputError, MemoryBudgetError, option
-from .files import pyscf_scratch, scratch_prefix
+from .files import scratch_prefix
 from .memory import MB, RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .response import PROPERTIES, nuclear_gradient, relaxed_properties
@@ -182,7 +182,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
     (`dfmp2.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    with pyscf_scratch(settings.scratch):  # PySCF's temporary files: the run's, removed with it
+    with chem.pyscf_scratch(settings.scratch):  # PySCF's temporary files: the run's, removed with it
         return _run_mean_field(mf, settings, integrals, context, given)
 
 
@@ -207,7 +207,7 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
     out(s, shape) gives (`pipeline.three_center_mo`)."""
     settings = _offered_precision(settings_from(settings, **changes))
-    with pyscf_scratch(settings.scratch):
+    with chem.pyscf_scratch(settings.scratch):
         reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
         backend = backend_for(settings)
         return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff,
@@ -280,7 +280,7 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
     chem.check_geometry(atoms)
     # PySCF's temporary files: the run's, removed with it (a checkpoint's next run removes a killed one's)
-    with pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
+    with chem.pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
         return _run_atoms(atoms, settings, context)
 
 

@@ -22,9 +22,9 @@ the error is raised: a run leaves all of its outputs or none.
 Files in directories dfmp2 owns (a checkpoint's manifest, arrays, B and journals):
 `write_atomically`. Scratch: `scratch_directory` (one line naming the directory when it cannot be
 made) and `scratch_failure` (a write that failed there, e.g. a full disk). PySCF's own temporary
-files (its SCF chkfile, out-of-core DF tensors) go to a directory of the run's (`pyscf_scratch`)
-that is removed when the run ends, however it ends. Names in messages and JSON records:
-`display` (one line, valid UTF-8 whatever the name's bytes).
+files (out-of-core DF tensors) go to a directory of the run's (`held_directory`, through
+`chem.pyscf_scratch`) that is removed when the run ends, however it ends. Names in messages and
+JSON records: `display` (one line, valid UTF-8 whatever the name's bytes).
 """
 
 from __future__ import annotations
@@ -303,14 +303,9 @@ def write_atomically(path, write, partial=None) -> None:
 
 def scratch_root(scratch=None) -> str:
     """Where a run's scratch directories go: `scratch` (--scratch), else PySCF's temporary
-    directory (PYSCF_TMPDIR, else TMPDIR, else the system's)."""
+    directory by PySCF's rule (PYSCF_TMPDIR, else TMPDIR, else the system's)."""
     if scratch is not None:
         return os.fspath(scratch)
-    if _PYSCF_SCRATCH:  # (PySCF's is pointed at the run's own directory just now: where it pointed before)
-        return _PYSCF_SCRATCH[0][1]
-    if "pyscf.lib" in sys.modules:  # (its configuration may have set it)
-        return os.fspath(sys.modules["pyscf.lib"].param.TMPDIR)
-    # PySCF's rule, without loading PySCF (a synthetic benchmark never does: 50 MB resident)
     return os.environ.get("PYSCF_TMPDIR") or tempfile.gettempdir()
 
 
@@ -360,35 +355,30 @@ def scratch_prefix(checkpoint=None) -> str:
     return "dfmp2-ck" + hashlib.sha256(os.path.abspath(os.fspath(checkpoint)).encode()).hexdigest()[:12] + "-"
 
 
+_HELD = []  # the scratch directories held now (`held_directory`), innermost last
+
+
 def in_use(path) -> bool:
     """`path` is a scratch directory this process holds now (never removed as a leftover)."""
-    return any(os.path.samefile(path, held) for held, _ in _PYSCF_SCRATCH if os.path.exists(held))
+    return any(os.path.exists(held) and os.path.samefile(path, held) for held in _HELD)
 
 
-_PYSCF_SCRATCH = []  # (the run's directory for PySCF's temporary files, PySCF's TMPDIR before), while held
+def holding() -> list:
+    """The scratch directories held now, innermost last."""
+    return list(_HELD)
 
 
 @contextlib.contextmanager
-def pyscf_scratch(scratch=None, prefix="dfmp2-"):
-    """Within: PySCF's temporary files (pyscf.lib.param.TMPDIR) go to a new directory
-    <prefix>pyscf-* under `scratch_root(scratch)` (prefix: `scratch_prefix`), removed on the way
-    out however the run ends (a signal included; after a SIGKILL, by the next run of the same
-    checkpoint); nested uses share the outer one. InputError before anything runs when the
-    directory cannot be made (a read-only PYSCF_TMPDIR, a missing --scratch)."""
-    if _PYSCF_SCRATCH:
-        yield _PYSCF_SCRATCH[-1][0]
-        return
-    from pyscf.lib import param
-
-    directory = scratch_directory(prefix + "pyscf-", scratch)
-    previous = param.TMPDIR
-    param.TMPDIR = directory.name
-    _PYSCF_SCRATCH.append((directory.name, previous))
+def held_directory(prefix: str, scratch=None):
+    """A new scratch directory prefix* under `scratch_root(scratch)` (InputError, one line, where
+    it cannot be made), held (`in_use`) while the block runs and removed when it ends, however
+    it ends (a signal included: the command line turns them into exceptions)."""
+    directory = scratch_directory(prefix, scratch)
+    _HELD.append(directory.name)
     try:
         yield directory.name
     finally:
-        _PYSCF_SCRATCH.pop()
-        param.TMPDIR = previous
+        _HELD.pop()
         directory.cleanup()
 
 

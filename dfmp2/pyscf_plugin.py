@@ -38,7 +38,7 @@ from .context import RunContext
 from .driver import run_mean_field, three_center_of_mean_field
 from .errors import InputError
 from .provenance import mismatch
-from .files import display, pyscf_scratch
+from .files import display
 from .orbitals import active_orbitals, frozen_per_spin
 from .steps import natural_orbitals
 from .settings import IF_ROOM, Settings
@@ -291,7 +291,7 @@ class _DFMP2Base(lib.StreamObject):
         team = join_launched_team(self.device, self.simulate)
 
         def in_scratch():  # PySCF's temporary files (the response's fitting): the run's, removed with it
-            with pyscf_scratch():
+            with chem.pyscf_scratch():
                 return work()
         return in_scratch() if team is None else team.on_root(in_scratch)
 

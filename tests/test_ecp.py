@@ -65,7 +65,7 @@ def test_ecp_none_runs_all_electron_and_says_so(tmp_path):
     result = run_xyz(str(path), basis="def2-svp", ecp="none")
     assert result.ecp == {}
     assert result.e_hf < -1990  # 53 electrons more than with the ECP
-    assert any("ECPs off (--ecp none)" in note and "28-electron def2-svp" in note for note in result.notes)
+    assert any("ECPs off (ecp='none')" in note and "28-electron def2-svp" in note for note in result.notes)
 
 
 def test_ecp_by_name_and_refused_where_it_covers_nothing():

@@ -155,7 +155,7 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, i
     assert forms == ({increments} if increments else set())
     assert abs(mf.e_tot - reference.e_tot) < 1e-9
     monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle)  # the triangle alone does not fit: refused
-    with pytest.raises(dfmp2.MemoryBudgetError, match="--scf-backend pyscf"):
+    with pytest.raises(dfmp2.MemoryBudgetError, match="scf_backend='pyscf'"):
         FittedCoulombExchange(get_backend("cpu"), integrals, "mixed").get_jk(*chem.density_factors(mf.make_rdm1())[:2])
 
 
