@@ -230,9 +230,9 @@ def test_a_signal_during_the_scf_leaves_no_temporary_file(tmp_path, signum, code
     the way out, and dfmp2's SCF opens no chkfile at all."""
     proc, stderr, during, tmp = _run_until_scf_then(signum, tmp_path)
     assert proc.returncode == code and stderr.count("\n") == 1 and "scratch removed" in stderr, stderr
-    assert [name for name in during if name.startswith("dfmp2-pyscf-")], during  # PySCF's files went there
     assert os.listdir(tmp) == []
     assert not (tmp_path / "o.json").exists()
+    assert [name for name in during if name.startswith("dfmp2-pyscf-")], during  # PySCF's files went there
 
 
 def test_an_unwritable_pyscf_tmpdir_is_one_line_before_the_scf(tmp_path):
