@@ -77,13 +77,16 @@ def dfmp2_worker(conn, xyz, basis, frozen_core, charge, spin, device):
     from dfmp2 import DFMP2
     from dfmp2.kernels import device_report
 
+    from pyscf import df
+
     mol, mf = _scf(xyz, basis, charge, spin)
     frozen = _frozen(mol, frozen_core)
+    aux = df.make_auxbasis(mol, mp2fit=True)  # the MP2-fit set PySCF's worker uses (not the SCF's JK-fit one)
     conn.send({"dfmp2": dfmp2.__version__, "torch": torch.__version__,
                "device": device_report()[device][1], "threads": torch.get_num_threads()})
     while (precision := conn.recv()) is not None:
         start, cpu = time.perf_counter(), time.process_time()
-        pt = DFMP2(mf, frozen=frozen, device=device, precision=precision)
+        pt = DFMP2(mf, frozen=frozen, device=device, precision=precision, auxbasis=aux)
         pt.kernel()
         conn.send((time.perf_counter() - start, time.process_time() - cpu, pt.e_corr, pt.result.timings))
 

@@ -4,8 +4,8 @@ cannot lie by accident (issue 46):
   - quiet or nothing: around every timed run it reads the machine's busy CPU time (/proc/stat)
     and subtracts the contender's own (its process tree's, from wait4, or what an in-process
     or worker contender reports) and the harness's; if other processes used more than
-    BUSY_FRACTION of one core during any timed run, `BusyMachine` is raised and no result is
-    written. It also waits, before the first run, for the load average to fall below QUIET_LOAD.
+    BUSY_FRACTION of one core during any timed run (beyond the counters' RESOLUTION),
+    `BusyMachine` is raised and no result is written. It also waits, before the first run, for the load average to fall below QUIET_LOAD.
     Each run's record keeps its wall and CPU seconds, the others' CPU seconds and fraction, and
     the 1-minute load average before and after.
   - alternating: every round runs each contender once, the order reversed every other round
@@ -45,6 +45,9 @@ BUSY_FRACTION = 0.05  # of one core: more CPU than this used by other processes 
 QUIET_LOAD = 0.3  # the 1-minute load average the machine must fall below before the first run
 QUIET_WAIT_S = 300  # how long wait_for_quiet waits for it
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# /proc/stat counts each core's time in ticks: two readings can be a tick off per core, so other
+# processes' CPU time is known to this many seconds (what a run of a few milliseconds must allow)
+RESOLUTION = 2 * (os.cpu_count() or 1) / TICK
 # numpy's OpenBLAS kernels (PySCF's GEMMs): {name: environment changes}; None removes a variable
 BLAS_SETTINGS = {
     "detected": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None},  # OpenBLAS picks its kernels for this CPU
@@ -204,7 +207,7 @@ class Harness:
                   payload)
         if round_ > 0:
             self.runs.append(run)
-            if run.other_fraction > self.busy_fraction:
+            if other > self.busy_fraction * wall + RESOLUTION:
                 self.refused = (f"the machine was busy: other processes used {100 * run.other_fraction:.0f}% of a "
                                 f"core ({run.other_cpu_seconds:.2f} CPU s in {wall:.2f} s) during {contender}'s run "
                                 f"in round {round_} (at most {100 * self.busy_fraction:.0f}% allowed); no result "
