@@ -12,10 +12,11 @@ cannot lie by accident (issue 46):
     (a contender is never always first after the other's page cache or turbo state); round 0
     is a discarded warm-up.
   - each contender at its best BLAS setting on this machine: `choose_blas` times every setting
-    of BLAS_SETTINGS (numpy's OpenBLAS kernel choice: as detected, forced to Haswell (AVX2), or
-    as the environment sets it), alternating, and keeps the fastest by median; the record gives
-    every setting's times and, per contender, what threadpoolctl and torch report of its BLAS
-    libraries (library, version, kernel, threads) under the chosen one (`blas_probe`).
+    of BLAS_SETTINGS (numpy's OpenBLAS kernels: as detected, forced to Haswell (AVX2), blocked
+    for a 2 MB L2; with the BLAS and OpenMP threads' defaults, or with idle threads sleeping at
+    once as `import dfmp2` sets for itself), alternating, and keeps the fastest by median; the
+    record gives every setting's times and, per contender, what threadpoolctl and torch report
+    of its BLAS libraries (library, version, kernel, threads) under the chosen one.
   - bytecode cached for every Python contender alike: PYTHONPYCACHEPREFIX points at one cache
     directory and PYTHONDONTWRITEBYTECODE is removed (a machine that sets it makes every process
     recompile its imports, which users' installs do not do).
@@ -49,10 +50,15 @@ TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # processes' CPU time is known to this many seconds (what a run of a few milliseconds must allow)
 RESOLUTION = 2 * (os.cpu_count() or 1) / TICK
 # numpy's OpenBLAS kernels (PySCF's GEMMs): {name: environment changes}; None removes a variable
+_IDLE = {"OPENBLAS_THREAD_TIMEOUT": "4", "OMP_WAIT_POLICY": "PASSIVE"}  # idle BLAS/OpenMP threads sleep at once
+_BUSY = {"OPENBLAS_THREAD_TIMEOUT": None, "OMP_WAIT_POLICY": None}  # their defaults: they spin a while
 BLAS_SETTINGS = {
-    "detected": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None},  # OpenBLAS picks its kernels for this CPU
-    "Haswell": {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": None},  # AVX2 kernels (some machines set it)
-    "detected-L2": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": str(2 << 20)},  # its blocking for a 2 MB L2
+    "detected": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None, **_BUSY},  # OpenBLAS picks its kernels
+    "Haswell": {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": None, **_BUSY},  # AVX2 (some machines set it)
+    "detected-L2": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": str(2 << 20), **_BUSY},  # blocking for 2 MB L2
+    # the thread settings `import dfmp2` makes for itself (its own default), offered to every contender
+    "detected-idle": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None, **_IDLE},
+    "Haswell-idle": {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": None, **_IDLE},
 }
 PYCACHE = os.path.join(tempfile.gettempdir(), "dfmp2-bench-pycache")
 
