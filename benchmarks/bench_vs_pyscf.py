@@ -124,10 +124,14 @@ def main(argv=None):
     parser.add_argument("--charge", type=int, default=0)
     parser.add_argument("--spin", type=int, default=0, help="2S; > 0: UHF, PySCF's DFUMP2 as the peer")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--settle", type=float, default=0.5, help="idle seconds before each timed call")
     parser.add_argument("--json", default=None, help="write the measurements here")
     args = parser.parse_args(argv)
     frozen_core = not args.no_frozen_core
     harness = from_arguments(args)
+    # a worker's BLAS threads may spin for ~0.1 s after its call (PySCF's defaults): each call
+    # starts once they are idle, or they would count as other work during the next one's
+    harness.settle = args.settle
     ctx = multiprocessing.get_context("spawn")
     molecule = (args.xyz, args.basis, frozen_core, args.charge, args.spin)
     workers, info = {}, {}
@@ -147,6 +151,10 @@ def main(argv=None):
             harness.note_blas(name, setting, bench_environment(harness.blas_settings[setting]), name == "dfmp2",
                               trials)
         chosen = {name: workers[(name, setting)] for name, (setting, _) in best.items()}
+        for key in [key for key in workers if workers[key] is not chosen[key[0]]]:  # the others go
+            conn, process = workers.pop(key)
+            conn.send(None)
+            process.join()
         timed = harness.alternate({"pyscf": lambda: ask(chosen["pyscf"], True),
                                    "dfmp2-fp64": lambda: ask(chosen["dfmp2"], "fp64"),
                                    "dfmp2-fp32": lambda: ask(chosen["dfmp2"], "fp32")})

@@ -112,6 +112,9 @@ def contenders_of(args, molecule, out) -> dict:
     if args.pyscf_builds:
         contenders["dfmp2-pyscf-builds"] = (run + [os.path.join(out, "dfmp2-pyscf-builds.json"), "--scf-backend",
                                                    "pyscf"], None, None)
+    if args.screening_off:
+        contenders["dfmp2-screening-off"] = (run + [os.path.join(out, "dfmp2-screening-off.json"), "--screening",
+                                                    "off"], None, None)
     if args.fp64:
         contenders["dfmp2-fp64"] = (run + [os.path.join(out, "dfmp2-fp64.json"), "--precision", "fp64"], None, None)
     if args.other_checkout:
@@ -132,11 +135,15 @@ def main(argv=None):
     parser.add_argument("--other-checkout", default=None, help="another dfmp2 checkout to time too")
     parser.add_argument("--pyscf-builds", action="store_true", help="also time dfmp2 run --scf-backend pyscf")
     parser.add_argument("--fp64", action="store_true", help="also time dfmp2 run --precision fp64")
+    parser.add_argument("--screening-off", action="store_true", help="also time dfmp2 run --screening off")
+    parser.add_argument("--no-pyscf", action="store_true", help="leave the PySCF script out (dfmp2 against itself)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     molecule = os.path.abspath(args.molecule)
     out = tempfile.mkdtemp(prefix="whole-job-")
     contenders = contenders_of(args, molecule, out)
+    if args.no_pyscf:
+        del contenders["pyscf"]
     harness = from_arguments(args)
     chosen = harness.choose_blas(contenders, rounds=args.blas_rounds)
 
@@ -154,13 +161,16 @@ def main(argv=None):
         "seconds": {n: [round(r.seconds, 3) for r in runs] for n, runs in timed.items()},
         "median_seconds": {n: round(median(runs), 3) for n, runs in timed.items()},
         "median_ratio_pyscf_over": {n: round(median_ratio(timed["pyscf"], runs), 3)
-                                    for n, runs in timed.items() if n != "pyscf"},
+                                    for n, runs in timed.items() if n != "pyscf" and "pyscf" in timed},
+        "median_ratio_over_dfmp2": {n: round(median_ratio(runs, timed["dfmp2"]), 3)
+                                    for n, runs in timed.items() if n != "dfmp2"},
         "scf_seconds": {n: [round(s, 3) for s in v] for n, v in scf_steps.items()},
         "median_scf_ratio_pyscf_over": {n: round(statistics.median(p / s for p, s in zip(scf_steps["pyscf"], v)), 3)
-                                        for n, v in scf_steps.items() if n != "pyscf"},
+                                        for n, v in scf_steps.items() if n != "pyscf" and "pyscf" in scf_steps},
         "e_tot": {n: r["e_tot"] for n, r in records.items()},
         "pyscf_steps": {n: {k: r.get(k) for k in ("timings", "scf_iterations")} for n, r in records.items()
                         if n.startswith("pyscf")},
+        "peak_rss_mb": {n: r.get("memory", {}).get("peak_rss_mb") for n, r in records.items()},
         "steps": {n: {k: r.get(k) for k in ("timings", "scf_backend", "scf_precision", "scf_iterations",
                                              "scf_builds", "precision", "nbasis", "nocc", "memory")}
                   for n, r in records.items() if not n.startswith("pyscf")},
@@ -170,10 +180,12 @@ def main(argv=None):
     full = harness.write(args.json, record) if args.json else {**record, **harness.record()}
     for name in contenders:
         ratio = full["median_ratio_pyscf_over"].get(name)
+        over = full["median_ratio_over_dfmp2"].get(name)
         print(f"{name:20s} median {full['median_seconds'][name]:8.2f} s (SCF step "
               f"{statistics.median(scf_steps[name]):7.2f} s) BLAS {full['blas'][name]['setting']:9s}"
               + (f"  PySCF / {name} = {ratio:.2f} (SCF step {full['median_scf_ratio_pyscf_over'][name]:.2f})"
-                 if ratio else "") + f"  E(total) {full['e_tot'][name]:.10f}")
+                 if ratio else "") + (f"  {name} / dfmp2 = {over:.2f}" if over and name != "pyscf" else "")
+              + f"  E(total) {full['e_tot'][name]:.10f}")
     print(f"quiet: largest share of a core used by other processes during a timed run "
           f"{100 * full['harness']['largest_other_fraction']:.1f}%")
 

@@ -188,8 +188,10 @@ class Harness:
     """Times contenders on a quiet machine, alternating, each at its best BLAS setting (module
     docstring). rounds: timed rounds; warmup: discarded rounds first (0 or 1)."""
 
-    def __init__(self, rounds=3, warmup=1, busy_fraction=BUSY_FRACTION, blas_settings=None, quiet_load=QUIET_LOAD):
+    def __init__(self, rounds=3, warmup=1, busy_fraction=BUSY_FRACTION, blas_settings=None, quiet_load=QUIET_LOAD,
+                 settle=0.0):
         self.rounds, self.warmup, self.busy_fraction = rounds, warmup, busy_fraction
+        self.settle = settle  # seconds before each run, untimed (another worker's idle BLAS threads stop spinning)
         self.blas_settings = dict(BLAS_SETTINGS if blas_settings is None else blas_settings)
         self.quiet_load = quiet_load
         self.runs = []  # every timed Run, in order
@@ -203,6 +205,8 @@ class Harness:
         """Time call() -> (CPU seconds of the contender outside this process, or None when it ran
         in this process; payload), with the CPU time other processes used meanwhile. A timed
         run (round > 0) that was not quiet raises BusyMachine."""
+        if self.settle:
+            time.sleep(self.settle)
         load_before, busy0, own0, start = load_average(), busy_seconds(), own_seconds(), time.perf_counter()
         outside, payload = call()
         wall = time.perf_counter() - start
