@@ -23,8 +23,10 @@ contender; with --pyscf-builds, `dfmp2 run --scf-backend pyscf`; with --fp64, `-
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -141,6 +143,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     molecule = os.path.abspath(args.molecule)
     out = tempfile.mkdtemp(prefix="whole-job-")
+    atexit.register(shutil.rmtree, out, True)  # the runs' records, read into the result
     contenders = contenders_of(args, molecule, out)
     if args.no_pyscf:
         del contenders["pyscf"]

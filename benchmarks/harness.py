@@ -270,15 +270,20 @@ class Harness:
     def choose(self, candidates: dict, rounds=1) -> dict:
         """The fastest setting of each contender: candidates {name: {setting: call}} (calls as
         for `measure`), each (name, setting) timed `rounds` times, alternating, every run judged
-        quiet; -> {name: (fastest setting by median, {setting: [seconds]})}."""
-        trials = {(name, setting): [] for name, calls in candidates.items() for setting in calls}
+        quiet (none for a contender with one setting); -> {name: (fastest setting by median,
+        {setting: [seconds]})}."""
+        # a contender with one setting has nothing to choose: no trial runs
+        trials = {(name, setting): [] for name, calls in candidates.items() if len(calls) > 1 for setting in calls}
         for round_ in range(rounds):
             for name, setting in (list(trials) if round_ % 2 == 0 else list(trials)[::-1]):
                 trials[(name, setting)].append(self.measure(f"{name} [{setting}]", round_ + 1,
                                                             candidates[name][setting]).seconds)
         chosen = {}
         for name, calls in candidates.items():
-            times = {setting: trials[(name, setting)] for setting in calls}
+            times = {setting: trials.get((name, setting), []) for setting in calls}
+            if len(calls) == 1:
+                chosen[name] = (next(iter(calls)), times)
+                continue
             chosen[name] = (min(times, key=lambda s: statistics.median(times[s])), times)
         return chosen
 
