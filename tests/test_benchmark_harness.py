@@ -88,6 +88,18 @@ def test_each_contender_gets_its_fastest_blas_setting(tmp_path):
     assert any(pool.get("internal_api") == "openblas" for pool in bench.blas["sleeper"]["probe"]["threadpools"])
 
 
+def test_a_contender_with_one_setting_runs_no_trial():
+    """Nothing to choose: the contender is not run before its timed rounds (a 700 s contender
+    would otherwise run once more), and the record says which setting it ran with."""
+    calls = []
+    bench = harness.Harness(rounds=2, warmup=0, busy_fraction=1.0)
+    chosen = bench.choose({"one": {"only": lambda: calls.append("one") or (0.0, None)},
+                           "two": {"a": lambda: calls.append("two") or (0.0, None),
+                                   "b": lambda: calls.append("two") or (0.0, None)}}, rounds=2)
+    assert calls.count("one") == 0 and calls.count("two") == 4
+    assert chosen["one"] == ("only", {"only": []}) and chosen["two"][0] in ("a", "b")
+
+
 def test_bytecode_is_cached_for_every_contender():
     env = harness.bench_environment({"OPENBLAS_CORETYPE": None}, base={"PYTHONDONTWRITEBYTECODE": "1",
                                                                       "OPENBLAS_CORETYPE": "Haswell"})
