@@ -1021,6 +1021,16 @@ class ThreeCenterIntegrals:
         packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij")
         return np.asarray(packed.T, order="C")  # [npair, naux] in Fortran order: no copy
 
+    def packed_rows(self, p0: int, p1: int) -> np.ndarray:
+        """(mn|P) over the pairs m >= n for P in [p0, p1) (on shell boundaries): [p1 - p0, npair], fp64."""
+        from pyscf import df
+
+        shell0, shell1 = self._aux_shells(p0, p1)
+        nbas = self.mol.nbas
+        packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij",
+                                  shls_slice=(0, nbas, 0, nbas, shell0, shell1))
+        return np.asarray(packed.T, order="C")  # [npair, nP] in Fortran order: no copy
+
     def fitted_rows(self):
         """What the SCF's builds whiten: packed() [naux, npair], or with self.screening the kept
         pair blocks, each once, over every auxiliary function (`screened_lower`)."""

@@ -147,7 +147,7 @@ def response_mean_field(mf, settings):
         with _pyscf_budget(mf, settings.max_memory, jk):
             yield mf
         return
-    builds = FittedCoulombExchange(backend, jk, EXACT_ONLY, settings.max_memory)
+    builds = FittedCoulombExchange(backend, jk, EXACT_ONLY, settings.max_memory, settings.scratch)
     try:
         yield chem.copy_with_builds(mf, builds)
     finally:

@@ -28,6 +28,7 @@ from .kernels.protocol import FittedBuildsBackend
 from .linalg import factor_metric, whiten
 from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
 from .sparse import LowerPanels
+from .storage import RowFile
 from .steps import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
@@ -65,7 +66,7 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
         return None
     if reasons:
         raise InputError(f"{option('scf_backend', 'device')}: {reasons[0]}; use {option('scf_backend', 'pyscf')}")
-    return FittedCoulombExchange(backend, integrals_of(), precision, settings.max_memory)
+    return FittedCoulombExchange(backend, integrals_of(), precision, settings.max_memory, settings.scratch)
 
 
 def check_scf_precision(precision: str) -> None:
@@ -96,6 +97,7 @@ class BuildRecord:
     integral_wait_seconds: float | None = None  # early: how long the set-up waited for them
     whitening: str = ""  # where B was whitened (device, precision)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
+    io: dict = field(default_factory=dict)  # B out of core: bytes of it written and read (scratch file)
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "precision": self.precision, "storage": self.storage,
@@ -108,6 +110,7 @@ class BuildRecord:
                    if self.integral_seconds is not None else {}),
                 "increment_ranks": list(self.increment_ranks),
                 "increment_forms": list(self.increment_forms),
+                **({"io": dict(self.io)} if self.io else {}),
                 **({"modelled_build_seconds": {t: [round(x, 6) for x in v] for t, v in self.modelled.items()},
                     "modelled_note": "calibrated MODEL of each build on each target, not a measurement"}
                    if self.modelled else {})}
@@ -163,22 +166,49 @@ def whiten_columns(backend, factor, x):
     return out
 
 
+def whiten_to_file(backend, integrals, scratch=None, block_bytes=None):
+    """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) out of core: (Q|mn) [naux, npair] written to a scratch
+    RowFile in auxiliary blocks, then whitened block of pair columns by block into a second one,
+    B [nkept, npair]; the first is removed. Holds about two blocks of block_bytes (default
+    BLOCK_BYTES; a block of whole auxiliary shells at least). -> (B's RowFile, the metric factor)."""
+    block_bytes = block_bytes or BLOCK_BYTES
+    factor = factor_metric(backend, integrals.metric())
+    naux, nao = integrals.naux, integrals.nao
+    npair = nao * (nao + 1) // 2
+    raw = RowFile((naux, npair), scratch)
+    try:
+        for p0, p1 in integrals.aux_blocks(max(1, block_bytes // (8 * npair))):
+            raw.write_rows(p0, integrals.packed_rows(p0, p1))
+        fitted = RowFile((factor.nkept, npair), scratch)
+        try:
+            for c0, c1 in block_ranges(npair, max(64, block_bytes // (8 * naux))):
+                # B^T = X^T L^-T  on a block of pair columns
+                fitted.write_columns(c0, whiten_columns(backend, factor, raw.read_columns(c0, c1)))
+        except BaseException:
+            fitted.close()
+            raise
+    finally:
+        raw.close()
+    return fitted, factor
+
+
 class FittedCoulombExchange:
     """J and K of the SCF from whitened JK-fit integrals, on one backend.
 
     backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
     IntegralProvider (nao, naux, metric(), packed()); precision: mixed or fp64 (SCF_PRECISIONS;
     mixed only on a device without fp64); max_memory: the run's budget (MB, None: 80% of free
-    RAM). Built on the first call (`get_jk`), released by `close()`."""
+    RAM); scratch: where B goes when the budget does not hold it (`files.scratch_root`). Built on
+    the first call (`get_jk`), released by `close()`."""
 
-    def __init__(self, backend, integrals, precision=None, max_memory=None):
+    def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None):
         precision = precision or "mixed"
         if precision != EXACT_ONLY:
             check_scf_precision(precision)
         if precision == "fp64" and not backend.has_fp64:
             raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are mixed "
                              f"(fp32, with exact-product anchors); leave out {option('scf_precision')}")
-        self.backend, self.integrals, self.max_memory = backend, integrals, max_memory
+        self.backend, self.integrals, self.max_memory, self.scratch = backend, integrals, max_memory, scratch
         self.record = BuildRecord(backend=backend.name, precision=precision)
         self._store = None  # the backend's copy of B (FittedStore)
         self._last = None  # the previous call's densities (mixed precision)
@@ -193,12 +223,21 @@ class FittedCoulombExchange:
         early = hasattr(integrals, "held_bytes")  # chem.EarlyIntegrals: computed on a thread from the start-up on
         held = integrals.held_bytes() if early else 0  # (resident already)
         free = self._free_bytes()
-        if triangle - held + 4 * BLOCK_BYTES > free:
+        whitener = whitening_backend(backend)
+        if triangle - held + 4 * BLOCK_BYTES <= free:
+            rows, factor = whiten_fitted_integrals(whitener, integrals)
+        elif getattr(integrals, "screening", None) is not None or not getattr(backend, "fitted_store_on_disk", False):
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
-                f"{free / MB:.0f} MB left in the budget): raise {option('max_memory')} or use {option('scf_backend', 'pyscf')}")
-        whitener = whitening_backend(backend)
-        rows, factor = whiten_fitted_integrals(whitener, integrals)
+                f"{free / MB:.0f} MB left in the budget) "
+                + (f"when they are screened: raise {option('max_memory')}, use {option('screening', 'off')} (the "
+                   "dense integrals stream from disk) or " if getattr(backend, "fitted_store_on_disk", False)
+                   else f"on {backend.device_name}: raise {option('max_memory')} or use ")
+                + f"{option('scf_backend', 'pyscf')}")
+        else:  # out of core: B in a scratch file, read once per build
+            if held:
+                integrals.fitted_rows()  # what the early thread made goes (held: it did not fit beside B's blocks)
+            rows, factor = whiten_to_file(whitener, integrals, self.scratch)
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         store = backend.fitted_store(rows, nao, kinds, self._free_bytes)
         del rows
@@ -294,6 +333,7 @@ class FittedCoulombExchange:
     def close(self):
         """Release B (the SCF is done; a later get_jk builds it again)."""
         if self._store is not None:
+            self.record.io = getattr(self._store, "io", dict)() or self.record.io
             self._store.close()
         self._store = self._last = self._anchor = None
         release_freed_memory()

@@ -154,9 +154,38 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, i
     forms = set(builds.record.increment_forms)
     assert forms == ({increments} if increments else set())
     assert abs(mf.e_tot - reference.e_tot) < 1e-9
-    monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle)  # the triangle alone does not fit: refused
-    with pytest.raises(dfmp2.MemoryBudgetError, match="scf_backend='pyscf'"):
-        FittedCoulombExchange(get_backend("cpu"), integrals, "mixed").get_jk(*chem.density_factors(mf.make_rdm1())[:2])
+
+
+@pytest.mark.parametrize("precision", ["mixed", "fp64"])
+def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, precision):
+    """Where the budget does not hold the whitened JK-fit integrals they stream from a scratch
+    file, in several blocks (the whitening by blocks of pair columns, each build by blocks of
+    auxiliary functions, J's sums on K's pass): the converged energy is the in-memory one to
+    1e-10 Eh, the record says where B was and what was read (once per build), and the scratch
+    directory goes with the builds."""
+    import dfmp2.kernels.torch_fitted as fitted
+    import dfmp2.scf as jk
+
+    mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
+    in_memory = _mean_field(mol, "rhf")
+    integrals = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(in_memory))
+    chem.use_fitted_builds(in_memory, FittedCoulombExchange(get_backend("cpu"), integrals, precision)).run()
+    npair = mol.nao * (mol.nao + 1) // 2
+    monkeypatch.setattr(jk, "BLOCK_BYTES", 16 * npair * 8)  # raw rows 16 at a time; whitening ~100 columns
+    monkeypatch.setattr(fitted, "BLOCK_BYTES", 10 * 8 * mol.nao ** 2)  # builds: 10 auxiliary functions a block
+    monkeypatch.setattr(FittedCoulombExchange, "_free_bytes", lambda self: 4 * jk.BLOCK_BYTES)
+    mf = _mean_field(mol, "rhf")
+    builds = FittedCoulombExchange(get_backend("cpu"), integrals, precision, scratch=str(tmp_path))
+    chem.use_fitted_builds(mf, builds).run()
+    assert builds.record.storage.startswith("fp64 triangle on disk")
+    assert abs(mf.e_tot - in_memory.e_tot) < 1e-10
+    assert len(os.listdir(tmp_path)) == 1  # B's scratch directory (the integrals' went after the whitening)
+    builds.close()
+    assert os.listdir(tmp_path) == []
+    triangle = builds.naux * npair * 8
+    io = builds.record.as_dict()["io"]
+    assert io["bytes_read"] == triangle * len(builds.record.builds)  # once per build
+    assert io["bytes_written"] == triangle
 
 
 @pytest.mark.parametrize("options", [

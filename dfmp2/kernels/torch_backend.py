@@ -86,6 +86,35 @@ def cuda_description() -> str:
     return f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
 
 
+# Subnormal fp32 results (|x| < 1.2e-38: products of the tails of an extended molecule's
+# integrals) cost a microcode assist each on x86 CPUs: C16H34/cc-pVDZ's fp32 exchange builds took
+# 1.9-2.1 s each with them, 0.5 s flushed to zero, the energy the same to the last digit (a
+# flushed value is below 1e-38 of the values it is summed with). The flag (FTZ/DAZ) is a thread's
+# own and a new thread copies its creator's, so it is set before torch's thread pool starts.
+SUBNORMAL_PROBE = 1e-21  # a [512, 512] GEMM of this value sums 512 products of 1e-42: subnormal
+
+
+def flush_subnormals() -> bool:
+    """Set flush-to-zero for subnormal floats in this thread (torch's worker threads started
+    later inherit it) and check that a threaded fp32 GEMM, whose every result is subnormal,
+    gives zeros in every thread. False where torch's pool started before the flag (in a script
+    that used torch first): its workers keep computing subnormals, slowly."""
+    if not torch.set_flush_denormal(True):
+        return False  # (a CPU without the flags: none of x86's assists either)
+    tiny = torch.full((512, 512), SUBNORMAL_PROBE, dtype=torch.float32)
+    return not bool(torch.count_nonzero(tiny @ tiny))
+
+
+_SUBNORMALS_FLUSHED = []  # [bool] once this process has set and probed the flag
+
+
+def subnormals_flushed() -> bool:
+    """flush_subnormals(), once per process."""
+    if not _SUBNORMALS_FLUSHED:
+        _SUBNORMALS_FLUSHED.append(flush_subnormals())
+    return _SUBNORMALS_FLUSHED[0]
+
+
 def cpu_description() -> str:
     name = platform.processor() or platform.machine()
     try:
@@ -96,7 +125,8 @@ def cpu_description() -> str:
                     break
     except OSError:
         pass
-    return f"{name}, {torch.get_num_threads()} threads"
+    flushed = ", subnormals flushed to zero" if subnormals_flushed() else ""
+    return f"{name}, {torch.get_num_threads()} threads{flushed}"
 
 
 class TorchBackend:
@@ -110,6 +140,7 @@ class TorchBackend:
     forms_amplitudes = True
     streams_densities = True
     screens = frozenset({"mp2", "scf"})  # block-sparse AO->MO transform and SCF builds (torch_sparse)
+    fitted_store_on_disk = True  # the SCF's B streams from a scratch file where the budget does not hold it
 
     def __init__(self, device: str, precision: str, notes=None, warm_kernels: bool = False):
         self.device_name = device
@@ -123,6 +154,10 @@ class TorchBackend:
         self._panel_index = torch_sparse.PanelIndex()  # block-sparse panels' column indices on this device
         self.warm_kernels = warm_kernels
         self._fused_pair_sums = None  # a GPU's fused pair-energy epilogue (cuda_pair), where `prepare` takes it
+        if not subnormals_flushed():
+            self.notes.append("subnormal fp32 results are not flushed to zero in torch's worker threads (its "
+                              "thread pool started before dfmp2 set the flag): fp32 products that underflow, "
+                              "common on extended molecules, run several times slower")
 
     def record(self) -> BackendRecord:
         """What this backend is and has run so far (no emulator: no models, trace or NKI release)."""
@@ -191,8 +226,9 @@ class TorchBackend:
         return {"unit": "pair blocks", "kept_fraction": round(pattern.stored_elements / pattern.nao ** 2, 6)}
 
     def fitted_store(self, rows, nao, kinds, free_bytes):
-        """B for the SCF's Coulomb/exchange builds: rows [naux, npair] (torch_fitted.TorchFittedStore),
-        or screened, a dfmp2.sparse.LowerPanels (torch_fitted.ScreenedFittedStore)."""
+        """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a storage.RowFile
+        of them out of core (torch_fitted.TorchFittedStore), or screened, a dfmp2.sparse.LowerPanels
+        (torch_fitted.ScreenedFittedStore)."""
         from .torch_fitted import ScreenedFittedStore, TorchFittedStore
 
         if isinstance(rows, LowerPanels):

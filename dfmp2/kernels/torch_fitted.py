@@ -4,6 +4,8 @@ Storage: the whitened lower triangle B^P_(mn), m >= n [naux, npair], in fp64 (J'
 the source of K's blocks in a kind without a square copy); one square copy [naux, nao, nao] for
 K in the kind most builds use (fp32 in mixed precision, fp64 in fp64) as the budget allows; the
 anchor build's fp32 half transforms [naux, nocc, nao] for the incremental builds, as it allows.
+Where the budget does not hold the triangle, it is a scratch file (storage.RowFile) read once per
+build in blocks of auxiliary functions, J's and K's work on each block done as it is read.
 
     fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)   (D' = D + D^T, diagonal once)
     Coulomb           J_(mn) = sum_P rho_P B^P_(mn)          always fp64 (a GEMV: fp32 gains nothing)
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from ..memory import release_freed_memory
+from ..storage import RowFile
 from ..steps import block_ranges
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
@@ -65,12 +68,17 @@ class TorchFittedStore:
     def __init__(self, backend, rows, nao, kinds, free_bytes):
         naux = rows.shape[0]
         self.backend, self.nao, self.naux, self._free_bytes = backend, nao, naux, free_bytes
-        self._packed = backend.to_device(rows, fp64=True)
+        self._file = rows if isinstance(rows, RowFile) else None  # out of core: B on disk
+        self._packed = None if self._file is not None else backend.to_device(rows, fp64=True)
         self._unpack = TriangleBlocks(nao, backend.device)
         self._square = {}  # dtype -> [naux, nao, nao] device tensor
         self._anchor = None  # (the anchor's factors, [{(p0, p1): X^P = L^T B^P, fp32} per density])
+        self._on_rows = None  # a Coulomb sum fed by the exchange's pass over B on disk (`_with_coulomb`)
         self.increment_form = ""
         dtype = KIND_DTYPES[kinds[0]]
+        if self._file is not None:
+            self.storage = f"fp64 triangle on disk ({self._file.nbytes / 1e6:.0f} MB, read once per build)"
+            return
         if naux * nao * nao * (torch.finfo(dtype).bits // 8) <= free_bytes() - 4 * BLOCK_BYTES:
             square = torch.empty((naux, nao, nao), dtype=dtype, device=backend.device)
             for p0, p1 in block_ranges(naux, self._block_rows(0)):
@@ -85,13 +93,48 @@ class TorchFittedStore:
         return max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * self.nao * max(self.nao, 2 * rank))))
 
     def _square_blocks(self, dtype, rank):
-        """(p0, p1, [nP, nao, nao] block of B in dtype) over the auxiliary range (kept, or unpacked)."""
+        """(p0, p1, [nP, nao, nao] block of B in dtype) over the auxiliary range (kept, or unpacked
+        from the triangle's rows, which feed a Coulomb sum on the way where one is waiting)."""
         rows = self._block_rows(rank)
         kept = self._square.get(dtype)
         buffer = None if kept is not None else \
             torch.empty((min(rows, self.naux), self.nao, self.nao), dtype=dtype, device=self.backend.device)
         for p0, p1 in block_ranges(self.naux, rows):
-            yield p0, p1, kept[p0:p1] if kept is not None else self._unpack.square(self._packed[p0:p1], dtype, buffer)
+            if kept is not None:
+                yield p0, p1, kept[p0:p1]
+                continue
+            packed = self._rows(p0, p1)
+            if self._on_rows is not None:
+                self._on_rows(packed)
+            yield p0, p1, self._unpack.square(packed, dtype, buffer)
+
+    def _rows(self, p0, p1):
+        """Rows [p0, p1) of the fp64 triangle on the device [nP, npair] (read from disk out of core)."""
+        if self._file is None:
+            return self._packed[p0:p1]
+        return self.backend.to_device(self._file.read_rows(p0, p1), fp64=True)
+
+    def _row_blocks(self):
+        """(p0, p1) blocks of the triangle for a pass of J alone: all of it in memory, blocks of
+        BLOCK_BYTES on disk."""
+        if self._file is None:
+            return [(0, self.naux)]
+        return block_ranges(self.naux, max(1, BLOCK_BYTES // (8 * self._file.shape[1])))
+
+    def _with_coulomb(self, dms, with_j, exchange_pass):
+        """(J or None, exchange_pass()): on disk J's sums ride on the exchange's pass over B (one
+        read per build), else J is its own GEMV pass."""
+        if not with_j:
+            return None, exchange_pass()
+        if self._file is None:
+            return self.coulomb(dms), exchange_pass()
+        coulomb = CoulombSum(self, dms)
+        self._on_rows = coulomb.add
+        try:
+            result = exchange_pass()
+        finally:
+            self._on_rows = None
+        return coulomb.result(), result
 
     def _on_device(self, array, dtype):
         """A host fp64 factor on the device in dtype (fp64 first: the backend's compute dtype,
@@ -103,18 +146,19 @@ class TorchFittedStore:
         as factors [(L, R or None, w or None)] with D = L diag(w) R^T; K's GEMMs in `kind`.
         anchor: increments will start from these densities (`build_increment`): their fp32 half
         transforms L^T B^P are kept where the budget allows (orbital factors only, D = L L^T)."""
-        vj = self.coulomb(dms) if with_j else None
-        vk = None
-        if with_k:
-            keep = anchor and all(right is None and weights is None for _, right, weights in factors) and \
-                self.naux * self.nao * sum(left.shape[1] for left, _, _ in factors) * 4 \
-                <= self._free_bytes() - 4 * BLOCK_BYTES
-            if anchor:
-                self._anchor = None  # the previous anchor's halves go before the new ones are made
-                release_freed_memory()
-            vk, halves = self.exchange(factors, KIND_DTYPES[kind], keep)
-            if keep:
-                self._anchor = (factors, halves)
+        if not with_k:
+            vj = self.coulomb(dms) if with_j else None
+            self.backend.synchronize()
+            return vj, None
+        keep = anchor and all(right is None and weights is None for _, right, weights in factors) and \
+            self.naux * self.nao * sum(left.shape[1] for left, _, _ in factors) * 4 \
+            <= self._free_bytes() - 4 * BLOCK_BYTES
+        if anchor:
+            self._anchor = None  # the previous anchor's halves go before the new ones are made
+            release_freed_memory()
+        vj, (vk, halves) = self._with_coulomb(dms, with_j, lambda: self.exchange(factors, KIND_DTYPES[kind], keep))
+        if keep:
+            self._anchor = (factors, halves)
         self.backend.synchronize()
         release_freed_memory()  # the unpacked blocks' pages, or the heap keeps growing build by build
         return vj, vk
@@ -127,36 +171,37 @@ class TorchFittedStore:
           Y^P = E^T B^P,  X_a^P = L_a^T B^P (kept by the anchor build, else made here)
           K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn
         J(D - D_anchor) in fp64 from deltas. Returns (J or None, K or None) host fp64."""
-        vj = self.coulomb(deltas) if with_j else None
-        vk = None
-        if with_k:
-            backend, fp32 = self.backend, torch.float32
-            kept = self._anchor[1] if self._anchor is not None and self._anchor[0] is anchor_factors else None
-            self.increment_form = "orbitals, kept anchor halves" if kept else "orbitals, anchor halves made"
-            lefts = [self._on_device(left, fp32) for left, _, _ in anchor_factors]
-            moves = [self._on_device(step, fp32) for step in steps]
-            vk = np.zeros((len(steps), self.nao, self.nao))
-            rank = sum(step.shape[1] for step in steps)
-            for p0, p1, block in self._blocks(fp32, rank):
-                for s, (left, move) in enumerate(zip(lefts, moves)):
-                    y = self._half_transform(block, move)
-                    x = kept[s].get((p0, p1)) if kept else None
-                    x = x if x is not None else self._half_transform(block, left)
-                    vk[s] += backend.to_host(self._exchange_product(x + 0.5 * y, y))
-            vk += vk.transpose(0, 2, 1).copy()
+        if not with_k:
+            vj = self.coulomb(deltas) if with_j else None
+            self.backend.synchronize()
+            return vj, None
+        vj, vk = self._with_coulomb(deltas, with_j, lambda: self._exchange_increment(anchor_factors, steps))
         self.backend.synchronize()
         release_freed_memory()
         return vj, vk
 
+    def _exchange_increment(self, anchor_factors, steps):
+        """K(D) - K(D_anchor) of build_increment (host fp64 [nset, nao, nao])."""
+        backend, fp32 = self.backend, torch.float32
+        kept = self._anchor[1] if self._anchor is not None and self._anchor[0] is anchor_factors else None
+        self.increment_form = "orbitals, kept anchor halves" if kept else "orbitals, anchor halves made"
+        lefts = [self._on_device(left, fp32) for left, _, _ in anchor_factors]
+        moves = [self._on_device(step, fp32) for step in steps]
+        vk = np.zeros((len(steps), self.nao, self.nao))
+        rank = sum(step.shape[1] for step in steps)
+        for p0, p1, block in self._blocks(fp32, rank):
+            for s, (left, move) in enumerate(zip(lefts, moves)):
+                y = self._half_transform(block, move)
+                x = kept[s].get((p0, p1)) if kept else None
+                x = x if x is not None else self._half_transform(block, left)
+                vk[s] += backend.to_host(self._exchange_product(x + 0.5 * y, y))
+        vk += vk.transpose(0, 2, 1).copy()
+        return vk
+
     def coulomb(self, dms):
         """J [nset, nao, nao] (host fp64) of dms, in fp64:
           rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once),  J_(mn) = sum_P rho_P B^P_(mn)"""
-        backend, nao = self.backend, self.nao
-        sym = dms + dms.transpose(0, 2, 1)
-        sym[:, np.arange(nao), np.arange(nao)] /= 2
-        d_rows = backend.to_device(sym.reshape(len(dms), -1)[:, self._unpack.pairs], fp64=True)
-        rho = backend.fit_density(self._packed, d_rows)
-        return backend.to_host(self._unpack.square(backend.coulomb_block(self._packed, rho), torch.float64))
+        return CoulombSum(self, dms).over(self)
 
     def exchange(self, factors, dtype, keep=False):
         """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in
@@ -190,6 +235,41 @@ class TorchFittedStore:
     def close(self):
         self._square.clear()
         self._packed = self._unpack = self._anchor = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def io(self) -> dict:
+        """Bytes of B read from and written to disk (out of core), else {}."""
+        return self._file.io() if self._file is not None else {}
+
+
+class CoulombSum:
+    """J of densities dms [nset, nao, nao] (host fp64) summed over blocks of B's fp64 triangle rows:
+      rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once),  J_(mn) = sum_P rho_P B^P_(mn)
+    (each row's rho_P needs that row alone, so any blocks, in any order, give J)."""
+
+    def __init__(self, store, dms):
+        nao, self.backend, self._unpack = store.nao, store.backend, store._unpack
+        sym = dms + dms.transpose(0, 2, 1)
+        sym[:, np.arange(nao), np.arange(nao)] /= 2
+        self._d_rows = self.backend.to_device(sym.reshape(len(dms), -1)[:, store._unpack.pairs], fp64=True)
+        self._sum = None
+
+    def add(self, rows):
+        """The contribution of rows [nP, npair] (device fp64)."""
+        part = self.backend.coulomb_block(rows, self.backend.fit_density(rows, self._d_rows))
+        self._sum = part if self._sum is None else self._sum.add_(part)
+
+    def over(self, store):
+        """J over every row of `store`'s triangle."""
+        for p0, p1 in store._row_blocks():
+            self.add(store._rows(p0, p1))
+        return self.result()
+
+    def result(self):
+        """J [nset, nao, nao] host fp64."""
+        return self.backend.to_host(self._unpack.square(self._sum, torch.float64))
 
 
 class ScreenedFittedStore(TorchFittedStore):
@@ -205,6 +285,7 @@ class ScreenedFittedStore(TorchFittedStore):
         self.backend, self.nao, self.naux, self._free_bytes = backend, lower.nao, lower.naux, free_bytes
         self._lower = lower.map(lambda p: backend.to_device(p, fp64=True))
         self._anchor, self._full, self.increment_form = None, None, ""
+        self._file = self._on_rows = None  # (in memory always)
         dtype, pattern = KIND_DTYPES[kinds[0]], lower.pattern
         if self.naux * pattern.stored_elements * (torch.finfo(dtype).bits // 8) <= \
                 free_bytes() - 4 * SCREENED_BLOCK_BYTES:
