@@ -21,7 +21,8 @@ the error is raised: a run leaves all of its outputs or none.
 
 Files in directories dfmp2 owns (a checkpoint's manifest, arrays, B and journals):
 `write_atomically`. Scratch: `scratch_directory` (one line naming the directory when it cannot be
-made) and `scratch_failure` (a write that failed there, e.g. a full disk). PySCF's own temporary
+made), `scratch_failure` (a write that failed there, e.g. a full disk) and `RowFile` (a raw fp64
+array in a scratch directory: the SCF's integrals out of core). PySCF's own temporary
 files (out-of-core DF tensors) go to a directory of the run's (`held_directory`, through
 `chem.pyscf_scratch`) that is removed when the run ends, however it ends. Names in messages and
 JSON records: `display` (one line, valid UTF-8 whatever the name's bytes).
@@ -35,6 +36,8 @@ import stat
 import sys
 import tempfile
 from dataclasses import dataclass
+
+import numpy as np
 
 from .errors import ComputationError, InputError, option
 
@@ -393,3 +396,85 @@ def package_versions(names) -> dict:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+class RowFile:
+    """An fp64 array [nrows, ncols] in a raw file of a scratch directory, row-major: read and
+    written by blocks of rows (one contiguous read or write) or of columns (one per row), with
+    positioned reads and writes, so that its pages stay in the page cache and out of the
+    process's resident set (a memory map would count them). For the SCF's whitened JK-fit
+    integrals where the budget does not hold them (dfmp2.scf). The directory is removed by
+    close(). bytes_read / bytes_written count the array bytes moved."""
+
+    def __init__(self, shape, scratch=None, prefix="dfmp2-scf-"):
+        self.shape = tuple(int(n) for n in shape)
+        self.scratch = scratch
+        self._tmpdir = scratch_directory(prefix, scratch)
+        self.path = os.path.join(self._tmpdir.name, "rows.bin")
+        self.bytes_read = self.bytes_written = 0
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as error:
+            self._tmpdir.cleanup()
+            raise scratch_failure(error, self._tmpdir.name, scratch) from None
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] * 8
+
+    def _io(self, move, buffer, offset):
+        """One positioned read or write of `buffer` (a C-contiguous array) at byte `offset`, whole."""
+        view, done = memoryview(buffer).cast("B"), 0
+        try:
+            while done < len(view):
+                moved = move(self._fd, view[done:], offset + done)
+                if moved == 0:
+                    raise OSError(5, "short read")
+                done += moved
+        except OSError as error:
+            raise scratch_failure(error, self.path, self.scratch) from None
+
+    def write_rows(self, r0, block):
+        """Rows [r0, r0 + len(block)) = block [n, ncols]."""
+        block = np.ascontiguousarray(block, dtype=np.float64)
+        self._io(lambda fd, view, at: os.pwrite(fd, view, at), block, r0 * self.shape[1] * 8)
+        self.bytes_written += block.nbytes
+
+    def read_rows(self, r0, r1, out=None) -> np.ndarray:
+        """Rows [r0, r1): [r1 - r0, ncols] (into `out`, C-contiguous, where given)."""
+        out = np.empty((r1 - r0, self.shape[1])) if out is None else out[:r1 - r0]
+        self._io(lambda fd, view, at: os.preadv(fd, [view], at), out, r0 * self.shape[1] * 8)
+        self.bytes_read += out.nbytes
+        return out
+
+    def read_columns(self, c0, c1) -> np.ndarray:
+        """Columns [c0, c1) of every row: [nrows, c1 - c0]."""
+        out = np.empty((self.shape[0], c1 - c0))
+        for r in range(self.shape[0]):
+            self._io(lambda fd, view, at: os.preadv(fd, [view], at), out[r], (r * self.shape[1] + c0) * 8)
+        self.bytes_read += out.nbytes
+        return out
+
+    def write_columns(self, c0, block):
+        """Columns [c0, c0 + block.shape[1]) of every row = block [nrows, n]."""
+        for r in range(self.shape[0]):
+            row = np.ascontiguousarray(block[r], dtype=np.float64)
+            self._io(lambda fd, view, at: os.pwrite(fd, view, at), row, (r * self.shape[1] + c0) * 8)
+        self.bytes_written += block.shape[0] * block.shape[1] * 8
+
+    def io(self) -> dict:
+        return {"bytes_written": int(self.bytes_written), "bytes_read": int(self.bytes_read)}
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass

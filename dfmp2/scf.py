@@ -28,7 +28,7 @@ from .kernels.protocol import FittedBuildsBackend
 from .linalg import factor_metric, whiten
 from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
 from .sparse import LowerPanels
-from .storage import RowFile
+from .files import RowFile
 from .steps import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own

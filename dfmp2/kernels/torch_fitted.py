@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..memory import release_freed_memory
-from ..storage import RowFile
+from ..files import RowFile
 from ..steps import block_ranges
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
