@@ -38,10 +38,12 @@ sys.path.insert(0, HERE)
 from harness import add_arguments, from_arguments, main_guard, median, median_ratio  # noqa: E402
 
 PYSCF_SCRIPT = """
-import json, sys, time
+import json, resource, sys, time
 from pyscf import gto, scf, df
 from pyscf.mp import dfmp2
 mol = gto.M(atom=sys.argv[1], basis=sys.argv[2], verbose=0)
+if len(sys.argv) > 4:  # --max-memory: PySCF's budget (MB), which its DF objects follow
+    mol.max_memory = float(sys.argv[4])
 mf = scf.RHF(mol).density_fit()
 mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
 start = time.perf_counter()
@@ -51,7 +53,8 @@ pt = dfmp2.DFMP2(mf)
 pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
 pt.kernel(with_t2=False)
 json.dump({"e_tot": pt.e_tot, "e_corr": pt.e_corr, "e_ref": mf.e_tot, "scf_iterations": mf.cycles,
-           "timings": {"scf": scf_seconds, "mp2": time.perf_counter() - start - scf_seconds}},
+           "timings": {"scf": scf_seconds, "mp2": time.perf_counter() - start - scf_seconds},
+           "memory": {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1000}},
           open(sys.argv[3], "w"))
 """
 
@@ -126,6 +129,10 @@ def contenders_of(args, molecule, out) -> dict:
         contenders["dfmp2-other"] = ([sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis,
                                       "--quiet", "--json", os.path.join(out, "dfmp2-other.json")],
                                      dict(os.environ, PYTHONPATH=other), other)
+    if args.max_memory is not None:  # the same budget for every contender (PySCF's: its max_memory)
+        budget = str(args.max_memory)
+        contenders = {name: (command + ([budget] if name == "pyscf" else ["--max-memory", budget]), env, cwd)
+                      for name, (command, env, cwd) in contenders.items()}
     return contenders
 
 
@@ -139,6 +146,8 @@ def main(argv=None):
     parser.add_argument("--fp64", action="store_true", help="also time dfmp2 run --precision fp64")
     parser.add_argument("--screening-off", action="store_true", help="also time dfmp2 run --screening off")
     parser.add_argument("--no-pyscf", action="store_true", help="leave the PySCF script out (dfmp2 against itself)")
+    parser.add_argument("--max-memory", type=float, default=None,
+                        help="MB: dfmp2 run --max-memory, and PySCF's max_memory, for every contender")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     molecule = os.path.abspath(args.molecule)
@@ -173,6 +182,7 @@ def main(argv=None):
         "e_tot": {n: r["e_tot"] for n, r in records.items()},
         "pyscf_steps": {n: {k: r.get(k) for k in ("timings", "scf_iterations")} for n, r in records.items()
                         if n.startswith("pyscf")},
+        "max_memory_mb": args.max_memory,
         "peak_rss_mb": {n: r.get("memory", {}).get("peak_rss_mb") for n, r in records.items()},
         "steps": {n: {k: r.get(k) for k in ("timings", "scf_backend", "scf_precision", "scf_iterations",
                                              "scf_builds", "precision", "nbasis", "nocc", "memory")}

@@ -4,6 +4,7 @@ idealised geometries, good enough for timing (each converges in an ordinary numb
     python benchmarks/molecules.py examples/     # water16.xyz, hexane.xyz, hexadecane.xyz, hexacosane.xyz, ...
 
   water16      (H2O)16: a 2 x 2 x 4 grid of waters 2.85 A apart, alternately oriented (384 functions in cc-pVDZ)
+  water32      (H2O)32: a 2 x 4 x 4 grid, the same (768 functions in cc-pVDZ)
   hexane       C6H14, all-trans zig-zag as below (154 functions in cc-pVDZ; the 20-atom optimisation test)
   hexadecane   C16H34, all-trans zig-zag, C-C 1.54 A, C-H 1.09 A (394 functions in cc-pVDZ)
   hexacosane   C26H54, the same (634 functions in cc-pVDZ)
@@ -75,7 +76,8 @@ CORONENE = [(0, 0), (1, 0), (-1, 0), (0, 1), (0, -1), (1, -1), (-1, 1)]  # a hex
 OVALENE = [(-1, 0), (-1, 1), (-1, 2), (0, -1), (0, 0), (0, 1), (0, 2), (1, -1), (1, 0), (1, 1)]  # rows of 3, 4, 3
 
 
-MOLECULES = {"water16": (water_cluster, "(H2O)16"), "hexane": (lambda: alkane(6), "C6H14"),
+MOLECULES = {"water16": (water_cluster, "(H2O)16"), "water32": (lambda: water_cluster(2, 4, 4), "(H2O)32"),
+             "hexane": (lambda: alkane(6), "C6H14"),
              "hexadecane": (lambda: alkane(16), "C16H34"), "hexacosane": (lambda: alkane(26), "C26H54"),
              "triacontane": (lambda: alkane(30), "C30H62"), "coronene": (lambda: benzenoid(CORONENE), "C24H12"),
              "ovalene": (lambda: benzenoid(OVALENE), "C32H14")}
