@@ -19,7 +19,7 @@ from .files import scratch_prefix
 from .memory import MB, RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, peak_resident_bytes
 from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
 from .response import PROPERTIES, nuclear_gradient, relaxed_properties
-from .kernels import SPLIT_PRECISIONS, TRAINIUM, backend_for, device_screens
+from .kernels import SPLIT_PRECISIONS, TRAINIUM, backend_for, device_screens, flush_subnormals_first
 from .kernels.protocol import FittedBuildsBackend
 from .scf import early_integrals_fit, fitted_bytes, scf_builds_for
 from .settings import Settings, settings_from
@@ -285,6 +285,8 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
 
 
 def _run_atoms(atoms, settings, context) -> DFMP2Result:
+    if settings.device in ("cpu", "cuda"):
+        flush_subnormals_first()  # before PySCF starts the OpenMP threads torch's GEMMs will share
     reference = chem.choose_reference(settings.spin, settings.reference)
     _check_molecule_request(settings, reference, context.ranks)
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None

@@ -432,3 +432,17 @@ def test_fitted_jk_kernel_streams_b_and_k_at_any_nao(target, nao, r, same):
     assert np.abs(out[0] - ref_j).max() < 1e-4 * np.abs(ref_j).max()
     assert np.abs(out[1] - ref_k).max() < 1e-4 * np.abs(ref_k).max()
     assert backend.trace.peak_sbuf_bytes <= TARGETS[target].sbuf_usable_bytes_per_partition
+
+
+def test_gradient_with_the_integrals_out_of_core(monkeypatch):
+    """A gradient whose SCF and orbital response stream the JK-fit integrals from disk (every
+    FittedCoulombExchange told that the budget does not hold them): the in-memory gradient to
+    1e-9 Eh/bohr."""
+    from dfmp2.driver import run_xyz
+
+    in_memory = run_xyz(WATER, basis="cc-pvdz", precision="fp64", gradient=True)
+    monkeypatch.setattr(FittedCoulombExchange, "_free_bytes", lambda self: 0)
+    out_of_core = run_xyz(WATER, basis="cc-pvdz", precision="fp64", gradient=True)
+    assert out_of_core.scf_record["scf_builds"]["storage"].startswith("fp64 triangle on disk")
+    assert abs(out_of_core.e_tot - in_memory.e_tot) < 1e-10
+    assert np.abs(out_of_core.gradient - in_memory.gradient).max() < 1e-9

@@ -45,3 +45,18 @@ def test_a_pool_started_before_dfmp2_is_announced():
                      "print(int(torch.count_nonzero(out)) > 0, 'flushed' in backend.describe(), "
                      "any('not flushed' in note for note in backend.notes))")
     assert out == ["True", "False", "True"]
+
+
+def test_a_run_flushes_them_in_the_threads_pyscf_starts_first(tmp_path):
+    """`dfmp2 run` as typed: PySCF's OpenMP regions in the SCF's set-up start the thread pool that
+    torch's GEMMs share (torch's libgomp comes first in the symbol scope), so the flag is set
+    before them: the record says the subnormals are flushed and carries no note that they are not."""
+    proc = subprocess.run([sys.executable, "-m", "dfmp2", "run", os.path.join(ROOT, "examples", "water.xyz"),
+                           "--json", str(tmp_path / "out.json"), "--quiet"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    record = json.loads((tmp_path / "out.json").read_text())
+    assert "subnormals flushed to zero" in record["device_description"]
+    assert not any("not flushed" in note for note in record["notes"])

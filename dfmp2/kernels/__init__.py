@@ -51,6 +51,17 @@ def default_precision(device: str) -> str:
     return "fp32" if device in TRAINIUM else "fp64"
 
 
+def flush_subnormals_first() -> bool:
+    """Flush subnormal fp32 results to zero in this thread and every thread started after it
+    (`torch_backend.flush_subnormals`), before a run starts any: PySCF's OpenMP regions share
+    torch's thread pool once torch is loaded (its libgomp comes first in the process's symbol
+    scope), so a pool PySCF starts in the SCF's set-up would otherwise keep subnormals. True
+    where every thread of torch's pool flushes them."""
+    from .torch_backend import subnormals_flushed
+
+    return subnormals_flushed()
+
+
 def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False,
                 model_only: bool = False, nki_api: str | None = None, transform: str | None = None,
                 warm_kernels: bool = False):
