@@ -1003,23 +1003,15 @@ class ThreeCenterIntegrals:
     def block(self, p0: int, p1: int) -> np.ndarray:
         """(mn|P) for P in [p0, p1): [p1-p0, nao, nao], fp64, computed with mn symmetry; with
         self.screening set, only its kept pair blocks (`screened_block`)."""
-        from pyscf import df, lib
+        from pyscf import lib
 
         if self.screening is not None:
             return self.screened_block(p0, p1)
-        shell0, shell1 = self._aux_shells(p0, p1)
-        nbas = self.mol.nbas
-        packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij",
-                                  shls_slice=(0, nbas, 0, nbas, shell0, shell1))
-        # packed is [npair, nP] in Fortran order, i.e. [nP, npair] in memory
-        return lib.unpack_tril(np.asarray(packed.T, order="C"))
+        return lib.unpack_tril(self.packed_rows(p0, p1))
 
     def packed(self) -> np.ndarray:
         """(mn|P) over the pairs m >= n (row-major lower triangle): [naux, npair], fp64."""
-        from pyscf import df
-
-        packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij")
-        return np.asarray(packed.T, order="C")  # [npair, naux] in Fortran order: no copy
+        return self.packed_rows(0, self.naux)
 
     def packed_rows(self, p0: int, p1: int) -> np.ndarray:
         """(mn|P) over the pairs m >= n for P in [p0, p1) (on shell boundaries): [p1 - p0, npair], fp64."""

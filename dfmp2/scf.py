@@ -224,16 +224,16 @@ class FittedCoulombExchange:
         held = integrals.held_bytes() if early else 0  # (resident already)
         free = self._free_bytes()
         whitener = whitening_backend(backend)
+        streams = getattr(backend, "fitted_store_on_disk", False)  # its store reads B from a scratch file
         if triangle - held + 4 * BLOCK_BYTES <= free:
             rows, factor = whiten_fitted_integrals(whitener, integrals)
-        elif getattr(integrals, "screening", None) is not None or not getattr(backend, "fitted_store_on_disk", False):
+        elif getattr(integrals, "screening", None) is not None or not streams:
+            where = (f"when they are screened: raise {option('max_memory')}, use {option('screening', 'off')} (the "
+                     "dense integrals stream from disk) or " if streams
+                     else f"on {backend.device_name}: raise {option('max_memory')} or use ")
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
-                f"{free / MB:.0f} MB left in the budget) "
-                + (f"when they are screened: raise {option('max_memory')}, use {option('screening', 'off')} (the "
-                   "dense integrals stream from disk) or " if getattr(backend, "fitted_store_on_disk", False)
-                   else f"on {backend.device_name}: raise {option('max_memory')} or use ")
-                + f"{option('scf_backend', 'pyscf')}")
+                f"{free / MB:.0f} MB left in the budget) {where}{option('scf_backend', 'pyscf')}")
         else:  # out of core: B in a scratch file, read once per build
             if held:
                 integrals.fitted_rows()  # what the early thread made goes (held: it did not fit beside B's blocks)

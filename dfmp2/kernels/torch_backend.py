@@ -125,7 +125,7 @@ def cpu_description() -> str:
                     break
     except OSError:
         pass
-    flushed = ", subnormals flushed to zero" if subnormals_flushed() else ""
+    flushed = ", subnormals flushed to zero" if _SUBNORMALS_FLUSHED[:1] == [True] else ""  # as probed (a backend)
     return f"{name}, {torch.get_num_threads()} threads{flushed}"
 
 
@@ -226,7 +226,7 @@ class TorchBackend:
         return {"unit": "pair blocks", "kept_fraction": round(pattern.stored_elements / pattern.nao ** 2, 6)}
 
     def fitted_store(self, rows, nao, kinds, free_bytes):
-        """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a storage.RowFile
+        """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a files.RowFile
         of them out of core (torch_fitted.TorchFittedStore), or screened, a dfmp2.sparse.LowerPanels
         (torch_fitted.ScreenedFittedStore)."""
         from .torch_fitted import ScreenedFittedStore, TorchFittedStore

@@ -4,7 +4,7 @@ Storage: the whitened lower triangle B^P_(mn), m >= n [naux, npair], in fp64 (J'
 the source of K's blocks in a kind without a square copy); one square copy [naux, nao, nao] for
 K in the kind most builds use (fp32 in mixed precision, fp64 in fp64) as the budget allows; the
 anchor build's fp32 half transforms [naux, nocc, nao] for the incremental builds, as it allows.
-Where the budget does not hold the triangle, it is a scratch file (storage.RowFile) read once per
+Where the budget does not hold the triangle, it is a scratch file (files.RowFile) read once per
 build in blocks of auxiliary functions, J's and K's work on each block done as it is read.
 
     fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)   (D' = D + D^T, diagonal once)
@@ -146,19 +146,20 @@ class TorchFittedStore:
         as factors [(L, R or None, w or None)] with D = L diag(w) R^T; K's GEMMs in `kind`.
         anchor: increments will start from these densities (`build_increment`): their fp32 half
         transforms L^T B^P are kept where the budget allows (orbital factors only, D = L L^T)."""
-        if not with_k:
-            vj = self.coulomb(dms) if with_j else None
-            self.backend.synchronize()
-            return vj, None
-        keep = anchor and all(right is None and weights is None for _, right, weights in factors) and \
-            self.naux * self.nao * sum(left.shape[1] for left, _, _ in factors) * 4 \
-            <= self._free_bytes() - 4 * BLOCK_BYTES
-        if anchor:
-            self._anchor = None  # the previous anchor's halves go before the new ones are made
-            release_freed_memory()
-        vj, (vk, halves) = self._with_coulomb(dms, with_j, lambda: self.exchange(factors, KIND_DTYPES[kind], keep))
-        if keep:
-            self._anchor = (factors, halves)
+        vj = vk = None
+        if with_k:
+            keep = anchor and all(right is None and weights is None for _, right, weights in factors) and \
+                self.naux * self.nao * sum(left.shape[1] for left, _, _ in factors) * 4 \
+                <= self._free_bytes() - 4 * BLOCK_BYTES
+            if anchor:
+                self._anchor = None  # the previous anchor's halves go before the new ones are made
+                release_freed_memory()
+            vj, (vk, halves) = self._with_coulomb(dms, with_j,
+                                                  lambda: self.exchange(factors, KIND_DTYPES[kind], keep))
+            if keep:
+                self._anchor = (factors, halves)
+        elif with_j:
+            vj = self.coulomb(dms)
         self.backend.synchronize()
         release_freed_memory()  # the unpacked blocks' pages, or the heap keeps growing build by build
         return vj, vk
@@ -171,11 +172,11 @@ class TorchFittedStore:
           Y^P = E^T B^P,  X_a^P = L_a^T B^P (kept by the anchor build, else made here)
           K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn
         J(D - D_anchor) in fp64 from deltas. Returns (J or None, K or None) host fp64."""
-        if not with_k:
-            vj = self.coulomb(deltas) if with_j else None
-            self.backend.synchronize()
-            return vj, None
-        vj, vk = self._with_coulomb(deltas, with_j, lambda: self._exchange_increment(anchor_factors, steps))
+        vj = vk = None
+        if with_k:
+            vj, vk = self._with_coulomb(deltas, with_j, lambda: self._exchange_increment(anchor_factors, steps))
+        elif with_j:
+            vj = self.coulomb(deltas)
         self.backend.synchronize()
         release_freed_memory()
         return vj, vk
@@ -201,7 +202,7 @@ class TorchFittedStore:
     def coulomb(self, dms):
         """J [nset, nao, nao] (host fp64) of dms, in fp64:
           rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once),  J_(mn) = sum_P rho_P B^P_(mn)"""
-        return CoulombSum(self, dms).over(self)
+        return CoulombSum(self, dms).over_every_row()
 
     def exchange(self, factors, dtype, keep=False):
         """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in
@@ -250,7 +251,7 @@ class CoulombSum:
     (each row's rho_P needs that row alone, so any blocks, in any order, give J)."""
 
     def __init__(self, store, dms):
-        nao, self.backend, self._unpack = store.nao, store.backend, store._unpack
+        nao, self.backend, self._unpack, self._store = store.nao, store.backend, store._unpack, store
         sym = dms + dms.transpose(0, 2, 1)
         sym[:, np.arange(nao), np.arange(nao)] /= 2
         self._d_rows = self.backend.to_device(sym.reshape(len(dms), -1)[:, store._unpack.pairs], fp64=True)
@@ -261,10 +262,10 @@ class CoulombSum:
         part = self.backend.coulomb_block(rows, self.backend.fit_density(rows, self._d_rows))
         self._sum = part if self._sum is None else self._sum.add_(part)
 
-    def over(self, store):
-        """J over every row of `store`'s triangle."""
-        for p0, p1 in store._row_blocks():
-            self.add(store._rows(p0, p1))
+    def over_every_row(self):
+        """J over every row of the store's triangle (a pass of its own)."""
+        for p0, p1 in self._store._row_blocks():
+            self.add(self._store._rows(p0, p1))
         return self.result()
 
     def result(self):
