@@ -167,22 +167,25 @@ def whiten_columns(backend, factor, x):
 
 
 def whiten_to_file(backend, integrals, scratch=None, block_bytes=None):
-    """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) out of core: (Q|mn) [naux, npair] written to a scratch
-    RowFile in auxiliary blocks, then whitened block of pair columns by block into a second one,
-    B [nkept, npair]; the first is removed. Holds about two blocks of block_bytes (default
-    BLOCK_BYTES; a block of whole auxiliary shells at least). -> (B's RowFile, the metric factor)."""
+    """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) out of core: (Q|mn) [naux, ncols] written to a scratch
+    RowFile in auxiliary blocks, then whitened block of columns by block into a second one,
+    B [nkept, ncols]; the first is removed. Columns: the pairs m >= n (npair), or with
+    integrals.screening the kept pair blocks each once, LowerPanels.flat's order (lower_elements).
+    Holds about two blocks of block_bytes (default BLOCK_BYTES; a block of whole auxiliary shells
+    at least). -> (B's RowFile, the metric factor)."""
     block_bytes = block_bytes or BLOCK_BYTES
     factor = factor_metric(backend, integrals.metric())
-    naux, nao = integrals.naux, integrals.nao
-    npair = nao * (nao + 1) // 2
-    raw = RowFile((naux, npair), scratch)
+    naux, nao, pattern = integrals.naux, integrals.nao, getattr(integrals, "screening", None)
+    ncols = nao * (nao + 1) // 2 if pattern is None else pattern.lower_elements
+    raw = RowFile((naux, ncols), scratch)
     try:
-        for p0, p1 in integrals.aux_blocks(max(1, block_bytes // (8 * npair))):
-            raw.write_rows(p0, integrals.packed_rows(p0, p1))
-        fitted = RowFile((factor.nkept, npair), scratch)
+        for p0, p1 in integrals.aux_blocks(max(1, block_bytes // (8 * ncols))):
+            raw.write_rows(p0, integrals.packed_rows(p0, p1) if pattern is None
+                           else integrals.screened_lower(p0, p1).flat())
+        fitted = RowFile((factor.nkept, ncols), scratch)
         try:
-            for c0, c1 in block_ranges(npair, max(64, block_bytes // (8 * naux))):
-                # B^T = X^T L^-T  on a block of pair columns
+            for c0, c1 in block_ranges(ncols, max(64, block_bytes // (8 * naux))):
+                # B^T = X^T L^-T  on a block of columns
                 fitted.write_columns(c0, whiten_columns(backend, factor, raw.read_columns(c0, c1)))
         except BaseException:
             fitted.close()
@@ -227,19 +230,18 @@ class FittedCoulombExchange:
         streams = getattr(backend, "fitted_store_on_disk", False)  # its store reads B from a scratch file
         if triangle - held + 4 * BLOCK_BYTES <= free:
             rows, factor = whiten_fitted_integrals(whitener, integrals)
-        elif getattr(integrals, "screening", None) is not None or not streams:
-            where = (f"when they are screened: raise {option('max_memory')}, use {option('screening', 'off')} (the "
-                     "dense integrals stream from disk) or " if streams
-                     else f"on {backend.device_name}: raise {option('max_memory')} or use ")
+        elif not streams:
             raise MemoryBudgetError(
                 f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
-                f"{free / MB:.0f} MB left in the budget) {where}{option('scf_backend', 'pyscf')}")
+                f"{free / MB:.0f} MB left in the budget) on {backend.device_name}: raise {option('max_memory')} "
+                f"or use {option('scf_backend', 'pyscf')}")
         else:  # out of core: B in a scratch file, read once per build
             if held:
                 integrals.fitted_rows()  # what the early thread made goes (held: it did not fit beside B's blocks)
             rows, factor = whiten_to_file(whitener, integrals, self.scratch)
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
-        store = backend.fitted_store(rows, nao, kinds, self._free_bytes)
+        on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
+        store = backend.fitted_store(rows, nao, kinds, self._free_bytes, **on_disk)
         del rows
         release_freed_memory()
         self._store = store

@@ -3,6 +3,7 @@ integrals, the screened MP2 transform and SCF builds against the dense ones and 
 energies within 1e-8 Eh of the dense run, the --screening setting, its record and refusals."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -124,6 +125,63 @@ def test_screened_j_and_k_match_pyscf():
     vj, vk = builds.get_jk(dm[None], [(orbitals, None, None)])
     assert "screened" in builds.record.storage
     assert np.abs(vj[0] - vj_ref).max() < 1e-9 and np.abs(vk[0] - vk_ref).max() < 1e-9
+
+
+@pytest.mark.parametrize("precision", ["mixed", "fp64"])
+def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_path, precision):
+    """Screened JK-fit integrals the budget does not hold stream from a scratch file (each kept
+    pair block once, LowerPanels.flat rows), in several blocks: J and K of a density match PySCF's
+    DF J and K, the converged energy is the in-memory screened one to 1e-10 Eh, B is read once per
+    build and the scratch goes with the builds."""
+    import dfmp2.kernels.torch_fitted as fitted
+    import dfmp2.scf as jk_module
+    from dfmp2.sparse.tensor import LowerPanels as Panels
+
+    mol = gto.M(atom=water_chain(4), basis="cc-pvdz", verbose=0)
+    reference = scf.RHF(mol).density_fit(auxbasis=chem.fitting_basis(mol, False).basis)
+    reference.conv_tol, reference.conv_tol_grad = 1e-11, 1e-7
+
+    def screened():
+        integrals = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(reference))
+        assert screen_integrals("1e-10", integrals, TORCH_SCREENS, "torch", "scf")["used"]
+        return integrals
+
+    first = screened()
+    lower = first.screened_lower(*first.aux_blocks(12)[0])
+    assert all(np.array_equal(a, b) for a, b in zip(Panels.from_flat(lower.pattern, lower.flat()).panels,
+                                                      lower.panels))
+    in_memory = chem.use_fitted_builds(scf.RHF(mol).density_fit(auxbasis=reference.with_df.auxbasis),
+                                       FittedCoulombExchange(get_backend("cpu"), screened(), precision))
+    in_memory.conv_tol, in_memory.conv_tol_grad = 1e-11, 1e-7
+    in_memory.run()
+    integrals = screened()
+    columns = integrals.screening.lower_elements
+    monkeypatch.setattr(jk_module, "BLOCK_BYTES", 16 * columns * 8)  # raw rows 16 at a time; whitening in blocks
+    monkeypatch.setattr(fitted, "BLOCK_BYTES", 10 * 8 * columns)  # J-only passes: 10 auxiliary functions a block
+    monkeypatch.setattr(fitted, "SCREENED_BLOCK_BYTES", 12 * 4 * integrals.screening.stored_elements)  # K: 12 or 6
+    monkeypatch.setattr(FittedCoulombExchange, "_free_bytes", lambda self: 4 * jk_module.BLOCK_BYTES)
+    if precision == "fp64":
+        rng = np.random.default_rng(5)
+        orbitals = np.linalg.qr(rng.standard_normal((mol.nao, 20)))[0]
+        dm = orbitals @ orbitals.T
+        vj_ref, vk_ref = reference.get_jk(mol, dm)
+        builds = FittedCoulombExchange(get_backend("cpu"), integrals, precision, scratch=str(tmp_path))
+        vj, vk = builds.get_jk(dm[None], [(orbitals, None, None)])
+        assert np.abs(vj[0] - vj_ref).max() < 1e-9 and np.abs(vk[0] - vk_ref).max() < 1e-9
+        builds.close()
+        assert os.listdir(tmp_path) == []
+    builds = FittedCoulombExchange(get_backend("cpu"), integrals, precision, scratch=str(tmp_path))
+    mf = chem.use_fitted_builds(scf.RHF(mol).density_fit(auxbasis=reference.with_df.auxbasis), builds)
+    mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
+    mf.run()
+    assert builds.record.storage.startswith("screened: each kept pair block once fp64 on disk")
+    assert abs(mf.e_tot - in_memory.e_tot) < 1e-10
+    assert len(os.listdir(tmp_path)) == 1
+    builds.close()
+    assert os.listdir(tmp_path) == []
+    stored = builds.naux * columns * 8
+    io = builds.record.as_dict()["io"]
+    assert io["bytes_read"] == stored * len(builds.record.builds) and io["bytes_written"] == stored
 
 
 def test_whitened_lower_panels_keep_the_pattern():

@@ -225,14 +225,14 @@ class TorchBackend:
         """What the block-sparse kernels stream of `pattern`: its kept pair blocks themselves."""
         return {"unit": "pair blocks", "kept_fraction": round(pattern.stored_elements / pattern.nao ** 2, 6)}
 
-    def fitted_store(self, rows, nao, kinds, free_bytes):
+    def fitted_store(self, rows, nao, kinds, free_bytes, pattern=None):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a files.RowFile
-        of them out of core (torch_fitted.TorchFittedStore), or screened, a dfmp2.sparse.LowerPanels
-        (torch_fitted.ScreenedFittedStore)."""
+        of them out of core (torch_fitted.TorchFittedStore); screened, a dfmp2.sparse.LowerPanels,
+        or out of core a RowFile of its flat rows and their `pattern` (torch_fitted.ScreenedFittedStore)."""
         from .torch_fitted import ScreenedFittedStore, TorchFittedStore
 
-        if isinstance(rows, LowerPanels):
-            return ScreenedFittedStore(self, rows, kinds, free_bytes)
+        if isinstance(rows, LowerPanels) or pattern is not None:
+            return ScreenedFittedStore(self, rows, kinds, free_bytes, pattern)
         return TorchFittedStore(self, rows, nao, kinds, free_bytes)
 
     def screened_half_transform(self, screened, factor):

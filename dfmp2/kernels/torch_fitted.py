@@ -22,6 +22,7 @@ import torch
 from ..memory import release_freed_memory
 from ..files import RowFile
 from ..steps import block_ranges
+from ..sparse import LowerPanels
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
 SCREENED_BLOCK_BYTES = 128 * 10**6  # screened builds: an auxiliary block's panels in both orientations
@@ -114,6 +115,22 @@ class TorchFittedStore:
             return self._packed[p0:p1]
         return self.backend.to_device(self._file.read_rows(p0, p1), fp64=True)
 
+    def _coulomb_density(self, dms):
+        """The densities in the layout of B's rows (`CoulombSum`): D' = D + D^T, diagonal once, on
+        the pairs m >= n [nset, npair], device fp64."""
+        nao = self.nao
+        sym = dms + dms.transpose(0, 2, 1)
+        sym[:, np.arange(nao), np.arange(nao)] /= 2
+        return self.backend.to_device(sym.reshape(len(dms), -1)[:, self._unpack.pairs], fp64=True)
+
+    def _coulomb_part(self, rows, density):
+        """sum_(P in rows) rho_P B^P [nset, npair]:  rho_P = sum_(m>=n) B^P_(mn) D'_(mn)"""
+        return self.backend.coulomb_block(rows, self.backend.fit_density(rows, density))
+
+    def _coulomb_result(self, total):
+        """J [nset, nao, nao] host fp64 of the summed parts."""
+        return self.backend.to_host(self._unpack.square(total, torch.float64))
+
     def _row_blocks(self):
         """(p0, p1) blocks of the triangle for a pass of J alone: all of it in memory, blocks of
         BLOCK_BYTES on disk."""
@@ -148,9 +165,10 @@ class TorchFittedStore:
         transforms L^T B^P are kept where the budget allows (orbital factors only, D = L L^T)."""
         vj = vk = None
         if with_k:
+            halves = self.naux * self.nao * sum(left.shape[1] for left, _, _ in factors) * 4
+            room = self._free_bytes() - 4 * BLOCK_BYTES
             keep = anchor and all(right is None and weights is None for _, right, weights in factors) and \
-                self.naux * self.nao * sum(left.shape[1] for left, _, _ in factors) * 4 \
-                <= self._free_bytes() - 4 * BLOCK_BYTES
+                halves <= (room if self._file is None else room // 2)  # out of core: half for the blocks read
             if anchor:
                 self._anchor = None  # the previous anchor's halves go before the new ones are made
                 release_freed_memory()
@@ -246,64 +264,94 @@ class TorchFittedStore:
 
 
 class CoulombSum:
-    """J of densities dms [nset, nao, nao] (host fp64) summed over blocks of B's fp64 triangle rows:
-      rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once),  J_(mn) = sum_P rho_P B^P_(mn)
+    """J of densities dms [nset, nao, nao] (host fp64) summed over blocks of B's fp64 rows (the
+    store's layout: `_coulomb_density`, `_coulomb_part`, `_coulomb_result`):
+      rho_P = sum_mn B^P_mn D_mn,  J_mn = sum_P rho_P B^P_mn
     (each row's rho_P needs that row alone, so any blocks, in any order, give J)."""
 
     def __init__(self, store, dms):
-        nao, self.backend, self._unpack, self._store = store.nao, store.backend, store._unpack, store
-        sym = dms + dms.transpose(0, 2, 1)
-        sym[:, np.arange(nao), np.arange(nao)] /= 2
-        self._d_rows = self.backend.to_device(sym.reshape(len(dms), -1)[:, store._unpack.pairs], fp64=True)
-        self._sum = None
+        self._store, self._density, self._sum = store, store._coulomb_density(dms), None
 
     def add(self, rows):
-        """The contribution of rows [nP, npair] (device fp64)."""
-        part = self.backend.coulomb_block(rows, self.backend.fit_density(rows, self._d_rows))
+        """The contribution of rows of B (device fp64, the store's layout)."""
+        part = self._store._coulomb_part(rows, self._density)
         self._sum = part if self._sum is None else self._sum.add_(part)
 
     def over_every_row(self):
-        """J over every row of the store's triangle (a pass of its own)."""
+        """J over every row of the store's B (a pass of its own)."""
         for p0, p1 in self._store._row_blocks():
             self.add(self._store._rows(p0, p1))
         return self.result()
 
     def result(self):
         """J [nset, nao, nao] host fp64."""
-        return self.backend.to_host(self._unpack.square(self._sum, torch.float64))
+        return self._store._coulomb_result(self._sum)
 
 
 class ScreenedFittedStore(TorchFittedStore):
     """B for the SCF's builds, screened: each kept pair block once (a dfmp2.sparse LowerPanels of
     whitened B, host fp64), kept on the device in fp64 (J's source; half the bytes of both
     orientations) and, where the budget allows, both orientations in the first build kind (K's
-    panels; else expanded block by block per build, ~0.4 ns an element). The same builds and
-    increments as TorchFittedStore, each block's half transform one GEMM per row panel:
+    panels; else expanded block by block per build, ~0.4 ns an element). Out of core: a
+    files.RowFile of the panels' flat rows (LowerPanels.flat) and their `pattern`, read once per
+    build in blocks of auxiliary functions, J's sums done on each block as it is read. The same
+    builds and increments as TorchFittedStore, each block's half transform one GEMM per row panel:
         rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn        (torch_sparse, fp64)
         X_(m, P, r) = sum_n B^P_mn L_nr,     K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)"""
 
-    def __init__(self, backend, lower, kinds, free_bytes):  # the dense layout's __init__ does not apply
-        self.backend, self.nao, self.naux, self._free_bytes = backend, lower.nao, lower.naux, free_bytes
-        self._lower = lower.map(lambda p: backend.to_device(p, fp64=True))
-        self._anchor, self._full, self.increment_form = None, None, ""
-        self._file = self._on_rows = None  # (in memory always)
-        dtype, pattern = KIND_DTYPES[kinds[0]], lower.pattern
+    def __init__(self, backend, lower, kinds, free_bytes, pattern=None):  # the dense layout's __init__ does not apply
+        on_disk = isinstance(lower, RowFile)
+        pattern = pattern if on_disk else lower.pattern
+        self.backend, self.nao, self.naux, self._free_bytes = backend, pattern.nao, lower.shape[0] if on_disk \
+            else lower.naux, free_bytes
+        self._pattern, self._file = pattern, lower if on_disk else None
+        self._lower = None if on_disk else lower.map(lambda p: backend.to_device(p, fp64=True))
+        self._anchor, self._full, self._on_rows, self.increment_form = None, None, None, ""
+        dtype = KIND_DTYPES[kinds[0]]
+        share = pattern.stored_elements / self.nao ** 2
+        if on_disk:
+            self.storage = (f"screened: each kept pair block once fp64 on disk ({lower.nbytes / 1e6:.0f} MB, read "
+                            f"once per build; {share:.3f} of the dense elements)")
+            return
         if self.naux * pattern.stored_elements * (torch.finfo(dtype).bits // 8) <= \
                 free_bytes() - 4 * SCREENED_BLOCK_BYTES:
             self._full = self._lower.expand(dtype=dtype)
         release_freed_memory()
-        share = pattern.stored_elements / self.nao ** 2
         self.storage = (f"screened: each kept pair block once fp64" +
                         (f" + both orientations {str(dtype)[-2:]}" if self._full is not None else "") +
                         f" ({share:.3f} of the dense elements)")
 
     def _blocks(self, dtype, rank):
-        """(p0, p1, both orientations of auxiliary functions [p0, p1) in dtype) over the auxiliary range."""
-        stored, itemsize = self._lower.pattern.stored_elements, torch.finfo(dtype).bits // 8
-        rows = max(1, min(MAX_AUX_ROWS, SCREENED_BLOCK_BYTES // (itemsize * max(stored, self.nao * max(rank, 1)))))
+        """(p0, p1, both orientations of auxiliary functions [p0, p1) in dtype) over the auxiliary
+        range (kept, or expanded from the fp64 panels, read from disk out of core: those rows feed
+        a Coulomb sum on the way where one is waiting)."""
+        stored, itemsize = self._pattern.stored_elements, torch.finfo(dtype).bits // 8
+        if self._file is None:
+            rows = SCREENED_BLOCK_BYTES // (itemsize * max(stored, self.nao * max(rank, 1)))
+        else:  # a block's read (fp64), its expansion and three half transforms in half of what the budget leaves
+            limit = min(SCREENED_BLOCK_BYTES, max(8 * 10**6, self._free_bytes() // 2))
+            rows = limit // (8 * self._file.shape[1] + itemsize * (stored + 3 * self.nao * max(rank, 1)))
+        rows = max(1, min(MAX_AUX_ROWS, rows))
         kept = self._full if self._full is not None and self._full.panels[0].dtype == dtype else None
         for p0, p1 in block_ranges(self.naux, rows):
-            yield p0, p1, kept.aux_slice(p0, p1) if kept is not None else self._lower.expand(p0, p1, dtype)
+            if kept is not None:
+                yield p0, p1, kept.aux_slice(p0, p1)
+                continue
+            lower = self._rows(p0, p1)
+            if self._on_rows is not None:
+                self._on_rows(lower)
+            yield p0, p1, lower.expand(dtype=dtype)
+
+    def _rows(self, p0, p1):
+        """Auxiliary functions [p0, p1) of B's fp64 panels on the device (a LowerPanels; read from disk out of core)."""
+        if self._file is None:
+            return self._lower if (p0, p1) == (0, self.naux) else self._lower.map(lambda p: p[p0:p1])
+        return LowerPanels.from_flat(self._pattern, self.backend.to_device(self._file.read_rows(p0, p1), fp64=True))
+
+    def _row_blocks(self):
+        if self._file is None:
+            return [(0, self.naux)]
+        return block_ranges(self.naux, max(1, BLOCK_BYTES // (8 * self._file.shape[1])))
 
     def _half_transform(self, block, factor):
         """X [nao, nP, r] = sum_n B^P_mn F_nr over the block's kept pairs."""
@@ -312,12 +360,19 @@ class ScreenedFittedStore(TorchFittedStore):
     def _exchange_product(self, x, z, weights=None):
         return self.backend.screened_exchange_product(x, z, weights)
 
-    def coulomb(self, dms):
-        """J [nset, nao, nao] (host fp64) of dms, fp64, from each kept pair block once:
-          rho_P = sum_mn B^P_mn D_mn,  J_mn = sum_P rho_P B^P_mn"""
+    def _coulomb_density(self, dms):
+        return self.backend.to_device(dms, fp64=True)
+
+    def _coulomb_part(self, lower, density):
+        """sum_(P in lower) rho_P B^P_mn on the kept blocks [nset, nao, nao]:  rho_P = sum_mn B^P_mn D_mn"""
         backend = self.backend
-        d = backend.to_device(dms, fp64=True)
-        return backend.to_host(backend.screened_coulomb(self._lower, backend.screened_fit_density(self._lower, d)))
+        return backend.screened_coulomb(lower, backend.screened_fit_density(lower, density))
+
+    def _coulomb_result(self, total):
+        return self.backend.to_host(total)
 
     def close(self):
         self._lower = self._full = self._anchor = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None

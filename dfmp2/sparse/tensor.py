@@ -60,6 +60,25 @@ class LowerPanels(_Panels):
             panels.append(blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=2))
         return cls(pattern, panels)
 
+    @classmethod
+    def from_flat(cls, pattern, rows):
+        """The panels as views of rows [nP, lower_elements] (numpy or torch): `flat`'s inverse."""
+        panels, c0 = [], 0
+        for m, row in enumerate(pattern.rows):
+            shape = (pattern.width(m), sum(pattern.width(n) for n in row if n <= m))
+            panels.append(rows[:, c0:c0 + shape[0] * shape[1]].reshape(rows.shape[0], *shape))
+            c0 += shape[0] * shape[1]
+        return cls(pattern, panels)
+
+    def flat(self):
+        """The panels side by side, each flattened: [nP, lower_elements] (a row-major store of
+        them, e.g. a files.RowFile; `from_flat` reads them back)."""
+        if isinstance(self.panels[0], np.ndarray):
+            return np.concatenate([p.reshape(p.shape[0], -1) for p in self.panels], axis=1)
+        import torch
+
+        return torch.cat([p.reshape(p.shape[0], -1) for p in self.panels], dim=1)
+
     def expand(self, p0=0, p1=None, dtype=None) -> ScreenedThreeCenter:
         """Both orientations of auxiliary functions [p0, p1) (in dtype: default the panels')."""
         p1 = self.naux if p1 is None else p1
