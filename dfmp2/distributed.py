@@ -31,7 +31,7 @@ import numpy as np
 from .errors import ComputationError, InputError, option
 from .memory import MB, peak_resident_bytes, release_freed_memory
 from .steps import block_ranges, factor_metric, transform_aux_blocks, whiten_three_center
-from .storage import MemoryStore
+from .storage import new_store
 
 DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 included)
 
@@ -279,79 +279,173 @@ def block_owners(nblocks: list, size: int) -> list:
 # ----------------------------------------------------------------------------- moving B
 
 def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ranges: list, naux: int,
-                      staging: Staging) -> dict:
-    """The all-to-all of step 3: this rank's transform output `columns` [nocc, nvir, its P]
-    (auxiliary columns column_ranges[rank]) -> {b: [rows of block b, nvir, naux]} for the
-    occupied blocks b it owns, every P, gathered from all ranks."""
+                      staging: Staging, dtype, device, nvir: int):
+    """The all-to-all of step 3, one round per owned block: this rank's transform output
+    `columns` (a storage store of [nocc, nvir, its P], auxiliary columns column_ranges[rank])
+    -> (b, [rows of block b, nvir, naux]) for each occupied block b it owns, every P, gathered
+    from all ranks; in round r each rank receives its r-th block (every rank takes every round,
+    yielding (None, None) where it has no r-th block). One block is held at a time."""
     import torch
 
-    mine = [b for b, owner in enumerate(owners) if owner == team.rank]
-    nrows = [sum(blocks[b][1] - blocks[b][0] for b, owner in enumerate(owners) if owner == q)
-             for q in range(team.size)]
-    nvir = columns.shape[1]
-    device = staging.wire_device(columns.device)
-    full = torch.empty((nrows[team.rank], nvir, naux), dtype=columns.dtype, device=device)
+    size, rank = team.size, team.rank
+    mine = [[b for b, owner in enumerate(owners) if owner == q] for q in range(size)]
+    wire_device = staging.wire_device(device)
+    c0, c1 = column_ranges[rank]
 
-    def rows_of(q):  # my columns of rank q's blocks, stacked
-        parts = [staging.to_wire(columns[blocks[b][0]:blocks[b][1]]) for b, owner in enumerate(owners) if owner == q]
-        return torch.cat(parts) if parts else None
+    def my_columns(b):  # my columns of block b
+        return staging.to_wire(columns.read_occ(*blocks[b]).to(dtype).contiguous())
 
-    c0, c1 = column_ranges[team.rank]
-    if nrows[team.rank]:
-        full[:, :, c0:c1] = rows_of(team.rank)
-    for k in range(1, team.size):
-        dst, src = (team.rank + k) % team.size, (team.rank - k) % team.size
-        send = rows_of(dst) if nrows[dst] and c1 > c0 else None
-        s0, s1 = column_ranges[src]
-        recv = (torch.empty((nrows[team.rank], nvir, s1 - s0), dtype=columns.dtype, device=device)
-                if nrows[team.rank] and s1 > s0 else None)
-        team.swap(send, dst, recv, src)
-        if recv is not None:
-            full[:, :, s0:s1] = recv
-        del send, recv
-    out, row = {}, 0
-    for b in mine:
-        n = blocks[b][1] - blocks[b][0]
-        out[b] = staging.from_wire(full[row:row + n])
-        row += n
-    return out
+    for r in range(max(len(m) for m in mine)):
+        b = mine[rank][r] if r < len(mine[rank]) else None
+        full = None
+        if b is not None:
+            i0, i1 = blocks[b]
+            full = torch.empty((i1 - i0, nvir, naux), dtype=dtype, device=wire_device)
+            if c1 > c0:
+                full[:, :, c0:c1] = my_columns(b)
+        for k in range(1, size):
+            dst, src = (rank + k) % size, (rank - k) % size
+            theirs = mine[dst][r] if r < len(mine[dst]) else None
+            send = my_columns(theirs) if theirs is not None and c1 > c0 else None
+            s0, s1 = column_ranges[src]
+            recv = torch.empty((i1 - i0, nvir, s1 - s0), dtype=dtype, device=wire_device) \
+                if b is not None and s1 > s0 else None
+            team.swap(send, dst, recv, src)
+            if recv is not None:
+                full[:, :, s0:s1] = recv
+            del send, recv
+        yield b, None if full is None else staging.from_wire(full)
 
 
-def pass_blocks(team: Team, visiting: dict, arriving: list, shape_of, dtype, device, staging: Staging) -> dict:
-    """One ring step: send the blocks `visiting` {b: tensor} to rank + 1 while receiving the
-    blocks `arriving` [b] (shape_of(b), on `device`) from rank - 1, one block at a time (each
-    sent block is dropped once it has left)."""
+def pass_blocks(team: Team, visiting, arriving: list, shape_of, dtype, device, staging: Staging, into):
+    """One ring step: send the blocks of `visiting` (RankBlocks) to rank + 1 while receiving the
+    blocks `arriving` [b] (shape_of(b), on `device`) from rank - 1 into `into` (RankBlocks),
+    one block at a time (each sent block released once it has left). Returns `into`."""
     import torch
 
-    sending = sorted(visiting)
-    received = {}
+    sending = sorted(visiting.keys())
     wire_device = staging.wire_device(device)
     for n in range(max(len(sending), len(arriving))):
-        send = staging.to_wire(visiting.pop(sending[n])) if n < len(sending) else None
+        send = None
+        if n < len(sending):
+            send = staging.to_wire(visiting[sending[n]])
+            visiting.release(sending[n])
         recv = None
         if n < len(arriving):
             recv = torch.empty(shape_of(arriving[n]), dtype=dtype, device=wire_device)
         team.swap(send, (team.rank + 1) % team.size, recv, (team.rank - 1) % team.size)
+        del send
         if recv is not None:
-            received[arriving[n]] = staging.from_wire(recv)
-    return received
+            into[arriving[n]] = staging.from_wire(recv)
+    return into
+
+
+class RankBlocks:
+    """Occupied blocks of B a rank holds, {b: [rows_b, nvir, ncols]}: on the device (storage
+    "memory"), or in a scratch files.RowFile (storage "disk", up to `capacity` rows: each
+    block's rows one contiguous piece, read back each time it is asked for). Reads never
+    remove a block; release(b) lets a visiting block's memory go once it has been sent on."""
+
+    def __init__(self, backend, storage, capacity=0, scratch=None, visiting=False):
+        self.backend, self.kind, self.capacity, self.scratch = backend, storage, capacity, scratch
+        self._visiting = visiting  # a ring step's copy: release() drops (memory) blocks
+        self._held = {}  # b -> device tensor (memory) or (first row, rows, nvir, ncols) on disk
+        self._file, self._next_row, self._shared = None, 0, False  # shared: another's file (a view)
+
+    def view(self):
+        """The same blocks as a visiting set (memory: a shallow copy whose release() drops its
+        own references; disk: the same file, which release() leaves as it is)."""
+        copy = RankBlocks(self.backend, self.kind, self.capacity, self.scratch, visiting=True)
+        copy._held, copy._file, copy._next_row = dict(self._held), self._file, self._next_row
+        copy._shared = True
+        return copy
+
+    def __setitem__(self, b, block):
+        if self.kind == "memory":
+            self._held[b] = block
+            return
+        host = np.ascontiguousarray(self.backend.to_host(block))
+        rows, nvir, ncols = host.shape
+        if self._file is None:
+            from .files import RowFile
+
+            self._file = RowFile((self.capacity, nvir * ncols), self.scratch, prefix="dfmp2-rank-", dtype=host.dtype)
+        self._file.write_rows(self._next_row, host.reshape(rows, nvir * ncols))
+        self._held[b] = (self._next_row, rows, nvir, ncols)
+        self._next_row += rows
+
+    def __getitem__(self, b):
+        if self.kind == "memory":
+            return self._held[b]
+        r0, rows, nvir, ncols = self._held[b]
+        return self.backend.to_device(self._file.read_rows(r0, r0 + rows).reshape(rows, nvir, ncols))
+
+    def __contains__(self, b):
+        return b in self._held
+
+    def keys(self):
+        return list(self._held)
+
+    def items(self):
+        """(b, block) in order of b, each block made (read) when reached."""
+        for b in sorted(self._held):
+            yield b, self[b]
+
+    def release(self, b):
+        if self._visiting and self.kind == "memory":
+            self._held.pop(b, None)
+
+    def clear(self):
+        """Forget every block (disk: the file is written over from its first row again)."""
+        self._held, self._next_row = {}, 0
+
+    def io(self) -> dict:
+        if self._file is None or self._shared:
+            return {"bytes_written": 0, "bytes_read": 0}
+        return self._file.io()
+
+    def close(self):
+        self._held = {}
+        if self._file is not None and not self._shared:
+            self._file.close()
+        self._file = None
 
 
 # ----------------------------------------------------------------------------- B over the ranks
 
 class RankThreeCenter:
-    """The ThreeCenterProvider of a team (`dfmp2.providers`): rows[s] = {b: B of occupied block
-    b of channel s} for the blocks this rank owns (`block_owners`); the pair tasks (I, J) are
-    computed by the owner of I while the B_J blocks travel around the ring, one rank's blocks
-    per step (`pass_blocks`); each task's fp64 sums are all-reduced (`combine`)."""
+    """The ThreeCenterProvider of a team (`dfmp2.providers`): rows[s] (RankBlocks) = {b: B of
+    occupied block b of channel s} for the blocks this rank owns (`block_owners`), in memory or
+    on disk as the plan says; the pair tasks (I, J) are computed by the owner of I while the B_J
+    blocks travel around the ring, one rank's blocks per step (`pass_blocks`; on disk through
+    two scratch files a visiting set alternates between); each task's fp64 sums are
+    all-reduced (`combine`)."""
 
-    def __init__(self, backend, team, channels, blocks, owners, occ_block, staging, shares):
+    def __init__(self, backend, team, channels, blocks, owners, occ_block, staging, shares, storage="memory",
+                 scratch=None):
         self.backend, self.team, self.channels = backend, team, channels
         self.blocks, self.owners, self.occ_block, self.staging = blocks, owners, occ_block, staging
+        self.storage, self.scratch = storage, scratch
         self.layout = {"ranks": team.size, "occ_block": occ_block}  # what B and the journals depend on
         self.aux_functions = sum(p1 - p0 for p0, p1 in shares[team.rank])
         self.rows, self.nkept, self.metric_label, self.reused = None, 0, "", False
         self.pair_seconds, self.ntasks_mine = 0.0, 0
+        self.io = {"bytes_written": 0, "bytes_read": 0}  # of files closed so far (transform columns, visiting sets)
+
+    def new_blocks(self, s, rank=None, visiting=False) -> RankBlocks:
+        """Empty RankBlocks for channel s's blocks owned by `rank` (default this one; visiting: the
+        most any rank owns)."""
+        rows = [i1 - i0 for b, (i0, i1) in enumerate(self.blocks[s]) if visiting or self.owners[s][b] == (
+            self.team.rank if rank is None else rank)]
+        if visiting:
+            rows = [sum(i1 - i0 for b, (i0, i1) in enumerate(self.blocks[s]) if self.owners[s][b] == q)
+                    for q in range(self.team.size)]
+            return RankBlocks(self.backend, self.storage, max(rows), self.scratch, visiting=True)
+        return RankBlocks(self.backend, self.storage, sum(rows), self.scratch)
+
+    def add_io(self, io):
+        for key in self.io:
+            self.io[key] += io[key]
 
     def owned(self, tasks) -> list:
         return [k for k, task in enumerate(tasks) if self.owners[task.s][task.i0 // self.occ_block] == self.team.rank]
@@ -359,27 +453,45 @@ class RankThreeCenter:
     def pair_blocks(self, tasks, todo):
         """(k, task, B_I, B_J) of this rank's tasks `todo`, by channel pair and ring step: at step
         k the blocks of rank (rank - k) visit. Every rank takes every step (the ring moves
-        whatever is left to compute)."""
+        whatever is left to compute). On disk B_I is read once per ring step and I, B_J once per task."""
         team, size, rank, occ_block = self.team, self.team.size, self.team.rank, self.occ_block
         todo, mine, start = set(todo), self.owned(tasks), time.perf_counter()
         self.ntasks_mine = len(mine)
         b_dtype = self.backend.zeros((1,)).dtype
         for s, t in dict.fromkeys((task.s, task.t) for task in tasks):  # channel pairs, canonical order
-            visiting = dict(self.rows[t])
-            for step in range(size):
-                source = (rank - step) % size
-                if step:
-                    arriving = [b for b, owner in enumerate(self.owners[t]) if owner == source]
-                    visiting = pass_blocks(team, visiting, arriving, lambda b: (
-                        self.blocks[t][b][1] - self.blocks[t][b][0], self.channels[t].nvir, self.nkept),
-                        b_dtype, self.channels[t].e_vir.device, self.staging)
-                for k in mine:
-                    task = tasks[k]
-                    j = task.j0 // occ_block
-                    if (task.s, task.t) != (s, t) or self.owners[t][j] != source or k not in todo:
-                        continue
-                    b_i = self.rows[s][task.i0 // occ_block]
-                    yield k, task, b_i, b_i if task.diagonal else visiting[j]
+            visiting, spares = self.rows[t].view(), []
+            try:
+                for step in range(size):
+                    source = (rank - step) % size
+                    if step:
+                        arriving = [b for b, owner in enumerate(self.owners[t]) if owner == source]
+                        if self.storage == "memory":
+                            into = self.new_blocks(t, visiting=True)
+                        else:  # the spare file that is not being sent from
+                            if len(spares) < 2:
+                                spares.append(self.new_blocks(t, visiting=True))
+                            into = next(spare for spare in spares if spare is not visiting)
+                            into.clear()
+                        visiting = pass_blocks(team, visiting, arriving, lambda b: (
+                            self.blocks[t][b][1] - self.blocks[t][b][0], self.channels[t].nvir, self.nkept),
+                            b_dtype, self.channels[t].e_vir.device, self.staging, into)
+                    held_i = held_j = (None, None)
+                    for k in mine:
+                        task = tasks[k]
+                        j = task.j0 // occ_block
+                        if (task.s, task.t) != (s, t) or self.owners[t][j] != source or k not in todo:
+                            continue
+                        i = task.i0 // occ_block
+                        if held_i[0] != i:
+                            held_i = (i, self.rows[s][i])
+                        if not task.diagonal and held_j[0] != j:
+                            held_j = (j, visiting[j])
+                        yield k, task, held_i[1], held_i[1] if task.diagonal else held_j[1]
+                    held_i = held_j = None
+            finally:
+                for spare in spares:
+                    self.add_io(spare.io())
+                    spare.close()
             visiting = None
         self.pair_seconds = time.perf_counter() - start
 
@@ -387,20 +499,26 @@ class RankThreeCenter:
         return self.team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
 
     def summary(self) -> dict:
-        """Scratch traffic (none: B stays in memory) and, on rank 0, every rank's record."""
+        """Scratch traffic of this rank (B in memory: none) and, on rank 0, every rank's record."""
         team = self.team
+        io = dict(self.io)
+        for rows in self.rows or []:
+            for key, value in rows.io().items():
+                io[key] += value
         mine = {"rank": team.rank, "pair_tasks": self.ntasks_mine,
                 "occ_block": self.occ_block, "pair_seconds": self.pair_seconds,
                 "occupied_blocks": [sum(1 for o in owner if o == team.rank) for owner in self.owners],
                 "aux_functions": self.aux_functions, "bytes_sent": team.bytes_sent,
                 "bytes_received": team.bytes_received, "staged_through_host": self.staging.staged,
                 "neuron_cores": team.neuron_cores, "peak_rss_mb": peak_resident_bytes() / MB,
-                "kernels": dict(self.backend.calls)}
+                "storage": self.storage, "io": io, "kernels": dict(self.backend.calls)}
         per_rank = team.gather_objects(mine)
-        return {"io": {"bytes_written": 0, "bytes_read": 0},
-                "distributed": {"ranks": team.size, "backend": team.backend, "per_rank": per_rank}}
+        total = {key: sum(r["io"][key] for r in per_rank) for key in io} if per_rank else io
+        return {"io": total, "distributed": {"ranks": team.size, "backend": team.backend, "per_rank": per_rank}}
 
     def close(self):
+        for rows in self.rows or []:
+            rows.close()
         self.rows = None
 
 
@@ -470,11 +588,12 @@ class RankDensities:
                     arrays[s][i0:i1] = recv.cpu().numpy()
 
 
-def three_center_over_ranks(backend, integrals, metric, channels, plan, team, checkpoint, context):
+def three_center_over_ranks(backend, integrals, metric, channels, plan, team, checkpoint, context, scratch=None):
     """Steps 1-3 split over the ranks (module docstring): every rank factors the metric,
     transforms its share of the auxiliary blocks, receives its occupied blocks with every P
-    (the all-to-all) and whitens them; or takes them from the checkpoint of an earlier run of
-    the same layout. Returns the RankThreeCenter holding this rank's blocks."""
+    (the all-to-all, a block at a time) and whitens them; or takes them from the checkpoint of
+    an earlier run of the same layout. B and the transform's columns in memory or, as the plan
+    says, in scratch files (under `scratch`). Returns the RankThreeCenter holding this rank's blocks."""
     naux, size, rank = metric.shape[0], team.size, team.rank
     # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
     shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
@@ -483,28 +602,45 @@ def three_center_over_ranks(backend, integrals, metric, channels, plan, team, ch
     column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
     blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
     owners = block_owners([len(b) for b in blocks], size)
-    provider = RankThreeCenter(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares)
+    provider = RankThreeCenter(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
+                               plan.storage, scratch)
     held = checkpoint.held_rows(provider.layout, blocks, owners, channels)
     if held is not None:  # B of this layout, kept by an earlier run (every rank's)
         rows, provider.nkept, provider.metric_label = held
-        provider.rows = [{b: backend.to_device(block) for b, block in channel_rows.items()} for channel_rows in rows]
+        provider.rows = []
+        for s, channel_rows in enumerate(rows):
+            provider.rows.append(provider.new_blocks(s))
+            for b, block in channel_rows.items():
+                provider.rows[s][b] = backend.to_device(block)
         provider.reused = True
         return provider
     with context.timer.step("metric"):
         factor = factor_metric(backend, metric)  # 1. J = L L^T, on every rank
     c0, c1 = column_ranges[rank]
-    columns = [MemoryStore(backend, (ch.nocc, ch.nvir, c1 - c0)) for ch in channels]  # this rank's P
-    transform_aux_blocks(backend, integrals, shares[rank], channels, columns, context.timer, context.report,
-                         first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
-    with context.timer.step("whiten"):
-        provider.rows = []
-        for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
-            mine = rows_from_columns(team, columns[s].data, blocks[s], owners[s], column_ranges, naux,
-                                     provider.staging)
-            columns[s].close()
-            provider.rows.append({b: whiten_three_center(backend, factor, block) for b, block in mine.items()})
-            release_freed_memory()
-        provider.nkept, provider.metric_label = factor.nkept, factor.describe()
-        checkpoint.keep_rows(channels, provider.rows, provider.nkept, provider.metric_label, provider.layout,
-                             backend.to_host)
+    columns = [new_store(backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch)
+               for ch in channels]  # this rank's P
+    try:
+        transform_aux_blocks(backend, integrals, shares[rank], channels, columns, context.timer, context.report,
+                             first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
+        with context.timer.step("whiten"):
+            provider.rows = []
+            dtype = backend.zeros((1,)).dtype
+            for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
+                provider.rows.append(provider.new_blocks(s))
+                for b, block in rows_from_columns(team, columns[s], blocks[s], owners[s], column_ranges, naux,
+                                                  provider.staging, dtype, ch.e_vir.device, ch.nvir):
+                    if b is not None:
+                        provider.rows[s][b] = whiten_three_center(backend, factor, block)
+                    del block
+                    release_freed_memory()
+                provider.add_io(columns[s].io())
+                columns[s].close()
+            provider.nkept, provider.metric_label = factor.nkept, factor.describe()
+            checkpoint.keep_rows(channels, provider.rows, provider.nkept, provider.metric_label, provider.layout,
+                                 backend.to_host)
+    except BaseException:
+        for store in columns:
+            store.close()
+        provider.close()
+        raise
     return provider

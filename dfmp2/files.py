@@ -399,15 +399,18 @@ def package_versions(names) -> dict:
 
 
 class RowFile:
-    """An fp64 array [nrows, ncols] in a raw file of a scratch directory, row-major: read and
+    """An array [nrows, ncols] (fp64 unless dtype says) in a raw file of a scratch directory, row-major: read and
     written by blocks of rows (one contiguous read or write) or of columns (one per row), with
     positioned reads and writes, so that its pages stay in the page cache and out of the
     process's resident set (a memory map would count them). For the SCF's whitened JK-fit
-    integrals where the budget does not hold them (dfmp2.scf). The directory is removed by
-    close(). bytes_read / bytes_written count the array bytes moved."""
+    integrals where the budget does not hold them (dfmp2.scf), and the blocks of B a rank keeps
+    out of core (dfmp2.distributed). The directory is removed by close(). bytes_read /
+    bytes_written count the array bytes moved."""
 
-    def __init__(self, shape, scratch=None, prefix="dfmp2-scf-"):
+    def __init__(self, shape, scratch=None, prefix="dfmp2-scf-", dtype=np.float64):
         self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
         self.scratch = scratch
         self._tmpdir = scratch_directory(prefix, scratch)
         self.path = os.path.join(self._tmpdir.name, "rows.bin")
@@ -420,7 +423,7 @@ class RowFile:
 
     @property
     def nbytes(self) -> int:
-        return self.shape[0] * self.shape[1] * 8
+        return self.shape[0] * self.shape[1] * self.itemsize
 
     def _io(self, move, buffer, offset):
         """One positioned read or write of `buffer` (a C-contiguous array) at byte `offset`, whole."""
@@ -436,31 +439,32 @@ class RowFile:
 
     def write_rows(self, r0, block):
         """Rows [r0, r0 + len(block)) = block [n, ncols]."""
-        block = np.ascontiguousarray(block, dtype=np.float64)
-        self._io(lambda fd, view, at: os.pwrite(fd, view, at), block, r0 * self.shape[1] * 8)
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        self._io(lambda fd, view, at: os.pwrite(fd, view, at), block, r0 * self.shape[1] * self.itemsize)
         self.bytes_written += block.nbytes
 
     def read_rows(self, r0, r1, out=None) -> np.ndarray:
         """Rows [r0, r1): [r1 - r0, ncols] (into `out`, C-contiguous, where given)."""
-        out = np.empty((r1 - r0, self.shape[1])) if out is None else out[:r1 - r0]
-        self._io(lambda fd, view, at: os.preadv(fd, [view], at), out, r0 * self.shape[1] * 8)
+        out = np.empty((r1 - r0, self.shape[1]), dtype=self.dtype) if out is None else out[:r1 - r0]
+        self._io(lambda fd, view, at: os.preadv(fd, [view], at), out, r0 * self.shape[1] * self.itemsize)
         self.bytes_read += out.nbytes
         return out
 
     def read_columns(self, c0, c1) -> np.ndarray:
         """Columns [c0, c1) of every row: [nrows, c1 - c0]."""
-        out = np.empty((self.shape[0], c1 - c0))
+        out = np.empty((self.shape[0], c1 - c0), dtype=self.dtype)
         for r in range(self.shape[0]):
-            self._io(lambda fd, view, at: os.preadv(fd, [view], at), out[r], (r * self.shape[1] + c0) * 8)
+            self._io(lambda fd, view, at: os.preadv(fd, [view], at), out[r],
+                     (r * self.shape[1] + c0) * self.itemsize)
         self.bytes_read += out.nbytes
         return out
 
     def write_columns(self, c0, block):
         """Columns [c0, c0 + block.shape[1]) of every row = block [nrows, n]."""
         for r in range(self.shape[0]):
-            row = np.ascontiguousarray(block[r], dtype=np.float64)
-            self._io(lambda fd, view, at: os.pwrite(fd, view, at), row, (r * self.shape[1] + c0) * 8)
-        self.bytes_written += block.shape[0] * block.shape[1] * 8
+            row = np.ascontiguousarray(block[r], dtype=self.dtype)
+            self._io(lambda fd, view, at: os.pwrite(fd, view, at), row, (r * self.shape[1] + c0) * self.itemsize)
+        self.bytes_written += block.shape[0] * block.shape[1] * self.itemsize
 
     def io(self) -> dict:
         return {"bytes_written": int(self.bytes_written), "bytes_read": int(self.bytes_read)}

@@ -85,7 +85,7 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
     orbitals one pair-energy kernel can hold (e.g. on-chip memory); pair_scratch_bytes(nb,
     nvir), the memory one pair-energy call needs beyond its B blocks. on_disk: B kept on disk
     whatever the budget. ranks > 1: each of `ranks` processes holds about 2/ranks of the
-    tensor (dfmp2.distributed), in memory. growth: bytes of `baseline` allowed for what the
+    tensor (dfmp2.distributed), in memory, or its own 1/ranks on disk and a few blocks in memory. growth: bytes of `baseline` allowed for what the
     SCF will leave (named in the messages). gamma: the densities' three-index G is kept too
     (fp64, beside B: in memory or on disk with it), fitted a block of occ_block rows at a time.
 
@@ -132,10 +132,6 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
             f"{where} above the {resident}; nao={nao}, nocc={nocc}, nvir={nvir}, "
             f"naux={naux}); the memory budget is {budget / MB:.4g} MB ({option('max_memory')})")
     storage = "memory" if least + store <= arrays and not on_disk else "disk"
-    if storage == "disk" and ranks > 1:
-        raise MemoryBudgetError(f"each of the {ranks} ranks needs {(baseline + least + store) / MB:.4g} MB to hold its "
-                         f"share of (ia|P) in memory; the budget is {budget / MB:.4g} MB per process "
-                         f"({option('max_memory')}): give more, or use more ranks (out-of-core storage is for one process)")
     room = arrays - fixed - (store if storage == "memory" else 0)
 
     aux_block = naux

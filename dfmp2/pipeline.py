@@ -120,10 +120,10 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
 def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     """(memory plan, notes, keep t2?) of a run with the active spaces `selected`: B in memory
     or on disk (a checkpoint or force_outcore keep it on disk; ranks keep their share in
-    memory, with rank 0's block sizes), and t2 when asked for and the budget holds it."""
+    memory or on disk as rank 0's plan says, with its block sizes), and t2 when asked for and the budget holds it."""
     spaces = [(o.size, v.size) for o, v, _ in selected]
     team = context.team
-    on_disk = team is None and given is None and (settings.checkpoint is not None or settings.force_outcore)
+    on_disk = given is None and (settings.force_outcore or (team is None and settings.checkpoint is not None))
     plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks,
                     gamma=settings.with_gamma)
     if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
@@ -162,7 +162,8 @@ def three_center_provider(backend, integrals, metric, channels, plan, settings, 
     if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
         return given_three_center(backend, given, channels, plan)
     if context.team is not None:
-        return three_center_over_ranks(backend, integrals, metric, channels, plan, context.team, checkpoint, context)
+        return three_center_over_ranks(backend, integrals, metric, channels, plan, context.team, checkpoint, context,
+                                       settings.scratch)
     return local_three_center(backend, integrals, metric, channels, plan, settings.scratch, checkpoint, context)
 
 

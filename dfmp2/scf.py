@@ -238,7 +238,9 @@ class FittedCoulombExchange:
         else:  # out of core: B in a scratch file, read once per build
             if held:
                 integrals.fitted_rows()  # what the early thread made goes (held: it did not fit beside B's blocks)
-            rows, factor = whiten_to_file(whitener, integrals, self.scratch)
+            # its temporaries (about four blocks) within what the budget leaves
+            rows, factor = whiten_to_file(whitener, integrals, self.scratch,
+                                          max(10**6, min(BLOCK_BYTES, (free + held) // 8)))
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
         store = backend.fitted_store(rows, nao, kinds, self._free_bytes, **on_disk)

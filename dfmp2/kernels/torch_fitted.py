@@ -90,8 +90,10 @@ class TorchFittedStore:
 
     def _block_rows(self, rank):
         """Auxiliary functions per build block: its temporaries ([nP, r, nao] half transforms, an
-        unpacked [nP, nao, nao] block) within BLOCK_BYTES."""
-        return max(1, min(MAX_AUX_ROWS, BLOCK_BYTES // (8 * self.nao * max(self.nao, 2 * rank))))
+        unpacked [nP, nao, nao] block) within BLOCK_BYTES (out of core, and its read, within an
+        eighth of what the budget leaves, if less)."""
+        limit = BLOCK_BYTES if self._file is None else min(BLOCK_BYTES, max(10**6, self._free_bytes() // 8))
+        return max(1, min(MAX_AUX_ROWS, limit // (8 * self.nao * max(self.nao, 2 * rank))))
 
     def _square_blocks(self, dtype, rank):
         """(p0, p1, [nP, nao, nao] block of B in dtype) over the auxiliary range (kept, or unpacked
