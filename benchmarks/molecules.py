@@ -78,7 +78,8 @@ OVALENE = [(-1, 0), (-1, 1), (-1, 2), (0, -1), (0, 0), (0, 1), (0, 2), (1, -1), 
 
 MOLECULES = {"water16": (water_cluster, "(H2O)16"), "water32": (lambda: water_cluster(2, 4, 4), "(H2O)32"),
              "hexane": (lambda: alkane(6), "C6H14"),
-             "hexadecane": (lambda: alkane(16), "C16H34"), "hexacosane": (lambda: alkane(26), "C26H54"),
+             "hexadecane": (lambda: alkane(16), "C16H34"), "heptadecane": (lambda: alkane(17), "C17H36"),
+             "hexacosane": (lambda: alkane(26), "C26H54"),
              "triacontane": (lambda: alkane(30), "C30H62"), "coronene": (lambda: benzenoid(CORONENE), "C24H12"),
              "ovalene": (lambda: benzenoid(OVALENE), "C32H14")}
 

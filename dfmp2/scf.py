@@ -40,6 +40,7 @@ FP32_RELATIVE_ERROR = 1e-3  # mixed: a new anchor once this times |D - D_anchor|
 INCREMENT_RANK_DROP = 1e-6  # mixed: eigenvalues of D - D_anchor below this times the largest are left out
 # of the fp32 increment (an error of the order of the increment's own fp32 rounding)
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of the whitening (fp64 bytes)
+FILE_BLOCK_BYTES = 512 * 10**6  # out of core: the most of the file the whitening holds at once (fp64 bytes)
 
 
 def scf_builds_for(settings, backend, integrals_of, range_separated=False):
@@ -168,31 +169,28 @@ def whiten_columns(backend, factor, x):
 
 def whiten_to_file(backend, integrals, scratch=None, block_bytes=None):
     """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) out of core: (Q|mn) [naux, ncols] written to a scratch
-    RowFile in auxiliary blocks, then whitened block of columns by block into a second one,
-    B [nkept, ncols]; the first is removed. Columns: the pairs m >= n (npair), or with
-    integrals.screening the kept pair blocks each once, LowerPanels.flat's order (lower_elements).
-    Holds about two blocks of block_bytes (default BLOCK_BYTES; a block of whole auxiliary shells
-    at least). -> (B's RowFile, the metric factor)."""
+    RowFile in auxiliary blocks, then whitened in place, block of columns by block (each block's
+    columns depend on that block alone): B [nkept, ncols] is its first nkept rows. Columns: the
+    pairs m >= n (npair), or with integrals.screening the kept pair blocks each once,
+    LowerPanels.flat's order (lower_elements). Holds about two blocks of block_bytes (default
+    BLOCK_BYTES; a block of whole auxiliary shells at least). -> (B's RowFile, the metric factor)."""
     block_bytes = block_bytes or BLOCK_BYTES
     factor = factor_metric(backend, integrals.metric())
     naux, nao, pattern = integrals.naux, integrals.nao, getattr(integrals, "screening", None)
     ncols = nao * (nao + 1) // 2 if pattern is None else pattern.lower_elements
-    raw = RowFile((naux, ncols), scratch)
+    rows = RowFile((naux, ncols), scratch)
     try:
         for p0, p1 in integrals.aux_blocks(max(1, block_bytes // (8 * ncols))):
-            raw.write_rows(p0, integrals.packed_rows(p0, p1) if pattern is None
-                           else integrals.screened_lower(p0, p1).flat())
-        fitted = RowFile((factor.nkept, ncols), scratch)
-        try:
-            for c0, c1 in block_ranges(ncols, max(64, block_bytes // (8 * naux))):
-                # B^T = X^T L^-T  on a block of columns
-                fitted.write_columns(c0, whiten_columns(backend, factor, raw.read_columns(c0, c1)))
-        except BaseException:
-            fitted.close()
-            raise
-    finally:
-        raw.close()
-    return fitted, factor
+            rows.write_rows(p0, integrals.packed_rows(p0, p1) if pattern is None
+                            else integrals.screened_lower(p0, p1).flat())
+        for c0, c1 in block_ranges(ncols, max(64, block_bytes // (8 * naux))):
+            # B^T = X^T L^-T  on a block of columns, in place
+            rows.write_columns(c0, whiten_columns(backend, factor, rows.read_columns(c0, c1)))
+    except BaseException:
+        rows.close()
+        raise
+    rows.shape = (factor.nkept, ncols)  # (rows nkept.. of the file, if any, are left unread)
+    return rows, factor
 
 
 class FittedCoulombExchange:
@@ -238,9 +236,10 @@ class FittedCoulombExchange:
         else:  # out of core: B in a scratch file, read once per build
             if held:
                 integrals.fitted_rows()  # what the early thread made goes (held: it did not fit beside B's blocks)
-            # its temporaries (about four blocks) within what the budget leaves
+            # its temporaries (about four blocks) within what the budget leaves; large column blocks
+            # where it allows: each block's read is one piece of every row of the file
             rows, factor = whiten_to_file(whitener, integrals, self.scratch,
-                                          max(10**6, min(BLOCK_BYTES, (free + held) // 8)))
+                                          max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)))
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
         store = backend.fitted_store(rows, nao, kinds, self._free_bytes, **on_disk)

@@ -159,7 +159,7 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, i
 @pytest.mark.parametrize("precision", ["mixed", "fp64"])
 def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, precision):
     """Where the budget does not hold the whitened JK-fit integrals they stream from a scratch
-    file, in several blocks (the whitening by blocks of pair columns, each build by blocks of
+    file, in several blocks (the whitening in place by blocks of pair columns, each build by blocks of
     auxiliary functions, J's sums on K's pass): the converged energy is the in-memory one to
     1e-10 Eh, the record says where B was and what was read (once per build), and the scratch
     directory goes with the builds."""
@@ -179,13 +179,13 @@ def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, prec
     chem.use_fitted_builds(mf, builds).run()
     assert builds.record.storage.startswith("fp64 triangle on disk")
     assert abs(mf.e_tot - in_memory.e_tot) < 1e-10
-    assert len(os.listdir(tmp_path)) == 1  # B's scratch directory (the integrals' went after the whitening)
+    assert len(os.listdir(tmp_path)) == 1  # one scratch directory: the integrals, whitened in place
     builds.close()
     assert os.listdir(tmp_path) == []
     triangle = builds.naux * npair * 8
     io = builds.record.as_dict()["io"]
-    assert io["bytes_read"] == triangle * len(builds.record.builds)  # once per build
-    assert io["bytes_written"] == triangle
+    assert io["bytes_read"] == triangle * (1 + len(builds.record.builds))  # by the whitening, then once per build
+    assert io["bytes_written"] == 2 * triangle  # the integrals, then B over them
 
 
 @pytest.mark.parametrize("options", [
