@@ -21,8 +21,10 @@ timed a second time in the same process (warm: its kernels compiled and its memo
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -69,6 +71,7 @@ def main(argv=None):
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     molecule, scratch = os.path.abspath(args.molecule), tempfile.mkdtemp(prefix="dfmp2-bench-gpu-")
+    atexit.register(shutil.rmtree, scratch, True)  # the runs' records, read into the result
     outs = {name: os.path.join(scratch, f"{name}.json") for name in ("dfmp2", "gpu4pyscf", "pyscf-cpu")}
     commands = {
         "dfmp2": [sys.executable, "-m", "dfmp2", "run", molecule, "--basis", args.basis, "--device", args.device,

@@ -16,8 +16,10 @@ the gradient's parts (gradient_* timings of the last grad round) and the energie
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -50,6 +52,7 @@ def main(argv=None):
     molecule = os.path.abspath(args.molecule)
     dfmp2_script = os.path.join(os.path.dirname(sys.executable), "dfmp2")
     out = tempfile.mkdtemp(prefix="dfmp2-bench-gradient-")
+    atexit.register(shutil.rmtree, out, True)  # the runs' records, read into the result
     contenders = {name: ([dfmp2_script, name, molecule, "--basis", args.basis, "--quiet", "--json",
                           os.path.join(out, f"{name}.json")], None, None) for name in ("run", "grad")}
     if args.pyscf:

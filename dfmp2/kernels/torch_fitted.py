@@ -5,7 +5,8 @@ the source of K's blocks in a kind without a square copy); one square copy [naux
 K in the kind most builds use (fp32 in mixed precision, fp64 in fp64) as the budget allows; the
 anchor build's fp32 half transforms [naux, nocc, nao] for the incremental builds, as it allows.
 Where the budget does not hold the triangle, it is a scratch file (files.RowFile) read once per
-build in blocks of auxiliary functions, J's and K's work on each block done as it is read.
+build in blocks of auxiliary functions (the next block read on a thread while this one is
+used), J's and K's work on each block done as it is read.
 
     fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)   (D' = D + D^T, diagonal once)
     Coulomb           J_(mn) = sum_P rho_P B^P_(mn)          always fp64 (a GEMV: fp32 gains nothing)
@@ -90,8 +91,8 @@ class TorchFittedStore:
 
     def _block_rows(self, rank):
         """Auxiliary functions per build block: its temporaries ([nP, r, nao] half transforms, an
-        unpacked [nP, nao, nao] block) within BLOCK_BYTES (out of core, and its read, within an
-        eighth of what the budget leaves, if less)."""
+        unpacked [nP, nao, nao] block) within BLOCK_BYTES (out of core, and its read and the next
+        one's, within an eighth of what the budget leaves, if less)."""
         limit = BLOCK_BYTES if self._file is None else min(BLOCK_BYTES, max(10**6, self._free_bytes() // 8))
         return max(1, min(MAX_AUX_ROWS, limit // (8 * self.nao * max(self.nao, 2 * rank))))
 
@@ -102,20 +103,41 @@ class TorchFittedStore:
         kept = self._square.get(dtype)
         buffer = None if kept is not None else \
             torch.empty((min(rows, self.naux), self.nao, self.nao), dtype=dtype, device=self.backend.device)
-        for p0, p1 in block_ranges(self.naux, rows):
-            if kept is not None:
+        if kept is not None:
+            for p0, p1 in block_ranges(self.naux, rows):
                 yield p0, p1, kept[p0:p1]
-                continue
-            packed = self._rows(p0, p1)
+            return
+        for p0, p1, packed in self._over_rows(block_ranges(self.naux, rows)):
             if self._on_rows is not None:
                 self._on_rows(packed)
             yield p0, p1, self._unpack.square(packed, dtype, buffer)
 
     def _rows(self, p0, p1):
-        """Rows [p0, p1) of the fp64 triangle on the device [nP, npair] (read from disk out of core)."""
+        """Rows [p0, p1) of B in memory, on the device (the fp64 triangle's [nP, npair])."""
+        return self._packed[p0:p1]
+
+    def _device_rows(self, host):
+        """Rows of B read from its file [nP, ncols] host fp64 -> on the device, in `_rows`' layout."""
+        return self.backend.to_device(host, fp64=True)
+
+    def _over_rows(self, ranges):
+        """(p0, p1, rows [p0, p1) of B on the device, `_rows`' layout) over `ranges`; out of core
+        the next block's read runs on a thread while this one is used (positioned reads release
+        the GIL), so the disk and the GEMMs overlap."""
+        ranges = list(ranges)
         if self._file is None:
-            return self._packed[p0:p1]
-        return self.backend.to_device(self._file.read_rows(p0, p1), fp64=True)
+            for p0, p1 in ranges:
+                yield p0, p1, self._rows(p0, p1)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1, thread_name_prefix="dfmp2-scf-read") as reader:
+            ahead = reader.submit(self._file.read_rows, *ranges[0]) if ranges else None
+            for k, (p0, p1) in enumerate(ranges):
+                host = ahead.result()
+                ahead = reader.submit(self._file.read_rows, *ranges[k + 1]) if k + 1 < len(ranges) else None
+                yield p0, p1, self._device_rows(host)
+                del host
 
     def _coulomb_density(self, dms):
         """The densities in the layout of B's rows (`CoulombSum`): D' = D + D^T, diagonal once, on
@@ -281,8 +303,8 @@ class CoulombSum:
 
     def over_every_row(self):
         """J over every row of the store's B (a pass of its own)."""
-        for p0, p1 in self._store._row_blocks():
-            self.add(self._store._rows(p0, p1))
+        for _, _, rows in self._store._over_rows(self._store._row_blocks()):
+            self.add(rows)
         return self.result()
 
     def result(self):
@@ -330,25 +352,27 @@ class ScreenedFittedStore(TorchFittedStore):
         stored, itemsize = self._pattern.stored_elements, torch.finfo(dtype).bits // 8
         if self._file is None:
             rows = SCREENED_BLOCK_BYTES // (itemsize * max(stored, self.nao * max(rank, 1)))
-        else:  # a block's read (fp64), its expansion and three half transforms in half of what the budget leaves
+        else:  # a block's read (fp64, and the next one's), its expansion and three half transforms in half
+            # of what the budget leaves
             limit = min(SCREENED_BLOCK_BYTES, max(8 * 10**6, self._free_bytes() // 2))
-            rows = limit // (8 * self._file.shape[1] + itemsize * (stored + 3 * self.nao * max(rank, 1)))
+            rows = limit // (16 * self._file.shape[1] + itemsize * (stored + 3 * self.nao * max(rank, 1)))
         rows = max(1, min(MAX_AUX_ROWS, rows))
         kept = self._full if self._full is not None and self._full.panels[0].dtype == dtype else None
-        for p0, p1 in block_ranges(self.naux, rows):
-            if kept is not None:
+        if kept is not None:
+            for p0, p1 in block_ranges(self.naux, rows):
                 yield p0, p1, kept.aux_slice(p0, p1)
-                continue
-            lower = self._rows(p0, p1)
+            return
+        for p0, p1, lower in self._over_rows(block_ranges(self.naux, rows)):
             if self._on_rows is not None:
                 self._on_rows(lower)
             yield p0, p1, lower.expand(dtype=dtype)
 
     def _rows(self, p0, p1):
-        """Auxiliary functions [p0, p1) of B's fp64 panels on the device (a LowerPanels; read from disk out of core)."""
-        if self._file is None:
-            return self._lower if (p0, p1) == (0, self.naux) else self._lower.map(lambda p: p[p0:p1])
-        return LowerPanels.from_flat(self._pattern, self.backend.to_device(self._file.read_rows(p0, p1), fp64=True))
+        """Auxiliary functions [p0, p1) of B's fp64 panels in memory, on the device (a LowerPanels)."""
+        return self._lower if (p0, p1) == (0, self.naux) else self._lower.map(lambda p: p[p0:p1])
+
+    def _device_rows(self, host):
+        return LowerPanels.from_flat(self._pattern, self.backend.to_device(host, fp64=True))
 
     def _row_blocks(self):
         if self._file is None:
