@@ -64,6 +64,7 @@ class TorchFittedStore:
     triangle per build); an anchor build keeps its fp32 half transforms where they fit."""
 
     exact_kind = "fp64"  # the kind of anchors and strict builds
+    half_aux_dim = 0  # the auxiliary index of a half transform X ([nP, r, nao]; screened [nao, nP, r])
     coulomb_follows_kind = False  # J is fp64 whatever the build's kind
     orbital_increments = True  # build_increment from the orbitals' step
 
@@ -131,11 +132,18 @@ class TorchFittedStore:
             return
         from concurrent.futures import ThreadPoolExecutor
 
+        if not ranges:
+            return
+        # two host buffers, alternating: block k + 1 is read into one while block k (in the other)
+        # is used; block k's is read into again only once the consumer has moved past it
+        rows = max(p1 - p0 for p0, p1 in ranges)
+        buffers = [np.empty((rows, self._file.shape[1]), dtype=self._file.dtype) for _ in range(2)]
         with ThreadPoolExecutor(1, thread_name_prefix="dfmp2-scf-read") as reader:
-            ahead = reader.submit(self._file.read_rows, *ranges[0]) if ranges else None
+            ahead = reader.submit(self._file.read_rows, *ranges[0], buffers[0])
             for k, (p0, p1) in enumerate(ranges):
                 host = ahead.result()
-                ahead = reader.submit(self._file.read_rows, *ranges[k + 1]) if k + 1 < len(ranges) else None
+                if k + 1 < len(ranges):
+                    ahead = reader.submit(self._file.read_rows, *ranges[k + 1], buffers[(k + 1) % 2])
                 yield p0, p1, self._device_rows(host)
                 del host
 
@@ -235,8 +243,7 @@ class TorchFittedStore:
         for p0, p1, block in self._blocks(fp32, rank):
             for s, (left, move) in enumerate(zip(lefts, moves)):
                 y = self._half_transform(block, move)
-                x = kept[s].get((p0, p1)) if kept else None
-                x = x if x is not None else self._half_transform(block, left)
+                x = kept[s].narrow(self.half_aux_dim, p0, p1 - p0) if kept else self._half_transform(block, left)
                 vk[s] += backend.to_host(self._exchange_product(x + 0.5 * y, y))
         vk += vk.transpose(0, 2, 1).copy()
         return vk
@@ -248,10 +255,12 @@ class TorchFittedStore:
 
     def exchange(self, factors, dtype, keep=False):
         """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in
-        dtype, and (keep) the half transforms L^T B^P in fp32 per density ({(p0, p1): X} over `_blocks`), else None."""
+        dtype, and (keep) the half transforms L^T B^P in fp32 per density (one tensor over every
+        P, its auxiliary index `half_aux_dim`: allocated once, not block by block, so that the
+        many kept pieces do not pin the heap between the blocks' temporaries), else None."""
         backend = self.backend
         sets = [tuple(self._on_device(a, dtype) for a in factor) for factor in factors]
-        halves = [{} for _ in sets] if keep else None
+        halves = [None for _ in sets] if keep else None
         vk = np.zeros((len(factors), self.nao, self.nao))
         for p0, p1, block in self._blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
             for s, (left, right, weights) in enumerate(sets):
@@ -259,7 +268,11 @@ class TorchFittedStore:
                 z = x if right is None else self._half_transform(block, right)
                 vk[s] += backend.to_host(self._exchange_product(x, z, weights))
                 if keep:
-                    halves[s][p0, p1] = x.to(torch.float32)
+                    if halves[s] is None:
+                        shape = list(x.shape)
+                        shape[self.half_aux_dim] = self.naux
+                        halves[s] = torch.empty(shape, dtype=torch.float32, device=x.device)
+                    halves[s].narrow(self.half_aux_dim, p0, p1 - p0).copy_(x)
         return vk, halves
 
     # ---- the layout of B: dense blocks here (ScreenedFittedStore: block-sparse panels) ----
@@ -322,6 +335,8 @@ class ScreenedFittedStore(TorchFittedStore):
     builds and increments as TorchFittedStore, each block's half transform one GEMM per row panel:
         rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn        (torch_sparse, fp64)
         X_(m, P, r) = sum_n B^P_mn L_nr,     K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)"""
+
+    half_aux_dim = 1  # X [nao, nP, r]
 
     def __init__(self, backend, lower, kinds, free_bytes, pattern=None):  # the dense layout's __init__ does not apply
         on_disk = isinstance(lower, RowFile)
