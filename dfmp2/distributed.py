@@ -559,8 +559,10 @@ class RankDensities:
         for b, (i0, i1) in enumerate(p.blocks[s]):
             owner = p.owners[s][b]
             if owner == rank:
-                self.team.broadcast(p.staging.to_wire(p.rows[s][b]), owner)
-                yield p.rows[s][b]
+                block = p.rows[s][b]  # (out of core: one read)
+                self.team.broadcast(p.staging.to_wire(block), owner)
+                yield block
+                del block
             else:
                 wire = torch.empty((i1 - i0, p.channels[s].nvir, p.nkept), dtype=dtype,
                                    device=p.staging.wire_device(device))
