@@ -29,6 +29,7 @@ from datetime import timedelta
 import numpy as np
 
 from .errors import ComputationError, InputError, option
+from .files import RowFile
 from .memory import MB, peak_resident_bytes, release_freed_memory
 from .steps import block_ranges, factor_metric, transform_aux_blocks, whiten_three_center
 from .storage import new_store
@@ -367,8 +368,6 @@ class RankBlocks:
         host = np.ascontiguousarray(self.backend.to_host(block))
         rows, nvir, ncols = host.shape
         if self._file is None:
-            from .files import RowFile
-
             self._file = RowFile((self.capacity, nvir * ncols), self.scratch, prefix="dfmp2-rank-", dtype=host.dtype)
         self._file.write_rows(self._next_row, host.reshape(rows, nvir * ncols))
         self._held[b] = (self._next_row, rows, nvir, ncols)
@@ -379,9 +378,6 @@ class RankBlocks:
             return self._held[b]
         r0, rows, nvir, ncols = self._held[b]
         return self.backend.to_device(self._file.read_rows(r0, r0 + rows).reshape(rows, nvir, ncols))
-
-    def __contains__(self, b):
-        return b in self._held
 
     def keys(self):
         return list(self._held)
@@ -432,16 +428,13 @@ class RankThreeCenter:
         self.pair_seconds, self.ntasks_mine = 0.0, 0
         self.io = {"bytes_written": 0, "bytes_read": 0}  # of files closed so far (transform columns, visiting sets)
 
-    def new_blocks(self, s, rank=None, visiting=False) -> RankBlocks:
-        """Empty RankBlocks for channel s's blocks owned by `rank` (default this one; visiting: the
-        most any rank owns)."""
-        rows = [i1 - i0 for b, (i0, i1) in enumerate(self.blocks[s]) if visiting or self.owners[s][b] == (
-            self.team.rank if rank is None else rank)]
-        if visiting:
-            rows = [sum(i1 - i0 for b, (i0, i1) in enumerate(self.blocks[s]) if self.owners[s][b] == q)
-                    for q in range(self.team.size)]
-            return RankBlocks(self.backend, self.storage, max(rows), self.scratch, visiting=True)
-        return RankBlocks(self.backend, self.storage, sum(rows), self.scratch)
+    def new_blocks(self, s, visiting=False) -> RankBlocks:
+        """Empty RankBlocks for channel s's blocks this rank owns (visiting: room for the most any
+        rank owns)."""
+        rows = [sum(i1 - i0 for b, (i0, i1) in enumerate(self.blocks[s]) if self.owners[s][b] == q)
+                for q in range(self.team.size)]
+        capacity = max(rows) if visiting else rows[self.team.rank]
+        return RankBlocks(self.backend, self.storage, capacity, self.scratch, visiting=visiting)
 
     def add_io(self, io):
         for key in self.io:

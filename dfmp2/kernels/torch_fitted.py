@@ -109,8 +109,6 @@ class TorchFittedStore:
                 yield p0, p1, kept[p0:p1]
             return
         for p0, p1, packed in self._over_rows(block_ranges(self.naux, rows)):
-            if self._on_rows is not None:
-                self._on_rows(packed)
             yield p0, p1, self._unpack.square(packed, dtype, buffer)
 
     def _rows(self, p0, p1):
@@ -122,10 +120,17 @@ class TorchFittedStore:
         return self.backend.to_device(host, fp64=True)
 
     def _over_rows(self, ranges):
-        """(p0, p1, rows [p0, p1) of B on the device, `_rows`' layout) over `ranges`; out of core
-        the next block's read runs on a thread while this one is used (positioned reads release
-        the GIL), so the disk and the GEMMs overlap."""
-        ranges = list(ranges)
+        """(p0, p1, rows [p0, p1) of B on the device, `_rows`' layout) over `ranges`, each fed to
+        the Coulomb sum waiting on this pass, if any (`_with_coulomb`); out of core the next
+        block's read runs on a thread while this one is used (positioned reads release the GIL),
+        so the disk and the GEMMs overlap."""
+        for p0, p1, rows in self._read_rows(list(ranges)):
+            if self._on_rows is not None:
+                self._on_rows(rows)
+            yield p0, p1, rows
+
+    def _read_rows(self, ranges):
+        """`_over_rows` without the Coulomb sum."""
         if self._file is None:
             for p0, p1 in ranges:
                 yield p0, p1, self._rows(p0, p1)
@@ -164,7 +169,7 @@ class TorchFittedStore:
         return self.backend.to_host(self._unpack.square(total, torch.float64))
 
     def _row_blocks(self):
-        """(p0, p1) blocks of the triangle for a pass of J alone: all of it in memory, blocks of
+        """(p0, p1) blocks of B's rows for a pass of J alone: all of it in memory, blocks of
         BLOCK_BYTES on disk."""
         if self._file is None:
             return [(0, self.naux)]
@@ -378,8 +383,6 @@ class ScreenedFittedStore(TorchFittedStore):
                 yield p0, p1, kept.aux_slice(p0, p1)
             return
         for p0, p1, lower in self._over_rows(block_ranges(self.naux, rows)):
-            if self._on_rows is not None:
-                self._on_rows(lower)
             yield p0, p1, lower.expand(dtype=dtype)
 
     def _rows(self, p0, p1):
@@ -388,11 +391,6 @@ class ScreenedFittedStore(TorchFittedStore):
 
     def _device_rows(self, host):
         return LowerPanels.from_flat(self._pattern, self.backend.to_device(host, fp64=True))
-
-    def _row_blocks(self):
-        if self._file is None:
-            return [(0, self.naux)]
-        return block_ranges(self.naux, max(1, BLOCK_BYTES // (8 * self._file.shape[1])))
 
     def _half_transform(self, block, factor):
         """X [nao, nP, r] = sum_n B^P_mn F_nr over the block's kept pairs."""

@@ -96,10 +96,14 @@ class ScreenedPattern:
         """(m, n) elements the panels hold per auxiliary function (both orientations)."""
         return sum(self.width(m) * sum(self.width(n) for n in row) for m, row in enumerate(self.rows))
 
+    def lower_width(self, m) -> int:
+        """Columns of LowerPanels' panel m: the functions of its kept blocks N <= m."""
+        return sum(self.width(n) for n in self.rows[m] if n <= m)
+
     @property
     def lower_elements(self) -> int:
         """(m, n) elements LowerPanels hold per auxiliary function (each kept block pair once)."""
-        return sum(self.width(m) * sum(self.width(n) for n in row if n <= m) for m, row in enumerate(self.rows))
+        return sum(self.width(m) * self.lower_width(m) for m in range(len(self.rows)))
 
     @property
     def unique_elements(self) -> int:

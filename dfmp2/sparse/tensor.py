@@ -64,8 +64,8 @@ class LowerPanels(_Panels):
     def from_flat(cls, pattern, rows):
         """The panels as views of rows [nP, lower_elements] (numpy or torch): `flat`'s inverse."""
         panels, c0 = [], 0
-        for m, row in enumerate(pattern.rows):
-            shape = (pattern.width(m), sum(pattern.width(n) for n in row if n <= m))
+        for m in range(len(pattern.rows)):
+            shape = (pattern.width(m), pattern.lower_width(m))
             panels.append(rows[:, c0:c0 + shape[0] * shape[1]].reshape(rows.shape[0], *shape))
             c0 += shape[0] * shape[1]
         return cls(pattern, panels)
