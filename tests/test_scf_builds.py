@@ -10,6 +10,7 @@ import pytest
 from pyscf import dft, gto, scf
 
 import dfmp2
+from conftest import TORCH_DEVICES
 from dfmp2 import chem
 from dfmp2.driver import run_xyz
 from dfmp2.errors import InputError
@@ -156,13 +157,14 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, i
     assert abs(mf.e_tot - reference.e_tot) < 1e-9
 
 
+@pytest.mark.parametrize("device", TORCH_DEVICES)
 @pytest.mark.parametrize("precision", ["mixed", "fp64"])
-def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, precision):
+def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, precision, device):
     """Where the budget does not hold the whitened JK-fit integrals they stream from a scratch
     file, in several blocks (the whitening in place by blocks of pair columns, each build by blocks of
     auxiliary functions, J's sums on K's pass): the converged energy is the in-memory one to
     1e-10 Eh, the record says where B was and what was read (once per build), and the scratch
-    directory goes with the builds."""
+    directory goes with the builds. On a GPU the blocks are read on the host and uploaded."""
     import dfmp2.kernels.torch_fitted as fitted
     import dfmp2.scf as jk
 
@@ -175,7 +177,7 @@ def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, prec
     monkeypatch.setattr(fitted, "BLOCK_BYTES", 10 * 8 * mol.nao ** 2)  # builds: 10 auxiliary functions a block
     monkeypatch.setattr(FittedCoulombExchange, "_free_bytes", lambda self: 4 * jk.BLOCK_BYTES)
     mf = _mean_field(mol, "rhf")
-    builds = FittedCoulombExchange(get_backend("cpu"), integrals, precision, scratch=str(tmp_path))
+    builds = FittedCoulombExchange(get_backend(device), integrals, precision, scratch=str(tmp_path))
     chem.use_fitted_builds(mf, builds).run()
     assert builds.record.storage.startswith("fp64 triangle on disk")
     assert abs(mf.e_tot - in_memory.e_tot) < 1e-10

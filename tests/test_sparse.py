@@ -13,7 +13,7 @@ import torch
 from pyscf import df, gto, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
-from conftest import converged_rhf, load_reference_cases
+from conftest import TORCH_DEVICES, converged_rhf, load_reference_cases
 from dfmp2 import chem
 from dfmp2.driver import run_mean_field, run_xyz
 from dfmp2.errors import InputError
@@ -127,8 +127,9 @@ def test_screened_j_and_k_match_pyscf():
     assert np.abs(vj[0] - vj_ref).max() < 1e-9 and np.abs(vk[0] - vk_ref).max() < 1e-9
 
 
+@pytest.mark.parametrize("device", TORCH_DEVICES)
 @pytest.mark.parametrize("precision", ["mixed", "fp64"])
-def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_path, precision):
+def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_path, precision, device):
     """Screened JK-fit integrals the budget does not hold stream from a scratch file (each kept
     pair block once, LowerPanels.flat rows), in several blocks: J and K of a density match PySCF's
     DF J and K, the converged energy is the in-memory screened one to 1e-10 Eh, B is read once per
@@ -165,12 +166,12 @@ def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_p
         orbitals = np.linalg.qr(rng.standard_normal((mol.nao, 20)))[0]
         dm = orbitals @ orbitals.T
         vj_ref, vk_ref = reference.get_jk(mol, dm)
-        builds = FittedCoulombExchange(get_backend("cpu"), integrals, precision, scratch=str(tmp_path))
+        builds = FittedCoulombExchange(get_backend(device), integrals, precision, scratch=str(tmp_path))
         vj, vk = builds.get_jk(dm[None], [(orbitals, None, None)])
         assert np.abs(vj[0] - vj_ref).max() < 1e-9 and np.abs(vk[0] - vk_ref).max() < 1e-9
         builds.close()
         assert os.listdir(tmp_path) == []
-    builds = FittedCoulombExchange(get_backend("cpu"), integrals, precision, scratch=str(tmp_path))
+    builds = FittedCoulombExchange(get_backend(device), integrals, precision, scratch=str(tmp_path))
     mf = chem.use_fitted_builds(scf.RHF(mol).density_fit(auxbasis=reference.with_df.auxbasis), builds)
     mf.conv_tol, mf.conv_tol_grad = 1e-11, 1e-7
     mf.run()
