@@ -291,3 +291,30 @@ def test_cuda_fused_epilogue_where_it_pays(monkeypatch):
     big = run_mean_field(mf, device="cuda")
     assert big.kernels["pair_epilogue_fused"] == big.kernels["pair_energy"]
     assert abs(big.e_corr - small.e_corr) < 1e-10
+
+
+def test_cuda_libraries_count_in_the_footprint_before_the_plan():
+    """The memory plan measures the process's footprint before the SCF (--max-memory's early
+    check). On a GPU the libraries a run calls (cuBLAS, cuBLASLt, cuSOLVER: hundreds of MB of host
+    pages) are loaded when the backend is made, so a run's first GEMMs, factorisation and solves in
+    both precisions add little resident set afterwards (< 64 MB), in a fresh process."""
+    import subprocess
+    import sys
+
+    script = """
+import numpy as np
+from dfmp2.kernels import get_backend
+from dfmp2.memory import resident_bytes
+backend = get_backend("cuda", "fp32")
+before = resident_bytes()
+a = np.random.default_rng(0).standard_normal((300, 300))
+metric = a @ a.T + 300 * np.eye(300)
+lower = backend.cholesky(metric)
+solved = backend.solve_lower_transposed(lower, backend.to_device(a, fp64=True))
+products = [(backend.to_device(a, fp64=f) @ backend.to_device(a, fp64=f)).sum().item() for f in (False, True)]
+backend.synchronize()
+print((resident_bytes() - before) / 2**20)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 64
