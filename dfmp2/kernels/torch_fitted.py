@@ -59,9 +59,9 @@ class TorchFittedStore:
     """B for the SCF's builds on a torch backend. rows [naux, npair] host fp64 (whitened lower
     triangles), nao, kinds: the build kinds the run will ask for ("fp32", "fp64"), the kind most
     builds use first; free_bytes(): what the budget leaves once the triangle is in place (process
-    memory; on a GPU also 90% of its free memory). A square copy of B in the first kind is kept
-    where it fits (the other kind, and every kind where it does not fit, unpacks blocks of the
-    triangle per build); an anchor build keeps its fp32 half transforms where they fit."""
+    memory; on a GPU also 90% of its free memory). Square copies of B are kept where they fit
+    (`_squares_that_fit`: the first kind's, then the other's; a kind without one unpacks blocks of
+    the triangle per build); an anchor build keeps its fp32 half transforms where they fit."""
 
     exact_kind = "fp64"  # the kind of anchors and strict builds
     half_aux_dim = 0  # the auxiliary index of a half transform X ([nP, r, nao]; screened [nao, nP, r])
@@ -78,17 +78,36 @@ class TorchFittedStore:
         self._anchor = None  # (the anchor's factors, [{(p0, p1): X^P = L^T B^P, fp32} per density])
         self._on_rows = None  # a Coulomb sum fed by the exchange's pass over B on disk (`_with_coulomb`)
         self.increment_form = ""
-        dtype = KIND_DTYPES[kinds[0]]
         if self._file is not None:
             self.storage = f"fp64 triangle on disk ({self._file.nbytes / 1e6:.0f} MB, read once per build)"
             return
-        if naux * nao * nao * (torch.finfo(dtype).bits // 8) <= free_bytes() - 4 * BLOCK_BYTES:
+        kept = self._squares_that_fit([KIND_DTYPES[kind] for kind in dict.fromkeys(kinds)], free_bytes())
+        for dtype in sorted(kept, key=lambda d: -torch.finfo(d).bits):  # fp64 first: fp32 is its rounding
             square = torch.empty((naux, nao, nao), dtype=dtype, device=backend.device)
+            wider = self._square.get(torch.float64)
             for p0, p1 in block_ranges(naux, self._block_rows(0)):
-                self._unpack.square(self._packed[p0:p1], dtype, square[p0:p1])
+                if wider is not None:  # a contiguous conversion, cheaper than a second unpacking
+                    square[p0:p1].copy_(wider[p0:p1])
+                else:
+                    self._unpack.square(self._packed[p0:p1], dtype, square[p0:p1])
             self._square[dtype] = square
         release_freed_memory()
         self.storage = " + ".join([f"square {str(d)[-2:]}" for d in self._square] + ["fp64 triangle"])
+
+    def _squares_that_fit(self, dtypes, free):
+        """The kinds (dtypes, most builds' first) whose square copy [naux, nao, nao] is kept: the
+        first where it fits beside the builds' blocks; each other (an fp64 one spares every anchor
+        the unpacking of the triangle, about as long as its GEMMs) where it takes at most half of
+        what is then left, so that the anchor's half transforms still find room."""
+        kept, room = [], free - 4 * BLOCK_BYTES
+        for n, dtype in enumerate(dtypes):
+            size = self.naux * self.nao * self.nao * (torch.finfo(dtype).bits // 8)
+            if size <= (room if n == 0 else room // 2):
+                kept.append(dtype)
+                room -= size
+            elif n == 0:
+                break
+        return kept
 
     def _block_rows(self, rank):
         """Auxiliary functions per build block: its temporaries ([nP, r, nao] half transforms, an
