@@ -41,6 +41,7 @@ from .nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
 from .nki_support import installed_nki_api, installed_versions
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints
+from .spin_cases import density_weights
 from .tiles import FREE, GAMMA_X_BYTES, P, VV_RESIDENT_BYTES
 from ..errors import option
 
@@ -420,12 +421,12 @@ class NkiBackend:
         """The three-index two-particle density of the pairs (i, j), i in b_i, all j in b_all, via
         gamma_kernel (the amplitudes stay on chip), whitened: torch_backend.density_block's G of its
         k block, here the block of j (G_jb^Q = sum_ia B_ia^Q X_ij^ab):
-        X = c_w t - c_u t^T = g Y (density_weights): (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed,
+        X = c_w t - c_u t^T = g Y (spin_cases.density_weights): (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed,
         (2 c_ss, 2 c_ss) same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
         block of j (NkiBackend.gamma_rows); the partial G comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
         from ..errors import ComputationError
 
-        _, (y_w, y_u), _, g = self.density_weights(scaling, spin_case)
+        _, (y_w, y_u), _, g = density_weights(scaling, spin_case)
         c_w, c_u = g * y_w, g * y_u  # X = g Y: 4 T for closed-shell MP2
         ni, nvir, naux = b_i.shape
         nall, nvir_all = b_all.shape[0], b_all.shape[1]
@@ -478,23 +479,10 @@ class NkiBackend:
             return p_oo, p_vv, None
         return p_oo, p_vv, self.gamma_block(b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k)
 
-    @staticmethod
-    def density_weights(scaling, spin_case) -> tuple:
-        """((x_w, x_u), (y_w, y_u), w, g): the amplitude combinations X = (x_w W - x_u U)/D and
-        Y = (y_w W - y_u U)/D, the density's weight w (P_ij = -w sum oo, P_ab = w sum vv) and the
-        three-index density's g (G = g sum Y^T B: gamma_kernel's X is g Y), per spin case of
-        torch_backend.density_block: closed X = t, Y = (c_os + c_ss) t - c_ss t^T, w = 2, g = 4;
-        same spin X = Y = t - t^T, w = c_ss / 2, g = 2 c_ss; opposite spin X = Y = t, w = c_os,
-        g = 2 c_os."""
-        c_os, c_ss = (float(c) for c in scaling)
-        return {"closed": ((1.0, 0.0), (c_os + c_ss, c_ss), 2.0, 4.0),
-                "same": ((1.0, 1.0), (1.0, 1.0), 0.5 * c_ss, 2.0 * c_ss),
-                "opposite": ((1.0, 0.0), (1.0, 0.0), c_os, 2.0 * c_os)}[spin_case]
-
     def _density_kernel_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling, spin_case, e_vir_k=None):
         """Unrelaxed MP2 density of the pairs (i, k), all i in b_occ, k in b_k (e_vir_k: k's
         virtual energies when k is the other spin), via density_kernel (the amplitudes stay on
-        chip; density_weights): launches over occupied blocks I >= J of at most `density_rows`
+        chip; spin_cases.density_weights): launches over occupied blocks I >= J of at most `density_rows`
         orbitals (P_oo is symmetric), P_vv from the diagonal ones; each launch forms the
         amplitudes of its I and J rows again (the price of keeping t2 on chip: about
         nocc / (2 rows) times the energy's Tensor Engine work). Partials come back and are summed
@@ -502,7 +490,7 @@ class NkiBackend:
         formulas)."""
         from ..errors import ComputationError
 
-        (x_w, x_u), (y_w, y_u), weight, _ = self.density_weights(scaling, spin_case)
+        (x_w, x_u), (y_w, y_u), weight, _ = density_weights(scaling, spin_case)
         nocc, nvir, naux = b_occ.shape
         nk, nvir_k = b_k.shape[0], b_k.shape[1]
         rows = self.density_rows(nvir, naux)

@@ -632,7 +632,7 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg
         W[c, a] = (ia|kc) = sum_Q B_k[Q, c] B_i[Q, a]      U[c, a] = (ic|ka) = sum_Q B_i[Q, c] B_k[Q, a]
         X^T[c, a] = (x_w W - x_u U) / D,   Y^T[c, a] = (y_w W - y_u U) / D,   D = e_i + e_k - e_a - e_c
     (closed shell: X = t, Y = (c_os + c_ss) t - c_ss t^T; same spin: X = Y = t - t^T; opposite
-    spin: X = Y = t; NkiBackend.density_weights), so that
+    spin: X = Y = t; spin_cases.density_weights), so that
         oo[i, j]  += sum_{c, a} X_ik^T[c, a] Y_jk^T[c, a]    (host: P_ij = -w sum_k oo)
         vv[a, b]  += sum_c X_ik^T[c, a] Y_ik^T[c, b]         (host: P_ab = w sum vv; J = I only)
     A diagonal launch forms W and U once per (i, k, c block) and both X and Y from them (Y is X

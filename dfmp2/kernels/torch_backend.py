@@ -20,6 +20,7 @@ from ..sparse import LowerPanels
 from . import torch_sparse
 from .split_gemm import SPLIT_FORMATS, split_product
 from .protocol import BackendRecord, PlanHints
+from .spin_cases import combine_amplitudes, density_weights
 
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
@@ -127,6 +128,19 @@ def cpu_description() -> str:
         pass
     flushed = ", subnormals flushed to zero" if _SUBNORMALS_FLUSHED[:1] == [True] else ""  # as probed (a backend)
     return f"{name}, {torch.get_num_threads()} threads{flushed}"
+
+
+def pair_denominators(e_i, e_j, e_vir, e_vir_j=None) -> torch.Tensor:
+    """D_ijab = e_i + e_j - e_a - e_b [ni, nvir, nj, nvir_j] in fp64 (as (e_i - e_a) + (e_j - e_b));
+    e_vir_j: j's virtual energies when j is the other spin (None: e_vir)."""
+    e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
+    e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
+    return torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
+
+
+def _swap_virtuals(t):
+    """t^T: t[i, a, k, b] -> t[i, b, k, a] (a view)."""
+    return t.transpose(1, 3)
 
 
 def load_cuda_libraries(device) -> None:
@@ -349,9 +363,7 @@ class TorchBackend:
         nj, nvir_j = b_j.shape[0], b_j.shape[1]
         iajb = self._pair_product(b_i.reshape(ni * nvir, naux), b_j.reshape(nj * nvir_j, naux))
         iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
-        e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
-        e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
-        return iajb / (e_ia[:, :, None, None] + e_jb[None, None, :, :])
+        return iajb / pair_denominators(e_i, e_j, e_vir, e_vir_j)
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
                       with_gamma=False):
@@ -360,24 +372,18 @@ class TorchBackend:
         share of the whitened three-index density of the k block, G [nk, nvir_k, nkept] (else None):
           t = (ia|kb) / D,   P_ij += -w sum_kab X_ik^ab Y_jk^ab,   P_ab += w sum_ikc X_ik^ac Y_ik^bc
           G_kb^Q += g sum_ia Y_ik^ab B_ia^Q      (Y_ki^ba = Y_ik^ab: the pairs whose first orbital is k)
-        spin_case "closed" (restricted): X = t, Y = (c_os + c_ss) t - c_ss t^T (T = 2 t - t^T for
-        MP2), w = 2, g = 4; "same" (one spin of an unrestricted reference, k the same spin):
-        X = Y = t - t^T (t^T: a and b swapped), w = c_ss / 2, g = 2 c_ss; "opposite" (k the
-        other spin, with virtual energies e_vir_k): X = Y = t, w = c_os, g = 2 c_os. scaling
-        (c_os, c_ss): (1, 1) for MP2, SCS weights for the SCS-MP2 density. b_occ: B of all i
+        X, Y, w and g per spin_case ("closed", "same", "opposite": k the other spin, with virtual
+        energies e_vir_k) and scaling (c_os, c_ss) as `spin_cases` defines them. b_occ: B of all i
         [nocc, nvir, naux], or its row blocks in order (an iterable: B read from disk a slab at a
         time; the amplitudes of every i against the k block are kept, never B); b_k [nk, nvir_k, naux]."""
         self.calls["density_block"] += 1
-        c_os, c_ss = scaling
-        w, g = {"closed": (2.0, 4.0), "same": (0.5 * c_ss, 2.0 * c_ss), "opposite": (c_os, 2.0 * c_os)}[spin_case]
+        x_weights, y_weights, w, g = density_weights(scaling, spin_case)
         xs, ys, p_vv, g_k, i0 = [], [], 0.0, None, 0
         for chunk in ([b_occ] if torch.is_tensor(b_occ) else b_occ):
             i1 = i0 + chunk.shape[0]
             t = self._amplitude_block(chunk, b_k, e_occ[i0:i1], e_k, e_vir, e_vir_k)
-            if spin_case == "closed":
-                x, y = t, (c_os + c_ss) * t - c_ss * t.transpose(1, 3)
-            else:
-                x = y = t - t.transpose(1, 3) if spin_case == "same" else t
+            x = combine_amplitudes(t, _swap_virtuals, x_weights)
+            y = x if y_weights == x_weights else combine_amplitudes(t, _swap_virtuals, y_weights)
             p_vv = p_vv + w * torch.einsum("iakc,ibkc->ab", x, y)
             if with_gamma:  # GEMMs [nk*nvir_k, rows*nvir] x [rows*nvir, nkept], B in fp64 a few rows at a time
                 ni, nvir, nk, nvir_k = y.shape
@@ -435,10 +441,8 @@ class TorchBackend:
                                                      exchange=e_vir_j is None)
             return float(e_os), (0.0 if e_vir_j is not None else float(e_os - e_exchange))
         iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
-        e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
-        e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
         # t_iajb = (ia|jb) / D_ijab, built in one buffer
-        t = torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
+        t = pair_denominators(e_i, e_j, e_vir, e_vir_j)
         torch.div(iajb, t, out=t)
         if t_out is not None:  # t2 on the host, as it is formed
             self.calls["amplitudes"] += 1
