@@ -5,6 +5,7 @@ import os
 import signal
 
 import pytest
+import torch
 
 pyscf = pytest.importorskip("pyscf")
 from pyscf import df, gto, scf  # noqa: E402
@@ -13,7 +14,7 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The devices a test of the torch backend runs on: cuda only where torch sees a GPU (`-m cuda` picks it)
 TORCH_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    "not __import__('torch').cuda.is_available()", reason="no CUDA GPU visible to torch")])]
+    not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")])]
 ROOT = os.path.dirname(HERE)
 # Published DF-MP2 reference energies (PySCF and gpu4pyscf test suites), copied from the
 # project's shared/reference/energies.json; test_reference_copy_is_current checks the copy.

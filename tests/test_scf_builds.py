@@ -133,8 +133,8 @@ def test_tags_that_do_not_describe_the_density_are_not_used():
     (4, "fp64", "fp64 triangle", None), (8, "fp64", "square 64 + fp64 triangle", None)])
 def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, increments):
     """The budget beyond the triangle (room: bytes per square element) decides the square copies kept
-    (the kind most builds use; then the anchors' fp64 where it takes at most half of the rest) and whether the anchor's half transforms are kept for the
-    increments; K from whatever is kept (the triangle unpacked block by block at the least) gives
+    (the kind most builds use; then the anchors' fp64 where it takes at most half of the rest) and
+    whether the anchor's half transforms are kept for the increments; K from whatever is kept (the triangle unpacked block by block at the least) gives
     the same energy."""
     import dfmp2.scf as jk
 

@@ -19,12 +19,12 @@ def density_weights(scaling, spin_case) -> tuple:
             "opposite": ((1.0, 0.0), (1.0, 0.0), c_os, 2.0 * c_os)}[spin_case]
 
 
-def combine_amplitudes(t, swapped, weights):
-    """c_w t - c_u t^T for weights (c_w, c_u), t^T = swapped(t) formed only where c_u is not 0; t
-    itself for (1, 0), t - t^T for (1, 1) (no products by 1: the same bits as written out)."""
+def combine_amplitudes(t, t_swapped, weights):
+    """c_w t - c_u t^T for weights (c_w, c_u) and t^T = t_swapped (a view): t itself for (1, 0),
+    t - t^T for (1, 1) (no products by 1: the same bits as written out)."""
     c_w, c_u = weights
     if c_u == 0.0:
         return t if c_w == 1.0 else c_w * t
     if (c_w, c_u) == (1.0, 1.0):
-        return t - swapped(t)
-    return c_w * t - c_u * swapped(t)
+        return t - t_swapped
+    return c_w * t - c_u * t_swapped

@@ -138,11 +138,6 @@ def pair_denominators(e_i, e_j, e_vir, e_vir_j=None) -> torch.Tensor:
     return torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
 
 
-def _swap_virtuals(t):
-    """t^T: t[i, a, k, b] -> t[i, b, k, a] (a view)."""
-    return t.transpose(1, 3)
-
-
 def load_cuda_libraries(device) -> None:
     """Load the GPU libraries a run calls (cuBLAS and cuBLASLt in fp32 and fp64, cuSOLVER's potrf,
     TRSM) on `device` now rather than at their first call: their host pages (about 0.5 GB of
@@ -382,8 +377,9 @@ class TorchBackend:
         for chunk in ([b_occ] if torch.is_tensor(b_occ) else b_occ):
             i1 = i0 + chunk.shape[0]
             t = self._amplitude_block(chunk, b_k, e_occ[i0:i1], e_k, e_vir, e_vir_k)
-            x = combine_amplitudes(t, _swap_virtuals, x_weights)
-            y = x if y_weights == x_weights else combine_amplitudes(t, _swap_virtuals, y_weights)
+            t_swapped = t.transpose(1, 3)  # t^T: t[i, b, k, a], a view
+            x = combine_amplitudes(t, t_swapped, x_weights)
+            y = x if y_weights == x_weights else combine_amplitudes(t, t_swapped, y_weights)
             p_vv = p_vv + w * torch.einsum("iakc,ibkc->ab", x, y)
             if with_gamma:  # GEMMs [nk*nvir_k, rows*nvir] x [rows*nvir, nkept], B in fp64 a few rows at a time
                 ni, nvir, nk, nvir_k = y.shape
@@ -395,7 +391,7 @@ class TorchBackend:
                                chunk[r0:r1].reshape((r1 - r0) * nvir, -1).to(torch.float64))
             xs.append(x)
             ys.append(y)
-            i0, t, x, y, chunk = i1, None, None, None, None
+            i0, t, t_swapped, x, y, chunk = i1, None, None, None, None, None
         p_oo = -w * torch.cat([torch.cat([torch.einsum("iakb,jakb->ij", x, y) for y in ys], dim=1) for x in xs])
         if not with_gamma:
             return p_oo, p_vv, None
