@@ -18,10 +18,10 @@ import argparse
 import json
 import statistics
 
-from dfmp2.bench import run_bench
+from dfmp2.app.bench import run_bench
 from dfmp2.kernels import torch_backend
-from dfmp2.rng.synthetic import SHAPES
-from dfmp2.settings import Settings
+from dfmp2.util.rng.synthetic import SHAPES
+from dfmp2.run.settings import Settings
 
 VARIANTS = ("fused", "torch-ops")
 

@@ -22,7 +22,7 @@ from pyscf import gto, scf
 
 from dfmp2 import use_dfmp2_jk
 from dfmp2.chem import fitted_builds_of
-from dfmp2.driver import run_mean_field
+from dfmp2.api.driver import run_mean_field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCES = os.path.join(HERE, "..", "..", "shared", "reference", "energies.json")

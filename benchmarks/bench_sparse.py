@@ -48,9 +48,9 @@ def molecule(kind, n, basis):
 
 def transform_step(backend, integrals, nocc, max_memory):
     """Seconds of (integrals, transform) over the plan's auxiliary blocks; orbitals orthonormal."""
-    from dfmp2.memory import plan_for
-    from dfmp2.steps import transform_to_mo
-    from dfmp2.sparse import ScreenedThreeCenter
+    from dfmp2.run.memory import plan_for
+    from dfmp2.mp2.steps import transform_to_mo
+    from dfmp2.util.sparse import ScreenedThreeCenter
 
     nao = integrals.nao
     plan = plan_for(backend, integrals, [(nocc, nao - nocc)], max_memory)
@@ -73,7 +73,7 @@ def transform_step(backend, integrals, nocc, max_memory):
 
 def scf_step(backend, jk, nocc, max_memory):
     """Seconds of the SCF builds' set-up and of one fp32 and one fp64 J + K build."""
-    from dfmp2.scf import FittedCoulombExchange
+    from dfmp2.chem.jk import FittedCoulombExchange
 
     nao = jk.nao
     c = np.linalg.qr(np.random.default_rng(8).standard_normal((nao, nao)))[0][:, :nocc]
@@ -95,7 +95,7 @@ def scf_step(backend, jk, nocc, max_memory):
 def measure(kind, n, mode, args):
     from dfmp2 import chem
     from dfmp2.kernels import get_backend
-    from dfmp2.sparse import screen_integrals
+    from dfmp2.util.sparse import screen_integrals
 
     mol = molecule(kind, n, args.basis)
     backend = get_backend("cpu", "fp64")
@@ -109,7 +109,7 @@ def measure(kind, n, mode, args):
     gc.collect()
     jk = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, mp2fit=False).basis)
     out["screening_scf"] = screen_integrals(mode, jk, backend.screens, "torch", "scf")
-    from dfmp2.scf import fitted_bytes
+    from dfmp2.chem.jk import fitted_bytes
     out["scf_fitted_bytes"] = fitted_bytes(jk)
     if fitted_bytes(jk) * 1.6 > args.max_memory * 1e6:
         out["scf"] = "skipped: the JK-fit store does not fit the budget"

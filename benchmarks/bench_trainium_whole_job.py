@@ -21,7 +21,7 @@ import json
 import os
 import time
 
-from dfmp2.driver import run_xyz
+from dfmp2.api.driver import run_xyz
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = ("trn1", "trn2")

@@ -47,7 +47,7 @@ def host_record(device: str, commit: str | None) -> dict:
 
 def reference_run(name: str, basis: str, device: str, precision: str) -> dict:
     """One `dfmp2 run examples/NAME.xyz --basis BASIS --device DEVICE --precision PRECISION`."""
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     spin = MOLECULES[name]
     start = time.perf_counter()

@@ -47,8 +47,8 @@ EXTRA_SHAPES = {"big-virtual": (1408, 8, 2304)}
 
 
 def run_shapes(shapes, wanted, repeat):
-    from dfmp2.bench import run_bench
-    from dfmp2.rng.synthetic import SHAPES
+    from dfmp2.app.bench import run_bench
+    from dfmp2.util.rng.synthetic import SHAPES
 
     shape_table = {**SHAPES, **EXTRA_SHAPES}
     for shape in shapes:
@@ -78,7 +78,7 @@ KERNEL_RUNS = [("gemm", 512), ("gemm", 1024), ("trsm", 1024), ("syrk", 1024), ("
 
 
 def run_kernels(targets=("trn1", "trn2")):
-    from dfmp2.bench import run_kernel_bench
+    from dfmp2.app.bench import run_kernel_bench
 
     for target in targets:
         for kernel, size in KERNEL_RUNS:
@@ -112,7 +112,8 @@ def run_gpu4pyscf_peer(xyz, basis, repeat):
         return
     from pyscf import df
 
-    from dfmp2 import DFMP2, chem
+    from dfmp2 import DFMP2
+    from dfmp2 import chem
 
     mol = chem.build_molecule(chem.read_xyz(xyz), basis)
     mf = chem.run_scf(mol, "df")

@@ -26,13 +26,13 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # against 1.1 s, the whole `dfmp2 run` of naphthalene/cc-pVTZ 13.6-14.2 s against 15.6-17.2 s.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from .errors import ComputationError, DFMP2Error, InputError, MemoryBudgetError  # noqa: E402
+from .util.errors import ComputationError, DFMP2Error, InputError, MemoryBudgetError  # noqa: E402
 
 
 _LAZY = {  # name -> module: these import torch and PySCF, so they load on first use only
-    "DFMP2": "pyscf_plugin", "DFUMP2": "pyscf_plugin", "DFROMP2": "pyscf_plugin", "use_dfmp2_jk": "pyscf_plugin",
-    "run_xyz": "driver", "run_atoms": "driver", "run_mean_field": "driver", "DFMP2Result": "driver",
-    "Settings": "settings",
+    "DFMP2": "api.pyscf_plugin", "DFUMP2": "api.pyscf_plugin", "DFROMP2": "api.pyscf_plugin", "use_dfmp2_jk": "api.pyscf_plugin",
+    "run_xyz": "api.driver", "run_atoms": "api.driver", "run_mean_field": "api.driver", "DFMP2Result": "api.driver",
+    "Settings": "run.settings",
 }
 
 

@@ -1,5 +1,5 @@
 """`python -m dfmp2 ...` (and `torchrun ... -m dfmp2 run ...`): the command line."""
 
-from .entry import main
+from .app.entry import main
 
 main()

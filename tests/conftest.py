@@ -158,6 +158,6 @@ def arrays_only_budget(monkeypatch):
     the pipeline's arrays only, as if the process had no footprint of its own. The pytest
     process's resident set drifts by megabytes between calls, more than a tight plan's slack;
     the whole-process budget is tested on real runs in test_memory_budget.py."""
-    from dfmp2 import memory
+    from dfmp2.run import memory
 
     monkeypatch.setattr(memory, "resident_bytes", lambda: 0)

@@ -22,7 +22,7 @@ from conftest import ROOT, converged_rhf
 from test_cli import describe, dfmp2_cli
 
 import dfmp2
-from dfmp2.errors import InputError
+from dfmp2.util.errors import InputError
 
 WATER = Path(ROOT) / "examples" / "water.xyz"
 FAULTS = Path(ROOT) / "tests" / "faults"
@@ -315,7 +315,7 @@ def test_bench_keeps_only_the_last_pass(monkeypatch):
     import gc
     import weakref
 
-    from dfmp2 import bench
+    from dfmp2.app import bench
 
     alive, energy = [], bench.dfmp2_energy
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from dfmp2 import InputError
-from dfmp2.bench import resolve_shape, run_bench, run_kernel_bench
+from dfmp2.app.bench import resolve_shape, run_bench, run_kernel_bench
 from dfmp2.kernels import get_backend
-from dfmp2.pipeline import dfmp2_energy
-from dfmp2.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from dfmp2.mp2.pipeline import dfmp2_energy
+from dfmp2.util.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 
 SMALL = SHAPES["small"]
 
@@ -139,7 +139,7 @@ def test_fitted_launch_cost_within_the_published_launch_estimate():
 
 @pytest.mark.parametrize("kernel", ["syrk", "trsm", "ao2mo", "pair_energy"])
 def test_kernel_bench_models_every_kernel(kernel, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "bench", "--kernel", kernel, "--size", "256",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "bench", "--kernel", kernel, "--size", "256",
                            "--device", "trn2", "--simulate", "--json", "k.json"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -195,7 +195,7 @@ def test_shape_validation():
 
 def test_bench_cli_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "bench", "--shape", "small", "--repeat", "1",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "bench", "--shape", "small", "--repeat", "1",
                            "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "pair_energies" in proc.stdout and "TFLOPS" in proc.stdout
@@ -222,7 +222,7 @@ def test_bench_cli_json(tmp_path):
     (["--shape", "small", "--integrals", "gpu"], 2, "host or device"),
 ])
 def test_bench_cli_bad_input(args, code, needle, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "bench", *args, "--json", "out.json"],
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "bench", *args, "--json", "out.json"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -236,7 +236,8 @@ def test_prefetched_uploads_overlap_the_previous_kernel_in_the_model():
     launches + u_1 + max(u_2, d_1) + max(u_3, d_2) + d_3 (a pipeline), an unprefetched launch
     the serial sum; the hidden part is reported; a device copy in between adds its time to the
     window, a transfer in between leaves nothing to hide under."""
-    from dfmp2.kernels.emulator import TARGETS, cost_model
+    from dfmp2.kernels.emulator import TARGETS
+    from dfmp2.kernels.emulator import cost_model
     from dfmp2.kernels.emulator.core import Trace
     from dfmp2.kernels.nki_ledger import CostLedger
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dfmp2.checkpoint import RECORD
-from dfmp2.provenance import JOURNAL_HEADER_BYTES
-from dfmp2.errors import InputError
-from dfmp2.driver import run_xyz
+from dfmp2.run.checkpoint import RECORD
+from dfmp2.util.provenance import JOURNAL_HEADER_BYTES
+from dfmp2.util.errors import InputError
+from dfmp2.api.driver import run_xyz
 from dfmp2.kernels import COMMAND_PRECISION
 
 from conftest import ROOT
@@ -295,11 +295,11 @@ def test_a_journal_copied_from_another_runs_checkpoint_is_not_used(tmp_path, wat
 
 def test_every_checkpoint_file_carries_its_identity(water_checkpoint):
     """scf.npz, B and the journal each hold the identity of the manifest sections they were made
-    from (dfmp2.provenance), the journal as a header, so that a file alone says what it belongs to."""
+    from (dfmp2.util.provenance), the journal as a header, so that a file alone says what it belongs to."""
     import h5py
 
-    from dfmp2.checkpoint import FILE_SOURCES
-    from dfmp2.provenance import JOURNAL_MAGIC, arrays_identity, digest, h5_identity
+    from dfmp2.run.checkpoint import FILE_SOURCES
+    from dfmp2.util.provenance import JOURNAL_MAGIC, arrays_identity, digest, h5_identity
 
     source, _ = water_checkpoint
     manifest = json.loads((source / "manifest.json").read_text())

@@ -1,4 +1,4 @@
-"""The real command line, run as a subprocess: `python -m dfmp2.cli ...`.
+"""The real command line, run as a subprocess: `python -m dfmp2.app.cli ...`.
 
 Exit status: 0 success, 2 bad input, 1 runtime failure; errors are exactly one line on
 stderr starting with "dfmp2: error:", never a traceback (unless --debug), and a failed run
@@ -49,8 +49,8 @@ def xyz(count, *atom_lines, comment="water"):
 
 
 def dfmp2_cli(*args, cwd):
-    """Run `python -m dfmp2.cli ARGS` in `cwd`; returns the CompletedProcess (text mode)."""
-    return subprocess.run([sys.executable, "-m", "dfmp2.cli", *map(str, args)], cwd=cwd,
+    """Run `python -m dfmp2.app.cli ARGS` in `cwd`; returns the CompletedProcess (text mode)."""
+    return subprocess.run([sys.executable, "-m", "dfmp2.app.cli", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=TIMEOUT_S,
                           stdin=subprocess.DEVNULL)
 
@@ -539,7 +539,7 @@ def test_open_shell_runs(runs, name, reference):
 def test_progress_line_is_rate_limited_with_an_eta():
     """820 pair-energy updates in 2 s redraw the line ~9 times, not 820; the last one always;
     an ETA once a step has run a second; SCF cycles show elapsed time without a total."""
-    from dfmp2.cli import _Progress
+    from dfmp2.app.cli import _Progress
 
     now = [0.0]
     lines = []

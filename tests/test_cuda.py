@@ -34,8 +34,8 @@ def test_cuda_fp32_within_envelope():
 
 
 def test_cuda_disk_store_matches(tmp_path, arrays_only_budget):
-    from dfmp2.driver import run_mean_field
-    from dfmp2.memory import MB
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.util.system_memory import MB
 
     mf = converged_rhf("ethylene")
     roomy = run_mean_field(mf, device="cuda")
@@ -68,7 +68,7 @@ def test_cuda_density_and_double_hybrid():
     import numpy as np
     from pyscf import dft, gto
 
-    from dfmp2.functionals import DOUBLE_HYBRIDS
+    from dfmp2.chem.functionals import DOUBLE_HYBRIDS
 
     mf = converged_rhf("ethylene")
     cpu, gpu = DFMP2(mf, frozen=2).make_rdm1(), DFMP2(mf, frozen=2, device="cuda").make_rdm1()
@@ -86,7 +86,7 @@ def test_cuda_scf_builds_match_pyscf_builds(spin):
     builds' energies: E(SCF) to 1e-9 Eh, E_total to 1e-8 Eh."""
     import os
 
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     path = os.path.join(os.path.dirname(__file__), "..", "examples", "methyl.xyz" if spin else "water.xyz")
     ours = run_xyz(path, device="cuda", spin=spin)
@@ -100,8 +100,8 @@ def test_cuda_split_precision_bench_on_tensor_cores(precision):
     """`dfmp2 bench` runs the split products on the tensor cores (energies refuse them): the
     record says so, and the energy stays within relative 1e-4 of the fp32 run's (measured on an
     H200: 2e-5 to 5e-5 at the large shape, the tensor cores' truncated fp32 sums)."""
-    from dfmp2.bench import run_bench
-    from dfmp2.settings import Settings
+    from dfmp2.app.bench import run_bench
+    from dfmp2.run.settings import Settings
 
     e32 = run_bench(512, 64, 1536, repeat=1, settings=Settings(device="cuda", precision="fp32"))["e_corr"]
     record = run_bench(512, 64, 1536, repeat=1, settings=Settings(device="cuda", precision=precision))
@@ -131,7 +131,7 @@ def test_cuda_pinned_uploads_keep_each_block():
 def test_cuda_memory_budget_from_the_device():
     """The plan takes the GPU's free memory as its device budget, and a run's peak device
     allocation stays inside it."""
-    from dfmp2.driver import run_mean_field
+    from dfmp2.api.driver import run_mean_field
     from dfmp2.kernels import get_backend
 
     backend = get_backend("cuda", "fp32")
@@ -155,7 +155,7 @@ def test_cuda_two_ranks_nccl(tmp_path):
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     "-m", "dfmp2", "run", water, "--device", "cuda", "--precision", "fp64", "--json", str(out)],
                    check=True, timeout=600)
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     one = run_xyz(water, device="cuda", precision="fp64")
     two = json.loads(out.read_text())
@@ -217,7 +217,7 @@ def test_cuda_fused_pair_epilogue_equals_torch_ops(precision):
     they equal the torch-ops epilogue's (the CPU's code) to 1e-12 relative, same-spin and
     across spins, ragged tiles included, and the record counts the fused calls."""
     from dfmp2.kernels import get_backend
-    from dfmp2.memory import MemoryPlan
+    from dfmp2.run.memory import MemoryPlan
 
     backend = get_backend("cuda", precision, warm_kernels=True)
     backend.prepare(MemoryPlan(budget=1, aux_block=1, occ_block=1, storage="memory", minimum=1))
@@ -248,10 +248,10 @@ def test_cuda_out_of_core_gradient_matches_the_cpu(tmp_path, arrays_only_budget)
     import numpy as np
     from pyscf import gto, scf
 
-    from dfmp2.driver import run_mean_field
-    from dfmp2.memory import MB
-    from dfmp2.response import nuclear_gradient
-    from dfmp2.settings import Settings
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.util.system_memory import MB
+    from dfmp2.mp2.gradient import nuclear_gradient_of_run as nuclear_gradient
+    from dfmp2.run.settings import Settings
 
     mol = gto.M(atom="C 0 0 0.6695; C 0 0 -0.6695; H 0 0.9289 1.2321; H 0 -0.9289 1.2321; H 0 0.9289 -1.2321; "
                      "H 0 -0.9289 -1.2321", basis="cc-pvdz", verbose=0)
@@ -276,8 +276,8 @@ def test_cuda_fused_epilogue_where_it_pays(monkeypatch):
     """The fused epilogue's one-time load (~0.5 s) is paid only where the run amortises it: a
     water run takes the torch ops, `dfmp2 bench` (warm passes) the kernel, and a run whose pair
     stage reaches the threshold the kernel; the records' kernel counts say which ran."""
-    from dfmp2.bench import run_bench
-    from dfmp2.driver import run_mean_field
+    from dfmp2.app.bench import run_bench
+    from dfmp2.api.driver import run_mean_field
     from dfmp2.kernels import torch_backend
 
     mf = converged_rhf("water", scf_mode="df")
@@ -304,7 +304,7 @@ def test_cuda_libraries_count_in_the_footprint_before_the_plan():
     script = """
 import numpy as np
 from dfmp2.kernels import get_backend
-from dfmp2.memory import resident_bytes
+from dfmp2.run.memory import resident_bytes
 backend = get_backend("cuda", "fp32")
 before = resident_bytes()
 a = np.random.default_rng(0).standard_normal((300, 300))

@@ -113,7 +113,7 @@ def test_uhf_density_dropin_matches_pyscf_dfump2():
 def test_cli_writes_uhf_natural_orbitals(tmp_path):
     """`dfmp2 run --spin 1 --natorbs`: the spin-summed natural occupations sum to the electrons."""
     xyz = Path(ROOT) / "examples" / "methyl.xyz"
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--spin", "1", "--natorbs", "no.molden",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), "--spin", "1", "--natorbs", "no.molden",
                            "--json", "out.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     occupations = np.array(json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["natorbs"]["occupations"])
@@ -125,7 +125,7 @@ def test_cli_writes_natural_orbitals(tmp_path):
     from pyscf.tools import molden
 
     xyz = Path(ROOT) / "examples" / "water.xyz"
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--natorbs", "no.molden",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), "--natorbs", "no.molden",
                            "--json", "out.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
@@ -134,7 +134,7 @@ def test_cli_writes_natural_orbitals(tmp_path):
     mol, _, _, mo_occ, _, _ = molden.load(str(tmp_path / "no.molden"))
     assert np.allclose(mo_occ, occupations, atol=6e-6)  # Molden keeps 5 decimals
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dfmp2-")] == []
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--natorbs", "nodir/x.molden"],
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), "--natorbs", "nodir/x.molden"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "--natorbs" in proc.stderr
 
@@ -241,7 +241,7 @@ def test_cli_relaxed_dipole_matches_pyscf(tmp_path, spin, atoms):
 
     xyz = tmp_path / "m.xyz"
     xyz.write_text(f"{len(atoms.splitlines())}\n\n{atoms}\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--spin", str(spin), "--precision",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), "--spin", str(spin), "--precision",
                            "fp64", "--properties", "dipole", "--json", "out.json"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -264,8 +264,9 @@ def test_trainium_densities_out_of_core_are_refused_before_the_pair_stage(monkey
     of core and equals the in-memory densities to 1e-10."""
     from dataclasses import replace
 
-    from dfmp2 import MemoryBudgetError, pipeline
-    from dfmp2.driver import run_mean_field
+    from dfmp2 import MemoryBudgetError
+    from dfmp2.mp2 import pipeline
+    from dfmp2.api.driver import run_mean_field
 
     mf = converged_rhf("ethylene")
     in_memory = run_mean_field(mf, frozen=2, precision="fp64", with_rdm1=True)

@@ -12,8 +12,8 @@ import time
 import h5py
 import pytest
 
-from dfmp2.distributed import block_owners
-from dfmp2.driver import run_xyz
+from dfmp2.run.ranks import block_owners
+from dfmp2.api.driver import run_xyz
 
 from conftest import ROOT
 
@@ -166,8 +166,8 @@ def test_a_dead_rank_makes_the_other_fail_not_hang(tmp_path):
 
 def journaled_tasks(checkpoint):
     """Pair tasks the ranks' journals hold."""
-    from dfmp2.checkpoint import RECORD
-    from dfmp2.provenance import JOURNAL_HEADER_BYTES
+    from dfmp2.run.checkpoint import RECORD
+    from dfmp2.util.provenance import JOURNAL_HEADER_BYTES
 
     return sum(max(0, os.path.getsize(os.path.join(checkpoint, name)) - JOURNAL_HEADER_BYTES) // RECORD.size
                for name in os.listdir(checkpoint) if name.startswith("pairs.rank") and name.endswith(".journal"))
@@ -302,7 +302,7 @@ def test_a_lost_rank_file_makes_every_rank_remake_b(tmp_path):
 def test_neuroncore_ranks_go_over_gloo_each_on_its_own_core(monkeypatch):
     """Several ranks on Trainium hardware: gloo (host-staged), and each rank reserves the
     NeuronCore of its LOCAL_RANK unless the launch chose the cores."""
-    from dfmp2.distributed import communication_backend, pin_neuron_core
+    from dfmp2.run.ranks import communication_backend, pin_neuron_core
 
     assert [communication_backend(d, False) for d in ("cpu", "cuda", "trn1", "trn2")] == ["gloo", "nccl", "gloo", "gloo"]
     monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)

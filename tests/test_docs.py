@@ -40,9 +40,9 @@ def exists(token):
 
 
 def test_path_extraction():
-    text = ("see `dfmp2/pipeline.py:120`, [docs/benchmarks.md](docs/benchmarks.md#calibration), "
+    text = ("see `dfmp2/mp2/pipeline.py:120`, [docs/benchmarks.md](docs/benchmarks.md#calibration), "
             "benchmarks/results/*.json. Not https://example.org/docs/x.md, pyscf/mp/test/ or a.dfmp2/x.")
-    assert named_paths(text) == {"dfmp2/pipeline.py", "docs/benchmarks.md", "benchmarks/results/*.json"}
+    assert named_paths(text) == {"dfmp2/mp2/pipeline.py", "docs/benchmarks.md", "benchmarks/results/*.json"}
 
 
 @pytest.mark.parametrize("name", DOC_FILES)

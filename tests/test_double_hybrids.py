@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REFERENCE_FILE, ROOT
 from dfmp2 import DFMP2, InputError
-from dfmp2.functionals import DOUBLE_HYBRIDS
+from dfmp2.chem.functionals import DOUBLE_HYBRIDS
 from pyscf import df, dft, gto
 from pyscf.data.elements import chemcore
 from pyscf.mp import dfmp2, dfump2
@@ -77,7 +77,7 @@ def test_cli_double_hybrid_closed_and_open_shell(tmp_path):
     """`dfmp2 run --xc B2PLYP`: JSON xc/c_os/c_ss/e_ks/e_pt2/e_tot against PySCF's DF-RKS (same
     JK-fit set, default grid) + 0.27 DFMP2; the OH radical (--spin 1) runs UKS + DFUMP2."""
     xyz = Path(ROOT) / "examples" / "water.xyz"
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--xc", "B2PLYP", "--json",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), "--xc", "B2PLYP", "--json",
                            "w.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "w.json").read_text(encoding="utf-8"))
@@ -90,7 +90,7 @@ def test_cli_double_hybrid_closed_and_open_shell(tmp_path):
 
     oh = tmp_path / "oh.xyz"
     oh.write_text("2\nOH\nO 0 0 0\nH 0 0 0.9697\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(oh), "--spin", "1", "--xc", "DSD-PBEP86",
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(oh), "--spin", "1", "--xc", "DSD-PBEP86",
                            "--json", "oh.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "oh.json").read_text(encoding="utf-8"))
@@ -109,7 +109,7 @@ def test_cli_double_hybrid_closed_and_open_shell(tmp_path):
 ])
 def test_double_hybrid_bad_input(args, needle, tmp_path):
     xyz = Path(ROOT) / "examples" / "water.xyz"
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), *args, "--json", "out.json"],
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), *args, "--json", "out.json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and proc.stderr.strip().count("\n") == 0

@@ -12,8 +12,8 @@ import os
 import pytest
 
 from dfmp2 import chem
-from dfmp2.driver import run_xyz
-from dfmp2.errors import InputError
+from dfmp2.api.driver import run_xyz
+from dfmp2.util.errors import InputError
 
 from conftest import HERE
 

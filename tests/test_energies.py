@@ -142,7 +142,7 @@ def test_singular_metric_uses_eigen_fallback_without_nan():
 def test_run_xyz_takes_a_list_of_frozen_orbitals(tmp_path):
     """run_xyz with frozen as a list (the core orbital and the highest virtual): PySCF's DFMP2
     on the same SCF and auxiliary basis, run here, with the same list."""
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     xyz = tmp_path / "water.xyz"
     xyz.write_text("3\n\n" + "\n".join(MOLECULES["water"].split(";")) + "\n")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dfmp2.driver import run_xyz
+from dfmp2.api.driver import run_xyz
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 with open(os.path.join(ROOT, "benchmarks", "results", "reference_cuda.json"), encoding="utf-8") as _handle:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from pyscf import gto, scf
 
-from dfmp2 import DFMP2, native
+from dfmp2 import DFMP2
+from dfmp2 import native
 
 BOHR = 0.52917721092  # Angstrom
 WATER = [("O", (0.0, 0.0, 0.1173)), ("H", (0.0, 0.7572, -0.4692)), ("H", (0.0, -0.7572, -0.4692))]
@@ -96,7 +97,7 @@ def test_cli_grad_in_the_input_frame_matches_finite_differences(tmp_path, spin):
     import subprocess
     import sys
 
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     atoms = [("H", (1.10, 0.35, -0.20)), ("O", (0.45, 0.95, 0.25)), ("H", (0.70, 1.75, 0.85))][spin:]
 
@@ -222,7 +223,7 @@ def test_gradients_on_simulated_trainium(tmp_path, target, api):
     import subprocess
     import sys
 
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     root = os.path.join(os.path.dirname(__file__), "..")
     proc = subprocess.run([sys.executable, "-m", "dfmp2", "grad", os.path.join(root, "examples", "water.xyz"),
@@ -307,10 +308,10 @@ def _b2plyp_gradient_and_differences(atoms, scf_mode, spin=0):
     RKS (spin 0) or UKS, DF or exact SCF, cc-pVDZ with cc-pVDZ-RI."""
     from pyscf import dft
 
-    from dfmp2.driver import run_mean_field
-    from dfmp2.functionals import double_hybrid
-    from dfmp2.response import nuclear_gradient
-    from dfmp2.settings import Settings
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.chem.functionals import double_hybrid
+    from dfmp2.mp2.gradient import nuclear_gradient_of_run as nuclear_gradient
+    from dfmp2.run.settings import Settings
 
     dh = double_hybrid("B2PLYP")
 
@@ -388,7 +389,7 @@ def test_cli_double_hybrid_gradient(tmp_path):
     import subprocess
     import sys
 
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     atoms = [("O", (0.0, 0.0, 0.1173)), ("H", (0.0, 0.7572, -0.4692)), ("H", (0.05, -0.7572, -0.4692))]
 
@@ -417,8 +418,8 @@ def test_gradient_and_dipole_share_one_relaxed_density(monkeypatch):
     dipole-only run's (its own CPHF) to 1e-9 a.u., its gradient a gradient-only run's."""
     import os
 
-    from dfmp2 import gradient, response
-    from dfmp2.driver import run_xyz
+    from dfmp2.mp2 import gradient, response
+    from dfmp2.api.driver import run_xyz
 
     calls = []
     own = response.relaxed_density
@@ -446,12 +447,12 @@ def test_out_of_core_gradient_equals_in_memory(tmp_path, arrays_only_budget, mon
     relaxed density equal the in-memory run's to 1e-10 (RHF ethylene, DF-SCF, frozen core; UHF
     vinyl radical, exact SCF, SCS weights), and close() leaves no scratch behind. The DF
     reference's [naux, nao, nocc] arrays go to scratch too, three occupied orbitals at a time."""
-    from dfmp2 import gradient as gradient_module
-    from dfmp2 import storage
-    from dfmp2.driver import run_mean_field
-    from dfmp2.memory import MB
-    from dfmp2.response import nuclear_gradient
-    from dfmp2.settings import Settings
+    from dfmp2.mp2 import gradient as gradient_module
+    from dfmp2.run import storage
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.util.system_memory import MB
+    from dfmp2.mp2.gradient import nuclear_gradient_of_run as nuclear_gradient
+    from dfmp2.run.settings import Settings
 
     atoms = ETHYLENE if spin == 0 else ETHYLENE[:5]
     mol = gto.M(atom=atoms, basis="cc-pvdz", spin=spin, verbose=0)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from dfmp2.kernels import emulator as nki
-from dfmp2.kernels.emulator import NkiConstraintError, cost_model
+from dfmp2.kernels.emulator import NkiConstraintError
+from dfmp2.kernels.emulator import cost_model
 
 nl = nki.language
 nisa = nki.isa

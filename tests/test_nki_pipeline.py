@@ -77,8 +77,8 @@ def test_specializations_do_not_grow_with_the_molecule():
 
 def test_small_memory_budget_on_simulated_trn1_still_few_specializations(arrays_only_budget):
     mf = converged_rhf("ethylene")
-    from dfmp2.driver import run_mean_field
-    from dfmp2.pipeline import MB
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.util.system_memory import MB
 
     roomy = run_mean_field(mf, device="trn1", simulate=True)
     tight = run_mean_field(mf, device="trn1", simulate=True,
@@ -196,7 +196,7 @@ def test_trn1_with_nki_0_3_runs_with_an_announcement():
 
 @pytest.mark.parametrize("api", ["0.4", "0.6"])
 def test_trn1_with_newer_emulated_nki_is_bad_input(api):
-    from dfmp2.errors import InputError
+    from dfmp2.util.errors import InputError
     from dfmp2.kernels import get_backend
 
     with pytest.raises(InputError, match=rf"^device='trn1' with the emulated nki {api}: AWS does not support"):
@@ -207,8 +207,9 @@ def test_trn1_with_newer_emulated_nki_is_bad_input(api):
 def test_installed_nki_checked_before_anything_compiles(monkeypatch, installed, ok):
     """On a Trainium host (SDK importable) an installed nki that AWS does not support on the
     target stops the run with a ComputationError before the backend is built."""
-    from dfmp2.errors import ComputationError
-    from dfmp2.kernels import get_backend, nki_backend, nki_support
+    from dfmp2.util.errors import ComputationError
+    from dfmp2.kernels import get_backend
+    from dfmp2.kernels import nki_backend, nki_support
 
     built = []
     monkeypatch.setattr(nki_support, "neuron_sdk_missing", lambda: [])

@@ -203,8 +203,8 @@ def test_plugin_exposes_the_reference():
 def test_uhf_disk_store_for_both_spins(tmp_path, arrays_only_budget):
     """A budget that holds neither spin's tensor in memory: both go to scratch files (deleted
     afterwards), the energy is the in-memory one."""
-    from dfmp2.driver import run_mean_field
-    from dfmp2.memory import MB
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.util.system_memory import MB
 
     mf = mean_field("O2", scf_mode="df")
     roomy = run_mean_field(mf, frozen=2)

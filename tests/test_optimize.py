@@ -1,4 +1,4 @@
-"""`dfmp2 optimize` and dfmp2.optimize: geomeTRIC on the analytic DF-MP2 gradient. Converged
+"""`dfmp2 optimize` and dfmp2.app.optimize: geomeTRIC on the analytic DF-MP2 gradient. Converged
 geometries are checked against PySCF's conventional (non-DF) MP2 gradients and optimum; the
 checkpoint's replay against a fresh optimisation."""
 
@@ -11,8 +11,8 @@ import pytest
 from pyscf import gto, scf
 
 from dfmp2 import chem
-from dfmp2.optimize import optimize_atoms
-from dfmp2.settings import Settings
+from dfmp2.app.optimize import optimize_atoms
+from dfmp2.run.settings import Settings
 
 pytest.importorskip("geometric")
 
@@ -34,7 +34,7 @@ def test_cli_optimize_water_reaches_the_mp2_minimum(tmp_path):
     Eh/bohr (criterion plus the DF error; at the start it is 1.2e-2)."""
     from pyscf import mp
 
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     proc = _optimize_cli(tmp_path)
     assert proc.returncode == 0, proc.stderr

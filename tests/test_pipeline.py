@@ -10,9 +10,10 @@ import torch
 from conftest import converged_rhf
 from dfmp2 import DFMP2, InputError
 from dfmp2.kernels import get_backend
-from dfmp2.linalg import factor_metric, whiten
-from dfmp2.memory import MB, TensorSizes, default_hints, plan_memory
-from dfmp2.orbitals import active_orbitals
+from dfmp2.util.linalg import factor_metric, whiten
+from dfmp2.util.system_memory import MB
+from dfmp2.run.memory import TensorSizes, default_hints, plan_memory
+from dfmp2.mp2.orbitals import active_orbitals
 
 SIZES = TensorSizes(nao=114, spaces=[(15, 93)], naux=420, largest_shell=11, itemsize=8)
 
@@ -39,7 +40,7 @@ def test_disk_store_and_smallest_blocks_give_the_same_energy(precision, tmp_path
     in_memory.kernel(with_t2=False)  # the plan of the energy alone (a kept t2 is planned for too)
     assert in_memory.result.correlation.plan.storage == "memory"
     minimum = in_memory.result.correlation.plan.minimum
-    from dfmp2.driver import run_mean_field
+    from dfmp2.api.driver import run_mean_field
 
     tight = run_mean_field(mf, frozen=2, precision=precision, max_memory=minimum * 1.02 / MB,
                            scratch=str(tmp_path))
@@ -131,8 +132,8 @@ def test_out_of_core_writes_each_byte_at_most_twice(tmp_path, arrays_only_budget
     writes B once (<= 2x the tensor, counted by the store and by the kernel's write() bytes:
     no HDF5 chunk is rewritten); reads: (ia|P) once, whitened slab by slab as the pair stage
     reaches it, plus the B_J streams (was ~100x with aux-block slices of occupied-row chunks)."""
-    from dfmp2.driver import run_mean_field
-    from dfmp2.memory import MB
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.util.system_memory import MB
 
     mf = converged_rhf("ethylene")
     roomy = run_mean_field(mf, frozen=2)
@@ -199,8 +200,8 @@ def test_out_of_core_reads_within_the_target(fraction, arrays_only_budget):
     B, not the metric, is what does not fit): reads <= tensor x (1 + tensor / (budget / 2)),
     writes <= 2x the tensor, same energy as in memory."""
     from dfmp2.kernels import get_backend
-    from dfmp2.pipeline import dfmp2_energy
-    from dfmp2.rng.synthetic import SyntheticIntegrals, synthetic_orbitals
+    from dfmp2.mp2.pipeline import dfmp2_energy
+    from dfmp2.util.rng.synthetic import SyntheticIntegrals, synthetic_orbitals
 
     sizes = (240, 80, 240)
     coeff, energies, occupations = synthetic_orbitals(*sizes[:2], 0)

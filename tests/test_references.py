@@ -89,7 +89,7 @@ def test_lithium_gets_a_generated_jk_fit_set_announced_before_the_scf(tmp_path):
 
     xyz = tmp_path / "lih.xyz"
     xyz.write_text("2\nLiH\nLi 0 0 0\nH 0 0 1.595\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--json", "out.json"],
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), "--json", "out.json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
@@ -110,7 +110,7 @@ def test_lithium_gets_a_generated_jk_fit_set_announced_before_the_scf(tmp_path):
 def test_non_finite_max_memory_is_bad_input(value, tmp_path):
     xyz = tmp_path / "lih.xyz"
     xyz.write_text("2\nLiH\nLi 0 0 0\nH 0 0 1.595\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "dfmp2.cli", "run", str(xyz), "--max-memory", value,
+    proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "run", str(xyz), "--max-memory", value,
                            "--json", "out.json"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--max-memory" in proc.stderr

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dfmp2.rng import normal, philox4x32, random_words, uniform
+from dfmp2.util.rng import normal, philox4x32, random_words, uniform
 
 # Random123 kat_vectors, philox4x32 with 10 rounds: counter, key -> output
 KNOWN_ANSWERS = [

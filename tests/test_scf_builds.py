@@ -1,4 +1,4 @@
-"""dfmp2's SCF Coulomb/exchange builds (dfmp2.scf) against PySCF's own DF-SCF on the same JK-fit set:
+"""dfmp2's SCF Coulomb/exchange builds (dfmp2.chem.jk) against PySCF's own DF-SCF on the same JK-fit set:
 converged energies to 1e-9 Eh (E_SCF) and 1e-8 Eh (E_total), J and K matrices of arbitrary densities,
 the precision policy, the memory fallbacks and the refusals."""
 
@@ -12,10 +12,10 @@ from pyscf import dft, gto, scf
 import dfmp2
 from conftest import TORCH_DEVICES
 from dfmp2 import chem
-from dfmp2.driver import run_xyz
-from dfmp2.errors import InputError
+from dfmp2.api.driver import run_xyz
+from dfmp2.util.errors import InputError
 from dfmp2.kernels import get_backend
-from dfmp2.scf import FittedCoulombExchange
+from dfmp2.chem.jk import FittedCoulombExchange
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "examples")
@@ -84,7 +84,7 @@ def test_increment_from_rotated_orbitals():
     (the same density as unrotated ones): J and K of D - D_anchor against PySCF's fp64 difference
     to 1e-6 of the change (K(D) - K(D_anchor) from two fp32 builds: 3e-5 of it), with the
     anchor's half transforms kept and not."""
-    from dfmp2.scf import orbital_steps, whiten_fitted_integrals
+    from dfmp2.chem.jk import orbital_steps, whiten_fitted_integrals
 
     mol = gto.M(atom=GLYCINE, basis="cc-pvdz", verbose=0)
     mf = _mean_field(mol, "rhf")
@@ -136,7 +136,7 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, i
     (the kind most builds use; then the anchors' fp64 where it takes at most half of the rest) and
     whether the anchor's half transforms are kept for the increments; K from whatever is kept (the triangle unpacked block by block at the least) gives
     the same energy."""
-    import dfmp2.scf as jk
+    import dfmp2.chem.jk as jk
 
     mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
     reference = _mean_field(mol, "rhf").run()
@@ -167,7 +167,7 @@ def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, prec
     1e-10 Eh, the record says where B was and what was read (once per build), and the scratch
     directory goes with the builds. On a GPU the blocks are read on the host and uploaded."""
     import dfmp2.kernels.torch_fitted as fitted
-    import dfmp2.scf as jk
+    import dfmp2.chem.jk as jk
 
     mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
     in_memory = _mean_field(mol, "rhf")
@@ -208,7 +208,7 @@ def test_whole_run_matches_pyscf_builds(options):
 
 
 def test_cli_records_the_scf_builds(tmp_path):
-    from dfmp2.cli import main
+    from dfmp2.app.cli import main
 
     out = tmp_path / "r.json"
     with pytest.raises(SystemExit) as stop:
@@ -229,7 +229,7 @@ def test_cli_records_the_scf_builds(tmp_path):
     (["--device", "trn1", "--simulate", "--scf-precision", "fp64"], "no fp64 arithmetic"),
 ])
 def test_refusals(args, message, capsys):
-    from dfmp2.cli import main
+    from dfmp2.app.cli import main
 
     with pytest.raises(SystemExit) as stop:
         main(["run", WATER, "--quiet", *args])
@@ -240,7 +240,7 @@ def test_refusals(args, message, capsys):
 def test_range_separated_double_hybrid_keeps_pyscf_builds(capsys):
     """A custom range-separated KS part: PySCF's builds by default (recorded), refused before the SCF if
     dfmp2's are asked for."""
-    from dfmp2.cli import main
+    from dfmp2.app.cli import main
 
     assert run_xyz(WATER, xc="wb97x", c_os=0.5, c_ss=0.2).as_dict()["scf_backend"] == "pyscf"
     with pytest.raises(SystemExit) as stop:
@@ -271,7 +271,7 @@ def test_trainium_builds_converge_to_the_fp64_energy(kind, xc, charge, spin):
 def test_trainium_fp32_builds_alone_do_not_reach_the_fp64_energy():
     """Why the anchors: the same SCF with every NKI build in fp32 (J and K) stops short of PySCF's
     fp64 energy by more than the 1e-8 Eh the mixed builds reach."""
-    import dfmp2.scf as jk
+    import dfmp2.chem.jk as jk
 
     mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
     reference = _mean_field(mol, "rhf").run()
@@ -389,7 +389,7 @@ def test_run_computes_the_jk_integrals_early_where_it_will_use_them(changes, ear
     original = chem.EarlyIntegrals.start
     monkeypatch.setattr(chem.EarlyIntegrals, "start", lambda self: started.append(self) or original(self))
     if changes.get("max_memory"):  # no room: not started early (the run is refused before the SCF)
-        with pytest.raises(dfmp2.errors.MemoryBudgetError):
+        with pytest.raises(dfmp2.util.errors.MemoryBudgetError):
             run_xyz(WATER, **changes)
         assert not started
         return
@@ -441,7 +441,7 @@ def test_gradient_with_the_integrals_out_of_core(monkeypatch):
     """A gradient whose SCF and orbital response stream the JK-fit integrals from disk (every
     FittedCoulombExchange told that the budget does not hold them): the in-memory gradient to
     1e-9 Eh/bohr."""
-    from dfmp2.driver import run_xyz
+    from dfmp2.api.driver import run_xyz
 
     in_memory = run_xyz(WATER, basis="cc-pvdz", precision="fp64", gradient=True)
     monkeypatch.setattr(FittedCoulombExchange, "_free_bytes", lambda self: 0)

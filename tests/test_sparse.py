@@ -1,4 +1,4 @@
-"""The sparse layer (dfmp2.sparse): Schwarz-screened block-sparse (mn|P) against PySCF's dense
+"""The sparse layer (dfmp2.util.sparse): Schwarz-screened block-sparse (mn|P) against PySCF's dense
 integrals, the screened MP2 transform and SCF builds against the dense ones and against PySCF,
 energies within 1e-8 Eh of the dense run, the --screening setting, its record and refusals."""
 
@@ -15,12 +15,12 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 from conftest import TORCH_DEVICES, converged_rhf, load_reference_cases
 from dfmp2 import chem
-from dfmp2.driver import run_mean_field, run_xyz
-from dfmp2.errors import InputError
+from dfmp2.api.driver import run_mean_field, run_xyz
+from dfmp2.util.errors import InputError
 from dfmp2.kernels import device_screens, get_backend
 from dfmp2.kernels.nki_sparse import TileMap
-from dfmp2.scf import FittedCoulombExchange, whiten_fitted_integrals
-from dfmp2.sparse import LowerPanels, ScreenedThreeCenter, parse_screening, screen_integrals
+from dfmp2.chem.jk import FittedCoulombExchange, whiten_fitted_integrals
+from dfmp2.util.sparse import LowerPanels, ScreenedThreeCenter, parse_screening, screen_integrals
 
 TORCH_SCREENS = frozenset({"mp2", "scf"})  # the steps the torch backend (cpu, cuda) screens
 
@@ -135,8 +135,8 @@ def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_p
     DF J and K, the converged energy is the in-memory screened one to 1e-10 Eh, B is read once per
     build and the scratch goes with the builds."""
     import dfmp2.kernels.torch_fitted as fitted
-    import dfmp2.scf as jk_module
-    from dfmp2.sparse.tensor import LowerPanels as Panels
+    import dfmp2.chem.jk as jk_module
+    from dfmp2.util.sparse.tensor import LowerPanels as Panels
 
     mol = gto.M(atom=water_chain(4), basis="cc-pvdz", verbose=0)
     reference = scf.RHF(mol).density_fit(auxbasis=chem.fitting_basis(mol, False).basis)
@@ -266,7 +266,7 @@ def test_screening_on_trainium_covers_the_transform_only():
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "dfmp2.cli", *map(str, args)], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dfmp2.app.cli", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from conftest import converged_rhf, pyscf_reference
 from dfmp2 import DFMP2
-from dfmp2.errors import InputError
+from dfmp2.util.errors import InputError
 from dfmp2.kernels import get_backend
 from dfmp2.kernels.split_gemm import round_mantissa, split_operand, split_product
 
@@ -87,8 +87,8 @@ def test_split_precision_refused_for_energies(precision, tmp_path):
 def test_split_precision_bench_times_the_split_products():
     """`dfmp2 bench` runs them (emulated here), on the same synthetic problem: the energy moves
     off fp32's by no more than the products' error (relative 1e-6 TF32x3, 1e-4 BF16x3)."""
-    from dfmp2.bench import run_bench
-    from dfmp2.settings import Settings
+    from dfmp2.app.bench import run_bench
+    from dfmp2.run.settings import Settings
 
     records = {p: run_bench(128, 16, 384, repeat=1, settings=Settings(device="cpu", precision=p))
                for p in ("fp32", "tf32x3", "bf16x3")}

@@ -127,7 +127,7 @@ def test_json_to_a_full_device_fails_and_leaves_the_device(tmp_path):
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_new_output_files_honour_the_umask(tmp_path, umask, mode):
     proc = subprocess.run([sys.executable, "-c", f"import os, sys; os.umask({umask}); "
-                           "from dfmp2.entry import main; sys.argv[0] = 'dfmp2'; main()",
+                           "from dfmp2.app.entry import main; sys.argv[0] = 'dfmp2'; main()",
                            "run", str(WATER), "--json", "out.json", "--natorbs", "out.molden", "--quiet"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, describe(proc)
@@ -187,8 +187,8 @@ def test_a_failed_run_writes_none_of_its_outputs(tmp_path):
 def test_outputs_commit_gives_back_what_it_replaced(tmp_path, monkeypatch, hard_links):
     """Two outputs, the second cannot be put in place: the first gets its previous contents back
     (kept as a hard link, or moved aside where the file system has none) and nothing else stays."""
-    from dfmp2 import files as outputs
-    from dfmp2.errors import ComputationError
+    from dfmp2.util import files as outputs
+    from dfmp2.util.errors import ComputationError
 
     first, second = tmp_path / "a.json", tmp_path / "b.molden"
     first.write_text("previous")
@@ -261,7 +261,7 @@ def test_a_signal_that_a_library_turns_into_another_error_still_exits_128_plus_n
     """A C extension's module init that a signal interrupts reports "ImportError: initialization
     failed" (CI saw it once, Ctrl-C 0.4 s into `dfmp2 run`): the signal, not the ImportError,
     decides the exit."""
-    from dfmp2 import cli
+    from dfmp2.app import cli
 
     class NoOutputs:
         def discard(self):
@@ -324,7 +324,8 @@ def test_a_pople_basis_whose_fitting_name_pyscf_derives_wrongly_runs():
     from pyscf import df, gto, scf
     from pyscf.mp import dfmp2 as pyscf_dfmp2
 
-    from dfmp2 import DFMP2, chem
+    from dfmp2 import DFMP2
+    from dfmp2 import chem
 
     mol = gto.M(atom="O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", basis="6-311g**", verbose=0)
     with pytest.raises(KeyError):

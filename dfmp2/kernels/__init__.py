@@ -13,7 +13,7 @@ a result records about the backend (protocol.BackendRecord).
 
 from __future__ import annotations
 
-from ..errors import ComputationError, InputError, option
+from ..util.errors import ComputationError, InputError, option
 
 DEVICES = ("cpu", "cuda", "trn1", "trn2")
 PRECISIONS = ("fp64", "fp32", "tf32x3", "bf16x3")
@@ -88,7 +88,10 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
             raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
                              f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")
         from .emulator import API_VERSIONS, NEWEST_API
-        from .nki_support import (NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api,
+        from .nki_support import (NEURON_INSTALL,
+                                  NEURON_PACKAGES,
+                                  check_nki_support,
+                                  installed_nki_api,
                                   neuron_sdk_missing)
 
         if model_only and not simulate:

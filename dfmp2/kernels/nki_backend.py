@@ -43,7 +43,7 @@ from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_tra
 from .protocol import BackendRecord, PlanHints
 from .spin_cases import density_weights
 from .tiles import FREE, GAMMA_X_BYTES, P, VV_RESIDENT_BYTES
-from ..errors import option
+from ..util.errors import option
 
 
 class NkiBackend:
@@ -382,7 +382,7 @@ class NkiBackend:
         block of at most PAIR_BLOCK x PAIR_BLOCK pairs (only j <= i on the diagonal), on all
         physical cores of the logical core; B stays in device HBM and only the per-pair
         partials come back, summed in fp64."""
-        from ..errors import ComputationError
+        from ..util.errors import ComputationError
 
         if t_out is not None:
             raise ComputationError(f"t2: the amplitudes are not formed on {self.target} (the pair kernel never "
@@ -424,7 +424,7 @@ class NkiBackend:
         X = c_w t - c_u t^T = g Y (spin_cases.density_weights): (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed,
         (2 c_ss, 2 c_ss) same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
         block of j (NkiBackend.gamma_rows); the partial G comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
-        from ..errors import ComputationError
+        from ..util.errors import ComputationError
 
         _, (y_w, y_u), _, g = density_weights(scaling, spin_case)
         c_w, c_u = g * y_w, g * y_u  # X = g Y: 4 T for closed-shell MP2
@@ -466,7 +466,7 @@ class NkiBackend:
         from gamma_kernel (gamma_block of all i against the k block), else None. The two kernels
         form the amplitudes each (the torch backend forms them once). b_occ: B of all i, or one
         row block of it in a list (out-of-core B in several blocks is refused: ComputationError)."""
-        from ..errors import ComputationError
+        from ..util.errors import ComputationError
 
         if not torch.is_tensor(b_occ):
             chunks = list(b_occ)
@@ -488,7 +488,7 @@ class NkiBackend:
         nocc / (2 rows) times the energy's Tensor Engine work). Partials come back and are summed
         in fp64: returns (P_oo [nocc, nocc], P_vv [nvir, nvir]) as host tensors (torch backend's
         formulas)."""
-        from ..errors import ComputationError
+        from ..util.errors import ComputationError
 
         (x_w, x_u), (y_w, y_u), weight, _ = density_weights(scaling, spin_case)
         nocc, nvir, naux = b_occ.shape

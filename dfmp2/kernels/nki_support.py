@@ -9,7 +9,7 @@ through 0.6 (SDK 2.32). Only the standard library; nothing here imports the SDK 
 from __future__ import annotations
 
 import importlib.util
-from ..errors import option
+from ..util.errors import option
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
@@ -26,7 +26,7 @@ def neuron_sdk_missing():
 
 def installed_versions() -> dict:
     """Installed Neuron packages -> version (None where not installed)."""
-    from ..files import package_versions
+    from ..util.files import package_versions
 
     return package_versions(("nki", "neuronx-cc", "torch-neuronx", "torch-xla"))
 
@@ -41,7 +41,7 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
     """Raise if AWS does not support nki `api` on `target` (ComputationError for the installed
     release on a host, InputError for an emulated one chosen with --nki-api); return an
     announcement for a disputed pair (trn1 with nki 0.3), else None."""
-    from ..errors import ComputationError, InputError
+    from ..util.errors import ComputationError, InputError
 
     if api in SUPPORTED_NKI[target]:
         return None

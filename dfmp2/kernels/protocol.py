@@ -187,3 +187,9 @@ class FittedBuildsBackend(Protocol):
         leaves -> the store (B uploaded once where the backend computes). A backend with
         `fitted_store_on_disk` also takes rows as a files.RowFile (out of core; with a keyword
         `pattern`, the flat rows of screened LowerPanels)."""
+
+
+def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:
+    """~5 fp64 [nb, nvir, nb, nvir] temporaries: (ia|jb), the denominators, the amplitudes and
+    their exchange partners of one pair-energy call (the torch backend's; the plan's default)."""
+    return 5 * nb * nb * nvir * nvir * 8

@@ -15,8 +15,8 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..memory import fp64_pair_temporaries_bytes
-from ..sparse import LowerPanels
+from .protocol import fp64_pair_temporaries_bytes
+from ..util.sparse import LowerPanels
 from . import torch_sparse
 from .split_gemm import SPLIT_FORMATS, split_product
 from .protocol import BackendRecord, PlanHints

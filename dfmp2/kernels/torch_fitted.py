@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..memory import release_freed_memory
-from ..files import RowFile
-from ..steps import block_ranges
-from ..sparse import LowerPanels
+from ..util.system_memory import release_freed_memory
+from ..util.files import RowFile
+from ..util.blocks import block_ranges
+from ..util.sparse import LowerPanels
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
 SCREENED_BLOCK_BYTES = 128 * 10**6  # screened builds: an auxiliary block's panels in both orientations

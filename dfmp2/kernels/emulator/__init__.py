@@ -38,8 +38,15 @@ import threading
 import numpy as np
 
 from . import isa, language
-from .core import (API_VERSIONS, INSTRUCTION_LIMIT, NEWEST_API, TARGETS, NkiConstraintError, Tile,
-                   Trace, api_tuple, kernel_run)
+from .core import (API_VERSIONS,
+                   INSTRUCTION_LIMIT,
+                   NEWEST_API,
+                   TARGETS,
+                   NkiConstraintError,
+                   Tile,
+                   Trace,
+                   api_tuple,
+                   kernel_run)
 
 __all__ = ["jit", "simulate", "language", "isa", "NkiConstraintError", "TARGETS", "Trace",
            "target", "current_api", "EmulatedKernel", "API_VERSIONS", "NEWEST_API",

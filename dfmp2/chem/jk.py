@@ -23,13 +23,14 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from .errors import InputError, MemoryBudgetError, option
-from .kernels.protocol import FittedBuildsBackend
-from .linalg import factor_metric, whiten
-from .memory import MB, budget_bytes, release_freed_memory, resident_bytes
-from .sparse import LowerPanels
-from .files import RowFile
-from .steps import block_ranges
+from ..util.errors import InputError, MemoryBudgetError, option
+from ..kernels.protocol import FittedBuildsBackend
+from ..util.linalg import factor_metric, whiten
+from ..util.system_memory import MB, release_freed_memory, resident_bytes
+from ..run.memory import budget_bytes
+from ..util.sparse import LowerPanels
+from ..util.files import RowFile
+from ..util.blocks import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
 SCF_PRECISIONS = ("mixed", "fp64")
@@ -138,7 +139,7 @@ def whitening_backend(backend):
     ~1e-5 Eh of the SCF energy whatever the builds' own precision."""
     if backend.has_fp64:
         return backend
-    from .kernels import get_backend
+    from ..kernels import get_backend
 
     return get_backend("cpu", "fp64")
 

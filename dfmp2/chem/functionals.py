@@ -13,7 +13,7 @@ import math
 
 from dataclasses import dataclass
 
-from .errors import InputError, option
+from ..util.errors import InputError, option
 
 
 @dataclass(frozen=True)

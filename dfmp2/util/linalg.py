@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import ComputationError
+from .errors import ComputationError
 
 log = logging.getLogger("dfmp2")
 

@@ -16,22 +16,30 @@ provider (`three_center_provider`) and the checkpoint policy (`open_run_checkpoi
 
 from __future__ import annotations
 
+from .three_center import three_center_provider
+
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .checkpoint import open_run_checkpoint, pipeline_identity
-from .context import context_from
-from .distributed import RankDensities, three_center_over_ranks
-from .errors import ComputationError, InputError, MemoryBudgetError, option
-from .memory import MB, MemoryPlan, plan_for, release_freed_memory
+from ..run.checkpoint import open_run_checkpoint, pipeline_identity
+from ..run.context import context_from
+from ..run.ranks import RankDensities
+from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
+from ..util.system_memory import MB
+from ..run.memory import MemoryPlan, plan_for
 from .orbitals import active_spaces, device_channels, spin_channels
-from .settings import IF_ROOM, Settings, settings_from
-from .steps import (block_ranges, combine_pair_sums, factor_metric, pair_energies, pair_tasks, singles_energy,
-                    t2_arrays, transform_aux_blocks, LocalDensities, mp2_densities, whiten_occupied_blocks,
-                    whiten_three_center)
-from .storage import LocalThreeCenter, ThreeIndexDensity, given_three_center, new_store
+from ..run.settings import IF_ROOM, Settings, settings_from
+from .steps import (combine_pair_sums,
+                    factor_metric,
+                    pair_energies,
+                    pair_tasks,
+                    singles_energy,
+                    t2_arrays,
+                    LocalDensities,
+                    mp2_densities)
+from ..run.storage import ThreeIndexDensity
 
 
 @dataclass
@@ -154,48 +162,6 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
         plan = plan_keeping_t2(backend, integrals, selected, settings.max_memory, plan, on_disk, with_t2 is True,
                                notes)
     return plan, notes, bool(with_t2) and team is None and not notes
-
-
-def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
-    """Where B comes from and lives (`dfmp2.providers`): given by the caller, over the ranks of
-    the team, or made (or found in the checkpoint) in this process."""
-    if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
-        return given_three_center(backend, given, channels, plan)
-    if context.team is not None:
-        return three_center_over_ranks(backend, integrals, metric, channels, plan, context.team, checkpoint, context,
-                                       settings.scratch)
-    return local_three_center(backend, integrals, metric, channels, plan, settings.scratch, checkpoint, context)
-
-
-def local_three_center(backend, integrals, metric, channels, plan, scratch, checkpoint, context):
-    """Steps 1-3 in this process, B in memory or on disk as the plan says, or B the checkpoint
-    holds. Out of core without a checkpoint, step 3 waits for step 4: each slab of (ia|P) is
-    whitened when the pair stage reaches it (`LocalThreeCenter`), so that it is read once."""
-    nocc, timer = [ch.nocc for ch in channels], context.timer
-    shapes = [(ch.nocc, ch.nvir, integrals.naux) for ch in channels]
-    held = checkpoint.held_b(backend, channels, shapes)
-    if held:
-        return LocalThreeCenter(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
-    with timer.step("metric"):
-        factor = factor_metric(backend, metric)  # 1. J = L L^T
-    provider = LocalThreeCenter(backend, [], nocc, plan, factor.nkept, factor.describe(), timer)
-    try:
-        for ch, shape in zip(channels, shapes):
-            provider.stores.append(new_store(backend, shape, plan.storage, scratch, checkpoint.b_path(ch),
-                                             checkpoint.scratch_prefix, checkpoint.b_identity()))
-        transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, provider.stores,
-                             timer, context.report)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
-        if plan.storage == "disk" and not checkpoint.keeps_b:
-            provider.factor = factor  # 3. inside step 4, slab by slab
-        else:
-            with timer.step("whiten"):  # 3. B = (ia|P) L^-T, each spin
-                for ch, store in zip(channels, provider.stores):
-                    whiten_occupied_blocks(backend, factor, store, ch.nocc, plan.occ_block, context.report)
-            checkpoint.keep_b(channels, factor.nkept, factor.describe())
-    except BaseException:
-        provider.close()
-        raise
-    return provider
 
 
 def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2) -> tuple:
@@ -341,43 +307,3 @@ def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *
         singles_included=include_singles, notes=list(notes))
 
 
-def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
-                    out=None, context=None, **changes) -> list:
-    """Steps 1-3 only: B_ia^Q = sum_P (ia|P) [L^-T]_PQ of each spin channel's active orbitals
-    (settings.frozen) in PySCF's ovL layout [nocc * nvir, naux_kept]. Arguments as
-    `dfmp2_energy`. Without `out`: host arrays, held in memory with (ia|P) (MemoryBudgetError if
-    the budget cannot hold both). out(s, shape): where channel s's B goes (e.g. an HDF5
-    dataset), written in occupied blocks; (ia|P) then lives where the budget puts it (memory or
-    scratch). Returns the arrays (or what `out` gave)."""
-    settings, context = settings_from(settings, **changes), context_from(context)
-    refs = spin_channels(mo_coeff, mo_energy, mo_occ)
-    selected = active_spaces(refs, settings.frozen)
-    spaces = [(o.size, v.size) for o, v, _ in selected]
-    # in memory, B is returned beside (ia|P): the plan holds the tensor twice
-    plan = plan_for(backend, integrals, spaces if out is not None else spaces * 2, settings.max_memory)
-    if out is None and plan.storage == "disk":
-        raise MemoryBudgetError(f"(ia|P) and B do not both fit in the memory budget ({plan.budget / MB:.4g} MB) to be "
-                                "returned in memory: give more memory, or write them to a file (ovL_to_save)")
-    backend.prepare(plan)
-    channels = device_channels(backend, refs, selected)
-    factor = factor_metric(backend, integrals.metric())  # 1. J = L L^T
-    stores = []
-    try:
-        for ch in channels:
-            stores.append(new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch))
-        transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, stores,
-                             context.timer, context.report)  # 2. (ia|P)
-        results = []
-        for s, (ch, store) in enumerate(zip(channels, stores)):  # 3. B = (ia|P) L^-T
-            shape = (ch.nocc * ch.nvir, factor.nkept)
-            b = np.empty(shape) if out is None else out(s, shape)
-            for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
-                block = whiten_three_center(backend, factor, store.read_occ(i0, i1))
-                b[i0 * ch.nvir:i1 * ch.nvir] = backend.to_host(block).reshape(-1, factor.nkept)
-                del block
-                release_freed_memory()
-            results.append(b)
-    finally:
-        for store in stores:
-            store.close()
-    return results

@@ -20,23 +20,20 @@ step takes one spin channel, `dfmp2.orbitals.SpinChannel`, or the task's pair of
 
 from __future__ import annotations
 
+from ..util.blocks import block_ranges
+
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .linalg import factor_metric, fitting_coefficients, whiten
-from .memory import release_freed_memory
-from .sparse import ScreenedThreeCenter
+from ..util.linalg import factor_metric, fitting_coefficients, whiten
+from ..util.system_memory import release_freed_memory
+from ..util.sparse import ScreenedThreeCenter
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks",
            "pair_energies", "combine_pair_sums", "t2_arrays", "mp2_densities", "natural_orbitals",
-           "singles_energy", "transform_aux_blocks", "whiten_occupied_blocks", "block_ranges"]
-
-
-def block_ranges(n, size):
-    """[(start, stop)] covering range(n) in pieces of `size`."""
-    return [(start, min(start + size, n)) for start in range(0, n, size)]
+           "singles_energy", "transform_aux_blocks", "whiten_occupied_blocks"]
 
 
 # ----------------------------------------------------------------------------- steps 1-3

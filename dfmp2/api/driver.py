@@ -10,20 +10,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import __version__, chem
-from .checkpoint import open_run_checkpoint, version_identity
-from .context import context_from
-from .functionals import DoubleHybrid, double_hybrid
-from .errors import InputError, MemoryBudgetError, option
-from .files import scratch_prefix
-from .memory import MB, RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, peak_resident_bytes
-from .pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for, three_center_mo
-from .response import PROPERTIES, nuclear_gradient, relaxed_properties
-from .kernels import SPLIT_PRECISIONS, TRAINIUM, backend_for, device_screens, flush_subnormals_first
-from .kernels.protocol import FittedBuildsBackend
-from .scf import early_integrals_fit, fitted_bytes, scf_builds_for
-from .settings import Settings, settings_from
-from .sparse import screen_integrals
+from .. import __version__
+from .. import chem
+from ..run.checkpoint import open_run_checkpoint, version_identity
+from ..run.context import context_from
+from ..chem.functionals import DoubleHybrid, double_hybrid
+from ..util.errors import InputError, MemoryBudgetError, option
+from ..util.files import scratch_prefix
+from ..util.system_memory import MB, peak_resident_bytes
+from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes
+from ..mp2.pipeline import CorrelationEnergy, check_request, dfmp2_energy, plan_for
+from ..mp2.three_center import three_center_mo
+from ..mp2.response import PROPERTIES, relaxed_properties
+from ..mp2.gradient import nuclear_gradient_of_run as nuclear_gradient
+from ..kernels import SPLIT_PRECISIONS, TRAINIUM, backend_for, device_screens, flush_subnormals_first
+from ..kernels.protocol import FittedBuildsBackend
+from ..chem.jk import early_integrals_fit, fitted_bytes, scf_builds_for
+from ..run.settings import Settings, settings_from
+from ..util.sparse import screen_integrals
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
               "transfer + max(tensor_engine, dma, vector, scalar); the engine entries of the "

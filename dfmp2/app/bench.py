@@ -17,16 +17,17 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from . import __version__
-from .driver import MODEL_NOTE, memory_record, model_record
-from .errors import InputError, option
-from .kernels import backend_for, get_backend
-from .memory import peak_resident_bytes, plan_for, resident_bytes
-from .context import RunContext
-from .pipeline import dfmp2_energy
-from .steps import block_ranges
-from .rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
-from .settings import Settings, settings_from
+from .. import __version__
+from ..api.driver import MODEL_NOTE, memory_record, model_record
+from ..util.errors import InputError, option
+from ..kernels import backend_for, get_backend
+from ..util.system_memory import peak_resident_bytes, resident_bytes
+from ..run.memory import plan_for
+from ..run.context import RunContext
+from ..mp2.pipeline import dfmp2_energy
+from ..util.blocks import block_ranges
+from ..util.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from ..run.settings import Settings, settings_from
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")
 MAX_REPEAT = 100  # warm passes: the record keeps each one's seconds, timings and energy
@@ -263,13 +264,13 @@ def measured_gemm_tflops(backend, n: int = 2048, repeat: int = 5) -> float:
 
 
 def _cpu():
-    from .kernels.torch_backend import cpu_description
+    from ..kernels.torch_backend import cpu_description
 
     return cpu_description()
 
 
 def _versions():
-    from .files import package_versions
+    from ..util.files import package_versions
 
     return {"dfmp2": __version__, **package_versions(("torch", "numpy", "pyscf"))}
 

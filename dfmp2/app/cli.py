@@ -15,13 +15,13 @@ import time
 
 import click
 
-from . import __version__
-from .errors import DFMP2Error, InputError, command_line_names
-from .files import Outputs, check_scratch, display, one_line
-from .distributed import DEFAULT_TIMEOUT_S, join_launched_team
-from .context import RunContext
-from .kernels import COMMAND_PRECISION
-from .settings import Settings
+from .. import __version__
+from ..util.errors import DFMP2Error, InputError, command_line_names
+from ..util.files import Outputs, check_scratch, display, one_line
+from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
+from ..run.context import RunContext
+from ..kernels import COMMAND_PRECISION
+from ..run.settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
 SEED_MAX = 2**64 - 1  # the Philox key is 64 bits
@@ -155,7 +155,7 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
                   natorbs_path, properties, quiet, debug, optimize=None):
     """`dfmp2 run` (gradient False), `dfmp2 grad` (True) and `dfmp2 optimize` (optimize: its
     options): one code path."""
-    from .driver import run_xyz
+    from ..api.driver import run_xyz
 
     outputs = Outputs(inputs=[molecule], directories=[checkpoint])
 
@@ -199,8 +199,8 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
         if natorbs_path is not None:
             import numpy as np
 
-            from .chem import overlap_matrix, write_molden
-            from .steps import natural_orbitals
+            from ..chem import overlap_matrix, write_molden
+            from ..mp2.steps import natural_orbitals
 
             mf = result.mean_field
             occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), np.asarray(mf.mo_coeff),
@@ -247,8 +247,8 @@ def _default_output(molecule, suffix) -> str:
 def _optimized(molecule, settings, team, progress, options, outputs, quiet) -> tuple:
     """`dfmp2 optimize`: (the final run's result, the JSON record) with both files staged; one
     line per step on stderr (unless --quiet). Not converged: ComputationError (exit 1)."""
-    from .chem import format_xyz, read_xyz
-    from .errors import ComputationError
+    from ..chem import format_xyz, read_xyz
+    from ..util.errors import ComputationError
     from .optimize import optimize_atoms
 
     if team is not None:
@@ -419,9 +419,9 @@ def info():
     """Versions, and which devices can run on this machine."""
     import platform
 
-    from .kernels import device_report
+    from ..kernels import device_report
 
-    from .files import package_versions
+    from ..util.files import package_versions
 
     versions = {"dfmp2": __version__, "python": platform.python_version()}
     for package, version in package_versions(("torch", "pyscf", "numpy", "h5py", "click", "torch-neuronx",

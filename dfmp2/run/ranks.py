@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
 
-from .errors import ComputationError, InputError, option
-from .files import RowFile
-from .memory import MB, peak_resident_bytes, release_freed_memory
-from .steps import block_ranges, factor_metric, transform_aux_blocks, whiten_three_center
-from .storage import new_store
+from ..util.errors import ComputationError, InputError, option
+from ..util.files import RowFile
+from ..util.system_memory import MB, peak_resident_bytes
 
 DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 included)
 
@@ -583,59 +580,3 @@ class RankDensities:
                     arrays[s][i0:i1] = recv.cpu().numpy()
 
 
-def three_center_over_ranks(backend, integrals, metric, channels, plan, team, checkpoint, context, scratch=None):
-    """Steps 1-3 split over the ranks (module docstring): every rank factors the metric,
-    transforms its share of the auxiliary blocks, receives its occupied blocks with every P
-    (the all-to-all, a block at a time) and whitens them; or takes them from the checkpoint of
-    an earlier run of the same layout. B and the transform's columns in memory or, as the plan
-    says, in scratch files (under `scratch`). Returns the RankThreeCenter holding this rank's blocks."""
-    naux, size, rank = metric.shape[0], team.size, team.rank
-    # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
-    shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
-    backend.prepare(replace(plan, aux_block=max(p1 - p0 for share in shares for p0, p1 in share)))
-    occ_block = min(plan.occ_block, max(1, -(-max(ch.nocc for ch in channels) // (4 * size))))
-    column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
-    blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
-    owners = block_owners([len(b) for b in blocks], size)
-    provider = RankThreeCenter(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
-                               plan.storage, scratch)
-    held = checkpoint.held_rows(provider.layout, blocks, owners, channels)
-    if held is not None:  # B of this layout, kept by an earlier run (every rank's)
-        rows, provider.nkept, provider.metric_label = held
-        provider.rows = []
-        for s, channel_rows in enumerate(rows):
-            provider.rows.append(provider.new_blocks(s))
-            for b, block in channel_rows.items():
-                provider.rows[s][b] = backend.to_device(block)
-        provider.reused = True
-        return provider
-    with context.timer.step("metric"):
-        factor = factor_metric(backend, metric)  # 1. J = L L^T, on every rank
-    c0, c1 = column_ranges[rank]
-    columns = [new_store(backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch)
-               for ch in channels]  # this rank's P
-    try:
-        transform_aux_blocks(backend, integrals, shares[rank], channels, columns, context.timer, context.report,
-                             first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
-        with context.timer.step("whiten"):
-            provider.rows = []
-            dtype = backend.zeros((1,)).dtype
-            for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
-                provider.rows.append(provider.new_blocks(s))
-                for b, block in rows_from_columns(team, columns[s], blocks[s], owners[s], column_ranges, naux,
-                                                  provider.staging, dtype, ch.e_vir.device, ch.nvir):
-                    if b is not None:
-                        provider.rows[s][b] = whiten_three_center(backend, factor, block)
-                    del block
-                    release_freed_memory()
-                provider.add_io(columns[s].io())
-                columns[s].close()
-            provider.nkept, provider.metric_label = factor.nkept, factor.describe()
-            checkpoint.keep_rows(channels, provider.rows, provider.nkept, provider.metric_label, provider.layout,
-                                 backend.to_host)
-    except BaseException:
-        for store in columns:
-            store.close()
-        provider.close()
-        raise
-    return provider

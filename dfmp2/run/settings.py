@@ -12,6 +12,10 @@ timer) is its context, `dfmp2.context.RunContext`, built once at the entry point
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..util.errors import InputError
+
 from dataclasses import dataclass, fields, replace
 
 SCF_MAX_CYCLE = 100
@@ -77,7 +81,7 @@ class Settings:
         number of MB (`memory.check_max_memory`). What a value may be beyond its kind (a device
         this machine has, a frozen index inside the orbitals) is checked where it is known."""
         from .memory import check_max_memory
-        from .orbitals import frozen_per_spin
+        from .settings import frozen_per_spin
 
         for name in KEYWORDS:
             value = getattr(self, name)
@@ -100,3 +104,48 @@ class Settings:
 def settings_from(settings: Settings | None = None, **changes) -> Settings:
     """`settings` (default: Settings()) with keyword `changes` applied."""
     return (settings or Settings()).replace(**changes)
+
+
+def frozen_per_spin(frozen, nspin) -> list:
+    """The one check of a `frozen` setting (PySCF's conventions): None, an int n (the n lowest
+    orbitals, of each spin), a list of orbital indices (the same for both spins), or for an
+    unrestricted reference a pair of lists [[alpha...], [beta...]]. Returns one `frozen` per spin
+    channel: None, an int or a list of ints. Anything else (a string, a float, a bool, a list
+    holding one) is an InputError naming it: frozen='1' must not quietly freeze orbital 1."""
+    shown = f"frozen={frozen!r}"
+    if frozen is None:
+        return [None] * nspin
+    count = _orbital_index(frozen)
+    if count is not None:
+        return [count] * nspin
+    indices = _index_list(frozen)
+    if indices is not None:
+        return [indices] * nspin
+    per_spin = [_index_list(item) for item in frozen] if isinstance(frozen, (list, tuple)) else []
+    if len(per_spin) == 2 and all(item is not None for item in per_spin):
+        if nspin == 1:
+            raise InputError(f"{shown}: per-spin frozen orbitals ([[alpha...], [beta...]]) need an unrestricted "
+                             "reference; this one is restricted: give one list of orbital indices")
+        return per_spin
+    raise InputError(f"{shown}: expected None, an int, a list of int orbital indices"
+                     + (", or two lists [[alpha...], [beta...]]" if nspin == 2 else ""))
+
+
+def _orbital_index(value) -> int | None:
+    """value as an orbital index if it is an integer (Python or numpy, not a bool), else None."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return None
+
+
+def _index_list(frozen) -> list | None:
+    """frozen as a list of orbital indices if it is a list, tuple or 1-D integer array of
+    integers, else None (a string, a float, a nested list, ... is not)."""
+    if isinstance(frozen, np.ndarray):
+        if frozen.ndim != 1 or not (frozen.size == 0 or np.issubdtype(frozen.dtype, np.integer)):
+            return None
+        return [int(p) for p in frozen]
+    if not isinstance(frozen, (list, tuple, range)):
+        return None
+    indices = [_orbital_index(p) for p in frozen]
+    return None if any(p is None for p in indices) else indices

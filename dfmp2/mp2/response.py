@@ -21,9 +21,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import chem
-from .memory import MB, gradient_aux_block, release_freed_memory
-from .errors import option
+from .. import chem
+from ..util.system_memory import MB, release_freed_memory
 
 
 def backend_gemm(backend, a, b) -> np.ndarray:
@@ -137,9 +136,9 @@ def response_mean_field(mf, settings):
     exit. A reference with exact integrals, a backend without builds, or --scf-backend pyscf
     (settings.scf_backend: the SCF's J/K were PySCF's, and so are the response's; they also
     go out of core where dfmp2's builds would need more than the budget): `mf` (PySCF's J/K)."""
-    from .kernels import backend_for
-    from .kernels.protocol import FittedBuildsBackend
-    from .scf import EXACT_ONLY, FittedCoulombExchange
+    from ..kernels import backend_for
+    from ..kernels.protocol import FittedBuildsBackend
+    from ..chem.jk import EXACT_ONLY, FittedCoulombExchange
 
     jk = chem.reference_fitting_integrals(mf)
     backend = backend_for(settings) if jk is not None and settings.scf_backend != "pyscf" else None
@@ -197,26 +196,3 @@ def relaxed_properties(mf, correlation, settings, density=None) -> dict:
     return {"dipole": [float(x) for x in chem.dipole_moment(mf.mol, total_ao)]}
 
 
-def nuclear_gradient(mf, correlation, settings, timer=None) -> tuple:
-    """(dE_total/dR [natm, 3] (Eh/bohr), the record of the J/K builds its orbital response ran on,
-    the relaxed density in the MO basis (relaxed_density's; for relaxed_properties)) of a finished
-    RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the MP2 fitting set
-    of settings.auxbasis. The reference term's large arrays go where the run's B went (memory,
-    or HDF5 under settings.scratch, removed on the way out)."""
-    from . import gradient
-    from .kernels import backend_for
-    from .storage import ScratchArrays
-
-    with response_mean_field(mf, settings) as response_mf, \
-            ScratchArrays(correlation.gamma.kind, settings.scratch) as arrays:  # on disk with B out of core
-        de, density = gradient.nuclear_gradient(response_mf, correlation,
-                                                chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis), timer=timer,
-                                                backend=backend_for(settings), with_density=True, arrays=arrays,
-                                                aux_block=lambda: gradient_aux_block(settings.max_memory, mf.mol.nao),
-                                                max_memory=settings.max_memory)
-        builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
-        record = builds.record.as_dict() if builds is not None else {
-            "scf_backend": "pyscf",
-            "why": option("scf_backend", "pyscf") if settings.scf_backend == "pyscf" and chem.reference_fitting_integrals(mf)
-            is not None else "a reference with exact integrals, or a backend without builds"}
-    return de, record, density

@@ -9,14 +9,16 @@ its free memory.
 
 from __future__ import annotations
 
+from ..kernels.protocol import fp64_pair_temporaries_bytes
+from ..util.system_memory import MB, available_ram_bytes, release_freed_memory, resident_bytes
+
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError, MemoryBudgetError, option
+from ..util.errors import InputError, MemoryBudgetError, option
 
-MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
 MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
 MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
 # what the SCF adds to the process's resident set once its integrals are released (modules, caches,
@@ -44,12 +46,6 @@ class MemoryPlan:
     pair_elements: int = 0  # (ia|jb) elements the pair stage forms (about; i <= j within a channel)
 
 
-def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:
-    """~5 fp64 [nb, nvir, nb, nvir] temporaries: (ia|jb), the denominators, the amplitudes and
-    their exchange partners of one pair-energy call (the torch backend's; the plan's default)."""
-    return 5 * nb * nb * nvir * nvir * 8
-
-
 @dataclass(frozen=True)
 class TensorSizes:
     """The sizes a memory plan depends on: nao basis functions, spaces [(nocc, nvir)] of active
@@ -66,7 +62,7 @@ class TensorSizes:
 
 def default_hints():
     """A backend's plan preferences when none are given (the torch CPU backend's pair rows)."""
-    from .kernels.protocol import PlanHints
+    from ..kernels.protocol import PlanHints
 
     return PlanHints(aux_block_bytes=None, pair_rows=512, occ_block_limit=None,
                      pair_scratch_bytes=fp64_pair_temporaries_bytes)
@@ -236,63 +232,3 @@ def budget_bytes(max_memory, baseline=None):
     return (resident_bytes() if baseline is None else baseline) + int(0.8 * available_ram_bytes() / local_ranks)
 
 
-_LIBC = []
-
-
-def release_freed_memory() -> None:
-    """Give the heap's freed pages back to the operating system (glibc malloc_trim; nothing
-    elsewhere). glibc keeps freed blocks of a few MB in its heap once its dynamic mmap threshold
-    has risen, so a loop that allocates and frees them grows the resident set by one block per
-    pass (1.8 GB instead of 0.3 GB over 150 transform blocks, measured): the pipeline calls
-    this after each block of a step, so that the budget holds."""
-    if not _LIBC:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL("libc.so.6")
-            _LIBC.append(libc.malloc_trim)
-        except (OSError, AttributeError):
-            _LIBC.append(None)
-    if _LIBC[0] is not None:
-        _LIBC[0](0)
-
-
-def resident_bytes() -> int:
-    """The process's resident set size now (bytes; Linux /proc, else the peak so far)."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return peak_resident_bytes()
-
-
-def peak_resident_bytes() -> int:
-    """The process's peak resident set size so far (bytes): VmHWM on Linux (getrusage's
-    ru_maxrss would include the parent's resident set at fork time, inherited through exec),
-    else ru_maxrss."""
-    peak = _proc_field_bytes("/proc/self/status", "VmHWM:")
-    if peak is not None:
-        return peak
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
-def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else the physical memory size."""
-    available = _proc_field_bytes("/proc/meminfo", "MemAvailable:")
-    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _proc_field_bytes(path, key):
-    """The `key ... N kB` line of a /proc file in bytes; None where there is no such file or line."""
-    try:
-        with open(path, encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import numpy as np
 
-from .errors import InputError
-from .files import display, in_use, scratch_directory, scratch_failure, scratch_root, write_output
-from .memory import release_freed_memory
-from .provenance import h5_identity, mismatch, stamp_h5
-from .steps import block_ranges, whiten_three_center
+from ..util.errors import InputError
+from ..util.files import display, in_use, scratch_directory, scratch_failure, scratch_root, write_output
+from ..util.provenance import h5_identity, mismatch, stamp_h5
 
 
 class MemoryStore:
@@ -288,104 +285,6 @@ class ThreeIndexDensity:
 
     def close(self):
         self._arrays.close()
-
-
-class LocalThreeCenter:
-    """The ThreeCenterProvider of one process (`dfmp2.providers`): stores[s] (MemoryStore or
-    DiskStore) hold channel s's B [nocc, nvir, nkept]. The pair stage reads B_I in slabs of
-    plan.slab_rows occupied rows, once each, and streams the B_J blocks the slab's tasks need
-    against it, read once per slab (a view when J lies inside the slab). With `factor` (out of
-    core, no checkpoint) the stores still hold (ia|P) and each slab is whitened (step 3) when
-    the pair stage reaches it, so that (ia|P) is read once in all; that time goes to the
-    timer's "whiten", out of "pair_energies"."""
-
-    def __init__(self, backend, stores, nocc, plan, nkept=0, metric_label="", timer=None, reused=False):
-        self.backend, self.stores, self.nocc = backend, stores, list(nocc)
-        self.occ_block, self.slab_rows = plan.occ_block, plan.slab_rows
-        self.nkept, self.metric_label, self.timer, self.reused = nkept, metric_label, timer, reused
-        self.layout = {"occ_block": plan.occ_block}
-        self.factor = None
-
-    def owned(self, tasks) -> list:
-        return list(range(len(tasks)))
-
-    def rows(self, s, i0, i1):
-        return self.stores[s].read_occ(i0, i1, self.nkept)
-
-    def _slab(self, s, i0, i1):
-        """B rows [i0, i1) of channel s, whitened here first if the store holds (ia|P) there."""
-        store = self.stores[s]
-        if self.factor is None or store.whitened(i0, i1):
-            return store.read_occ(i0, i1, self.nkept)
-        start = time.perf_counter()
-        slab = self.backend.zeros((i1 - i0, store.shape[1], self.nkept))
-        for b0, b1 in block_ranges(i1 - i0, self.occ_block):  # 3. B = (ia|P) L^-T, a block at a time
-            block = whiten_three_center(self.backend, self.factor, store.read_occ(i0 + b0, i0 + b1))
-            store.write_occ(i0 + b0, i0 + b1, block)
-            self.backend.copy_into(slab[b0:b1], block)
-            del block
-            release_freed_memory()
-        seconds = time.perf_counter() - start
-        self.timer.add("whiten", seconds)
-        self.timer.add("pair_energies", -seconds)
-        return slab
-
-    def pair_blocks(self, tasks, todo):
-        """(k, task, B_I, B_J) of the tasks `todo`, by channel pair, I slab, then J block."""
-        groups = {}
-        for k in todo:
-            groups.setdefault((tasks[k].s, tasks[k].t), []).append(k)
-        for (s, t), members in groups.items():
-            for si0, si1 in block_ranges(self.nocc[s], self.slab_rows):
-                here = [k for k in members if si0 <= tasks[k].i0 < si1]
-                if not here:
-                    continue
-                slab_i = self._slab(s, si0, si1)
-                for j0, j1 in sorted({(tasks[k].j0, tasks[k].j1) for k in here}):
-                    inside = s == t and j0 >= si0
-                    b_j = slab_i[j0 - si0:j1 - si0] if inside else self.stores[t].read_occ(j0, j1, self.nkept)
-                    for k in (k for k in here if tasks[k].j0 == j0):
-                        task = tasks[k]
-                        b_i = slab_i[task.i0 - si0:task.i1 - si0]
-                        yield k, task, b_i, b_i if task.diagonal else b_j
-                slab_i = b_i = b_j = None  # views keep a slab alive: drop them all before the next
-                release_freed_memory()
-
-    def combine(self, sums):
-        return sums
-
-    def summary(self) -> dict:
-        return {"io": {"bytes_written": sum(st.io()["bytes_written"] for st in self.stores),
-                       "bytes_read": sum(st.io()["bytes_read"] for st in self.stores)},
-                "distributed": None}
-
-    def close(self):
-        for store in self.stores:
-            store.close()
-
-
-def given_three_center(backend, given, channels, plan) -> LocalThreeCenter:
-    """B given per channel ([nocc * nvir, naux] arrays or HDF5 datasets, PySCF's ovL layout; any
-    whitening of the metric gives the same energies), read into memory in occupied blocks.
-    InputError if a shape does not match the active orbitals."""
-
-    if len(given) != len(channels):
-        raise InputError(f"given (ia|P) integrals for {len(given)} spin channel(s); this reference has {len(channels)}")
-    naux = {int(ovl.shape[-1]) for ovl in given}
-    for ovl, ch in zip(given, channels):
-        if len(ovl.shape) != 2 or ovl.shape[0] != ch.nocc * ch.nvir or len(naux) != 1:
-            raise InputError(f"given (ia|P) integrals have shape {tuple(ovl.shape)}, not [nocc * nvir, naux] = "
-                             f"[{ch.nocc} * {ch.nvir}, naux] of the active orbitals{f' ({ch.name})' if ch.name else ''}"
-                             ": were they made with other orbitals or frozen orbitals?")
-    naux = naux.pop()
-    stores = []
-    for ovl, ch in zip(given, channels):
-        store = MemoryStore(backend, (ch.nocc, ch.nvir, naux))
-        for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
-            rows = np.asarray(ovl[i0 * ch.nvir:i1 * ch.nvir], dtype=np.float64).reshape(i1 - i0, ch.nvir, naux)
-            store.write_occ(i0, i1, backend.to_device(rows))
-        stores.append(store)
-    return LocalThreeCenter(backend, stores, [ch.nocc for ch in channels], plan, naux, "given")
 
 
 def remove_scratch(directory, prefix):

@@ -51,12 +51,20 @@ import zlib
 
 import numpy as np
 
-from . import __version__
-from .errors import InputError, option
-from .files import display, scratch_prefix, write_atomically
-from .provenance import (JOURNAL_HEADER_BYTES, arrays_identity, difference, h5_identity, journal_digest,
-                         journal_header, mismatch, normalised, stamp_h5, stamped)
-from . import provenance
+from .. import __version__
+from ..util.errors import InputError, option
+from ..util.files import display, scratch_prefix, write_atomically
+from ..util.provenance import (JOURNAL_HEADER_BYTES,
+                               arrays_identity,
+                               difference,
+                               h5_identity,
+                               journal_digest,
+                               journal_header,
+                               mismatch,
+                               normalised,
+                               stamp_h5,
+                               stamped)
+from ..util import provenance
 from .storage import DiskStore, remove_scratch
 
 MANIFEST = "manifest.json"

@@ -20,15 +20,20 @@ UHF: each orbital term per spin (C, e, P, G of that spin) and summed; D and P in
 
 from __future__ import annotations
 
+from .response import response_mean_field
+from ..run.memory import gradient_aux_block
+from ..util.errors import option
+
 import numpy as np
 import scipy.linalg
 
-from . import chem
-from .context import Timer
+from .. import chem
+from ..run.context import Timer
 from .response import backend_gemm, orbital_derivatives, relaxed_density
-from .memory import free_bytes, reference_arrays_bytes, release_freed_memory
-from .steps import block_ranges
-from .storage import ScratchArrays
+from ..run.memory import free_bytes, reference_arrays_bytes
+from ..util.system_memory import release_freed_memory
+from ..util.blocks import block_ranges
+from ..run.storage import ScratchArrays
 
 
 def gemm_backend(backend):
@@ -222,3 +227,27 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
             out -= np.matmul(np.asarray(yd[p0:p1]), weighted.T)
         return out
     return block, g_aux
+
+
+def nuclear_gradient_of_run(mf, correlation, settings, timer=None) -> tuple:
+    """(dE_total/dR [natm, 3] (Eh/bohr), the record of the J/K builds its orbital response ran on,
+    the relaxed density in the MO basis (relaxed_density's; for relaxed_properties)) of a finished
+    RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the MP2 fitting set
+    of settings.auxbasis. The reference term's large arrays go where the run's B went (memory,
+    or HDF5 under settings.scratch, removed on the way out)."""
+    from ..kernels import backend_for
+    from ..run.storage import ScratchArrays
+
+    with response_mean_field(mf, settings) as response_mf, \
+            ScratchArrays(correlation.gamma.kind, settings.scratch) as arrays:  # on disk with B out of core
+        de, density = nuclear_gradient(response_mf, correlation,
+                                                chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis), timer=timer,
+                                                backend=backend_for(settings), with_density=True, arrays=arrays,
+                                                aux_block=lambda: gradient_aux_block(settings.max_memory, mf.mol.nao),
+                                                max_memory=settings.max_memory)
+        builds = chem.fitted_builds_of(response_mf) if response_mf is not mf else None
+        record = builds.record.as_dict() if builds is not None else {
+            "scf_backend": "pyscf",
+            "why": option("scf_backend", "pyscf") if settings.scf_backend == "pyscf" and chem.reference_fitting_integrals(mf)
+            is not None else "a reference with exact integrals, or a backend without builds"}
+    return de, record, density

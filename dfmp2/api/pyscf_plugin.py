@@ -32,17 +32,18 @@ import numpy as np
 from pyscf import lib
 from pyscf.lib import logger
 
-from . import chem
-from .distributed import join_launched_team
-from .context import RunContext
+from .. import chem
+from ..run.ranks import join_launched_team
+from ..run.context import RunContext
 from .driver import run_mean_field, three_center_of_mean_field
-from .errors import InputError
-from .provenance import mismatch
-from .files import display
-from .orbitals import active_orbitals, frozen_per_spin
-from .steps import natural_orbitals
-from .settings import IF_ROOM, Settings
-from .storage import open_ovl, write_ovl
+from ..util.errors import InputError
+from ..util.provenance import mismatch
+from ..util.files import display
+from ..mp2.orbitals import active_orbitals
+from ..run.settings import frozen_per_spin
+from ..mp2.steps import natural_orbitals
+from ..run.settings import IF_ROOM, Settings
+from ..run.storage import open_ovl, write_ovl
 
 GRADIENTS_PENDING = ("analytic DF-MP2 gradients of ROHF and Kohn-Sham references are not implemented in dfmp2 "
                      "(RHF and UHF are)")
@@ -320,7 +321,7 @@ class _DFMP2Base(lib.StreamObject):
         if chem.reference_kind(self._scf) == "rohf":
             raise NotImplementedError(ROHF_DENSITIES_PENDING)
         if relaxed:
-            from .response import relaxed_density, response_mean_field
+            from ..mp2.response import relaxed_density, response_mean_field
 
             corr, integrals, cphf = self._response_inputs()
 
@@ -352,7 +353,7 @@ class _DFMP2Base(lib.StreamObject):
         """E_KS + c_os E_os + c_ss E_ss (Eh) of the Kohn-Sham reference this object ran on: xc
         names a double hybrid (`dfmp2.functionals`; its KS part must be the reference's xc), or
         give c_os and c_ss for a custom one. Runs the energy first if needed."""
-        from .functionals import double_hybrid
+        from ..chem.functionals import double_hybrid
 
         if self.result is None:
             self._run(with_t2=False)
@@ -375,9 +376,9 @@ class Gradients(lib.StreamObject):
         self.de = None
 
     def kernel(self, atmlst=None):
-        from .gradient import nuclear_gradient
-        from .kernels import backend_for
-        from .response import response_mean_field
+        from ..mp2.gradient import nuclear_gradient
+        from ..kernels import backend_for
+        from ..mp2.response import response_mean_field
 
         base = self.base
         corr, integrals, cphf = base._response_inputs()
@@ -777,9 +778,9 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
 
         mf = dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit(), device="cpu").run()
     """
-    from .kernels import get_backend
-    from .kernels.protocol import FittedBuildsBackend
-    from .scf import FittedCoulombExchange, check_scf_precision
+    from ..kernels import get_backend
+    from ..kernels.protocol import FittedBuildsBackend
+    from ..chem.jk import FittedCoulombExchange, check_scf_precision
 
     if getattr(mf, "with_df", None) is None:
         raise InputError("use_dfmp2_jk needs a density-fitted mean field: call mf.density_fit() first")

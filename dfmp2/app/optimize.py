@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import chem
-from .checkpoint import open_checkpoint
-from .context import RunContext
-from .errors import InputError, option
-from .files import scratch_directory
-from .settings import Settings
+from .. import chem
+from ..run.checkpoint import open_checkpoint
+from ..run.context import RunContext
+from ..util.errors import InputError, option
+from ..util.files import scratch_directory
+from ..run.settings import Settings
 
 NAME = "optimize"  # the checkpoint section and file (DIR/optimize.npz)
 REPLAY_TOLERANCE = 1e-9  # Angstrom: a stored step is replayed when geomeTRIC asks for its geometry to this
@@ -115,7 +115,7 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
     module docstring); max_steps: geomeTRIC's iterations (PySCF's maxsteps; the start is
     evaluated besides). on_step(k, step): called after each step (k from 0); progress: each
     run's progress callback (RunContext). Returns the result whether or not it converged."""
-    from .driver import run_atoms
+    from ..api.driver import run_atoms
 
     modules = _import_geometric()
     if max_steps < 1:

@@ -1,0 +1,258 @@
+"""Where B comes from (steps 1-3 composed): made in this process, over the ranks of a team,
+given by the caller, or found in the checkpoint; and steps 1-3 alone (`three_center_mo`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+import numpy as np
+import time
+
+from .orbitals import active_spaces, device_channels, spin_channels
+from .steps import factor_metric, transform_aux_blocks, whiten_occupied_blocks, whiten_three_center
+from ..run.context import context_from
+from ..run.memory import plan_for
+from ..run.ranks import RankThreeCenter, Staging, aux_shares, block_owners, rows_from_columns
+from ..run.settings import Settings, settings_from
+from ..run.storage import MemoryStore, new_store
+from ..util.blocks import block_ranges
+from ..util.errors import InputError, MemoryBudgetError
+from ..util.system_memory import MB, release_freed_memory
+
+def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
+    """Where B comes from and lives (`dfmp2.providers`): given by the caller, over the ranks of
+    the team, or made (or found in the checkpoint) in this process."""
+    if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
+        return given_three_center(backend, given, channels, plan)
+    if context.team is not None:
+        return three_center_over_ranks(backend, integrals, metric, channels, plan, context.team, checkpoint, context,
+                                       settings.scratch)
+    return local_three_center(backend, integrals, metric, channels, plan, settings.scratch, checkpoint, context)
+
+
+def local_three_center(backend, integrals, metric, channels, plan, scratch, checkpoint, context):
+    """Steps 1-3 in this process, B in memory or on disk as the plan says, or B the checkpoint
+    holds. Out of core without a checkpoint, step 3 waits for step 4: each slab of (ia|P) is
+    whitened when the pair stage reaches it (`LocalThreeCenter`), so that it is read once."""
+    nocc, timer = [ch.nocc for ch in channels], context.timer
+    shapes = [(ch.nocc, ch.nvir, integrals.naux) for ch in channels]
+    held = checkpoint.held_b(backend, channels, shapes)
+    if held:
+        return LocalThreeCenter(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
+    with timer.step("metric"):
+        factor = factor_metric(backend, metric)  # 1. J = L L^T
+    provider = LocalThreeCenter(backend, [], nocc, plan, factor.nkept, factor.describe(), timer)
+    try:
+        for ch, shape in zip(channels, shapes):
+            provider.stores.append(new_store(backend, shape, plan.storage, scratch, checkpoint.b_path(ch),
+                                             checkpoint.scratch_prefix, checkpoint.b_identity()))
+        transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, provider.stores,
+                             timer, context.report)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
+        if plan.storage == "disk" and not checkpoint.keeps_b:
+            provider.factor = factor  # 3. inside step 4, slab by slab
+        else:
+            with timer.step("whiten"):  # 3. B = (ia|P) L^-T, each spin
+                for ch, store in zip(channels, provider.stores):
+                    whiten_occupied_blocks(backend, factor, store, ch.nocc, plan.occ_block, context.report)
+            checkpoint.keep_b(channels, factor.nkept, factor.describe())
+    except BaseException:
+        provider.close()
+        raise
+    return provider
+
+
+class LocalThreeCenter:
+    """The ThreeCenterProvider of one process (`dfmp2.providers`): stores[s] (MemoryStore or
+    DiskStore) hold channel s's B [nocc, nvir, nkept]. The pair stage reads B_I in slabs of
+    plan.slab_rows occupied rows, once each, and streams the B_J blocks the slab's tasks need
+    against it, read once per slab (a view when J lies inside the slab). With `factor` (out of
+    core, no checkpoint) the stores still hold (ia|P) and each slab is whitened (step 3) when
+    the pair stage reaches it, so that (ia|P) is read once in all; that time goes to the
+    timer's "whiten", out of "pair_energies"."""
+
+    def __init__(self, backend, stores, nocc, plan, nkept=0, metric_label="", timer=None, reused=False):
+        self.backend, self.stores, self.nocc = backend, stores, list(nocc)
+        self.occ_block, self.slab_rows = plan.occ_block, plan.slab_rows
+        self.nkept, self.metric_label, self.timer, self.reused = nkept, metric_label, timer, reused
+        self.layout = {"occ_block": plan.occ_block}
+        self.factor = None
+
+    def owned(self, tasks) -> list:
+        return list(range(len(tasks)))
+
+    def rows(self, s, i0, i1):
+        return self.stores[s].read_occ(i0, i1, self.nkept)
+
+    def _slab(self, s, i0, i1):
+        """B rows [i0, i1) of channel s, whitened here first if the store holds (ia|P) there."""
+        store = self.stores[s]
+        if self.factor is None or store.whitened(i0, i1):
+            return store.read_occ(i0, i1, self.nkept)
+        start = time.perf_counter()
+        slab = self.backend.zeros((i1 - i0, store.shape[1], self.nkept))
+        for b0, b1 in block_ranges(i1 - i0, self.occ_block):  # 3. B = (ia|P) L^-T, a block at a time
+            block = whiten_three_center(self.backend, self.factor, store.read_occ(i0 + b0, i0 + b1))
+            store.write_occ(i0 + b0, i0 + b1, block)
+            self.backend.copy_into(slab[b0:b1], block)
+            del block
+            release_freed_memory()
+        seconds = time.perf_counter() - start
+        self.timer.add("whiten", seconds)
+        self.timer.add("pair_energies", -seconds)
+        return slab
+
+    def pair_blocks(self, tasks, todo):
+        """(k, task, B_I, B_J) of the tasks `todo`, by channel pair, I slab, then J block."""
+        groups = {}
+        for k in todo:
+            groups.setdefault((tasks[k].s, tasks[k].t), []).append(k)
+        for (s, t), members in groups.items():
+            for si0, si1 in block_ranges(self.nocc[s], self.slab_rows):
+                here = [k for k in members if si0 <= tasks[k].i0 < si1]
+                if not here:
+                    continue
+                slab_i = self._slab(s, si0, si1)
+                for j0, j1 in sorted({(tasks[k].j0, tasks[k].j1) for k in here}):
+                    inside = s == t and j0 >= si0
+                    b_j = slab_i[j0 - si0:j1 - si0] if inside else self.stores[t].read_occ(j0, j1, self.nkept)
+                    for k in (k for k in here if tasks[k].j0 == j0):
+                        task = tasks[k]
+                        b_i = slab_i[task.i0 - si0:task.i1 - si0]
+                        yield k, task, b_i, b_i if task.diagonal else b_j
+                slab_i = b_i = b_j = None  # views keep a slab alive: drop them all before the next
+                release_freed_memory()
+
+    def combine(self, sums):
+        return sums
+
+    def summary(self) -> dict:
+        return {"io": {"bytes_written": sum(st.io()["bytes_written"] for st in self.stores),
+                       "bytes_read": sum(st.io()["bytes_read"] for st in self.stores)},
+                "distributed": None}
+
+    def close(self):
+        for store in self.stores:
+            store.close()
+
+
+def given_three_center(backend, given, channels, plan) -> LocalThreeCenter:
+    """B given per channel ([nocc * nvir, naux] arrays or HDF5 datasets, PySCF's ovL layout; any
+    whitening of the metric gives the same energies), read into memory in occupied blocks.
+    InputError if a shape does not match the active orbitals."""
+
+    if len(given) != len(channels):
+        raise InputError(f"given (ia|P) integrals for {len(given)} spin channel(s); this reference has {len(channels)}")
+    naux = {int(ovl.shape[-1]) for ovl in given}
+    for ovl, ch in zip(given, channels):
+        if len(ovl.shape) != 2 or ovl.shape[0] != ch.nocc * ch.nvir or len(naux) != 1:
+            raise InputError(f"given (ia|P) integrals have shape {tuple(ovl.shape)}, not [nocc * nvir, naux] = "
+                             f"[{ch.nocc} * {ch.nvir}, naux] of the active orbitals{f' ({ch.name})' if ch.name else ''}"
+                             ": were they made with other orbitals or frozen orbitals?")
+    naux = naux.pop()
+    stores = []
+    for ovl, ch in zip(given, channels):
+        store = MemoryStore(backend, (ch.nocc, ch.nvir, naux))
+        for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
+            rows = np.asarray(ovl[i0 * ch.nvir:i1 * ch.nvir], dtype=np.float64).reshape(i1 - i0, ch.nvir, naux)
+            store.write_occ(i0, i1, backend.to_device(rows))
+        stores.append(store)
+    return LocalThreeCenter(backend, stores, [ch.nocc for ch in channels], plan, naux, "given")
+
+
+def three_center_over_ranks(backend, integrals, metric, channels, plan, team, checkpoint, context, scratch=None):
+    """Steps 1-3 split over the ranks (module docstring): every rank factors the metric,
+    transforms its share of the auxiliary blocks, receives its occupied blocks with every P
+    (the all-to-all, a block at a time) and whitens them; or takes them from the checkpoint of
+    an earlier run of the same layout. B and the transform's columns in memory or, as the plan
+    says, in scratch files (under `scratch`). Returns the RankThreeCenter holding this rank's blocks."""
+    naux, size, rank = metric.shape[0], team.size, team.rank
+    # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
+    shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
+    backend.prepare(replace(plan, aux_block=max(p1 - p0 for share in shares for p0, p1 in share)))
+    occ_block = min(plan.occ_block, max(1, -(-max(ch.nocc for ch in channels) // (4 * size))))
+    column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
+    blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
+    owners = block_owners([len(b) for b in blocks], size)
+    provider = RankThreeCenter(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
+                               plan.storage, scratch)
+    held = checkpoint.held_rows(provider.layout, blocks, owners, channels)
+    if held is not None:  # B of this layout, kept by an earlier run (every rank's)
+        rows, provider.nkept, provider.metric_label = held
+        provider.rows = []
+        for s, channel_rows in enumerate(rows):
+            provider.rows.append(provider.new_blocks(s))
+            for b, block in channel_rows.items():
+                provider.rows[s][b] = backend.to_device(block)
+        provider.reused = True
+        return provider
+    with context.timer.step("metric"):
+        factor = factor_metric(backend, metric)  # 1. J = L L^T, on every rank
+    c0, c1 = column_ranges[rank]
+    columns = [new_store(backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch)
+               for ch in channels]  # this rank's P
+    try:
+        transform_aux_blocks(backend, integrals, shares[rank], channels, columns, context.timer, context.report,
+                             first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
+        with context.timer.step("whiten"):
+            provider.rows = []
+            dtype = backend.zeros((1,)).dtype
+            for s, ch in enumerate(channels):  # the all-to-all, then 3. B = (ia|P) L^-T on my rows
+                provider.rows.append(provider.new_blocks(s))
+                for b, block in rows_from_columns(team, columns[s], blocks[s], owners[s], column_ranges, naux,
+                                                  provider.staging, dtype, ch.e_vir.device, ch.nvir):
+                    if b is not None:
+                        provider.rows[s][b] = whiten_three_center(backend, factor, block)
+                    del block
+                    release_freed_memory()
+                provider.add_io(columns[s].io())
+                columns[s].close()
+            provider.nkept, provider.metric_label = factor.nkept, factor.describe()
+            checkpoint.keep_rows(channels, provider.rows, provider.nkept, provider.metric_label, provider.layout,
+                                 backend.to_host)
+    except BaseException:
+        for store in columns:
+            store.close()
+        provider.close()
+        raise
+    return provider
+
+
+def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
+                    out=None, context=None, **changes) -> list:
+    """Steps 1-3 only: B_ia^Q = sum_P (ia|P) [L^-T]_PQ of each spin channel's active orbitals
+    (settings.frozen) in PySCF's ovL layout [nocc * nvir, naux_kept]. Arguments as
+    `dfmp2_energy`. Without `out`: host arrays, held in memory with (ia|P) (MemoryBudgetError if
+    the budget cannot hold both). out(s, shape): where channel s's B goes (e.g. an HDF5
+    dataset), written in occupied blocks; (ia|P) then lives where the budget puts it (memory or
+    scratch). Returns the arrays (or what `out` gave)."""
+    settings, context = settings_from(settings, **changes), context_from(context)
+    refs = spin_channels(mo_coeff, mo_energy, mo_occ)
+    selected = active_spaces(refs, settings.frozen)
+    spaces = [(o.size, v.size) for o, v, _ in selected]
+    # in memory, B is returned beside (ia|P): the plan holds the tensor twice
+    plan = plan_for(backend, integrals, spaces if out is not None else spaces * 2, settings.max_memory)
+    if out is None and plan.storage == "disk":
+        raise MemoryBudgetError(f"(ia|P) and B do not both fit in the memory budget ({plan.budget / MB:.4g} MB) to be "
+                                "returned in memory: give more memory, or write them to a file (ovL_to_save)")
+    backend.prepare(plan)
+    channels = device_channels(backend, refs, selected)
+    factor = factor_metric(backend, integrals.metric())  # 1. J = L L^T
+    stores = []
+    try:
+        for ch in channels:
+            stores.append(new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch))
+        transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, stores,
+                             context.timer, context.report)  # 2. (ia|P)
+        results = []
+        for s, (ch, store) in enumerate(zip(channels, stores)):  # 3. B = (ia|P) L^-T
+            shape = (ch.nocc * ch.nvir, factor.nkept)
+            b = np.empty(shape) if out is None else out(s, shape)
+            for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
+                block = whiten_three_center(backend, factor, store.read_occ(i0, i1))
+                b[i0 * ch.nvir:i1 * ch.nvir] = backend.to_host(block).reshape(-1, factor.nkept)
+                del block
+                release_freed_memory()
+            results.append(b)
+    finally:
+        for store in stores:
+            store.close()
+    return results

@@ -1,0 +1,70 @@
+"""This process's memory as the operating system sees it: resident and peak sizes, the RAM
+available, and giving freed heap pages back. Sizes in bytes; MB = 10^6 bytes, as PySCF counts."""
+
+from __future__ import annotations
+
+import os
+
+MB = 1_000_000  # memory budgets are in MB = 10^6 bytes, as in PySCF
+
+
+_LIBC = []
+
+
+def release_freed_memory() -> None:
+    """Give the heap's freed pages back to the operating system (glibc malloc_trim; nothing
+    elsewhere). glibc keeps freed blocks of a few MB in its heap once its dynamic mmap threshold
+    has risen, so a loop that allocates and frees them grows the resident set by one block per
+    pass (1.8 GB instead of 0.3 GB over 150 transform blocks, measured): the pipeline calls
+    this after each block of a step, so that the budget holds."""
+    if not _LIBC:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            _LIBC.append(libc.malloc_trim)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
+def resident_bytes() -> int:
+    """The process's resident set size now (bytes; Linux /proc, else the peak so far)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return peak_resident_bytes()
+
+
+def peak_resident_bytes() -> int:
+    """The process's peak resident set size so far (bytes): VmHWM on Linux (getrusage's
+    ru_maxrss would include the parent's resident set at fork time, inherited through exec),
+    else ru_maxrss."""
+    peak = _proc_field_bytes("/proc/self/status", "VmHWM:")
+    if peak is not None:
+        return peak
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the physical memory size."""
+    available = _proc_field_bytes("/proc/meminfo", "MemAvailable:")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _proc_field_bytes(path, key):
+    """The `key ... N kB` line of a /proc file in bytes; None where there is no such file or line."""
+    try:
+        with open(path, encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
