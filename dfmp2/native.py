@@ -10,8 +10,8 @@ SCS classes report e_corr = ps E_os + pt E_ss (6/5, 1/3) and the density of that
 reference (RHF, UHF, ROHF) chooses the method, so DFUMP2 and SCSUMP2 are the same classes.
 """
 
-from .api.pyscf_plugin import NativeDFMP2 as DFMP2
-from .api.pyscf_plugin import NativeSCSMP2 as SCSMP2
+from .api.pyscf_native import NativeDFMP2 as DFMP2
+from .api.pyscf_native import NativeSCSMP2 as SCSMP2
 
 DFRMP2 = DFUMP2 = DFMP2
 SCSDFRMP2 = SCSUMP2 = SCSDFUMP2 = SCSMP2

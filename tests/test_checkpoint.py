@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dfmp2.run.checkpoint import RECORD
+from dfmp2.run.journal import RECORD
 from dfmp2.util.provenance import JOURNAL_HEADER_BYTES
 from dfmp2.util.errors import InputError
 from dfmp2.api.driver import run_xyz

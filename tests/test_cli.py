@@ -539,11 +539,11 @@ def test_open_shell_runs(runs, name, reference):
 def test_progress_line_is_rate_limited_with_an_eta():
     """820 pair-energy updates in 2 s redraw the line ~9 times, not 820; the last one always;
     an ETA once a step has run a second; SCF cycles show elapsed time without a total."""
-    from dfmp2.app.cli import _Progress
+    from dfmp2.app.progress import Progress
 
     now = [0.0]
     lines = []
-    progress = _Progress(interval=0.25, clock=lambda: now[0], write=lines.append)
+    progress = Progress(interval=0.25, clock=lambda: now[0], write=lines.append)
     for done in range(1, 821):
         now[0] += 2.0 / 820
         progress("pair energies", done, 820)

@@ -115,7 +115,7 @@ def test_cuda_pinned_uploads_keep_each_block():
     import numpy as np
 
     from dfmp2.kernels import get_backend
-    from dfmp2.kernels.torch_backend import PINNED_CHUNK_BYTES
+    from dfmp2.kernels.pinned_staging import PINNED_CHUNK_BYTES
 
     backend = get_backend("cuda", "fp32")
     n = 2 * PINNED_CHUNK_BYTES // 8 + 1001  # three chunks: both buffers, the first one twice

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from .. import __version__
-from ..api.driver import MODEL_NOTE, memory_record, model_record
+from ..api.result import MODEL_NOTE, memory_record, model_record
 from ..util.errors import InputError, option
 from ..kernels import backend_for, get_backend
 from ..util.system_memory import peak_resident_bytes, resident_bytes

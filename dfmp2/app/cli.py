@@ -6,18 +6,23 @@ Exit status: 0 success, 2 bad input (one line on stderr), 1 runtime failure (one
 
 from __future__ import annotations
 
+from .progress import Progress
+from .report import print_bench, print_kernel_bench, print_summary
+from .signals import SignalExit, Terminated, fail, guarded, stop_with
+
 import json
 import math
 import os
 import signal
 import sys
-import time
+from types import SimpleNamespace
 
 import click
 
 from .. import __version__
 from ..util.errors import DFMP2Error, InputError, command_line_names
-from ..util.files import Outputs, check_scratch, display, one_line
+from ..util.files import Outputs, display
+from ..util.scratch import check_scratch
 from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
 from ..run.context import RunContext
 from ..kernels import COMMAND_PRECISION
@@ -25,20 +30,6 @@ from ..run.settings import Settings
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
 SEED_MAX = 2**64 - 1  # the Philox key is 64 bits
-
-
-def _fail(message: str, code: int):
-    click.echo(f"dfmp2: error: {one_line(message)}", err=True)  # one line, whatever a name or a library put in it
-    sys.exit(code)
-
-
-class _SignalExit(SystemExit):
-    """Exit status 128 + N after a signal, once cleanup has run (main leaves with os._exit)."""
-
-
-def _stop(message: str, code: int):
-    click.echo(f"dfmp2: error: {one_line(message)}", err=True)
-    raise _SignalExit(code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
@@ -149,45 +140,25 @@ def _optimize(output, trajectory, max_steps, **options):
     _run_molecule(True, optimize={"output": output, "trajectory": trajectory, "max_steps": max_steps}, **options)
 
 
-def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, reference, xc, c_os, c_ss, frozen_core, scf,
-                  scf_backend, scf_precision, screening, device, precision, simulate, nki_api, transform, max_memory,
-                  scratch, checkpoint, checkpoint_allow_other_files, rank_timeout, scf_max_cycle, json_path,
-                  natorbs_path, properties, quiet, debug, optimize=None):
+def _run_molecule(gradient, optimize=None, **options):
     """`dfmp2 run` (gradient False), `dfmp2 grad` (True) and `dfmp2 optimize` (optimize: its
-    options): one code path."""
+    options): one code path. options: the command's options by name (`run`'s)."""
     from ..api.driver import run_xyz
 
-    outputs = Outputs(inputs=[molecule], directories=[checkpoint])
+    o = SimpleNamespace(**options)
+    outputs = Outputs(inputs=[o.molecule], directories=[o.checkpoint])
 
     def compute():
-        if optimize is not None:
-            outputs.add("--output", optimize["output"] or _default_output(molecule, ".opt.xyz"))
-            outputs.add("--trajectory", optimize["trajectory"] or _default_output(molecule, ".traj.xyz"))
-        if json_path is not None:
-            outputs.add("--json", json_path, stdout_ok=True)
-        if natorbs_path is not None:
-            outputs.add("--natorbs", natorbs_path)
-        check_scratch(scratch)  # --scratch, or PySCF's temporary directory: one line if it cannot be used
-        if scf_max_cycle < 1:
-            raise InputError(f"--scf-max-cycle must be at least 1, got {scf_max_cycle}")
-        if not (math.isfinite(rank_timeout) and rank_timeout > 0):
-            raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout:g}")
-        team = join_launched_team(device, simulate, rank_timeout)
+        _stage_outputs(outputs, o, optimize)
+        team = _joined_team(o)
         root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
-        progress = _Progress() if (root and not quiet and sys.stderr.isatty()) else None
-        settings = Settings(basis=basis, auxbasis=auxbasis, ecp=ecp, charge=charge, spin=spin, reference=reference,
-                            scf=scf, scf_max_cycle=scf_max_cycle, scf_backend=scf_backend,
-                            scf_precision=scf_precision, screening=screening, frozen_core=frozen_core, xc=xc,
-                            c_os=c_os, c_ss=c_ss, with_rdm1=natorbs_path is not None, device=device,
-                            precision=precision or COMMAND_PRECISION, simulate=simulate, nki_api=nki_api,
-                            transform=transform, max_memory=max_memory, scratch=scratch, checkpoint=checkpoint,
-                            checkpoint_allow_other_files=checkpoint_allow_other_files,
-                            properties=tuple(properties.split(",")) if properties else (), gradient=gradient)
+        progress = Progress() if (root and not o.quiet and sys.stderr.isatty()) else None
+        settings = _settings_of(o, gradient)
         try:
             if optimize is not None:
-                result, record = _optimized(molecule, settings, team, progress, optimize, outputs, quiet)
+                result, record = _optimized(o.molecule, settings, team, progress, optimize, outputs, o.quiet)
             else:
-                result = run_xyz(molecule, settings, RunContext(team=team, progress=progress))
+                result = run_xyz(o.molecule, settings, RunContext(team=team, progress=progress))
                 record = result.as_dict()
         finally:
             if team is not None:
@@ -196,28 +167,53 @@ def _run_molecule(gradient, molecule, basis, auxbasis, ecp, charge, spin, refere
             progress.clear()
         if not root:
             return None
-        if natorbs_path is not None:
-            import numpy as np
-
-            from ..chem import overlap_matrix, write_molden
-            from ..mp2.steps import natural_orbitals
-
-            mf = result.mean_field
-            occupations, orbitals = natural_orbitals(result.make_rdm1(mf.mo_coeff, mf.mo_occ), np.asarray(mf.mo_coeff),
-                                                     overlap_matrix(mf.mol))
-            outputs.write("--natorbs", lambda path: write_molden(mf.mol, path, orbitals, occupations))
-            record["natorbs"] = {"path": display(natorbs_path), "occupations": occupations.tolist()}
-        record["molecule"] = display(molecule)
-        record["charge"] = charge
-        record["spin"] = spin
-        if json_path is not None:
+        if o.natorbs_path is not None:
+            occupations, orbitals = result.natural_orbitals()
+            outputs.write("--natorbs", lambda path: result.write_molden(path, orbitals, occupations))
+            record["natorbs"] = {"path": display(o.natorbs_path), "occupations": occupations.tolist()}
+        record.update(molecule=display(o.molecule), charge=o.charge, spin=o.spin)
+        if o.json_path is not None:
             outputs.write("--json", lambda path: _write_json(path, record))
         outputs.commit()
         return record
 
-    record = _guarded(compute, debug, outputs)
-    if record is not None and not quiet and not outputs.to_stdout():
-        _print_summary(record)
+    record = guarded(compute, o.debug, outputs)
+    if record is not None and not o.quiet and not outputs.to_stdout():
+        print_summary(record)
+
+
+def _stage_outputs(outputs, o, optimize) -> None:
+    """The files the command will write, checked before anything is computed."""
+    if optimize is not None:
+        outputs.add("--output", optimize["output"] or _default_output(o.molecule, ".opt.xyz"))
+        outputs.add("--trajectory", optimize["trajectory"] or _default_output(o.molecule, ".traj.xyz"))
+    if o.json_path is not None:
+        outputs.add("--json", o.json_path, stdout_ok=True)
+    if o.natorbs_path is not None:
+        outputs.add("--natorbs", o.natorbs_path)
+    check_scratch(o.scratch)  # --scratch, or PySCF's temporary directory: one line if it cannot be used
+
+
+def _joined_team(o):
+    """The torchrun team this process belongs to (None: one process), once the options that
+    only the command line has are checked."""
+    if o.scf_max_cycle < 1:
+        raise InputError(f"--scf-max-cycle must be at least 1, got {o.scf_max_cycle}")
+    if not (math.isfinite(o.rank_timeout) and o.rank_timeout > 0):
+        raise InputError(f"--rank-timeout must be a positive number of seconds, got {o.rank_timeout:g}")
+    return join_launched_team(o.device, o.simulate, o.rank_timeout)
+
+
+def _settings_of(o, gradient) -> Settings:
+    """The run's Settings from the command's options (--natorbs asks for the density)."""
+    return Settings(basis=o.basis, auxbasis=o.auxbasis, ecp=o.ecp, charge=o.charge, spin=o.spin,
+                    reference=o.reference, scf=o.scf, scf_max_cycle=o.scf_max_cycle, scf_backend=o.scf_backend,
+                    scf_precision=o.scf_precision, screening=o.screening, frozen_core=o.frozen_core, xc=o.xc,
+                    c_os=o.c_os, c_ss=o.c_ss, with_rdm1=o.natorbs_path is not None, device=o.device,
+                    precision=o.precision or COMMAND_PRECISION, simulate=o.simulate, nki_api=o.nki_api,
+                    transform=o.transform, max_memory=o.max_memory, scratch=o.scratch, checkpoint=o.checkpoint,
+                    checkpoint_allow_other_files=o.checkpoint_allow_other_files,
+                    properties=tuple(o.properties.split(",")) if o.properties else (), gradient=gradient)
 
 
 cli.add_command(click.Command("grad", callback=_grad, params=list(run.params), help=_grad.__doc__,
@@ -334,7 +330,7 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
             record = run_kernel_bench(kernel, size, device, simulate, nki_api, seed)
         else:
             sizes = resolve_shape(shape, nbasis, nocc, naux)
-            progress = _Progress() if (not quiet and sys.stderr.isatty()) else None
+            progress = Progress() if (not quiet and sys.stderr.isatty()) else None
             settings = Settings(device=device, precision=precision or COMMAND_PRECISION, simulate=simulate,
                                 model_only=model_only,
                                 nki_api=nki_api, transform=transform, max_memory=max_memory)
@@ -348,70 +344,9 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
         outputs.commit()
         return record
 
-    record = _guarded(compute, debug, outputs)
+    record = guarded(compute, debug, outputs)
     if not quiet and not outputs.to_stdout():
-        _print_kernel_bench(record) if "kernel" in record else _print_bench(record)
-
-
-class _Terminated(BaseException):
-    """SIGTERM (or SIGHUP), raised in the main thread so that cleanup (finally blocks) runs."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
-
-
-_SIGNALS_RECEIVED = []  # the stopping signals seen, in order (a library may turn the exception into another)
-
-
-def _raise_terminated(signum, frame):
-    _SIGNALS_RECEIVED.append(signum)
-    for other in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # a second signal must not cut the cleanup
-        signal.signal(other, signal.SIG_IGN)
-    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated(signum)
-
-
-def _stop_for_signal(signum):
-    if signum == signal.SIGINT:
-        _stop("interrupted (SIGINT); scratch removed", 128 + signal.SIGINT)
-    _stop(f"stopped by {signal.Signals(signum).name}; scratch removed", 128 + signum)
-
-
-def _guarded(compute, debug, outputs):
-    """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug.
-    SIGINT, SIGTERM and SIGHUP stop the run: scratch files are removed on the way out (a
-    --checkpoint directory is kept), no output file is written, exit 128 + signal number.
-    `outputs` staged but not committed are discarded whatever happens."""
-    stopping = [signum for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-                if signal.getsignal(signum) is not signal.SIG_IGN]  # an inherited ignore (nohup) is respected
-    _SIGNALS_RECEIVED.clear()
-    for signum in stopping:
-        signal.signal(signum, _raise_terminated)
-    try:
-        record = compute()
-        for signum in stopping:  # the outputs are in place: the run has succeeded, whatever comes now
-            signal.signal(signum, signal.SIG_IGN)
-        return record
-    except DFMP2Error as error:
-        if debug:
-            raise
-        if getattr(error, "reported_by_rank0", False):  # rank 0 says it once for every rank
-            sys.exit(error.exit_code)
-        _fail(str(error), error.exit_code)
-    except KeyboardInterrupt:
-        _stop_for_signal(signal.SIGINT)
-    except _Terminated as stop:
-        _stop_for_signal(stop.signum)
-    except (click.exceptions.Exit, click.ClickException):
-        raise
-    except Exception as error:  # an unexpected failure: one line (exit 1), traceback only with --debug
-        if _SIGNALS_RECEIVED and not debug:  # the signal surfaced as another error (e.g. a C extension's
-            _stop_for_signal(_SIGNALS_RECEIVED[0])  # module init turns it into "ImportError: initialization failed")
-        if debug:
-            raise
-        _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
-    finally:
-        outputs.discard()
+        print_kernel_bench(record) if "kernel" in record else print_bench(record)
 
 
 @cli.command()
@@ -441,226 +376,6 @@ def _write_json(path, record):
         out.write("\n")
 
 
-class _Progress:
-    """One status line on stderr, rewritten in place (terminals only): at most every `interval`
-    seconds (and when a step completes), with the step's elapsed time and, once it has run a
-    second, its ETA. total None: a step of unknown length (the SCF's cycles)."""
-
-    def __init__(self, interval=0.25, clock=time.monotonic, write=None):
-        self.interval, self.clock = interval, clock
-        self.write = write or (lambda text: click.echo(text, err=True, nl=False))
-        self._step, self._start, self._last = None, 0.0, float("-inf")
-        self.redraws = 0
-
-    def __call__(self, step, done, total=None):
-        now = self.clock()
-        if step != self._step:
-            self._step, self._start = step, now
-        if (total is None or done < total) and now - self._last < self.interval:
-            return
-        self._last = now
-        elapsed = now - self._start
-        if total is None:
-            text = f"{step}: {done} ({elapsed:.0f} s)"
-        else:
-            eta = f", ETA {elapsed * (total - done) / done:.0f} s" if 0 < done < total and elapsed >= 1 else ""
-            text = f"{step}: {done}/{total} ({100 * done / max(total, 1):.0f}%, {elapsed:.0f} s{eta})"
-        self.write(f"\r  {text}\x1b[K")
-        self.redraws += 1
-
-    def clear(self):
-        self.write("\r\x1b[K")
-
-
-def _print_summary(r):
-    kernels = ", ".join(f"{name} x{count}" for name, count in sorted(r["kernels"].items()))
-    def spins(value):  # an int (RHF) or [alpha, beta]
-        return f"{value[0]}a/{value[1]}b" if isinstance(value, list) else f"{value}"
-
-    frozen = f" ({spins(r['nfrozen'])} frozen)" if r["nfrozen"] not in (0, [0, 0]) else ""
-    reference = r["reference"].upper() + (f", <S^2> {r['spin_square']:.4f}" if r["reference"] != "rhf" else "")
-    scf = r["scf"] + (f" (JK-fit: {r['scf_auxbasis']})" if r["scf_auxbasis"] else "")
-    mem = r["memory"]
-    lines = [
-        f"dfmp2 {r['version']}: DF-MP2 (RI-MP2) correlation energy",
-        f"  molecule    {r['formula']} from {r['molecule']}, charge {r['charge']}, 2S {r['spin']}",
-        f"  basis       {r['basis']}, MP2 auxiliary basis {r['auxbasis']}, SCF {scf}",
-        *([f"  ecp         " + ", ".join(f"{el}: {e['name']} ({e['core_electrons']} core electrons)"
-                                      for el, e in sorted(r["ecp"].items()))] if r.get("ecp") else []),
-        f"  reference   {reference}",
-        *_scf_lines(r),
-        f"  sizes       nbasis {r['nbasis']}, nocc {spins(r['nocc'])}{frozen}, nvir {spins(r['nvir'])}, "
-        f"naux {r['naux']}",
-        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
-        f"transform {r['transform']}",
-        *([f"  nki         {r['nki_api']}"] if r.get("nki_api") else []),
-        *[f"  note        {note}" for note in r.get("notes", [])],
-        f"  kernels     {kernels}",
-        f"  metric      {r['metric_factorization']}",
-        f"  memory      budget {mem['budget_mb']:.0f} MB (process; {mem['baseline_mb']:.0f} MB resident before "
-        f"MP2, peak {mem['peak_rss_mb']:.0f} MB), (ia|P) in {mem['storage']}, aux block {mem['aux_block']}, "
-        f"occ block {mem['occ_block']}",
-        *_checkpoint_lines(r.get("checkpoint")),
-        *_rank_lines(r.get("distributed")),
-        "",
-        f"  {'E(' + r['reference'].upper() + ')':17s} {r['e_ref']:20.12f} Eh"
-        + (f" ({r['xc']})" if r.get("xc") else ""),
-        f"  E(corr, os)       {r['e_corr_os']:20.12f} Eh",
-        f"  E(corr, ss)       {r['e_corr_ss']:20.12f} Eh",
-        *([f"  E(corr, singles)  {r['e_corr_singles']:20.12f} Eh"] if r["reference"] == "rohf" else []),
-        f"  E(corr)           {r['e_corr']:20.12f} Eh",
-        f"  E(corr, SCS)      {r['e_scs']:20.12f} Eh",
-        *([f"  E(PT2)            {r['e_pt2']:20.12f} Eh  = {r['c_os']:g} E(os) + {r['c_ss']:g} E(ss) "
-           f"({r['xc']}: {r['xc_citation']})"] if r.get("e_pt2") is not None else []),
-        f"  E(total)          {r['e_tot']:20.12f} Eh" + ("  = E(KS) + E(PT2)" if r.get("e_pt2") is not None else ""),
-        *([f"  dipole (relaxed)  {r['dipole'][0]:12.6f} {r['dipole'][1]:12.6f} {r['dipole'][2]:12.6f} a.u."]
-          if r.get("dipole") else []),
-        *_gradient_lines(r.get("gradient"), r.get("atoms")),
-        *_optimization_lines(r),
-        "",
-        "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
-    ]
-    lines += _model_lines(r, scale=1e3, unit="ms")
-    if r.get("kernel_specializations"):
-        lines.append("  kernel specializations: " + ", ".join(
-            f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
-    click.echo("\n".join(lines))
-
-
-def _optimization_lines(r):
-    """`dfmp2 optimize`: steps, energy change, and the files written."""
-    if "energies" not in r:
-        return []
-    replayed = f", {r['steps_replayed']} from the checkpoint" if r["steps_replayed"] else ""
-    return ["", f"  optimised   converged in {r['steps']} steps{replayed}: E {r['energies'][0]:.10f} -> "
-                f"{r['e_tot']:.10f} Eh ({r['e_tot'] - r['energies'][0]:+.3e})",
-            f"  written     {r['optimized_xyz']} (geometry), {r['trajectory']} (trajectory)"]
-
-
-def _gradient_lines(gradient, atoms):
-    """The analytic gradient table (Eh/bohr), one row per atom in the input's order."""
-    if gradient is None:
-        return []
-    rows = [f"  {k + 1:4d} {symbol:3s} {g[0]:16.10f} {g[1]:16.10f} {g[2]:16.10f}"
-            for k, (symbol, g) in enumerate(zip(atoms, gradient))]
-    return ["", "  gradient dE/dR (Eh/bohr)      x                y                z", *rows]
-
-
-def _scf_lines(r):
-    """The SCF's J/K builds: who ran them, in which precision, iterations and seconds."""
-    if r.get("scf_backend") is None:
-        return []
-    line = f"  scf builds  {r['scf_backend']}, {r['scf_precision']}"
-    if r.get("scf_iterations") is not None:
-        line += f", {r['scf_iterations']} iterations"
-    builds = r.get("scf_builds")
-    if builds:
-        kinds = ", ".join(f"{builds[k + '_builds']} {k}" for k in ("fp32", "incremental", "fp64", "exact", "coulomb")
-                          if builds.get(k + "_builds"))
-        line += (f"; {builds['builds']} builds ({kinds}), {sum(builds['build_seconds']):.2f} s, set-up "
-                 f"{builds['setup_seconds']:.2f} s, B as {builds['storage']}")
-        if builds.get("modelled_build_seconds"):
-            line += "; MODELLED builds " + ", ".join(f"{t} {sum(v) * 1e3:.1f} ms" for t, v in
-                                                   builds["modelled_build_seconds"].items()) + " (a model)"
-    return [line]
-
-
-def _checkpoint_lines(ck):
-    if not ck:
-        return []
-    reused = [name for name, key in (("SCF", "reused_scf"), ("B", "reused_B")) if ck.get(key)]
-    if ck["reused_pair_tasks"]:
-        reused.append(f"{ck['reused_pair_tasks']}/{ck['pair_tasks']} pair blocks")
-    return [f"  checkpoint  {ck['directory']} (reused: {', '.join(reused) or 'nothing, new'})"]
-
-
-def _rank_lines(distributed):
-    if not distributed:
-        return []
-    lines = [f"  ranks       {distributed['ranks']} ({distributed['backend']}); per rank:"]
-    for r in distributed["per_rank"] or []:
-        lines.append(f"    rank {r['rank']}: {r['pair_tasks']} pair blocks in {r['pair_seconds']:.2f} s, "
-                     f"{r['aux_functions']} aux functions, sent {r['bytes_sent'] / 1e6:.1f} MB, "
-                     f"received {r['bytes_received'] / 1e6:.1f} MB, peak {r['peak_rss_mb']:.0f} MB")
-    return lines
-
-
-def _print_bench(r):
-    s = r["shape"]
-    name = f"{s['name']} " if s.get("name") else ""
-    lines = [
-        f"dfmp2 {r['versions']['dfmp2']} bench: synthetic DF-MP2, {name}nbasis {s['nbasis']}, "
-        f"nocc {s['nocc']}, nvir {s['nvir']}, naux {s['naux']}, seed {s['seed']}",
-        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
-        f"transform {r['transform']}",
-        f"  integrals   synthetic (mn|P) made on "
-        f"{'the GPU' if r['integrals_made_on'] == 'cuda' else 'the host' + (', uploaded' if r['device'] != 'cpu' else '')}",
-        *[f"  note        {note}" for note in r.get("notes", [])],
-        f"  E(corr)     {r['e_corr']:.12f} Eh (os {r['e_corr_os']:.10f}, ss {r['e_corr_ss']:.10f})",
-        "",
-        f"  {'stage':15s} {'seconds':>10s} {'GFLOP':>10s} {'TFLOPS':>8s}",
-    ]
-    for stage, v in r["stages"].items():
-        tflops = f"{v['tflops']:.3f}" if v["tflops"] is not None else "-"
-        lines.append(f"  {stage:15s} {v['seconds']:10.4f} {v['gflop']:10.2f} {tflops:>8s}")
-    lines += [
-        f"  {'total (warm)':15s} {r['total_seconds']:10.4f} {r['gflop']:10.2f}",
-        f"  cold pass {r['cold_seconds']:.4f} s; warm passes {', '.join(f'{t:.4f}' for t in r['warm_seconds'])} s "
-        f"(medians above); nominal {r['nominal_gflop']:.1f} GFLOP (all nocc^2 pairs)",
-        f"  peak host memory {r['memory']['peak_rss_mb']:.0f} MB"
-        + (f", device {r['memory']['peak_device_mb']:.0f} MB" if "peak_device_mb" in r["memory"] else ""),
-    ]
-    if r.get("device_gemm_tflops"):
-        fraction = r.get("pair_energies_fraction_of_gemm_rate")
-        lines.append(f"  device GEMM rate {r['device_gemm_tflops']:.3f} TFLOPS (measured, {r['precision']})"
-                     + (f"; pair energies reach {100 * fraction:.0f}% of it" if fraction else ""))
-    lines += _model_lines(r, scale=1.0, unit="s")
-    click.echo("\n".join(lines))
-
-
-def _model_lines(r, scale, unit):
-    """The calibrated model per target (with its breakdown) and the old peak model."""
-    if not r.get("modelled"):
-        return []
-    lines = ["  MODELLED Trainium time (a model, not a measurement; launch + host transfer + busiest engine):"]
-    for target, m in r["modelled"].items():
-        parts = ", ".join(f"{k} {v * scale:.3f}" for k, v in m["breakdown"].items() if k != "device")
-        own = target == r.get("device")
-        lines.append(f"    {target}: {m['seconds'] * scale:.3f} {unit} in {m['launches']} launches "
-                     f"({parts} {unit}); Tensor Engine useful fraction "
-                     f"{m['tensor_engine_useful_fraction']:.3f}"
-                     + ("" if own else f" (from the {r.get('device')} trace)"))
-        if m.get("hidden_upload_seconds"):
-            lines.append(f"      uploads overlapped with the previous kernel (a runtime assumption, not in "
-                         f"host_transfer): {m['hidden_upload_seconds'] * scale:.3f} {unit}")
-        if own and m.get("by_kernel"):
-            lines.append("      per kernel: " + ", ".join(
-                f"{k} useful {v['tensor_engine_useful_fraction']:.2f}, {v['max_instructions_per_launch']:,} "
-                f"instructions/launch, SBUF {v['peak_sbuf_bytes_per_partition'] / 1024:.0f} KiB" for k, v in sorted(m["by_kernel"].items())
-                if v["tensor_engine_useful_fraction"] is not None))
-    lines.append("  peak model (published peaks, no launch cost; old): " + ", ".join(
-        f"{k} {v * scale:.3f} {unit}" for k, v in r["modelled_seconds"].items()))
-    return lines
-
-
-def _print_kernel_bench(r):
-    m = r["modelled"]
-    parts = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in m["breakdown"].items())
-    lines = [
-        f"dfmp2 bench --kernel {r['kernel']} --size {r['size']}: {r['shape']}, {r['device']}, nki {r['nki_api']}",
-        f"  MODELLED warm time (a model, not a measurement): {m['seconds'] * 1e3:.3f} ms in "
-        f"{r['launches']} launch(es)",
-        f"  breakdown (ms): {parts}",
-        "  (launch and host_transfer are serial; the engine times overlap, device = their maximum)",
-    ]
-    if m.get("tensor_engine_useful_fraction") is not None:
-        lines.append(f"  Tensor Engine useful fraction {m['tensor_engine_useful_fraction']:.3f}")
-    if "published_trn1_ms" in r:
-        lines.append(f"  published trn1 measurement of a sibling library's kernel: {r['published_trn1_ms']} ms "
-                     f"(model / measured = {r['model_over_published']:.2f})")
-    click.echo("\n".join(lines))
-
-
 def main(argv=None):
     """Entry point: click's own usage errors also become one line with exit status 2; after a
     signal the process leaves with os._exit(128 + N) once its cleanup has run: through the
@@ -669,7 +384,7 @@ def main(argv=None):
     library's behalf, even one caught since)."""
     try:
         _run_commands(argv)
-    except _SignalExit as stop:
+    except SignalExit as stop:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(stop.code)
@@ -682,11 +397,11 @@ def _run_commands(argv):
     except click.exceptions.Exit as stop:
         sys.exit(stop.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C outside a command's computation
-        _stop("interrupted (SIGINT)", 128 + signal.SIGINT)
-    except _Terminated as stop:
-        _stop(f"stopped by {signal.Signals(stop.signum).name}", 128 + stop.signum)
+        stop_with("interrupted (SIGINT)", 128 + signal.SIGINT)
+    except Terminated as stop:
+        stop_with(f"stopped by {signal.Signals(stop.signum).name}", 128 + stop.signum)
     except click.ClickException as error:
-        _fail(error.format_message(), 2 if isinstance(error, click.UsageError) else error.exit_code)
+        fail(error.format_message(), 2 if isinstance(error, click.UsageError) else error.exit_code)
     except DFMP2Error:
         raise  # handled (or re-raised under --debug) inside the commands
     sys.exit(0)

@@ -34,7 +34,7 @@ from .. import chem
 from ..run.checkpoint import open_checkpoint
 from ..run.context import RunContext
 from ..util.errors import InputError, option
-from ..util.files import scratch_directory
+from ..util.scratch import scratch_directory
 from ..run.settings import Settings
 
 NAME = "optimize"  # the checkpoint section and file (DIR/optimize.npz)

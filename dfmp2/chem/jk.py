@@ -29,7 +29,7 @@ from ..util.linalg import factor_metric, whiten
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
 from ..run.memory import budget_bytes
 from ..util.sparse import LowerPanels
-from ..util.files import RowFile
+from ..util.scratch import RowFile
 from ..util.blocks import block_ranges
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
@@ -200,7 +200,7 @@ class FittedCoulombExchange:
     backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
     IntegralProvider (nao, naux, metric(), packed()); precision: mixed or fp64 (SCF_PRECISIONS;
     mixed only on a device without fp64); max_memory: the run's budget (MB, None: 80% of free
-    RAM); scratch: where B goes when the budget does not hold it (`files.scratch_root`). Built on
+    RAM); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`). Built on
     the first call (`get_jk`), released by `close()`."""
 
     def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None):

@@ -27,12 +27,9 @@ class MeanField:
     xc: str | None = None  # the functional of a Kohn-Sham reference
 
 
-def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
-    """Extract the reference from a converged PySCF RHF, UHF or ROHF object, or their Kohn-Sham
-    counterparts (RKS, UKS, ROKS: `reference` rks/uks/roks, energy `e_ref`), density-fitted or
-    not, refusing what DF-MP2 here cannot use: GHF, complex orbitals, unconverged SCF,
-    occupations other than 0/2 (restricted) or 0/1 per spin summing to the electron count, and
-    (unless allow_non_aufbau) a highest occupied orbital energy not below the lowest virtual."""
+def _reference_class(mf) -> tuple:
+    """(rhf, uhf or rohf, the Kohn-Sham classes of mf's kind (molecular or periodic)) of a PySCF
+    mean field; InputError for GHF and for what is not a mean field."""
     from pyscf import scf as pyscf_scf
     from pyscf.dft.rks import KohnShamDFT
 
@@ -56,6 +53,16 @@ def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
     else:
         raise InputError(f"{type(mf).__name__} is not a PySCF RHF, UHF or ROHF object (molecular, or periodic at "
                          "the gamma point)")
+    return reference, ks_kinds
+
+
+def mean_field_orbitals(mf, allow_non_aufbau: bool = False) -> MeanField:
+    """Extract the reference from a converged PySCF RHF, UHF or ROHF object, or their Kohn-Sham
+    counterparts (RKS, UKS, ROKS: `reference` rks/uks/roks, energy `e_ref`), density-fitted or
+    not, refusing what DF-MP2 here cannot use: GHF, complex orbitals, unconverged SCF,
+    occupations other than 0/2 (restricted) or 0/1 per spin summing to the electron count, and
+    (unless allow_non_aufbau) a highest occupied orbital energy not below the lowest virtual."""
+    reference, ks_kinds = _reference_class(mf)
     if mf.mo_coeff is None or not getattr(mf, "converged", False):
         raise InputError(f"the {reference.upper()} mean field is not converged: run mf.kernel() to "
                          "convergence first")

@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 
 from ..run.settings import SCF_MAX_CYCLE
-from ..util import files
+from ..util.scratch import held_directory, holding
 from ..util.errors import ComputationError, InputError, option
 from .basis import _describe_basis, fitting_basis
 from .integrals import EarlyIntegrals, ThreeCenterIntegrals
@@ -40,16 +40,16 @@ def release_integrals(mf) -> None:
 @contextlib.contextmanager
 def pyscf_scratch(scratch=None, prefix="dfmp2-"):
     """Within: PySCF's temporary files (pyscf.lib.param.TMPDIR: out-of-core DF tensors, any
-    chkfile) go to a new directory <prefix>pyscf-* under `files.scratch_root(scratch)` (prefix:
-    `files.scratch_prefix`), removed on the way out however the run ends (after a SIGKILL, by the
+    chkfile) go to a new directory <prefix>pyscf-* under `util.scratch.scratch_root(scratch)` (prefix:
+    `util.scratch.scratch_prefix`), removed on the way out however the run ends (after a SIGKILL, by the
     next run of the same checkpoint); nested uses share the outer one. InputError before anything
     runs when the directory cannot be made (a read-only PYSCF_TMPDIR, a missing --scratch)."""
     from pyscf.lib import param
 
-    if param.TMPDIR in files.holding():
+    if param.TMPDIR in holding():
         yield param.TMPDIR
         return
-    with files.held_directory(prefix + "pyscf-", scratch) as directory:
+    with held_directory(prefix + "pyscf-", scratch) as directory:
         previous, param.TMPDIR = param.TMPDIR, directory
         try:
             yield directory

@@ -84,36 +84,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     if transform is not None and transform not in TRANSFORMS:
         raise InputError(f"unknown transform {transform!r} (use one of: {', '.join(TRANSFORMS)})")
     if device in TRAINIUM:
-        if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
-            raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
-                             f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")
-        from .emulator import API_VERSIONS, NEWEST_API
-        from .nki_support import (NEURON_INSTALL,
-                                  NEURON_PACKAGES,
-                                  check_nki_support,
-                                  installed_nki_api,
-                                  neuron_sdk_missing)
-
-        if model_only and not simulate:
-            raise InputError(f"{option('model_only')} needs {option('simulate')}")
-        if nki_api is not None and not simulate:
-            raise InputError(f"{option('nki_api')} chooses the release the emulator follows (with {option('simulate')}); "
-                             "on a Trainium host the installed nki package is used")
-        if nki_api is not None and nki_api not in API_VERSIONS:
-            raise InputError(f"unknown {option('nki_api')} {nki_api!r} (use one of: {', '.join(API_VERSIONS)})")
-        if not simulate:
-            missing = neuron_sdk_missing()
-            if missing:
-                raise ComputationError(
-                    f"{option('device', device)} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
-                    f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add {option('simulate')} to run the "
-                    "same NKI kernels on dfmp2's emulator. Nothing was computed.")
-        note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
-                                 installed=not simulate)
-        from .nki_backend import NkiBackend
-
-        return NkiBackend(device, simulate, model_only, nki_api, transform or "exact",
-                          notes=[note] if note else [])
+        return _trainium_backend(device, precision, simulate, model_only, nki_api, transform)
     if simulate or model_only or nki_api is not None:
         raise InputError(f"{option('simulate')}, {option('model_only')} and {option('nki_api')} apply to trn1 and trn2, not to {device}")
     if transform is not None:
@@ -125,6 +96,40 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
             f"{option('device', 'cuda')} was requested but no CUDA GPU is usable here "
             "(torch.cuda.is_available() is False); nothing was computed")
     return TorchBackend(device, precision, warm_kernels=warm_kernels)
+
+
+def _trainium_backend(device, precision, simulate, model_only, nki_api, transform):
+    """get_backend's trn1/trn2 case: the NKI backend on the Neuron SDK or (simulate) the emulator."""
+    if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
+        raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
+                         f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")
+    from .emulator import API_VERSIONS, NEWEST_API
+    from .nki_support import (NEURON_INSTALL,
+                              NEURON_PACKAGES,
+                              check_nki_support,
+                              installed_nki_api,
+                              neuron_sdk_missing)
+
+    if model_only and not simulate:
+        raise InputError(f"{option('model_only')} needs {option('simulate')}")
+    if nki_api is not None and not simulate:
+        raise InputError(f"{option('nki_api')} chooses the release the emulator follows (with {option('simulate')}); "
+                         "on a Trainium host the installed nki package is used")
+    if nki_api is not None and nki_api not in API_VERSIONS:
+        raise InputError(f"unknown {option('nki_api')} {nki_api!r} (use one of: {', '.join(API_VERSIONS)})")
+    if not simulate:
+        missing = neuron_sdk_missing()
+        if missing:
+            raise ComputationError(
+                f"{option('device', device)} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
+                f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add {option('simulate')} to run the "
+                "same NKI kernels on dfmp2's emulator. Nothing was computed.")
+    note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
+                             installed=not simulate)
+    from .nki_backend import NkiBackend
+
+    return NkiBackend(device, simulate, model_only, nki_api, transform or "exact",
+                      notes=[note] if note else [])
 
 
 def device_report() -> dict:

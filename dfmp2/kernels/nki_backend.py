@@ -1,5 +1,8 @@
 """NKI backend: the pipeline's kernels as NKI kernels on Trainium (trn1, trn2), or on the emulator.
 
+Long (one class, NkiBackend, with a method per entry of the Backend protocol (`protocol.py`), as
+TorchBackend has; the kernels, launches, ledger and SCF builds are in their own modules).
+
 simulate=False: tensors live on the XLA device (torch-neuronx) and `dfmp2/kernels/nki_kernels.py`
 is compiled by the real `nki.jit`. simulate=True: the same kernel source is executed with
 dfmp2's emulator standing in for the `nki` modules, with the chosen target's limits.

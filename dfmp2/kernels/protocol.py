@@ -185,7 +185,7 @@ class FittedBuildsBackend(Protocol):
         """rows [naux, npair] host fp64 (B^P_(mn), m >= n), nao, kinds: the build kinds the run
         will use ("fp32" and/or the store's exact_kind), free_bytes(): what the process's budget
         leaves -> the store (B uploaded once where the backend computes). A backend with
-        `fitted_store_on_disk` also takes rows as a files.RowFile (out of core; with a keyword
+        `fitted_store_on_disk` also takes rows as a scratch.RowFile (out of core; with a keyword
         `pattern`, the flat rows of screened LowerPanels)."""
 
 

@@ -8,6 +8,8 @@ GEMMs are split-precision tensor-core products (split_gemm.py; emulated on a CPU
 
 from __future__ import annotations
 
+from .pinned_staging import STAGING
+
 import importlib.util
 import platform
 from collections import Counter
@@ -25,42 +27,7 @@ from .spin_cases import combine_amplitudes, density_weights
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
 PINNED_UPLOAD_MIN_BYTES = 16 * 2**20  # host arrays from this size on go to a GPU through the pinned buffers
-PINNED_CHUNK_BYTES = 32 * 2**20  # each of the two pinned staging buffers
 
-
-class PinnedStaging:
-    """Two page-locked host buffers of PINNED_CHUNK_BYTES per process, pinned once (pinning costs
-    about as much as a pageable copy of the same bytes, so a buffer the size of a block would eat
-    the gain in a one-shot job): a large host array goes to the GPU chunk by chunk, each chunk
-    copied into one buffer (torch's threaded copy) while the other's DMA runs at the link's rate;
-    pageable memory goes through the driver's own staging, synchronously, at a fraction of it."""
-
-    def __init__(self):
-        self.buffers = None  # two uint8 [PINNED_CHUNK_BYTES], pinned
-        self.sent = [None, None]  # CUDA event of each buffer: its last DMA has finished
-
-    def upload(self, array, device, dtype) -> torch.Tensor:
-        """array (a host numpy array) -> tensor on `device` in `dtype` (cast there, after the DMA)."""
-        source = torch.from_numpy(np.ascontiguousarray(array))
-        flat = source.view(-1)
-        out = torch.empty(flat.shape, dtype=flat.dtype, device=device)
-        if self.buffers is None:
-            self.buffers = [torch.empty(PINNED_CHUNK_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-        step = PINNED_CHUNK_BYTES // flat.element_size()
-        for n, start in enumerate(range(0, flat.numel(), step)):
-            k = n % 2
-            if self.sent[k] is not None:
-                self.sent[k].synchronize()  # buffer k is free again
-            piece = flat[start:start + step]
-            staged = self.buffers[k][:piece.numel() * piece.element_size()].view(flat.dtype)
-            staged.copy_(piece)
-            out[start:start + piece.numel()].copy_(staged, non_blocking=True)
-            self.sent[k] = torch.cuda.Event()
-            self.sent[k].record()
-        return out.view(source.shape).to(dtype)
-
-
-_STAGING = PinnedStaging()
 
 # A GPU's fused pair epilogue (cuda_pair) costs each process about 0.5 s to load with Triton's disk
 # cache warm (2.2 s to compile it the first time), measured on an H100, and saves about 22-29 ps
@@ -196,7 +163,7 @@ class TorchBackend:
         dtype = torch.float64 if fp64 else self.compute_dtype
         if self.device.type == "cuda" and not isinstance(array, torch.Tensor) and \
                 getattr(array, "nbytes", 0) >= PINNED_UPLOAD_MIN_BYTES:
-            return _STAGING.upload(array, self.device, dtype)  # large host blocks: the (mn|P) upload
+            return STAGING.upload(array, self.device, dtype)  # large host blocks: the (mn|P) upload
         return torch.as_tensor(array).to(device=self.device, dtype=dtype)
 
     def zeros(self, shape) -> torch.Tensor:
@@ -249,7 +216,7 @@ class TorchBackend:
         return {"unit": "pair blocks", "kept_fraction": round(pattern.stored_elements / pattern.nao ** 2, 6)}
 
     def fitted_store(self, rows, nao, kinds, free_bytes, pattern=None):
-        """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a files.RowFile
+        """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a scratch.RowFile
         of them out of core (torch_fitted.TorchFittedStore); screened, a dfmp2.sparse.LowerPanels,
         or out of core a RowFile of its flat rows and their `pattern` (torch_fitted.ScreenedFittedStore)."""
         from .torch_fitted import ScreenedFittedStore, TorchFittedStore

@@ -4,7 +4,7 @@ Storage: the whitened lower triangle B^P_(mn), m >= n [naux, npair], in fp64 (J'
 the source of K's blocks in a kind without a square copy); one square copy [naux, nao, nao] for
 K in the kind most builds use (fp32 in mixed precision, fp64 in fp64) as the budget allows; the
 anchor build's fp32 half transforms [naux, nocc, nao] for the incremental builds, as it allows.
-Where the budget does not hold the triangle, it is a scratch file (files.RowFile) read once per
+Where the budget does not hold the triangle, it is a scratch file (scratch.RowFile) read once per
 build in blocks of auxiliary functions (the next block read on a thread while this one is
 used), J's and K's work on each block done as it is read.
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..util.system_memory import release_freed_memory
-from ..util.files import RowFile
+from ..util.scratch import RowFile
 from ..util.blocks import block_ranges
 from ..util.sparse import LowerPanels
 
@@ -354,7 +354,7 @@ class ScreenedFittedStore(TorchFittedStore):
     whitened B, host fp64), kept on the device in fp64 (J's source; half the bytes of both
     orientations) and, where the budget allows, both orientations in the first build kind (K's
     panels; else expanded block by block per build, ~0.4 ns an element). Out of core: a
-    files.RowFile of the panels' flat rows (LowerPanels.flat) and their `pattern`, read once per
+    scratch.RowFile of the panels' flat rows (LowerPanels.flat) and their `pattern`, read once per
     build in blocks of auxiliary functions, J's sums done on each block as it is read. The same
     builds and increments as TorchFittedStore, each block's half transform one GEMM per row panel:
         rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn        (torch_sparse, fp64)

@@ -92,9 +92,30 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
                                                         with_potentials=True)
     density, relaxed = relaxed, np.reshape(relaxed, (nspin, *np.shape(relaxed)[-2:]))
     gamma_aux = correlation.gamma.gamma_aux  # Gbar_PQ = sum_ia G_ia^P c_ia^Q (steps.mp2_densities)
+    lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors, z_aos = _ao_densities(
+        correlation.rdm1_active, blocks, relaxed, coeffs, occs, energies)
+    with timer.step("gradient_reference"):
+        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays, blocks_now, max_memory)
+    with timer.step("gradient_integrals"):
+        spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
+        fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
+                                                          gamma_aux, blocks_now())
+    with timer.step("gradient_terms"):
+        # V_eff[P + P^T] = V_eff[Q + Q^T] (from the CPHF's right-hand side) + V_eff[Z + Z^T] (low rank)
+        potentials = [v + w for v, w in zip(unrelaxed_potentials, terms.veff_per_spin([z + z.T for z in z_aos]))]
+        response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
+        de = (reference + terms.core(sum(p_aos)) + fitted + terms.overlap(lagrangian_ao)
+              - terms.overlap(weighted_ao) - terms.overlap(response))
+    return (de, density) if with_density else de
+
+
+def _ao_densities(rdm1_active, blocks, relaxed, coeffs, occs, energies) -> tuple:
+    """The AO matrices of the gradient's terms from each spin's relaxed density P [nmo, nmo] and
+    derivative blocks (A, B): (the energy-weighted Lagrangian sum_s C Imat C^T, sum_s C (zeta * P) C^T,
+    P_s in the AO basis, the reference densities D_s, the occupied projectors, the CPHF parts Z_s)."""
     lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors, z_aos = 0.0, 0.0, [], [], [], []
-    for (act, vir, _, _), (a_mo, b_mo), p_full, coeff, occ, e in zip(correlation.rdm1_active, blocks, relaxed,
-                                                                            coeffs, occs, energies):
+    for (act, vir, _, _), (a_mo, b_mo), p_full, coeff, occ, e in zip(rdm1_active, blocks, relaxed, coeffs, occs,
+                                                                     energies):
         occ_index, vir_all = np.flatnonzero(occ > 0), np.flatnonzero(occ == 0)
         p_mo = p_full - np.diag(occ.astype(np.float64))
         # Imat_pi = -A_pi / 2 (i active), Imat_pa = -B_pa / 2, then the virtual-occupied block mirrored
@@ -115,19 +136,7 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         z_mo[np.ix_(vir_all, occ_index)] = p_mo[np.ix_(vir_all, occ_index)]
         z_mo[np.ix_(occ_index, vir_all)] = p_mo[np.ix_(occ_index, vir_all)]
         z_aos.append(coeff @ z_mo @ coeff.T)
-    with timer.step("gradient_reference"):
-        reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays, blocks_now, max_memory)
-    with timer.step("gradient_integrals"):
-        spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
-        fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
-                                                          gamma_aux, blocks_now())
-    with timer.step("gradient_terms"):
-        # V_eff[P + P^T] = V_eff[Q + Q^T] (from the CPHF's right-hand side) + V_eff[Z + Z^T] (low rank)
-        potentials = [v + w for v, w in zip(unrelaxed_potentials, terms.veff_per_spin([z + z.T for z in z_aos]))]
-        response = sum(o @ v @ o for o, v in zip(projectors, potentials)) / nspin
-        de = (reference + terms.core(sum(p_aos)) + fitted + terms.overlap(lagrangian_ao)
-              - terms.overlap(weighted_ao) - terms.overlap(response))
-    return (de, density) if with_density else de
+    return lagrangian_ao, weighted_ao, p_aos, d_hfs, projectors, z_aos
 
 
 REFERENCE_BLOCK_BYTES = 64_000_000  # L read (and Y d written) this much at a time in reference_fitting_densities

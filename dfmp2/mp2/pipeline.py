@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..run.checkpoint import open_run_checkpoint, pipeline_identity
+from ..run.run_checkpoint import open_run_checkpoint, pipeline_identity
 from ..run.context import context_from
-from ..run.ranks import RankDensities
+from ..run.rank_blocks import RankDensities
 from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
 from ..util.system_memory import MB
 from ..run.memory import MemoryPlan, plan_for

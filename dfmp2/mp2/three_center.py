@@ -11,7 +11,8 @@ from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import factor_metric, transform_aux_blocks, whiten_occupied_blocks, whiten_three_center
 from ..run.context import context_from
 from ..run.memory import plan_for
-from ..run.ranks import RankThreeCenter, Staging, aux_shares, block_owners, rows_from_columns
+from ..run.ranks import Staging, aux_shares, block_owners
+from ..run.rank_blocks import RankThreeCenter, rows_from_columns
 from ..run.settings import Settings, settings_from
 from ..run.storage import MemoryStore, new_store
 from ..util.blocks import block_ranges

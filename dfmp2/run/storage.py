@@ -14,7 +14,8 @@ import os
 import numpy as np
 
 from ..util.errors import InputError
-from ..util.files import display, in_use, scratch_directory, scratch_failure, scratch_root, write_output
+from ..util.files import display, write_output
+from ..util.scratch import in_use, scratch_directory, scratch_failure, scratch_root
 from ..util.provenance import h5_identity, mismatch, stamp_h5
 
 
@@ -57,7 +58,7 @@ class DiskStore:
       - the pair stage reads contiguous occupied slabs of B (out of core without a checkpoint,
         each slab's rows of (ia|P) are read once, whitened and written as the pair stage
         reaches them, so that (ia|P) is read once in all).
-    Both files live in a temporary directory under `directory` (default: `files.scratch_root`), deleted
+    Both files live in a temporary directory under `directory` (default: `scratch.scratch_root`), deleted
     on close(), unless `path` names where to keep B (a checkpoint): that file is kept and marked
     complete once every row is written (`reopen` reads it back). `prefix` names the temporary
     directory (a checkpointed run uses its own, to find what a killed run left behind). bytes_written / bytes_read
@@ -288,7 +289,7 @@ class ThreeIndexDensity:
 
 
 def remove_scratch(directory, prefix):
-    """Delete the scratch directories named prefix* under `directory` (default: `files.scratch_root`):
+    """Delete the scratch directories named prefix* under `directory` (default: `scratch.scratch_root`):
     what a run killed with SIGKILL could not remove."""
     import glob
     import shutil

@@ -1,5 +1,7 @@
 """Emulated `nki.isa` (nisa): the instructions dfmp2's kernels use, executed with numpy.
 
+Long (one module for one NKI namespace, `nki.isa`: each instruction with the checks of its rules).
+
 Each instruction checks the NeuronCore rules it is subject to (and those of the emulated NKI
 API version and target), reads only written memory, writes into `dst` (marking it written) and
 records itself in the kernel's trace with the engine that runs it. Arithmetic is float32, as on

@@ -72,7 +72,7 @@ class LowerPanels(_Panels):
 
     def flat(self):
         """The panels side by side, each flattened: [nP, lower_elements] (a row-major store of
-        them, e.g. a files.RowFile; `from_flat` reads them back)."""
+        them, e.g. a scratch.RowFile; `from_flat` reads them back)."""
         if isinstance(self.panels[0], np.ndarray):
             return np.concatenate([p.reshape(p.shape[0], -1) for p in self.panels], axis=1)
         import torch

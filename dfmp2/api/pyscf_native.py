@@ -1,0 +1,57 @@
+"""Drop-ins for pyscf.mp.dfmp2_native's classes (`dfmp2.native` names them as PySCF does)."""
+
+from __future__ import annotations
+
+from .pyscf_base import PySCFMP2Base
+
+class NativeDFMP2(PySCFMP2Base):
+    """pyscf.mp.dfmp2_native's conventions (`dfmp2.native.DFMP2`): DFMP2(mf, frozen, auxbasis),
+    the auxiliary basis is the MP2-fit set for the orbital basis unless `auxbasis` names one
+    (the mean field's with_df is not used), `kernel()` returns e_corr and keeps no t2, and the
+    object can be used in a with-block. e_corr = ps E_os + pt E_ss (1, 1 for MP2; the SCS
+    classes scale them), its density that of the same scaled energy."""
+
+    _keys = PySCFMP2Base._keys | {"ps", "pt", "cphf_max_cycle", "cphf_tol", "e_scf"}
+
+    def __init__(self, mf, frozen=None, auxbasis=None, **options):
+        super().__init__(mf, frozen, auxbasis=auxbasis, **options)
+        self.e_scf = mf.e_tot
+        self.ps = 1.0  # opposite-spin scaling of e_corr and of the density
+        self.pt = 1.0  # same-spin scaling
+        self.cphf_max_cycle = 100  # the relaxed density's CPHF
+        self.cphf_tol = getattr(mf, "conv_tol", 1e-9)
+
+    @property
+    def e_tot(self):
+        return None if self.e_corr is None else self.e_scf + self.e_corr
+
+    def kernel(self):
+        """The (scaled) DF-MP2 correlation energy, Eh."""
+        return self.calculate_energy()
+
+    def calculate_energy(self):
+        self._run(with_t2=False)
+        return self.e_corr
+
+    def _correlation_energy(self):
+        """ps E_os + pt E_ss (+ the ROHF singles)."""
+        return self.ps * self.e_corr_os + self.pt * self.e_corr_ss + self.e_corr_singles
+
+    def _rdm1_scaling(self):
+        return (self.ps, self.pt)
+
+    def make_rdm1_unrelaxed(self, ao_repr=False):
+        return self.make_rdm1(relaxed=False, ao_repr=ao_repr)
+
+    def make_rdm1_relaxed(self, ao_repr=False):
+        return self.make_rdm1(relaxed=True, ao_repr=ao_repr)
+
+
+class NativeSCSMP2(NativeDFMP2):
+    """Spin-component-scaled DF-MP2 with pyscf.mp.dfmp2_native's conventions: e_corr =
+    ps E_os + pt E_ss (default 6/5 and 1/3, Grimme's) and the density of that energy."""
+
+    def __init__(self, mf, ps=6 / 5, pt=1 / 3, *args, **kwargs):
+        super().__init__(mf, *args, **kwargs)
+        self.ps = ps
+        self.pt = pt

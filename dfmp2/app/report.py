@@ -1,0 +1,194 @@
+"""The report a command prints: the run's summary and the benchmark's, from the result records
+(`DFMP2Result.as_dict`, the bench record). Formatting only; nothing here computes."""
+
+from __future__ import annotations
+
+import click
+
+def print_summary(r):
+    kernels = ", ".join(f"{name} x{count}" for name, count in sorted(r["kernels"].items()))
+    def spins(value):  # an int (RHF) or [alpha, beta]
+        return f"{value[0]}a/{value[1]}b" if isinstance(value, list) else f"{value}"
+
+    frozen = f" ({spins(r['nfrozen'])} frozen)" if r["nfrozen"] not in (0, [0, 0]) else ""
+    reference = r["reference"].upper() + (f", <S^2> {r['spin_square']:.4f}" if r["reference"] != "rhf" else "")
+    scf = r["scf"] + (f" (JK-fit: {r['scf_auxbasis']})" if r["scf_auxbasis"] else "")
+    mem = r["memory"]
+    lines = [
+        f"dfmp2 {r['version']}: DF-MP2 (RI-MP2) correlation energy",
+        f"  molecule    {r['formula']} from {r['molecule']}, charge {r['charge']}, 2S {r['spin']}",
+        f"  basis       {r['basis']}, MP2 auxiliary basis {r['auxbasis']}, SCF {scf}",
+        *([f"  ecp         " + ", ".join(f"{el}: {e['name']} ({e['core_electrons']} core electrons)"
+                                      for el, e in sorted(r["ecp"].items()))] if r.get("ecp") else []),
+        f"  reference   {reference}",
+        *_scf_lines(r),
+        f"  sizes       nbasis {r['nbasis']}, nocc {spins(r['nocc'])}{frozen}, nvir {spins(r['nvir'])}, "
+        f"naux {r['naux']}",
+        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
+        f"transform {r['transform']}",
+        *([f"  nki         {r['nki_api']}"] if r.get("nki_api") else []),
+        *[f"  note        {note}" for note in r.get("notes", [])],
+        f"  kernels     {kernels}",
+        f"  metric      {r['metric_factorization']}",
+        f"  memory      budget {mem['budget_mb']:.0f} MB (process; {mem['baseline_mb']:.0f} MB resident before "
+        f"MP2, peak {mem['peak_rss_mb']:.0f} MB), (ia|P) in {mem['storage']}, aux block {mem['aux_block']}, "
+        f"occ block {mem['occ_block']}",
+        *_checkpoint_lines(r.get("checkpoint")),
+        *_rank_lines(r.get("distributed")),
+        "",
+        f"  {'E(' + r['reference'].upper() + ')':17s} {r['e_ref']:20.12f} Eh"
+        + (f" ({r['xc']})" if r.get("xc") else ""),
+        f"  E(corr, os)       {r['e_corr_os']:20.12f} Eh",
+        f"  E(corr, ss)       {r['e_corr_ss']:20.12f} Eh",
+        *([f"  E(corr, singles)  {r['e_corr_singles']:20.12f} Eh"] if r["reference"] == "rohf" else []),
+        f"  E(corr)           {r['e_corr']:20.12f} Eh",
+        f"  E(corr, SCS)      {r['e_scs']:20.12f} Eh",
+        *([f"  E(PT2)            {r['e_pt2']:20.12f} Eh  = {r['c_os']:g} E(os) + {r['c_ss']:g} E(ss) "
+           f"({r['xc']}: {r['xc_citation']})"] if r.get("e_pt2") is not None else []),
+        f"  E(total)          {r['e_tot']:20.12f} Eh" + ("  = E(KS) + E(PT2)" if r.get("e_pt2") is not None else ""),
+        *([f"  dipole (relaxed)  {r['dipole'][0]:12.6f} {r['dipole'][1]:12.6f} {r['dipole'][2]:12.6f} a.u."]
+          if r.get("dipole") else []),
+        *_gradient_lines(r.get("gradient"), r.get("atoms")),
+        *_optimization_lines(r),
+        "",
+        "  timings (s)  " + "  ".join(f"{k} {v:.3f}" for k, v in r["timings"].items()),
+    ]
+    lines += _model_lines(r, scale=1e3, unit="ms")
+    if r.get("kernel_specializations"):
+        lines.append("  kernel specializations: " + ", ".join(
+            f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
+    click.echo("\n".join(lines))
+
+
+def _optimization_lines(r):
+    """`dfmp2 optimize`: steps, energy change, and the files written."""
+    if "energies" not in r:
+        return []
+    replayed = f", {r['steps_replayed']} from the checkpoint" if r["steps_replayed"] else ""
+    return ["", f"  optimised   converged in {r['steps']} steps{replayed}: E {r['energies'][0]:.10f} -> "
+                f"{r['e_tot']:.10f} Eh ({r['e_tot'] - r['energies'][0]:+.3e})",
+            f"  written     {r['optimized_xyz']} (geometry), {r['trajectory']} (trajectory)"]
+
+
+def _gradient_lines(gradient, atoms):
+    """The analytic gradient table (Eh/bohr), one row per atom in the input's order."""
+    if gradient is None:
+        return []
+    rows = [f"  {k + 1:4d} {symbol:3s} {g[0]:16.10f} {g[1]:16.10f} {g[2]:16.10f}"
+            for k, (symbol, g) in enumerate(zip(atoms, gradient))]
+    return ["", "  gradient dE/dR (Eh/bohr)      x                y                z", *rows]
+
+
+def _scf_lines(r):
+    """The SCF's J/K builds: who ran them, in which precision, iterations and seconds."""
+    if r.get("scf_backend") is None:
+        return []
+    line = f"  scf builds  {r['scf_backend']}, {r['scf_precision']}"
+    if r.get("scf_iterations") is not None:
+        line += f", {r['scf_iterations']} iterations"
+    builds = r.get("scf_builds")
+    if builds:
+        kinds = ", ".join(f"{builds[k + '_builds']} {k}" for k in ("fp32", "incremental", "fp64", "exact", "coulomb")
+                          if builds.get(k + "_builds"))
+        line += (f"; {builds['builds']} builds ({kinds}), {sum(builds['build_seconds']):.2f} s, set-up "
+                 f"{builds['setup_seconds']:.2f} s, B as {builds['storage']}")
+        if builds.get("modelled_build_seconds"):
+            line += "; MODELLED builds " + ", ".join(f"{t} {sum(v) * 1e3:.1f} ms" for t, v in
+                                                   builds["modelled_build_seconds"].items()) + " (a model)"
+    return [line]
+
+
+def _checkpoint_lines(ck):
+    if not ck:
+        return []
+    reused = [name for name, key in (("SCF", "reused_scf"), ("B", "reused_B")) if ck.get(key)]
+    if ck["reused_pair_tasks"]:
+        reused.append(f"{ck['reused_pair_tasks']}/{ck['pair_tasks']} pair blocks")
+    return [f"  checkpoint  {ck['directory']} (reused: {', '.join(reused) or 'nothing, new'})"]
+
+
+def _rank_lines(distributed):
+    if not distributed:
+        return []
+    lines = [f"  ranks       {distributed['ranks']} ({distributed['backend']}); per rank:"]
+    for r in distributed["per_rank"] or []:
+        lines.append(f"    rank {r['rank']}: {r['pair_tasks']} pair blocks in {r['pair_seconds']:.2f} s, "
+                     f"{r['aux_functions']} aux functions, sent {r['bytes_sent'] / 1e6:.1f} MB, "
+                     f"received {r['bytes_received'] / 1e6:.1f} MB, peak {r['peak_rss_mb']:.0f} MB")
+    return lines
+
+
+def print_bench(r):
+    s = r["shape"]
+    name = f"{s['name']} " if s.get("name") else ""
+    lines = [
+        f"dfmp2 {r['versions']['dfmp2']} bench: synthetic DF-MP2, {name}nbasis {s['nbasis']}, "
+        f"nocc {s['nocc']}, nvir {s['nvir']}, naux {s['naux']}, seed {s['seed']}",
+        f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
+        f"transform {r['transform']}",
+        f"  integrals   synthetic (mn|P) made on "
+        f"{'the GPU' if r['integrals_made_on'] == 'cuda' else 'the host' + (', uploaded' if r['device'] != 'cpu' else '')}",
+        *[f"  note        {note}" for note in r.get("notes", [])],
+        f"  E(corr)     {r['e_corr']:.12f} Eh (os {r['e_corr_os']:.10f}, ss {r['e_corr_ss']:.10f})",
+        "",
+        f"  {'stage':15s} {'seconds':>10s} {'GFLOP':>10s} {'TFLOPS':>8s}",
+    ]
+    for stage, v in r["stages"].items():
+        tflops = f"{v['tflops']:.3f}" if v["tflops"] is not None else "-"
+        lines.append(f"  {stage:15s} {v['seconds']:10.4f} {v['gflop']:10.2f} {tflops:>8s}")
+    lines += [
+        f"  {'total (warm)':15s} {r['total_seconds']:10.4f} {r['gflop']:10.2f}",
+        f"  cold pass {r['cold_seconds']:.4f} s; warm passes {', '.join(f'{t:.4f}' for t in r['warm_seconds'])} s "
+        f"(medians above); nominal {r['nominal_gflop']:.1f} GFLOP (all nocc^2 pairs)",
+        f"  peak host memory {r['memory']['peak_rss_mb']:.0f} MB"
+        + (f", device {r['memory']['peak_device_mb']:.0f} MB" if "peak_device_mb" in r["memory"] else ""),
+    ]
+    if r.get("device_gemm_tflops"):
+        fraction = r.get("pair_energies_fraction_of_gemm_rate")
+        lines.append(f"  device GEMM rate {r['device_gemm_tflops']:.3f} TFLOPS (measured, {r['precision']})"
+                     + (f"; pair energies reach {100 * fraction:.0f}% of it" if fraction else ""))
+    lines += _model_lines(r, scale=1.0, unit="s")
+    click.echo("\n".join(lines))
+
+
+def _model_lines(r, scale, unit):
+    """The calibrated model per target (with its breakdown) and the old peak model."""
+    if not r.get("modelled"):
+        return []
+    lines = ["  MODELLED Trainium time (a model, not a measurement; launch + host transfer + busiest engine):"]
+    for target, m in r["modelled"].items():
+        parts = ", ".join(f"{k} {v * scale:.3f}" for k, v in m["breakdown"].items() if k != "device")
+        own = target == r.get("device")
+        lines.append(f"    {target}: {m['seconds'] * scale:.3f} {unit} in {m['launches']} launches "
+                     f"({parts} {unit}); Tensor Engine useful fraction "
+                     f"{m['tensor_engine_useful_fraction']:.3f}"
+                     + ("" if own else f" (from the {r.get('device')} trace)"))
+        if m.get("hidden_upload_seconds"):
+            lines.append(f"      uploads overlapped with the previous kernel (a runtime assumption, not in "
+                         f"host_transfer): {m['hidden_upload_seconds'] * scale:.3f} {unit}")
+        if own and m.get("by_kernel"):
+            lines.append("      per kernel: " + ", ".join(
+                f"{k} useful {v['tensor_engine_useful_fraction']:.2f}, {v['max_instructions_per_launch']:,} "
+                f"instructions/launch, SBUF {v['peak_sbuf_bytes_per_partition'] / 1024:.0f} KiB" for k, v in sorted(m["by_kernel"].items())
+                if v["tensor_engine_useful_fraction"] is not None))
+    lines.append("  peak model (published peaks, no launch cost; old): " + ", ".join(
+        f"{k} {v * scale:.3f} {unit}" for k, v in r["modelled_seconds"].items()))
+    return lines
+
+
+def print_kernel_bench(r):
+    m = r["modelled"]
+    parts = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in m["breakdown"].items())
+    lines = [
+        f"dfmp2 bench --kernel {r['kernel']} --size {r['size']}: {r['shape']}, {r['device']}, nki {r['nki_api']}",
+        f"  MODELLED warm time (a model, not a measurement): {m['seconds'] * 1e3:.3f} ms in "
+        f"{r['launches']} launch(es)",
+        f"  breakdown (ms): {parts}",
+        "  (launch and host_transfer are serial; the engine times overlap, device = their maximum)",
+    ]
+    if m.get("tensor_engine_useful_fraction") is not None:
+        lines.append(f"  Tensor Engine useful fraction {m['tensor_engine_useful_fraction']:.3f}")
+    if "published_trn1_ms" in r:
+        lines.append(f"  published trn1 measurement of a sibling library's kernel: {r['published_trn1_ms']} ms "
+                     f"(model / measured = {r['model_over_published']:.2f})")
+    click.echo("\n".join(lines))
