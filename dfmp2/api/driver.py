@@ -5,29 +5,27 @@ Inputs are validated (device, file, basis, auxiliary basis) before any expensive
 
 from __future__ import annotations
 
-from .result import DFMP2Result
-
 from contextlib import ExitStack
 
-
 from .. import chem
-from ..run.checkpoint import version_identity
-from ..run.run_checkpoint import open_run_checkpoint
-from ..run.context import context_from
 from ..chem.functionals import double_hybrid
-from ..util.errors import InputError, MemoryBudgetError, option
-from ..util.scratch import scratch_prefix
-from ..util.system_memory import MB, peak_resident_bytes
-from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes
-from ..mp2.pipeline import check_request, dfmp2_energy, plan_for
-from ..mp2.three_center import three_center_mo
-from ..mp2.response import PROPERTIES, relaxed_properties
-from ..mp2.gradient import nuclear_gradient_of_run as nuclear_gradient
+from ..chem.jk import early_integrals_fit, fitted_bytes, scf_builds_for
 from ..kernels import SPLIT_PRECISIONS, backend_for, device_screens, flush_subnormals_first
 from ..kernels.protocol import FittedBuildsBackend
-from ..chem.jk import early_integrals_fit, fitted_bytes, scf_builds_for
+from ..mp2.gradient import nuclear_gradient_of_run as nuclear_gradient
+from ..mp2.pipeline import check_request, dfmp2_energy, plan_for
+from ..mp2.response import PROPERTIES, relaxed_properties
+from ..mp2.three_center import three_center_mo
+from ..run.checkpoint import version_identity
+from ..run.context import context_from
+from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes
+from ..run.run_checkpoint import open_run_checkpoint
 from ..run.settings import Settings, settings_from
+from ..util.errors import InputError, MemoryBudgetError, option
+from ..util.scratch import scratch_prefix
 from ..util.sparse import screen_integrals
+from ..util.system_memory import MB, peak_resident_bytes
+from .result import DFMP2Result
 
 
 def run_mean_field(mf, settings: Settings | None = None, integrals=None, context=None, given=None,

@@ -4,20 +4,18 @@ one result object, and PySCF's `Gradients` and scanner."""
 
 from __future__ import annotations
 
+import numpy as np
+from pyscf import lib
 from pyscf.lib import logger
 
 from .. import chem
-
-from pyscf import lib
-import numpy as np
-
-from .driver import run_mean_field
 from ..mp2.orbitals import active_orbitals
 from ..mp2.steps import natural_orbitals
 from ..run.context import RunContext
 from ..run.ranks import join_launched_team
 from ..run.settings import Settings, frozen_per_spin
 from ..util.errors import InputError
+from .driver import run_mean_field
 
 GRADIENTS_PENDING = ("analytic DF-MP2 gradients of ROHF and Kohn-Sham references are not implemented in dfmp2 "
                      "(RHF and UHF are)")
@@ -352,8 +350,8 @@ class Gradients(lib.StreamObject):
         self.de = None
 
     def kernel(self, atmlst=None):
-        from ..mp2.gradient import nuclear_gradient
         from ..kernels import backend_for
+        from ..mp2.gradient import nuclear_gradient
         from ..mp2.response import response_mean_field
 
         base = self.base

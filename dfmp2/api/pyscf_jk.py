@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .. import chem
-
 from ..util.errors import InputError
+
 
 def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
     """Make a density-fitted PySCF mean field `mf` (RHF, UHF, ROHF, RKS, UKS, ROKS) build its
@@ -16,9 +16,9 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
 
         mf = dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit(), device="cpu").run()
     """
+    from ..chem.jk import FittedCoulombExchange, check_scf_precision
     from ..kernels import get_backend
     from ..kernels.protocol import FittedBuildsBackend
-    from ..chem.jk import FittedCoulombExchange, check_scf_precision
 
     if getattr(mf, "with_df", None) is None:
         raise InputError("use_dfmp2_jk needs a density-fitted mean field: call mf.density_fit() first")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .pyscf_base import PySCFMP2Base
 
+
 class NativeDFMP2(PySCFMP2Base):
     """pyscf.mp.dfmp2_native's conventions (`dfmp2.native.DFMP2`): DFMP2(mf, frozen, auxbasis),
     the auxiliary basis is the MP2-fit set for the orbital basis unless `auxbasis` names one

@@ -26,21 +26,20 @@ rank's script makes its own SCF; rank 0's orbitals are used).
 
 from __future__ import annotations
 
-from .pyscf_base import PySCFMP2Base, ROHF_DENSITIES_PENDING
-from .pyscf_native import NativeDFMP2, NativeSCSMP2
-
 import os
 
 import numpy as np
 from pyscf.lib import logger
 
 from .. import chem
-from .driver import three_center_of_mean_field
-from ..util.errors import InputError
-from ..util.provenance import mismatch
-from ..util.files import display
 from ..run.settings import IF_ROOM
 from ..run.storage import open_ovl, write_ovl
+from ..util.errors import InputError
+from ..util.files import display
+from ..util.provenance import mismatch
+from .driver import three_center_of_mean_field
+from .pyscf_base import ROHF_DENSITIES_PENDING, PySCFMP2Base
+from .pyscf_native import NativeDFMP2, NativeSCSMP2
 
 
 class DFMP2(PySCFMP2Base):

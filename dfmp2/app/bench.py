@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..api.result import MODEL_NOTE, memory_record, model_record
-from ..util.errors import InputError, option
 from ..kernels import backend_for, get_backend
-from ..util.system_memory import peak_resident_bytes, resident_bytes
-from ..run.memory import plan_for
-from ..run.context import RunContext
 from ..mp2.pipeline import dfmp2_energy
-from ..util.blocks import block_ranges
-from ..util.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from ..run.context import RunContext
+from ..run.memory import plan_for
 from ..run.settings import Settings, settings_from
+from ..util.blocks import block_ranges
+from ..util.errors import InputError, option
+from ..util.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from ..util.system_memory import peak_resident_bytes, resident_bytes
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")
 MAX_REPEAT = 100  # warm passes: the record keeps each one's seconds, timings and energy

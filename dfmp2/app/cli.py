@@ -6,10 +6,6 @@ Exit status: 0 success, 2 bad input (one line on stderr), 1 runtime failure (one
 
 from __future__ import annotations
 
-from .progress import Progress
-from .report import print_bench, print_kernel_bench, print_summary
-from .signals import SignalExit, Terminated, fail, guarded, stop_with
-
 import json
 import math
 import os
@@ -20,13 +16,16 @@ from types import SimpleNamespace
 import click
 
 from .. import __version__
+from ..kernels import COMMAND_PRECISION
+from ..run.context import RunContext
+from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
+from ..run.settings import Settings
 from ..util.errors import DFMP2Error, InputError, command_line_names
 from ..util.files import Outputs, display
 from ..util.scratch import check_scratch
-from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
-from ..run.context import RunContext
-from ..kernels import COMMAND_PRECISION
-from ..run.settings import Settings
+from .progress import Progress
+from .report import print_bench, print_kernel_bench, print_summary
+from .signals import SignalExit, Terminated, fail, guarded, stop_with
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
 SEED_MAX = 2**64 - 1  # the Philox key is 64 bits
@@ -355,7 +354,6 @@ def info():
     import platform
 
     from ..kernels import device_report
-
     from ..util.files import package_versions
 
     versions = {"dfmp2": __version__, "python": platform.python_version()}

@@ -33,9 +33,9 @@ import numpy as np
 from .. import chem
 from ..run.checkpoint import open_checkpoint
 from ..run.context import RunContext
+from ..run.settings import Settings
 from ..util.errors import InputError, option
 from ..util.scratch import scratch_directory
-from ..run.settings import Settings
 
 NAME = "optimize"  # the checkpoint section and file (DIR/optimize.npz)
 REPLAY_TOLERANCE = 1e-9  # Angstrom: a stored step is replayed when geomeTRIC asks for its geometry to this

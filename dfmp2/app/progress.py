@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import click
 import time
+
+import click
+
 
 class Progress:
     """One status line on stderr, rewritten in place (terminals only): at most every `interval`

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+
 def print_summary(r):
     kernels = ", ".join(f"{name} x{count}" for name, count in sorted(r["kernels"].items()))
     def spins(value):  # an int (RHF) or [alpha, beta]

@@ -3,12 +3,14 @@ SIGINT, SIGTERM and SIGHUP stop it with scratch removed, no output written, exit
 
 from __future__ import annotations
 
-import click
 import signal
 import sys
 
+import click
+
 from ..util.errors import DFMP2Error
 from ..util.files import one_line
+
 
 def fail(message: str, code: int):
     click.echo(f"dfmp2: error: {one_line(message)}", err=True)  # one line, whatever a name or a library put in it

@@ -19,18 +19,18 @@ PySCF is imported inside functions, so that `dfmp2 --help` and `dfmp2 info` stay
 This package's namespace holds the public names of its modules (`chem.run_scf`, ...).
 """
 
-from .molecule import (Atom, MAX_ATOMS, MAX_LINE, MAX_TRAILER, MIN_DISTANCE, MAX_COORDINATE, read_xyz, format_xyz,
-                       angstrom_per_bohr, check_geometry, formula, atom_symbols)  # noqa: F401
-from .basis import (BASIS_LOOKUP_ERRORS, ECP_FROM_BSE_MIN_Z, EffectiveCorePotentials, choose_ecp, build_molecule,
-                    GENERATED, BSE, FittingSet, fitting_basis, pyscf_fitting_choice, named_fitting_set, ecp_record,
-                    basis_name)  # noqa: F401
-from .scf import (SCF_CONV_TOL, SCF_CONV_TOL_GRAD, KS_CONV_TOL, KS_CONV_TOL_GRAD, REFERENCES, release_integrals,
-                  pyscf_scratch, choose_reference, check_xc, is_range_separated, run_scf, jk_fitting_integrals,
-                  jk_auxbasis_of, use_fitted_builds, reference_fitting_integrals, copy_with_builds, fitted_builds_of,
-                  density_factors, scf_arrays, restored_scf, restored_scf_from, scf_mode, scf_auxbasis_name)  # noqa: F401
-from .reference import (MeanField, mean_field_orbitals, with_orbitals, overlap_matrix, reference_kind, is_kohn_sham,
-                        semicanonical_orbitals, NOBLE_GAS_CORES, frozen_core_count, check_gamma_point, is_periodic,
-                        write_molden, per_spin_orbitals, dipole_moment)  # noqa: F401
-from .integrals import (ThreeCenterIntegrals, pair_bounds, EarlyIntegrals, CholeskyVectors)  # noqa: F401
-from .cphf import (fock_response_vo, response_potentials, solve_cphf)  # noqa: F401
-from .derivatives import (SCFGradientTerms, DERIVATIVE_BLOCK_BYTES, three_center_derivative_contraction)  # noqa: F401
+from .basis import basis_name  # noqa: F401
+from .basis import (BASIS_LOOKUP_ERRORS, BSE, ECP_FROM_BSE_MIN_Z, GENERATED, EffectiveCorePotentials, FittingSet,
+                    build_molecule, choose_ecp, ecp_record, fitting_basis, named_fitting_set, pyscf_fitting_choice)
+from .cphf import fock_response_vo, response_potentials, solve_cphf  # noqa: F401
+from .derivatives import DERIVATIVE_BLOCK_BYTES, SCFGradientTerms, three_center_derivative_contraction  # noqa: F401
+from .integrals import CholeskyVectors, EarlyIntegrals, ThreeCenterIntegrals, pair_bounds  # noqa: F401
+from .molecule import (MAX_ATOMS, MAX_COORDINATE, MAX_LINE, MAX_TRAILER, MIN_DISTANCE, Atom,  # noqa: F401
+                       angstrom_per_bohr, atom_symbols, check_geometry, format_xyz, formula, read_xyz)
+from .reference import (NOBLE_GAS_CORES, MeanField, check_gamma_point, dipole_moment, frozen_core_count,  # noqa: F401
+                        is_kohn_sham, is_periodic, mean_field_orbitals, overlap_matrix, per_spin_orbitals,
+                        reference_kind, semicanonical_orbitals, with_orbitals, write_molden)
+from .scf import (KS_CONV_TOL, KS_CONV_TOL_GRAD, REFERENCES, SCF_CONV_TOL, SCF_CONV_TOL_GRAD, check_xc,  # noqa: F401
+                  choose_reference, copy_with_builds, density_factors, fitted_builds_of, is_range_separated,
+                  jk_auxbasis_of, jk_fitting_integrals, pyscf_scratch, reference_fitting_integrals, release_integrals,
+                  restored_scf, restored_scf_from, run_scf, scf_arrays, scf_auxbasis_name, scf_mode, use_fitted_builds)

@@ -6,6 +6,7 @@ import numpy as np
 
 from .reference import per_spin_orbitals
 
+
 def fock_response_vo(mf, dms_mo, full=True, with_potentials=False):
     """The orbital-response Fock terms of densities given in the MO basis, virtual-occupied
     block per spin, through the mean field's own J/K (its density fitting or exact integrals):

@@ -10,6 +10,7 @@ from .cphf import response_potentials
 from .reference import is_kohn_sham
 from .scf import reference_fitting_integrals
 
+
 class SCFGradientTerms:
     """The mean field's own derivative terms, per atom [natm, 3] (Eh/bohr), from PySCF's SCF
     gradient object (its density fitting, or exact integrals): nuclear repulsion, and for AO

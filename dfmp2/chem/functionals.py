@@ -10,7 +10,6 @@ Dispersion corrections (-D2, -D3BJ, -NL variants) are not included.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from ..util.errors import InputError, option

@@ -11,6 +11,7 @@ import numpy as np
 from ..util.errors import ComputationError, InputError, option
 from .basis import FittingSet, _atom_labels, _describe_basis, fitting_basis, named_fitting_set
 
+
 class ThreeCenterIntegrals:
     """DF integrals in one auxiliary basis, produced block by block of auxiliary functions: an
     IntegralProvider (`dfmp2.providers`).
@@ -263,7 +264,8 @@ class CholeskyVectors:
                 np.zeros((2, 3)), compact=False, blksize=p1 - p0, aux_slice=(p0, p1)) if sign == 1])
         else:
             import h5py
-            from pyscf.df import addons, df as molecular_df
+            from pyscf.df import addons
+            from pyscf.df import df as molecular_df
 
             with addons.load(self.with_df._cderi, self.with_df._dataname) as stored:
                 packed = molecular_df._load_from_h5g(stored, p0, p1) if isinstance(stored, h5py.Group) \

@@ -23,14 +23,15 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from ..util.errors import InputError, MemoryBudgetError, option
+
 from ..kernels.protocol import FittedBuildsBackend
-from ..util.linalg import factor_metric, whiten
-from ..util.system_memory import MB, release_freed_memory, resident_bytes
 from ..run.memory import budget_bytes
-from ..util.sparse import LowerPanels
-from ..util.scratch import RowFile
 from ..util.blocks import block_ranges
+from ..util.errors import InputError, MemoryBudgetError, option
+from ..util.linalg import factor_metric, whiten
+from ..util.scratch import RowFile
+from ..util.sparse import LowerPanels
+from ..util.system_memory import MB, release_freed_memory, resident_bytes
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
 SCF_PRECISIONS = ("mixed", "fp64")

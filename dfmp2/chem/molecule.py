@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..util.errors import InputError
+
 
 @dataclass(frozen=True)
 class Atom:

@@ -9,6 +9,7 @@ import numpy as np
 from ..util.errors import InputError
 from .basis import _atomic_number
 
+
 @dataclass
 class MeanField:
     """A reference for MP2. RHF: orbitals C [nao, nmo], energies e [nmo] (Eh), occupations [nmo]

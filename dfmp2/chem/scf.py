@@ -7,8 +7,8 @@ import contextlib
 import numpy as np
 
 from ..run.settings import SCF_MAX_CYCLE
-from ..util.scratch import held_directory, holding
 from ..util.errors import ComputationError, InputError, option
+from ..util.scratch import held_directory, holding
 from .basis import _describe_basis, fitting_basis
 from .integrals import EarlyIntegrals, ThreeCenterIntegrals
 

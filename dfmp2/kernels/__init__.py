@@ -104,11 +104,7 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
         raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
                          f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")
     from .emulator import API_VERSIONS, NEWEST_API
-    from .nki_support import (NEURON_INSTALL,
-                              NEURON_PACKAGES,
-                              check_nki_support,
-                              installed_nki_api,
-                              neuron_sdk_missing)
+    from .nki_support import NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api, neuron_sdk_missing
 
     if model_only and not simulate:
         raise InputError(f"{option('model_only')} needs {option('simulate')}")

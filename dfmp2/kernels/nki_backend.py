@@ -36,6 +36,7 @@ import weakref
 import numpy as np
 import torch
 
+from ..util.errors import option
 from . import emulator
 from .emulator.core import TARGETS
 from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
@@ -45,8 +46,7 @@ from .nki_support import installed_nki_api, installed_versions
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints
 from .spin_cases import density_weights
-from .tiles import FREE, GAMMA_X_BYTES, P, VV_RESIDENT_BYTES
-from ..util.errors import option
+from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P
 
 
 class NkiBackend:

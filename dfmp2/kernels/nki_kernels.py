@@ -32,15 +32,8 @@ import nki.language as nl
 
 # relative: resolves to dfmp2.kernels.tiles both when this file is imported as
 # dfmp2.kernels.nki_kernels and when nki_launch.load_kernels loads it from its path for the emulator
-from .tiles import (FREE,
-                    GAMMA_B_BYTES,
-                    GAMMA_G_BYTES,
-                    GAMMA_ROWS_BYTES,
-                    GAMMA_X_BYTES,
-                    P,
-                    SLICE_BITS,
-                    VV_RESIDENT_BYTES,
-                    jk_k_resident)
+from .tiles import (FREE, GAMMA_B_BYTES, GAMMA_G_BYTES, GAMMA_ROWS_BYTES, GAMMA_X_BYTES, SLICE_BITS, VV_RESIDENT_BYTES,
+                    P, jk_k_resident)
 
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel

@@ -9,6 +9,7 @@ through 0.6 (SDK 2.32). Only the standard library; nothing here imports the SDK 
 from __future__ import annotations
 
 import importlib.util
+
 from ..util.errors import option
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"

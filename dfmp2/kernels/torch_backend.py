@@ -8,8 +8,6 @@ GEMMs are split-precision tensor-core products (split_gemm.py; emulated on a CPU
 
 from __future__ import annotations
 
-from .pinned_staging import STAGING
-
 import importlib.util
 import platform
 from collections import Counter
@@ -17,13 +15,12 @@ from collections import Counter
 import numpy as np
 import torch
 
-from .protocol import fp64_pair_temporaries_bytes
 from ..util.sparse import LowerPanels
 from . import torch_sparse
-from .split_gemm import SPLIT_FORMATS, split_product
-from .protocol import BackendRecord, PlanHints
+from .pinned_staging import STAGING
+from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes
 from .spin_cases import combine_amplitudes, density_weights
-
+from .split_gemm import SPLIT_FORMATS, split_product
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
 PINNED_UPLOAD_MIN_BYTES = 16 * 2**20  # host arrays from this size on go to a GPU through the pinned buffers

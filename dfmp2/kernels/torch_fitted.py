@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..util.system_memory import release_freed_memory
-from ..util.scratch import RowFile
 from ..util.blocks import block_ranges
+from ..util.scratch import RowFile
 from ..util.sparse import LowerPanels
+from ..util.system_memory import release_freed_memory
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
 SCREENED_BLOCK_BYTES = 128 * 10**6  # screened builds: an auxiliary block's panels in both orientations

@@ -20,20 +20,17 @@ UHF: each orbital term per spin (C, e, P, G of that spin) and summed; D and P in
 
 from __future__ import annotations
 
-from .response import response_mean_field
-from ..run.memory import gradient_aux_block
-from ..util.errors import option
-
 import numpy as np
 import scipy.linalg
 
 from .. import chem
 from ..run.context import Timer
-from .response import backend_gemm, orbital_derivatives, relaxed_density
-from ..run.memory import free_bytes, reference_arrays_bytes
-from ..util.system_memory import release_freed_memory
-from ..util.blocks import block_ranges
+from ..run.memory import free_bytes, gradient_aux_block, reference_arrays_bytes
 from ..run.storage import ScratchArrays
+from ..util.blocks import block_ranges
+from ..util.errors import option
+from ..util.system_memory import release_freed_memory
+from .response import backend_gemm, orbital_derivatives, relaxed_density, response_mean_field
 
 
 def gemm_backend(backend):

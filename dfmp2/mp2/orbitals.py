@@ -7,12 +7,11 @@ conventions) go to the device once, as a `SpinChannel`.
 
 from __future__ import annotations
 
-from ..run.settings import frozen_per_spin
-
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..run.settings import frozen_per_spin
 from ..util.errors import InputError
 
 

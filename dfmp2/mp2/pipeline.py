@@ -16,30 +16,23 @@ provider (`three_center_provider`) and the checkpoint policy (`open_run_checkpoi
 
 from __future__ import annotations
 
-from .three_center import three_center_provider
-
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..run.run_checkpoint import open_run_checkpoint, pipeline_identity
 from ..run.context import context_from
+from ..run.memory import MemoryPlan, plan_for
 from ..run.rank_blocks import RankDensities
+from ..run.run_checkpoint import open_run_checkpoint, pipeline_identity
+from ..run.settings import IF_ROOM, Settings, settings_from
+from ..run.storage import ThreeIndexDensity
 from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
 from ..util.system_memory import MB
-from ..run.memory import MemoryPlan, plan_for
 from .orbitals import active_spaces, device_channels, spin_channels
-from ..run.settings import IF_ROOM, Settings, settings_from
-from .steps import (combine_pair_sums,
-                    factor_metric,
-                    pair_energies,
-                    pair_tasks,
-                    singles_energy,
-                    t2_arrays,
-                    LocalDensities,
-                    mp2_densities)
-from ..run.storage import ThreeIndexDensity
+from .steps import (LocalDensities, combine_pair_sums, factor_metric, mp2_densities, pair_energies, pair_tasks,
+                    singles_energy, t2_arrays)
+from .three_center import three_center_provider
 
 
 @dataclass

@@ -136,9 +136,9 @@ def response_mean_field(mf, settings):
     exit. A reference with exact integrals, a backend without builds, or --scf-backend pyscf
     (settings.scf_backend: the SCF's J/K were PySCF's, and so are the response's; they also
     go out of core where dfmp2's builds would need more than the budget): `mf` (PySCF's J/K)."""
+    from ..chem.jk import EXACT_ONLY, FittedCoulombExchange
     from ..kernels import backend_for
     from ..kernels.protocol import FittedBuildsBackend
-    from ..chem.jk import EXACT_ONLY, FittedCoulombExchange
 
     jk = chem.reference_fitting_integrals(mf)
     backend = backend_for(settings) if jk is not None and settings.scf_backend != "pyscf" else None

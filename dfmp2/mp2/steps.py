@@ -20,16 +20,15 @@ step takes one spin channel, `dfmp2.orbitals.SpinChannel`, or the task's pair of
 
 from __future__ import annotations
 
-from ..util.blocks import block_ranges
-
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..util.blocks import block_ranges
 from ..util.linalg import factor_metric, fitting_coefficients, whiten
-from ..util.system_memory import release_freed_memory
 from ..util.sparse import ScreenedThreeCenter
+from ..util.system_memory import release_freed_memory
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks",
            "pair_energies", "combine_pair_sums", "t2_arrays", "mp2_densities", "natural_orbitals",

@@ -3,21 +3,23 @@ given by the caller, or found in the checkpoint; and steps 1-3 alone (`three_cen
 
 from __future__ import annotations
 
-from dataclasses import replace
-import numpy as np
 import time
+from dataclasses import replace
 
-from .orbitals import active_spaces, device_channels, spin_channels
-from .steps import factor_metric, transform_aux_blocks, whiten_occupied_blocks, whiten_three_center
+import numpy as np
+
 from ..run.context import context_from
 from ..run.memory import plan_for
-from ..run.ranks import Staging, aux_shares, block_owners
 from ..run.rank_blocks import RankThreeCenter, rows_from_columns
+from ..run.ranks import Staging, aux_shares, block_owners
 from ..run.settings import Settings, settings_from
 from ..run.storage import MemoryStore, new_store
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError
 from ..util.system_memory import MB, release_freed_memory
+from .orbitals import active_spaces, device_channels, spin_channels
+from .steps import factor_metric, transform_aux_blocks, whiten_occupied_blocks, whiten_three_center
+
 
 def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
     """Where B comes from and lives (`dfmp2.providers`): given by the caller, over the ranks of

@@ -39,8 +39,6 @@ append-only: a record torn by a kill is ignored on reading.
 
 from __future__ import annotations
 
-from .journal import PairJournal
-
 import errno
 import fcntl
 import hashlib
@@ -53,13 +51,9 @@ import numpy as np
 from .. import __version__
 from ..util.errors import InputError, option
 from ..util.files import display, write_atomically
+from ..util.provenance import arrays_identity, difference, h5_identity, mismatch, stamp_h5, stamped
 from ..util.scratch import scratch_prefix
-from ..util.provenance import (arrays_identity,
-                               difference,
-                               h5_identity,
-                               mismatch,
-                               stamp_h5,
-                               stamped)
+from .journal import PairJournal
 
 MANIFEST = "manifest.json"
 LOCK = "dfmp2.lock"

@@ -3,11 +3,12 @@ every SYNC_SECONDS, read back up to the first damaged record."""
 
 from __future__ import annotations
 
-import numpy as np
 import os
 import struct
 import time
 import zlib
+
+import numpy as np
 
 from ..util.provenance import JOURNAL_HEADER_BYTES, journal_digest, journal_header
 

@@ -9,15 +9,14 @@ its free memory.
 
 from __future__ import annotations
 
-from ..kernels.protocol import fp64_pair_temporaries_bytes
-from ..util.system_memory import MB, available_ram_bytes, release_freed_memory, resident_bytes
-
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels.protocol import fp64_pair_temporaries_bytes
 from ..util.errors import InputError, MemoryBudgetError, option
+from ..util.system_memory import MB, available_ram_bytes, release_freed_memory, resident_bytes
 
 MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
 MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer

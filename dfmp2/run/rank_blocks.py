@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-import numpy as np
 import time
 
-from .ranks import Staging, Team
+import numpy as np
+
 from ..util.scratch import RowFile
 from ..util.system_memory import MB, peak_resident_bytes
+from .ranks import Staging, Team
+
 
 def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ranges: list, naux: int,
                       staging: Staging, dtype, device, nvir: int):

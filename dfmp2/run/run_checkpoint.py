@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checkpoint import Checkpoint, array_digest, open_checkpoint, version_identity
-from .storage import DiskStore, remove_scratch
 from ..util.errors import option
 from ..util.files import display
+from .checkpoint import Checkpoint, array_digest, open_checkpoint, version_identity
+from .storage import DiskStore, remove_scratch
+
 
 def pipeline_identity(backend, refs, selected, fock_mo, metric, nao, screening=None) -> dict:
     """What a checkpoint's B and pair sums belong to: the orbitals (hashed), the active spaces,

@@ -12,11 +12,11 @@ timer) is its context, `dfmp2.context.RunContext`, built once at the entry point
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
+
 import numpy as np
 
 from ..util.errors import InputError
-
-from dataclasses import dataclass, fields, replace
 
 SCF_MAX_CYCLE = 100
 IF_ROOM = "if_room"  # with_t2: keep t2 when the memory budget holds it (the plugin's default)

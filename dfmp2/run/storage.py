@@ -15,8 +15,8 @@ import numpy as np
 
 from ..util.errors import InputError
 from ..util.files import display, write_output
-from ..util.scratch import in_use, scratch_directory, scratch_failure, scratch_root
 from ..util.provenance import h5_identity, mismatch, stamp_h5
+from ..util.scratch import in_use, scratch_directory, scratch_failure, scratch_root
 
 
 class MemoryStore:

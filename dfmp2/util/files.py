@@ -36,7 +36,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-
 from .errors import ComputationError, InputError
 
 NAME_MAX, PATH_MAX = 255, 4096  # where pathconf cannot say (Linux's values)

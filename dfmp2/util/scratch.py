@@ -4,12 +4,14 @@ directory), which of them a run holds, and `RowFile`, a matrix kept in a file a 
 from __future__ import annotations
 
 import contextlib
-import numpy as np
 import os
 import tempfile
 
+import numpy as np
+
 from .errors import ComputationError, InputError, option
 from .files import display, one_line
+
 
 def scratch_root(scratch=None) -> str:
     """Where a run's scratch directories go: `scratch` (--scratch), else PySCF's temporary

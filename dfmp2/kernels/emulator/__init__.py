@@ -38,14 +38,7 @@ import threading
 import numpy as np
 
 from . import isa, language
-from .core import (API_VERSIONS,
-                   INSTRUCTION_LIMIT,
-                   NEWEST_API,
-                   TARGETS,
-                   NkiConstraintError,
-                   Tile,
-                   Trace,
-                   api_tuple,
+from .core import (API_VERSIONS, INSTRUCTION_LIMIT, NEWEST_API, TARGETS, NkiConstraintError, Tile, Trace, api_tuple,
                    kernel_run)
 
 __all__ = ["jit", "simulate", "language", "isa", "NkiConstraintError", "TARGETS", "Trace",

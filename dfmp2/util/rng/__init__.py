@@ -20,7 +20,6 @@ generator: NKI's vector and scalar engines compute in fp32, exact for integers b
 from __future__ import annotations
 
 import numpy as np
-
 import torch
 
 PHILOX_M0 = 0xD2511F53

@@ -13,13 +13,8 @@ package decides which pair blocks are kept (`screening`), holds the kept blocks 
                     is one GEMM per row block
 """
 
-from .screening import (SCREENING_DEFAULT,
-                        ScreenedPattern,
-                        ScreeningChoice,
-                        choose_screening,
-                        parse_screening,
-                        screen_integrals,
-                        screen_pair_blocks)
+from .screening import (SCREENING_DEFAULT, ScreenedPattern, ScreeningChoice, choose_screening, parse_screening,
+                        screen_integrals, screen_pair_blocks)
 from .tensor import LowerPanels, ScreenedThreeCenter
 
 __all__ = ["SCREENING_DEFAULT", "LowerPanels", "ScreenedPattern", "ScreeningChoice", "ScreenedThreeCenter", "choose_screening",
