@@ -261,7 +261,7 @@ def test_a_signal_that_a_library_turns_into_another_error_still_exits_128_plus_n
     """A C extension's module init that a signal interrupts reports "ImportError: initialization
     failed" (CI saw it once, Ctrl-C 0.4 s into `dfmp2 run`): the signal, not the ImportError,
     decides the exit."""
-    from dfmp2.app import cli
+    from dfmp2.app import signals
 
     class NoOutputs:
         def discard(self):
@@ -276,8 +276,8 @@ def test_a_signal_that_a_library_turns_into_another_error_still_exits_128_plus_n
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        with pytest.raises(cli._SignalExit) as stop:
-            cli._guarded(import_interrupted_by_a_signal, False, NoOutputs())
+        with pytest.raises(signals.SignalExit) as stop:
+            signals.guarded(import_interrupted_by_a_signal, False, NoOutputs())
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
