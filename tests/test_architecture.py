@@ -134,3 +134,35 @@ def test_functions_are_short_or_say_why():
                 if lines > LONGEST and "Long (" not in (ast.get_docstring(node) or ""):
                     long.append(f"{name}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, long
+
+
+def test_one_clock():
+    """Every timing dfmp2 records comes from the run's Timer (`dfmp2.run.context`): no module
+    reads the clock itself (PySCF's own logger in the drop-ins keeps PySCF's log.timer habit)."""
+    clocks = {"perf_counter", "perf_counter_ns", "time", "time_ns", "process_time"}
+    readers = []
+    for name, path in MODULES.items():
+        if name == "run.context":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "time" \
+                    and node.attr in clocks:
+                readers.append(f"{name}:{node.lineno} time.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "time" and \
+                    {alias.name for alias in node.names} & clocks:
+                readers.append(f"{name}:{node.lineno} from time import ...")
+    assert not readers, readers
+
+
+def test_a_step_inside_another_is_taken_out_of_it():
+    import time
+
+    from dfmp2.run.context import Timer
+
+    timer = Timer()
+    with timer.step("pair_energies"):
+        with timer.step("whiten", out_of="pair_energies") as lap:
+            time.sleep(0.05)
+        time.sleep(0.01)
+    assert lap.seconds >= 0.05 and timer.timings["whiten"] == lap.seconds
+    assert 0.005 < timer.timings["pair_energies"] < 0.05  # the outer step's own 0.01 s, not the inner 0.05 s

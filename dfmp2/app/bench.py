@@ -21,7 +21,7 @@ from .. import __version__
 from ..api.result import MODEL_NOTE, memory_record, model_record
 from ..kernels import backend_for, get_backend
 from ..mp2.pipeline import dfmp2_energy
-from ..run.context import RunContext
+from ..run.context import RunContext, Timer
 from ..run.memory import plan_for
 from ..run.settings import Settings, settings_from
 from ..util.blocks import block_ranges
@@ -99,9 +99,9 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
         context = RunContext(progress=progress)  # each pass its own timer
         problem = SyntheticIntegrals(nbasis, nocc, naux, seed, made_on)
         last = None  # (the previous pass's result and backend, with its arrays and trace, go first)
-        start = time.perf_counter()
-        result = dfmp2_energy(backend, problem, coeff, energies, occupations, settings, context=context)
-        passes.append(Pass(time.perf_counter() - start, dict(result.timings), result.e_corr))
+        with Timer().lap() as lap:
+            result = dfmp2_energy(backend, problem, coeff, energies, occupations, settings, context=context)
+        passes.append(Pass(lap.seconds, dict(result.timings), result.e_corr))
         last = (result, backend)
         del result, backend
         context.report("bench passes", n + 1, repeat + 1)
@@ -253,13 +253,12 @@ def measured_gemm_tflops(backend, n: int = 2048, repeat: int = 5) -> float:
     import torch
 
     a = torch.full((n, n), 1.0 / n, dtype=backend.compute_dtype, device=backend.device)
-    times = []
+    times, timer = [], Timer(synchronize=backend.synchronize)
     for _ in range(repeat + 1):
         backend.synchronize()
-        start = time.perf_counter()
-        torch.matmul(a, a)
-        backend.synchronize()
-        times.append(time.perf_counter() - start)
+        with timer.lap() as lap:
+            torch.matmul(a, a)
+        times.append(lap.seconds)
     return 2 * n**3 / statistics.median(times[1:]) / 1e12
 
 

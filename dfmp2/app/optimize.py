@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import chem
 from ..run.checkpoint import open_checkpoint
-from ..run.context import RunContext
+from ..run.context import RunContext, Timer
 from ..run.settings import Settings
 from ..util.errors import InputError, option
 from ..util.scratch import scratch_directory
@@ -138,10 +137,9 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
         if stored is not None:
             steps.append(stored)
         else:
-            began = time.perf_counter()
-            result = run_atoms(_atoms(symbols, coords), settings, RunContext(progress=progress))
-            steps.append(Step(coords, float(result.e_tot), np.asarray(result.gradient, dtype=np.float64),
-                              time.perf_counter() - began))
+            with Timer().lap() as lap:
+                result = run_atoms(_atoms(symbols, coords), settings, RunContext(progress=progress))
+            steps.append(Step(coords, float(result.e_tot), np.asarray(result.gradient, dtype=np.float64), lap.seconds))
             runs[len(steps) - 1] = result
             store.save(steps)
         if on_step is not None:

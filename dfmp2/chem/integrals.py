@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import numpy as np
 
+from ..run.context import Timer
 from ..util.errors import ComputationError, InputError, option
 from .basis import FittingSet, _atom_labels, _describe_basis, fitting_basis, named_fitting_set
 
@@ -176,12 +176,12 @@ class EarlyIntegrals(ThreeCenterIntegrals):
         return self
 
     def _compute(self):
-        start = time.perf_counter()
-        try:
-            self._packed = ThreeCenterIntegrals.fitted_rows(self)
-        except BaseException as error:  # handed to packed(), which raises it in the caller
-            self._error = error
-        self.seconds = time.perf_counter() - start
+        with Timer().lap() as lap:
+            try:
+                self._packed = ThreeCenterIntegrals.fitted_rows(self)
+            except BaseException as error:  # handed to packed(), which raises it in the caller
+                self._error = error
+        self.seconds = lap.seconds
 
     def held_bytes(self) -> int:
         """Bytes of the computed integrals this provider holds (waits for them; 0 once handed over)."""
@@ -191,9 +191,9 @@ class EarlyIntegrals(ThreeCenterIntegrals):
     def _wait(self):
         if self._thread is None:
             return
-        start = time.perf_counter()
-        self._thread.join()
-        self.waited += time.perf_counter() - start
+        with Timer().lap() as lap:
+            self._thread.join()
+        self.waited += lap.seconds
         if self._error is not None:
             error, self._error = self._error, None
             raise error

@@ -19,12 +19,12 @@ every build in the exact kind (torch only). docs/scf.md has the measurements.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..kernels.protocol import FittedBuildsBackend
+from ..run.context import Timer
 from ..run.memory import budget_bytes
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError, option
@@ -219,7 +219,15 @@ class FittedCoulombExchange:
 
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
-        start = time.perf_counter()
+        with Timer().lap() as lap:
+            self._set_up()
+        self.record.setup_seconds = lap.seconds
+        if hasattr(self.integrals, "held_bytes"):  # early: the thread's time and the wait for it
+            self.record.integral_seconds = self.integrals.seconds
+            self.record.integral_wait_seconds = self.integrals.waited
+
+    def _set_up(self):
+        """B whitened, and kept by the backend's store (in memory or a scratch file)."""
         backend, integrals = self.backend, self.integrals
         self.nao = nao = integrals.nao
         triangle = fitted_bytes(integrals)
@@ -252,10 +260,6 @@ class FittedCoulombExchange:
         self.record.storage = store.storage
         self.record.metric = factor.describe()
         self.record.whitening = f"{whitener.device_name}, fp64"
-        self.record.setup_seconds = time.perf_counter() - start
-        if early:
-            self.record.integral_seconds = integrals.seconds
-            self.record.integral_wait_seconds = integrals.waited
 
     def _free_bytes(self):
         """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""
@@ -290,7 +294,18 @@ class FittedCoulombExchange:
         (None where not asked), in the policy's kind."""
         if self._store is None:
             self._build()
-        start, before = time.perf_counter(), self._modelled_so_far()
+        before = self._modelled_so_far()
+        with Timer().lap() as lap:
+            vj, vk, how = self._built(dms, factors, with_j, with_k, hermi)
+        self.record.builds.append(how)
+        self.record.seconds.append(lap.seconds)
+        if before is not None:
+            for target, seconds in self._modelled_so_far().items():
+                self.record.modelled.setdefault(target, []).append(seconds - before[target])
+        return vj, vk
+
+    def _built(self, dms, factors, with_j, with_k, hermi) -> tuple:
+        """(vj, vk, the kind of build that ran) of get_jk's densities."""
         factors = [f if f is not None else density_factor(d, hermi) for f, d in zip(factors, dms)]
         how, anchor = self._build_plan(dms, with_j, with_k)
         if how == "incremental":
@@ -316,12 +331,7 @@ class FittedCoulombExchange:
                 self._anchor = (np.array(dms), copy(vj), copy(vk), factors)
         if not with_k and not self._store.coulomb_follows_kind:
             how = "coulomb"
-        self.record.builds.append(how)
-        self.record.seconds.append(time.perf_counter() - start)
-        if before is not None:
-            for target, seconds in self._modelled_so_far().items():
-                self.record.modelled.setdefault(target, []).append(seconds - before[target])
-        return vj, vk
+        return vj, vk, how
 
     def _modelled_so_far(self):
         """Calibrated MODEL seconds of everything the backend ran so far, per target (a simulated

@@ -3,7 +3,6 @@ given by the caller, or found in the checkpoint; and steps 1-3 alone (`three_cen
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -90,17 +89,14 @@ class LocalThreeCenter:
         store = self.stores[s]
         if self.factor is None or store.whitened(i0, i1):
             return store.read_occ(i0, i1, self.nkept)
-        start = time.perf_counter()
-        slab = self.backend.zeros((i1 - i0, store.shape[1], self.nkept))
-        for b0, b1 in block_ranges(i1 - i0, self.occ_block):  # 3. B = (ia|P) L^-T, a block at a time
-            block = whiten_three_center(self.backend, self.factor, store.read_occ(i0 + b0, i0 + b1))
-            store.write_occ(i0 + b0, i0 + b1, block)
-            self.backend.copy_into(slab[b0:b1], block)
-            del block
-            release_freed_memory()
-        seconds = time.perf_counter() - start
-        self.timer.add("whiten", seconds)
-        self.timer.add("pair_energies", -seconds)
+        with self.timer.step("whiten", out_of="pair_energies"):
+            slab = self.backend.zeros((i1 - i0, store.shape[1], self.nkept))
+            for b0, b1 in block_ranges(i1 - i0, self.occ_block):  # 3. B = (ia|P) L^-T, a block at a time
+                block = whiten_three_center(self.backend, self.factor, store.read_occ(i0 + b0, i0 + b1))
+                store.write_occ(i0 + b0, i0 + b1, block)
+                self.backend.copy_into(slab[b0:b1], block)
+                del block
+                release_freed_memory()
         return slab
 
     def pair_blocks(self, tasks, todo):

@@ -17,22 +17,44 @@ from typing import Callable
 
 
 @dataclass
+class Lap:
+    """The wall seconds of one timed stretch (`Timer.lap`), set when it ends."""
+
+    seconds: float = 0.0
+
+
+@dataclass
 class Timer:
-    """Seconds spent per named step (PySCF's log.timer habit): `with timer.step("transform"): ...`
-    adds the step's wall time to timings[name], after `synchronize()` (a device backend's
-    queue drained, so that the time is the step's and not the next one's)."""
+    """Seconds spent per named step (PySCF's log.timer habit), the one clock of dfmp2's timings:
+    `with timer.step("transform"): ...` adds the step's wall time to timings[name], after
+    `synchronize()` (a device backend's queue drained, so that the time is the step's and not
+    the next one's); `with timer.lap() as lap: ...` measures a stretch for a record of its own
+    (lap.seconds) without naming a step. Laps hold no state in the timer: threads may take them."""
 
     timings: dict = field(default_factory=dict)
     synchronize: Callable[[], None] = lambda: None
 
     @contextmanager
-    def step(self, name: str):
-        start = time.perf_counter()
+    def lap(self):
+        lap, start = Lap(), time.perf_counter()
         try:
-            yield
+            yield lap
         finally:
             self.synchronize()
-            self.add(name, time.perf_counter() - start)
+            lap.seconds = time.perf_counter() - start
+
+    @contextmanager
+    def step(self, name: str, out_of: str | None = None):
+        """out_of: the step this one runs inside, whose time it is taken from (B whitened slab
+        by slab inside the pair stage is "whiten", not "pair_energies")."""
+        lap = Lap()
+        try:
+            with self.lap() as lap:
+                yield lap
+        finally:
+            self.add(name, lap.seconds)
+            if out_of is not None:
+                self.add(out_of, -lap.seconds)
 
     def add(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
