@@ -35,7 +35,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     top): its correlation, hardware and resource groups are used; allow_non_aufbau accepts
     occupied orbitals above virtual ones. integrals: the three-center provider (default:
     chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
-    (`dfmp2.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
+    (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
     settings, context = settings_from(settings, **changes), context_from(context)
     with chem.pyscf_scratch(settings.scratch):  # PySCF's temporary files: the run's, removed with it
         return _run_mean_field(mf, settings, integrals, context, given)
@@ -131,7 +131,7 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
     (`functionals`; a custom PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part,
     then E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals. Keyword `changes` are
     applied on top of `settings` (default Settings()); context: the run's team, progress and
-    timer (`dfmp2.context`; default: one process). Every input is checked before the SCF."""
+    timer (`dfmp2.run.context`; default: one process). Every input is checked before the SCF."""
     settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
     chem.check_geometry(atoms)
     # PySCF's temporary files: the run's, removed with it (a checkpoint's next run removes a killed one's)

@@ -149,7 +149,7 @@ class PySCFMP2Base(lib.StreamObject):
 
     def nuc_grad_method(self):
         """The analytic DF-MP2 nuclear gradient object (PySCF's convention: .kernel() -> de
-        [natm, 3], Eh/bohr). RHF and UHF references (`dfmp2.gradient`)."""
+        [natm, 3], Eh/bohr). RHF and UHF references (`dfmp2.mp2.gradient`)."""
         if chem.reference_kind(self._scf) == "rohf" or chem.is_kohn_sham(self._scf):
             raise NotImplementedError(GRADIENTS_PENDING)
         return Gradients(self)
@@ -290,7 +290,7 @@ class PySCFMP2Base(lib.StreamObject):
         """The DF-MP2 one-particle density: MO basis (AO with ao_repr), reference occupations plus
         the MP2 correction; RHF [nmo, nmo] (trace = electron count), UHF [2, nmo, nmo] (alpha,
         beta; as PySCF's dfump2_native); built blockwise from the (ia|kb) blocks (no t2 needed).
-        relaxed=True: with the orbital response (Z-vector; `dfmp2.response`), the CPHF solved to
+        relaxed=True: with the orbital response (Z-vector; `dfmp2.mp2.response`), the CPHF solved to
         cphf_tol (default: the SCF's conv_tol) in at most cphf_max_cycle iterations."""
         if chem.reference_kind(self._scf) == "rohf":
             raise NotImplementedError(ROHF_DENSITIES_PENDING)
@@ -325,7 +325,7 @@ class PySCFMP2Base(lib.StreamObject):
 
     def double_hybrid_energy(self, xc=None, c_os=None, c_ss=None):
         """E_KS + c_os E_os + c_ss E_ss (Eh) of the Kohn-Sham reference this object ran on: xc
-        names a double hybrid (`dfmp2.functionals`; its KS part must be the reference's xc), or
+        names a double hybrid (`dfmp2.chem.functionals`; its KS part must be the reference's xc), or
         give c_os and c_ss for a custom one. Runs the energy first if needed."""
         from ..chem.functionals import double_hybrid
 

@@ -10,7 +10,7 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
     """Make a density-fitted PySCF mean field `mf` (RHF, UHF, ROHF, RKS, UKS, ROKS) build its
     Coulomb and exchange matrices with dfmp2 on `device` (cpu or cuda), as gpu4pyscf's to_gpu()
     moves a whole SCF: PySCF's driver (DIIS, damping, convergence) and the exchange-correlation
-    quadrature stay as they are. precision: mixed (default) or fp64 (`dfmp2.scf`); max_memory:
+    quadrature stay as they are. precision: mixed (default) or fp64 (`dfmp2.chem.jk`); max_memory:
     MB for the process (default: mf.max_memory). The JK-fit set is mf.with_df's. Returns mf
     (changed in place); dfmp2's DFMP2 on it records scf_backend "torch".
 

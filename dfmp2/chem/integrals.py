@@ -14,7 +14,7 @@ from .basis import FittingSet, _atom_labels, _describe_basis, fitting_basis, nam
 
 class ThreeCenterIntegrals:
     """DF integrals in one auxiliary basis, produced block by block of auxiliary functions: an
-    IntegralProvider (`dfmp2.providers`).
+    IntegralProvider (`dfmp2.run.providers`).
 
     nao, naux: sizes. metric(): (P|Q) [naux, naux]. block(p0, p1): (mn|P) as [p1-p0, nao, nao].
     aux_blocks(limit): shell-aligned (p0, p1) ranges of at most `limit` functions where possible.
@@ -89,7 +89,7 @@ class ThreeCenterIntegrals:
         pair blocks, each once, over every auxiliary function (`screened_lower`)."""
         return ThreeCenterIntegrals.packed(self) if self.screening is None else self.screened_lower(0, self.naux)
 
-    # ---- screening (dfmp2.sparse) ------------------------------------------------------
+    # ---- screening (dfmp2.util.sparse) ------------------------------------------------------
     def screened_pattern(self, threshold, block_functions):
         """The pair blocks a Schwarz screening at `threshold` keeps (`sparse.ScreenedPattern`):
         q_mn = sqrt(max |(mn|mn)|) per shell pair, s = max_P sqrt((P|P)), blocks of whole atoms."""
@@ -216,7 +216,7 @@ class CholeskyVectors:
     """The three-center integrals a PySCF density-fitting object already holds, whitened:
     L_mn^P with (mn|ls) ~ sum_P L_mn^P L_ls^P, from a molecular pyscf.df.DF's `_cderi` (a
     density-fitted SCF's, reused as PySCF's DFMP2 reuses them) or a periodic GDF's gamma-point
-    integrals (built if need be). An IntegralProvider (`dfmp2.providers`) with the identity as metric,
+    integrals (built if need be). An IntegralProvider (`dfmp2.run.providers`) with the identity as metric,
     so that steps 1 and 3 of the pipeline leave them as they are. Periodic: only the positive-
     definite case (3-D, or infinite-vacuum 2-D); a negative part (truncated Coulomb of 2-D
     cells) is refused."""

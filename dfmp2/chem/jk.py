@@ -36,7 +36,7 @@ from ..util.system_memory import MB, release_freed_memory, resident_bytes
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
 SCF_PRECISIONS = ("mixed", "fp64")
 EXACT_ONLY = "exact"  # not an SCF option: every build in the store's exact kind (fp64 on torch, exact-product
-# slices on a NeuronCore), for the orbital response (dfmp2.response.response_mean_field)
+# slices on a NeuronCore), for the orbital response (dfmp2.mp2.response.response_mean_field)
 ANCHOR_BELOW = 1e-2  # mixed: the first exact-kind build once max |D_n - D_(n-1)| is below this
 FP32_RELATIVE_ERROR = 1e-3  # mixed: a new anchor once this times |D - D_anchor| exceeds |D_n - D_(n-1)|
 INCREMENT_RANK_DROP = 1e-6  # mixed: eigenvalues of D - D_anchor below this times the largest are left out

@@ -240,7 +240,7 @@ def is_periodic(mf) -> bool:
 
 def write_molden(mol, path, mo_coeff, occupations) -> None:
     """Orbitals [nao, nmo] with their occupations to a Molden file at `path` (PySCF's writer;
-    dfmp2.files stages it and puts it in place)."""
+    dfmp2.util.files stages it and puts it in place)."""
     from pyscf.tools import molden
 
     molden.from_mo(mol, path, mo_coeff, occ=occupations)

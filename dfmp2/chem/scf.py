@@ -95,7 +95,7 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
     it has none); scf='exact': conventional four-center integrals. Raises ComputationError if
     not converged. xc: Kohn-Sham instead of Hartree-Fock (RKS, UKS, ROKS) with that PySCF xc
     string (PySCF's default grid). builds: dfmp2's Coulomb/exchange builds
-    (`dfmp2.scf.FittedCoulombExchange`, scf='df' only) instead of PySCF's (the caller closes them)."""
+    (`dfmp2.chem.jk.FittedCoulombExchange`, scf='df' only) instead of PySCF's (the caller closes them)."""
     mf = _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc)
     if builds is not None:
         use_fitted_builds(mf, builds)
@@ -123,7 +123,7 @@ def jk_auxbasis_of(mf):
 
 def use_fitted_builds(mf, builds):
     """Make the density-fitted mean field `mf` take its Coulomb and exchange matrices from
-    `builds` (a `dfmp2.scf.FittedCoulombExchange`) instead of PySCF's own: its with_df's get_jk
+    `builds` (a `dfmp2.chem.jk.FittedCoulombExchange`) instead of PySCF's own: its with_df's get_jk
     is replaced (PySCF's SCF, Kohn-Sham and response code all call it). Range-separated
     exchange (omega) is refused. Returns mf."""
     with_df = getattr(mf, "with_df", None)

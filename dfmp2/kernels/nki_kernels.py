@@ -902,7 +902,7 @@ def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_
     return g_out
 
 
-# ---- the SCF's Coulomb and exchange builds (dfmp2.scf; the backend side in nki_fitted.py) ------------
+# ---- the SCF's Coulomb and exchange builds (dfmp2.chem.jk; the backend side in nki_fitted.py) ------------
 
 @nki.jit
 def fitted_jk_kernel(b, left, right, left_t, w_col, same, with_k):

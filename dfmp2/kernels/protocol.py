@@ -74,7 +74,7 @@ class Backend(Protocol):
     has_fp64: bool  # fp64 arithmetic on the device (False on a NeuronCore)
     forms_amplitudes: bool  # pair_energy can fill t_out (t2; False: the pair kernel keeps (ia|jb) on chip)
     streams_densities: bool  # density_block takes B of all i in several row blocks (B out of core)
-    screens: frozenset  # the steps with block-sparse operations (dfmp2.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)
+    screens: frozenset  # the steps with block-sparse operations (dfmp2.util.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)
     calls: Counter  # kernel (or host:* / device:* step) -> times run; callers add their host:* steps
     notes: list  # announcements (str) recorded in the result, e.g. a disputed nki/target pair
 
@@ -127,11 +127,11 @@ class Backend(Protocol):
         """(mn|P) [nP, nao, nao], C_occ [nao, nocc], C_vir [nao, nvir] -> (ia|P) [nocc, nvir, nP]."""
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
-        """Block-sparse (mn|P) (a dfmp2.sparse.ScreenedThreeCenter on the device) -> (ia|P) [nocc, nvir, nP].
+        """Block-sparse (mn|P) (a dfmp2.util.sparse.ScreenedThreeCenter on the device) -> (ia|P) [nocc, nvir, nP].
         Only where "mp2" is in `screens`."""
 
     def screened_layout(self, pattern) -> dict:
-        """What screened_ao2mo streams of a dfmp2.sparse.ScreenedPattern ("unit", "kept_fraction"):
+        """What screened_ao2mo streams of a dfmp2.util.sparse.ScreenedPattern ("unit", "kept_fraction"):
         for the result's screening record."""
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
@@ -150,7 +150,7 @@ class Backend(Protocol):
 
 class FittedStore(Protocol):
     """A backend's copy of the whitened JK-fit integrals B for one SCF, and its builds
-    (`dfmp2.scf` holds the policy; torch_fitted.TorchFittedStore, nki_fitted.NkiFittedStore)."""
+    (`dfmp2.chem.jk` holds the policy; torch_fitted.TorchFittedStore, nki_fitted.NkiFittedStore)."""
 
     exact_kind: str  # the kind of anchors and strict builds: "fp64" (torch) or "exact" (NKI)
     coulomb_follows_kind: bool  # False: J is built in exact_kind whatever the build's kind
@@ -179,7 +179,7 @@ class FittedStore(Protocol):
 @runtime_checkable
 class FittedBuildsBackend(Protocol):
     """A backend that builds the SCF's Coulomb and exchange matrices from whitened JK-fit
-    integrals (`dfmp2.scf`): torch (cpu, cuda) and NKI (trn1, trn2, emulated or not)."""
+    integrals (`dfmp2.chem.jk`): torch (cpu, cuda) and NKI (trn1, trn2, emulated or not)."""
 
     def fitted_store(self, rows, nao, kinds, free_bytes) -> FittedStore:
         """rows [naux, npair] host fp64 (B^P_(mn), m >= n), nao, kinds: the build kinds the run

@@ -203,7 +203,7 @@ class TorchBackend:
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
         """(ia|P) = sum_mn C_mi C_na (mn|P) over the kept pair blocks of a ScreenedThreeCenter on
-        this device (`dfmp2.sparse`): one GEMM per row panel, then one [nvir, nao] GEMM ->
+        this device (`dfmp2.util.sparse`): one GEMM per row panel, then one [nvir, nao] GEMM ->
         [nocc, nvir, nP] (torch_sparse.ao2mo)."""
         self.calls["screened_ao2mo"] += 1
         return torch_sparse.ao2mo(self._panel_index, screened, c_occ, c_vir)
@@ -214,7 +214,7 @@ class TorchBackend:
 
     def fitted_store(self, rows, nao, kinds, free_bytes, pattern=None):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a scratch.RowFile
-        of them out of core (torch_fitted.TorchFittedStore); screened, a dfmp2.sparse.LowerPanels,
+        of them out of core (torch_fitted.TorchFittedStore); screened, a dfmp2.util.sparse.LowerPanels,
         or out of core a RowFile of its flat rows and their `pattern` (torch_fitted.ScreenedFittedStore)."""
         from .torch_fitted import ScreenedFittedStore, TorchFittedStore
 

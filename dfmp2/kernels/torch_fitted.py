@@ -242,7 +242,7 @@ class TorchFittedStore:
         """J and K of D - D_anchor = L L^T - L_a L_a^T, in fp32 GEMMs with an error proportional to
         the step: deltas [nset, nao, nao] host fp64; anchor_factors: the factors an anchor build
         had (L_a, None, None); steps [E [nao, r]] with L Q = L_a + E (the orbitals aligned to the
-        anchor's, `dfmp2.scf.orbital_steps`).
+        anchor's, `dfmp2.chem.jk.orbital_steps`).
           Y^P = E^T B^P,  X_a^P = L_a^T B^P (kept by the anchor build, else made here)
           K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn
         J(D - D_anchor) in fp64 from deltas. Returns (J or None, K or None) host fp64."""
@@ -350,7 +350,7 @@ class CoulombSum:
 
 
 class ScreenedFittedStore(TorchFittedStore):
-    """B for the SCF's builds, screened: each kept pair block once (a dfmp2.sparse LowerPanels of
+    """B for the SCF's builds, screened: each kept pair block once (a dfmp2.util.sparse LowerPanels of
     whitened B, host fp64), kept on the device in fp64 (J's source; half the bytes of both
     orientations) and, where the budget allows, both orientations in the first build kind (K's
     panels; else expanded block by block per build, ~0.4 ns an element). Out of core: a

@@ -238,7 +238,7 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
 def nuclear_gradient_of_run(mf, correlation, settings, timer=None) -> tuple:
     """(dE_total/dR [natm, 3] (Eh/bohr), the record of the J/K builds its orbital response ran on,
     the relaxed density in the MO basis (relaxed_density's; for relaxed_properties)) of a finished
-    RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.gradient`), in the MP2 fitting set
+    RHF or UHF run made with with_rdm1 and with_gamma (`dfmp2.mp2.gradient`), in the MP2 fitting set
     of settings.auxbasis. The reference term's large arrays go where the run's B went (memory,
     or HDF5 under settings.scratch, removed on the way out)."""
     from ..kernels import backend_for

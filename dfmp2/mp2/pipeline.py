@@ -1,15 +1,15 @@
-"""The DF-MP2 correlation energy: the steps of `dfmp2.steps`, composed with providers and policies.
+"""The DF-MP2 correlation energy: the steps of `dfmp2.mp2.steps`, composed with providers and policies.
 
-    refs, active orbitals        dfmp2.orbitals (spin channels: one restricted, two unrestricted)
-    memory plan                  dfmp2.memory (block sizes from the budget)
-    B: made or found             a ThreeCenterProvider (dfmp2.providers): one process (memory, disk,
+    refs, active orbitals        dfmp2.mp2.orbitals (spin channels: one restricted, two unrestricted)
+    memory plan                  dfmp2.run.memory (block sizes from the budget)
+    B: made or found             a ThreeCenterProvider (dfmp2.run.providers): one process (memory, disk,
                                  out of core), several ranks, or given by the caller
     pair energies                steps.pair_energies over the tasks the provider streams
     density, singles             steps.mp2_densities, steps.singles_energy
     the result                   assembled once (`CorrelationEnergy`)
-Around them, the run's policies: the checkpoint's resume policy (dfmp2.checkpoint: B and the
-finished pair tasks), the ranks (dfmp2.distributed, through the provider) and the timer and
-progress of the run context (dfmp2.context). The steps never branch on a device, a storage or
+Around them, the run's policies: the checkpoint's resume policy (dfmp2.run.checkpoint: B and the
+finished pair tasks), the ranks (dfmp2.run.ranks, through the provider) and the timer and
+progress of the run context (dfmp2.run.context). The steps never branch on a device, a storage or
 a rank; those choices are made once, here: the plan (`plan_run`: memory or disk, t2), the
 provider (`three_center_provider`) and the checkpoint policy (`open_run_checkpoint`).
 """
@@ -56,7 +56,7 @@ class CorrelationEnergy:
     # channel: [(occ_index, vir_index, P_oo, P_vv)] with indices into the reference's MOs
     rdm1_active: list | None = None
     # with_gamma: the three-index two-particle density per spin channel [nocc_s, nvir_s, naux], fp64
-    # (steps.mp2_densities), for the orbital response (dfmp2.response)
+    # (steps.mp2_densities), for the orbital response (dfmp2.mp2.response)
     gamma: list | None = None
     # with_t2: t_ij^ab [nocc, nocc, nvir, nvir] of the active orbitals (restricted), or for an
     # unrestricted reference (t2aa, t2ab, t2bb), same-spin ones antisymmetrised (PySCF's t2)
@@ -218,14 +218,14 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
                  fock_mo=None, context=None, given=None, **changes) -> CorrelationEnergy:
     """DF-MP2 correlation energy of a restricted or unrestricted reference.
 
-    integrals: an IntegralProvider (`dfmp2.providers`). Restricted: mo_coeff [nao, nmo],
+    integrals: an IntegralProvider (`dfmp2.run.providers`). Restricted: mo_coeff [nao, nmo],
     mo_energy [nmo] (Eh), mo_occ [nmo] (0/2). Unrestricted: each of them per spin
     ([2, nao, nmo], [2, nmo], [2, nmo], occupations 0/1). fock_mo: per spin, the Fock matrix in
     the (semicanonical) MO basis [nmo, nmo] of a non-canonical reference (ROHF), for the
     singles; None for canonical orbitals. settings (keyword `changes` on top): frozen,
     max_memory (MB), scratch, checkpoint, with_rdm1 (RHF or UHF: the unrelaxed density;
     rdm1_scaling), with_t2 (True, False or IF_ROOM), include_singles, force_outcore.
-    context: the run's team, progress and timer (`dfmp2.context`; default: one process).
+    context: the run's team, progress and timer (`dfmp2.run.context`; default: one process).
     given: B per spin channel ([nocc * nvir, naux] arrays or HDF5 datasets of the active
     orbitals, PySCF's ovL layout): steps 1-3 are skipped.
     """

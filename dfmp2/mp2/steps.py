@@ -1,5 +1,5 @@
 """The equations of DF-MP2, one function each, on arrays and blocks (no storage, rank or
-checkpoint decisions here: those are the providers and policies of `dfmp2.pipeline`).
+checkpoint decisions here: those are the providers and policies of `dfmp2.mp2.pipeline`).
 
     1. metric Cholesky   J_PQ = (P|Q) = L L^T                        factor_metric
     2. AO->MO transform  (ia|P) = sum_mn C_mi C_na (mn|P)            transform_to_mo
@@ -15,7 +15,7 @@ checkpoint decisions here: those are the providers and policies of `dfmp2.pipeli
     ROHF-MBPT(2), on semicanonical orbitals: the unrestricted sums plus
                          E_singles = sum_s sum_ia |f_ia|^2 / (e_i - e_a)      singles_energy
 Every array operation goes through a backend from `dfmp2.kernels`; spin is a parameter (each
-step takes one spin channel, `dfmp2.orbitals.SpinChannel`, or the task's pair of them).
+step takes one spin channel, `dfmp2.mp2.orbitals.SpinChannel`, or the task's pair of them).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def transform_to_mo(backend, ao_block, c_occ, c_vir):
     """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block (the ao2mo kernel).
 
     ao_block [nP, nao, nao] (symmetric in m, n), or its kept pair blocks only (a screened
-    `dfmp2.sparse.ScreenedThreeCenter`: the sum runs over them); c_occ [nao, nocc]; c_vir
+    `dfmp2.util.sparse.ScreenedThreeCenter`: the sum runs over them); c_occ [nao, nocc]; c_vir
     [nao, nvir] (device tensors). Returns [nocc, nvir, nP].
     """
     if isinstance(ao_block, ScreenedThreeCenter):

@@ -21,7 +21,7 @@ from .steps import factor_metric, transform_aux_blocks, whiten_occupied_blocks, 
 
 
 def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
-    """Where B comes from and lives (`dfmp2.providers`): given by the caller, over the ranks of
+    """Where B comes from and lives (`dfmp2.run.providers`): given by the caller, over the ranks of
     the team, or made (or found in the checkpoint) in this process."""
     if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
         return given_three_center(backend, given, channels, plan)
@@ -63,7 +63,7 @@ def local_three_center(backend, integrals, metric, channels, plan, scratch, chec
 
 
 class LocalThreeCenter:
-    """The ThreeCenterProvider of one process (`dfmp2.providers`): stores[s] (MemoryStore or
+    """The ThreeCenterProvider of one process (`dfmp2.run.providers`): stores[s] (MemoryStore or
     DiskStore) hold channel s's B [nocc, nvir, nkept]. The pair stage reads B_I in slabs of
     plan.slab_rows occupied rows, once each, and streams the B_J blocks the slab's tasks need
     against it, read once per slab (a view when J lies inside the slab). With `factor` (out of

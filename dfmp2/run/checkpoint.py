@@ -14,11 +14,11 @@
                              "pairs"    the pair-task list the journal indexes (occupied block)
     DIR/dfmp2.lock         held (flock) by the run using DIR; a second run is refused at once
     DIR/scf.npz            the converged reference (mo_coeff, mo_energy, mo_occ, e_tot)
-    DIR/optimize.npz       `dfmp2 optimize`: its finished steps (section "optimize"; dfmp2.optimize)
+    DIR/optimize.npz       `dfmp2 optimize`: its finished steps (section "optimize"; dfmp2.app.optimize)
     DIR/B_<channel>.h5     B [nocc, nvir, naux] per spin channel (storage.DiskStore, kept)
     DIR/pairs.journal      finished pair tasks: (task index, E_os part, E_ss part, crc32)
                            records, appended as each task finishes (fp64)
-With several ranks (dfmp2.distributed), DIR must be one directory every rank sees (a shared
+With several ranks (dfmp2.run.ranks), DIR must be one directory every rank sees (a shared
 file system: each run checks that every rank reads the random stamp rank 0 writes). Rank 0
 alone reads and writes the manifest and scf.npz (and lists every rank's files in it before
 they are written); each rank r keeps its own rows and journal:
@@ -58,7 +58,7 @@ from .journal import PairJournal
 MANIFEST = "manifest.json"
 LOCK = "dfmp2.lock"
 FORMAT = "dfmp2-checkpoint"
-FORMAT_VERSION = 3  # 3: every file carries its identity (dfmp2.provenance; journals a header)
+FORMAT_VERSION = 3  # 3: every file carries its identity (dfmp2.util.provenance; journals a header)
 # the manifest sections each section's files are made from: their file identity (`Checkpoint.file_identity`)
 FILE_SOURCES = {"run": ("run",), "optimize": ("optimize",), "B": ("run", "pipeline"),
                 "pairs": ("run", "pipeline", "pairs")}
@@ -307,7 +307,7 @@ class Checkpoint:
         return True
 
     def file_identity(self, section: str) -> dict:
-        """The identity every file of `section` carries (`dfmp2.provenance`): the manifest
+        """The identity every file of `section` carries (`dfmp2.util.provenance`): the manifest
         sections it was made from (FILE_SOURCES), as they stand when it is written."""
         return {"format": FORMAT_VERSION, "section": section,
                 **{source: self.manifest[source] for source in FILE_SOURCES[section] if source in self.manifest}}

@@ -62,7 +62,7 @@ class Timer:
 
 @dataclass
 class RunContext:
-    """team: a dfmp2.distributed.Team of several ranks, or None for one process (a team of one
+    """team: a dfmp2.run.ranks.Team of several ranks, or None for one process (a team of one
     rank is one process: it is dropped here, the one place that decides it); progress(step,
     done, total): a callback for long steps, or None; timer: the run's `Timer`. One context per
     run: its timer adds up every step it times (a result's timings are the run's)."""

@@ -80,7 +80,7 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
     orbitals one pair-energy kernel can hold (e.g. on-chip memory); pair_scratch_bytes(nb,
     nvir), the memory one pair-energy call needs beyond its B blocks. on_disk: B kept on disk
     whatever the budget. ranks > 1: each of `ranks` processes holds about 2/ranks of the
-    tensor (dfmp2.distributed), in memory, or its own 1/ranks on disk and a few blocks in memory. growth: bytes of `baseline` allowed for what the
+    tensor (dfmp2.run.ranks), in memory, or its own 1/ranks on disk and a few blocks in memory. growth: bytes of `baseline` allowed for what the
     SCF will leave (named in the messages). gamma: the densities' three-index G is kept too
     (fp64, beside B: in memory or on disk with it), fitted a block of occ_block rows at a time.
 

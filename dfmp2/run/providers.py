@@ -1,6 +1,6 @@
 """The two provider protocols of the pipeline: where the integrals come from, and where B lives.
 
-The pipeline (`dfmp2.pipeline`) composes the steps (`dfmp2.steps`) with one provider of each
+The pipeline (`dfmp2.mp2.pipeline`) composes the steps (`dfmp2.mp2.steps`) with one provider of each
 kind; it never asks which one it holds.
 
 IntegralProvider: the three-center integrals (mn|P) and the metric (P|Q) of one auxiliary basis.

@@ -140,7 +140,7 @@ class RankBlocks:
 
 
 class RankThreeCenter:
-    """The ThreeCenterProvider of a team (`dfmp2.providers`): rows[s] (RankBlocks) = {b: B of
+    """The ThreeCenterProvider of a team (`dfmp2.run.providers`): rows[s] (RankBlocks) = {b: B of
     occupied block b of channel s} for the blocks this rank owns (`block_owners`), in memory or
     on disk as the plan says; the pair tasks (I, J) are computed by the owner of I while the B_J
     blocks travel around the ring, one rank's blocks per step (`pass_blocks`; on disk through

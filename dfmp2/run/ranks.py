@@ -14,7 +14,7 @@ One SCF (rank 0), broadcast. Then the pipeline's steps, split over the ranks:
      the canonical order (math.fsum), so the energy is that of one process.
 Each rank holds ~2/N of the tensor (its rows plus one visiting rank's), plus one block.
 With --checkpoint, rank 0 decides over the checkpoint for all (`Team.on_root`) and each rank
-keeps its own B blocks and pair journal there (dfmp2.checkpoint).
+keeps its own B blocks and pair journal there (dfmp2.run.checkpoint).
 Collectives time out after `timeout` seconds and any failure of another rank (a dead
 process closes its connections) becomes a ComputationError: no rank hangs.
 """

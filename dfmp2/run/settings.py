@@ -7,7 +7,7 @@
 Groups: the chemistry (molecule set-up and SCF: used by `run_xyz` only), the correlation step,
 the hardware (which backend), the resources (memory budget in MB, scratch and checkpoint
 directories). What a run uses beside them (the distributed team, a progress callback, the
-timer) is its context, `dfmp2.context.RunContext`, built once at the entry points.
+timer) is its context, `dfmp2.run.context.RunContext`, built once at the entry points.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ class Settings:
     reference: str | None = None  # rhf, uhf, rohf (None: rhf for spin 0, else uhf)
     scf: str = "df"  # df (JK-fit) or exact
     scf_max_cycle: int = SCF_MAX_CYCLE
-    scf_backend: str | None = None  # device: J/K on the run's backend (dfmp2.scf); pyscf: PySCF's own
+    scf_backend: str | None = None  # device: J/K on the run's backend (dfmp2.chem.jk); pyscf: PySCF's own
     # (None: device for scf="df" on cpu/cuda, pyscf for scf="exact" and on trn1/trn2)
-    scf_precision: str | None = None  # the device builds': mixed (default on cpu/cuda) or fp64 (dfmp2.scf)
+    scf_precision: str | None = None  # the device builds': mixed (default on cpu/cuda) or fp64 (dfmp2.chem.jk)
     screening: object = "auto"  # off, auto, or a threshold: screened block-sparse (mn|P) for the SCF's
-    # builds and the MP2 transform (dfmp2.sparse; auto: where the kept blocks make it pay)
+    # builds and the MP2 transform (dfmp2.util.sparse; auto: where the kept blocks make it pay)
     frozen_core: bool = False  # freeze PySCF's chemical core (run_xyz)
     xc: str | None = None  # a double hybrid's name, or a PySCF xc string with c_os, c_ss
     c_os: float | None = None
@@ -52,8 +52,8 @@ class Settings:
     frozen: object = None  # None, an int, a list of indices, or [[alpha...], [beta...]]
     allow_non_aufbau: bool = False
     with_rdm1: bool = False  # also the unrelaxed MP2 density (RHF or UHF)
-    gradient: bool = False  # also the analytic nuclear gradient (dfmp2.gradient; RHF and UHF)
-    properties: tuple = ()  # from the relaxed density (dfmp2.response.PROPERTIES): ("dipole",)
+    gradient: bool = False  # also the analytic nuclear gradient (dfmp2.mp2.gradient; RHF and UHF)
+    properties: tuple = ()  # from the relaxed density (dfmp2.mp2.response.PROPERTIES): ("dipole",)
     with_gamma: bool = False  # also the three-index two-particle density (relaxed densities; with with_rdm1)
     rdm1_scaling: tuple = (1.0, 1.0)  # (c_os, c_ss): the density of c_os E_os + c_ss E_ss (SCS-MP2)
     with_t2: object = False  # True, False, or IF_ROOM: kept when the memory budget allows it

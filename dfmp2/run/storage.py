@@ -79,7 +79,7 @@ class DiskStore:
         with self._scratch_errors(self._tmpdir.name):
             self._aux_file = h5py.File(os.path.join(self._tmpdir.name, "three_center.h5"), "w")
             self._file = h5py.File(self.path, "w")
-            if identity is not None:  # a kept B (a checkpoint's): what it was made from (dfmp2.provenance)
+            if identity is not None:  # a kept B (a checkpoint's): what it was made from (dfmp2.util.provenance)
                 stamp_h5(self._file, identity)
         self._dtype = np.float64 if backend.itemsize == 8 else np.float32
         self._blocks = []  # [(p0, p1, dataset)] of the transform's output

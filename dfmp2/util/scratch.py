@@ -99,8 +99,8 @@ class RowFile:
     written by blocks of rows (one contiguous read or write) or of columns (one per row), with
     positioned reads and writes, so that its pages stay in the page cache and out of the
     process's resident set (a memory map would count them). For the SCF's whitened JK-fit
-    integrals where the budget does not hold them (dfmp2.scf), and the blocks of B a rank keeps
-    out of core (dfmp2.distributed). The directory is removed by close(). bytes_read /
+    integrals where the budget does not hold them (dfmp2.chem.jk), and the blocks of B a rank keeps
+    out of core (dfmp2.run.ranks). The directory is removed by close(). bytes_read /
     bytes_written count the array bytes moved."""
 
     def __init__(self, shape, scratch=None, prefix="dfmp2-scf-", dtype=np.float64):

@@ -27,7 +27,7 @@ STREAM_METRIC, STREAM_U, STREAM_W, STREAM_C, STREAM_EOCC, STREAM_EVIR = range(1,
 
 
 class SyntheticIntegrals:
-    """A seeded synthetic IntegralProvider (`dfmp2.providers`): nao, naux, auxbasis, metric(),
+    """A seeded synthetic IntegralProvider (`dfmp2.run.providers`): nao, naux, auxbasis, metric(),
     aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell(). made_on: "cpu" (blocks
     are host arrays) or "cuda" (the metric and blocks are made on the GPU from the same Philox
     streams, drawn there, as a GPU integral engine would leave them: no upload)."""
