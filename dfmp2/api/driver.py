@@ -48,12 +48,10 @@ def _run_mean_field(mf, settings, integrals, context, given) -> DFMP2Result:
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     screening = {"mp2": _screened(settings, integrals, backend).screening_record}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
-    result = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
-                        {"mp2": integrals.fitting}, given)
-    result.ecp = chem.ecp_record(mf.mol)  # whatever ECPs the user's molecule carries
-    result.screening = screening
-    result.scf_record = scf_record(chem.fitted_builds_of(mf), mf)
-    return result
+    _, fields = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
+                           {"mp2": integrals.fitting}, given)
+    return DFMP2Result(**fields, ecp=chem.ecp_record(mf.mol),  # whatever ECPs the user's molecule carries
+                       screening=screening, scf_record=scf_record(chem.fitted_builds_of(mf), mf))
 
 
 def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, context=None,
@@ -176,35 +174,36 @@ def _run_atoms(atoms, settings, context) -> DFMP2Result:
             if builds is not None:
                 builds.close()
         chem.release_integrals(mf)
-        result = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
+        corr, fields = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
                             [f"ECPs off ({option('ecp', 'none')}): {el} all-electron in {settings.basis}, a basis made for its "
                              f"{label} ECP" for el, label in sorted(ecp.off.items())],
                             {"scf": jk_fitting, "mp2": integrals.fitting})
     if settings.checkpoint is not None:
-        result.correlation.checkpoint["reused_scf"] = reused_scf
-    result.scf_record = scf_record(builds, mf if scf_here else None)
-    result.screening = screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None)
-    result.double_hybrid, result.mean_field, result.ecp = dh, mf, dict(ecp.record)
-    _gradient_and_properties(mf, result, settings, context)
-    result.timings = dict(context.timer.timings)  # with the gradient's parts
-    result.peak_rss_bytes = peak_resident_bytes()  # the whole run's, the gradient and properties included
-    return result
+        corr.checkpoint["reused_scf"] = reused_scf  # (the correlation's record, before the result is made)
+    fields.update(scf_record=scf_record(builds, mf if scf_here else None),  # the SCF's builds, before the gradient's
+                  screening=screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None),
+                  double_hybrid=dh, mean_field=mf, ecp=dict(ecp.record))
+    fields.update(_gradient_and_properties(mf, corr, settings, context),
+                  timings=dict(context.timer.timings),  # with the gradient's parts
+                  peak_rss_bytes=peak_resident_bytes())  # the whole run's, the gradient and properties included
+    return DFMP2Result(**fields)
 
 
-def _gradient_and_properties(mf, result, settings, context) -> None:
-    """result.gradient, result.gradient_jk and result.properties where settings ask for them;
-    the three-index density is closed afterwards (its scratch, B out of core, removed)."""
-    relaxed = None  # a gradient's relaxed density serves the properties too (one CPHF)
+def _gradient_and_properties(mf, corr, settings, context) -> dict:
+    """The result's gradient, gradient_jk and properties where settings ask for them (over ranks:
+    on rank 0, which holds G; the others wait in the closing barrier); the three-index density is
+    closed afterwards (its scratch, B out of core, removed)."""
     if context.team is not None and not context.team.is_root:
-        return  # over ranks: rank 0 holds G and computes the rest (the others wait in the closing barrier)
+        return {}
+    out, relaxed = {}, None  # a gradient's relaxed density serves the properties too (one CPHF)
     try:
         if settings.gradient:
-            result.gradient, result.gradient_jk, relaxed = nuclear_gradient(mf, result.correlation, settings,
-                                                                            context.timer)
-        result.properties = relaxed_properties(mf, result.correlation, settings, relaxed) if settings.properties else {}
+            out["gradient"], out["gradient_jk"], relaxed = nuclear_gradient(mf, corr, settings, context.timer)
+        out["properties"] = relaxed_properties(mf, corr, settings, relaxed) if settings.properties else {}
     finally:
-        if result.correlation.gamma is not None:
-            result.correlation.gamma.close()
+        if corr.gamma is not None:
+            corr.gamma.close()
+    return out
 
 
 def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
@@ -331,16 +330,16 @@ def _run_identity(atoms, settings, reference, ecp) -> dict:
 
 
 def _correlate(backend, mf, reference, integrals, settings, context, basis, notes, fittings,
-               given=None) -> DFMP2Result:
-    """The MP2 steps on `reference` and the result record; fittings: {"scf"/"mp2": FittingSet or
-    None} (where each element's auxiliary set came from)."""
+               given=None) -> tuple:
+    """The MP2 steps on `reference`: (the CorrelationEnergy, the DFMP2Result fields they give);
+    fittings: {"scf"/"mp2": FittingSet or None} (where each element's auxiliary set came from)."""
     fittings = {kind: fitting for kind, fitting in fittings.items() if fitting is not None}
     generated = {kind: fitting.generated for kind, fitting in fittings.items()}
     with context.timer.step("mp2"):
         corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                             reference.mo_occ, settings, fock_mo=reference.fock_mo, context=context, given=given)
     ran = backend.record()
-    return DFMP2Result(
+    return corr, dict(
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
         spin_square=reference.spin_square, xc=reference.xc,
         auxbasis_generated={k: list(v) for k, v in generated.items() if v}, basis=basis,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..mp2.steps import mp2_density_correction
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +22,7 @@ PEAK_MODEL_NOTE = ("peak model (uncalibrated): the emulator trace at published p
                    "no launch cost; not a measurement")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DFMP2Result:
     """Energies in Hartree, timings in seconds, and a record of what ran where."""
 
@@ -70,9 +72,8 @@ class DFMP2Result:
             np.asarray(mo_coeff), np.asarray(mo_occ))
         dms = []
         for (occ_index, vir_index, p_oo, p_vv), coeff, occ in zip(spins, coeffs, occs):
-            dm = np.diag(np.asarray(occ, dtype=np.float64))
-            dm[np.ix_(occ_index, occ_index)] += p_oo
-            dm[np.ix_(vir_index, vir_index)] += p_vv
+            dm = mp2_density_correction(len(occ), occ_index, vir_index, p_oo, p_vv) + np.diag(
+                np.asarray(occ, dtype=np.float64))
             dms.append(coeff @ dm @ coeff.T if ao_repr else dm)
         return dms[0] if len(spins) == 1 else np.array(dms)
 

@@ -17,6 +17,8 @@ and conventions). L is formed from (mn|P) one auxiliary block at a time, fp64 on
 
 from __future__ import annotations
 
+from .steps import mp2_density_correction
+
 from contextlib import contextmanager
 
 import numpy as np
@@ -101,9 +103,7 @@ def relaxed_density(mf, rdm1_active, gammas, integrals, aux_block=128, tol=1e-10
         vir_all = np.flatnonzero(occ == 0)
         if len(vir) != len(vir_all):
             raise NotImplementedError("relaxed densities with frozen virtual orbitals are not implemented")
-        dm = np.zeros((len(occ), len(occ)))
-        dm[np.ix_(act, act)] += p_oo
-        dm[np.ix_(vir, vir)] += p_vv
+        dm = mp2_density_correction(len(occ), act, vir, p_oo, p_vv)
         a_mo, b_mo = derivatives[s] if derivatives is not None else orbital_derivatives(
             integrals, gamma, coeff, list(act), list(vir), aux_block)
         l_vo, l_fo = orbital_gradient(a_mo, b_mo, occ_index, list(act), vir_all)

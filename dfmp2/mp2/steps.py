@@ -31,7 +31,7 @@ from ..util.sparse import ScreenedThreeCenter
 from ..util.system_memory import release_freed_memory
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks",
-           "pair_energies", "combine_pair_sums", "t2_arrays", "mp2_densities", "natural_orbitals",
+           "pair_energies", "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction", "natural_orbitals",
            "singles_energy", "transform_aux_blocks", "whiten_occupied_blocks"]
 
 
@@ -267,6 +267,15 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
             release_freed_memory()
     contracted = schedule.combine(contracted)
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
+
+
+def mp2_density_correction(nmo, occ_index, vir_index, p_oo, p_vv) -> np.ndarray:
+    """One spin's unrelaxed MP2 correction to the 1-RDM in the MO basis [nmo, nmo]: P_oo on the
+    active occupied block, P_vv on the active virtual block, zero elsewhere."""
+    dm = np.zeros((nmo, nmo))
+    dm[np.ix_(occ_index, occ_index)] += p_oo  # P_ij
+    dm[np.ix_(vir_index, vir_index)] += p_vv  # P_ab
+    return dm
 
 
 def natural_orbitals(rdm1_mo, mo_coeff, overlap=None):
