@@ -30,9 +30,9 @@ from ..util.linalg import factor_metric, fitting_coefficients, whiten
 from ..util.sparse import ScreenedThreeCenter
 from ..util.system_memory import release_freed_memory
 
-__all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks",
-           "pair_energies", "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction", "natural_orbitals",
-           "singles_energy", "transform_aux_blocks", "whiten_occupied_blocks"]
+__all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks", "pair_energies",
+           "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction", "natural_orbitals",
+           "singles_energy"]
 
 
 # ----------------------------------------------------------------------------- steps 1-3
@@ -52,33 +52,6 @@ def transform_to_mo(backend, ao_block, c_occ, c_vir):
 def whiten_three_center(backend, factor, iaP):
     """Step 3: B_ia^Q = sum_P (ia|P) [L^-T]_PQ for a block iaP [ni, nvir, naux] -> [ni, nvir, nkept]."""
     return whiten(backend, factor, iaP)
-
-
-def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer, report, first=0):
-    """Step 2 over the auxiliary blocks [(p0, p1)]: (ia|P) = C_mi C_na (mn|P) of each spin
-    channel, written to stores[s] at columns p - first (each (mn|P) block is made once and
-    serves every channel). timer: the run's `Timer` ("integrals", "transform"); report: the
-    progress callback of the run context."""
-    for n, (p0, p1) in enumerate(aux_blocks):
-        with timer.step("integrals"):
-            ao_block = integrals.block(p0, p1)
-        with timer.step("transform"):
-            ao_block = ao_block.on_device(backend) if isinstance(ao_block, ScreenedThreeCenter) else \
-                backend.to_device(ao_block, fp64=True)
-            for ch, store in zip(channels, stores):
-                store.write_aux(p0 - first, p1 - first, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
-            del ao_block
-            release_freed_memory()
-        report("AO->MO transform", n + 1, len(aux_blocks))
-
-
-def whiten_occupied_blocks(backend, factor, store, nocc, occ_block, report):
-    """Step 3 in place over the occupied blocks of one channel's store: B = (ia|P) L^-T."""
-    occ_blocks = block_ranges(nocc, occ_block)
-    for n, (i0, i1) in enumerate(occ_blocks):
-        store.write_occ(i0, i1, whiten_three_center(backend, factor, store.read_occ(i0, i1)))
-        release_freed_memory()
-        report("whitening", n + 1, len(occ_blocks))
 
 
 # ----------------------------------------------------------------------------- step 4

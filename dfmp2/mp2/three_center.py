@@ -15,9 +15,10 @@ from ..run.settings import Settings, settings_from
 from ..run.storage import MemoryStore, new_store
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError
+from ..util.sparse.tensor import ScreenedThreeCenter
 from ..util.system_memory import MB, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
-from .steps import factor_metric, transform_aux_blocks, whiten_occupied_blocks, whiten_three_center
+from .steps import factor_metric, transform_to_mo, whiten_three_center
 
 
 def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
@@ -31,6 +32,37 @@ def three_center_provider(backend, integrals, metric, channels, plan, settings, 
     return local_three_center(backend, integrals, metric, channels, plan, settings.scratch, checkpoint, context)
 
 
+def transformed_three_center(backend, integrals, metric, channels, aux_blocks, new_store_of, context, first=0):
+    """Steps 1 and 2, the one place they are composed: (the metric's factor, stores[s] holding
+    channel s's (ia|P) for the auxiliary functions of aux_blocks, at columns p - first).
+    new_store_of(channel): the store each channel's (ia|P) goes to (closed here on failure)."""
+    with context.timer.step("metric"):
+        factor = factor_metric(backend, metric)  # 1. J = L L^T
+    stores = []
+    try:
+        for ch in channels:
+            stores.append(new_store_of(ch))
+        transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, context.timer, context.report,
+                             first=first)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
+    except BaseException:
+        for store in stores:
+            store.close()
+        raise
+    return factor, stores
+
+
+def whiten_blocks(backend, factor, read_occ, occ_blocks, write, report=None):
+    """Step 3 over occupied blocks [(i0, i1)]: B = (ia|P) L^-T of the rows read_occ(i0, i1)
+    gives, handed to write(i0, i1, B) a block at a time (freed memory given back after each)."""
+    for n, (i0, i1) in enumerate(occ_blocks):
+        block = whiten_three_center(backend, factor, read_occ(i0, i1))
+        write(i0, i1, block)
+        del block
+        release_freed_memory()
+        if report is not None:
+            report("whitening", n + 1, len(occ_blocks))
+
+
 def local_three_center(backend, integrals, metric, channels, plan, scratch, checkpoint, context):
     """Steps 1-3 in this process, B in memory or on disk as the plan says, or B the checkpoint
     holds. Out of core without a checkpoint, step 3 waits for step 4: each slab of (ia|P) is
@@ -40,21 +72,19 @@ def local_three_center(backend, integrals, metric, channels, plan, scratch, chec
     held = checkpoint.held_b(backend, channels, shapes)
     if held:
         return LocalThreeCenter(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
-    with timer.step("metric"):
-        factor = factor_metric(backend, metric)  # 1. J = L L^T
-    provider = LocalThreeCenter(backend, [], nocc, plan, factor.nkept, factor.describe(), timer)
+    factor, stores = transformed_three_center(
+        backend, integrals, metric, channels, integrals.aux_blocks(plan.aux_block), lambda ch: new_store(
+            backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, scratch, checkpoint.b_path(ch),
+            checkpoint.scratch_prefix, checkpoint.b_identity()), context)  # 1. and 2.
+    provider = LocalThreeCenter(backend, stores, nocc, plan, factor.nkept, factor.describe(), timer)
     try:
-        for ch, shape in zip(channels, shapes):
-            provider.stores.append(new_store(backend, shape, plan.storage, scratch, checkpoint.b_path(ch),
-                                             checkpoint.scratch_prefix, checkpoint.b_identity()))
-        transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, provider.stores,
-                             timer, context.report)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
         if plan.storage == "disk" and not checkpoint.keeps_b:
             provider.factor = factor  # 3. inside step 4, slab by slab
         else:
-            with timer.step("whiten"):  # 3. B = (ia|P) L^-T, each spin
-                for ch, store in zip(channels, provider.stores):
-                    whiten_occupied_blocks(backend, factor, store, ch.nocc, plan.occ_block, context.report)
+            with timer.step("whiten"):  # 3. B = (ia|P) L^-T, each spin, in place
+                for ch, store in zip(channels, stores):
+                    whiten_blocks(backend, factor, store.read_occ, block_ranges(ch.nocc, plan.occ_block),
+                                  store.write_occ, context.report)
             checkpoint.keep_b(channels, factor.nkept, factor.describe())
     except BaseException:
         provider.close()
@@ -91,12 +121,13 @@ class LocalThreeCenter:
             return store.read_occ(i0, i1, self.nkept)
         with self.timer.step("whiten", out_of="pair_energies"):
             slab = self.backend.zeros((i1 - i0, store.shape[1], self.nkept))
-            for b0, b1 in block_ranges(i1 - i0, self.occ_block):  # 3. B = (ia|P) L^-T, a block at a time
-                block = whiten_three_center(self.backend, self.factor, store.read_occ(i0 + b0, i0 + b1))
+
+            def keep(b0, b1, block):  # in the store (read once) and in the slab the pair stage takes
                 store.write_occ(i0 + b0, i0 + b1, block)
                 self.backend.copy_into(slab[b0:b1], block)
-                del block
-                release_freed_memory()
+
+            whiten_blocks(self.backend, self.factor, lambda b0, b1: store.read_occ(i0 + b0, i0 + b1),
+                          block_ranges(i1 - i0, self.occ_block), keep)  # 3. B = (ia|P) L^-T
         return slab
 
     def pair_blocks(self, tasks, todo):
@@ -183,14 +214,10 @@ def three_center_over_ranks(backend, integrals, metric, channels, plan, team, ch
                 provider.rows[s][b] = backend.to_device(block)
         provider.reused = True
         return provider
-    with context.timer.step("metric"):
-        factor = factor_metric(backend, metric)  # 1. J = L L^T, on every rank
-    c0, c1 = column_ranges[rank]
-    columns = [new_store(backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch)
-               for ch in channels]  # this rank's P
+    c0, c1 = column_ranges[rank]  # 1. on every rank; 2. for this rank's P
+    factor, columns = transformed_three_center(backend, integrals, metric, channels, shares[rank], lambda ch: new_store(
+        backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch), context, first=c0)
     try:
-        transform_aux_blocks(backend, integrals, shares[rank], channels, columns, context.timer, context.report,
-                             first=c0)  # 2. (ia|P) = C_mi C_na (mn|P)
         with context.timer.step("whiten"):
             provider.rows = []
             dtype = backend.zeros((1,)).dtype
@@ -234,24 +261,40 @@ def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
                                 "returned in memory: give more memory, or write them to a file (ovL_to_save)")
     backend.prepare(plan)
     channels = device_channels(backend, refs, selected)
-    factor = factor_metric(backend, integrals.metric())  # 1. J = L L^T
-    stores = []
+    factor, stores = transformed_three_center(
+        backend, integrals, integrals.metric(), channels, integrals.aux_blocks(plan.aux_block),
+        lambda ch: new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch),
+        context)  # 1. and 2.
     try:
-        for ch in channels:
-            stores.append(new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch))
-        transform_aux_blocks(backend, integrals, integrals.aux_blocks(plan.aux_block), channels, stores,
-                             context.timer, context.report)  # 2. (ia|P)
         results = []
-        for s, (ch, store) in enumerate(zip(channels, stores)):  # 3. B = (ia|P) L^-T
+        for s, (ch, store) in enumerate(zip(channels, stores)):  # 3. B = (ia|P) L^-T, to the caller's arrays
             shape = (ch.nocc * ch.nvir, factor.nkept)
             b = np.empty(shape) if out is None else out(s, shape)
-            for i0, i1 in block_ranges(ch.nocc, plan.occ_block):
-                block = whiten_three_center(backend, factor, store.read_occ(i0, i1))
-                b[i0 * ch.nvir:i1 * ch.nvir] = backend.to_host(block).reshape(-1, factor.nkept)
-                del block
-                release_freed_memory()
+
+            def to_b(i0, i1, block, b=b, nvir=ch.nvir):
+                b[i0 * nvir:i1 * nvir] = backend.to_host(block).reshape(-1, factor.nkept)
+
+            whiten_blocks(backend, factor, store.read_occ, block_ranges(ch.nocc, plan.occ_block), to_b)
             results.append(b)
     finally:
         for store in stores:
             store.close()
     return results
+
+
+def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer, report, first=0):
+    """Step 2 over the auxiliary blocks [(p0, p1)]: (ia|P) = C_mi C_na (mn|P) of each spin
+    channel, written to stores[s] at columns p - first (each (mn|P) block is made once and
+    serves every channel). timer: the run's `Timer` ("integrals", "transform"); report: the
+    progress callback of the run context."""
+    for n, (p0, p1) in enumerate(aux_blocks):
+        with timer.step("integrals"):
+            ao_block = integrals.block(p0, p1)
+        with timer.step("transform"):
+            ao_block = ao_block.on_device(backend) if isinstance(ao_block, ScreenedThreeCenter) else \
+                backend.to_device(ao_block, fp64=True)
+            for ch, store in zip(channels, stores):
+                store.write_aux(p0 - first, p1 - first, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
+            del ao_block
+            release_freed_memory()
+        report("AO->MO transform", n + 1, len(aux_blocks))
