@@ -204,7 +204,7 @@ def three_center_over_ranks(backend, integrals, metric, channels, plan, team, ch
     owners = block_owners([len(b) for b in blocks], size)
     provider = RankThreeCenter(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
                                plan.storage, scratch)
-    held = checkpoint.held_rows(provider.layout, blocks, owners, channels)
+    held = checkpoint.held_rows(provider.layout, blocks, owners, channels) if checkpoint.keeps_b else None
     if held is not None:  # B of this layout, kept by an earlier run (every rank's)
         rows, provider.nkept, provider.metric_label = held
         provider.rows = []
@@ -232,8 +232,9 @@ def three_center_over_ranks(backend, integrals, metric, channels, plan, team, ch
                 provider.add_io(columns[s].io())
                 columns[s].close()
             provider.nkept, provider.metric_label = factor.nkept, factor.describe()
-            checkpoint.keep_rows(channels, provider.rows, provider.nkept, provider.metric_label, provider.layout,
-                                 backend.to_host)
+            if checkpoint.keeps_b:
+                checkpoint.keep_rows(channels, provider.rows, provider.nkept, provider.metric_label, provider.layout,
+                                     backend.to_host)
     except BaseException:
         for store in columns:
             store.close()

@@ -1,13 +1,16 @@
 """The checkpoint as a run uses it: B and the pair journal kept, found and checked against
-the run's identity (`pipeline_identity`); `NoCheckpoint` where none was asked for."""
+the run's identity (`pipeline_identity`). Three policies, composed by `open_run_checkpoint`:
+`NoCheckpoint` where none was asked for, `RunCheckpoint` for one process (it knows nothing of
+ranks), and over a team `rank_checkpoint.RankCheckpoint` around each rank's `RunCheckpoint`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..util.errors import option
 from ..util.files import display
-from .checkpoint import Checkpoint, array_digest, open_checkpoint, version_identity
+from .checkpoint import array_digest, open_checkpoint, version_identity
+from .journal import PairJournal
+from .rank_checkpoint import RankCheckpoint, open_shared_checkpoint
 from .storage import DiskStore, remove_scratch
 
 
@@ -44,6 +47,8 @@ class NoCheckpoint:
     def claim_pipeline(self, identity_of):
         pass
 
+    # -- B of one process
+
     def held_b(self, backend, channels, shapes):
         return []
 
@@ -56,11 +61,7 @@ class NoCheckpoint:
     def keep_b(self, channels, nkept, metric_label):
         pass
 
-    def held_rows(self, layout, blocks, owners, channels):
-        return None
-
-    def keep_rows(self, channels, rows, nkept, metric_label, layout, to_host):
-        pass
+    # -- the pair stage's task loop
 
     def resume_pairs(self, ntasks, layout, owned):
         return set(), np.zeros((ntasks, 2))
@@ -79,29 +80,26 @@ class NoCheckpoint:
 
 
 class RunCheckpoint(NoCheckpoint):
-    """The resume policy of a run with --checkpoint DIR, around the steps: the SCF (driver), B
-    (steps 1-3) and the finished pair tasks (step 4) are taken from DIR when its manifest
-    vouches for them and belong to this run, else computed and kept there. With a team of
-    several ranks rank 0 reads and writes the manifest for all (`Team.on_root`), and each rank
-    keeps its own B blocks and journal. Use as a context manager (closes the checkpoint)."""
+    """The resume policy of one process with --checkpoint DIR, around the steps: the SCF
+    (driver), B (steps 1-3) and the finished pair tasks (step 4) are taken from DIR when its
+    manifest vouches for them and belong to this run, else computed and kept there. It knows
+    nothing of ranks: over a team, `RankCheckpoint` wraps each rank's. Use as a context
+    manager (closes the checkpoint)."""
 
     keeps_b = True
 
-    def __init__(self, checkpoint: Checkpoint, team=None, scratch=None):
-        self.checkpoint, self.team, self.scratch = checkpoint, team, scratch
+    def __init__(self, checkpoint, scratch=None):
+        self.checkpoint, self.scratch = checkpoint, scratch
         self.scratch_prefix = checkpoint.scratch_prefix
         self._journal = None
-        self._reused_pair_tasks = 0
+        self.reused_pair_tasks = 0
 
     def __exit__(self, *exc):
         self.close_journal()
         self.checkpoint.close()
         return False
 
-    def _on_root(self, work):
-        return work() if self.team is None else self.team.on_root(work)
-
-    # -- the SCF (one process, or rank 0 for all)
+    # -- the SCF
 
     def resume_scf(self, identity, run_scf, arrays_of):
         """(the SCF's arrays the checkpoint holds for this run, True), or (run_scf(), False)
@@ -121,8 +119,7 @@ class RunCheckpoint(NoCheckpoint):
     def claim_pipeline(self, identity_of):
         """Claim the "pipeline" section for the identity identity_of() gives (`pipeline_identity`;
         InputError if the section is another run's)."""
-        identity = identity_of()
-        self._on_root(lambda: self.checkpoint.claim("pipeline", identity))
+        self.checkpoint.claim("pipeline", identity_of())
 
     # -- B of one process
 
@@ -168,83 +165,54 @@ class RunCheckpoint(NoCheckpoint):
             self.checkpoint.vouch(self.b_path(ch, full=False))
         self.checkpoint.claim("B", {"nkept": nkept, "metric": metric_label})
 
-    # -- B of several ranks
-
-    def held_rows(self, layout, blocks, owners, channels):
-        """This rank's whitened blocks as an earlier run of the same layout kept them (each file
-        checked against rank 0's manifest record: size and sha256): ([{b: host array} per
-        channel], nkept, metric label), or None on every rank unless every rank holds all of
-        its blocks (then rank 0 resets the B section, and notes a damaged file)."""
-        team, checkpoint = self.team, self.checkpoint
-        held, files, identity = team.on_root(lambda: (checkpoint.manifest.get("B"), {
-            name: entry for name, entry in checkpoint.manifest["files"].items() if entry.get("section") == "B"},
-            checkpoint.file_identity("B")))
-        if held is not None and all(held.get(key) == value for key, value in layout.items()):
-            loaded = [(name, *checkpoint.load_blocks(name, {
-                b: (i1 - i0, ch.nvir, held["nkept"]) for b, (i0, i1) in enumerate(blocks[s])
-                if owners[s][b] == team.rank}, files.get(name + ".h5"), identity))
-                for s, ch in enumerate(channels) for name in [checkpoint.b_name(ch.name, team.rank)]]
-            failures = [(name + ".h5", reason) for name, rows, reason in loaded if rows is None]
-            if not team.all_reduce_sum(np.array([float(bool(failures))]))[0]:
-                return [rows for _, rows, _ in loaded], held["nkept"], held["metric"]
-            every = team.gather_objects(failures)
-            if team.is_root:
-                for name, reason in (f for rank_failures in every for f in rank_failures):
-                    checkpoint.damaged(name, reason, "B (transform and whitening) was")
-        team.on_root(lambda: checkpoint.reset("B"))
-        return None
-
-    def keep_rows(self, channels, rows, nkept, metric_label, layout, to_host):
-        """Rank 0 lists every rank's B files, each rank writes its own ({b: block} per channel),
-        then rank 0 records their digests and the section that vouches for them."""
-        team, checkpoint = self.team, self.checkpoint
-        names = [checkpoint.b_name(ch.name, r) for r in range(team.size) for ch in channels]
-        identity = team.on_root(lambda: (checkpoint.register("B", *[n for name in names for n in (
-            f"{name}.h5", f".{name}.h5.partial")]), checkpoint.file_identity("B"))[1])
-        digests = {f"{checkpoint.b_name(ch.name, team.rank)}.h5": checkpoint.save_blocks(
-            checkpoint.b_name(ch.name, team.rank), rows[s], identity, to_host) for s, ch in enumerate(channels)}
-        every = team.gather_objects(digests)
-
-        def vouch_for_every_rank():
-            for rank_digests in every:
-                for name, digest in rank_digests.items():
-                    checkpoint.vouch(name, digest)
-            checkpoint.claim("B", {"nkept": nkept, "metric": metric_label, **layout})
-        team.on_root(vouch_for_every_rank)
-
-    # -- the pair tasks
+    # -- the pair stage's task loop
 
     def resume_pairs(self, ntasks, layout, owned) -> tuple:
         """(finished task indices, sums [ntasks, 2] holding their E_os, E_ss parts) of the tasks
         `owned` by this process that the journal of this task list (`layout`, ntasks) holds;
         journals of another list go. Later `record` calls append to this process's journal."""
-        team, checkpoint = self.team, self.checkpoint
-        rank = None if team is None else team.rank
-        journals = [checkpoint.journal_name()] if team is None else [checkpoint.journal_name(r)
-                                                                     for r in range(team.size)]
-        identity = self._on_root(lambda: (checkpoint.claim_pairs({**layout, "ntasks": ntasks}, journals),
-                                          checkpoint.file_identity("pairs"))[1])
-        self._journal = checkpoint.journal(ntasks, rank, identity)
+        name = self.checkpoint.journal_name()
+        done, journaled, damaged = self.open_journal(ntasks, name, self.claim_pairs(ntasks, layout, [name]))
+        self.note_damaged_journals([name], [damaged])
+        return self.take_finished(done, journaled, owned)
+
+    def claim_pairs(self, ntasks, layout, journals) -> dict:
+        """Make the "pairs" section this task list's, with the journals `journals` (names);
+        returns the file identity the journals carry."""
+        self.checkpoint.claim_pairs({**layout, "ntasks": ntasks}, journals)
+        return self.checkpoint.file_identity("pairs")
+
+    def open_journal(self, ntasks, name, identity) -> tuple:
+        """Open the journal DIR/name (of file identity `identity`; `record` appends to it):
+        (the finished task indices it holds, sums [ntasks, 2] with theirs, its damage count:
+        None if it belongs to another identity)."""
+        self._journal = PairJournal(self.checkpoint.path(name), ntasks, identity)
         journaled = np.zeros((ntasks, 2))
         done, damaged = self._journal.restore(journaled)
-        every = [damaged] if team is None else team.gather_objects(damaged)
-        if team is None or team.is_root:
-            for r, count in enumerate(every):
-                if count is None:
-                    checkpoint.damaged(journals[r], "was not written for this run (its header names another "
-                                       "identity, or none, or is damaged); none of its records was used", "its pair blocks were")
-                elif count:
-                    checkpoint.damaged(journals[r], f"had {count} damaged record(s)", "those pair blocks were")
-        finished = set(done) & set(owned)  # each task's sums from its owner only
-        sums = np.zeros((ntasks, 2))
+        return done, journaled, damaged
+
+    def note_damaged_journals(self, journals, counts):
+        """Note each journal (names) whose damage count (`open_journal`) is None or not 0."""
+        for name, count in zip(journals, counts):
+            if count is None:
+                self.checkpoint.damaged(name, "was not written for this run (its header names another identity, "
+                                        "or none, or is damaged); none of its records was used", "its pair blocks were")
+            elif count:
+                self.checkpoint.damaged(name, f"had {count} damaged record(s)", "those pair blocks were")
+
+    def take_finished(self, done, journaled, owned) -> tuple:
+        """(the finished tasks this process owns, sums [ntasks, 2] with theirs alone): each
+        task's sums from its owner only."""
+        finished = set(done) & set(owned)
+        sums = np.zeros(journaled.shape)
         kept = sorted(finished)
         sums[kept] = journaled[kept]
-        self._reused_pair_tasks = len(finished)
+        self.reused_pair_tasks = len(finished)
         return finished, sums
 
     def forget_reused(self):
         """Every task is formed again (t2 needs each one's amplitudes): none counts as reused."""
-        self._reused_pair_tasks = 0
+        self.reused_pair_tasks = 0
 
     def record(self, k, e_os, e_ss):
         self._journal.record(k, e_os, e_ss)
@@ -255,37 +223,18 @@ class RunCheckpoint(NoCheckpoint):
             self._journal = None
 
     def summary(self, reused_b, ntasks) -> dict:
-        """The result's checkpoint record: its directory, what this run reused, the notes
-        (every rank takes part: the reused tasks are added over the ranks)."""
-        reused = self._reused_pair_tasks
-        if self.team is not None:
-            reused = int(self.team.all_reduce_sum(np.array([reused]))[0])
-        return {"directory": display(self.checkpoint.directory), "reused_B": reused_b, "reused_pair_tasks": reused,
-                "pair_tasks": ntasks, "notes": list(self.checkpoint.notes)}
+        """The result's checkpoint record: its directory, what this run reused, the notes."""
+        return {"directory": display(self.checkpoint.directory), "reused_B": reused_b,
+                "reused_pair_tasks": self.reused_pair_tasks, "pair_tasks": ntasks, "notes": list(self.checkpoint.notes)}
 
 
 def open_run_checkpoint(settings, team=None):
     """The resume policy of a run: NoCheckpoint without settings.checkpoint; else DIR opened and
-    locked (one process), or opened by rank 0, which stamps it, every rank checking that it
-    sees the stamp (several ranks need one directory on a shared file system)."""
+    locked (one process: a RunCheckpoint), or over a team a RankCheckpoint around each rank's
+    RunCheckpoint of DIR opened by rank 0 (`open_shared_checkpoint`)."""
     if settings.checkpoint is None:
         return NoCheckpoint()
     if team is None:
         return RunCheckpoint(open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files),
-                             None, settings.scratch)
-    opened = []
-
-    def open_and_stamp():
-        opened.append(open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files))
-        return opened[0].stamp()
-
-    try:
-        stamp = team.on_root(open_and_stamp)
-        checkpoint = opened[0] if opened else Checkpoint(settings.checkpoint)  # others: unopened
-        team.agree(checkpoint.sees_stamp(stamp), f"{option('checkpoint', settings.checkpoint)}: not every rank sees the "
-                   "directory rank 0 writes (several ranks need one directory on a shared file system)")
-    except BaseException:
-        for held in opened:
-            held.close()
-        raise
-    return RunCheckpoint(checkpoint, team, settings.scratch)
+                             settings.scratch)
+    return RankCheckpoint(RunCheckpoint(open_shared_checkpoint(settings, team), settings.scratch), team)
