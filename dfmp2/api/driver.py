@@ -304,7 +304,7 @@ def _with_frozen_core(settings, mol, spins) -> Settings:
 def _reference_scf(run_scf, settings, context, identity, kept_open) -> tuple:
     """(the SCF, or the arrays of one: a checkpoint's, or rank 0's for the other ranks; reused
     from the checkpoint?). One process runs its SCF; a team runs one SCF on rank 0 and
-    broadcasts its arrays. The checkpoint's resume policy (`checkpoint.RunCheckpoint`) decides
+    broadcasts its arrays. The checkpoint's resume policy (`run_checkpoint.RunCheckpoint`) decides
     whether the SCF is taken from it (another run's checkpoint is refused before the SCF); the
     checkpoint stays open in `kept_open` (an ExitStack) for the rest of the run."""
     def on_this_process():

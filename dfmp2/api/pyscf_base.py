@@ -9,8 +9,7 @@ from pyscf import lib
 from pyscf.lib import logger
 
 from .. import chem
-from ..mp2.orbitals import active_orbitals
-from ..mp2.steps import natural_orbitals
+from ..mp2.orbitals import active_orbitals, natural_orbitals
 from ..run.context import RunContext
 from ..run.ranks import join_launched_team
 from ..run.settings import Settings, frozen_per_spin

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..mp2.steps import mp2_density_correction
-
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,6 +9,7 @@ import numpy as np
 from .. import __version__, chem
 from ..chem.functionals import DoubleHybrid
 from ..mp2.pipeline import CorrelationEnergy
+from ..mp2.steps import mp2_density_correction
 from ..util.system_memory import MB
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
@@ -80,7 +79,7 @@ class DFMP2Result:
     def natural_orbitals(self) -> tuple:
         """(occupations [nmo], orbitals [nao, nmo]) of the unrelaxed MP2 density of a run_xyz run
         made with_rdm1 (UHF: of the spin-summed density), in the AO basis."""
-        from ..mp2.steps import natural_orbitals
+        from ..mp2.orbitals import natural_orbitals
 
         mf = self.mean_field
         return natural_orbitals(self.make_rdm1(mf.mo_coeff, mf.mo_occ), np.asarray(mf.mo_coeff),

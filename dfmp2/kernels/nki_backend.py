@@ -44,7 +44,7 @@ from .nki_ledger import CostLedger
 from .nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
 from .nki_support import installed_nki_api, installed_versions
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_transform_grid
-from .protocol import BackendRecord, PlanHints
+from .protocol import BackendRecord, PlanHints, rows_gram
 from .spin_cases import density_weights
 from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P
 
@@ -150,6 +150,9 @@ class NkiBackend:
         if self.is_resident(tensor):
             self.ledger.transfer(0, tensor.nbytes)
         return tensor.detach().cpu().numpy()
+
+    def rows_gram_fp64(self, flat, rows):
+        return rows_gram(flat, self.to_host(rows))
 
     def is_resident(self, tensor) -> bool:
         """True for a tensor (or view) whose storage is in device HBM."""

@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class PlanHints:
@@ -87,6 +89,10 @@ class Backend(Protocol):
 
     def zeros(self, shape):
         """A zero device tensor of `shape` in the storage dtype."""
+
+    def rows_gram_fp64(self, flat, rows):
+        """sum_n flat[n]^T rows[n]: host fp64 flat [n, r] against device or host rows (any shape of
+        n * r elements) -> host fp64 [r, r] (`rows_gram`; the density's Gbar contraction)."""
 
     def synchronize(self) -> None:
         """Wait for queued device work (cuda, XLA); a no-op elsewhere."""
@@ -193,3 +199,9 @@ def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:
     """~5 fp64 [nb, nvir, nb, nvir] temporaries: (ia|jb), the denominators, the amplitudes and
     their exchange partners of one pair-energy call (the torch backend's; the plan's default)."""
     return 5 * nb * nb * nvir * nvir * 8
+
+
+def rows_gram(flat, rows_host) -> np.ndarray:
+    """sum_n flat[n]^T rows[n] in fp64 on the host: flat [n, r] fp64, rows_host n * r elements
+    of any float dtype -> [r, r]. Every backend's rows_gram_fp64 (no device has fp64 for it)."""
+    return flat.T @ np.asarray(rows_host, dtype=np.float64).reshape(flat.shape)

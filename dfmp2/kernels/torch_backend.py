@@ -18,7 +18,7 @@ import torch
 from ..util.sparse import LowerPanels
 from . import torch_sparse
 from .pinned_staging import STAGING
-from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes
+from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
 from .spin_cases import combine_amplitudes, density_weights
 from .split_gemm import SPLIT_FORMATS, split_product
 
@@ -169,6 +169,9 @@ class TorchBackend:
     @staticmethod
     def to_host(tensor: torch.Tensor) -> np.ndarray:
         return tensor.detach().cpu().numpy()
+
+    def rows_gram_fp64(self, flat, rows):
+        return rows_gram(flat, self.to_host(rows))
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

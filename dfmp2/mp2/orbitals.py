@@ -110,3 +110,15 @@ def device_channels(backend, refs, selected, fock_mo=None) -> list:
             e_vir=backend.to_device(energy[vir_index], fp64=True),
             e_occ_host=energy[occ_index], e_vir_host=energy[vir_index], f_ov=f_ov, nfrozen=nfrozen))
     return channels
+
+
+def natural_orbitals(rdm1_mo, mo_coeff, overlap=None):
+    """Eigen-decomposition of an MO-basis 1-RDM: (occupations in descending order [nmo],
+    natural orbitals as AO coefficients [nao, nmo]). Unrestricted ([2, nmo, nmo] with mo_coeff
+    [2, nao, nmo] and the AO overlap S): of the spin-summed density in the alpha basis,
+      P = P_alpha + S_ab P_beta S_ab^T,  S_ab = C_alpha^T S C_beta"""
+    if np.ndim(rdm1_mo) == 3:
+        s_ab = mo_coeff[0].T @ overlap @ mo_coeff[1]
+        rdm1_mo, mo_coeff = rdm1_mo[0] + s_ab @ rdm1_mo[1] @ s_ab.T, mo_coeff[0]
+    occupations, vectors = np.linalg.eigh(rdm1_mo)
+    return occupations[::-1], mo_coeff @ vectors[:, ::-1]

@@ -30,9 +30,8 @@ from ..run.storage import ThreeIndexDensity
 from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
 from ..util.system_memory import MB
 from .orbitals import active_spaces, device_channels, spin_channels
-from .steps import (LocalDensities, combine_pair_sums, factor_metric, mp2_densities, pair_energies, pair_tasks,
-                    singles_energy, t2_arrays)
-from .three_center import three_center_provider
+from .steps import combine_pair_sums, factor_metric, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
+from .three_center import LocalDensities, three_center_provider
 
 
 @dataclass

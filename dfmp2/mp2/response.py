@@ -17,14 +17,13 @@ and conventions). L is formed from (mn|P) one auxiliary block at a time, fp64 on
 
 from __future__ import annotations
 
-from .steps import mp2_density_correction
-
 from contextlib import contextmanager
 
 import numpy as np
 
 from .. import chem
 from ..util.system_memory import MB, release_freed_memory
+from .steps import mp2_density_correction
 
 
 def backend_gemm(backend, a, b) -> np.ndarray:

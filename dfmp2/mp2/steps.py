@@ -28,10 +28,9 @@ import numpy as np
 from ..util.blocks import block_ranges
 from ..util.linalg import factor_metric, fitting_coefficients, whiten
 from ..util.sparse import ScreenedThreeCenter
-from ..util.system_memory import release_freed_memory
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks", "pair_energies",
-           "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction", "natural_orbitals",
+           "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction",
            "singles_energy"]
 
 
@@ -144,43 +143,6 @@ def spin_case(nchannels: int, s: int, other: int) -> str:
     return "closed" if nchannels == 1 else ("same" if other == s else "opposite")
 
 
-class LocalDensities:
-    """How `mp2_densities` reaches B in one process: rows(s, i0, i1) gives B rows
-    [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's); the k side in blocks of
-    k_rows orbitals; the i side in slabs of slab_rows rows (None: all at once; B on disk: a slab
-    at a time, so B is read once per block of k). `distributed.RankDensities` is the same over
-    the ranks of a team."""
-
-    def __init__(self, rows, channels, k_rows, slab_rows=None, fit_rows=None):
-        self.rows, self.channels, self.k_rows, self.slab_rows = rows, channels, k_rows, slab_rows
-        self.fit_rows = fit_rows  # rows of G fitted at once after the loop (None: a held block at a time)
-
-    def k_blocks(self, other) -> list:
-        """The blocks (k0, k1) of channel `other` this process takes as k, in order (None: a round
-        in which it takes none, over ranks)."""
-        nocc = self.channels[other].nocc
-        return block_ranges(nocc, max(1, min(self.k_rows, nocc)))
-
-    def held(self, s) -> list:
-        """The row blocks (i0, i1) of channel s whose G this process holds and fits."""
-        return block_ranges(self.channels[s].nocc, self.slab_rows or self.channels[s].nocc)
-
-    def fit_blocks(self, s) -> list:
-        """The row blocks of channel s whose G is fitted at once: the held blocks, cut to
-        fit_rows rows (the fit's fp64 temporaries are a few times one block: the plan's)."""
-        return [(r0, r1) for i0, i1 in self.held(s)
-                for r0, r1 in ((i0 + a, i0 + b) for a, b in block_ranges(i1 - i0, self.fit_rows or i1 - i0))]
-
-    def slabs(self, s):
-        """B of every i of channel s, as row blocks in order."""
-        return (self.rows(s, i0, i1) for i0, i1 in self.held(s))
-
-    @staticmethod
-    def combine(array):
-        """The sum over the processes that share the work (one here)."""
-        return array
-
-
 def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, gamma_out=None):
     """Long (the formulas of both spin cases). The unrelaxed MP2 density per spin channel in the
     active space, and with the metric's `factor` (`linalg.MetricFactor`) the three-index
@@ -224,7 +186,7 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
             if factor is not None:  # G~ of the block, fitted below (host BLAS kept out of the backend's loop)
                 gamma_out[other][k0:k1, :, :factor.nkept] = whitened
             b_k = whitened = None
-            release_freed_memory()  # the block's temporaries (glibc keeps them: +70 MB on hexane otherwise)
+            schedule.block_done()
     densities = [(schedule.combine(oo), schedule.combine(vv)) for oo, vv in densities]
     if factor is None:
         return densities, None
@@ -233,11 +195,10 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
         for i0, i1 in (schedule.fit_blocks(s) if hasattr(schedule, "fit_blocks") else schedule.held(s)):
             whitened = np.asarray(gamma_out[s][i0:i1, :, :factor.nkept])
             flat = whitened.reshape(-1, factor.nkept)
-            contracted += flat.T @ np.asarray(backend.to_host(schedule.rows(s, i0, i1)),
-                                              dtype=np.float64).reshape(flat.shape)
+            contracted += backend.rows_gram_fp64(flat, schedule.rows(s, i0, i1))
             gamma_out[s][i0:i1] = fitting_coefficients(factor, whitened)
             whitened = flat = None
-            release_freed_memory()
+            schedule.block_done()
     contracted = schedule.combine(contracted)
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
 
@@ -249,18 +210,6 @@ def mp2_density_correction(nmo, occ_index, vir_index, p_oo, p_vv) -> np.ndarray:
     dm[np.ix_(occ_index, occ_index)] += p_oo  # P_ij
     dm[np.ix_(vir_index, vir_index)] += p_vv  # P_ab
     return dm
-
-
-def natural_orbitals(rdm1_mo, mo_coeff, overlap=None):
-    """Eigen-decomposition of an MO-basis 1-RDM: (occupations in descending order [nmo],
-    natural orbitals as AO coefficients [nao, nmo]). Unrestricted ([2, nmo, nmo] with mo_coeff
-    [2, nao, nmo] and the AO overlap S): of the spin-summed density in the alpha basis,
-      P = P_alpha + S_ab P_beta S_ab^T,  S_ab = C_alpha^T S C_beta"""
-    if np.ndim(rdm1_mo) == 3:
-        s_ab = mo_coeff[0].T @ overlap @ mo_coeff[1]
-        rdm1_mo, mo_coeff = rdm1_mo[0] + s_ab @ rdm1_mo[1] @ s_ab.T, mo_coeff[0]
-    occupations, vectors = np.linalg.eigh(rdm1_mo)
-    return occupations[::-1], mo_coeff @ vectors[:, ::-1]
 
 
 def singles_energy(channels):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..util.scratch import RowFile
-from ..util.system_memory import MB, peak_resident_bytes
+from ..util.system_memory import MB, peak_resident_bytes, release_freed_memory
 from .context import Timer
 from .ranks import Staging, Team
 
@@ -247,7 +247,7 @@ class RankThreeCenter:
 
 
 class RankDensities:
-    """How `steps.mp2_densities` reaches B over the ranks (the schedule `steps.LocalDensities` is
+    """How `steps.mp2_densities` reaches B over the ranks (the schedule `three_center.LocalDensities` is
     in one process), in lockstep rounds: in each round every rank takes one of its own occupied
     blocks as the k block (or none, once it has used them all), and the blocks of every i are
     broadcast by their owners, in order, to every rank; P and Gbar are summed over the ranks
@@ -257,6 +257,11 @@ class RankDensities:
     def __init__(self, provider: RankThreeCenter):
         self.provider = provider
         self.team = provider.team
+
+    @staticmethod
+    def block_done():
+        """A block of the density's loop is done: its temporaries' pages go back to the system."""
+        release_freed_memory()
 
     def _mine(self, s) -> list:
         return [b for b, owner in enumerate(self.provider.owners[s]) if owner == self.team.rank]
