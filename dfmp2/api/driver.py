@@ -28,20 +28,21 @@ from ..util.system_memory import MB, peak_resident_bytes
 from .result import DFMP2Result
 
 
-def run_mean_field(mf, settings: Settings | None = None, integrals=None, context=None, given=None,
+def run_mean_field(mf, settings: Settings | None = None, integrals=None, context=None, given=None, notes=(),
                    **changes) -> DFMP2Result:
     """DF-MP2 on a converged PySCF RHF, UHF or ROHF object `mf`, or RKS/UKS/ROKS (density-fitted
     or not; molecular, or periodic at the gamma point). `settings` (keyword `changes` applied on
     top): its correlation, hardware and resource groups are used; allow_non_aufbau accepts
     occupied orbitals above virtual ones. integrals: the three-center provider (default:
     chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
-    (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`)."""
+    (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`). notes: the caller's
+    announcements, last in the result's."""
     settings, context = settings_from(settings, **changes), context_from(context)
     with chem.pyscf_scratch(settings.scratch):  # PySCF's temporary files: the run's, removed with it
-        return _run_mean_field(mf, settings, integrals, context, given)
+        return _run_mean_field(mf, settings, integrals, context, given, notes)
 
 
-def _run_mean_field(mf, settings, integrals, context, given) -> DFMP2Result:
+def _run_mean_field(mf, settings, integrals, context, given, extra_notes) -> DFMP2Result:
     backend = backend_for(_offered_precision(settings))
     if context.team is not None:  # every rank uses rank 0's orbitals
         mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
@@ -50,6 +51,7 @@ def _run_mean_field(mf, settings, integrals, context, given) -> DFMP2Result:
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
     _, fields = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
                            {"mp2": integrals.fitting}, given)
+    fields["notes"] = fields["notes"] + list(extra_notes)
     return DFMP2Result(**fields, ecp=chem.ecp_record(mf.mol),  # whatever ECPs the user's molecule carries
                        screening=screening, scf_record=scf_record(chem.fitted_builds_of(mf), mf))
 

@@ -217,24 +217,24 @@ class PySCFMP2Base(lib.StreamObject):
         return chem.with_orbitals(mf, coeff, self.mo_occ, mo_energy)
 
     def _run(self, mo_energy=None, mo_coeff=None, **changes):
-        """Run DF-MP2 with `changes` to the settings; sets the energies and returns the result."""
+        """Run DF-MP2 with `changes` to the settings; sets the energies and returns the result
+        (changes "integrals", "given": run_mean_field's; "notes": last in the result's, not logged)."""
         log = logger.new_logger(self)
         cput = (logger.process_clock(), logger.perf_counter())
         integrals = changes.pop("integrals", None) or self._integrals()
         if self.verbose >= logger.INFO:
             self.dump_flags(integrals=integrals)
-        given = changes.pop("given", None)
+        given, later = changes.pop("given", None), changes.pop("notes", [])  # later: the caller logs them
         context = RunContext(team=join_launched_team(self.device, self.simulate))
+        moved = [self._moved] if self._moved else []
         self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy), self.settings(**changes),
-                                     integrals=integrals, context=context, given=given)
-        if self._moved:
-            self.result.notes.append(self._moved)
+                                     integrals=integrals, context=context, given=given, notes=moved + list(later))
         for name in ("e_ref", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference", "spin_square"):
             setattr(self, name, getattr(self.result, name))
         self.e_hf = self.result.e_hf
         self.e_corr = self._correlation_energy()
         self.converged = True
-        for note in self.result.notes:
+        for note in self.result.notes[:len(self.result.notes) - len(later)]:
             log.note("dfmp2: %s", note)
         log.note("E(%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot, self.e_corr)
         log.note("E(SCS-%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot_scs, self.emp2_scs)

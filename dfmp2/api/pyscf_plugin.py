@@ -118,9 +118,8 @@ class DFMP2(PySCFMP2Base):
         if eris is not None:  # vouched for as ao2mo(ovL=FILE) is (`_check_eris`)
             given = _ovl_per_spin(eris.ovL)
             notes = self._check_eris(eris, self._integrals(), mo_coeff, getattr(eris, "source", None) or "eris")
-        self._run(mo_energy, mo_coeff, with_t2=with_t2, given=given)
+        self._run(mo_energy, mo_coeff, with_t2=with_t2, given=given, notes=notes or [])
         if notes:
-            self.result.notes.extend(notes)
             for note in notes:
                 logger.note(self, "dfmp2: %s", note)
         self.t2 = self.result.correlation.t2
