@@ -30,7 +30,8 @@ from .util.errors import ComputationError, DFMP2Error, InputError, MemoryBudgetE
 
 
 _LAZY = {  # name -> module: these import torch and PySCF, so they load on first use only
-    "DFMP2": "api.pyscf_plugin", "DFUMP2": "api.pyscf_plugin", "DFROMP2": "api.pyscf_plugin", "use_dfmp2_jk": "api.pyscf_jk",
+    "DFMP2": "api.pyscf_plugin", "DFUMP2": "api.pyscf_plugin", "DFROMP2": "api.pyscf_plugin",
+    "use_dfmp2_jk": "api.pyscf_jk",
     "run_xyz": "api.driver", "run_atoms": "api.driver", "run_mean_field": "api.driver", "DFMP2Result": "api.result",
     "Settings": "run.settings",
 }

@@ -12,7 +12,7 @@ from ..chem.functionals import double_hybrid
 from ..chem.jk import early_integrals_fit, fitted_bytes, scf_builds_for
 from ..kernels import SPLIT_PRECISIONS, backend_for, device_screens, flush_subnormals_first
 from ..kernels.protocol import FittedBuildsBackend
-from ..mp2.gradient import nuclear_gradient_of_run as nuclear_gradient
+from ..mp2.gradient import nuclear_gradient_of_run
 from ..mp2.pipeline import check_request, dfmp2_energy, plan_for
 from ..mp2.response import PROPERTIES, relaxed_properties
 from ..mp2.three_center import three_center_mo
@@ -49,8 +49,8 @@ def _run_mean_field(mf, settings, integrals, context, given, extra_notes) -> DFM
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     screening = {"mp2": _screened(settings, integrals, backend).screening_record}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
-    _, fields = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
-                           {"mp2": integrals.fitting}, given)
+    fields = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
+                        {"mp2": integrals.fitting}, given)
     fields["notes"] = fields["notes"] + list(extra_notes)
     return DFMP2Result(**fields, ecp=chem.ecp_record(mf.mol),  # whatever ECPs the user's molecule carries
                        screening=screening, scf_record=scf_record(chem.fitted_builds_of(mf), mf))
@@ -176,10 +176,11 @@ def _run_atoms(atoms, settings, context) -> DFMP2Result:
             if builds is not None:
                 builds.close()
         chem.release_integrals(mf)
-        corr, fields = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
+        fields = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
                             [f"ECPs off ({option('ecp', 'none')}): {el} all-electron in {settings.basis}, a basis made for its "
                              f"{label} ECP" for el, label in sorted(ecp.off.items())],
                             {"scf": jk_fitting, "mp2": integrals.fitting})
+    corr = fields["correlation"]
     if settings.checkpoint is not None:
         corr.checkpoint["reused_scf"] = reused_scf  # (the correlation's record, before the result is made)
     fields.update(scf_record=scf_record(builds, mf if scf_here else None),  # the SCF's builds, before the gradient's
@@ -200,7 +201,7 @@ def _gradient_and_properties(mf, corr, settings, context) -> dict:
     out, relaxed = {}, None  # a gradient's relaxed density serves the properties too (one CPHF)
     try:
         if settings.gradient:
-            out["gradient"], out["gradient_jk"], relaxed = nuclear_gradient(mf, corr, settings, context.timer)
+            out["gradient"], out["gradient_jk"], relaxed = nuclear_gradient_of_run(mf, corr, settings, context.timer)
         out["properties"] = relaxed_properties(mf, corr, settings, relaxed) if settings.properties else {}
     finally:
         if corr.gamma is not None:
@@ -332,8 +333,8 @@ def _run_identity(atoms, settings, reference, ecp) -> dict:
 
 
 def _correlate(backend, mf, reference, integrals, settings, context, basis, notes, fittings,
-               given=None) -> tuple:
-    """The MP2 steps on `reference`: (the CorrelationEnergy, the DFMP2Result fields they give);
+               given=None) -> dict:
+    """The MP2 steps on `reference`: the DFMP2Result fields they give (the CorrelationEnergy in "correlation");
     fittings: {"scf"/"mp2": FittingSet or None} (where each element's auxiliary set came from)."""
     fittings = {kind: fitting for kind, fitting in fittings.items() if fitting is not None}
     generated = {kind: fitting.generated for kind, fitting in fittings.items()}
@@ -341,7 +342,7 @@ def _correlate(backend, mf, reference, integrals, settings, context, basis, note
         corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
                             reference.mo_occ, settings, fock_mo=reference.fock_mo, context=context, given=given)
     ran = backend.record()
-    return corr, dict(
+    return dict(
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
         spin_square=reference.spin_square, xc=reference.xc,
         auxbasis_generated={k: list(v) for k, v in generated.items() if v}, basis=basis,

@@ -1,4 +1,5 @@
-"""Command line: `dfmp2 run`, `dfmp2 info`. Parses, calls, prints; the only module that prints.
+"""Command line: `dfmp2 run`, `grad`, `optimize`, `bench`, `info`. Parses and calls; what a command prints
+comes from this layer (`report.py` the summaries, `signals.py` the one-line errors, `progress.py` the status line).
 
 Exit status: 0 success, 2 bad input (one line on stderr), 1 runtime failure (one line).
 `--debug` shows the traceback instead.

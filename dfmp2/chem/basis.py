@@ -57,7 +57,7 @@ def _ecp_of(name: str, symbol: str):
     data = _loaded(basis_lib.load_ecp, name, symbol)
     if data:
         return name, name, int(data[0])
-    if _atomic_number(symbol) >= ECP_FROM_BSE_MIN_Z:
+    if atomic_number(symbol) >= ECP_FROM_BSE_MIN_Z:
         potential = _bse_shells(name, symbol)[1]
         if potential:
             return potential, f"{_bse_name(name)} ({BSE})", int(potential[0])
@@ -74,7 +74,7 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_
 
     ecp = ecp or EffectiveCorePotentials({}, {}, {})
     _check_basis_name(basis, sorted({a.symbol for a in atoms}))
-    nuclear_charge = sum(_atomic_number(a.symbol) - ecp.core_electrons(a.symbol) for a in atoms)
+    nuclear_charge = sum(atomic_number(a.symbol) - ecp.core_electrons(a.symbol) for a in atoms)
     nelectron = nuclear_charge - charge
     if nelectron <= 0:
         raise InputError(f"charge {charge} leaves {nelectron} electrons")
@@ -108,7 +108,7 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_
     return mol
 
 
-def _atomic_number(symbol: str) -> int:
+def atomic_number(symbol: str) -> int:
     from pyscf.data.elements import charge
 
     return charge(symbol)
@@ -168,7 +168,7 @@ def fitting_basis(mol, mp2fit: bool) -> FittingSet:
             aux = df.make_auxbasis(mol, mp2fit=mp2fit)
         except KeyError:  # PySCF 2.14 fails on some names it derives (6-311G**: '6311gststrifit'):
             aux = df.addons.aug_etb(mol)  # no named set then; its generated set, announced as such
-    labels = _atom_labels(mol)
+    labels = atom_labels(mol)
     if isinstance(aux, str):
         return FittingSet(aux, {symbol: aux for symbol in labels.values()})
     wanted = predefined_auxbasis(mol, mol.basis, mp2fit=mp2fit) if isinstance(mol.basis, str) else None
@@ -205,7 +205,7 @@ def named_fitting_set(name: str, mol) -> FittingSet:
     """The auxiliary basis `name` for every element of mol: PySCF's where its library has the
     element, else the Basis Set Exchange's set of that name (PySCF's "-ri" sets are BSE's
     "-rifit"); InputError naming an element neither has."""
-    labels = _atom_labels(mol)
+    labels = atom_labels(mol)
     basis, sources = {}, {}
     for label, symbol in labels.items():
         if _pyscf_library_has(name, symbol):
@@ -220,7 +220,7 @@ def named_fitting_set(name: str, mol) -> FittingSet:
     return FittingSet(basis, sources)
 
 
-def _atom_labels(mol) -> dict:
+def atom_labels(mol) -> dict:
     """{atom label as mol writes it (e.g. 'GHOST-Xe'): its element symbol ('Xe')}."""
     from pyscf.data.elements import _std_symbol_without_ghost
 
@@ -296,7 +296,7 @@ def ecp_record(mol) -> dict:
     return record
 
 
-def _describe_basis(basis) -> str:
+def describe_basis(basis) -> str:
     """Readable name of a basis given as a string or a per-element dict."""
     if isinstance(basis, str):
         return basis
@@ -310,4 +310,4 @@ def _describe_basis(basis) -> str:
 
 
 def basis_name(mol) -> str:
-    return _describe_basis(mol.basis)
+    return describe_basis(mol.basis)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..run.context import Timer
 from ..util.errors import ComputationError, InputError, option
-from .basis import FittingSet, _atom_labels, _describe_basis, fitting_basis, named_fitting_set
+from .basis import FittingSet, atom_labels, describe_basis, fitting_basis, named_fitting_set
 
 
 class ThreeCenterIntegrals:
@@ -30,8 +30,8 @@ class ThreeCenterIntegrals:
         elif isinstance(auxbasis, str):
             self.fitting = named_fitting_set(auxbasis, mol)
         else:  # a basis as PySCF takes it (e.g. a with_df's auxmol._basis)
-            self.fitting = FittingSet(auxbasis, {symbol: _describe_basis(auxbasis)
-                                                 for symbol in _atom_labels(mol).values()})
+            self.fitting = FittingSet(auxbasis, {symbol: describe_basis(auxbasis)
+                                                 for symbol in atom_labels(mol).values()})
         self.generated = self.fitting.generated  # elements given PySCF's generated (even-tempered) set
         self.auxbasis = self.basis_name = self.fitting.describe()
         self.auxmol = df.addons.make_auxmol(mol, self.fitting.basis)
@@ -241,9 +241,9 @@ class CholeskyVectors:
             raise InputError(f"with_df's integrals {with_df._cderi!r} cannot be read: {error}") from None
         auxmol = getattr(with_df, "auxmol", None)
         named = with_df.auxbasis if with_df.auxbasis is not None else getattr(auxmol, "basis", None)
-        self.basis_name = _describe_basis(named) if named is not None else "an unnamed set"
+        self.basis_name = describe_basis(named) if named is not None else "an unnamed set"
         self.auxbasis = f"{self.basis_name} ({'GDF integrals at the gamma point' if self.periodic else 'the integrals with_df holds'})"
-        self.fitting = FittingSet(named, {symbol: self.auxbasis for symbol in _atom_labels(self.mol).values()})
+        self.fitting = FittingSet(named, {symbol: self.auxbasis for symbol in atom_labels(self.mol).values()})
         self.generated = []
 
     def metric(self) -> np.ndarray:

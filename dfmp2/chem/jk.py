@@ -220,14 +220,15 @@ class FittedCoulombExchange:
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
         with Timer().lap() as lap:
-            self._set_up()
+            early = self._set_up()
         self.record.setup_seconds = lap.seconds
-        if hasattr(self.integrals, "held_bytes"):  # early: the thread's time and the wait for it
+        if early:  # the thread's time and the wait for it
             self.record.integral_seconds = self.integrals.seconds
             self.record.integral_wait_seconds = self.integrals.waited
 
-    def _set_up(self):
-        """B whitened, and kept by the backend's store (in memory or a scratch file)."""
+    def _set_up(self) -> bool:
+        """B whitened, and kept by the backend's store (in memory or a scratch file). Returns whether
+        the integrals were computed early (on a thread)."""
         backend, integrals = self.backend, self.integrals
         self.nao = nao = integrals.nao
         triangle = fitted_bytes(integrals)
@@ -260,6 +261,7 @@ class FittedCoulombExchange:
         self.record.storage = store.storage
         self.record.metric = factor.describe()
         self.record.whitening = f"{whitener.device_name}, fp64"
+        return early
 
     def _free_bytes(self):
         """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..util.errors import InputError
-from .basis import _atomic_number
+from .basis import atomic_number
 
 
 @dataclass
@@ -211,7 +211,7 @@ def frozen_core_count(mol) -> int:
     for i in range(mol.natm):
         if mol.atom_charge(i) == 0:  # a ghost atom: no electrons
             continue
-        z = _atomic_number(mol.atom_pure_symbol(i))
+        z = atomic_number(mol.atom_pure_symbol(i))
         ecp_electrons = mol.atom_nelec_core(i)
         if not ecp_electrons:
             frozen += chemcore_atm[z]

@@ -9,7 +9,7 @@ import numpy as np
 from ..run.settings import SCF_MAX_CYCLE
 from ..util.errors import ComputationError, InputError, option
 from ..util.scratch import held_directory, holding
-from .basis import _describe_basis, fitting_basis
+from .basis import describe_basis, fitting_basis
 from .integrals import EarlyIntegrals, ThreeCenterIntegrals
 
 SCF_CONV_TOL = 1e-11  # Hartree; with SCF_CONV_TOL_GRAD keeps e_corr stable to well below 1e-8 Eh
@@ -272,4 +272,4 @@ def scf_auxbasis_name(mf):
     from pyscf import df
 
     aux = with_df.auxbasis or df.make_auxbasis(mf.mol)
-    return _describe_basis(aux)
+    return describe_basis(aux)

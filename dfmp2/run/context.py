@@ -47,7 +47,6 @@ class Timer:
     def step(self, name: str, out_of: str | None = None):
         """out_of: the step this one runs inside, whose time it is taken from (B whitened slab
         by slab inside the pair stage is "whiten", not "pair_energies")."""
-        lap = Lap()
         try:
             with self.lap() as lap:
                 yield lap

@@ -177,47 +177,51 @@ class RankThreeCenter:
         """(k, task, B_I, B_J) of this rank's tasks `todo`, by channel pair and ring step: at step
         k the blocks of rank (rank - k) visit. Every rank takes every step (the ring moves
         whatever is left to compute). On disk B_I is read once per ring step and I, B_J once per task."""
+        with self.timer.lap() as lap:
+            yield from self._ring_blocks(tasks, todo)
+        self.pair_seconds = lap.seconds
+
+    def _ring_blocks(self, tasks, todo):
+        """pair_blocks' loop: the ring steps of every channel pair (the time they take is pair_seconds)."""
         team, size, rank, occ_block = self.team, self.team.size, self.team.rank, self.occ_block
         todo, mine = set(todo), self.owned(tasks)
-        with self.timer.lap() as lap:
-            self.ntasks_mine = len(mine)
-            b_dtype = self.backend.zeros((1,)).dtype
-            for s, t in dict.fromkeys((task.s, task.t) for task in tasks):  # channel pairs, canonical order
-                visiting, spares = self.rows[t].view(), []
-                try:
-                    for step in range(size):
-                        source = (rank - step) % size
-                        if step:
-                            arriving = [b for b, owner in enumerate(self.owners[t]) if owner == source]
-                            if self.storage == "memory":
-                                into = self.new_blocks(t, visiting=True)
-                            else:  # the spare file that is not being sent from
-                                if len(spares) < 2:
-                                    spares.append(self.new_blocks(t, visiting=True))
-                                into = next(spare for spare in spares if spare is not visiting)
-                                into.clear()
-                            visiting = pass_blocks(team, visiting, arriving, lambda b: (
-                                self.blocks[t][b][1] - self.blocks[t][b][0], self.channels[t].nvir, self.nkept),
-                                b_dtype, self.channels[t].e_vir.device, self.staging, into)
-                        held_i = held_j = (None, None)
-                        for k in mine:
-                            task = tasks[k]
-                            j = task.j0 // occ_block
-                            if (task.s, task.t) != (s, t) or self.owners[t][j] != source or k not in todo:
-                                continue
-                            i = task.i0 // occ_block
-                            if held_i[0] != i:
-                                held_i = (i, self.rows[s][i])
-                            if not task.diagonal and held_j[0] != j:
-                                held_j = (j, visiting[j])
-                            yield k, task, held_i[1], held_i[1] if task.diagonal else held_j[1]
-                        held_i = held_j = None
-                finally:
-                    for spare in spares:
-                        self.add_io(spare.io())
-                        spare.close()
-                visiting = None
-        self.pair_seconds = lap.seconds
+        self.ntasks_mine = len(mine)
+        b_dtype = self.backend.zeros((1,)).dtype
+        for s, t in dict.fromkeys((task.s, task.t) for task in tasks):  # channel pairs, canonical order
+            visiting, spares = self.rows[t].view(), []
+            try:
+                for step in range(size):
+                    source = (rank - step) % size
+                    if step:
+                        arriving = [b for b, owner in enumerate(self.owners[t]) if owner == source]
+                        if self.storage == "memory":
+                            into = self.new_blocks(t, visiting=True)
+                        else:  # the spare file that is not being sent from
+                            if len(spares) < 2:
+                                spares.append(self.new_blocks(t, visiting=True))
+                            into = next(spare for spare in spares if spare is not visiting)
+                            into.clear()
+                        visiting = pass_blocks(team, visiting, arriving, lambda b: (
+                            self.blocks[t][b][1] - self.blocks[t][b][0], self.channels[t].nvir, self.nkept),
+                            b_dtype, self.channels[t].e_vir.device, self.staging, into)
+                    held_i = held_j = (None, None)
+                    for k in mine:
+                        task = tasks[k]
+                        j = task.j0 // occ_block
+                        if (task.s, task.t) != (s, t) or self.owners[t][j] != source or k not in todo:
+                            continue
+                        i = task.i0 // occ_block
+                        if held_i[0] != i:
+                            held_i = (i, self.rows[s][i])
+                        if not task.diagonal and held_j[0] != j:
+                            held_j = (j, visiting[j])
+                        yield k, task, held_i[1], held_i[1] if task.diagonal else held_j[1]
+                    held_i = held_j = None
+            finally:
+                for spare in spares:
+                    self.add_io(spare.io())
+                    spare.close()
+            visiting = None
 
     def combine(self, sums):
         return self.team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
