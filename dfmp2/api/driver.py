@@ -147,9 +147,10 @@ def _run_atoms(atoms, settings, context) -> DFMP2Result:
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
     if dh is not None:
         chem.check_xc(dh.xc)
-    ecp = chem.choose_ecp([a.symbol for a in atoms], settings.basis, settings.ecp)
-    mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp)
-    jk_fitting = chem.fitting_basis(mol, mp2fit=False) if settings.scf == "df" else None
+    ecp = chem.choose_ecp([a.symbol for a in atoms if not a.ghost], settings.basis, settings.ecp)  # ghosts: none
+    mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp,
+                              settings.cartesian)
+    jk_fitting = _jk_fitting(settings, mol)
     jk_integrals, backend = _early_jk_integrals(settings, context, mol, jk_fitting, dh), backend_for(settings)
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
     spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
@@ -190,6 +191,19 @@ def _run_atoms(atoms, settings, context) -> DFMP2Result:
                   timings=dict(context.timer.timings),  # with the gradient's parts
                   peak_rss_bytes=peak_resident_bytes())  # the whole run's, the gradient and properties included
     return DFMP2Result(**fields)
+
+
+def _jk_fitting(settings, mol):
+    """The SCF's JK-fit set (None for an exact SCF): settings.jk_auxbasis where given, else the
+    JK-fit set PySCF pairs with the orbital basis."""
+    if settings.scf != "df":
+        if settings.jk_auxbasis is not None:
+            raise InputError(f"{option('jk_auxbasis')} is the density-fitted SCF's fitting set: "
+                             f"{option('scf', 'exact')} fits nothing")
+        return None
+    if settings.jk_auxbasis is not None:
+        return chem.named_fitting_set(settings.jk_auxbasis, mol)
+    return chem.fitting_basis(mol, mp2fit=False)
 
 
 def _gradient_and_properties(mf, corr, settings, context) -> dict:
@@ -325,9 +339,10 @@ def _reference_scf(run_scf, settings, context, identity, kept_open) -> tuple:
 
 def _run_identity(atoms, settings, reference, ecp) -> dict:
     """What a checkpoint's SCF belongs to: the molecule and the chemistry settings."""
-    chemistry = ("basis", "auxbasis", "charge", "spin", "scf", "xc", "c_os", "c_ss", "frozen_core", "frozen")
+    chemistry = ("basis", "auxbasis", "jk_auxbasis", "cartesian", "charge", "spin", "scf", "xc", "c_os", "c_ss",
+                 "frozen_core", "frozen")
     return {**version_identity(), "reference": reference,
-            "atoms": [[a.symbol, *map(float, a.xyz)] for a in atoms],
+            "atoms": [[a.label, *map(float, a.xyz)] for a in atoms],
             "ecp": ecp.record,
             **{name: getattr(settings, name) for name in chemistry}}
 

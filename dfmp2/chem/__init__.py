@@ -21,12 +21,14 @@ This package's namespace holds the public names of its modules (`chem.run_scf`, 
 
 from .basis import basis_name  # noqa: F401
 from .basis import (BASIS_LOOKUP_ERRORS, BSE, ECP_FROM_BSE_MIN_Z, GENERATED, EffectiveCorePotentials, FittingSet,
-                    build_molecule, choose_ecp, ecp_record, fitting_basis, named_fitting_set, pyscf_fitting_choice)
+                    basis_by_element, build_molecule, choose_ecp, ecp_record, fitting_basis, named_fitting_set,
+                    pyscf_basis, pyscf_fitting_choice)
 from .cphf import fock_response_vo, response_potentials, solve_cphf  # noqa: F401
 from .derivatives import DERIVATIVE_BLOCK_BYTES, SCFGradientTerms, three_center_derivative_contraction  # noqa: F401
 from .integrals import CholeskyVectors, EarlyIntegrals, ThreeCenterIntegrals, pair_bounds  # noqa: F401
-from .molecule import (MAX_ATOMS, MAX_COORDINATE, MAX_LINE, MAX_TRAILER, MIN_DISTANCE, Atom,  # noqa: F401
-                       angstrom_per_bohr, atom_symbols, check_geometry, format_xyz, formula, read_xyz)
+from .molecule import (GHOST_FORMS, MAX_ATOMS, MAX_COORDINATE, MAX_LINE, MAX_TRAILER, MIN_DISTANCE, Atom,  # noqa: F401
+                       Fragment, Frame, angstrom_per_bohr, atom_symbols, check_geometry, format_xyz, formula,
+                       is_ghost, read_frames, read_xyz)
 from .reference import (NOBLE_GAS_CORES, MeanField, check_gamma_point, dipole_moment, frozen_core_count,  # noqa: F401
                         is_kohn_sham, is_periodic, mean_field_orbitals, overlap_matrix, per_spin_orbitals,
                         reference_kind, semicanonical_orbitals, with_orbitals, write_molden)

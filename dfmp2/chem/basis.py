@@ -28,16 +28,56 @@ class EffectiveCorePotentials:
         return self.record[symbol]["core_electrons"] if symbol in self.record else 0
 
 
+def basis_by_element(spec: str, symbols) -> dict:
+    """{element: basis name} of a basis spec for the elements `symbols`: one name for every element
+    ("cc-pvdz"), or comma-separated `Element:name` entries and at most one bare name for the
+    rest ("O:aug-cc-pvtz,H:cc-pvdz", "cc-pvdz,O:aug-cc-pvtz"). InputError for an entry that
+    names no element, an element named twice, or an element of `symbols` the spec leaves out."""
+    from pyscf.data.elements import ELEMENTS
+
+    known = {s.upper(): s for s in ELEMENTS[1:]}
+    rest, chosen = None, {}
+    for entry in (part.strip() for part in str(spec).split(",")):
+        element, colon, name = entry.partition(":")
+        element, name = element.strip(), name.strip()
+        if not colon:
+            if not element or rest is not None:
+                raise InputError(f"basis {spec!r}: give one name for every element, or 'Element:name' entries "
+                                 "separated by commas with at most one bare name for the rest")
+            rest = element
+            continue
+        symbol = known.get(element.upper())
+        if symbol is None or not name:
+            raise InputError(f"basis {spec!r}: {entry!r} is not 'Element:name' (e.g. O:aug-cc-pvtz)")
+        if symbol in chosen:
+            raise InputError(f"basis {spec!r}: {symbol} is given twice")
+        chosen[symbol] = name
+    missing = sorted(set(symbols) - set(chosen)) if rest is None else []
+    if missing:
+        raise InputError(f"basis {spec!r} gives no basis for {', '.join(missing)}: add '{missing[0]}:NAME' or a bare "
+                         "name for the other elements")
+    return {symbol: chosen.get(symbol, rest) for symbol in sorted(set(symbols))}
+
+
+def pyscf_basis(spec: str, symbols):
+    """The basis as PySCF's molecule takes it: the name where the spec gives one name for every
+    element of `symbols`, else {element: name}."""
+    names = basis_by_element(spec, symbols)
+    if len(set(names.values())) == 1 and ":" not in str(spec):
+        return next(iter(names.values()))
+    return names
+
+
 def choose_ecp(symbols, basis: str, ecp: str | None = "auto") -> EffectiveCorePotentials:
     """ECPs for the elements `symbols`. ecp "auto" (or None): the ECP that ships with the orbital
     basis `basis` for each element that has one (def2: Rb-Rn), as Psi4, ORCA and Turbomole do;
     "none": all-electron (what auto would have used is kept in `off`, for a note); any other
     name: that ECP library for every element it covers (InputError if it covers none)."""
     choice = "auto" if ecp is None else str(ecp).strip()
-    name = basis if choice.lower() in ("auto", "none") else choice
+    names = basis_by_element(basis if choice.lower() in ("auto", "none") else choice, symbols)
     found = {}
     for symbol in sorted(set(symbols)):
-        potential = _ecp_of(name, symbol)
+        potential = _ecp_of(names[symbol], symbol)
         if potential is not None:
             found[symbol] = potential
     if choice.lower() == "none":
@@ -65,16 +105,19 @@ def _ecp_of(name: str, symbol: str):
 
 
 def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_memory=None,
-                   ecp: EffectiveCorePotentials | None = None):
-    """PySCF Mole from atoms (Angstrom) with the ECPs `ecp` (choose_ecp; None: all-electron).
+                   ecp: EffectiveCorePotentials | None = None, cartesian: bool = False):
+    """PySCF Mole from atoms (Angstrom; ghosts carry basis functions only) in the basis spec
+    `basis` (`basis_by_element`; cartesian: Cartesian d, f, ... functions instead of spherical)
+    with the ECPs `ecp` (choose_ecp; None: all-electron).
     Checks the basis, and that charge and spin (2S) are possible for the electron count (the
     electrons an ECP replaces not counted). max_memory (MB, the whole process's, PySCF's
     meaning): what PySCF's SCF and integral code may use (they go out of core beyond it)."""
     from pyscf import gto
 
     ecp = ecp or EffectiveCorePotentials({}, {}, {})
-    _check_basis_name(basis, sorted({a.symbol for a in atoms}))
-    nuclear_charge = sum(atomic_number(a.symbol) - ecp.core_electrons(a.symbol) for a in atoms)
+    symbols = sorted({a.symbol for a in atoms})
+    _check_basis_name(basis, symbols)
+    nuclear_charge = sum(atomic_number(a.symbol) - ecp.core_electrons(a.symbol) for a in atoms if not a.ghost)
     nelectron = nuclear_charge - charge
     if nelectron <= 0:
         raise InputError(f"charge {charge} leaves {nelectron} electrons")
@@ -87,10 +130,11 @@ def build_molecule(atoms: list, basis: str, charge: int = 0, spin: int = 0, max_
                 f"number; check {option('charge')}, or give {option('spin')} (2S) for an open shell")
         raise InputError(f"spin {spin} (2S) is impossible with {nelectron} electrons")
     mol = gto.Mole()
-    mol.atom = [(a.symbol, a.xyz) for a in atoms]
+    mol.atom = [(a.label, a.xyz) for a in atoms]  # a ghost: its element's functions, no nucleus, no ECP
     mol.unit = "Angstrom"
-    mol.basis = basis
+    mol.basis = pyscf_basis(basis, symbols)
     mol.ecp = dict(ecp.pyscf)
+    mol.cart = cartesian
     mol.charge = charge
     mol.spin = spin
     mol.verbose = 0
@@ -119,9 +163,9 @@ def _check_basis_name(basis: str, symbols: list) -> None:
     the Basis Set Exchange's data it loads names it lacks from)."""
     from pyscf.gto import basis as basis_lib
 
-    for symbol in symbols:
-        if not _loaded(basis_lib.load, basis, symbol):
-            raise InputError(f"basis {basis!r} is unknown or has no functions for {symbol}")
+    for symbol, name in basis_by_element(basis, symbols).items():
+        if not _loaded(basis_lib.load, name, symbol):
+            raise InputError(f"basis {name!r} is unknown or has no functions for {symbol}")
 
 
 GENERATED = "generated (PySCF's even-tempered aug_etb)"
@@ -171,13 +215,14 @@ def fitting_basis(mol, mp2fit: bool) -> FittingSet:
     labels = atom_labels(mol)
     if isinstance(aux, str):
         return FittingSet(aux, {symbol: aux for symbol in labels.values()})
-    wanted = predefined_auxbasis(mol, mol.basis, mp2fit=mp2fit) if isinstance(mol.basis, str) else None
     sources = {}
     for label, value in list(aux.items()):
         symbol = labels.get(label, label)
         if isinstance(value, str):
             sources[symbol] = value
             continue
+        orbital = mol.basis if isinstance(mol.basis, str) else mol.basis.get(symbol)
+        wanted = predefined_auxbasis(mol, orbital, mp2fit=mp2fit) if isinstance(orbital, str) else None
         shells = _bse_shells(wanted, symbol)[0] if wanted else None
         if shells:
             aux[label] = shells
@@ -201,13 +246,15 @@ def pyscf_fitting_choice(mol, mp2fit: bool = True):
         return fitting_basis(mol, mp2fit).basis
 
 
-def named_fitting_set(name: str, mol) -> FittingSet:
-    """The auxiliary basis `name` for every element of mol: PySCF's where its library has the
-    element, else the Basis Set Exchange's set of that name (PySCF's "-ri" sets are BSE's
-    "-rifit"); InputError naming an element neither has."""
+def named_fitting_set(spec: str, mol) -> FittingSet:
+    """The auxiliary basis spec `spec` (a name, or per element as `basis_by_element`) for every
+    element of mol: PySCF's where its library has the element, else the Basis Set Exchange's set
+    of that name (PySCF's "-ri" sets are BSE's "-rifit"); InputError naming an element neither has."""
     labels = atom_labels(mol)
+    names = basis_by_element(spec, labels.values())
     basis, sources = {}, {}
     for label, symbol in labels.items():
+        name = names[symbol]
         if _pyscf_library_has(name, symbol):
             basis[label], sources[symbol] = name, name
             continue
@@ -215,7 +262,7 @@ def named_fitting_set(name: str, mol) -> FittingSet:
         if not shells:
             raise InputError(f"auxiliary basis {name!r} is unknown or has no functions for {symbol}")
         basis[label], sources[symbol] = shells, f"{_bse_name(name)} ({BSE})"
-    if all(source == name for source in sources.values()):
+    if len(set(names.values())) == 1 and all(source == name for source in sources.values()):
         return FittingSet(name, sources)
     return FittingSet(basis, sources)
 

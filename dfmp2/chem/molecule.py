@@ -1,4 +1,10 @@
-"""Molecules: XYZ files read and checked, atoms, formulae."""
+"""Molecules: XYZ files read and checked (frames, fragments, ghost atoms), atoms, formulae.
+
+An XYZ frame may be split into fragments by lines `--` (Psi4's convention), each optionally
+opened by a line `charge multiplicity`; a ghost atom (basis functions, no nucleus, no electrons)
+is written `@O` or `Gh(O)` (Psi4) or `X-O` / `ghost-O` (PySCF). Several frames one after another
+make a multi-frame XYZ (a trajectory, or a batch of molecules).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,46 @@ from ..util.errors import InputError
 class Atom:
     symbol: str  # canonical element symbol, e.g. "C", "Cl"
     xyz: tuple  # Angstrom
+    ghost: bool = False  # basis (and fitting) functions only: no nuclear charge, no electrons
+
+    @property
+    def label(self) -> str:
+        """The atom as PySCF's molecule takes it: "O", or "ghost-O"."""
+        return f"ghost-{self.symbol}" if self.ghost else self.symbol
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """Atoms [start, stop) of a frame, with the charge and multiplicity (2S+1) its file gives
+    (None where it gives none)."""
+    start: int
+    stop: int
+    charge: int | None = None
+    multiplicity: int | None = None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One geometry of an XYZ file: its atoms, comment, fragments (one covering every atom when
+    the file has no `--`), and where it came from ("water.xyz", or "traj.xyz#3" for the third
+    of several frames)."""
+    atoms: tuple
+    comment: str
+    fragments: tuple
+    name: str
+
+    @property
+    def charge(self) -> int | None:
+        """The charge the file gives (the sum of its fragments'), or None where it gives none."""
+        charges = [f.charge for f in self.fragments]
+        return None if None in charges else sum(charges)
+
+    @property
+    def spin(self) -> int | None:
+        """2S the file gives: the fragments' unpaired electrons, high-spin coupled (Psi4's default),
+        or None where it gives none."""
+        given = [f.multiplicity for f in self.fragments]
+        return None if None in given else sum(m - 1 for m in given)
 
 
 def _element_symbols() -> dict:
@@ -38,18 +84,29 @@ MIN_DISTANCE = 0.3  # Angstrom; the shortest bond there is (H2) is 0.74
 MAX_COORDINATE = 1e6  # Angstrom (0.1 mm): far beyond any molecule, and safely inside fp64 distances
 
 
+MAX_FRAMES = 1_000_000  # frames of one multi-frame XYZ file
+
+
 def read_xyz(path: str) -> list:
+    """Read an XYZ file of one geometry -> [Atom] (its fragments, if any, in order); a file of
+    several frames is refused (`read_frames` reads those)."""
+    frames = read_frames(path, max_frames=1)
+    return list(frames[0].atoms)
+
+
+def read_frames(path: str, max_frames: int = MAX_FRAMES) -> list:
     """Read a standard XYZ file (count, comment, `Symbol x y z` in Angstrom, ASCII element
-    symbols in any case) -> [Atom]. Reads no more than a valid XYZ of its atom count can hold
-    (lines of at most MAX_LINE characters, then MAX_TRAILER bytes of blank lines); atoms closer
-    than MIN_DISTANCE are refused, naming their lines."""
+    symbols in any case), one frame or several one after another -> [Frame]. Reads no more
+    than valid frames of their atom counts can hold (lines of at most MAX_LINE characters,
+    blank runs of at most MAX_TRAILER bytes); atoms closer than MIN_DISTANCE are refused,
+    naming their lines."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, not an XYZ file")
     try:
         with open(path, "rb") as handle:
-            return _parse_xyz(path, handle)
+            return _parse_frames(path, handle, max_frames)
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file") from None
     except OSError as error:
@@ -62,7 +119,7 @@ def format_xyz(frames) -> str:
     lines = []
     for comment, atoms in frames:
         lines += [str(len(atoms)), comment.replace("\n", " ")]
-        lines += [f"{a.symbol:2s} {x:17.10f} {y:17.10f} {z:17.10f}" for a in atoms for x, y, z in [a.xyz]]
+        lines += [f"{'@' * a.ghost}{a.symbol:2s} {x:17.10f} {y:17.10f} {z:17.10f}" for a in atoms for x, y, z in [a.xyz]]
     return "\n".join(lines) + "\n"
 
 
@@ -73,52 +130,120 @@ def angstrom_per_bohr() -> float:
     return float(param.BOHR)
 
 
-def _parse_xyz(path, handle) -> list:
-    lineno = 0
+class _Lines:
+    """An XYZ file's lines, one at a time, counted, none longer than MAX_LINE."""
 
-    def next_line():
-        nonlocal lineno
-        raw = handle.readline(MAX_LINE + 1)
-        lineno += 1
+    def __init__(self, path, handle):
+        self.path, self.handle, self.lineno = path, handle, 0
+
+    def next(self):
+        raw = self.handle.readline(MAX_LINE + 1)
+        self.lineno += 1
         if len(raw) > MAX_LINE:
-            raise InputError(f"{path}, line {lineno}: longer than {MAX_LINE} characters: not an XYZ file")
+            raise InputError(f"{self.path}, line {self.lineno}: longer than {MAX_LINE} characters: not an XYZ file")
         return None if raw == b"" else raw.decode("utf-8")
 
-    first = next_line()
+    def next_filled(self):
+        """The next line that is not blank (None at the end), after at most MAX_TRAILER blank bytes."""
+        blank = 0
+        while True:
+            text = self.next()
+            if text is None or text.strip():
+                return text
+            blank += len(text)
+            if blank > MAX_TRAILER:
+                raise InputError(f"{self.path}, line {self.lineno}: more than {MAX_TRAILER} bytes of blank lines: "
+                                 "not an XYZ file")
+
+
+def _parse_frames(path, handle, max_frames) -> list:
+    lines, frames = _Lines(path, handle), []
+    first = lines.next()
     if first is None or not first.strip():
         raise InputError(f"{path}, line 1: expected the number of atoms, found an empty line")
+    elements = _element_symbols()
+    while first is not None:
+        if len(frames) == max_frames:
+            raise InputError(f"{path}: the file goes on after the atoms line 1 announces (line {lines.lineno}; "
+                             "one geometry per file here)" if max_frames == 1 else
+                             f"{path}: more than {max_frames} frames")
+        frames.append(_parse_frame(lines, first, elements))
+        first = lines.next_filled()
+    if len(frames) > 1:
+        frames = [Frame(f.atoms, f.comment, f.fragments, f"{path}#{k + 1}") for k, f in enumerate(frames)]
+    return frames
+
+
+def _parse_frame(lines, first, elements) -> Frame:
+    """One frame: the count line `first` (already read), the comment, the atom lines (with
+    fragment separators `--` and `charge multiplicity` lines among them)."""
+    path, start = lines.path, lines.lineno
     try:
         natom = int(first.split()[0])
     except ValueError:
-        raise InputError(f"{path}, line 1: expected the number of atoms, found {first.strip()!r}") from None
+        raise InputError(f"{path}, line {start}: expected the number of atoms, found {first.strip()!r}") from None
     if natom < 1:
-        raise InputError(f"{path}, line 1: the number of atoms must be positive, found {natom}")
+        raise InputError(f"{path}, line {start}: the number of atoms must be positive, found {natom}")
     if natom > MAX_ATOMS:
-        raise InputError(f"{path}, line 1: {natom} atoms, more than dfmp2 can treat (at most {MAX_ATOMS})")
-    if next_line() is None:
-        raise InputError(f"{path}: missing the comment line (line 2)")
-
-    elements = _element_symbols()
-    atoms, lines = [], []
-    blank = 0
+        raise InputError(f"{path}, line {start}: {natom} atoms, more than dfmp2 can treat (at most {MAX_ATOMS})")
+    comment = lines.next()
+    if comment is None:
+        raise InputError(f"{path}: missing the comment line (line {start + 1})")
+    atoms, numbers, fragments = [], [], [[0, None, None]]  # [start, charge, multiplicity]
     while len(atoms) < natom:
-        text = next_line()
+        text = lines.next_filled()
         if text is None:
-            raise InputError(f"{path}: line 1 says {natom} atoms but the file has {len(atoms)} atom lines")
-        if not text.strip():
-            blank += len(text)
-            if blank > MAX_TRAILER:
-                raise InputError(f"{path}, line {lineno}: more than {MAX_TRAILER} bytes of blank lines among "
-                                 "the atoms: not an XYZ file")
-            continue
-        atoms.append(_parse_atom(path, lineno, text, elements))
-        lines.append(lineno)
-    trailer = handle.read(MAX_TRAILER + 1)
-    if trailer.strip() or len(trailer) > MAX_TRAILER:
-        raise InputError(f"{path}: the file goes on after the {natom} atoms line 1 announces (past line {lineno}; "
-                         "one geometry per file)")
-    check_geometry(atoms, path, lines)
-    return atoms
+            raise InputError(f"{path}: line {start} says {natom} atoms but the frame has {len(atoms)} atom lines")
+        fields = text.split()
+        if fields == ["--"]:
+            if not atoms or fragments[-1][0] == len(atoms):
+                raise InputError(f"{path}, line {lines.lineno}: a fragment separator '--' with no atoms before it")
+            fragments.append([len(atoms), None, None])
+        elif len(fields) == 2 and fragments[-1][0] == len(atoms) and fragments[-1][1] is None:
+            fragments[-1][1:] = _charge_multiplicity(path, lines.lineno, fields)
+        else:
+            atoms.append(_parse_atom(path, lines.lineno, text, elements))
+            numbers.append(lines.lineno)
+    if fragments[-1][0] == len(atoms):
+        raise InputError(f"{path}, line {lines.lineno}: the last fragment has no atoms")
+    stops = [f[0] for f in fragments[1:]] + [len(atoms)]
+    check_geometry(atoms, path, numbers)
+    return Frame(tuple(atoms), comment.strip(), tuple(Fragment(b, e, c, m) for (b, c, m), e in zip(fragments, stops)),
+                 path)
+
+
+def _charge_multiplicity(path, lineno, fields) -> tuple:
+    """A fragment's `charge multiplicity` line -> (charge, multiplicity)."""
+    try:
+        charge, multiplicity = int(fields[0]), int(fields[1])
+    except ValueError:
+        raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z' or a fragment's 'charge multiplicity', "
+                         f"found {' '.join(fields)!r}") from None
+    if multiplicity < 1:
+        raise InputError(f"{path}, line {lineno}: multiplicity {multiplicity} (2S+1) must be at least 1")
+    return charge, multiplicity
+
+
+GHOST_FORMS = "@O, Gh(O), X-O or ghost-O"
+
+
+def _element_of(name: str, elements: dict) -> tuple:
+    """(canonical symbol or None, ghost?) of an atom line's first field: `O`, or a ghost written
+    as GHOST_FORMS (any case)."""
+    upper = name.upper()
+    ghost = True
+    if upper.startswith("@"):
+        name = name[1:]
+    elif upper.startswith("GH(") and upper.endswith(")"):
+        name = name[3:-1]
+    elif upper.startswith("X-"):
+        name = name[2:]
+    elif upper.startswith("GHOST-"):
+        name = name[6:]
+    else:
+        ghost = False
+    symbol = elements.get(name.upper()) if name.isascii() and name.isalpha() else None
+    return symbol, ghost
 
 
 def _parse_atom(path, lineno, text, elements) -> Atom:
@@ -127,9 +252,9 @@ def _parse_atom(path, lineno, text, elements) -> Atom:
     if len(fields) < 4:
         raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z', found {text.strip()!r}")
     name = fields[0]
-    symbol = elements.get(name.upper()) if name.isascii() and name.isalpha() else None
+    symbol, ghost = _element_of(name, elements)
     if symbol is None:
-        raise InputError(f"{path}, line {lineno}: unknown element {name!r}")
+        raise InputError(f"{path}, line {lineno}: unknown element {name!r} (a ghost atom is written {GHOST_FORMS})")
     coords = []
     for field in fields[1:4]:
         try:
@@ -142,7 +267,7 @@ def _parse_atom(path, lineno, text, elements) -> Atom:
             raise InputError(f"{path}, line {lineno}: coordinate {field!r} is beyond {MAX_COORDINATE:g} Angstrom "
                              "from the origin: not a molecule")
         coords.append(value)
-    return Atom(symbol, tuple(coords))
+    return Atom(symbol, tuple(coords), ghost)
 
 
 def check_geometry(atoms, path="atoms", lines=None) -> None:
@@ -153,6 +278,8 @@ def check_geometry(atoms, path="atoms", lines=None) -> None:
 
     if not atoms:
         raise InputError(f"{path}: no atoms")
+    if all(getattr(a, "ghost", False) for a in atoms):
+        raise InputError(f"{path}: every atom is a ghost ({GHOST_FORMS}): no molecule")
     lines = lines or [None] * len(atoms)
     xyz = np.array([a.xyz for a in atoms], dtype=np.float64).reshape(len(atoms), 3)
     bad = np.flatnonzero(~(np.abs(xyz) <= MAX_COORDINATE).all(axis=1))  # (NaN compares False)
@@ -176,6 +303,8 @@ def formula(mol) -> str:
     """Hill formula, e.g. 'C6H6', 'H2O'."""
     counts = {}
     for i in range(mol.natm):
+        if is_ghost(mol, i):
+            continue
         symbol = mol.atom_pure_symbol(i)
         counts[symbol] = counts.get(symbol, 0) + 1
     # Hill order: C first and H second when there is carbon, then the rest alphabetically;
@@ -188,3 +317,10 @@ def formula(mol) -> str:
 def atom_symbols(mol) -> list:
     """The element symbols of the molecule's atoms, in its order."""
     return [mol.atom_pure_symbol(k) for k in range(mol.natm)]
+
+
+def is_ghost(mol, i: int) -> bool:
+    """Whether atom i of the PySCF molecule is a ghost (basis functions, no nucleus)."""
+    from pyscf.data.elements import is_ghost_atom
+
+    return bool(is_ghost_atom(mol.atom_symbol(i)))

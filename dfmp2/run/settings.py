@@ -31,9 +31,11 @@ class Settings:
     """What a DF-MP2 run is asked to do (see the module docstring)."""
 
     # chemistry: molecule and SCF (run_xyz)
-    basis: str = "cc-pvdz"
+    basis: str = "cc-pvdz"  # a name, or per element: "O:aug-cc-pvtz,H:cc-pvdz" (chem.basis.basis_by_element)
     ecp: str = "auto"  # auto: the ECPs the basis carries (def2: Rb-Rn); none: all-electron; or a name
-    auxbasis: str | None = None  # MP2 auxiliary basis (None: the MP2-fit set for `basis`)
+    auxbasis: str | None = None  # MP2 auxiliary basis, a name or per element (None: the MP2-fit set for `basis`)
+    jk_auxbasis: str | None = None  # the SCF's JK-fit set, a name or per element (None: PySCF's JK-fit choice)
+    cartesian: bool = False  # Cartesian d, f, ... functions (6d, 10f) instead of spherical (5d, 7f)
     charge: int = 0
     spin: int = 0  # 2S
     reference: str | None = None  # rhf, uhf, rohf (None: rhf for spin 0, else uhf)
