@@ -7,25 +7,20 @@ Exit status: 0 success, 2 bad input (one line on stderr), 1 runtime failure (one
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import signal
 import sys
-from types import SimpleNamespace
 
 import click
 
 from .. import __version__
 from ..kernels import COMMAND_PRECISION
-from ..run.context import RunContext
-from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
+from ..run.ranks import DEFAULT_TIMEOUT_S
 from ..run.settings import Settings
 from ..util.errors import DFMP2Error, InputError, command_line_names
-from ..util.files import Outputs, display
-from ..util.scratch import check_scratch
+from ..util.files import Outputs
 from .progress import Progress
-from .report import print_bench, print_kernel_bench, print_summary
+from .report import print_bench, print_kernel_bench
 from .signals import SignalExit, Terminated, fail, guarded, stop_with
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
@@ -53,16 +48,35 @@ TRANSFORM_OPTION = click.option(
 
 
 @cli.command()
-@click.argument("molecule", metavar="MOLECULE.xyz")
-@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis: any name in PySCF's library or the Basis Set Exchange's data.")
+@click.argument("molecules", metavar="MOLECULE.xyz...", nargs=-1, required=True)
+@click.option("--basis", default="cc-pvdz", show_default=True,
+              help="Orbital basis: any name in PySCF's library or the Basis Set Exchange's data; per element "
+                   "'O:aug-cc-pvtz,H:cc-pvdz' (a bare name for the rest); Psi4's cc-pv[tq]z extrapolates to the "
+                   "basis-set limit.")
 @click.option("--auxbasis", default=None,
-              help="MP2 auxiliary basis [default: the MP2-fit/RI set for --basis].")
+              help="MP2 auxiliary basis, a name or per element as --basis [default: the MP2-fit/RI set for --basis].")
+@click.option("--jk-auxbasis", default=None,
+              help="The density-fitted SCF's fitting set, a name or per element as --basis [default: the JK-fit "
+                   "set PySCF pairs with --basis, e.g. def2-universal-jkfit for def2 sets].")
+@click.option("--cartesian", is_flag=True, help="Cartesian d, f, ... functions (6d, 10f) instead of spherical ones.")
+@click.option("--counterpoise", is_flag=True,
+              help="Counterpoise-corrected interaction energy of the fragments (separated by '--' lines in the XYZ "
+                   "file): the whole, and each fragment in the whole's basis (same as --bsse cp).")
+@click.option("--bsse", default=None, metavar="cp|nocp|cp,nocp",
+              help="Interaction energies of the fragments: cp (fragments in the whole's basis), nocp (each in its "
+                   "own basis), or both.")
+@click.option("--scf-extrapolation", default="exponential", show_default=True, metavar="exponential|highest",
+              help="With a cc-pv[xy]z basis: the HF energy at the basis-set limit by Psi4's exponential formulas "
+                   "(scf_xtpl_helgaker_2/3, Psi4's default) or from the largest basis; the correlation energy by "
+                   "Helgaker's X^-3 formula on the two largest bases.")
 @click.option("--ecp", default="auto", show_default=True, metavar="auto|none|NAME",
               help="Effective core potentials: auto uses those the basis carries (def2: Rb-Rn, as Psi4, ORCA "
                    "and Turbomole do); none runs every atom all-electron; or an ECP library's name.")
-@click.option("--charge", type=int, default=0, show_default=True, help="Molecular charge.")
-@click.option("--spin", type=int, default=0, show_default=True,
-              help="2S (number of unpaired electrons); > 0 runs UHF unless --reference says otherwise.")
+@click.option("--charge", type=int, default=None,
+              help="Molecular charge [default: the file's 'charge multiplicity' lines, else 0].")
+@click.option("--spin", type=int, default=None,
+              help="2S (number of unpaired electrons); > 0 runs UHF unless --reference says otherwise [default: "
+                   "from the file's 'charge multiplicity' lines, else 0].")
 @click.option("--reference", default=None, metavar="rhf|uhf|rohf",
               help="SCF reference [default: rhf for --spin 0, uhf otherwise]; rohf gives ROHF-MBPT(2) "
                    "on semicanonical orbitals, singles included (as Psi4).")
@@ -111,7 +125,8 @@ TRANSFORM_OPTION = click.option(
                    "before it gives up with an error.")
 @click.option("--scf-max-cycle", type=int, default=100, show_default=True,
               help="SCF iterations before giving up (exit 1).")
-@click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
+@click.option("--json", "json_path", default=None, metavar="PATH",
+              help="Write the results as JSON (several molecules: JSON Lines, one record per molecule).")
 @click.option("--natorbs", "natorbs_path", default=None, metavar="FILE.molden",
               help="Write the unrelaxed MP2 natural orbitals and occupations (RHF; UHF: of the spin-summed density).")
 @click.option("--properties", default=None, metavar="dipole",
@@ -120,7 +135,9 @@ TRANSFORM_OPTION = click.option(
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 def run(**options):
-    """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom)."""
+    """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom); several files, a multi-frame XYZ or a
+    directory of *.xyz files run one after another in this process; a QCSchema input.json writes
+    its AtomicResult."""
     _run_molecule(False, **options)
 
 
@@ -142,78 +159,10 @@ def _optimize(output, trajectory, max_steps, **options):
 
 def _run_molecule(gradient, optimize=None, **options):
     """`dfmp2 run` (gradient False), `dfmp2 grad` (True) and `dfmp2 optimize` (optimize: its
-    options): one code path. options: the command's options by name (`run`'s)."""
-    from ..api.driver import run_xyz
+    options): one code path (`jobs.run_molecules`)."""
+    from .jobs import run_molecules
 
-    o = SimpleNamespace(**options)
-    outputs = Outputs(inputs=[o.molecule], directories=[o.checkpoint])
-
-    def compute():
-        _stage_outputs(outputs, o, optimize)
-        team = _joined_team(o)
-        root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
-        progress = Progress() if (root and not o.quiet and sys.stderr.isatty()) else None
-        settings = _settings_of(o, gradient)
-        try:
-            if optimize is not None:
-                result, record = _optimized(o.molecule, settings, team, progress, optimize, outputs, o.quiet)
-            else:
-                result = run_xyz(o.molecule, settings, RunContext(team=team, progress=progress))
-                record = result.as_dict()
-        finally:
-            if team is not None:
-                team.close()
-        if progress:
-            progress.clear()
-        if not root:
-            return None
-        if o.natorbs_path is not None:
-            occupations, orbitals = result.natural_orbitals()
-            outputs.write("--natorbs", lambda path: result.write_molden(path, orbitals, occupations))
-            record["natorbs"] = {"path": display(o.natorbs_path), "occupations": occupations.tolist()}
-        record.update(molecule=display(o.molecule), charge=o.charge, spin=o.spin)
-        if o.json_path is not None:
-            outputs.write("--json", lambda path: _write_json(path, record))
-        outputs.commit()
-        return record
-
-    record = guarded(compute, o.debug, outputs)
-    if record is not None and not o.quiet and not outputs.to_stdout():
-        print_summary(record)
-
-
-def _stage_outputs(outputs, o, optimize) -> None:
-    """The files the command will write, checked before anything is computed."""
-    if optimize is not None:
-        outputs.add("--output", optimize["output"] or _default_output(o.molecule, ".opt.xyz"))
-        outputs.add("--trajectory", optimize["trajectory"] or _default_output(o.molecule, ".traj.xyz"))
-    if o.json_path is not None:
-        outputs.add("--json", o.json_path, stdout_ok=True)
-    if o.natorbs_path is not None:
-        outputs.add("--natorbs", o.natorbs_path)
-    check_scratch(o.scratch)  # --scratch, or PySCF's temporary directory: one line if it cannot be used
-
-
-def _joined_team(o):
-    """The torchrun team this process belongs to (None: one process), once the options that
-    only the command line has are checked."""
-    if o.scf_max_cycle < 1:
-        raise InputError(f"--scf-max-cycle must be at least 1, got {o.scf_max_cycle}")
-    if not (math.isfinite(o.rank_timeout) and o.rank_timeout > 0):
-        raise InputError(f"--rank-timeout must be a positive number of seconds, got {o.rank_timeout:g}")
-    return join_launched_team(o.device, o.simulate, o.rank_timeout)
-
-
-def _settings_of(o, gradient) -> Settings:
-    """The run's Settings from the command's options (--natorbs asks for the density)."""
-    return Settings(basis=o.basis, auxbasis=o.auxbasis, ecp=o.ecp, charge=o.charge, spin=o.spin,
-                    reference=o.reference, scf=o.scf, scf_max_cycle=o.scf_max_cycle, scf_backend=o.scf_backend,
-                    scf_precision=o.scf_precision, screening=o.screening, frozen_core=o.frozen_core, xc=o.xc,
-                    c_os=o.c_os, c_ss=o.c_ss, with_rdm1=o.natorbs_path is not None, device=o.device,
-                    precision=o.precision or COMMAND_PRECISION, simulate=o.simulate, nki_api=o.nki_api,
-                    transform=o.transform, max_memory=o.max_memory, scratch=o.scratch, checkpoint=o.checkpoint,
-                    checkpoint_allow_other_files=o.checkpoint_allow_other_files,
-                    properties=tuple(o.properties.split(",")) if o.properties else (), gradient=gradient)
+    run_molecules(gradient, optimize, options)
 
 
 cli.add_command(click.Command("grad", callback=_grad, params=list(run.params), help=_grad.__doc__,
@@ -233,51 +182,6 @@ cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__d
                  help="Optimisation steps (geomeTRIC iterations, PySCF's maxsteps; the start is evaluated besides) "
                       "before giving up (exit 1; a --checkpoint keeps the steps)."),
 ]))
-
-
-def _default_output(molecule, suffix) -> str:
-    """MOLECULE's name with `suffix` instead of its extension, in the current directory."""
-    return os.path.splitext(os.path.basename(molecule))[0] + suffix
-
-
-def _optimized(molecule, settings, team, progress, options, outputs, quiet) -> tuple:
-    """`dfmp2 optimize`: (the final run's result, the JSON record) with both files staged; one
-    line per step on stderr (unless --quiet). Not converged: ComputationError (exit 1)."""
-    from ..chem import format_xyz, read_xyz
-    from ..util.errors import ComputationError
-    from .optimize import optimize_atoms
-
-    if team is not None:
-        raise InputError("dfmp2 optimize runs in one process (not under torchrun)")
-    energies = []
-
-    def show(k, step):
-        if progress:
-            progress.clear()
-        change = f"  dE {step.energy - energies[-1]:+.3e}" if energies else ""
-        energies.append(step.energy)
-        if not quiet:
-            click.echo(f"  step {k:3d}  E {step.energy:18.10f} Eh{change}  max|g| {abs(step.gradient).max():.2e} "
-                       f"Eh/bohr  ({'checkpoint' if step.replayed else f'{step.seconds:.1f} s'})", err=True)
-
-    found = optimize_atoms(read_xyz(molecule), settings.replace(checkpoint=None), options["max_steps"],
-                           settings.checkpoint, settings.checkpoint_allow_other_files, on_step=show, progress=progress)
-    if not found.converged:
-        raise ComputationError(f"the geometry did not converge in {options['max_steps']} steps (raise --max-steps"
-                               + ("; the same --checkpoint resumes)" if settings.checkpoint else ")"))
-    output, trajectory = outputs.path("--output"), outputs.path("--trajectory")
-    outputs.write("--output", lambda path: _write_text(path, format_xyz([(
-        f"dfmp2 optimised geometry  E = {found.energies[found.final_step]:.12f} Eh", found.atoms)])))
-    outputs.write("--trajectory", lambda path: _write_text(path, format_xyz(found.frames())))
-    record = {**found.final.as_dict(), **found.as_dict(), "optimized_xyz": display(output),
-              "trajectory": display(trajectory)}
-    record["notes"] = list(found.final.notes) + list(found.notes)
-    return found.final, record
-
-
-def _write_text(path, text):
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
 
 
 @cli.command()
@@ -315,6 +219,7 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
     or model one NKI kernel call (--kernel)."""
     from .bench import resolve_shape, run_bench, run_kernel_bench
+    from .jobs import write_json
 
     outputs = Outputs()
 
@@ -340,7 +245,7 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
                 progress.clear()
             record["shape"]["name"] = shape
         if json_path is not None:
-            outputs.write("--json", lambda path: _write_json(path, record))
+            outputs.write("--json", lambda path: write_json(path, record))
         outputs.commit()
         return record
 
@@ -366,13 +271,6 @@ def info():
     click.echo("devices:")
     for device, (usable, detail) in device_report().items():
         click.echo(f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}")
-
-
-def _write_json(path, record):
-    """The record as JSON at `path`; NaN or infinity is an error, not invalid JSON."""
-    with open(path, "w", encoding="utf-8") as out:
-        json.dump(record, out, indent=2, allow_nan=False)
-        out.write("\n")
 
 
 def main(argv=None):

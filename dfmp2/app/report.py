@@ -193,3 +193,48 @@ def print_kernel_bench(r):
         lines.append(f"  published trn1 measurement of a sibling library's kernel: {r['published_trn1_ms']} ms "
                      f"(model / measured = {r['model_over_published']:.2f})")
     click.echo("\n".join(lines))
+
+
+COMPONENT_LABELS = (("e_ref", "E(ref)"), ("e_corr_os", "E(corr, os)"), ("e_corr_ss", "E(corr, ss)"),
+                    ("e_corr", "E(corr)"), ("e_scs", "E(corr, SCS)"), ("e_tot", "E(total)"),
+                    ("e_tot_scs", "E(total, SCS)"))
+
+
+def print_composite(r):
+    """A counterpoise and/or extrapolated energy: each run's energies, the limit, E_int."""
+    first = next(iter(next(iter(r["per_basis"].values()))["runs"].values()))
+    lines = [f"dfmp2 {first['version']}: DF-MP2 (RI-MP2) {' and '.join(r['workflow'])}",
+             f"  molecule    {r['molecule']}, {len(r['systems'])} systems, basis {r['basis']}",
+             f"  device      {first['device']} ({first['device_description']}), {first['backend']} backend, "
+             f"{first['precision']}; SCF {first['scf']}" + (f" (JK-fit: {first['scf_auxbasis']})"
+                                                            if first['scf_auxbasis'] else ""),
+             "", f"  {'basis':18s} {'system':26s} {'E(ref)':>18s} {'E(corr)':>16s} {'E(total)':>18s}"]
+    for basis, block in r["per_basis"].items():
+        for name, e in block["energies"].items():
+            lines.append(f"  {basis:18s} {name:26s} {e['e_ref']:18.10f} {e['e_corr']:16.10f} {e['e_tot']:18.10f}")
+    if "extrapolation" in r:
+        scheme = r["extrapolation"]["scheme"]
+        lines += ["", f"  basis-set limit (SCF: {scheme['scf']}; correlation: {scheme['corl']})"]
+        for name, e in r["extrapolation"]["energies"].items():
+            lines.append(f"  {'CBS':18s} {name:26s} {e['e_ref']:18.10f} {e['e_corr']:16.10f} {e['e_tot']:18.10f}")
+    for kind, values in r.get("interaction", {}).items():
+        kcal = r["interaction_kcal_mol"][kind]
+        where = "CBS" if "extrapolation" in r else r["bases"][-1]
+        lines += ["", f"  interaction energy, {kind.upper()} ({where})" + " " * 8 + f"{'Eh':>16s} {'kcal/mol':>12s}"]
+        lines += [f"    {label:38s} {values[key]:16.10f} {kcal[key]:12.6f}" for key, label in COMPONENT_LABELS]
+    click.echo("\n".join(lines))
+
+
+def print_batch_line(r):
+    """One molecule of several: its name, formula and total energy, or why it failed."""
+    if r["status"] != "ok":
+        click.echo(f"{r['molecule']}: failed (exit {r['exit_code']}): {r['error']}")
+        return
+    if "workflow" in r:
+        kind = next(iter(r.get("interaction", {})), None)
+        value = r["interaction"][kind]["e_tot"] if kind else r["energies"]["whole"]["e_tot"]
+        label = f"E_int({kind.upper()})" if kind else "E(total)"
+        click.echo(f"{r['molecule']}: {' and '.join(r['workflow'])}  {label} {value:.10f} Eh")
+        return
+    seconds = sum(r["timings"].values())
+    click.echo(f"{r['molecule']}: {r['formula']}  E(total) {r['e_tot']:.10f} Eh  ({seconds:.2f} s in steps)")
