@@ -17,7 +17,7 @@ from ..run.settings import Settings
 from ..util.errors import InputError, option
 from .driver import run_atoms
 
-KCAL_PER_HARTREE = 627.5094740631  # CODATA 2014, as Psi4 and QCElemental
+KCAL_PER_HARTREE = 627.5094737775374  # Psi4's psi_hartree2kcalmol (physconst.h)
 BSSE_TYPES = ("cp", "nocp")
 # the energy components combined (Eh); e_scs: the SCS correlation energy, e_tot_scs = e_ref + e_scs
 COMPONENTS = ("e_ref", "e_corr_os", "e_corr_ss", "e_corr_singles", "e_corr", "e_scs", "e_tot", "e_tot_scs")
@@ -139,7 +139,7 @@ def check_composite_settings(settings: Settings) -> None:
                          "properties)")
 
 
-def run_composite(frame, settings: Settings, bsse=(), scf_extrapolation="exponential", context_of=None,
+def run_composite(frame, settings: Settings, bsse=(), scf_extrapolation="highest", context_of=None,
                   on_run=None) -> CompositeResult:
     """Long (one loop over bases and systems, then the record): the counterpoise systems of
     `frame` (bsse: "cp", "nocp"; none: the frame as one system) in each basis of

@@ -207,7 +207,7 @@ def print_composite(r):
              f"  molecule    {r['molecule']}, {len(r['systems'])} systems, basis {r['basis']}",
              f"  device      {first['device']} ({first['device_description']}), {first['backend']} backend, "
              f"{first['precision']}; SCF {first['scf']}" + (f" (JK-fit: {first['scf_auxbasis']})"
-                                                            if first['scf_auxbasis'] else ""),
+                                                            if first['scf_auxbasis'] and len(r["bases"]) == 1 else ""),
              "", f"  {'basis':18s} {'system':26s} {'E(ref)':>18s} {'E(corr)':>16s} {'E(total)':>18s}"]
     for basis, block in r["per_basis"].items():
         for name, e in block["energies"].items():

@@ -19,7 +19,7 @@ PySCF is imported inside functions, so that `dfmp2 --help` and `dfmp2 info` stay
 This package's namespace holds the public names of its modules (`chem.run_scf`, ...).
 """
 
-from .basis import basis_name  # noqa: F401
+from .basis import atomic_number, basis_name  # noqa: F401
 from .basis import (BASIS_LOOKUP_ERRORS, BSE, ECP_FROM_BSE_MIN_Z, GENERATED, EffectiveCorePotentials, FittingSet,
                     basis_by_element, build_molecule, choose_ecp, ecp_record, fitting_basis, named_fitting_set,
                     pyscf_basis, pyscf_fitting_choice)

@@ -48,6 +48,7 @@ class Frame:
     comment: str
     fragments: tuple
     name: str
+    first_line: int = 1  # the line of its atom count
 
     @property
     def charge(self) -> int | None:
@@ -169,8 +170,12 @@ def _parse_frames(path, handle, max_frames) -> list:
                              f"{path}: more than {max_frames} frames")
         frames.append(_parse_frame(lines, first, elements))
         first = lines.next_filled()
+        if first is not None and not first.split()[0].isdigit():
+            raise InputError(f"{path}, line {lines.lineno}: the file goes on after the {len(frames[-1].atoms)} atoms "
+                             f"line {frames[-1].first_line} announces: expected another frame's atom count, found "
+                             f"{first.strip()!r}")
     if len(frames) > 1:
-        frames = [Frame(f.atoms, f.comment, f.fragments, f"{path}#{k + 1}") for k, f in enumerate(frames)]
+        frames = [Frame(f.atoms, f.comment, f.fragments, f"{path}#{k + 1}", f.first_line) for k, f in enumerate(frames)]
     return frames
 
 
@@ -209,7 +214,7 @@ def _parse_frame(lines, first, elements) -> Frame:
     stops = [f[0] for f in fragments[1:]] + [len(atoms)]
     check_geometry(atoms, path, numbers)
     return Frame(tuple(atoms), comment.strip(), tuple(Fragment(b, e, c, m) for (b, c, m), e in zip(fragments, stops)),
-                 path)
+                 path, start)
 
 
 def _charge_multiplicity(path, lineno, fields) -> tuple:
