@@ -334,3 +334,18 @@ def test_bad_extrapolation_bases_exit_2(tmp_path, basis, needle):
     proc = dfmp2_cli("run", "w.xyz", "--basis", basis, cwd=tmp_path)
     assert proc.returncode == 2, describe(proc)
     assert needle in proc.stderr
+
+
+def test_three_fragments_give_the_total_interaction_energy(tmp_path):
+    """He3 as three fragments: E_int(CP) = E_ABC - E_A - E_B - E_C, each in the trimer's basis,
+    each fragment's run with the other two as ghosts (its basis size the trimer's)."""
+    write(tmp_path / "he3.xyz", "3\nHe3\nHe 0 0 0\n--\nHe 0 0 3.0\n--\nHe 0 2.6 1.5\n")
+    proc = dfmp2_cli("run", "he3.xyz", "--counterpoise", "--json", "out.json", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    runs = record["per_basis"]["cc-pvdz"]["runs"]
+    assert sorted(runs) == ["fragment 1 (whole basis)", "fragment 2 (whole basis)", "fragment 3 (whole basis)", "whole"]
+    assert {r["nbasis"] for r in runs.values()} == {15} and {r["formula"] for r in runs.values()} == {"He3", "He"}
+    energies = record["energies"]
+    assert record["interaction"]["cp"]["e_tot"] == pytest.approx(
+        energies["whole"]["e_tot"] - sum(energies[f"fragment {k} (whole basis)"]["e_tot"] for k in (1, 2, 3)), abs=1e-12)

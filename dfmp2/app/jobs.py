@@ -98,7 +98,9 @@ def _one_molecule(o, frame, gradient, optimize, outputs):
         occupations, orbitals = result.natural_orbitals()
         outputs.write("--natorbs", lambda path: result.write_molden(path, orbitals, occupations))
         record["natorbs"] = {"path": display(o.natorbs_path), "occupations": occupations.tolist()}
-    record.update(molecule=display(o.molecules[0]), charge=settings.charge, spin=settings.spin)
+    record.update(molecule=display(o.molecules[0]))
+    if not composite:  # (a composite's systems each have theirs)
+        record.update(charge=settings.charge, spin=settings.spin)
     if o.json_path is not None:
         outputs.write("--json", lambda path: write_json(path, record))
     outputs.commit()
