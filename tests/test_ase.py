@@ -3,19 +3,16 @@ ASE's own finite differences, and an ASE BFGS optimisation against dfmp2's geome
 
 import numpy as np
 import pytest
+from ase import Atoms  # the `workflows` extra, which `test` installs (not skipped: CI runs these)
+from ase.calculators.fd import calculate_numerical_forces
+from ase.optimize import BFGS
+from ase.units import Bohr, Hartree
 
 import dfmp2
 from dfmp2 import chem
 from dfmp2.app.optimize import optimize_atoms
+from dfmp2.ase import DFMP2Calculator
 from dfmp2.run.settings import Settings
-
-ase = pytest.importorskip("ase")  # the `workflows` extra, which `test` installs
-from ase import Atoms  # noqa: E402
-from ase.calculators.fd import calculate_numerical_forces  # noqa: E402
-from ase.optimize import BFGS  # noqa: E402
-from ase.units import Bohr, Hartree  # noqa: E402
-
-from dfmp2.ase import DFMP2Calculator  # noqa: E402
 
 DISTORTED_WATER = [("O", (0.0, 0.0, 0.1)), ("H", (0.0, 0.8, -0.45)), ("H", (0.0, -0.75, -0.5))]  # Angstrom
 PARAMETERS = {"basis": "cc-pvdz", "frozen_core": True}

@@ -6,14 +6,13 @@ import json
 
 import numpy as np
 import pytest
+import qcengine  # the `workflows` extra, which `test` installs (not skipped: CI runs these)
 from pyscf import df, gto, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 import dfmp2
 from dfmp2 import chem
 from dfmp2.api.qcschema import qcschema_request, run_qcschema
-
-qcengine = pytest.importorskip("qcengine")  # the `workflows` extra, which `test` installs
 
 WATER_BOHR = [0.0, 0.0, 0.2216655, 0.0, 1.4309, -0.8866, 0.0, -1.4309, -0.8866]
 WATER = {"symbols": ["O", "H", "H"], "geometry": WATER_BOHR, "molecular_charge": 0, "molecular_multiplicity": 1}
@@ -168,3 +167,14 @@ def test_plain_json_in_and_out():
     assert run_qcschema(v2)["return_result"] == out["return_result"]
     request = qcschema_request({**_input(), "molecule": {"symbols": ["O", "H"], "geometry": [0, 0, 0, 0, 0, 1.8]}})
     assert (request.settings.charge, request.settings.spin) == (0, 1)
+
+
+def test_qcschema_needs_neither_qcelemental_nor_qcengine():
+    """run_qcschema's module (the CLI's JSON path) and `import dfmp2` import neither package."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dfmp2, dfmp2.api.qcschema; "
+            "print(sorted(m for m in ('qcelemental', 'qcengine', 'ase') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
