@@ -145,7 +145,8 @@ def _keywords(keywords) -> dict:
                 raise InputError(f"keyword {name}={value!r}: dfmp2 computes {key} {PSI4_KEYWORDS[key]!r} only")
             continue
         if key not in KEYWORDS:
-            raise InputError(f"unknown keyword {name!r} (dfmp2 takes: {', '.join(sorted([*KEYWORDS, *PSI4_KEYWORDS]))})")
+            known = ", ".join(sorted([*KEYWORDS, *PSI4_KEYWORDS]))
+            raise InputError(f"unknown keyword {name!r} (dfmp2 takes: {known})")
         kinds = KEYWORDS[key]
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
             if not (float in kinds and isinstance(value, int) and not isinstance(value, bool)):
@@ -165,7 +166,8 @@ def _molecule(molecule: dict) -> tuple:
     except (TypeError, ValueError):
         raise InputError("molecule.geometry: expected numbers (bohr)") from None
     if geometry.size != 3 * len(symbols) or geometry.ndim not in (1, 2):
-        raise InputError(f"molecule.geometry: {geometry.size} numbers for {len(symbols)} atoms (expected 3 each, bohr)")
+        raise InputError(f"molecule.geometry: {geometry.size} numbers for {len(symbols)} atoms "
+                         "(expected 3 each, bohr)")
     real = molecule.get("real")
     real = [True] * len(symbols) if real is None else list(real)
     if len(real) != len(symbols) or not all(isinstance(r, (bool, np.bool_)) for r in real):
@@ -175,7 +177,8 @@ def _molecule(molecule: dict) -> tuple:
     charge = _whole(molecule.get("molecular_charge", 0) or 0, "molecule.molecular_charge")
     electrons = sum(atomic_number(a.symbol) for a in atoms if not a.ghost) - charge
     multiplicity = molecule.get("molecular_multiplicity")
-    multiplicity = 1 + electrons % 2 if multiplicity is None else _whole(multiplicity, "molecule.molecular_multiplicity")
+    multiplicity = 1 + electrons % 2 if multiplicity is None else _whole(multiplicity,
+                                                                         "molecule.molecular_multiplicity")
     if multiplicity < 1:
         raise InputError(f"molecule.molecular_multiplicity {multiplicity}: must be at least 1")
     return atoms, charge, multiplicity - 1
@@ -235,8 +238,8 @@ def qcschema_properties(request: Request, result, energy: float) -> dict:
 
 def failed_operation(data, error_type: str, message: str) -> dict:
     """QCSchema's FailedOperation (v1 layout): success False, the input, the error."""
-    return {"id": data.get("id") if isinstance(data, dict) else None, "input_data": data, "success": False,
-            "error": {"error_type": error_type, "error_message": message}, "extras": {}}
+    return {"id": data.get("id") if isinstance(data, dict) else None, "input_data": data,
+            "success": False, "error": {"error_type": error_type, "error_message": message}, "extras": {}}
 
 
 def json_safe(value):
