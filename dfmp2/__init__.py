@@ -34,7 +34,16 @@ _LAZY = {  # name -> module: these import torch and PySCF, so they load on first
     "use_dfmp2_jk": "api.pyscf_jk",
     "run_xyz": "api.driver", "run_atoms": "api.driver", "run_mean_field": "api.driver", "DFMP2Result": "api.result",
     "Settings": "run.settings",
+    "run_qcschema": "api.qcschema",
 }
+
+
+def register_qcengine():
+    """Register dfmp2 with QCEngine as program "dfmp2" (idempotent; imports qcengine, which
+    `import dfmp2` does not): `dfmp2.api.qcengine_harness`."""
+    from .api.qcengine_harness import register
+
+    return register()
 
 
 def __getattr__(name):
@@ -45,4 +54,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'dfmp2' has no attribute {name!r}")
 
 
-__all__ = [*_LAZY, "DFMP2Error", "InputError", "MemoryBudgetError", "ComputationError", "__version__"]
+__all__ = [*_LAZY, "register_qcengine", "DFMP2Error", "InputError", "MemoryBudgetError", "ComputationError",
+           "__version__"]

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_FILES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
 # named before it is written (another change adds it); none now
 ALLOWED_MISSING = set()
-README_MAX_LINES = 260
+README_MAX_LINES = 270
 
 # a relative path into the repository: one of its top-level folders, then path characters
 # (glob characters * and ? included); not part of a longer path, URL or dotted name

@@ -349,3 +349,48 @@ def test_three_fragments_give_the_total_interaction_energy(tmp_path):
     energies = record["energies"]
     assert record["interaction"]["cp"]["e_tot"] == pytest.approx(
         energies["whole"]["e_tot"] - sum(energies[f"fragment {k} (whole basis)"]["e_tot"] for k in (1, 2, 3)), abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- QCSchema on the command line
+
+QCSCHEMA_WATER = {"schema_name": "qcschema_input",
+                  "molecule": {"symbols": ["O", "H", "H"],
+                               "geometry": [0, 0, 0.2217, 0, 1.4309, -0.8866, 0, -1.4309, -0.8866]},
+                  "driver": "gradient", "model": {"method": "mp2", "basis": "cc-pvdz"},
+                  "keywords": {"frozen_core": True}}
+
+
+def test_dfmp2_run_reads_a_qcschema_input(tmp_path):
+    """`dfmp2 run input.json` writes the AtomicResult run_qcschema gives in process (PySCF-checked
+    in tests/test_qcschema.py), to --json or standard output."""
+    from dfmp2.api.qcschema import run_qcschema
+
+    write(tmp_path / "in.json", json.dumps(QCSCHEMA_WATER))
+    proc = dfmp2_cli("run", "in.json", "--json", "out.json", cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout == ""
+    written = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    expected = run_qcschema(QCSCHEMA_WATER)
+    assert written["success"] is True and written["schema_name"] == "qcschema_output"
+    assert written["return_result"] == pytest.approx(expected["return_result"], abs=1e-10)
+    assert written["properties"]["return_energy"] == pytest.approx(expected["properties"]["return_energy"], abs=1e-10)
+    to_stdout = dfmp2_cli("run", "in.json", cwd=tmp_path)
+    assert to_stdout.returncode == 0 and json.loads(to_stdout.stdout)["success"] is True
+
+
+@pytest.mark.parametrize("content, args, needle, written", [
+    (dict(QCSCHEMA_WATER, driver="hessian"), [], "dfmp2 has no Hessians", True),
+    (QCSCHEMA_WATER, ["--basis", "sto-3g"], "--basis is not taken with it", False),
+    ("{not json", [], "not a readable JSON file", False),
+])
+def test_bad_qcschema_inputs_exit_2(tmp_path, content, args, needle, written):
+    """An input_error is written as QCEngine's FailedOperation and exits 2; options the input
+    carries itself and unreadable JSON are refused before anything runs (nothing written)."""
+    write(tmp_path / "in.json", content if isinstance(content, str) else json.dumps(content))
+    proc = dfmp2_cli("run", "in.json", *args, "--json", "out.json", cwd=tmp_path)
+    assert proc.returncode == 2, describe(proc)
+    assert needle in proc.stderr and proc.stderr.count("\n") == 1
+    assert (tmp_path / "out.json").exists() == written
+    if written:
+        failed = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+        assert failed["success"] is False and failed["error"]["error_type"] == "input_error"

@@ -17,7 +17,7 @@ from ..run.context import RunContext
 from ..run.ranks import join_launched_team
 from ..run.settings import Settings
 from ..util.errors import ComputationError, InputError
-from ..util.files import Outputs, display
+from ..util.files import Outputs, display, one_line
 from ..util.scratch import check_scratch
 from .batch import molecule_sources, run_batch
 from .progress import Progress
@@ -152,19 +152,35 @@ def _batch(o, sources, gradient, outputs, printed) -> list:
     return records
 
 
-def _qcschema(path, o, outputs):
-    """A QCSchema AtomicInput file: its AtomicResult to --json (default: standard output)."""
-    from ..api.qcschema import read_atomic_input, run_qcschema
+# the options a QCSchema input may come with: its model and keywords say the rest
+QCSCHEMA_OPTIONS = ("molecules", "json_path", "quiet", "debug")
 
-    request = read_atomic_input(path)
-    result = run_qcschema(request)
-    target = o.json_path if o.json_path is not None else "-"
+
+def _qcschema(path, o, outputs):
+    """A QCSchema AtomicInput file: its AtomicResult (or FailedOperation) to --json (default:
+    standard output). A failed one is written too, and the command exits 2 (input_error) or 1."""
+    from ..api.qcschema import run_qcschema
+
+    context = click.get_current_context(silent=True)
+    given = [name for name in (context.params if context else ()) if name not in QCSCHEMA_OPTIONS
+             and context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise InputError(f"{display(path)} is a QCSchema input: its model and keywords set the run; "
+                         f"--{given[0].replace('_', '-')} is not taken with it (only --json, --quiet, --debug)")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            request = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"{display(path)}: not a readable JSON file ({one_line(str(error))})") from None
     if o.json_path is None:
         outputs.add("--json", "-", stdout_ok=True)
+    result = run_qcschema(request)
     outputs.write("--json", lambda p: write_json(p, result))
     outputs.commit()
-    if target == "-" and not result.get("success", False):
-        raise ComputationError(result.get("error", {}).get("error_message", "the QCSchema computation failed"))
+    if not result.get("success", False):
+        error = result.get("error", {})
+        message = one_line(error.get("error_message", "the QCSchema computation failed"))
+        raise (InputError if error.get("error_type") == "input_error" else ComputationError)(message)
     return result
 
 

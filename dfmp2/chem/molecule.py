@@ -124,6 +124,14 @@ def format_xyz(frames) -> str:
     return "\n".join(lines) + "\n"
 
 
+def element_symbol(name: str) -> str:
+    """The canonical symbol of the element `name` names (any case: "CL" -> "Cl"); InputError if none."""
+    symbol = _element_symbols().get(name.strip().upper()) if isinstance(name, str) and name.isascii() else None
+    if symbol is None:
+        raise InputError(f"{name!r} is not an element symbol")
+    return symbol
+
+
 def angstrom_per_bohr() -> float:
     """PySCF's Bohr radius in Angstrom (the unit it builds molecules with)."""
     from pyscf.lib import param

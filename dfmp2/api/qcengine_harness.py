@@ -1,0 +1,78 @@
+"""dfmp2 as a QCEngine program, run in this process through `qcschema.run_qcschema`.
+
+    import qcengine, dfmp2
+    dfmp2.register_qcengine()                    # once; again is harmless
+    out = qcengine.compute({"molecule": ..., "driver": "energy",
+                            "model": {"method": "mp2", "basis": "cc-pvdz"}, "keywords": {}}, "dfmp2")
+
+Methods, drivers and keywords: `qcschema`. QCEngine's task config gives the memory budget
+(config.memory GiB -> keyword max_memory in MB) and the scratch directory unless the keywords
+set them. A failed run raises QCEngine's InputError (bad input) or UnknownError, which
+qcengine.compute turns into a FailedOperation (input_error, unknown_error).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from qcengine.exceptions import InputError as QCEngineInputError
+from qcengine.exceptions import UnknownError
+from qcengine.programs.model import ProgramHarness
+
+from .. import __version__
+from .qcschema import run_qcschema
+
+NAME = "dfmp2"  # QCEngine's program name
+
+
+class DFMP2Harness(ProgramHarness):
+    """QCEngine's ProgramHarness for dfmp2 (in-process; QCSchema v2 models in and out)."""
+
+    _defaults: ClassVar[dict[str, Any]] = {
+        "name": NAME, "scratch": True, "thread_safe": False, "thread_parallel": True,
+        "node_parallel": False, "managed_memory": True,
+    }
+
+    @staticmethod
+    def found(raise_error: bool = False) -> bool:
+        """dfmp2's own dependencies (PySCF, torch) importable."""
+        from qcelemental.util import which_import
+
+        return all(which_import(module, return_bool=True, raise_error=raise_error,
+                                raise_msg=f"dfmp2 needs {module}: pip install dfmp2") for module in ("pyscf", "torch"))
+
+    def get_version(self) -> str:
+        from qcelemental.util import safe_version
+
+        return safe_version(__version__)
+
+    def compute(self, input_data, config):
+        """Run input_data (qcelemental.models.v2.AtomicInput) -> v2 AtomicResult; QCEngine's
+        InputError or UnknownError for a FailedOperation."""
+        from qcelemental.models.v2 import AtomicResult
+
+        plain = input_data.model_dump(mode="json")
+        keywords = plain["specification"]["keywords"]
+        if "max_memory" not in keywords and config.memory is not None:
+            keywords["max_memory"] = float(config.memory) * 1024 ** 3 / 1e6  # GiB -> MB (10^6 bytes)
+        if "scratch" not in keywords and config.scratch_directory:
+            keywords["scratch"] = str(config.scratch_directory)
+        out = run_qcschema(plain)
+        if not out["success"]:
+            error = out["error"]
+            raise (QCEngineInputError if error["error_type"] == "input_error" else UnknownError)(error["error_message"])
+        return AtomicResult(input_data=input_data, molecule=input_data.molecule, properties=out["properties"],
+                            return_result=out["return_result"], provenance=out["provenance"],
+                            extras={"dfmp2": out["extras"]["dfmp2"]}, stdout=None, native_files={}, success=True)
+
+
+def register() -> DFMP2Harness:
+    """Register dfmp2 with QCEngine as program "dfmp2" (once: a second call returns the harness
+    already registered)."""
+    import qcengine
+
+    if NAME in qcengine.list_all_programs():
+        return qcengine.get_program(NAME, check=False)
+    harness = DFMP2Harness()
+    qcengine.register_program(harness)
+    return harness
