@@ -194,6 +194,7 @@ def test_counterpoise_parts_add_up(nexe_counterpoise):
     (WATER_DIMER, ["--counterpoise", "--charge", "1"], "disagree with the fragments"),
     (WATER_DIMER.replace("0 1\n", ""), ["--counterpoise", "--charge", "1"], "give each fragment's"),
     (WATER_DIMER, ["--counterpoise", "--checkpoint", "ck"], "keeps one run"),
+    ("2\nx\nHe 0 0 0\n--\n@He 0 0 3\n", ["--counterpoise"], "fragment 2 holds ghost atoms only"),
 ])
 def test_counterpoise_refusals_exit_2(tmp_path, text, args, needle):
     write(tmp_path / "d.xyz", text)

@@ -80,6 +80,10 @@ def counterpoise_systems(frame, bsse, charge=None, spin=None) -> list:
     unknown = sorted(set(bsse) - set(BSSE_TYPES))
     if unknown or not bsse:
         raise InputError(f"--bsse {','.join(bsse)}: expected cp, nocp or cp,nocp")
+    for k, fragment in enumerate(frame.fragments, start=1):
+        if all(a.ghost for a in frame.atoms[fragment.start:fragment.stop]):
+            raise InputError(f"{frame.name}: fragment {k} holds ghost atoms only: a fragment of a counterpoise "
+                             "computation needs real atoms")
     charges = fragment_charges(frame, charge, spin)
     atoms = frame.atoms
     systems = [System("whole", atoms, sum(c for c, _ in charges), sum(s for _, s in charges))]
