@@ -383,6 +383,7 @@ def test_dfmp2_run_reads_a_qcschema_input(tmp_path):
     (dict(QCSCHEMA_WATER, driver="hessian"), [], "dfmp2 has no Hessians", True),
     (QCSCHEMA_WATER, ["--basis", "sto-3g"], "--basis is not taken with it", False),
     ("{not json", [], "not a readable JSON file", False),
+    (QCSCHEMA_WATER, ["other.xyz"], "a QCSchema input runs alone", False),
 ])
 def test_bad_qcschema_inputs_exit_2(tmp_path, content, args, needle, written):
     """An input_error is written as QCEngine's FailedOperation and exits 2; options the input

@@ -37,7 +37,10 @@ def run_molecules(gradient, optimize, options) -> None:
 
     def compute():
         _stage_outputs(outputs, o, optimize)
-        if len(paths) == 1 and paths[0].lower().endswith(QCSCHEMA_SUFFIX):
+        schemas = [path for path in paths if path.lower().endswith(QCSCHEMA_SUFFIX)]
+        if schemas and len(paths) > 1:
+            raise InputError(f"{display(schemas[0])}: a QCSchema input runs alone (one input.json, no other molecules)")
+        if schemas:
             return "qcschema", _qcschema(paths[0], o, outputs)
         sources = molecule_sources(paths)
         frames = None
