@@ -329,7 +329,7 @@ def test_extrapolated_counterpoise_combines_both(tmp_path):
 @pytest.mark.parametrize("basis, needle", [
     ("cc-pv[tx]z", "not a list of cardinal numbers"), ("cc-pv[qt]z", "smallest first"),
     ("cc-pv[t]z", "gives one basis"), ("cc-pv[dq]z", "consecutive"), ("cc-pv[dt]z,O:aug-cc-pv[tq]z", "the same"),
-    ("cc-pv[dtz", "unclosed bracket")])
+    ("cc-pv[dtz", "unclosed bracket"), ("O:aug-cc-pv[dt]z,H:cc-pvdz", "'H:cc-pvdz' has no bracket")])
 def test_bad_extrapolation_bases_exit_2(tmp_path, basis, needle):
     write(tmp_path / "w.xyz", WATER)
     proc = dfmp2_cli("run", "w.xyz", "--basis", basis, cwd=tmp_path)

@@ -28,6 +28,10 @@ def expand_basis(spec: str) -> list:
         return [(None, spec)]
     if len(found) > 1:
         raise InputError(f"basis {spec!r}: every bracket must list the same cardinal numbers")
+    plain = [entry.strip() for entry in spec.split(",") if not BRACKET.search(entry)]
+    if plain:
+        raise InputError(f"basis {spec!r}: {plain[0]!r} has no bracket; extrapolate every element's basis "
+                         "(e.g. O:aug-cc-pv[tq]z,H:cc-pv[tq]z)")
     letters = found.pop()
     if not letters or any(c not in CARDINALS for c in letters):
         raise InputError(f"basis {spec!r}: [{letters}] is not a list of cardinal numbers (d, t, q, 5, 6; e.g. [tq])")
