@@ -190,7 +190,7 @@ def _qcschema(path, o, outputs):
 def _bsse_of(o) -> list:
     """The interaction energies asked for: --bsse's list, or cp for --counterpoise."""
     if o.bsse is not None:
-        return [k.strip().lower() for k in o.bsse.split(",")]
+        return list(dict.fromkeys(k.strip().lower() for k in o.bsse.split(",")))  # in order, each once
     return ["cp"] if o.counterpoise else []
 
 
