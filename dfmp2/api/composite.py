@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import chem
-from ..chem.extrapolation import expand_basis, extrapolate_correlation, extrapolate_scf, scheme_names
+from ..chem.extrapolation import (check_scf_scheme, expand_basis, extrapolate_correlation, extrapolate_scf,
+                                  scheme_names)
 from ..run.settings import Settings
 from ..util.errors import InputError, option
 from .driver import run_atoms
@@ -35,8 +36,7 @@ class System:
 
 def energies_of(result) -> dict:
     """The components (COMPONENTS) of one run's result, Hartree."""
-    values = {name: getattr(result, name) for name in ("e_ref", "e_corr_os", "e_corr_ss", "e_corr_singles",
-                                                        "e_corr", "e_scs", "e_tot")}
+    values = {name: getattr(result, name) for name in COMPONENTS if name != "e_tot_scs"}
     values["e_tot_scs"] = result.e_ref + result.e_scs
     return values
 
@@ -50,10 +50,10 @@ def fragment_charges(frame, charge: int | None, spin: int | None) -> list:
         if fragment.charge is not None:
             found.append((fragment.charge, fragment.multiplicity - 1))
             continue
-        electrons = sum(chem.atomic_number(a.symbol) for a in frame.atoms[fragment.start:fragment.stop] if not a.ghost)
         if charge:
             raise InputError(f"{frame.name}: charge {charge} for {len(frame.fragments)} fragments: give each fragment's "
                              "'charge multiplicity' line after its '--'")
+        electrons = sum(chem.atomic_number(a.symbol) for a in frame.atoms[fragment.start:fragment.stop] if not a.ghost)
         found.append((0, electrons % 2))
     whole = (sum(c for c, _ in found), sum(s for _, s in found))
     if (charge is not None and charge != whole[0]) or (spin is not None and spin != whole[1]):
@@ -69,6 +69,12 @@ def whole_charge_spin(frame, charge: int | None, spin: int | None) -> tuple:
         return charge or 0, spin or 0
     found = fragment_charges(frame, charge, spin)
     return sum(c for c, _ in found), sum(s for _, s in found)
+
+
+def is_composite(basis: str, bsse) -> bool:
+    """Whether a run is several runs combined: interaction energies asked for, or a basis in
+    Psi4's bracket notation (`expand_basis`, which checks it)."""
+    return bool(bsse) or len(expand_basis(basis)) > 1
 
 
 def counterpoise_systems(frame, bsse, charge=None, spin=None) -> list:
@@ -150,6 +156,7 @@ def run_composite(frame, settings: Settings, bsse=(), scf_extrapolation="highest
     settings.basis (Psi4's bracket notation extrapolates). settings.charge/spin: None takes the
     file's. context_of(): a fresh RunContext per run; on_run(basis, system, result) after each."""
     bases = expand_basis(settings.basis)
+    check_scf_scheme(scf_extrapolation)  # before any run
     if len(bases) > 1 and settings.xc is not None:
         raise InputError(f"basis-set extrapolation is of MP2's correlation energy: not with {option('xc')}")
     check_composite_settings(settings)

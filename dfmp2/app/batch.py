@@ -55,13 +55,14 @@ def failure_record(name: str, error: BaseException) -> dict:
     return {"molecule": name, "status": "failed", "exit_code": code, "error": one_line(reason)}
 
 
-def run_batch(sources, compute_frame, debug: bool, on_record=None) -> list:
-    """Long (one loop with its failure rule): every frame of `sources` through
+def run_batch(entries, compute_frame, debug: bool, on_record=None) -> list:
+    """Long (one loop with its failure rule): every frame of `entries` ((name, Frame or the
+    InputError reading it raised), as `frames_of` gives them) through
     compute_frame(frame) -> record, one record per frame in order ({"molecule", "status": "ok",
     ...} or `failure_record`); on_record(record) after each. Signals stop the batch (they are not
     a molecule's failure); debug re-raises the first failure with its traceback."""
     records = []
-    for name, frame in frames_of(sources):
+    for name, frame in entries:
         if isinstance(frame, Exception):
             record = failure_record(name, frame)
         else:

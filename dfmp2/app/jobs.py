@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import click
 
+from ..chem.extrapolation import check_scf_scheme
 from ..kernels import COMMAND_PRECISION
 from ..run.context import RunContext
 from ..run.ranks import join_launched_team
@@ -19,7 +20,7 @@ from ..run.settings import Settings
 from ..util.errors import ComputationError, InputError
 from ..util.files import Outputs, display, one_line
 from ..util.scratch import check_scratch
-from .batch import molecule_sources, run_batch
+from .batch import frames_of, molecule_sources, run_batch
 from .progress import Progress
 from .report import print_batch_line, print_composite, print_summary
 from .signals import guarded
@@ -33,7 +34,6 @@ def run_molecules(gradient, optimize, options) -> None:
     o = SimpleNamespace(**options)
     paths = list(o.molecules)
     outputs = Outputs(inputs=paths, directories=[o.checkpoint])
-    printed = []
 
     def compute():
         _stage_outputs(outputs, o, optimize)
@@ -52,7 +52,8 @@ def run_molecules(gradient, optimize, options) -> None:
             return "one", _one_molecule(o, frames[0], gradient, optimize, outputs)
         if optimize is not None:
             raise InputError("dfmp2 optimize takes one molecule (one frame of one XYZ file)")
-        return "batch", _batch(o, sources, gradient, outputs, printed)
+        entries = frames_of(sources) if frames is None else [(display(f.name), f) for f in frames]
+        return "batch", _batch(o, entries, gradient, outputs)
 
     kind, record = guarded(compute, o.debug, outputs)
     if record is None or o.quiet or outputs.to_stdout() or kind == "qcschema":
@@ -63,15 +64,15 @@ def run_molecules(gradient, optimize, options) -> None:
 
 def _one_molecule(o, frame, gradient, optimize, outputs):
     """One frame: a plain run (or optimisation) or a composite; its record (None on ranks > 0)."""
-    from ..api.composite import run_composite, whole_charge_spin
+    from ..api.composite import is_composite, run_composite, whole_charge_spin
     from ..api.driver import run_atoms
 
+    settings = _settings_of(o, gradient)
+    bsse = _bsse_of(o)
+    composite = is_composite(settings.basis, bsse)
     team = _joined_team(o)
     root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
     progress = Progress() if (root and not o.quiet and sys.stderr.isatty()) else None
-    settings = _settings_of(o, gradient)
-    bsse = _bsse_of(o)
-    composite = bool(bsse) or "[" in settings.basis
     try:
         if composite:
             if team is not None:
@@ -110,10 +111,11 @@ def _one_molecule(o, frame, gradient, optimize, outputs):
     return record
 
 
-def _batch(o, sources, gradient, outputs, printed) -> list:
-    """Every frame of `sources`, one after another in this process; JSON Lines to --json.
+def _batch(o, entries, gradient, outputs) -> list:
+    """Every frame of `entries` ((name, Frame or its reading error), `batch.frames_of`), one after
+    another in this process; JSON Lines to --json.
     ComputationError (exit 1) after the records are written if any molecule failed."""
-    from ..api.composite import run_composite, whole_charge_spin
+    from ..api.composite import is_composite, run_composite, whole_charge_spin
     from ..api.driver import run_atoms
 
     if o.natorbs_path is not None:
@@ -128,8 +130,10 @@ def _batch(o, sources, gradient, outputs, printed) -> list:
     bsse = _bsse_of(o)
     progress = Progress() if (not o.quiet and sys.stderr.isatty()) else None
 
+    composite = is_composite(settings.basis, bsse)
+
     def compute_frame(frame):
-        if bsse or "[" in settings.basis:
+        if composite:
             return run_composite(frame, settings, bsse, o.scf_extrapolation,
                                  lambda: RunContext(progress=progress)).as_dict()
         charge, spin = whole_charge_spin(frame, settings.charge, settings.spin)
@@ -143,7 +147,7 @@ def _batch(o, sources, gradient, outputs, printed) -> list:
         if not o.quiet and not outputs.to_stdout():
             print_batch_line(record)
 
-    records = run_batch(sources, compute_frame, o.debug, on_record)
+    records = run_batch(entries, compute_frame, o.debug, on_record)
     if o.json_path is not None:
         outputs.write("--json", lambda path: write_json_lines(path, records))
     outputs.commit()
@@ -221,8 +225,7 @@ def _joined_team(o):
 def _settings_of(o, gradient) -> Settings:
     """The run's Settings from the command's options (--natorbs asks for the density); charge and
     spin None where the command line gives none (the molecule's file decides)."""
-    if o.scf_extrapolation not in ("exponential", "highest"):
-        raise InputError(f"--scf-extrapolation {o.scf_extrapolation}: expected exponential or highest")
+    check_scf_scheme(o.scf_extrapolation)
     return Settings(basis=o.basis, auxbasis=o.auxbasis, jk_auxbasis=o.jk_auxbasis, cartesian=o.cartesian, ecp=o.ecp,
                     charge=o.charge, spin=o.spin, reference=o.reference, scf=o.scf, scf_max_cycle=o.scf_max_cycle,
                     scf_backend=o.scf_backend, scf_precision=o.scf_precision, screening=o.screening,

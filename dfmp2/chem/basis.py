@@ -6,6 +6,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..util.errors import InputError, option
+from .molecule import element_symbols
 
 # what PySCF's basis and ECP loaders raise for a name or element they do not have
 BASIS_LOOKUP_ERRORS = (KeyError, RuntimeError, OSError, ValueError, AttributeError, IndexError)
@@ -33,9 +34,7 @@ def basis_by_element(spec: str, symbols) -> dict:
     ("cc-pvdz"), or comma-separated `Element:name` entries and at most one bare name for the
     rest ("O:aug-cc-pvtz,H:cc-pvdz", "cc-pvdz,O:aug-cc-pvtz"). InputError for an entry that
     names no element, an element named twice, or an element of `symbols` the spec leaves out."""
-    from pyscf.data.elements import ELEMENTS
-
-    known = {s.upper(): s for s in ELEMENTS[1:]}
+    known = element_symbols()
     rest, chosen = None, {}
     for entry in (part.strip() for part in str(spec).split(",")):
         element, colon, name = entry.partition(":")

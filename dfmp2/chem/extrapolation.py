@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..util.errors import InputError
+from ..util.errors import InputError, option
 
 CARDINALS = {"d": 2, "t": 3, "q": 4, "5": 5, "6": 6}
 BRACKET = re.compile(r"\[([^\]]*)\]")
@@ -70,13 +70,18 @@ def scf_xtpl_helgaker_3(x_lo: int, e_lo: float, x_mid: int, e_mid: float, x_hi: 
     return e_hi - beta * math.exp(-c * x_hi)
 
 
+def check_scf_scheme(scheme: str) -> str:
+    """scheme, if it is one of SCF_SCHEMES; InputError naming it otherwise."""
+    if scheme not in SCF_SCHEMES:
+        raise InputError(f"{option('scf_extrapolation', scheme)}: expected one of {', '.join(SCF_SCHEMES)}")
+    return scheme
+
+
 def extrapolate_scf(points, scheme: str) -> float:
     """The HF (reference) energy at the limit from [(X, E)] smallest X first: 'highest' takes the
     largest basis's; 'exponential' Psi4's scf_xtpl_helgaker_2 (two) or scf_xtpl_helgaker_3 (three)."""
-    if scheme == "highest":
+    if check_scf_scheme(scheme) == "highest":
         return points[-1][1]
-    if scheme != "exponential":
-        raise InputError(f"SCF extrapolation {scheme!r}: expected one of {', '.join(SCF_SCHEMES)}")
     if len(points) == 2:
         return scf_xtpl_helgaker_2(*points[0], *points[1])
     return scf_xtpl_helgaker_3(*points[0], *points[1], *points[2])

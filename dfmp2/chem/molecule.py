@@ -8,6 +8,7 @@ make a multi-frame XYZ (a trajectory, or a batch of molecules).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -56,15 +57,10 @@ class Frame:
         charges = [f.charge for f in self.fragments]
         return None if None in charges else sum(charges)
 
-    @property
-    def spin(self) -> int | None:
-        """2S the file gives: the fragments' unpaired electrons, high-spin coupled (Psi4's default),
-        or None where it gives none."""
-        given = [f.multiplicity for f in self.fragments]
-        return None if None in given else sum(m - 1 for m in given)
 
-
-def _element_symbols() -> dict:
+@functools.lru_cache(maxsize=1)
+def element_symbols() -> dict:
+    """{upper-case symbol: canonical symbol} of every element ("CL": "Cl")."""
     from pyscf.data.elements import ELEMENTS
 
     return {s.upper(): s for s in ELEMENTS[1:]}
@@ -126,7 +122,7 @@ def format_xyz(frames) -> str:
 
 def element_symbol(name: str) -> str:
     """The canonical symbol of the element `name` names (any case: "CL" -> "Cl"); InputError if none."""
-    symbol = _element_symbols().get(name.strip().upper()) if isinstance(name, str) and name.isascii() else None
+    symbol = element_symbols().get(name.strip().upper()) if isinstance(name, str) and name.isascii() else None
     if symbol is None:
         raise InputError(f"{name!r} is not an element symbol")
     return symbol
@@ -170,7 +166,7 @@ def _parse_frames(path, handle, max_frames) -> list:
     first = lines.next()
     if first is None or not first.strip():
         raise InputError(f"{path}, line 1: expected the number of atoms, found an empty line")
-    elements = _element_symbols()
+    elements = element_symbols()
     while first is not None:
         if len(frames) == max_frames:
             raise InputError(f"{path}: the file goes on after the atoms line 1 announces (line {lines.lineno}; "

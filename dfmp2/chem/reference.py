@@ -8,6 +8,7 @@ import numpy as np
 
 from ..util.errors import InputError
 from .basis import atomic_number
+from .molecule import is_ghost
 
 
 @dataclass
@@ -209,7 +210,7 @@ def frozen_core_count(mol) -> int:
 
     frozen = 0
     for i in range(mol.natm):
-        if mol.atom_charge(i) == 0:  # a ghost atom: no electrons
+        if is_ghost(mol, i):  # no electrons
             continue
         z = atomic_number(mol.atom_pure_symbol(i))
         ecp_electrons = mol.atom_nelec_core(i)
