@@ -973,6 +973,34 @@ def test_lnc2_is_refused_on_trn1():
         rows_by_program_kernel[2](rand((4, P)))
 
 
+def test_nki_0_7_launches_every_kernel_at_the_compilers_lnc(monkeypatch):
+    """L14 (nki 0.7, compiler error EVRF066): a kernel's LNC degree must be neuronx-cc's, which
+    defaults to 2 on trn2; NEURON_LOGICAL_NC_CONFIG (or the run's choice) sets it. 0.6 checks nothing."""
+    x = rand((4, P))
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    with nki.target("trn2", api="0.7"), pytest.raises(
+            NkiConstraintError, match=r"NKI kernel 'rows_by_program_kernel' is configured with LNC=1, but neuronx-cc "
+                                      r"is using LNC=2\. .*\[L14; trn2, nki 0\.7\]"):
+        rows_by_program_kernel(x)
+    with nki.target("trn2", api="0.7"):
+        assert np.array_equal(rows_by_program_kernel[2](x), x)
+    with nki.target("trn2", api="0.7", lnc=1):
+        assert np.array_equal(rows_by_program_kernel(x), x)
+        with pytest.raises(NkiConstraintError, match="configured with LNC=2, but neuronx-cc is using LNC=1"):
+            rows_by_program_kernel[2](x)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    with nki.target("trn2", api="0.7"):
+        assert np.array_equal(rows_by_program_kernel(x), x)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
+    with nki.target("trn2", api="0.7"), pytest.raises(NkiConstraintError, match="supports LNC 1 or 2"):
+        rows_by_program_kernel(x)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
+    with nki.target("trn2", api="0.6"):  # before 0.7: unchecked
+        assert np.array_equal(rows_by_program_kernel(x), x)
+    with nki.target("trn1", api="0.7"):  # trn1's compiler runs LNC=1
+        assert np.array_equal(rows_by_program_kernel(x), x)
+
+
 def test_a_program_that_leaves_its_rows_unwritten_is_caught():
     """With one program only, half the rows would stay unwritten; a grid of 2 is needed."""
     @nki.jit

@@ -203,6 +203,17 @@ def test_trn1_with_newer_emulated_nki_is_bad_input(api):
         get_backend("trn1", simulate=True, nki_api=api)
 
 
+def test_trn2_with_nki_0_7_is_refused_until_the_kernels_are_valid_under_it():
+    """nki 0.7 (Neuron SDK 2.33) is AWS's release for trn2, and the emulator knows its rules (L14),
+    but dfmp2's kernels mix LNC degrees in one run, which 0.7 refuses (EVRF066): said as such."""
+    from dfmp2.util.errors import InputError
+    from dfmp2.kernels import get_backend
+
+    with pytest.raises(InputError, match=r"^device='trn2' with the emulated nki 0\.7: AWS supports it, but dfmp2's "
+                                         r"kernels are not yet valid under its rules"):
+        get_backend("trn2", simulate=True, nki_api="0.7")
+
+
 @pytest.mark.parametrize("installed, ok", [("0.2", True), ("0.6", False), (None, False)])
 def test_installed_nki_checked_before_anything_compiles(monkeypatch, installed, ok):
     """On a Trainium host (SDK importable) an installed nki that AWS does not support on the

@@ -17,6 +17,9 @@ NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
                   "https://pip.repos.neuron.amazonaws.com (on a Trainium instance)")
 SUPPORTED_NKI = {"trn1": ("0.2",), "trn2": ("0.2", "0.3", "0.4", "0.5", "0.6")}
 DISPUTED_NKI = {"trn1": ("0.3",)}
+# releases AWS supports on the target that dfmp2's kernels are not yet valid under (issue 50: nki 0.7's
+# LNC check, EVRF066, and its loops)
+NOT_YET_NKI = {"trn2": ("0.7",)}
 
 
 def neuron_sdk_missing():
@@ -51,6 +54,10 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
                 "trn1 verifier failure; the supported trn1 release is Neuron SDK 2.28 (nki 0.2)")
     supported = ", ".join(SUPPORTED_NKI[target])
     error = ComputationError if installed else InputError
+    if api in NOT_YET_NKI.get(target, ()):
+        raise error(f"{option('device', target)} with the {'installed' if installed else 'emulated'} nki {api}: AWS "
+                    f"supports it, but dfmp2's kernels are not yet valid under its rules (docs/nki-audit.md, L14); "
+                    f"use nki {supported.split(', ')[-1]} (Neuron SDK 2.32). Nothing was compiled.")
     raise error(
         f"{option('device', target)} with the {'installed' if installed else 'emulated'} nki "
         f"{api or '(unknown version)'}: AWS does not support that pair (supported on {target}: nki "

@@ -14,7 +14,9 @@ release AWS documents for the target, 0.2 on trn1 and 0.6 on trn2) with that rel
 rules: 0.2 has no `accumulate=` on nc_matmul and no `engine=`/`priority=` on dma_copy; 0.3+
 unrolls every static loop (at most 5,000,000 instructions per kernel), rejects `*` in a
 kernel signature, `is`/`is not`, list arguments, string buffer names and raw ints for enums,
-and wants a memset value of the tile's dtype. No release may DMA out of PSUM (the stricter
+and wants a memset value of the tile's dtype; 0.7 (Neuron SDK 2.33: known here for its rules,
+not yet a release dfmp2's kernels run under) launches every kernel at neuronx-cc's LNC degree
+(`compiler_lnc`; error EVRF066). No release may DMA out of PSUM (the stricter
 reading of 0.2's docs). nl.bfloat16 tiles hold float32 values rounded to bf16 (RNE) on every
 write. New on-chip and output memory is NaN-filled and tracked, so reading unwritten memory or
 returning a partly written output raises NkiConstraintError. Every call leaves a trace
@@ -38,11 +40,11 @@ import threading
 import numpy as np
 
 from . import isa, language
-from .core import (API_VERSIONS, INSTRUCTION_LIMIT, NEWEST_API, TARGETS, NkiConstraintError, Tile, Trace, api_tuple,
-                   kernel_run)
+from .core import (API_VERSIONS, COMPILER_LNC, INSTRUCTION_LIMIT, NEWEST_API, TARGETS, NkiConstraintError, Tile, Trace,
+                   api_tuple, kernel_run)
 
 __all__ = ["jit", "simulate", "language", "isa", "NkiConstraintError", "TARGETS", "Trace",
-           "target", "current_api", "EmulatedKernel", "API_VERSIONS", "NEWEST_API",
+           "target", "current_api", "compiler_lnc", "EmulatedKernel", "API_VERSIONS", "NEWEST_API",
            "INSTRUCTION_LIMIT"]
 
 
@@ -51,25 +53,42 @@ class _Config(threading.local):
         name = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
         self.target = {"gen2": "trn1", "inf2": "trn1", "gen3": "trn2"}.get(name, name)
         self.api = None  # None: the newest release documented for the target
+        self.lnc = None  # neuronx-cc's LNC degree (None: NEURON_LOGICAL_NC_CONFIG, else COMPILER_LNC)
 
 
 _config = _Config()
 
 
 @contextlib.contextmanager
-def target(name: str, api: str | None = None):
+def target(name: str, api: str | None = None, lnc: int | None = None):
     """Run emulated kernels with the limits of `name` ('trn1' or 'trn2') under the rules of NKI
-    API `api` ('0.2' ... '0.6'; None: the newest AWS documents for that target)."""
+    API `api` ('0.2' ... '0.7'; None: the newest AWS documents for that target), compiled at
+    neuronx-cc's LNC degree `lnc` (None: NEURON_LOGICAL_NC_CONFIG, else the target's default)."""
     if name not in TARGETS:
         raise ValueError(f"unknown NeuronCore target {name!r}")
     if api is not None:
         api_tuple(api)  # ValueError for an unknown version
-    previous = (_config.target, _config.api)
-    _config.target, _config.api = name, api
+    if lnc is not None and lnc not in (1, 2):
+        raise ValueError(f"LNC degree {lnc!r}: the Neuron SDK supports 1 or 2")
+    previous = (_config.target, _config.api, _config.lnc)
+    _config.target, _config.api, _config.lnc = name, api, lnc
     try:
         yield TARGETS[name]
     finally:
-        _config.target, _config.api = previous
+        _config.target, _config.api, _config.lnc = previous
+
+
+def compiler_lnc() -> int:
+    """neuronx-cc's LNC degree for the emulated target: target(lnc=), else the environment's
+    NEURON_LOGICAL_NC_CONFIG (AWS's setting for kernel and compiler alike), else COMPILER_LNC."""
+    if _config.lnc is not None:
+        return _config.lnc
+    given = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+    if given is not None:
+        if given.strip() not in ("1", "2"):
+            raise NkiConstraintError(f"NEURON_LOGICAL_NC_CONFIG={given!r}: the Neuron SDK supports LNC 1 or 2")
+        return int(given)
+    return COMPILER_LNC[_config.target]
 
 
 def current_api() -> str:
@@ -104,6 +123,11 @@ class EmulatedKernel:
         """Run the kernel's programs one after another (each with its own on-chip memory, as on
         its own physical core); shared_hbm outputs are common to all of them."""
         api = current_api()
+        if api_tuple(api) >= (0, 7) and programs != compiler_lnc():  # rule L14 (compiler error EVRF066)
+            raise NkiConstraintError(
+                f"NKI kernel '{self.fn.__name__}' is configured with LNC={programs}, but neuronx-cc is using "
+                f"LNC={compiler_lnc()}. (EVRF066: every kernel of a model at the compiler's LNC degree; set "
+                f"NEURON_LOGICAL_NC_CONFIG) [L14; {_config.target}, nki {api}]")
         if api_tuple(api) >= (0, 3):
             _check_python_subset(self.fn, api)
             if any(isinstance(arg, list) for arg in args):

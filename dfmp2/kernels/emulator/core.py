@@ -57,9 +57,14 @@ def round_to_bf16(value: np.ndarray) -> np.ndarray:
 
 
 # ---- NKI API versions ---------------------------------------------------------------------
-# nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32.
-API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6")
-NEWEST_API = {"trn1": "0.2", "trn2": "0.6"}  # newest release AWS documents for each target
+# nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32;
+# 0.7 = SDK 2.33 (released 2026-10-19; its rules: docs/nki-audit.md, L14). dfmp2's kernels do not yet
+# run under 0.7 (nki_support.SUPPORTED_NKI): the emulator knows its rules so that they can be tested.
+API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6", "0.7")
+NEWEST_API = {"trn1": "0.2", "trn2": "0.6"}  # newest release AWS documents for each target, that dfmp2 runs
+# neuronx-cc's logical NeuronCore degree unless NEURON_LOGICAL_NC_CONFIG says otherwise: "neuronx-cc
+# defaults to LNC=2 on Trn2 and later" (AWS, compiler error code EVRF066, Neuron 2.33 documentation)
+COMPILER_LNC = {"trn1": 1, "trn2": 2}
 INSTRUCTION_LIMIT = 5_000_000  # unrolled instructions per kernel under 0.3+ (error XTP002)
 
 
