@@ -6,7 +6,7 @@ Per molecule: the screening pattern at 1e-10 and the 128 x 128 tiles its kept bl
 one auxiliary block of the run's plan (the NKI backend's block size) of real (mn|P), transformed
 dense (`ao2mo`) and block-sparse (`screened_ao2mo`) with each transform (fp32, exact) and the molecule's
 occupied count (no frozen core, orthonormal orbitals), each emulated once per target (trn1,
-trn2); the run's figures are that block's times the plan's block count (every block is padded
+trn2, trn3); the run's figures are that block's times the plan's block count (every block is padded
 to the same launch). Reported per target: upload bytes, modelled upload and kernel seconds,
 Tensor Engine FLOPs issued, dense / block-sparse ratios; the two outputs' largest difference;
 and the host's packing and slicing seconds per block (measured on this machine). A launch the
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from bench_sparse import molecule  # noqa: E402
 
-TARGETS = ("trn1", "trn2")
+TARGETS = ("trn1", "trn2", "trn3")
 
 
 def model_block(target, transform, block, c, nocc, screened):

@@ -24,7 +24,7 @@ import time
 from dfmp2.api.driver import run_xyz
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TARGETS = ("trn1", "trn2")
+TARGETS = ("trn1", "trn2", "trn3")
 
 
 def breakdown(record, wall):

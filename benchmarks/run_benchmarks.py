@@ -7,7 +7,7 @@
     python benchmarks/make_page.py                            # -> docs/benchmarks.md + plot
 
 Writes one JSON file per measurement into benchmarks/results/ (machine, versions, date and
-commit inside each). Devices: cpu, cuda (if torch sees a GPU), trn1-sim / trn2-sim (the NKI
+commit inside each). Devices: cpu, cuda (if torch sees a GPU), trn1-sim / trn2-sim / trn3-sim (the NKI
 kernels on the emulator: energies and *modelled* Trainium times; the emulator's own run time
 is not a Trainium time; medium and large run model-only). Peers on molecules, same MP2-fit auxiliary basis:
   - PySCF's DFMP2 on the CPU against dfmp2 fp64/fp32 (benchmarks/bench_vs_pyscf.py);
@@ -37,7 +37,7 @@ def bench_devices():
     if torch.cuda.is_available():
         devices += [("cuda", "fp64", False, None), ("cuda", "fp32", False, None)]
     # Trainium: both AO->MO transforms (exact products, the default; plain fp32 products)
-    devices += [(trn, "fp32", True, transform) for trn in ("trn1", "trn2") for transform in ("exact", "fp32")]
+    devices += [(trn, "fp32", True, transform) for trn in ("trn1", "trn2", "trn3") for transform in ("exact", "fp32")]
     return devices
 
 
@@ -77,7 +77,7 @@ KERNEL_RUNS = [("gemm", 512), ("gemm", 1024), ("trsm", 1024), ("syrk", 1024), ("
                ("pair_energy", 512)]
 
 
-def run_kernels(targets=("trn1", "trn2")):
+def run_kernels(targets=("trn1", "trn2", "trn3")):
     from dfmp2.app.bench import run_kernel_bench
 
     for target in targets:
@@ -165,7 +165,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="*", default=["small", "medium", "large"])
     parser.add_argument("--devices", nargs="+", default=None,
-                        help="subset of: cpu cuda trn1-sim trn2-sim (default: all usable)")
+                        help="subset of: cpu cuda trn1-sim trn2-sim trn3-sim (default: all usable)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-kernels", action="store_true", help="skip the NKI kernel models")

@@ -92,7 +92,7 @@ def test_calibrated_model_of_a_pipeline_run():
     properties of dfmp2's kernels: Tensor Engine work as issued vs needed, and B kept in HBM."""
     trn = run_bench(*SMALL, device="trn1", simulate=True, repeat=1)
     nki_calls = {name: n for name, n in trn["kernels"].items() if name.endswith("_kernel")}
-    for target in ("trn1", "trn2"):
+    for target in ("trn1", "trn2", "trn3"):
         model = trn["modelled"][target]
         parts = model["breakdown"]
         assert model["launches"] == sum(nki_calls.values())
@@ -124,6 +124,26 @@ def test_calibrated_model_of_a_pipeline_run():
 # Warm per-call times of a sibling library's NKI GEMM on trn1.2xlarge (neuronx-cc 2.24), the two
 # figures the model's launch cost and host<->device rate were fitted to (docs/hardware-facts.md)
 GEMM_CALIBRATION_MS = [(512, 1.3), (1024, 2.3)]
+
+
+def test_trn3_model_constants_follow_the_documented_neuroncore_v4_figures():
+    """trn3's MODEL constants against AWS's NeuronCore-v4 figures (docs/hardware-facts.md): the
+    Tensor Engine's column rate, derived from its 79 bf16 TFLOPS per core, within 1% of the
+    separately documented 2.4 GHz clock (one moving column per cycle); Vector/Scalar at 1.2 GHz;
+    DMA at v2's 16 x 27.2 GB/s per core (the v4 rate is not published: an assumption), which is
+    under the core's share of 4.9 TB/s over 8 cores, at 65% efficiency."""
+    from dfmp2.kernels.emulator import TARGETS
+    from dfmp2.kernels.emulator.cost_model import CALIBRATIONS
+
+    cal = CALIBRATIONS["trn3"]
+    assert cal.tensor_columns_per_s == pytest.approx(2.4e9, rel=0.01)
+    assert cal.engine_clock_hz == 1.2e9
+    assert cal.dma_bytes_per_s == pytest.approx(0.65 * 16 * 27.2e9, rel=1e-12)
+    assert 16 * 27.2 < 4900 / 8 == TARGETS["trn3"].hbm_gb_per_s_per_core
+    assert cal.launch_s == CALIBRATIONS["trn1"].launch_s  # reused from trn1: an assumption
+    record = run_kernel_bench("gemm", 128, "trn3", simulate=True)
+    assert record["device"] == "trn3" and record["nki_api"] == "0.6" and record["modelled"]["seconds"] > 0
+    assert "not a measurement" in record["modelled_note"]
 
 
 def test_fitted_launch_cost_within_the_published_launch_estimate():
@@ -213,7 +233,7 @@ def test_bench_cli_json(tmp_path):
     (["--shape", "small", "--repeat", "-1"], 2, "--repeat"),
     (["--shape", "small", "--device", "tpu"], 2, "tpu"),
     (["--shape", "small", "--device", "trn1"], 1, "Neuron SDK"),
-    (["--kernel", "gemm", "--size", "512", "--device", "cpu"], 2, "--device trn1|trn2 --simulate"),
+    (["--kernel", "gemm", "--size", "512", "--device", "cpu"], 2, "--device trn1|trn2|trn3 --simulate"),
     (["--kernel", "gemm", "--device", "trn1", "--simulate"], 2, "--kernel and --size go together"),
     (["--kernel", "fft", "--size", "64", "--device", "trn1", "--simulate"], 2, "fft"),
     (["--kernel", "gemm", "--size", "64", "--shape", "small", "--device", "trn1", "--simulate"], 2,

@@ -76,6 +76,7 @@ SUCCESS_RUNS = {
     "lowercase": ["run", "lower.xyz", "--json", "out.json"],
     "trn1_sim": ["run", WATER, "--device", "trn1", "--simulate", "--json", "out.json"],
     "trn2_sim": ["run", WATER, "--device", "trn2", "--simulate", "--json", "out.json"],
+    "trn3_sim": ["run", WATER, "--device", "trn3", "--simulate", "--json", "out.json"],
     "methyl_uhf": ["run", METHYL, "--spin", "1", "--json", "out.json"],
     "methyl_rohf": ["run", METHYL, "--spin", "1", "--reference", "rohf", "--frozen-core", "--json", "out.json"],
     "trn2_sim_fp32_transform": ["run", WATER, "--device", "trn2", "--simulate", "--transform", "fp32",
@@ -252,6 +253,8 @@ CASES = [
          needles=("0.9", "--nki-api")),
     Case("unsupported-nki-on-trn1", ["run", "{water}", "--device", "trn1", "--simulate", "--nki-api", "0.6"],
          needles=("trn1", "nki 0.6", "AWS does not support")),
+    Case("unsupported-nki-on-trn3", ["run", "{water}", "--device", "trn3", "--simulate", "--nki-api", "0.2"],
+         needles=("trn3", "nki 0.2", "AWS does not support", "SDK 2.29")),
     Case("nki-api-without-simulate", ["run", "{water}", "--device", "trn2", "--nki-api", "0.3"],
          needles=("--nki-api", "--simulate")),
     Case("transform-on-cpu", ["run", "{water}", "--transform", "fp32"], needles=("--transform", "cpu", "fp64")),
@@ -444,7 +447,8 @@ def test_info(tmp_path):
     out = proc.stdout
     assert re.search(r"^\s*cpu\s+usable\b", out, re.M), out
     assert re.search(r"^\s*cuda\s+" + ("usable" if CUDA else "unavailable") + r"\b", out, re.M), out
-    assert re.search(r"^\s*trn1\s+unavailable\s+Neuron SDK missing", out, re.M), out
+    for trn in ("trn1", "trn2", "trn3"):
+        assert re.search(rf"^\s*{trn}\s+unavailable\s+Neuron SDK missing", out, re.M), out
     assert re.search(r"^torch\s+" + re.escape(torch.__version__) + r"\s*$", out, re.M), out
     pyscf_version = metadata.version("pyscf")
     assert re.search(r"^pyscf\s+" + re.escape(pyscf_version) + r"\s*$", out, re.M), out
@@ -470,7 +474,7 @@ def test_console_script(tmp_path):
     assert dfmp2.__version__ in proc.stdout
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_simulated_trainium_run(runs, target):
     cpu, trn = runs["default"].record, runs[f"{target}_sim"].record
     assert trn["device"] == target and trn["backend"] == "nki" and trn["simulated"] is True
@@ -485,9 +489,9 @@ def test_simulated_trainium_run(runs, target):
     shapes = {kernel: len(s) for kernel, s in trn["kernel_specializations"].items()}
     assert sum(n for kernel, n in shapes.items() if kernel not in scf_kernels) <= 8  # compile economy
     assert shapes["fitted_jk_kernel"] == 1 and shapes["exact_matmul_kernel"] <= 3
-    assert trn["modelled_seconds"]["trn1"] > 0 and trn["modelled_seconds"]["trn2"] > 0
+    assert set(trn["modelled_seconds"]) == {"trn1", "trn2", "trn3"} and min(trn["modelled_seconds"].values()) > 0
     # the emulated NKI release (the newest AWS documents for the target) and the calibrated model
-    assert trn["nki_api"] == {"trn1": "0.2", "trn2": "0.6"}[target] and trn["notes"] == []
+    assert trn["nki_api"] == {"trn1": "0.2", "trn2": "0.6", "trn3": "0.6"}[target] and trn["notes"] == []
     for model in trn["modelled"].values():
         assert model["launches"] == sum(n for k, n in trn["kernels"].items() if k.endswith("_kernel"))
         assert model["seconds"] > model["breakdown"]["launch"] > 0

@@ -52,7 +52,7 @@ def test_density_refusals():
         DFMP2(scf.ROHF(radical).run()).make_rdm1()
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_open_shell_and_scs_densities_on_simulated_trainium(target):
     """density_kernel's spin cases on the emulator (the amplitudes on chip, fp32): the UHF MP2
     density of the hydroxyl radical (same-spin and opposite-spin pairs), relaxed too, and the
@@ -139,7 +139,7 @@ def test_cli_writes_natural_orbitals(tmp_path):
     assert proc.returncode == 2 and "--natorbs" in proc.stderr
 
 
-@pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.6")])
+@pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.6"), ("trn3", "0.6")])
 def test_density_on_simulated_trainium(target, api):
     """density_kernel on the emulator (t and T on chip) against the fp64 CPU density: 1e-6 in
     every element, the same natural occupations to 1e-6, trace exact to fp32 sums."""
@@ -153,7 +153,7 @@ def test_density_on_simulated_trainium(target, api):
     assert trn.result.kernels["density_kernel"] >= 1 and "density_block" not in trn.result.kernels
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 @pytest.mark.parametrize("case, scaling, nocc, nk, nvir, nvir_k, naux, rows", [
     ("closed", (1.0, 1.0), 5, 2, 7, 7, 9, 2), ("closed", (1.2, 1 / 3), 7, 3, 129, 129, 130, 3),
     ("closed", (1.0, 1.0), 4, 4, 300, 300, 200, 4), ("same", (1.0, 1.0), 7, 3, 129, 129, 130, 3),

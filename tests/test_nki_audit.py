@@ -176,6 +176,14 @@ REFUSALS = [
     Case("D7e", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=x,
                                         engine=E.vector, dge_mode=nisa.dge_mode.hwdge),
          "engine=vector is not allowed; this instruction runs on sync or scalar", "D7"),
+    Case("D7f", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=x,
+                                        priority=4), "priority=4: the level is an int 0 to 3", "D7", target="trn3"),
+    Case("D7g", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=x,
+                                        priority=0), "0.3 dma_copy has no priority= argument (added in 0.4)", "D7",
+         target="trn3", api="0.3"),
+    Case("D7h", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=x,
+                                        priority=1, dge_mode=nisa.dge_mode.none),
+         "nki 0.4 supports priority= only with DGE on", "D7", target="trn3", api="0.4"),
     # tensor_copy
     Case("C1", lambda x: copy_(sb((P, 8)), x), "is in shared_hbm, must be in SBUF or PSUM"),
     Case("C2", lambda x: copy_(sb((64, 8)), sb((P, 8))), "reads partitions 0..127 but writes partitions 0..63", "X7"),
@@ -292,7 +300,7 @@ REFUSALS = [
     Case("TS8", lambda x: _tensor_scalar(x, op0=nl.subtract, engine=E.scalar),
          "the Scalar Engine runs only (multiply, add)", "TS8"),
     Case("TS8b", lambda x: _tensor_scalar(x, op0=nl.subtract, engine=E.scalar),
-         "applied to trn1 too, the stricter reading", "TS8", target="trn1"),
+         "applied to trn1 and trn3 too, the stricter reading", "TS8", target="trn1"),
     Case("TS9", lambda x: nisa.tensor_scalar(dst=sb((P, 8)), data=ps((P, 8)), op0=nl.multiply, operand0=2.0,
                                              engine=E.gpsimd), "the GpSimd Engine cannot access PSUM", "TS9"),
     Case("TS10", lambda x: _tensor_scalar(x, op0=nl.reciprocal, operand0=2.0), "a unary operator takes operand None "
@@ -403,6 +411,10 @@ LEGAL = [
                                        dge_mode=nisa.dge_mode.hwdge), "", api="0.2"),
     Case("D7", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=x,
                                        engine=E.sync, dge_mode=nisa.dge_mode.hwdge), ""),
+    Case("D7b", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=x,
+                                        priority=0), "", target="trn3"),
+    Case("D7c", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=x,
+                                        priority=3, dge_mode=nisa.dge_mode.none), "", target="trn3", api="0.5"),
     Case("D9", lambda x: nisa.dma_copy(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), src=sb((P, 8))), ""),
     Case("C3", lambda x: copy_(sb((P, 8)), ps((P, 8)), engine=E.scalar), ""),
     Case("M2", lambda x: nisa.memset(dst=nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf), value=0.0,
@@ -444,6 +456,30 @@ def test_legal_twin_runs(case):
         body_kernel(X, case.body)
 
 
+# trn3 (NeuronCore-v4) takes trn2's (NeuronCore-v3) rules where no v4 difference is documented; the
+# documented ones among the emulated instructions: dma_copy's priority= (D7, its own cases above) and
+# nc_matmul's moving free size up to 4096 (MM9, kept at 512 on trn3: test_nki_limits)
+TRN2_ONLY = {"D7c"}  # priority= is refused on trn2 and legal on trn3
+
+
+@pytest.mark.parametrize("case", [c for c in REFUSALS if c.target == "trn2" and c.id not in TRN2_ONLY],
+                         ids=[c.id for c in REFUSALS if c.target == "trn2" and c.id not in TRN2_ONLY])
+def test_trn2_rule_is_refused_on_trn3(case):
+    with nki.target("trn3", api=case.api), pytest.raises(NkiConstraintError) as info:
+        body_kernel(X, case.body)
+    message = str(info.value)
+    assert case.fragment.replace("trn2", "trn3") in message, message
+    if case.rule:
+        assert re.search(rf"\[{case.rule}; trn3, nki {case.api or nki.NEWEST_API['trn3']}\]", message), message
+
+
+@pytest.mark.parametrize("case", [c for c in LEGAL if c.target == "trn2"],
+                         ids=[c.id for c in LEGAL if c.target == "trn2"])
+def test_trn2_legal_twin_runs_on_trn3(case):
+    with nki.target("trn3", api=case.api):
+        body_kernel(X, case.body)
+
+
 # ---- kernel-level rules ----------------------------------------------------------------------------
 @nki.jit
 def private_output_kernel(x):
@@ -454,7 +490,7 @@ def private_output_kernel(x):
     return out
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_private_hbm_output_is_refused(target):
     """L7: outputs are nl.shared_hbm (0.3+; the emulator applies it to 0.2 as well)."""
     with nki.target(target), pytest.raises(NkiConstraintError, match=r"kernel outputs must be nl\.shared_hbm.*\[L7\]"):
@@ -526,7 +562,8 @@ def int_add_kernel(a, b):
     return out
 
 
-@pytest.mark.parametrize("target, api, exact", [("trn1", "0.2", False), ("trn2", "0.3", True), ("trn2", "0.6", True)])
+@pytest.mark.parametrize("target, api, exact", [("trn1", "0.2", False), ("trn2", "0.3", True), ("trn2", "0.6", True),
+                                                   ("trn3", "0.6", True)])
 def test_int32_tensor_tensor_is_exact_from_0_3(target, api, exact):
     """TT8: from nki 0.3, int32 tensor_tensor runs on GpSimd in integer arithmetic (exact); 0.2
     computes in fp32, which cannot hold 2^24 + 1."""
@@ -574,7 +611,8 @@ def _bf16_edge_values():
     return values.reshape(P, 8)
 
 
-@pytest.mark.parametrize("target, engine", [("trn2", None), ("trn2", nisa.engine.scalar), ("trn1", nisa.engine.gpsimd)])
+@pytest.mark.parametrize("target, engine", [("trn2", None), ("trn2", nisa.engine.scalar), ("trn1", nisa.engine.gpsimd),
+                                            ("trn3", nisa.engine.scalar)])
 def test_bf16_cast_rounds_to_nearest_even_like_torch(target, engine):
     torch = pytest.importorskip("torch")
     x = _bf16_edge_values()
@@ -628,7 +666,7 @@ def _scaled_digits(shape, axis, seed):
     return (digits * (scale[None, :] if axis == 1 else scale[:, None])).astype(np.float32)
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_bf16_matmul_of_scaled_7_bit_integers_is_exact(target):
     a_t, b = _scaled_digits((P, P), 1, 1), _scaled_digits((P, 512), 1, 2)
     with nki.target(target):

@@ -481,7 +481,7 @@ def test_loop_rebound_sbuf_tile_frees_space_on_trn1():
 
 
 # ---- 6. PSUM capacity --------------------------------------------------------------------
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_eight_psum_banks_work(target):
     x = rand((P, 512), 16)
     with nki.target(target):
@@ -490,7 +490,7 @@ def test_eight_psum_banks_work(target):
     assert psum_tiles_kernel.last_trace.peak_psum_bytes == 16 * 1024
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_nine_psum_banks_fail(target):
     with nki.target(target), pytest.raises(
             NkiConstraintError,
@@ -944,6 +944,36 @@ def test_sbuf_tile_over_the_usable_size_but_under_the_physical_fails_on_trn1():
         one_sbuf_tile_kernel(rand((2, usable + 1), 41))
 
 
+# trn3 (NeuronCore-v4): 32 MiB SBUF per core over 128 partitions = 256 KiB per partition (AWS's NKI
+# Trainium3 guide), less the emulator's assumed 16 KiB compiler reserve: 245760 B usable; trn2
+# (NeuronCore-v3): 224 KiB, 212992 B usable
+def test_sbuf_tile_that_fits_trn3_but_not_trn2():
+    columns = 245760 // 4  # fp32 elements of trn3's whole usable SBUF per partition
+    assert 4 * columns > 212992
+    x = rand((2, columns), 42)
+    with nki.target("trn3"):
+        np.testing.assert_array_equal(one_sbuf_tile_kernel(x), x)
+    assert one_sbuf_tile_kernel.last_trace.peak_sbuf_bytes == 245760
+    with nki.target("trn2"), pytest.raises(NkiConstraintError, match=r"exceeds SBUF capacity on trn2: 0 B already "
+                                                                    r"live, limit 212992 B per partition"):
+        one_sbuf_tile_kernel(x)
+    with nki.target("trn3"), pytest.raises(
+            NkiConstraintError, match=r"exceeds SBUF capacity on trn3: 0 B already live, limit 245760 B per partition "
+                                      r"\(usable: 262144 B physical minus 16384 B the compiler reserves\) \[L4/X9; trn3"):
+        one_sbuf_tile_kernel(rand((2, columns + 1), 42))
+
+
+def test_trn3_keeps_one_psum_bank_per_matmul_output():
+    """NeuronCore-v4's nc_matmul documents a moving free size up to 4096 (fp32 dst); the emulator
+    keeps 512 (one 2 KiB PSUM bank) on trn3 too, and says so (audit row MM9, stricter)."""
+    with nki.target("trn3"), pytest.raises(
+            NkiConstraintError, match=r"moving free size N=513 exceeds 512 \(NeuronCore-v4's nc_matmul allows up to "
+                                      r"4096 .*stricter reading\) \[MM9; trn3, nki 0\.6\]"):
+        matmul_kernel(rand((P, P), 26), rand((P, 513), 27))
+    with nki.target("trn2"), pytest.raises(NkiConstraintError, match=r"N=513 exceeds 512 \[MM9; trn2, nki 0\.6\]"):
+        matmul_kernel(rand((P, P), 26), rand((P, 513), 27))
+
+
 # ---- SPMD launch grid (logical NeuronCores) -------------------------------------------------
 @nki.jit
 def rows_by_program_kernel(x):
@@ -958,9 +988,10 @@ def rows_by_program_kernel(x):
     return out
 
 
-def test_lnc2_launch_splits_rows_over_two_programs_on_trn2():
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_lnc2_launch_splits_rows_over_two_programs(target):
     x = rand((5, P))
-    with nki.target("trn2"):
+    with nki.target(target):
         out = rows_by_program_kernel[2](x)
     assert np.array_equal(out, x)
     trace = rows_by_program_kernel.last_trace
@@ -999,6 +1030,11 @@ def test_nki_0_7_launches_every_kernel_at_the_compilers_lnc(monkeypatch):
         assert np.array_equal(rows_by_program_kernel(x), x)
     with nki.target("trn1", api="0.7"):  # trn1's compiler runs LNC=1
         assert np.array_equal(rows_by_program_kernel(x), x)
+    with nki.target("trn3", api="0.7"), pytest.raises(  # "LNC=2 on Trn2 and later"
+            NkiConstraintError, match=r"is using LNC=2\. .*\[L14; trn3, nki 0\.7\]"):
+        rows_by_program_kernel(x)
+    with nki.target("trn3", api="0.7"):
+        assert np.array_equal(rows_by_program_kernel[2](x), x)
 
 
 def test_a_program_that_leaves_its_rows_unwritten_is_caught():

@@ -38,7 +38,7 @@ def mean_field(name):
     return _MF[name]
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 @pytest.mark.parametrize("molecule", ["water", "benzene"])
 def test_simulated_trainium_matches_cpu(molecule, target):
     mf = mean_field(molecule)
@@ -60,7 +60,7 @@ def test_simulated_trainium_matches_cpu(molecule, target):
     assert result.correlation.plan.occ_block == nocc
     nblocks = len(pair_blocks(nocc))
     assert result.kernels["pair_energy_kernel"] == nblocks * (nblocks + 1) // 2
-    assert result.modelled_seconds["trn1"] > 0 and result.modelled_seconds["trn2"] > 0
+    assert set(result.modelled_seconds) == {"trn1", "trn2", "trn3"} and min(result.modelled_seconds.values()) > 0
 
 
 def assert_few_specializations(result):
@@ -93,7 +93,7 @@ def test_trainium_without_sdk_is_an_error_not_a_fallback():
     if importlib.util.find_spec("torch_neuronx") is not None:
         pytest.skip("the Neuron SDK is installed here")
     mf = converged_rhf("water")
-    for target in ("trn1", "trn2"):
+    for target in ("trn1", "trn2", "trn3"):
         with pytest.raises(ComputationError, match="Neuron SDK.*torch_neuronx.*dfmp2\\[neuron\\]"):
             DFMP2(mf, device=target).kernel()
 
@@ -102,15 +102,15 @@ def test_trainium_option_rules():
     mf = converged_rhf("water")
     with pytest.raises(InputError, match="no fp64"):
         DFMP2(mf, device="trn1", precision="fp64", simulate=True).kernel()
-    with pytest.raises(InputError, match="^simulate, model_only and nki_api apply to trn1 and trn2"):
+    with pytest.raises(InputError, match="^simulate, model_only and nki_api apply to trn1, trn2, trn3"):
         DFMP2(mf, device="cpu", simulate=True).kernel()
-    with pytest.raises(InputError, match="^transform applies to trn1 and trn2; cpu transforms in fp64"):
+    with pytest.raises(InputError, match="^transform applies to trn1, trn2, trn3; cpu transforms in fp64"):
         DFMP2(mf, device="cpu", transform="fp32").kernel()
     with pytest.raises(InputError, match="unknown transform 'fp16'"):
         DFMP2(mf, device="trn2", simulate=True, transform="fp16").kernel()
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 @pytest.mark.parametrize("molecule", ["water", "benzene"])
 def test_plain_fp32_transform_on_double_zeta(molecule, target):
     """transform="fp32" (one plain fp32 product per half): what ran is recorded, and on these
@@ -203,15 +203,36 @@ def test_trn1_with_newer_emulated_nki_is_bad_input(api):
         get_backend("trn1", simulate=True, nki_api=api)
 
 
-def test_trn2_with_nki_0_7_is_refused_until_the_kernels_are_valid_under_it():
-    """nki 0.7 (Neuron SDK 2.33) is AWS's release for trn2, and the emulator knows its rules (L14),
-    but dfmp2's kernels mix LNC degrees in one run, which 0.7 refuses (EVRF066): said as such."""
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_nki_0_7_is_refused_until_the_kernels_are_valid_under_it(target):
+    """nki 0.7 (Neuron SDK 2.33) is AWS's release for trn2 and trn3, and the emulator knows its rules
+    (L14), but dfmp2's kernels mix LNC degrees in one run, which 0.7 refuses (EVRF066): said as such."""
     from dfmp2.util.errors import InputError
     from dfmp2.kernels import get_backend
 
-    with pytest.raises(InputError, match=r"^device='trn2' with the emulated nki 0\.7: AWS supports it, but dfmp2's "
-                                         r"kernels are not yet valid under its rules"):
-        get_backend("trn2", simulate=True, nki_api="0.7")
+    with pytest.raises(InputError, match=rf"^device='{target}' with the emulated nki 0\.7: AWS supports it, but "
+                                         r"dfmp2's kernels are not yet valid under its rules"):
+        get_backend(target, simulate=True, nki_api="0.7")
+
+
+def test_trn3_with_nki_0_2_is_refused():
+    """Trn3 first appears in AWS's release manifest with Neuron SDK 2.29 (nki 0.3); SDK 2.28 (nki 0.2)
+    lists trn1, inf2 and trn2 only. Emulated (--nki-api) and installed alike."""
+    from dfmp2.util.errors import ComputationError, InputError
+    from dfmp2.kernels import get_backend
+
+    with pytest.raises(InputError, match=r"^device='trn3' with the emulated nki 0\.2: AWS does not support that pair "
+                                         r"\(supported on trn3: nki 0\.3, 0\.4, 0\.5, 0\.6; trn3 needs Neuron SDK 2\.29 "
+                                         r"to 2\.32; SDK 2\.28 \(nki 0\.2\) does not list Trn3\)"):
+        get_backend("trn3", simulate=True, nki_api="0.2")
+    from dfmp2.kernels import nki_support
+
+    with pytest.raises(ComputationError, match=r"^device='trn3' with the installed nki 0\.2: AWS does not support"):
+        nki_support.check_nki_support("trn3", "0.2", installed=True)
+    for api in ("0.3", "0.6"):
+        assert nki_support.check_nki_support("trn3", api, installed=True) is None
+    backend = get_backend("trn3", simulate=True, nki_api="0.3")
+    assert backend.nki_api == "0.3" and "NeuronCore-v4 limits, nki 0.3 rules" in backend.describe()
 
 
 @pytest.mark.parametrize("installed, ok", [("0.2", True), ("0.6", False), (None, False)])
@@ -238,7 +259,7 @@ def test_installed_nki_checked_before_anything_compiles(monkeypatch, installed, 
 
 
 # ---- fp32 device energies inside the envelope ----------------------------------------------------
-@pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.6")])
+@pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.6"), ("trn3", "0.6")])
 @pytest.mark.parametrize("name, basis, frozen", [("benzene", "cc-pvtz", 6), ("water", "aug-cc-pvtz", 1),
                                                 ("benzene", "aug-cc-pvdz", 6)])
 def test_trainium_energy_within_a_microhartree_of_fp64(target, api, name, basis, frozen):

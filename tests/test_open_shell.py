@@ -125,7 +125,7 @@ def test_published_open_shell_reference(case, frozen_case):
         assert pt.e_corr_singles < 0 and pt.result.kernels["host:singles"] == 1
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 @pytest.mark.parametrize("name, cls", [("OH", "UHF"), ("O2", "UHF"), ("NH2", "ROHF")])
 def test_simulated_trainium_open_shell(name, cls, target):
     """The NKI kernels on the emulator, alpha-beta blocks without exchange: 1 uEh of fp64."""

@@ -98,7 +98,7 @@ def test_split_precision_bench_times_the_split_products():
         assert 0 < abs(records[precision]["e_corr"] - e32) < bound * abs(e32)
 
 
-@pytest.mark.parametrize("device", ["trn1", "trn2"])
+@pytest.mark.parametrize("device", ["trn1", "trn2", "trn3"])
 def test_split_precision_refused_on_trainium(device):
     with pytest.raises(InputError, match="tensor cores"):
         get_backend(device, "tf32x3", simulate=True)

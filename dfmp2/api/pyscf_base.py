@@ -50,10 +50,10 @@ class PySCFMP2Base(lib.StreamObject):
         self.auxbasis = auxbasis  # kept for dump_flags; with_df carries the choice
         self.with_df = None
         self.device = device
-        self.precision = precision  # None: fp64, or fp32 on trn1/trn2
-        self.simulate = simulate  # trn1/trn2 only: run the NKI kernels on dfmp2's emulator
+        self.precision = precision  # None: fp64, or fp32 on trn1/trn2/trn3
+        self.simulate = simulate  # trn1/trn2/trn3 only: run the NKI kernels on dfmp2's emulator
         self.nki_api = nki_api  # with simulate: the NKI release the emulator follows (None: newest)
-        self.transform = transform  # trn1/trn2: AO->MO transform "exact" (None: default) or "fp32"
+        self.transform = transform  # trn1/trn2/trn3: AO->MO transform "exact" (None: default) or "fp32"
         self.allow_non_aufbau = allow_non_aufbau  # accept a deliberately non-aufbau reference
         self.checkpoint = None  # a directory: keep B and finished pair tasks, resume from them
         self.checkpoint_allow_other_files = False  # use a checkpoint directory holding other files

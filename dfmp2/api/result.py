@@ -44,7 +44,7 @@ class DFMP2Result:
     modelled_seconds: dict | None = None  # PEAK MODEL: kernel time at published peaks (uncalibrated)
     modelled: dict | None = None  # calibrated MODEL per target: seconds, breakdown, useful fraction
     trace: dict | None = None
-    nki_api: str | None = None  # trn1/trn2: the NKI release emulated, or installed on the host
+    nki_api: str | None = None  # trn1/trn2/trn3: the NKI release emulated, or installed on the host
     notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
     neuron_versions: dict | None = None  # Trainium host: installed nki, neuronx-cc, torch-neuronx, torch-xla
     spin_square: float = 0.0  # <S^2> of the reference

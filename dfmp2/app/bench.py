@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..api.result import MODEL_NOTE, memory_record, model_record
-from ..kernels import backend_for, get_backend
+from ..kernels import TRAINIUM, backend_for, get_backend
 from ..mp2.pipeline import dfmp2_energy
 from ..run.context import RunContext, Timer
 from ..run.memory import plan_for
@@ -221,9 +221,10 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
 
 def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: bool = False,
                      nki_api=None, seed: int = 0) -> dict:
-    """MODEL of one warm kernel call on trn1/trn2 from its emulator trace -> a JSON-able record."""
-    if device not in ("trn1", "trn2") or not simulate:
-        raise InputError("--kernel models an NKI kernel call: use --device trn1|trn2 --simulate")
+    """MODEL of one warm kernel call on Trainium (trn1, trn2, trn3) from its emulator trace -> a
+    JSON-able record."""
+    if device not in TRAINIUM or not simulate:
+        raise InputError(f"--kernel models an NKI kernel call: use --device {'|'.join(TRAINIUM)} --simulate")
     if not 1 <= size <= MAX_KERNEL_SIZE:
         raise InputError(f"{option('size')} must be between 1 and {MAX_KERNEL_SIZE} (the emulator runs every "
                          f"instruction of the call), got {size}")

@@ -23,7 +23,7 @@ from .progress import Progress
 from .report import print_bench, print_kernel_bench
 from .signals import SignalExit, Terminated, fail, guarded, stop_with
 
-DEVICE_CHOICES = "cpu|cuda|trn1|trn2"
+DEVICE_CHOICES = "cpu|cuda|trn1|trn2|trn3"
 SEED_MAX = 2**64 - 1  # the Philox key is 64 bits
 
 
@@ -40,10 +40,10 @@ def cli(ctx):
 NKI_API_OPTION = click.option(
     "--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
     help="With --simulate: the NKI release whose rules the emulator applies "
-         "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2].")
+         "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2 and trn3].")
 TRANSFORM_OPTION = click.option(
     "--transform", default=None, metavar="exact|fp32",
-    help="trn1/trn2: the AO->MO transform's arithmetic: exact products of 7-bit slices (1 uEh; the "
+    help="trn1/trn2/trn3: the AO->MO transform's arithmetic: exact products of 7-bit slices (1 uEh; the "
          "default) or plain fp32 products (faster; 1e-7 to 1e-3 Eh off on real molecules, see docs/trainium.md).")
 
 
@@ -94,11 +94,11 @@ TRANSFORM_OPTION = click.option(
                    "range-separated functionals).")
 @click.option("--scf-precision", default=None, metavar="mixed|fp64",
               help="dfmp2's SCF builds: mixed (default: fp32 builds while the density moves, then fp64 anchors "
-                   "plus fp32 increments; on trn1/trn2 exact-product anchors; converges to the fp64 energy) "
+                   "plus fp32 increments; on trn1/trn2/trn3 exact-product anchors; converges to the fp64 energy) "
                    "or fp64 throughout (cpu, cuda).")
 @click.option("--screening", default="auto", show_default=True, metavar="off|auto|THRESHOLD",
               help="Schwarz screening of the three-center integrals (mn|P): only the kept AO-pair blocks are "
-                   "computed, stored and transformed (SCF builds and MP2; trn1/trn2: the MP2 transform only). "
+                   "computed, stored and transformed (SCF builds and MP2; trn1/trn2/trn3: the MP2 transform only). "
                    "auto: at 1e-10 where it pays (extended molecules); a threshold such as 1e-10: always; off: dense.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES,
               help="Where the MP2 kernels (and the SCF's builds) run.")
@@ -107,7 +107,7 @@ TRANSFORM_OPTION = click.option(
                    "are fp64]; fp64 (cpu, cuda) keeps every GEMM in fp64. (The tensor-core modes "
                    "tf32x3/bf16x3 are for `dfmp2 bench` only: docs/gpu.md.)")
 @click.option("--simulate", is_flag=True,
-              help="trn1/trn2: run the NKI kernels on dfmp2's emulator (target limits enforced).")
+              help="trn1/trn2/trn3: run the NKI kernels on dfmp2's emulator (target limits enforced).")
 @NKI_API_OPTION
 @TRANSFORM_OPTION
 @click.option("--max-memory", type=float, default=None, metavar="MB",
@@ -194,10 +194,10 @@ cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__d
               help="Philox seed of the synthetic problem (0 to 2^64 - 1).")
 @click.option("--kernel", default=None, metavar="gemm|syrk|trsm|ao2mo|pair_energy",
               help="Instead of the pipeline: the MODELLED warm time of one NKI kernel call at --size "
-                   "(with --device trn1|trn2 --simulate).")
+                   "(with --device trn1|trn2|trn3 --simulate).")
 @click.option("--size", type=int, default=None, help="With --kernel: the problem size N.")
 @click.option("--device", default="cpu", show_default=True, metavar=DEVICE_CHOICES)
-@click.option("--simulate", is_flag=True, help="trn1/trn2: run the NKI kernels on the emulator.")
+@click.option("--simulate", is_flag=True, help="trn1/trn2/trn3: run the NKI kernels on the emulator.")
 @click.option("--model-only", is_flag=True,
               help="With --simulate: emulate each kernel shape once (for the modelled time of large "
                    "shapes); repeated calls use host reference math.")

@@ -8,7 +8,7 @@ DIIS, damping, level shifts and convergence; `chem.use_fitted_builds` plugs thes
     exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn
 
 The backend keeps B where it computes and builds J and K (its `FittedStore`: kernels/torch_fitted.py
-on cpu and cuda, kernels/nki_fitted.py on trn1 and trn2). Two kinds of build: "fp32", and the
+on cpu and cuda, kernels/nki_fitted.py on trn1, trn2, trn3). Two kinds of build: "fp32", and the
 store's exact kind ("fp64" on torch; "exact" on a NeuronCore, which has no fp64: products of
 exact 7-bit slices). Precision "mixed" (the default): fp32 builds while the density still moves,
 then one exact-kind "anchor" build, then increments  F(D) = F_anchor + F_fp32(D - D_anchor)

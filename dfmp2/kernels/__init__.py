@@ -7,15 +7,15 @@ a result records about the backend (protocol.BackendRecord).
 
     cpu, cuda     torch backend (fp64, fp32, or fp32 with split-precision pair GEMMs: tf32x3,
                   bf16x3; on a CPU those are emulated)
-    trn1, trn2    NKI backend on Trainium via torch-neuronx (fp32 only);
-                  with simulate=True the same NKI kernels on dfmp2's emulator
+    trn1, trn2, trn3  NKI backend on Trainium via torch-neuronx (fp32 only);
+                      with simulate=True the same NKI kernels on dfmp2's emulator
 """
 
 from __future__ import annotations
 
 from ..util.errors import ComputationError, InputError, option
 
-DEVICES = ("cpu", "cuda", "trn1", "trn2")
+DEVICES = ("cpu", "cuda", "trn1", "trn2", "trn3")
 PRECISIONS = ("fp64", "fp32", "tf32x3", "bf16x3")
 # fp32 runs whose (ia|jb) GEMMs are three tensor-core products of high and low parts
 # (kernels/split_gemm.py): NVIDIA GPUs, emulated on a CPU
@@ -29,13 +29,13 @@ TRANSFORMS = ("exact", "fp32")
 # (docs/benchmarking.md), gradients within 5e-9 Eh/bohr (docs/method.md). Library calls (Settings, the
 # PySCF drop-in) keep default_precision.
 COMMAND_PRECISION = "fp32"
-TRAINIUM = ("trn1", "trn2")
+TRAINIUM = ("trn1", "trn2", "trn3")
 
 
 def device_screens(device: str) -> frozenset:
     """The steps whose block-sparse three-center kernels the backend of `device` has (its
     `screens`), known before it is loaded: torch (cpu, cuda) the MP2 transform and the SCF
-    builds; NKI (trn1, trn2) the MP2 transform."""
+    builds; NKI (trn1, trn2, trn3) the MP2 transform."""
     return frozenset({"mp2"}) if device in TRAINIUM else frozenset({"mp2", "scf"})
 
 
@@ -69,10 +69,10 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
 
     InputError for unknown names and impossible combinations; ComputationError if the device
     exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK, or an installed
-    nki release AWS does not support on that target). model_only (trn1/trn2 with simulate): each
+    nki release AWS does not support on that target). model_only (Trainium with simulate): each
     kernel shape emulated once (the modelled time of runs too large to emulate in full).
-    nki_api (trn1/trn2 with simulate): the NKI release emulated (default 0.2 trn1, 0.6 trn2).
-    transform (trn1/trn2): the AO->MO transform's arithmetic, "exact" (default: 7-bit slices, 1 uEh)
+    nki_api (Trainium with simulate): the NKI release emulated (default 0.2 trn1, 0.6 trn2 and trn3).
+    transform (Trainium): the AO->MO transform's arithmetic, "exact" (default: 7-bit slices, 1 uEh)
     or "fp32" (faster, 1e-7 to 1e-3 Eh off on real molecules); cpu and cuda transform in fp64.
     warm_kernels: kernels with a one-time load (a GPU's fused pair epilogue) whatever the run's
     size (`dfmp2 bench`)."""
@@ -86,9 +86,9 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     if device in TRAINIUM:
         return _trainium_backend(device, precision, simulate, model_only, nki_api, transform)
     if simulate or model_only or nki_api is not None:
-        raise InputError(f"{option('simulate')}, {option('model_only')} and {option('nki_api')} apply to trn1 and trn2, not to {device}")
+        raise InputError(f"{option('simulate')}, {option('model_only')} and {option('nki_api')} apply to {', '.join(TRAINIUM)}, not to {device}")
     if transform is not None:
-        raise InputError(f"{option('transform')} applies to trn1 and trn2; {device} transforms in fp64")
+        raise InputError(f"{option('transform')} applies to {', '.join(TRAINIUM)}; {device} transforms in fp64")
     from .torch_backend import TorchBackend, cuda_available
 
     if device == "cuda" and not cuda_available():
@@ -99,7 +99,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
 
 
 def _trainium_backend(device, precision, simulate, model_only, nki_api, transform):
-    """get_backend's trn1/trn2 case: the NKI backend on the Neuron SDK or (simulate) the emulator."""
+    """get_backend's Trainium case (trn1, trn2, trn3): the NKI backend on the Neuron SDK or (simulate) the emulator."""
     if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
         raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
                          f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")

@@ -1,4 +1,4 @@
-"""NKI backend: the pipeline's kernels as NKI kernels on Trainium (trn1, trn2), or on the emulator.
+"""NKI backend: the pipeline's kernels as NKI kernels on Trainium (trn1, trn2, trn3), or on the emulator.
 
 Long (one class, NkiBackend, with a method per entry of the Backend protocol (`protocol.py`), as
 TorchBackend has; the kernels, launches, ledger and SCF builds are in their own modules).
@@ -49,8 +49,12 @@ from .spin_cases import density_weights
 from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P
 
 
+# the NeuronCore generation of each target (AWS's architecture pages)
+CORE_NAMES = {"trn1": "NeuronCore-v2", "trn2": "NeuronCore-v3", "trn3": "NeuronCore-v4"}
+
+
 class NkiBackend:
-    """Kernels for target 'trn1' or 'trn2'; simulate=True runs them on the emulator.
+    """Kernels for target 'trn1', 'trn2' or 'trn3'; simulate=True runs them on the emulator.
 
     model_only (with simulate): each kernel specialization is emulated once (limits checked,
     trace recorded); later calls with the same shapes reuse that trace and compute their outputs
@@ -93,8 +97,8 @@ class NkiBackend:
         # and to_device() results live in HBM; an argument that does not is a host -> device
         # transfer at its launch, and to_host() of a resident tensor a device -> host one.
         self._on_device = weakref.WeakValueDictionary()
-        # physical cores per launch: a trn2 logical NeuronCore (LNC=2, neuronx-cc's default
-        # there) is two; trn1 runs LNC=1
+        # physical cores per launch: a trn2 or trn3 logical NeuronCore (LNC=2, neuronx-cc's
+        # default there) is two; trn1 runs LNC=1
         self.lnc = TARGETS[target].max_lnc
 
     # ---- configuration and accounting (owned by the launcher and the ledger) ----------------
@@ -180,7 +184,7 @@ class NkiBackend:
         return None
 
     def describe(self) -> str:
-        core = "NeuronCore-v2" if self.target == "trn1" else "NeuronCore-v3"
+        core = CORE_NAMES[self.target]
         transform = "exact-product" if self.transform == "exact" else "plain fp32"
         if self.simulate and self.model_only:
             return (f"{self.target} NKI emulator, model-only ({core} limits, nki {self.nki_api} rules; "

@@ -1,4 +1,4 @@
-"""The SCF's Coulomb and exchange builds on the NKI backend (trn1, trn2, or their emulator): its
+"""The SCF's Coulomb and exchange builds on the NKI backend (trn1, trn2, trn3, or their emulator): its
 `FittedStore`. A NeuronCore has no fp64, so the builds come in two kinds:
 
   fp32   one launch of fitted_jk_kernel per density (J and K together, fp32 throughout);
@@ -29,14 +29,15 @@ from .emulator.core import TARGETS
 from .ozaki import INPUT_SLICES, column_digits, column_slices
 from .tiles import SLICE_BITS, jk_columns
 
-HBM_BYTES_PER_CHIP = {"trn1": 32 * 2**30, "trn2": 96 * 2**30}  # nki-facts.md: HBM per chip
+# HBM per chip: 32 GiB trn1, 96 GiB trn2 (nki-facts.md), 144 GiB trn3 (AWS's Trainium3 page)
+HBM_BYTES_PER_CHIP = {"trn1": 32 * 2**30, "trn2": 96 * 2**30, "trn3": 144 * 2**30}
 RANK_STEP = 32  # factor columns are padded with zeros to a multiple of this, then to the largest
 # count a kernel ran with (KernelLauncher.bucket): few shapes, so few compilations on a host
 DIGIT_WEIGHTS = np.array([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(INPUT_SLICES)])
 
 
 def hbm_bytes_per_launch_core(target: str) -> int:
-    """HBM of the cores one launch uses (a logical NeuronCore: 1 physical core on trn1, 2 on trn2)."""
+    """HBM of the cores one launch uses (a logical NeuronCore: 1 physical core on trn1, 2 on trn2/trn3)."""
     t = TARGETS[target]
     return HBM_BYTES_PER_CHIP[target] // t.cores_per_chip * t.max_lnc
 

@@ -1,5 +1,5 @@
 """NKI kernels for the DF-MP2 pipeline, valid unchanged under NKI 0.2 (Neuron SDK 2.28, the
-last release documented for trn1) and 0.3-0.6 (SDK 2.29-2.32, trn2).
+last release documented for trn1) and 0.3-0.6 (SDK 2.29-2.32, trn2 and trn3).
 
 Long (every kernel in one source file, which `nki_launch.load_kernels` loads from its path with
 the emulator standing in for the `nki` modules; the kernels share their private tile helpers).
@@ -23,7 +23,7 @@ Conventions for every kernel:
     pair energies and density take any shapes (ragged last tiles; the backend pads ao2mo's
     auxiliary count only, to one size per run);
   - SPMD: trsm and pair energies split their rows over the programs of a launch grid
-    (`nl.program_id`; on trn2 the two physical cores of a logical NeuronCore, LNC=2).
+    (`nl.program_id`; on trn2/trn3 the two physical cores of a logical NeuronCore, LNC=2).
 """
 
 import nki
@@ -459,7 +459,7 @@ def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, 
     b in 512-column chunks (moving; one PSUM bank each), GROUP chunks of V and of X accumulated
     at once. B_i stays in SBUF for its row of pairs; B_j is loaded once per pair when its row
     fits RESIDENT_BYTES, else streamed over Q per (block, column group): any NAUX and NVIR run.
-    SPMD: with a launch grid of n programs (trn2 LNC=2: two physical cores), program p takes
+    SPMD: with a launch grid of n programs (trn2/trn3 LNC=2: two physical cores), program p takes
     the rows i of `_program_rows` (balanced for triangles).
     Returns partials [128, 2 * NI * NJ]: column 2 (i NJ + j) holds the opposite-spin sum per
     partition, the next one the exchange sum (zero for j > i in a triangle); the host adds

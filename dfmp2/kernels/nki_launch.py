@@ -90,7 +90,7 @@ def _kernel_array(tensor: torch.Tensor) -> np.ndarray:
 
 
 class KernelLauncher:
-    """Runs the kernels for `target` ('trn1' or 'trn2'), emulated under nki `nki_api` rules
+    """Runs the kernels for `target` ('trn1', 'trn2' or 'trn3'), emulated under nki `nki_api` rules
     (simulate) or on the host's Neuron SDK, and keeps the run's specializations; costs go to
     `ledger`."""
 

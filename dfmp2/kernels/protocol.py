@@ -1,6 +1,6 @@
 """What every backend provides: the one protocol the driver, pipeline, linalg, storage and bench call.
 
-Backends: `TorchBackend` (cpu, cuda) and `NkiBackend` (trn1, trn2, or their emulator). Arrays are
+Backends: `TorchBackend` (cpu, cuda) and `NkiBackend` (trn1, trn2, trn3, or their emulator). Arrays are
 the backend's tensors ("device" tensors); host arrays are numpy. Shapes in the docstrings of each
 backend's methods; energies in Hartree. Nothing outside this protocol is for callers: what a
 result records about the backend comes from `record()`.
@@ -34,7 +34,7 @@ class PlanHints:
 class BackendRecord:
     """What a backend was and what it ran, for a result record (a snapshot: `Backend.record()`).
 
-    name: "torch" or "nki"; device: cpu, cuda, trn1 or trn2; description: the device in words
+    name: "torch" or "nki"; device: cpu, cuda, trn1, trn2 or trn3; description: the device in words
     (`describe()`); precision: fp64 or fp32 (GEMMs); transform: the AO->MO arithmetic (fp64,
     exact or fp32); simulated: NKI kernels on dfmp2's emulator; nki_api: the NKI release whose
     rules applied ("0.2" ... "0.6"; None on torch); neuron_versions: installed Neuron package ->
@@ -67,7 +67,7 @@ class Backend(Protocol):
     what ran. Per member, one line; shapes in [brackets], B = whitened (ia|P)."""
 
     name: str  # "torch" or "nki"
-    device_name: str  # cpu, cuda, trn1, trn2
+    device_name: str  # cpu, cuda, trn1, trn2, trn3
     device: object  # the torch.device its tensors live on (cpu for the emulator, the XLA device on Trainium)
     precision: str  # fp64 or fp32 (GEMMs)
     compute_dtype: object  # torch dtype of its GEMMs: float64 or float32
@@ -114,7 +114,7 @@ class Backend(Protocol):
         """Told the run's memory plan before the first kernel (e.g. the largest aux block)."""
 
     def describe(self) -> str:
-        """The device in words (model, memory; emulator and NKI release on trn1/trn2)."""
+        """The device in words (model, memory; emulator and NKI release on Trainium)."""
 
     def record(self) -> BackendRecord:
         """What this backend is and has run so far, as a frozen snapshot."""
@@ -185,7 +185,7 @@ class FittedStore(Protocol):
 @runtime_checkable
 class FittedBuildsBackend(Protocol):
     """A backend that builds the SCF's Coulomb and exchange matrices from whitened JK-fit
-    integrals (`dfmp2.chem.jk`): torch (cpu, cuda) and NKI (trn1, trn2, emulated or not)."""
+    integrals (`dfmp2.chem.jk`): torch (cpu, cuda) and NKI (trn1, trn2, trn3, emulated or not)."""
 
     def fitted_store(self, rows, nao, kinds, free_bytes) -> FittedStore:
         """rows [naux, npair] host fp64 (B^P_(mn), m >= n), nao, kinds: the build kinds the run

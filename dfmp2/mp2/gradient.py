@@ -35,7 +35,7 @@ from .response import backend_gemm, orbital_derivatives, relaxed_density, respon
 
 def gemm_backend(backend):
     """Where the gradient's four-index GEMMs run: `backend` where it has fp64 (cpu, cuda), else
-    None (host numpy; trn1/trn2). They stay fp64 whatever the run's precision: in fp32 the
+    None (host numpy; trn1/trn2/trn3). They stay fp64 whatever the run's precision: in fp32 the
     gradient moves by 1e-5 (water) to 3e-4 Eh/bohr (benzene), the derivative contractions
     cancelling terms of O(100)."""
     return backend if getattr(backend, "has_fp64", False) else None

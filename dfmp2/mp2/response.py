@@ -131,7 +131,7 @@ def response_mean_field(mf, settings):
     """The mean field as the orbital response (CPHF, and the gradient's response terms) sees it:
     for a density-fitted reference, a copy of `mf` whose J and K come from dfmp2's builds on
     settings' backend in its fitting set, every build in the exact kind (fp64 on cpu and cuda,
-    exact-product slices on trn1/trn2); `mf` itself is untouched and the builds are released on
+    exact-product slices on trn1/trn2/trn3); `mf` itself is untouched and the builds are released on
     exit. A reference with exact integrals, a backend without builds, or --scf-backend pyscf
     (settings.scf_backend: the SCF's J/K were PySCF's, and so are the response's; they also
     go out of core where dfmp2's builds would need more than the budget): `mf` (PySCF's J/K)."""

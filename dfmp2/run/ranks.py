@@ -26,6 +26,7 @@ from datetime import timedelta
 
 import numpy as np
 
+from ..kernels import TRAINIUM
 from ..util.errors import ComputationError, InputError, option
 
 DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 included)
@@ -104,7 +105,7 @@ class Team:
         import torch.distributed as dist
 
         backend = communication_backend(device, simulate)
-        neuron_cores = pin_neuron_core() if device in ("trn1", "trn2") and not simulate else None
+        neuron_cores = pin_neuron_core() if device in TRAINIUM and not simulate else None
         if backend == "nccl":
             if not dist.is_nccl_available():
                 raise ComputationError(f"{option('device', 'cuda')} with several ranks needs NCCL, which this torch lacks")

@@ -42,7 +42,7 @@ class Settings:
     scf: str = "df"  # df (JK-fit) or exact
     scf_max_cycle: int = SCF_MAX_CYCLE
     scf_backend: str | None = None  # device: J/K on the run's backend (dfmp2.chem.jk); pyscf: PySCF's own
-    # (None: device for scf="df" on cpu/cuda, pyscf for scf="exact" and on trn1/trn2)
+    # (None: device for scf="df" on cpu/cuda, pyscf for scf="exact" and on trn1/trn2/trn3)
     scf_precision: str | None = None  # the device builds': mixed (default on cpu/cuda) or fp64 (dfmp2.chem.jk)
     screening: object = "auto"  # off, auto, or a threshold: screened block-sparse (mn|P) for the SCF's
     # builds and the MP2 transform (dfmp2.util.sparse; auto: where the kept blocks make it pay)
@@ -62,11 +62,11 @@ class Settings:
     include_singles: bool = True  # ROHF-MBPT(2): the singles in e_corr (False: e_corr_singles 0, as PySCF)
     # hardware
     device: str = "cpu"
-    precision: str | None = None  # None: fp64, or fp32 on trn1/trn2
-    simulate: bool = False  # trn1/trn2: NKI kernels on the emulator
+    precision: str | None = None  # None: fp64, or fp32 on trn1/trn2/trn3
+    simulate: bool = False  # trn1/trn2/trn3: NKI kernels on the emulator
     model_only: bool = False  # with simulate: emulate each kernel shape once (bench)
     nki_api: str | None = None
-    transform: str | None = None  # trn1/trn2: exact (default) or fp32
+    transform: str | None = None  # trn1/trn2/trn3: exact (default) or fp32
     warm_kernels: bool = False  # take the kernels fastest once loaded whatever their one-time load cost
     # (dfmp2 bench, which times warm passes); else only where the run amortises it (a GPU's fused epilogue)
     # resources

@@ -4,7 +4,7 @@
     B = X L^-T                whitening (right-side triangular solve)
 
 The backend factorises J in fp64 (`Backend.cholesky`): torch as one LAPACK / cuSOLVER potrf
-on its device; a backend without fp64 (NKI: trn1, trn2) on the host, from the fp64 (P|Q)
+on its device; a backend without fp64 (NKI: trn1, trn2, trn3) on the host, from the fp64 (P|Q)
 PySCF computed: fp32 arithmetic would round a metric whose condition number reaches 1e10
 with diffuse auxiliary sets, moving small eigenvalues by ~1e-5 and possibly making one
 negative. Only L (in the device's precision) goes to an NKI device, for the whitening.

@@ -10,7 +10,7 @@ and access-pattern rules, no float64, reductions only over the last free axes, n
 movement across partitions on the engines.
 
 It emulates one NKI API version at a time (`target(name, api=...)`; default: the newest
-release AWS documents for the target, 0.2 on trn1 and 0.6 on trn2) with that release's
+release AWS documents for the target, 0.2 on trn1, 0.6 on trn2 and trn3) with that release's
 rules: 0.2 has no `accumulate=` on nc_matmul and no `engine=`/`priority=` on dma_copy; 0.3+
 unrolls every static loop (at most 5,000,000 instructions per kernel), rejects `*` in a
 kernel signature, `is`/`is not`, list arguments, string buffer names and raw ints for enums,
@@ -20,7 +20,7 @@ not yet a release dfmp2's kernels run under) launches every kernel at neuronx-cc
 reading of 0.2's docs). nl.bfloat16 tiles hold float32 values rounded to bf16 (RNE) on every
 write. New on-chip and output memory is NaN-filled and tracked, so reading unwritten memory or
 returning a partly written output raises NkiConstraintError. Every call leaves a trace
-(matmuls, DMA bytes, vector work) from which a *modelled* trn1/trn2 time is derived.
+(matmuls, DMA bytes, vector work) from which a *modelled* trn1/trn2/trn3 time is derived.
 
 What it cannot tell: real timing (the model assumes perfect overlap and no launch cost),
 the compiler's own verifier errors, instruction scheduling, or numerical differences of
@@ -61,7 +61,7 @@ _config = _Config()
 
 @contextlib.contextmanager
 def target(name: str, api: str | None = None, lnc: int | None = None):
-    """Run emulated kernels with the limits of `name` ('trn1' or 'trn2') under the rules of NKI
+    """Run emulated kernels with the limits of `name` ('trn1', 'trn2' or 'trn3') under the rules of NKI
     API `api` ('0.2' ... '0.7'; None: the newest AWS documents for that target), compiled at
     neuronx-cc's LNC degree `lnc` (None: NEURON_LOGICAL_NC_CONFIG, else the target's default)."""
     if name not in TARGETS:
@@ -106,14 +106,14 @@ class EmulatedKernel:
 
     def __getitem__(self, grid):
         """`kernel[n](...)`: launch on a logical NeuronCore of n physical cores (SPMD grid of n
-        programs, `nl.program_id(0)` = 0..n-1). n = 2 needs trn2 (LNC=2); trn1 has LNC=1 only."""
+        programs, `nl.program_id(0)` = 0..n-1). n = 2 needs trn2 or trn3 (LNC=2); trn1 has LNC=1 only."""
         if not isinstance(grid, int) or isinstance(grid, bool) or grid < 1:
             raise NkiConstraintError(f"launch grid must be one positive int (cores), got {grid!r}")
         limit = TARGETS[_config.target].max_lnc
         if grid > limit:
             raise NkiConstraintError(
                 f"{self.fn.__name__}[{grid}]: {_config.target} runs at most LNC={limit} physical "
-                f"core(s) per launch (trn1: LNC=1 only; trn2: LNC=1 or 2) [L13]")
+                f"core(s) per launch (trn1: LNC=1 only; trn2, trn3: LNC=1 or 2) [L13]")
         return functools.partial(self._launch, grid)
 
     def __call__(self, *args):

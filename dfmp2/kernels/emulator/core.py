@@ -57,14 +57,15 @@ def round_to_bf16(value: np.ndarray) -> np.ndarray:
 
 
 # ---- NKI API versions ---------------------------------------------------------------------
-# nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32;
+# nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32 (trn3 is
+# listed from SDK 2.29 / nki 0.3 on: AWS's release manifest);
 # 0.7 = SDK 2.33 (released 2026-10-19; its rules: docs/nki-audit.md, L14). dfmp2's kernels do not yet
 # run under 0.7 (nki_support.SUPPORTED_NKI): the emulator knows its rules so that they can be tested.
 API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6", "0.7")
-NEWEST_API = {"trn1": "0.2", "trn2": "0.6"}  # newest release AWS documents for each target, that dfmp2 runs
+NEWEST_API = {"trn1": "0.2", "trn2": "0.6", "trn3": "0.6"}  # newest release AWS documents for each target, that dfmp2 runs
 # neuronx-cc's logical NeuronCore degree unless NEURON_LOGICAL_NC_CONFIG says otherwise: "neuronx-cc
 # defaults to LNC=2 on Trn2 and later" (AWS, compiler error code EVRF066, Neuron 2.33 documentation)
-COMPILER_LNC = {"trn1": 1, "trn2": 2}
+COMPILER_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
 INSTRUCTION_LIMIT = 5_000_000  # unrolled instructions per kernel under 0.3+ (error XTP002)
 
 
@@ -77,7 +78,8 @@ def api_tuple(version: str) -> tuple:
 
 @dataclass(frozen=True)
 class Target:
-    """Per-NeuronCore limits and published peaks (trn1 = NeuronCore-v2, trn2 = NeuronCore-v3).
+    """Per-NeuronCore limits and published peaks (trn1 = NeuronCore-v2, trn2 = NeuronCore-v3,
+    trn3 = NeuronCore-v4; sources: docs/hardware-facts.md).
 
     SBUF: the physical bytes per partition, and the part of it the compiler keeps for itself.
     AWS documents the usable size only as "total minus reserved bytes"
@@ -106,12 +108,23 @@ class Target:
 
 
 TARGETS = {
-    # HBM: 820 GB/s per trn1 chip (2 cores), 2.9 TB/s per trn2 chip (8 cores).
+    # HBM: 820 GB/s per trn1 chip (2 cores), 2.9 TB/s per trn2 chip (8 cores), 4.9 TB/s per trn3 chip
+    # (8 cores; AWS's Trainium3 page; its NKI Trainium3 guide says 4.7). vector_gelem_per_s: MODEL,
+    # one element per partition per engine cycle (trn3: at the documented 1.2 GHz).
     "trn1": Target("trn1", sbuf_bytes_per_partition=192 * 1024, fp32_tflops=23.0, bf16_tflops=92.0,
                    hbm_gb_per_s_per_core=820.0 / 2, cores_per_chip=2, vector_gelem_per_s=128 * 1.4),
     "trn2": Target("trn2", sbuf_bytes_per_partition=224 * 1024, fp32_tflops=20.0, bf16_tflops=79.0,
                    hbm_gb_per_s_per_core=2900.0 / 8, cores_per_chip=8, max_lnc=2,
                    vector_gelem_per_s=128 * 1.4),
+    # NeuronCore-v4: 32 MiB SBUF (256 KiB per partition), 2 MiB PSUM (16 KiB per partition, 8 banks),
+    # Tensor Engine 79 bf16 / 20 fp32 TFLOPS per core (the per-core figures, which agree with the
+    # 2.4 GHz clock; AWS's per-chip 671 / 183 are not 8 x those, docs/hardware-facts.md). nc_matmul on
+    # v4 documents a moving free size up to 4096 (fp32 dst); the emulator keeps 512, one PSUM bank
+    # per matmul output (rule MM9, the stricter reading: Tile-Size Constraint #2 keeps PSUM tiles at
+    # one bank on every target).
+    "trn3": Target("trn3", sbuf_bytes_per_partition=256 * 1024, fp32_tflops=20.0, bf16_tflops=79.0,
+                   hbm_gb_per_s_per_core=4900.0 / 8, cores_per_chip=8, max_lnc=2,
+                   vector_gelem_per_s=128 * 1.2),
 }
 
 

@@ -1,4 +1,4 @@
-"""A calibrated time MODEL of NKI kernel calls on trn1 / trn2, from emulator traces.
+"""A calibrated time MODEL of NKI kernel calls on trn1 / trn2 / trn3, from emulator traces.
 
 Everything here is a model, never a measurement. One kernel call costs
 
@@ -22,7 +22,13 @@ Constants and where they come from (see docs/benchmarks.md, "Calibration"):
   - launch and host_transfer: fitted (two unknowns, two equations) to a sibling library's warm
     trn1.2xlarge figures for its NKI GEMM, 512^3 in 1.3 ms and 1024^3 in 2.3 ms per call
     (neuronx-cc 2.24), through dfmp2's own gemm_kernel traces (B panel resident): launch 0.982 ms, 10.30 GB/s.
-    trn2 reuses them (no published trn2 per-call figure): an assumption.
+    trn2 and trn3 reuse them (no published trn2 or trn3 per-call figure): an assumption.
+
+trn3 (NeuronCore-v4), assumptions on top of AWS's figures: the DMA rate per engine is not published
+for v4, so the model takes v2's 27.2 GB/s x 16 engines per core (AWS gives 128 DMA engines per
+Trainium3 chip, 16 per core when shared evenly), capped by the core's share of the chip's HBM
+bandwidth (4.9 TB/s / 8); the Tensor Engine's column rate follows from its 79 bf16 TFLOPS per core
+(= 2.4 GHz x 128 x 128 x 2, the documented clock); the Vector/Scalar/GpSimd engines run at 1.2 GHz.
 """
 
 from __future__ import annotations
@@ -58,8 +64,9 @@ def _calibration(target: Target, engine_clock_hz: float) -> Calibration:
                        engine_clock_hz=engine_clock_hz, dma_bytes_per_s=DMA_EFFICIENCY * dma_peak)
 
 
-# vector engine clocks: 1.12 GHz (NeuronCore-v2), 0.96 GHz (NeuronCore-v3)
-ENGINE_CLOCK_HZ = {"trn1": 1.12e9, "trn2": 0.96e9}
+# vector engine clocks: 1.12 GHz (NeuronCore-v2), 0.96 GHz (NeuronCore-v3), 1.2 GHz (NeuronCore-v4:
+# Vector, Scalar and GpSimd, AWS's NKI Trainium3 guide)
+ENGINE_CLOCK_HZ = {"trn1": 1.12e9, "trn2": 0.96e9, "trn3": 1.2e9}
 CALIBRATIONS = {name: _calibration(target, ENGINE_CLOCK_HZ[name]) for name, target in TARGETS.items()}
 PARTS = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar")
 

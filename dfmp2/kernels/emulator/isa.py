@@ -236,11 +236,9 @@ def dma_copy(dst, src, oob_mode=None, dge_mode=None, engine=None, name=None, pri
 
 def _dma_options(run, dst, src, mode, eng, priority, what) -> None:
     """dge_mode / engine / priority of a dma_copy, per release and target."""
-    if priority is not None:
-        reason = "0.2 dma_copy has no priority= argument" if not run.api_at_least("0.3") else \
-            "priority= needs NeuronCore-v4 (trn3)"
-        raise NkiConstraintError(f"{what}: {reason}" + _at(run, "D7"))
     mode = _enum(mode, dge_mode, what, "dge_mode")
+    if priority is not None:
+        _dma_priority(run, mode, priority, what)
     if mode is dge_mode.hwdge:
         if run.target.name == "trn1":
             raise NkiConstraintError(f"{what}: hardware DGE (dge_mode=hwdge) needs NeuronCore-v3 or newer, "
@@ -257,7 +255,27 @@ def _dma_options(run, dst, src, mode, eng, priority, what) -> None:
             raise NkiConstraintError(f"{what}: engine={name} is only valid with dge_mode=hwdge" + _at(run, "D7"))
 
 
-_COPY_ENGINES = {"trn1": ("vector", "gpsimd"), "trn2": ("vector", "scalar", "gpsimd")}
+def _dma_priority(run, mode, priority, what) -> None:
+    """priority= (a DMA quality-of-service level, 0 highest to 3): in dma_copy's signature from nki 0.4,
+    on NeuronCore-v4 (trn3) only; 0.4 also refuses it with DGE off (dge_mode=none). It does not
+    change what is copied, and the time model leaves it out."""
+    if not run.api_at_least("0.4"):
+        raise NkiConstraintError(f"{what}: {run.api} dma_copy has no priority= argument (added in 0.4)"
+                                 + _at(run, "D7"))
+    if run.target.name != "trn3":
+        raise NkiConstraintError(f"{what}: priority= needs NeuronCore-v4 (trn3), not {run.target.name}"
+                                 + _at(run, "D7"))
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 3:
+        raise NkiConstraintError(f"{what}: priority={priority!r}: the level is an int 0 to 3" + _at(run, "D7"))
+    if mode is dge_mode.none and run.api == "0.4":
+        raise NkiConstraintError(f"{what}: nki 0.4 supports priority= only with DGE on (not dge_mode=none)"
+                                 + _at(run, "D7"))
+
+
+# tensor_copy engines: NeuronCore-v2 has no Scalar Engine copy; v3 adds it. No page states the v4 set:
+# trn3 takes v3's (the v4 docstrings of tensor_copy add only tensor indirection, not emulated)
+_COPY_ENGINES = {"trn1": ("vector", "gpsimd"), "trn2": ("vector", "scalar", "gpsimd"),
+                 "trn3": ("vector", "scalar", "gpsimd")}
 
 
 def tensor_copy(dst, src, engine=None, name=None):
@@ -383,7 +401,9 @@ def _matmul_operands(run, dst, stationary, moving, what):
         raise NkiConstraintError(f"{what}: stationary free size M={m} exceeds {target.stationary_free_max}"
                                  + _at(run, "MM8"))
     if n > target.moving_free_max:
-        raise NkiConstraintError(f"{what}: moving free size N={n} exceeds {target.moving_free_max}"
+        v4 = (" (NeuronCore-v4's nc_matmul allows up to 4096 for a float32 dst; the emulator keeps one PSUM "
+              "bank per matmul output on trn3 too, the stricter reading)") if target.name == "trn3" else ""
+        raise NkiConstraintError(f"{what}: moving free size N={n} exceeds {target.moving_free_max}{v4}"
                                  + _at(run, "MM9"))
     if dst.shape[0] != m or _per_partition(dst) != n:
         raise NkiConstraintError(f"{what}: dst must be [{m}, {n}]" + _at(run, "MM10"))
@@ -553,7 +573,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if eng == "scalar" and (op0, op1) not in _SCALAR_ENGINE_PAIRS:
         raise NkiConstraintError(
             f"{what}: the Scalar Engine runs only (multiply, add), (multiply, None), (add, None) (documented "
-            "for trn2; applied to trn1 too, the stricter reading)" + _at(run, "TS8"))
+            "for trn2; applied to trn1 and trn3 too, the stricter reading)" + _at(run, "TS8"))
     if op1 is None and operand1 is not None:
         raise NkiConstraintError(f"{what}: operand1 given without op1 (both must be None when unused)"
                                  + _at(run, "TS5"))
