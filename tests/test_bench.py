@@ -145,7 +145,7 @@ def test_kernel_bench_models_every_kernel(kernel, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "MODELLED warm time (a model, not a measurement)" in proc.stdout
     record = json.loads((tmp_path / "k.json").read_text())
-    assert record["kernel"] == kernel and record["nki_api"] == "0.6"
+    assert record["kernel"] == kernel and record["nki_api"] == "0.7" and record["lnc"] == 1
     assert record["modelled"]["seconds"] > record["modelled"]["breakdown"]["launch"] > 0
     assert set(record["modelled"]["breakdown"]) == {"launch", "host_transfer", "tensor_engine", "dma",
                                                     "vector", "scalar", "device"}

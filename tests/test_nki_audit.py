@@ -31,6 +31,14 @@ P = 128
 X = np.random.default_rng(0).standard_normal((P, 8)).astype(np.float32)
 
 
+@pytest.fixture(autouse=True)
+def _kernels_compiled_at_lnc_1(monkeypatch):
+    """Under nki 0.7 (the emulated default on trn2) every kernel must run at neuronx-cc's LNC degree
+    (rule L14), and dfmp2 compiles its kernels at LNC=1 there: these rule tests launch as dfmp2 does.
+    Before 0.7 the setting changes nothing the emulator checks."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+
+
 # ---- helpers (called inside a kernel) ----------------------------------------------------------
 def sb(shape, dtype=nl.float32, fill=1.0, buffer=nl.sbuf):
     """A written on-chip tile (memset to `fill`)."""

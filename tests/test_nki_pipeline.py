@@ -203,15 +203,55 @@ def test_trn1_with_newer_emulated_nki_is_bad_input(api):
         get_backend("trn1", simulate=True, nki_api=api)
 
 
-def test_trn2_with_nki_0_7_is_refused_until_the_kernels_are_valid_under_it():
-    """nki 0.7 (Neuron SDK 2.33) is AWS's release for trn2, and the emulator knows its rules (L14),
-    but dfmp2's kernels mix LNC degrees in one run, which 0.7 refuses (EVRF066): said as such."""
-    from dfmp2.util.errors import InputError
+@pytest.mark.parametrize("api, variable, lnc", [("0.7", None, 1), ("0.7", "1", 1), ("0.6", None, 2), ("0.6", "1", 1)])
+def test_trn2_compiles_every_kernel_at_one_lnc_degree(monkeypatch, api, variable, lnc):
+    """nki 0.7 (Neuron SDK 2.33) checks that every kernel runs at neuronx-cc's LNC degree (EVRF066,
+    rule L14): dfmp2 compiles all of them at LNC=1 there. Under 0.6 the SPMD kernels (trsm, ao2mo,
+    pair energy) span the LNC=2 logical core unless NEURON_LOGICAL_NC_CONFIG=1 says otherwise. The
+    energy is the fp64 CPU run's either way, and the record says the release and the degree."""
+    if variable is None:
+        monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", variable)
+    from dfmp2.kernels.nki_launch import KernelLauncher
+
+    grids, launch = {}, KernelLauncher.launch
+
+    def launch_and_note_grid(self, kernel_name, arrays, useful_flops, host_bytes, grid=1, prefetched=False):
+        grids.setdefault(kernel_name, set()).add(grid)
+        return launch(self, kernel_name, arrays, useful_flops, host_bytes, grid, prefetched)
+
+    monkeypatch.setattr(KernelLauncher, "launch", launch_and_note_grid)
+    mf = mean_field("water")
+    cpu = DFMP2(mf).run()
+    trn = DFMP2(mf, device="trn2", simulate=True, nki_api=api).run()
+    assert abs(trn.e_corr - cpu.e_corr) < FP32_TOL
+    record = trn.result.as_dict()
+    assert (record["nki_api"], record["neuron_sdk"], record["lnc"]) == (api, {"0.6": "2.32", "0.7": "2.33"}[api], lnc)
+    spmd = {"trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"}
+    assert {k: g for k, g in grids.items() if k in spmd} == {k: {lnc} for k in spmd}
+    assert all(g == {1} for k, g in grids.items() if k not in spmd)
+
+
+@pytest.mark.parametrize("api, variable, message", [
+    ("0.7", "2", r"^NEURON_LOGICAL_NC_CONFIG=2 with nki 0\.7 \(Neuron SDK 2\.33\): its compiler wants every kernel "
+                 r"at one LNC degree \(EVRF066\) and dfmp2's kernels run at LNC=1 under it"),
+    ("0.6", "4", r"^NEURON_LOGICAL_NC_CONFIG='4': the Neuron SDK supports an LNC degree of 1 or 2$"),
+])
+def test_an_lnc_setting_the_run_cannot_honour_is_refused(monkeypatch, api, variable, message):
     from dfmp2.kernels import get_backend
 
-    with pytest.raises(InputError, match=r"^device='trn2' with the emulated nki 0\.7: AWS supports it, but dfmp2's "
-                                         r"kernels are not yet valid under its rules"):
-        get_backend("trn2", simulate=True, nki_api="0.7")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", variable)
+    with pytest.raises(InputError, match=message):
+        get_backend("trn2", simulate=True, nki_api=api)
+
+
+def test_trn1_refuses_lnc_2(monkeypatch):
+    from dfmp2.kernels import get_backend
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    with pytest.raises(InputError, match=r"^NEURON_LOGICAL_NC_CONFIG=2 on trn1: trn1 runs LNC=1 only"):
+        get_backend("trn1", simulate=True)
 
 
 @pytest.mark.parametrize("installed, ok", [("0.2", True), ("0.6", False), (None, False)])

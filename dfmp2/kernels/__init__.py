@@ -71,7 +71,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK, or an installed
     nki release AWS does not support on that target). model_only (trn1/trn2 with simulate): each
     kernel shape emulated once (the modelled time of runs too large to emulate in full).
-    nki_api (trn1/trn2 with simulate): the NKI release emulated (default 0.2 trn1, 0.6 trn2).
+    nki_api (trn1/trn2 with simulate): the NKI release emulated (default 0.2 trn1, 0.7 trn2).
     transform (trn1/trn2): the AO->MO transform's arithmetic, "exact" (default: 7-bit slices, 1 uEh)
     or "fp32" (faster, 1e-7 to 1e-3 Eh off on real molecules); cpu and cuda transform in fp64.
     warm_kernels: kernels with a one-time load (a GPU's fused pair epilogue) whatever the run's
@@ -103,8 +103,9 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
     if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
         raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
                          f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")
-    from .emulator import API_VERSIONS, NEWEST_API
-    from .nki_support import NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api, neuron_sdk_missing
+    from .emulator import API_VERSIONS, NEWEST_API, TARGETS
+    from .nki_support import (NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api,
+                              logical_core_degree, neuron_sdk_missing)
 
     if model_only and not simulate:
         raise InputError(f"{option('model_only')} needs {option('simulate')}")
@@ -120,11 +121,12 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
                 f"{option('device', device)} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
                 f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add {option('simulate')} to run the "
                 "same NKI kernels on dfmp2's emulator. Nothing was computed.")
-    note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
-                             installed=not simulate)
+    api = (nki_api or NEWEST_API[device]) if simulate else installed_nki_api()
+    note = check_nki_support(device, api, installed=not simulate)
+    lnc = logical_core_degree(device, api, TARGETS[device].max_lnc)
     from .nki_backend import NkiBackend
 
-    return NkiBackend(device, simulate, model_only, nki_api, transform or "exact",
+    return NkiBackend(device, simulate, model_only, nki_api, transform or "exact", lnc=lnc,
                       notes=[note] if note else [])
 
 

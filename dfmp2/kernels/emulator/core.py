@@ -58,10 +58,9 @@ def round_to_bf16(value: np.ndarray) -> np.ndarray:
 
 # ---- NKI API versions ---------------------------------------------------------------------
 # nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32;
-# 0.7 = SDK 2.33 (released 2026-10-19; its rules: docs/nki-audit.md, L14). dfmp2's kernels do not yet
-# run under 0.7 (nki_support.SUPPORTED_NKI): the emulator knows its rules so that they can be tested.
+# 0.7 = SDK 2.33 (released 2026-10-19; its new rules: docs/nki-audit.md, L11, L14, L15).
 API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6", "0.7")
-NEWEST_API = {"trn1": "0.2", "trn2": "0.6"}  # newest release AWS documents for each target, that dfmp2 runs
+NEWEST_API = {"trn1": "0.2", "trn2": "0.7"}  # newest release AWS documents for each target, that dfmp2 runs
 # neuronx-cc's logical NeuronCore degree unless NEURON_LOGICAL_NC_CONFIG says otherwise: "neuronx-cc
 # defaults to LNC=2 on Trn2 and later" (AWS, compiler error code EVRF066, Neuron 2.33 documentation)
 COMPILER_LNC = {"trn1": 1, "trn2": 2}
@@ -213,6 +212,7 @@ class KernelRun:
         self.trace = Trace()
         self.unrolled = 0  # instructions in the compiled kernel (device-side loop bodies once)
         self._device_loop_repeats = 0  # > 0 inside a later iteration of a device-side loop
+        self._loop_scopes = []  # per open nl.fori_loop body: weak references to its allocations
         self.live = {"sbuf": 0, "psum": 0}  # bytes per partition
         self._last = {"sbuf": None, "psum": None}  # description of the latest allocation
         self._allocated_since_check = False  # releases only lower the live bytes: nothing to check
@@ -249,6 +249,24 @@ class KernelRun:
                 f"{self.name}: more than {INSTRUCTION_LIMIT:,} instructions after unrolling (nki "
                 f"{self.api} unrolls every static loop at trace time; the compiler stops with "
                 f"XTP002): use a device-side loop or launch smaller blocks [L12; {self.target.name}, nki {self.api}]")
+
+    @contextlib.contextmanager
+    def loop_scope(self):
+        """The body of an nl.fori_loop: tensors allocated inside it are closed when it ends (AWS:
+        "Tensors declared inside a body function cannot be referenced outside of the loop")."""
+        self._loop_scopes.append([])
+        try:
+            yield
+        finally:
+            for ref in self._loop_scopes.pop():
+                tile = ref()
+                if tile is not None:
+                    tile.scope_closed = True
+
+    def scoped(self, tile) -> None:
+        """Record an on-chip allocation made inside an open loop body (weakly: it still frees)."""
+        if self._loop_scopes:
+            self._loop_scopes[-1].append(weakref.ref(tile))
 
     @contextlib.contextmanager
     def device_loop_iteration(self, first: bool):
@@ -315,7 +333,7 @@ class Tile:
     """
 
     __slots__ = ("data", "written", "matmul_result", "buffer", "dtype", "_base", "_first_partition",
-                 "__weakref__")
+                 "scope_closed", "__weakref__")
 
     def __init__(self, data, written, matmul_result, buffer: str, base=None, first_partition: int = 0,
                  dtype=None):
@@ -326,6 +344,7 @@ class Tile:
         self.buffer = buffer
         self.dtype = data.dtype if dtype is None else dtype
         self._base = base  # keeps the allocation alive (and accounted) while views exist
+        self.scope_closed = False  # allocated in an nl.fori_loop body that has ended (rule L15)
 
     @property
     def shape(self):
@@ -334,6 +353,11 @@ class Tile:
     @property
     def on_chip(self) -> bool:
         return self.buffer in ("sbuf", "psum")
+
+    @property
+    def out_of_scope(self) -> bool:
+        """True for a tile (or view) allocated inside an nl.fori_loop body that has ended."""
+        return (self._base or self).scope_closed
 
     @property
     def partitions(self) -> tuple:

@@ -109,11 +109,19 @@ def _no_gpsimd_psum(name: str, tiles, what: str, rule: str = "X10") -> None:
         raise NkiConstraintError(f"{what}: the GpSimd Engine cannot access PSUM" + _at(current_run(), rule))
 
 
+def _in_scope(tile: Tile, what: str) -> None:
+    if tile.out_of_scope:
+        raise NkiConstraintError(
+            f"{what}: the {tile.buffer.upper()} tensor {tile.shape} was allocated inside an nl.fori_loop body "
+            "that has ended; tensors declared in a loop body cannot be used outside it" + _at(current_run(), "L15"))
+
+
 def _read(tile: Tile, what: str) -> np.ndarray:
     if not isinstance(tile, Tile):
         raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}")
     if tile.dtype == np.float64:
         raise NkiConstraintError(f"{what}: float64 operand {tile.shape} (no float64 on a NeuronCore) [X12]")
+    _in_scope(tile, what)
     if not tile.written.all():
         missing = int((~tile.written).sum())
         raise NkiConstraintError(
@@ -126,6 +134,7 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
     """dst <- value; a value of another dtype is cast through float32, a bf16 dst rounds (RNE)."""
     if not isinstance(dst, Tile):
         raise NkiConstraintError(f"{what}: dst must be a tile")
+    _in_scope(dst, what)
     data = dst.data
     if value.size != data.size:
         raise NkiConstraintError(f"{what}: writes {value.size} elements into dst {dst.shape}")
@@ -325,6 +334,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NkiConstraintError(
             f"{what}: is_transpose=True writes the input dtype ({stationary.dtype}) to PSUM from NeuronCore-v3; "
             "the emulator's PSUM holds float32 only" + _at(run, "MM14"))
+    _in_scope(dst, what)
     product = _read(stationary, what).astype(np.float32, copy=False).T @ \
         _read(moving, what).astype(np.float32, copy=False)
     done = dst.matmul_result

@@ -2,8 +2,9 @@
 
 The subset dfmp2's kernels use, with the signatures common to NKI 0.2-0.6 (Neuron SDK
 2.28-2.32). Loops: affine/sequential/static ranges are unrolled (0.3+) or traced (0.2) and
-count every iteration's instructions; `dynamic_range` (0.2-0.5) is a device-side loop whose
-body is compiled once.
+count every iteration's instructions (0.7: deprecated, Python `range`, still unrolled);
+`dynamic_range` (0.2-0.6, removed in 0.7) and `fori_loop` (0.6+) are device-side loops whose body is
+compiled once.
 """
 
 from __future__ import annotations
@@ -111,16 +112,47 @@ static_range = affine_range
 
 
 def dynamic_range(start, stop=None, step=1):
-    """A device-side loop (nki 0.2-0.5; 0.6 replaced it by nl.fori_loop): the body is compiled
-    once, so only the first iteration's instructions count toward the instruction limit."""
+    """A device-side loop (nki 0.2-0.6; deprecated in 0.6 for nl.fori_loop, removed in 0.7): the body
+    is compiled once, so only the first iteration's instructions count toward the instruction limit."""
     run = current_run()
-    if run.api_at_least("0.6"):
+    if run.api_at_least("0.7"):
         raise NkiConstraintError(
-            f"{run.name}: nl.dynamic_range does not exist in nki {run.api} (replaced by nl.fori_loop) "
-            f"[L11; {run.target.name}, nki {run.api}]")
+            f"{run.name}: nl.dynamic_range was removed in nki {run.api} (deprecated in 0.6): use "
+            f"nl.fori_loop or nl.while_loop [L11; {run.target.name}, nki {run.api}]")
     for n, value in enumerate(affine_range(start, stop, step)):
         with run.device_loop_iteration(first=n == 0):
             yield value
+
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    """nl.fori_loop (nki 0.6+): body_fun(i) for i in range(lower, upper, step) as a device-side
+    loop, compiled once (only the first iteration's instructions count toward the instruction
+    limit). AWS's rules [L15]: 32-bit bounds, a positive compile-time int step, a body that returns
+    nothing, and tensors allocated in the body are not usable after the loop."""
+    run = current_run()
+    where = f"[L15; {run.target.name}, nki {run.api}]"
+    if not run.api_at_least("0.6"):
+        raise NkiConstraintError(f"{run.name}: nl.fori_loop does not exist in nki {run.api} (new in 0.6; "
+                                 f"use nl.dynamic_range there) {where}")
+    if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+        raise NkiConstraintError(f"{run.name}: nl.fori_loop step {step!r}: it must be a positive compile-time "
+                                 f"int {where}")
+    for name, bound in (("lower", lower), ("upper", upper)):
+        if not isinstance(bound, (int, np.integer)) or isinstance(bound, bool) \
+                or not INT32_MIN <= int(bound) <= INT32_MAX:
+            raise NkiConstraintError(f"{run.name}: nl.fori_loop {name} bound {bound!r}: a bound must be a "
+                                     f"32-bit int (the loop compiles to a compare-and-branch with no "
+                                     f"64-bit form) {where}")
+    with run.loop_scope():
+        for n, value in enumerate(range(int(lower), int(upper), step)):
+            with run.device_loop_iteration(first=n == 0):
+                returned = body_fun(value)
+            if returned is not None:
+                raise NkiConstraintError(f"{run.name}: the nl.fori_loop body returned {type(returned).__name__}; "
+                                         f"a body returns nothing (write results into tensors) {where}")
 
 
 # ---- allocation ------------------------------------------------------------------------
@@ -182,6 +214,7 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
                 f"{run.target.psum_bank_bytes} B PSUM bank (tile_size.psum_fmax = 512 fp32; the stricter "
                 f"reading): use a list of one-bank tiles [L1; {run.target.name}, nki {run.api}]")
         run.allocate(buffer, per_partition, shape, tile)
+        run.scoped(tile)
     return tile
 
 
