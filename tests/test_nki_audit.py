@@ -243,6 +243,14 @@ REFUSALS = [
                                            perf_mode=nisa.matmul_perf_mode.double_row), "it needs fp8 inputs", "MM13"),
     Case("MM13c", lambda x: nisa.nc_matmul(*(mm()), perf_mode="double_row"),
          "is not a nisa.matmul_perf_mode member", "X11"),
+    Case("MM13d", lambda x: nisa.nc_matmul(psum((8, 16)), sb((P, 3, 8), nl.float8_e4m3fn),
+                                           sb((P, 3, 16), nl.float8_e4m3fn),
+                                           perf_mode=nisa.matmul_perf_mode.double_row),
+         "a first free dim that must be 2", "MM13", target="trn3"),
+    Case("MM13e", lambda x: nisa.nc_matmul(psum((8, 16)), sb((64, 2, 8), nl.float8_e4m3fn),
+                                           sb((64, 2, 16), nl.float8_e4m3fn), tile_position=(0, 0),
+                                           tile_size=(64, 128), perf_mode=nisa.matmul_perf_mode.double_row),
+         "does not combine with transpose or tiling mode", "MM13", target="trn3"),
     Case("MM14", lambda x: nisa.nc_matmul(*(mm(s_dtype=nl.bfloat16, m_dtype=nl.bfloat16)), is_transpose=True),
          "is_transpose=True writes the input dtype (bfloat16) to PSUM", "MM14"),
     Case("MM15", lambda x: nisa.nc_matmul(*(mm()), accumulate=False),
@@ -355,6 +363,10 @@ REFUSALS = [
     Case("L6", lambda x: sb((P, 8)).reshape((256, 4)), "would move data across partitions"),
     Case("L10", lambda x: nl.ndarray((P, 8), dtype=nl.float32, buffer="sbuf"), "accepts no string buffer names",
          "L10", api="0.3"),
+    Case("L16", lambda x: nl.ndarray((P, 8), dtype=nl.float8_e4m3fn, buffer=nl.sbuf),
+         "Data type F8E4M3FN is not supported on TRN1/TRN2.", "L16"),
+    Case("L16b", lambda x: nl.ndarray((P, 8), dtype=nl.float8_e4m3fn, buffer=nl.shared_hbm),
+         "Data type F8E4M3FN is not supported on TRN1/TRN2.", "L16", target="trn1"),
 ]
 
 
@@ -421,6 +433,9 @@ LEGAL = [
     Case("MM12", lambda x: _legal_tiled(64, (64, 0), (64, 128)), "", target="trn1"),
     Case("MM12b", lambda x: _legal_tiled(32, (96, 0), (32, 128)), ""),
     Case("MM13", lambda x: nisa.nc_matmul(*(mm()), perf_mode=nisa.matmul_perf_mode.none), ""),
+    Case("MM13b", lambda x: nisa.nc_matmul(psum((8, 16)), sb((P, 2, 8), nl.float8_e4m3fn),
+                                           sb((P, 2, 16), nl.float8_e4m3fn),
+                                           perf_mode=nisa.matmul_perf_mode.double_row), "", target="trn3"),
     Case("MM14", lambda x: nisa.nc_matmul(*(mm(s_dtype=nl.bfloat16, m_dtype=nl.bfloat16)), is_transpose=True), "",
          target="trn1"),
     Case("MM14b", lambda x: nisa.nc_matmul(*(mm()), is_transpose=True), ""),
@@ -443,6 +458,7 @@ LEGAL = [
     Case("RC3", lambda x: nisa.reciprocal(dst=sb((P, 8), nl.int32), data=sb((P, 8), nl.int8, fill=1)), ""),
     Case("L1", lambda x: psum((P, 512)), ""),
     Case("L10", lambda x: nl.ndarray((P, 8), dtype=nl.float32, buffer="sbuf"), "", target="trn1"),
+    Case("L16", lambda x: sb((P, 8), nl.float8_e4m3fn), "", target="trn3"),
 ]
 
 

@@ -133,7 +133,7 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
 def device_report() -> dict:
     """Which devices can run on this machine: {device: (usable, detail)}."""
     from .emulator import NEWEST_API
-    from .nki_support import SUPPORTED_NKI, installed_nki_api, neuron_sdk_missing
+    from .nki_support import SUPPORTED_NKI, installed_nki_api, neuron_sdk_missing, release_name
     from .torch_backend import cpu_description, cuda_available, cuda_description
 
     report = {"cpu": (True, cpu_description())}
@@ -142,11 +142,11 @@ def device_report() -> dict:
     missing = neuron_sdk_missing()
     api = installed_nki_api()
     for trn in TRAINIUM:
-        emulated = f"--simulate emulates nki {NEWEST_API[trn]} rules by default"
+        emulated = f"--simulate emulates {release_name(NEWEST_API[trn])} rules by default"
         if missing:
             report[trn] = (False, f"Neuron SDK missing ({', '.join(missing)}); {emulated}")
         elif api in SUPPORTED_NKI[trn]:
-            report[trn] = (True, f"Neuron SDK found, nki {api} (supported on {trn}; hardware presence "
+            report[trn] = (True, f"Neuron SDK found, {release_name(api)} (supported on {trn}; hardware presence "
                                  "is checked when the device is used)")
         else:
             report[trn] = (False, f"Neuron SDK found, but nki {api} is not supported on {trn} by AWS "

@@ -18,8 +18,10 @@ and wants a memset value of the tile's dtype; 0.6 adds the device-side `nl.fori_
 deprecates `nl.dynamic_range`); 0.7 (Neuron SDK 2.33) removes `nl.dynamic_range` and launches every
 kernel at neuronx-cc's LNC degree (`compiler_lnc`; error EVRF066). No release may DMA out of PSUM (the stricter
 reading of 0.2's docs). nl.bfloat16 tiles hold float32 values rounded to bf16 (RNE) on every
-write. New on-chip and output memory is NaN-filled and tracked, so reading unwritten memory or
-returning a partly written output raises NkiConstraintError. Every call leaves a trace
+write; nl.float8_e4m3fn tiles (trn3 only: neuronx-cc's EVRF051 on trn1/trn2) likewise hold
+float32 values rounded to e4m3fn (RNE, overflow NaN), and nc_matmul takes them (with
+perf_mode=double_row too). New on-chip and output memory is NaN-filled and tracked, so reading
+unwritten memory or returning a partly written output raises NkiConstraintError. Every call leaves a trace
 (matmuls, DMA bytes, vector work) from which a *modelled* trn1/trn2 time is derived.
 
 What it cannot tell: real timing (the model assumes perfect overlap and no launch cost),
@@ -61,8 +63,8 @@ _config = _Config()
 
 @contextlib.contextmanager
 def target(name: str, api: str | None = None, lnc: int | None = None):
-    """Run emulated kernels with the limits of `name` ('trn1' or 'trn2') under the rules of NKI
-    API `api` ('0.2' ... '0.7'; None: the newest AWS documents for that target), compiled at
+    """Run emulated kernels with the limits of `name` ('trn1', 'trn2'; 'trn3' for fp8) under the
+    rules of NKI API `api` ('0.2' ... '0.7'; None: the newest AWS documents for that target), compiled at
     neuronx-cc's LNC degree `lnc` (None: NEURON_LOGICAL_NC_CONFIG, else the target's default)."""
     if name not in TARGETS:
         raise ValueError(f"unknown NeuronCore target {name!r}")

@@ -56,6 +56,53 @@ def round_to_bf16(value: np.ndarray) -> np.ndarray:
     return out
 
 
+class Float8E4M3FN:
+    """The dtype `nl.float8_e4m3fn` (OCP FP8 E4M3FN: 1 sign, 4 exponent bits of bias 7, 3 mantissa
+    bits; no infinity, NaN = S.1111.111, largest finite +-448, smallest subnormal 2^-9). Native on
+    NeuronCore-v4 (trn3) only: neuronx-cc refuses it on trn1/trn2 (error EVRF051), so the emulator
+    allows it on targets in FP8_E4M3FN_TARGETS only (rule L16). Like BFloat16, an fp8 tile keeps
+    its values in a float32 array and every write rounds (`round_to_fp8_e4m3fn`); 1 byte per
+    element. Every integer of magnitude <= 16 is exact (4 significant bits)."""
+
+    name = "float8_e4m3fn"
+    kind = "f"
+    itemsize = 1
+    storage = np.dtype(np.float32)
+    max_finite = 448.0
+
+    def __repr__(self):
+        return "float8_e4m3fn"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return "FLOAT8_E4M3FN"
+
+
+FLOAT8_E4M3FN = Float8E4M3FN()
+FP8_E4M3FN_TARGETS = ("trn3",)  # NeuronCore-v4 and later (EVRF051: not on TRN1/TRN2)
+
+
+def round_to_fp8_e4m3fn(value: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest float8_e4m3fn value, ties to even, returned as float32.
+
+    Overflow (a value that rounds above 448, i.e. |x| > 464; +-inf) and NaN give NaN: the OCP
+    format has no infinity and the emulator takes the non-saturating conversion of the OCP spec
+    (the stricter choice: an overflowing kernel is poisoned, not silently clamped to 448; AWS does
+    not document which one the NeuronCore uses; torch's cast saturates instead). Subnormals
+    (multiples of 2^-9 below 2^-6) are kept; the sign of zero is kept.
+    """
+    x = np.asarray(value, dtype=np.float32).astype(np.float64)
+    size = np.abs(x)
+    finite = np.isfinite(size)
+    _, exp2 = np.frexp(np.where(finite & (size > 0), size, 1.0))  # size = f 2^exp2, f in [0.5, 1)
+    quantum = np.exp2(np.maximum(exp2 - 1, -6) - 3)  # 3 mantissa bits; subnormal grid 2^-9
+    rounded = np.rint(np.where(finite, size, 0.0) / quantum) * quantum  # exact scaling; rint is RNE
+    out = np.copysign(rounded, x)
+    out = np.where(finite & (rounded <= Float8E4M3FN.max_finite), out, np.nan)
+    return out.astype(np.float32)
+
+
 # ---- NKI API versions ---------------------------------------------------------------------
 # nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32;
 # 0.7 = SDK 2.33 (released 2026-10-19; its new rules: docs/nki-audit.md, L11, L14, L15).
@@ -112,6 +159,13 @@ TARGETS = {
                    hbm_gb_per_s_per_core=2900.0 / 8, cores_per_chip=8, max_lnc=2,
                    vector_gelem_per_s=128 * 1.4),
 }
+# trn3 (NeuronCore-v4): a minimal entry for the fp8 experiment (benchmarks/bench_fp8_slices.py);
+# figures from AWS's Trainium3 architecture guide (docs/trainium.md). A fuller trn3 target is added separately.
+TARGETS["trn3"] = Target("trn3", sbuf_bytes_per_partition=256 * 1024, fp32_tflops=20.0, bf16_tflops=79.0,
+                         hbm_gb_per_s_per_core=4900.0 / 8, cores_per_chip=8, max_lnc=2,
+                         vector_gelem_per_s=128 * 1.2)
+NEWEST_API["trn3"] = "0.6"
+COMPILER_LNC["trn3"] = 2
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import BFLOAT16, NkiConstraintError, Tile, current_run
+from .core import BFLOAT16, FLOAT8_E4M3FN, FP8_E4M3FN_TARGETS, NkiConstraintError, Tile, current_run
 
 
 # ---- buffers ---------------------------------------------------------------------------
@@ -34,6 +34,7 @@ _BUFFERS = {"sbuf": sbuf, "psum": psum, "shared_hbm": shared_hbm, "private_hbm":
 float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
 bfloat16 = BFLOAT16  # values held in float32 arrays, every write rounded to bf16 (RNE)
+float8_e4m3fn = FLOAT8_E4M3FN  # OCP fp8, trn3 only (L16); float32 arrays, every write rounded (RNE, overflow NaN)
 int32 = np.dtype(np.int32)
 uint32 = np.dtype(np.uint32)
 int16 = np.dtype(np.int16)
@@ -41,8 +42,9 @@ uint16 = np.dtype(np.uint16)
 int8 = np.dtype(np.int8)
 uint8 = np.dtype(np.uint8)
 bool_ = np.dtype(np.bool_)
-# the emulated part of AWS's dtype table (fp8 and tfloat32 are not emulated)
-DTYPES = (float32, float16, bfloat16, int32, uint32, int16, uint16, int8, uint8, bool_)
+# the emulated part of AWS's dtype table (the other fp8 formats, the packed x4 types and tfloat32 are not
+# emulated; float8_e4m3fn only on NeuronCore-v4, rule L16)
+DTYPES = (float32, float16, bfloat16, float8_e4m3fn, int32, uint32, int16, uint16, int8, uint8, bool_)
 
 
 class tile_size:  # noqa: N801 - the NKI name
@@ -156,8 +158,14 @@ def fori_loop(lower, upper, body_fun, step=1):
 
 
 # ---- allocation ------------------------------------------------------------------------
-def _check_dtype(dtype, what):
+def _check_dtype(dtype, what, run=None):
     if dtype is BFLOAT16:
+        return dtype
+    if dtype is FLOAT8_E4M3FN:
+        if run is not None and run.target.name not in FP8_E4M3FN_TARGETS:
+            raise NkiConstraintError(
+                f"{what}: Data type F8E4M3FN is not supported on TRN1/TRN2. (neuronx-cc error EVRF051: "
+                f"float8_e4m3fn is native on NeuronCore-v4 (trn3) and later) [L16; {run.target.name}, nki {run.api}]")
         return dtype
     try:
         dtype = np.dtype(dtype)
@@ -187,10 +195,10 @@ def _buffer(buffer, run):
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     """Uninitialised tensor: on-chip memory is NaN-filled and marked unwritten."""
     shape = tuple(int(n) for n in shape)
-    dtype = _check_dtype(dtype, f"nl.ndarray{shape}")
+    run = current_run(check=False)
+    dtype = _check_dtype(dtype, f"nl.ndarray{shape}", run)
     if any(n <= 0 for n in shape):
         raise NkiConstraintError(f"nl.ndarray: empty shape {shape}")
-    run = current_run(check=False)
     buffer = _buffer(buffer, run)
     storage = getattr(dtype, "storage", dtype)
     data = np.full(shape, np.nan, dtype=storage) if dtype.kind == "f" else np.full(shape, 4, dtype=storage)
