@@ -1,50 +1,141 @@
-"""The whole job on Trainium as a calibrated MODEL (not a measurement: no Trainium hardware has
-run dfmp2), beside the host-SCF alternative, with the energy envelope against the fp64 host run.
+"""The whole job on Trainium as a Trainium user waits for it: host seconds MEASURED here (on a quiet
+machine, at 1 and 2 host cores) + device seconds from the calibrated MODEL (no Trainium hardware
+has run dfmp2), beside the host-SCF alternative, with the energies against the fp64 host run.
 
     python benchmarks/bench_trainium_whole_job.py examples/benzene.xyz --basis cc-pvtz --json
 
-For one molecule, three runs of dfmp2 in this process:
-  host        --device cpu (fp64; the energies the Trainium runs are compared with);
-  nki builds  --device trn1 --simulate --model-only: the SCF's J/K builds and the MP2 kernels
-              on the emulator (each kernel shape emulated once, repeats by host reference math);
-  host SCF    the same with --scf-backend pyscf: PySCF's builds on the host, MP2 kernels on trn1.
-The whole job per target is then: host seconds (measured here: PySCF's SCF driver, numint, the
-integrals, the fp64 whitening, the MP2 step's host parts) + modelled device seconds (calibrated
-MODEL of every kernel launch and host <-> device transfer, including B's one upload). Emulation
-wall time is not a device time and is left out. Writes benchmarks/results/trainium_whole_job_*.json.
+For one molecule, in this process (`dfmp2.run_xyz`, what `dfmp2 run` calls):
+  host fp64     --device cpu: the reference energies (timed once, 2 cores);
+  trn           --device trn2 --simulate --model-only (nki 0.7, the default trn path): dfmp2's SCF
+                builds and MP2 kernels on the emulator;
+  trn host SCF  the same with --scf-backend pyscf: PySCF's J/K builds on the host, MP2 kernels on trn2.
+Every kernel launch is timed as it runs (emulation, or model-only's host reference math): that wall
+time is not the device's and is taken out; what is left is the host's (PySCF's integrals and SCF
+driver, the fp64 whitening, the exact products' operand slicing, the MP2 step's host parts), which
+a Trainium instance's CPUs run too. The first run of each trn kind emulates every kernel shape (a
+discarded warm-up, whose traces later runs reuse); the timed runs then cost the host part plus the
+reference math only. Timed runs: the trn kind at 2 and 1 host threads (BLAS, OpenMP, torch, PySCF),
+the host-SCF kind at 2 threads; the harness refuses a run during which other processes used more
+than 5% of a core.
+
+Host seconds per core count are measured; at a Trainium instance's host cores they are an
+ESTIMATE: Amdahl's law fitted to the 1- and 2-thread runs (t(n) = serial + parallel / n), evaluated
+at the physical cores of trn1.2xlarge (8 vCPUs), trn1.32xlarge (128) and trn2.48xlarge (192), assuming
+2 vCPUs per physical core, this machine's per-core speed, and perfect scaling of the parallel part
+(an optimistic bound: memory bandwidth, NUMA and PySCF's own scaling are not modelled).
+Writes benchmarks/results/trainium_whole_job_<molecule>_<basis>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import sys
 import time
 
-from dfmp2.api.driver import run_xyz
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import Harness, main_guard  # noqa: E402
+
+from dfmp2.api.driver import run_xyz  # noqa: E402
+from dfmp2.kernels import nki_launch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TARGETS = ("trn1", "trn2", "trn3")
+DEVICE = "trn2"  # the emulated target (nki 0.7, LNC=1); the MODEL is given for every target from its traces
+# host vCPUs of Trainium instances (AWS's Trn1/Trn2 architecture pages; docs/hardware-facts.md)
+INSTANCE_VCPUS = {"trn1.2xlarge": 8, "trn1.32xlarge": 128, "trn2.48xlarge": 192}
+VCPUS_PER_CORE = 2  # an assumption: EC2 vCPUs are hardware threads, two per physical core
+# timer steps -> the kernels launched inside them (their emulation wall time is not the host's)
+STEP_KERNELS = {"scf": ("fitted_jk_kernel", "exact_matmul_kernel"), "transform": ("ao2mo_kernel",),
+                "whiten": ("trsm_kernel", "gemm_kernel", "syrk_kernel"), "pair_energies": ("pair_energy_kernel",)}
 
 
-def breakdown(record, wall):
-    """Host seconds measured and device seconds modelled, per target, of one simulated run."""
+class LaunchClock:
+    """Wall seconds spent inside KernelLauncher.launch, per kernel (emulation or reference math:
+    stand-ins for the device), and one trace cache shared by every launcher of this process."""
+
+    def __init__(self):
+        self.seconds = collections.Counter()
+        self.traces = {}
+        launch, init = nki_launch.KernelLauncher.launch, nki_launch.KernelLauncher.__init__
+        clock = self
+
+        def timed_launch(launcher, kernel_name, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return launch(launcher, kernel_name, *args, **kwargs)
+            finally:
+                clock.seconds[kernel_name] += time.perf_counter() - start
+
+        def shared_cache_init(launcher, *args, **kwargs):
+            init(launcher, *args, **kwargs)
+            launcher._trace_cache = clock.traces  # a kernel's trace depends only on its shapes
+
+        nki_launch.KernelLauncher.launch = timed_launch
+        nki_launch.KernelLauncher.__init__ = shared_cache_init
+
+    def reset(self):
+        self.seconds.clear()
+
+
+def threads(count):
+    """Limit BLAS, OpenMP (libcint), torch and PySCF to `count` threads -> a restore function."""
+    import torch
+    from pyscf import lib
+    from threadpoolctl import threadpool_limits
+
+    before_torch, before_pyscf = torch.get_num_threads(), lib.num_threads()
+    limits = threadpool_limits(limits=count)
+    torch.set_num_threads(count)
+    lib.num_threads(count)
+
+    def restore():
+        limits.restore_original_limits()
+        torch.set_num_threads(before_torch)
+        lib.num_threads(before_pyscf)
+
+    return restore
+
+
+def trn_run(molecule, basis, clock, thread_count, **options):
+    """One model-only trn run -> (record, wall seconds, launch seconds per kernel)."""
+    clock.reset()
+    restore = threads(thread_count)
+    try:
+        start = time.perf_counter()
+        record = run_xyz(molecule, basis=basis, device=DEVICE, simulate=True, model_only=True, **options).as_dict()
+        wall = time.perf_counter() - start
+    finally:
+        restore()
+    return record, wall, dict(clock.seconds)
+
+
+def breakdown(record, wall, launches):
+    """Host seconds (wall minus the launches' emulation) in all and per step, and the device MODEL
+    per target: SCF builds, MP2 kernels and transfers."""
     timings = record["timings"]
+    emulated = sum(launches.values())
+    host_steps = {step: round(timings[step] - sum(launches.get(k, 0.0) for k in STEP_KERNELS.get(step, ())), 3)
+                  for step in timings if step != "mp2"}  # 'mp2' is the sum of its steps
     builds = record.get("scf_builds") or {}
-    build_wall = sum(builds.get("build_seconds", []))  # emulation of the builds: not a device time
-    host_scf = timings["scf"] - build_wall  # PySCF's driver, numint, guess, integrals and whitening
-    host_mp2 = sum(timings.get(k, 0.0) for k in ("integrals", "metric"))  # (mn|P) by libcint, (P|Q)
-    out = {"host_scf_seconds": round(host_scf, 3), "host_mp2_seconds": round(host_mp2, 3),
-           "scf_build_wall_seconds_emulated": round(build_wall, 3), "emulation_wall_seconds": round(wall, 1)}
-    for target in TARGETS:
-        model = record["modelled"][target]
+    out = {"host_seconds": round(wall - emulated, 3), "host_seconds_by_step": host_steps,
+           "emulation_wall_seconds": round(emulated, 2), "scf_iterations": record["scf_iterations"],
+           "scf_setup_seconds": builds.get("setup_seconds")}
+    for target, model in record["modelled"].items():
         scf_model = sum(builds.get("modelled_build_seconds", {}).get(target, []))
-        device_other = model["seconds"] - scf_model  # MP2 kernels and all transfers (B's upload included)
         out[target] = {"scf_builds_model_seconds": round(scf_model, 4),
-                       "mp2_and_transfers_model_seconds": round(device_other, 4),
-                       "whole_job_seconds": round(host_scf + host_mp2 + scf_model + device_other, 3),
+                       "mp2_and_transfers_model_seconds": round(model["seconds"] - scf_model, 4),
+                       "device_model_seconds": round(model["seconds"], 4),
                        "by_step": {step: round(v["seconds"], 4) for step, v in model["seconds_by_step"].items()}}
     return out
+
+
+def amdahl(one, two):
+    """t(n) = serial + parallel / n through t(1) = one and t(2) = two."""
+    parallel = max(0.0, 2.0 * (one - two))
+    return one - parallel, parallel
 
 
 def main(argv=None):
@@ -53,36 +144,64 @@ def main(argv=None):
     parser.add_argument("--basis", default="cc-pvdz")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/trainium_whole_job_*.json")
     args = parser.parse_args(argv)
-    runs = {}
-    for name, options in (("host", {}),
-                          ("nki_builds", dict(device="trn1", simulate=True, model_only=True)),
-                          ("host_scf", dict(device="trn1", simulate=True, model_only=True, scf_backend="pyscf"))):
-        start = time.perf_counter()
-        runs[name] = (run_xyz(args.molecule, basis=args.basis, **options).as_dict(), time.perf_counter() - start)
-    host = runs["host"][0]
-    report = {"molecule": host["formula"], "basis": args.basis, "nbasis": host["nbasis"],
-              "note": "host seconds measured on this machine; device seconds a calibrated MODEL, not a measurement",
-              "host_fp64": {"e_tot": host["e_tot"], "e_hf": host["e_hf"], "wall_seconds": round(runs["host"][1], 2),
-                            "timings": host["timings"]}}
-    for name in ("nki_builds", "host_scf"):
-        record, wall = runs[name]
-        report[name] = {"e_tot_minus_host": record["e_tot"] - host["e_tot"],
-                        "e_hf_minus_host": record["e_hf"] - host["e_hf"],
-                        "scf_backend": record["scf_backend"], "scf_iterations": record["scf_iterations"],
-                        "scf_builds": {k: v for k, v in (record.get("scf_builds") or {}).items()
-                                       if k not in ("build_seconds", "modelled_build_seconds")},
-                        **breakdown(record, wall)}
-    for target in TARGETS:
-        ours, theirs = report["nki_builds"][target], report["host_scf"][target]
-        report[f"host_scf_over_nki_builds_{target}"] = round(theirs["whole_job_seconds"] / ours["whole_job_seconds"], 2)
-    print(json.dumps(report, indent=1))
+    clock = LaunchClock()
+    harness = Harness(rounds=1, warmup=0, blas_settings={})
+    harness.wait_for_quiet()
+    start = time.perf_counter()
+    host = run_xyz(args.molecule, basis=args.basis).as_dict()
+    host_wall = time.perf_counter() - start
+    kinds = {"trn": {}, "trn_host_scf": {"scf_backend": "pyscf"}}
+    for options in kinds.values():  # warm-up: every kernel shape emulated once (traces kept)
+        trn_run(args.molecule, args.basis, clock, 2, **options)
+    measured = {}
+    for name, thread_count in (("trn", 2), ("trn", 1), ("trn_host_scf", 2)):
+        key = f"{name}@{thread_count}"
+        run = harness.measure(key, 1, lambda: (None, trn_run(args.molecule, args.basis, clock, thread_count,
+                                                             **kinds[name])))
+        measured[key] = run.payload
+        print(f"{key}: wall {run.seconds:.1f} s, emulation {sum(run.payload[2].values()):.1f} s", flush=True)
+    report = {"molecule": host["formula"], "basis": args.basis, "nbasis": host["nbasis"], "emulated_device": DEVICE,
+              "nki_api": measured["trn@2"][0].get("nki_api"), "lnc": measured["trn@2"][0].get("lnc"),
+              "note": ("host seconds MEASURED on this machine (quiet, 1 and 2 threads); device seconds a calibrated "
+                       "MODEL, not a measurement; host seconds at an instance's cores an ESTIMATE (Amdahl, see "
+                       "instance_estimate)"),
+              "environment": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+                                                            "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")},
+              "host_fp64": {"e_tot": host["e_tot"], "e_hf": host["e_hf"], "wall_seconds": round(host_wall, 2),
+                            "scf_iterations": host["scf_iterations"], "timings": host["timings"]}}
+    for key, (record, wall, launches) in measured.items():
+        report[key] = {"e_tot_minus_host": record["e_tot"] - host["e_tot"],
+                       "e_hf_minus_host": record["e_hf"] - host["e_hf"], "scf_backend": record["scf_backend"],
+                       "wall_seconds": round(wall, 2), **breakdown(record, wall, launches)}
+    serial, parallel = amdahl(report["trn@1"]["host_seconds"], report["trn@2"]["host_seconds"])
+    report["instance_estimate"] = {
+        "note": ("ESTIMATE, not a measurement: Amdahl's law through the trn run's host seconds at 1 and 2 threads "
+                 f"here; {VCPUS_PER_CORE} vCPUs per physical core assumed, this machine's per-core speed, the "
+                 "parallel part scaling perfectly (an optimistic bound)"),
+        "serial_seconds": round(serial, 3), "parallel_seconds": round(parallel, 3),
+        "parallel_fraction": round(parallel / (serial + parallel), 3) if serial + parallel else None,
+        "instances": {}}
+    for instance, vcpus in INSTANCE_VCPUS.items():
+        cores = vcpus // VCPUS_PER_CORE
+        host_at = serial + parallel / cores
+        report["instance_estimate"]["instances"][instance] = {
+            "physical_cores_assumed": cores, "host_seconds": round(host_at, 3),
+            "whole_job_seconds": {target: round(host_at + report["trn@2"][target]["device_model_seconds"], 3)
+                                  for target in measured["trn@2"][0]["modelled"]}}
+    for target in measured["trn@2"][0]["modelled"]:
+        device = report["trn@2"][target]["device_model_seconds"]
+        host_seconds = report["trn@2"]["host_seconds"]
+        report[f"whole_job_2_cores_{target}"] = {
+            "seconds": round(host_seconds + device, 3), "device_share": round(device / (host_seconds + device), 4),
+            "host_scf_alternative_seconds": round(report["trn_host_scf@2"]["host_seconds"]
+                                                  + report["trn_host_scf@2"][target]["device_model_seconds"], 3)}
+    print(json.dumps({k: v for k, v in report.items() if k.startswith(("whole_job", "instance"))}, indent=1))
     if args.json:
         stem = os.path.splitext(os.path.basename(args.molecule))[0]
         path = os.path.join(HERE, "results", f"trainium_whole_job_{stem}_{args.basis.replace('-', '')}.json")
-        with open(path, "w") as f:
-            json.dump(report, f, indent=1)
+        harness.write(path, report)
         print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)

@@ -142,7 +142,7 @@ def test_trn3_model_constants_follow_the_documented_neuroncore_v4_figures():
     assert 16 * 27.2 < 4900 / 8 == TARGETS["trn3"].hbm_gb_per_s_per_core
     assert cal.launch_s == CALIBRATIONS["trn1"].launch_s  # reused from trn1: an assumption
     record = run_kernel_bench("gemm", 128, "trn3", simulate=True)
-    assert record["device"] == "trn3" and record["nki_api"] == "0.6" and record["modelled"]["seconds"] > 0
+    assert record["device"] == "trn3" and record["nki_api"] == "0.7" and record["modelled"]["seconds"] > 0
     assert "not a measurement" in record["modelled_note"]
 
 
@@ -165,7 +165,7 @@ def test_kernel_bench_models_every_kernel(kernel, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "MODELLED warm time (a model, not a measurement)" in proc.stdout
     record = json.loads((tmp_path / "k.json").read_text())
-    assert record["kernel"] == kernel and record["nki_api"] == "0.6"
+    assert record["kernel"] == kernel and record["nki_api"] == "0.7" and record["lnc"] == 1
     assert record["modelled"]["seconds"] > record["modelled"]["breakdown"]["launch"] > 0
     assert set(record["modelled"]["breakdown"]) == {"launch", "host_transfer", "tensor_engine", "dma",
                                                     "vector", "scalar", "device"}

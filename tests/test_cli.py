@@ -491,7 +491,7 @@ def test_simulated_trainium_run(runs, target):
     assert shapes["fitted_jk_kernel"] == 1 and shapes["exact_matmul_kernel"] <= 3
     assert set(trn["modelled_seconds"]) == {"trn1", "trn2", "trn3"} and min(trn["modelled_seconds"].values()) > 0
     # the emulated NKI release (the newest AWS documents for the target) and the calibrated model
-    assert trn["nki_api"] == {"trn1": "0.2", "trn2": "0.6", "trn3": "0.6"}[target] and trn["notes"] == []
+    assert trn["nki_api"] == {"trn1": "0.2", "trn2": "0.7", "trn3": "0.7"}[target] and trn["notes"] == []
     for model in trn["modelled"].values():
         assert model["launches"] == sum(n for k, n in trn["kernels"].items() if k.endswith("_kernel"))
         assert model["seconds"] > model["breakdown"]["launch"] > 0

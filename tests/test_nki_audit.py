@@ -31,6 +31,14 @@ P = 128
 X = np.random.default_rng(0).standard_normal((P, 8)).astype(np.float32)
 
 
+@pytest.fixture(autouse=True)
+def _kernels_compiled_at_lnc_1(monkeypatch):
+    """Under nki 0.7 (the emulated default on trn2) every kernel must run at neuronx-cc's LNC degree
+    (rule L14), and dfmp2 compiles its kernels at LNC=1 there: these rule tests launch as dfmp2 does.
+    Before 0.7 the setting changes nothing the emulator checks."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+
+
 # ---- helpers (called inside a kernel) ----------------------------------------------------------
 def sb(shape, dtype=nl.float32, fill=1.0, buffer=nl.sbuf):
     """A written on-chip tile (memset to `fill`)."""
@@ -243,6 +251,14 @@ REFUSALS = [
                                            perf_mode=nisa.matmul_perf_mode.double_row), "it needs fp8 inputs", "MM13"),
     Case("MM13c", lambda x: nisa.nc_matmul(*(mm()), perf_mode="double_row"),
          "is not a nisa.matmul_perf_mode member", "X11"),
+    Case("MM13d", lambda x: nisa.nc_matmul(psum((8, 16)), sb((P, 3, 8), nl.float8_e4m3fn),
+                                           sb((P, 3, 16), nl.float8_e4m3fn),
+                                           perf_mode=nisa.matmul_perf_mode.double_row),
+         "a first free dim that must be 2", "MM13", target="trn3"),
+    Case("MM13e", lambda x: nisa.nc_matmul(psum((8, 16)), sb((64, 2, 8), nl.float8_e4m3fn),
+                                           sb((64, 2, 16), nl.float8_e4m3fn), tile_position=(0, 0),
+                                           tile_size=(64, 128), perf_mode=nisa.matmul_perf_mode.double_row),
+         "does not combine with transpose or tiling mode", "MM13", target="trn3"),
     Case("MM14", lambda x: nisa.nc_matmul(*(mm(s_dtype=nl.bfloat16, m_dtype=nl.bfloat16)), is_transpose=True),
          "is_transpose=True writes the input dtype (bfloat16) to PSUM", "MM14"),
     Case("MM15", lambda x: nisa.nc_matmul(*(mm()), accumulate=False),
@@ -355,6 +371,10 @@ REFUSALS = [
     Case("L6", lambda x: sb((P, 8)).reshape((256, 4)), "would move data across partitions"),
     Case("L10", lambda x: nl.ndarray((P, 8), dtype=nl.float32, buffer="sbuf"), "accepts no string buffer names",
          "L10", api="0.3"),
+    Case("L16", lambda x: nl.ndarray((P, 8), dtype=nl.float8_e4m3fn, buffer=nl.sbuf),
+         "Data type F8E4M3FN is not supported on TRN1/TRN2.", "L16"),
+    Case("L16b", lambda x: nl.ndarray((P, 8), dtype=nl.float8_e4m3fn, buffer=nl.shared_hbm),
+         "Data type F8E4M3FN is not supported on TRN1/TRN2.", "L16", target="trn1"),
 ]
 
 
@@ -425,6 +445,9 @@ LEGAL = [
     Case("MM12", lambda x: _legal_tiled(64, (64, 0), (64, 128)), "", target="trn1"),
     Case("MM12b", lambda x: _legal_tiled(32, (96, 0), (32, 128)), ""),
     Case("MM13", lambda x: nisa.nc_matmul(*(mm()), perf_mode=nisa.matmul_perf_mode.none), ""),
+    Case("MM13b", lambda x: nisa.nc_matmul(psum((8, 16)), sb((P, 2, 8), nl.float8_e4m3fn),
+                                           sb((P, 2, 16), nl.float8_e4m3fn),
+                                           perf_mode=nisa.matmul_perf_mode.double_row), "", target="trn3"),
     Case("MM14", lambda x: nisa.nc_matmul(*(mm(s_dtype=nl.bfloat16, m_dtype=nl.bfloat16)), is_transpose=True), "",
          target="trn1"),
     Case("MM14b", lambda x: nisa.nc_matmul(*(mm()), is_transpose=True), ""),
@@ -447,6 +470,7 @@ LEGAL = [
     Case("RC3", lambda x: nisa.reciprocal(dst=sb((P, 8), nl.int32), data=sb((P, 8), nl.int8, fill=1)), ""),
     Case("L1", lambda x: psum((P, 512)), ""),
     Case("L10", lambda x: nl.ndarray((P, 8), dtype=nl.float32, buffer="sbuf"), "", target="trn1"),
+    Case("L16", lambda x: sb((P, 8), nl.float8_e4m3fn), "", target="trn3"),
 ]
 
 
@@ -457,9 +481,10 @@ def test_legal_twin_runs(case):
 
 
 # trn3 (NeuronCore-v4) takes trn2's (NeuronCore-v3) rules where no v4 difference is documented; the
-# documented ones among the emulated instructions: dma_copy's priority= (D7, its own cases above) and
-# nc_matmul's moving free size up to 4096 (MM9, kept at 512 on trn3: test_nki_limits)
-TRN2_ONLY = {"D7c"}  # priority= is refused on trn2 and legal on trn3
+# documented ones among the emulated instructions: dma_copy's priority= (D7, its own cases above),
+# float8_e4m3fn (L16: native on v4 only; tests/test_nki_fp8.py) and nc_matmul's moving free size up to
+# 4096 (MM9, kept at 512 on trn3: test_nki_limits)
+TRN2_ONLY = {"D7c", "L16"}  # refused on trn2, legal on trn3
 
 
 @pytest.mark.parametrize("case", [c for c in REFUSALS if c.target == "trn2" and c.id not in TRN2_ONLY],

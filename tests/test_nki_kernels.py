@@ -1,7 +1,7 @@
 """NKI kernels on the emulator, through the NKI backend (padding, chunking, bucketing), against
 fp64 references: every size in SIZES in each dimension on trn1 limits under nki 0.2 rules
-(Neuron SDK 2.28) and trn2 limits under 0.6 rules, and every kernel at one size under all four
-(target, release) pairs, 0.3 on trn1 (disputed) and 0.2 on trn2 included; relative error <= 1e-5."""
+(Neuron SDK 2.28) and trn2 limits under 0.6 rules, and every kernel at one size under all five
+(target, release) pairs, 0.3 on trn1 (disputed), 0.2 on trn2 and 0.7 (every kernel at LNC=1) included; relative error <= 1e-5."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from dfmp2.kernels.nki_launch import pair_blocks
 
 SIZES = [1, 7, 127, 128, 129, 300, 513, 1100]
 TARGETS = [("trn1", "0.2"), ("trn2", "0.6")]  # both targets, both rule sets (0.2 and 0.3+)
-ALL_PAIRS = [("trn1", "0.2"), ("trn1", "0.3"), ("trn2", "0.2"), ("trn2", "0.6")]
+ALL_PAIRS = [("trn1", "0.2"), ("trn1", "0.3"), ("trn2", "0.2"), ("trn2", "0.6"), ("trn2", "0.7")]
 REL_TOL = 1e-5
 
 
@@ -250,14 +250,14 @@ def test_pair_energy_streams_b_j_for_any_size():
 
 
 def test_pair_energy_splits_over_both_cores_of_a_trn2_logical_core():
-    """trn2 launches on LNC=2 (two physical cores, nl.program_id): the modelled device time is
-    the slower core's, about half of one core doing everything."""
+    """trn2 under nki 0.6 launches on LNC=2 (two physical cores, nl.program_id): the modelled device
+    time is the slower core's, about half of one core doing everything. (0.7: every kernel at LNC=1.)"""
     rng = np.random.default_rng(6)
     b = f32(rng.standard_normal((8, 300, 256)) * 0.1)
     e_occ, e_vir = f32(rng.uniform(-2, -0.5, 8)), f32(rng.uniform(0.2, 3.0, 300))
-    split = NkiBackend("trn2", simulate=True)
-    single = NkiBackend("trn2", simulate=True)
-    single.lnc = 1
+    split = NkiBackend("trn2", simulate=True, nki_api="0.6")
+    single = NkiBackend("trn2", simulate=True, nki_api="0.6", lnc=1)
+    assert (split.lnc, single.lnc) == (2, 1)
     assert split.pair_energy(b, b, e_occ, e_occ, e_vir) == pytest.approx(
         single.pair_energy(b, b, e_occ, e_occ, e_vir), rel=1e-6)
     two, one = (be.modelled()["trn2"]["breakdown"]["device"] for be in (split, single))

@@ -22,6 +22,14 @@ P = 128
 BIG = 25 * 1024  # fp32 elements per partition: 100 KiB, so two such tiles need 200 KiB
 
 
+@pytest.fixture(autouse=True)
+def _kernels_compiled_at_lnc_1(monkeypatch):
+    """Under nki 0.7 (the emulated default on trn2) every kernel must run at neuronx-cc's LNC degree
+    (rule L14), and dfmp2 compiles its kernels at LNC=1 there: these rule tests launch as dfmp2 does.
+    Before 0.7 the setting changes nothing the emulator checks."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+
+
 def rand(shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
@@ -914,10 +922,65 @@ def test_unrolled_loop_over_the_instruction_limit_fails_under_0_3(monkeypatch):
         many_instructions_kernel(rand((1, 1)), 150, False)
 
 
-def test_dynamic_range_does_not_exist_in_0_6():
-    with nki.target("trn2", api="0.6"), pytest.raises(
-            NkiConstraintError, match=r"nl\.dynamic_range does not exist in nki 0\.6 \(replaced by nl\.fori_loop\)"):
+def test_dynamic_range_is_removed_in_0_7():
+    with nki.target("trn2", api="0.7", lnc=1), pytest.raises(
+            NkiConstraintError, match=r"nl\.dynamic_range was removed in nki 0\.7 \(deprecated in 0\.6\): use "
+                                      r"nl\.fori_loop or nl\.while_loop \[L11; trn2, nki 0\.7\]"):
         many_instructions_kernel(rand((1, 1)), 3, True)
+
+
+def test_dynamic_range_still_runs_in_0_6_where_it_is_deprecated(monkeypatch):
+    from dfmp2.kernels.emulator import core
+
+    monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)
+    with nki.target("trn2", api="0.6"):
+        assert (many_instructions_kernel(rand((1, 1)), 150, True) == 1.0).all()
+
+
+@nki.jit
+def fori_sum_kernel(x, count, lower, step, leak, give_back):
+    """out = x * count, added one tile at a time in an nl.fori_loop of `count` iterations; leak: read
+    a tile allocated in the body after the loop; give_back: the body returns a value."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    x_sb = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    total = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_sb, src=x)
+    nisa.memset(dst=total, value=0.0)
+    inside = []
+
+    def body(i):
+        scratch = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=scratch, src=x_sb)
+        nisa.tensor_tensor(dst=total, data1=total, data2=scratch, op=nl.add)
+        inside.append(scratch)
+        return i if give_back else None
+
+    nl.fori_loop(lower, lower + count * step, body, step=step)
+    nisa.dma_copy(dst=out, src=inside[-1] if leak else total)
+    return out
+
+
+def test_fori_loop_body_is_compiled_once_under_0_7(monkeypatch):
+    from dfmp2.kernels.emulator import core
+
+    monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)  # 3 instructions a body, 150 bodies
+    x = rand((4, 8), 42)
+    with nki.target("trn2", api="0.7", lnc=1):
+        out = fori_sum_kernel(x, 150, 0, 1, False, False)
+    np.testing.assert_allclose(out, 150 * x, rtol=1e-5)
+    assert fori_sum_kernel.last_trace.instructions["vector"] >= 300  # every iteration ran
+
+
+@pytest.mark.parametrize("lower, step, leak, give_back, api, message", [
+    (0, 0, False, False, "0.7", r"nl\.fori_loop step 0: it must be a positive compile-time int \[L15"),
+    (2 ** 31, 1, False, False, "0.7", r"nl\.fori_loop lower bound 2147483648: a bound must be a 32-bit int"),
+    (0, 1, True, False, "0.7", r"tensors declared in a loop body cannot be used outside it \[L15; trn2, nki 0\.7\]"),
+    (0, 1, False, True, "0.6", r"the nl\.fori_loop body returned int; a body returns nothing"),
+    (0, 1, False, False, "0.5", r"nl\.fori_loop does not exist in nki 0\.5 \(new in 0\.6"),
+])
+def test_fori_loop_rules_are_enforced(lower, step, leak, give_back, api, message):
+    with nki.target("trn2", api=api, lnc=1), pytest.raises(NkiConstraintError, match=message):
+        fori_sum_kernel(rand((4, 8), 43), 3, lower, step, leak, give_back)
 
 
 @nki.jit
@@ -968,9 +1031,9 @@ def test_trn3_keeps_one_psum_bank_per_matmul_output():
     keeps 512 (one 2 KiB PSUM bank) on trn3 too, and says so (audit row MM9, stricter)."""
     with nki.target("trn3"), pytest.raises(
             NkiConstraintError, match=r"moving free size N=513 exceeds 512 \(NeuronCore-v4's nc_matmul allows up to "
-                                      r"4096 .*stricter reading\) \[MM9; trn3, nki 0\.6\]"):
+                                      r"4096 .*stricter reading\) \[MM9; trn3, nki 0\.7\]"):
         matmul_kernel(rand((P, P), 26), rand((P, 513), 27))
-    with nki.target("trn2"), pytest.raises(NkiConstraintError, match=r"N=513 exceeds 512 \[MM9; trn2, nki 0\.6\]"):
+    with nki.target("trn2"), pytest.raises(NkiConstraintError, match=r"N=513 exceeds 512 \[MM9; trn2, nki 0\.7\]"):
         matmul_kernel(rand((P, P), 26), rand((P, 513), 27))
 
 
@@ -991,7 +1054,7 @@ def rows_by_program_kernel(x):
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
 def test_lnc2_launch_splits_rows_over_two_programs(target):
     x = rand((5, P))
-    with nki.target(target):
+    with nki.target(target, api="0.6"):
         out = rows_by_program_kernel[2](x)
     assert np.array_equal(out, x)
     trace = rows_by_program_kernel.last_trace

@@ -203,16 +203,64 @@ def test_trn1_with_newer_emulated_nki_is_bad_input(api):
         get_backend("trn1", simulate=True, nki_api=api)
 
 
-@pytest.mark.parametrize("target", ["trn2", "trn3"])
-def test_nki_0_7_is_refused_until_the_kernels_are_valid_under_it(target):
-    """nki 0.7 (Neuron SDK 2.33) is AWS's release for trn2 and trn3, and the emulator knows its rules
-    (L14), but dfmp2's kernels mix LNC degrees in one run, which 0.7 refuses (EVRF066): said as such."""
-    from dfmp2.util.errors import InputError
+@pytest.mark.parametrize("api, variable, lnc", [("0.7", None, 1), ("0.7", "1", 1), ("0.6", None, 2), ("0.6", "1", 1)])
+def test_trn2_compiles_every_kernel_at_one_lnc_degree(monkeypatch, api, variable, lnc):
+    """nki 0.7 (Neuron SDK 2.33) checks that every kernel runs at neuronx-cc's LNC degree (EVRF066,
+    rule L14): dfmp2 compiles all of them at LNC=1 there. Under 0.6 the SPMD kernels (trsm, ao2mo,
+    pair energy) span the LNC=2 logical core unless NEURON_LOGICAL_NC_CONFIG=1 says otherwise. The
+    energy is the fp64 CPU run's either way, and the record says the release and the degree."""
+    if variable is None:
+        monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", variable)
+    from dfmp2.kernels.nki_launch import KernelLauncher
+
+    grids, launch = {}, KernelLauncher.launch
+
+    def launch_and_note_grid(self, kernel_name, arrays, useful_flops, host_bytes, grid=1, prefetched=False):
+        grids.setdefault(kernel_name, set()).add(grid)
+        return launch(self, kernel_name, arrays, useful_flops, host_bytes, grid, prefetched)
+
+    monkeypatch.setattr(KernelLauncher, "launch", launch_and_note_grid)
+    mf = mean_field("water")
+    cpu = DFMP2(mf).run()
+    trn = DFMP2(mf, device="trn2", simulate=True, nki_api=api).run()
+    assert abs(trn.e_corr - cpu.e_corr) < FP32_TOL
+    record = trn.result.as_dict()
+    assert (record["nki_api"], record["neuron_sdk"], record["lnc"]) == (api, {"0.6": "2.32", "0.7": "2.33"}[api], lnc)
+    spmd = {"trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"}
+    assert {k: g for k, g in grids.items() if k in spmd} == {k: {lnc} for k in spmd}
+    assert all(g == {1} for k, g in grids.items() if k not in spmd)
+
+
+@pytest.mark.parametrize("api, variable, message", [
+    ("0.7", "2", r"^NEURON_LOGICAL_NC_CONFIG=2 with nki 0\.7 \(Neuron SDK 2\.33\): its compiler wants every kernel "
+                 r"at one LNC degree \(EVRF066\) and dfmp2's kernels run at LNC=1 under it"),
+    ("0.6", "4", r"^NEURON_LOGICAL_NC_CONFIG='4': the Neuron SDK supports an LNC degree of 1 or 2$"),
+])
+def test_an_lnc_setting_the_run_cannot_honour_is_refused(monkeypatch, api, variable, message):
     from dfmp2.kernels import get_backend
 
-    with pytest.raises(InputError, match=rf"^device='{target}' with the emulated nki 0\.7: AWS supports it, but "
-                                         r"dfmp2's kernels are not yet valid under its rules"):
-        get_backend(target, simulate=True, nki_api="0.7")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", variable)
+    with pytest.raises(InputError, match=message):
+        get_backend("trn2", simulate=True, nki_api=api)
+
+
+def test_trn1_refuses_lnc_2(monkeypatch):
+    from dfmp2.kernels import get_backend
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    with pytest.raises(InputError, match=r"^NEURON_LOGICAL_NC_CONFIG=2 on trn1: trn1 runs LNC=1 only"):
+        get_backend("trn1", simulate=True)
+
+
+@pytest.mark.parametrize("api, lnc", [("0.7", 1), ("0.6", 2), ("0.3", 2)])
+def test_trn3_lnc_degree_follows_the_release(monkeypatch, api, lnc):
+    """trn3 as trn2: neuronx-cc's LNC=2 default before nki 0.7, every kernel at LNC=1 under 0.7."""
+    from dfmp2.kernels import get_backend
+
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    assert get_backend("trn3", simulate=True, nki_api=api).lnc == lnc
 
 
 def test_trn3_with_nki_0_2_is_refused():
@@ -222,14 +270,14 @@ def test_trn3_with_nki_0_2_is_refused():
     from dfmp2.kernels import get_backend
 
     with pytest.raises(InputError, match=r"^device='trn3' with the emulated nki 0\.2: AWS does not support that pair "
-                                         r"\(supported on trn3: nki 0\.3, 0\.4, 0\.5, 0\.6; trn3 needs Neuron SDK 2\.29 "
-                                         r"to 2\.32; SDK 2\.28 \(nki 0\.2\) does not list Trn3\)"):
+                                         r"\(supported on trn3: nki 0\.3, 0\.4, 0\.5, 0\.6, 0\.7; trn3 needs Neuron SDK "
+                                         r"2\.29 to 2\.33; SDK 2\.28 \(nki 0\.2\) does not list Trn3\)"):
         get_backend("trn3", simulate=True, nki_api="0.2")
     from dfmp2.kernels import nki_support
 
     with pytest.raises(ComputationError, match=r"^device='trn3' with the installed nki 0\.2: AWS does not support"):
         nki_support.check_nki_support("trn3", "0.2", installed=True)
-    for api in ("0.3", "0.6"):
+    for api in ("0.3", "0.6", "0.7"):
         assert nki_support.check_nki_support("trn3", api, installed=True) is None
     backend = get_backend("trn3", simulate=True, nki_api="0.3")
     assert backend.nki_api == "0.3" and "NeuronCore-v4 limits, nki 0.3 rules" in backend.describe()
@@ -259,7 +307,7 @@ def test_installed_nki_checked_before_anything_compiles(monkeypatch, installed, 
 
 
 # ---- fp32 device energies inside the envelope ----------------------------------------------------
-@pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.6"), ("trn3", "0.6")])
+@pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.7"), ("trn3", "0.7")])
 @pytest.mark.parametrize("name, basis, frozen", [("benzene", "cc-pvtz", 6), ("water", "aug-cc-pvtz", 1),
                                                 ("benzene", "aug-cc-pvdz", 6)])
 def test_trainium_energy_within_a_microhartree_of_fp64(target, api, name, basis, frozen):

@@ -369,7 +369,7 @@ def _correlate(backend, mf, reference, integrals, settings, context, basis, note
         formula=chem.formula(mf.mol),
         timings=dict(context.timer.timings), simulated=ran.simulated,
         kernel_specializations=ran.specializations, modelled_seconds=ran.modelled_seconds,
-        modelled=ran.modelled, trace=ran.trace, nki_api=ran.nki_api,
+        modelled=ran.modelled, trace=ran.trace, nki_api=ran.nki_api, lnc=ran.lnc,
         notes=list(ran.notes) + notes + list(corr.notes)
         + list((corr.checkpoint or {}).get("notes", [])) + [
             f"no named {kind} auxiliary set in PySCF for {', '.join(elements)}: PySCF's generated "

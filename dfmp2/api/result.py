@@ -45,6 +45,7 @@ class DFMP2Result:
     modelled: dict | None = None  # calibrated MODEL per target: seconds, breakdown, useful fraction
     trace: dict | None = None
     nki_api: str | None = None  # trn1/trn2/trn3: the NKI release emulated, or installed on the host
+    lnc: int | None = None  # trn1/trn2/trn3: the logical NeuronCore degree the kernels were compiled at
     notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
     neuron_versions: dict | None = None  # Trainium host: installed nki, neuronx-cc, torch-neuronx, torch-xla
     spin_square: float = 0.0  # <S^2> of the reference
@@ -146,7 +147,9 @@ class DFMP2Result:
             record.update({"xc": dh.name, "xc_ks": dh.xc, "c_os": dh.c_os, "c_ss": dh.c_ss,
                            "xc_citation": dh.citation, "e_ks": self.e_ref, "e_pt2": self.e_pt2})
         if self.nki_api:
-            record["nki_api"] = self.nki_api
+            from ..kernels.nki_support import NEURON_SDK_OF_NKI
+
+            record.update(nki_api=self.nki_api, neuron_sdk=NEURON_SDK_OF_NKI.get(self.nki_api), lnc=self.lnc)
         if self.neuron_versions:
             record["neuron_versions"] = dict(self.neuron_versions)
         if self.modelled_seconds is not None:

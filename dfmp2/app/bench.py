@@ -164,7 +164,9 @@ def bench_record(problem, rank, passes, last, settings) -> dict:
     if peak_device_mb is not None:
         record["memory"]["peak_device_mb"] = peak_device_mb
     if ran.nki_api is not None:
-        record["nki_api"] = ran.nki_api
+        from ..kernels.nki_support import NEURON_SDK_OF_NKI
+
+        record.update(nki_api=ran.nki_api, neuron_sdk=NEURON_SDK_OF_NKI.get(ran.nki_api), lnc=ran.lnc)
     if ran.simulated:
         record["kernel_specializations"] = {k: len(v) for k, v in ran.specializations.items()}
         record.update(model_record(ran.modelled, ran.modelled_seconds, "one warm pass"))
@@ -238,7 +240,7 @@ def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: boo
     published = PUBLISHED_TRN1_MS.get((kernel, size))
     record = {
         "kernel": kernel, "size": size, "shape": description, "device": device,
-        "nki_api": ran.nki_api, "launches": ran.trace["launches"],
+        "nki_api": ran.nki_api, "lnc": ran.lnc, "launches": ran.trace["launches"],
         "modelled": modelled[device], "modelled_note": MODEL_NOTE + "; warm calls, no compile",
         "calls": ran.calls, "trace": ran.trace,
         "versions": _versions(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),

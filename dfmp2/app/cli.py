@@ -38,9 +38,10 @@ def cli(ctx):
 
 # shared by `run` and `bench`
 NKI_API_OPTION = click.option(
-    "--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6",
+    "--nki-api", default=None, metavar="0.2|0.3|0.4|0.5|0.6|0.7",
     help="With --simulate: the NKI release whose rules the emulator applies "
-         "[default: the newest AWS documents for the target: 0.2 on trn1, 0.6 on trn2 and trn3].")
+         "[default: the newest AWS documents for the target: 0.2 (Neuron SDK 2.28) on trn1, 0.7 (SDK 2.33) on "
+         "trn2 and trn3].")
 TRANSFORM_OPTION = click.option(
     "--transform", default=None, metavar="exact|fp32",
     help="trn1/trn2/trn3: the AO->MO transform's arithmetic: exact products of 7-bit slices (1 uEh; the "

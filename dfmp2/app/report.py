@@ -27,7 +27,8 @@ def print_summary(r):
         f"naux {r['naux']}",
         f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
         f"transform {r['transform']}",
-        *([f"  nki         {r['nki_api']}"] if r.get("nki_api") else []),
+        *([f"  nki         {r['nki_api']}" + (f" (Neuron SDK {r['neuron_sdk']})" if r.get("neuron_sdk") else "")
+           + (f", kernels compiled at LNC={r['lnc']}" if r.get("lnc") else "")] if r.get("nki_api") else []),
         *[f"  note        {note}" for note in r.get("notes", [])],
         f"  kernels     {kernels}",
         f"  metric      {r['metric_factorization']}",

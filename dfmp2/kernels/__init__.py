@@ -71,7 +71,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK, or an installed
     nki release AWS does not support on that target). model_only (Trainium with simulate): each
     kernel shape emulated once (the modelled time of runs too large to emulate in full).
-    nki_api (Trainium with simulate): the NKI release emulated (default 0.2 trn1, 0.6 trn2 and trn3).
+    nki_api (Trainium with simulate): the NKI release emulated (default 0.2 trn1, 0.7 trn2 and trn3).
     transform (Trainium): the AO->MO transform's arithmetic, "exact" (default: 7-bit slices, 1 uEh)
     or "fp32" (faster, 1e-7 to 1e-3 Eh off on real molecules); cpu and cuda transform in fp64.
     warm_kernels: kernels with a one-time load (a GPU's fused pair epilogue) whatever the run's
@@ -103,8 +103,9 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
     if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
         raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
                          f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")
-    from .emulator import API_VERSIONS, NEWEST_API
-    from .nki_support import NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api, neuron_sdk_missing
+    from .emulator import API_VERSIONS, NEWEST_API, TARGETS
+    from .nki_support import (NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api,
+                              logical_core_degree, neuron_sdk_missing)
 
     if model_only and not simulate:
         raise InputError(f"{option('model_only')} needs {option('simulate')}")
@@ -120,18 +121,19 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
                 f"{option('device', device)} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
                 f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add {option('simulate')} to run the "
                 "same NKI kernels on dfmp2's emulator. Nothing was computed.")
-    note = check_nki_support(device, (nki_api or NEWEST_API[device]) if simulate else installed_nki_api(),
-                             installed=not simulate)
+    api = (nki_api or NEWEST_API[device]) if simulate else installed_nki_api()
+    note = check_nki_support(device, api, installed=not simulate)
+    lnc = logical_core_degree(device, api, TARGETS[device].max_lnc)
     from .nki_backend import NkiBackend
 
-    return NkiBackend(device, simulate, model_only, nki_api, transform or "exact",
+    return NkiBackend(device, simulate, model_only, nki_api, transform or "exact", lnc=lnc,
                       notes=[note] if note else [])
 
 
 def device_report() -> dict:
     """Which devices can run on this machine: {device: (usable, detail)}."""
     from .emulator import NEWEST_API
-    from .nki_support import SUPPORTED_NKI, installed_nki_api, neuron_sdk_missing
+    from .nki_support import SUPPORTED_NKI, installed_nki_api, neuron_sdk_missing, release_name
     from .torch_backend import cpu_description, cuda_available, cuda_description
 
     report = {"cpu": (True, cpu_description())}
@@ -140,11 +142,11 @@ def device_report() -> dict:
     missing = neuron_sdk_missing()
     api = installed_nki_api()
     for trn in TRAINIUM:
-        emulated = f"--simulate emulates nki {NEWEST_API[trn]} rules by default"
+        emulated = f"--simulate emulates {release_name(NEWEST_API[trn])} rules by default"
         if missing:
             report[trn] = (False, f"Neuron SDK missing ({', '.join(missing)}); {emulated}")
         elif api in SUPPORTED_NKI[trn]:
-            report[trn] = (True, f"Neuron SDK found, nki {api} (supported on {trn}; hardware presence "
+            report[trn] = (True, f"Neuron SDK found, {release_name(api)} (supported on {trn}; hardware presence "
                                  "is checked when the device is used)")
         else:
             report[trn] = (False, f"Neuron SDK found, but nki {api} is not supported on {trn} by AWS "

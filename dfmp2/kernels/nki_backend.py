@@ -31,6 +31,7 @@ to `nki_support`.
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import numpy as np
@@ -42,7 +43,8 @@ from .emulator.core import TARGETS
 from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
 from .nki_ledger import CostLedger
 from .nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
-from .nki_support import installed_nki_api, installed_versions
+from .nki_support import (LNC_VARIABLE, checks_lnc, installed_nki_api, installed_versions, logical_core_degree,
+                          release_name)
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints, rows_gram
 from .spin_cases import density_weights
@@ -73,23 +75,29 @@ class NkiBackend:
     screens = frozenset({"mp2"})  # block-sparse AO->MO transform (ao2mo_kernel's tiles); SCF builds dense
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,
-                 transform: str = "exact", notes=None):
+                 transform: str = "exact", lnc: int | None = None, notes=None):
         self.device_name = target
         self.target = target
         self.transform = transform  # kernels.TRANSFORMS
         # on a host: the installed Neuron packages (nki, neuronx-cc, ...), reported with the result
         self.neuron_versions = None if simulate else installed_versions()
         self.ledger = CostLedger()  # calls, trace, calibrated and peak MODEL
-        self.launcher = KernelLauncher(
-            target, simulate, model_only,
-            (nki_api or emulator.NEWEST_API[target]) if simulate else installed_nki_api(), self.ledger)
+        api = (nki_api or emulator.NEWEST_API[target]) if simulate else installed_nki_api()
+        # the logical NeuronCore degree every kernel is compiled at (physical cores per launch):
+        # nki 0.7 checks it (EVRF066); nki_support.logical_core_degree
+        self.lnc = lnc if lnc is not None else logical_core_degree(target, api, TARGETS[target].max_lnc)
+        self.launcher = KernelLauncher(target, simulate, model_only, api, self.ledger, lnc=self.lnc)
+        self.notes = list(notes or [])  # announcements recorded in the result (e.g. a disputed nki/target pair)
         if simulate:
             self.device = torch.device("cpu")
         else:
+            if checks_lnc(api) and os.environ.get(LNC_VARIABLE) is None:
+                os.environ[LNC_VARIABLE] = str(self.lnc)  # before torch-neuronx compiles anything
+                self.notes.append(f"{release_name(api)} checks every kernel's LNC degree against neuronx-cc's "
+                                  f"(EVRF066): dfmp2 set {LNC_VARIABLE}={self.lnc} for this process")
             import torch_xla
 
             self.device = torch_xla.device()
-        self.notes = list(notes or [])  # announcements recorded in the result (e.g. a disputed nki/target pair)
         self._inverse_panels = None  # (factor tensor, stacked transposed inverses)
         self._operand_cache = {}  # operands made once per run (the orbital slices)
         self._aux_block = 0  # largest auxiliary block of the run (see prepare)
@@ -97,9 +105,6 @@ class NkiBackend:
         # and to_device() results live in HBM; an argument that does not is a host -> device
         # transfer at its launch, and to_host() of a resident tensor a device -> host one.
         self._on_device = weakref.WeakValueDictionary()
-        # physical cores per launch: a trn2 or trn3 logical NeuronCore (LNC=2, neuronx-cc's
-        # default there) is two; trn1 runs LNC=1
-        self.lnc = TARGETS[target].max_lnc
 
     # ---- configuration and accounting (owned by the launcher and the ledger) ----------------
     simulate = property(lambda self: self.launcher.simulate, doc="NKI kernels on the emulator")
@@ -131,7 +136,7 @@ class NkiBackend:
             specializations={kernel: set(shapes) for kernel, shapes in self.specializations.items()},
             modelled_seconds=self.modelled_seconds() if simulated else None,
             modelled=self.modelled() if simulated else None,
-            trace=self.trace.as_dict() if simulated else None)
+            trace=self.trace.as_dict() if simulated else None, lnc=self.lnc)
 
     # ---- data movement ---------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:

@@ -90,13 +90,14 @@ def _kernel_array(tensor: torch.Tensor) -> np.ndarray:
 
 
 class KernelLauncher:
-    """Runs the kernels for `target` ('trn1', 'trn2' or 'trn3'), emulated under nki `nki_api` rules
-    (simulate) or on the host's Neuron SDK, and keeps the run's specializations; costs go to
-    `ledger`."""
+    """Runs the kernels for `target` ('trn1', 'trn2' or 'trn3'), emulated under nki `nki_api` rules at
+    neuronx-cc's LNC degree `lnc` (simulate) or on the host's Neuron SDK, and keeps the run's
+    specializations; costs go to `ledger`."""
 
     def __init__(self, target: str, simulate: bool, model_only: bool, nki_api: str | None,
-                 ledger: CostLedger):
+                 ledger: CostLedger, lnc: int = 1):
         self.target = target
+        self.lnc = lnc  # neuronx-cc's LNC degree for the run (the emulator checks launches against it)
         self.simulate = simulate
         self.model_only = model_only
         self.nki_api = nki_api
@@ -135,7 +136,7 @@ class KernelLauncher:
             return REFERENCE[kernel_name](*(
                 a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype != torch.int8 else a for a in arrays))
         if self.simulate:
-            with emulator.target(self.target, self.nki_api):
+            with emulator.target(self.target, self.nki_api, lnc=self.lnc):
                 launcher = kernel[grid] if grid > 1 else kernel
                 out = launcher(*(_kernel_array(a) if isinstance(a, torch.Tensor) else a for a in arrays))
             self.ledger.record(kernel.last_trace, host_bytes, kernel_name, prefetched)

@@ -3,28 +3,69 @@
 From AWS's release notes (docs/trainium.md): trn1: SDK 2.28 / nki 0.2 is the last release whose docs
 list Trn1; nki 0.3 (SDK 2.29) on trn1 is disputed (AWS: not supported for NKI kernels; one
 sibling library ran it); 0.4+ documents Trn2/Trn3 only. trn2: nki 0.2 (SDK 2.28 lists Trn2)
-through 0.6 (SDK 2.32). trn3: nki 0.3 (SDK 2.29, the first release whose manifest lists Trn3) through
-0.6; SDK 2.28 (nki 0.2) does not list Trn3. Only the standard library; nothing here imports the SDK itself.
+through 0.7 (SDK 2.33). trn3: nki 0.3 (SDK 2.29, the first release whose manifest lists Trn3) through
+0.7; SDK 2.28 (nki 0.2) does not list Trn3. Also the run's logical NeuronCore degree
+(`logical_core_degree`): nki 0.7 checks that every kernel runs at neuronx-cc's. Only the standard
+library; nothing here imports the SDK itself.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from ..util.errors import option
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
                   "https://pip.repos.neuron.amazonaws.com (on a Trainium instance)")
-SUPPORTED_NKI = {"trn1": ("0.2",), "trn2": ("0.2", "0.3", "0.4", "0.5", "0.6"),
-                 "trn3": ("0.3", "0.4", "0.5", "0.6")}
+SUPPORTED_NKI = {"trn1": ("0.2",), "trn2": ("0.2", "0.3", "0.4", "0.5", "0.6", "0.7"),
+                 "trn3": ("0.3", "0.4", "0.5", "0.6", "0.7")}
 DISPUTED_NKI = {"trn1": ("0.3",)}
-# releases AWS supports on the target that dfmp2's kernels are not yet valid under (issue 50: nki 0.7's
-# LNC check, EVRF066, and its loops)
-NOT_YET_NKI = {"trn2": ("0.7",), "trn3": ("0.7",)}
 # the Neuron SDK a target needs for the releases dfmp2 runs there (said when a pair is refused)
-SDK_NEEDED = {"trn1": "trn1 needs Neuron SDK 2.28", "trn2": "trn2 runs Neuron SDK 2.28 to 2.32",
-              "trn3": "trn3 needs Neuron SDK 2.29 to 2.32; SDK 2.28 (nki 0.2) does not list Trn3"}
+SDK_NEEDED = {"trn1": "trn1 needs Neuron SDK 2.28", "trn2": "trn2 runs Neuron SDK 2.28 to 2.33",
+              "trn3": "trn3 needs Neuron SDK 2.29 to 2.33; SDK 2.28 (nki 0.2) does not list Trn3"}
+# the Neuron SDK release that ships each nki (AWS's "NKI version to Neuron SDK mapping", SDK 2.33.1)
+NEURON_SDK_OF_NKI = {"0.2": "2.28", "0.3": "2.29", "0.4": "2.30", "0.5": "2.31", "0.6": "2.32", "0.7": "2.33"}
+LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"  # AWS's setting of the LNC degree, for kernels and neuronx-cc alike
+# nki 0.7+: every kernel at neuronx-cc's LNC degree (EVRF066). dfmp2 then compiles at LNC=1: the
+# second core of an LNC=2 launch bought 1-3% of the modelled trn2 MP2 time (docs/trainium.md)
+LNC_FROM_NKI_0_7 = 1
+
+
+def release_name(api: str | None) -> str:
+    """'nki 0.7 (Neuron SDK 2.33)'; 'nki (unknown version)' for None."""
+    if api is None:
+        return "nki (unknown version)"
+    sdk = NEURON_SDK_OF_NKI.get(api)
+    return f"nki {api} (Neuron SDK {sdk})" if sdk else f"nki {api}"
+
+
+def checks_lnc(api: str | None) -> bool:
+    """True for releases whose compiler checks the kernels' LNC degree (nki 0.7+, EVRF066)."""
+    return api is not None and tuple(int(x) for x in api.split(".")[:2]) >= (0, 7)
+
+
+def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None) -> int:
+    """The LNC degree a run's kernels are compiled at (physical cores per launch): nki 0.7+: 1 (every
+    kernel alike, EVRF066); earlier releases: NEURON_LOGICAL_NC_CONFIG if set, else `max_lnc` (2 on
+    trn2 and trn3: neuronx-cc's default). Raises InputError for a setting the run cannot honour."""
+    from ..util.errors import InputError
+
+    given = (os.environ if environ is None else environ).get(LNC_VARIABLE)
+    if given is not None and given.strip() not in ("1", "2"):
+        raise InputError(f"{LNC_VARIABLE}={given!r}: the Neuron SDK supports an LNC degree of 1 or 2")
+    degree = int(given) if given is not None else None
+    if degree is not None and degree > max_lnc:
+        raise InputError(f"{LNC_VARIABLE}={degree} on {target}: {target} runs LNC=1 only (unset it)")
+    if checks_lnc(api):
+        if degree not in (None, LNC_FROM_NKI_0_7):
+            raise InputError(
+                f"{LNC_VARIABLE}={degree} with {release_name(api)}: its compiler wants every kernel at one LNC "
+                f"degree (EVRF066) and dfmp2's kernels run at LNC={LNC_FROM_NKI_0_7} under it (docs/trainium.md); "
+                f"unset {LNC_VARIABLE} or set it to {LNC_FROM_NKI_0_7}")
+        return LNC_FROM_NKI_0_7
+    return degree if degree is not None else max_lnc
 
 
 def neuron_sdk_missing():
@@ -59,10 +100,6 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
                 "trn1 verifier failure; the supported trn1 release is Neuron SDK 2.28 (nki 0.2)")
     supported = ", ".join(SUPPORTED_NKI[target])
     error = ComputationError if installed else InputError
-    if api in NOT_YET_NKI.get(target, ()):
-        raise error(f"{option('device', target)} with the {'installed' if installed else 'emulated'} nki {api}: AWS "
-                    f"supports it, but dfmp2's kernels are not yet valid under its rules (docs/nki-audit.md, L14); "
-                    f"use nki {supported.split(', ')[-1]} (Neuron SDK 2.32). Nothing was compiled.")
     raise error(
         f"{option('device', target)} with the {'installed' if installed else 'emulated'} nki "
         f"{api or '(unknown version)'}: AWS does not support that pair (supported on {target}: nki "

@@ -9,6 +9,8 @@ contraction: every product of two slices is exact in fp32, and so is a sum of 51
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
@@ -17,6 +19,7 @@ from .tiles import SLICE_BITS
 INPUT_SLICES = 5  # slices of C_occ, C_vir (and of the SCF builds' operands): 35 bits below each column's largest
 X_DIGITS = 5  # int8 digits of (mn|P) in the AO->MO transform: 35 bits below each function's largest element
 ROUNDING_PAD = float(1.5 * 2.0**23 * 2.0**-67)  # first-slice rounding constant of padded (all-zero) columns
+BLOCK_ELEMENTS = 1 << 16  # fp64 elements of a slicing block (512 KiB: the rest stays in L2 over the slices)
 
 __all__ = ["SLICE_BITS", "INPUT_SLICES", "X_DIGITS", "ROUNDING_PAD", "column_slices", "column_digits", "digit_exponent",
            "split_digits", "half_transform_grid", "digits_value"]
@@ -31,13 +34,8 @@ def column_slices(a: np.ndarray, count: int) -> np.ndarray:
     """
     largest = np.abs(a).max(axis=-2, keepdims=True)
     exponent = np.ceil(np.log2(np.where(largest > 0, largest, 1.0)))
-    rest = np.array(a, dtype=np.float64, copy=True)
     out = np.empty((count,) + a.shape, dtype=np.float32)
-    for s in range(count):
-        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
-        piece = np.rint(rest / grid) * grid
-        out[s] = piece
-        rest -= piece
+    _slice_by_blocks(a, exponent, out, digits=False)
     return out
 
 
@@ -63,14 +61,50 @@ def digit_exponent(largest: np.ndarray) -> np.ndarray:
 def split_digits(a: np.ndarray, exponent: np.ndarray, count: int) -> np.ndarray:
     """fp64 a -> int8 digits [count, *a.shape], sum_s d_s 2^(e - 7 (s + 1)) = a to 2^(e - 7 count);
     exponent: e, broadcast against a (`digit_exponent` of a bound on |a| along the contraction)."""
-    rest = np.array(a, dtype=np.float64, copy=True)
-    digits = np.empty((count,) + a.shape, dtype=np.int8)
-    for s in range(count):
-        grid = np.exp2(exponent - SLICE_BITS * (s + 1))
-        digit = np.rint(rest / grid)
-        digits[s] = digit
-        rest -= digit * grid
+    digits = np.empty((count,) + np.shape(a), dtype=np.int8)
+    _slice_by_blocks(a, exponent, digits, digits=True)
     return digits
+
+
+def _slice_by_blocks(a, exponent, out, digits: bool) -> None:
+    """out[s] = slice s of fp64 a (digit d_s, or its value d_s 2^(e - 7 (s + 1)) when not `digits`):
+    d_s = rint(rest_s / 2^(e - 7 (s + 1))), rest_(s+1) = rest_s - d_s 2^(e - 7 (s + 1)), rest_0 = a.
+    Done in blocks of rows of a's first axis (BLOCK_ELEMENTS: the rest stays in cache over the
+    slices) on the host's threads (torch.get_num_threads(); numpy's ufuncs release the GIL): every
+    element's arithmetic is the same as in one pass, so the slices are bit for bit the same."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim == 0:
+        a, out = a.reshape(1), out.reshape(out.shape[0], 1)
+    exponent = np.asarray(exponent, dtype=np.float64)
+    exponent = exponent.reshape((1,) * (a.ndim - exponent.ndim) + exponent.shape)
+    shared = exponent.shape[0] == 1  # one exponent row for every row of a
+
+    def block(start, stop):
+        rest = np.array(a[start:stop], dtype=np.float64, copy=True)
+        e = exponent if shared else exponent[start:stop]
+        for s in range(out.shape[0]):
+            grid = np.exp2(e - SLICE_BITS * (s + 1))
+            piece = np.rint(rest / grid)
+            if digits:
+                out[s, start:stop] = piece
+                piece *= grid
+            else:
+                piece *= grid
+                out[s, start:stop] = piece
+            rest -= piece
+
+    rows = a.shape[0]
+    per_row = max(1, a.size // max(rows, 1))
+    step = max(1, BLOCK_ELEMENTS // per_row)
+    ranges = [(r, min(r + step, rows)) for r in range(0, rows, step)]
+    workers = min(torch.get_num_threads(), len(ranges))
+    if workers <= 1:
+        for start, stop in ranges:
+            block(start, stop)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for done in [pool.submit(block, start, stop) for start, stop in ranges]:
+            done.result()
 
 
 def half_transform_grid(x_max: np.ndarray, c_occ_l1: np.ndarray) -> np.ndarray:

@@ -37,7 +37,7 @@ class BackendRecord:
     name: "torch" or "nki"; device: cpu, cuda, trn1, trn2 or trn3; description: the device in words
     (`describe()`); precision: fp64 or fp32 (GEMMs); transform: the AO->MO arithmetic (fp64,
     exact or fp32); simulated: NKI kernels on dfmp2's emulator; nki_api: the NKI release whose
-    rules applied ("0.2" ... "0.6"; None on torch); neuron_versions: installed Neuron package ->
+    rules applied ("0.2" ... "0.7"; None on torch); neuron_versions: installed Neuron package ->
     version on a Trainium host (None elsewhere); calls: kernel (or host:* / device:* step) ->
     count; notes: announcements for the result; specializations: kernel -> set of argument
     shape tuples it was launched with ({} on torch); modelled_seconds: PEAK MODEL seconds per
@@ -59,6 +59,7 @@ class BackendRecord:
     modelled_seconds: dict | None
     modelled: dict | None
     trace: dict | None
+    lnc: int | None = None  # NKI: the logical NeuronCore degree its kernels were compiled at (None on torch)
 
 
 @runtime_checkable

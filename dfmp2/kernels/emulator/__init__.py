@@ -10,16 +10,18 @@ and access-pattern rules, no float64, reductions only over the last free axes, n
 movement across partitions on the engines.
 
 It emulates one NKI API version at a time (`target(name, api=...)`; default: the newest
-release AWS documents for the target, 0.2 on trn1, 0.6 on trn2 and trn3) with that release's
+release AWS documents for the target, 0.2 on trn1, 0.7 on trn2 and trn3) with that release's
 rules: 0.2 has no `accumulate=` on nc_matmul and no `engine=`/`priority=` on dma_copy; 0.3+
 unrolls every static loop (at most 5,000,000 instructions per kernel), rejects `*` in a
 kernel signature, `is`/`is not`, list arguments, string buffer names and raw ints for enums,
-and wants a memset value of the tile's dtype; 0.7 (Neuron SDK 2.33: known here for its rules,
-not yet a release dfmp2's kernels run under) launches every kernel at neuronx-cc's LNC degree
-(`compiler_lnc`; error EVRF066). No release may DMA out of PSUM (the stricter
+and wants a memset value of the tile's dtype; 0.6 adds the device-side `nl.fori_loop` (and
+deprecates `nl.dynamic_range`); 0.7 (Neuron SDK 2.33) removes `nl.dynamic_range` and launches every
+kernel at neuronx-cc's LNC degree (`compiler_lnc`; error EVRF066). No release may DMA out of PSUM (the stricter
 reading of 0.2's docs). nl.bfloat16 tiles hold float32 values rounded to bf16 (RNE) on every
-write. New on-chip and output memory is NaN-filled and tracked, so reading unwritten memory or
-returning a partly written output raises NkiConstraintError. Every call leaves a trace
+write; nl.float8_e4m3fn tiles (trn3 only: neuronx-cc's EVRF051 on trn1/trn2) likewise hold
+float32 values rounded to e4m3fn (RNE, overflow NaN), and nc_matmul takes them (with
+perf_mode=double_row too). New on-chip and output memory is NaN-filled and tracked, so reading
+unwritten memory or returning a partly written output raises NkiConstraintError. Every call leaves a trace
 (matmuls, DMA bytes, vector work) from which a *modelled* trn1/trn2/trn3 time is derived.
 
 What it cannot tell: real timing (the model assumes perfect overlap and no launch cost),

@@ -1,6 +1,9 @@
 """Execution state of the NKI emulator: targets and their limits, NKI API versions, tiles,
 live-allocation accounting, the instruction trace and the timing model.
 
+Long (the state every emulated instruction shares, in one place: the dtypes numpy lacks, bf16 and
+fp8, the three targets, the releases, tiles, the kernel run and its trace).
+
 Tiles are numpy arrays with a buffer kind (hbm, sbuf, psum). The first axis of an on-chip
 tile is the partition axis. New on-chip allocations are filled with NaN, so reading memory
 that no instruction wrote poisons the result.
@@ -56,13 +59,60 @@ def round_to_bf16(value: np.ndarray) -> np.ndarray:
     return out
 
 
+class Float8E4M3FN:
+    """The dtype `nl.float8_e4m3fn` (OCP FP8 E4M3FN: 1 sign, 4 exponent bits of bias 7, 3 mantissa
+    bits; no infinity, NaN = S.1111.111, largest finite +-448, smallest subnormal 2^-9). Native on
+    NeuronCore-v4 (trn3) only: neuronx-cc refuses it on trn1/trn2 (error EVRF051), so the emulator
+    allows it on targets in FP8_E4M3FN_TARGETS only (rule L16). Like BFloat16, an fp8 tile keeps
+    its values in a float32 array and every write rounds (`round_to_fp8_e4m3fn`); 1 byte per
+    element. Every integer of magnitude <= 16 is exact (4 significant bits)."""
+
+    name = "float8_e4m3fn"
+    kind = "f"
+    itemsize = 1
+    storage = np.dtype(np.float32)
+    max_finite = 448.0
+
+    def __repr__(self):
+        return "float8_e4m3fn"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return "FLOAT8_E4M3FN"
+
+
+FLOAT8_E4M3FN = Float8E4M3FN()
+FP8_E4M3FN_TARGETS = ("trn3",)  # NeuronCore-v4 and later (EVRF051: not on TRN1/TRN2)
+
+
+def round_to_fp8_e4m3fn(value: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest float8_e4m3fn value, ties to even, returned as float32.
+
+    Overflow (a value that rounds above 448, i.e. |x| > 464; +-inf) and NaN give NaN: the OCP
+    format has no infinity and the emulator takes the non-saturating conversion of the OCP spec
+    (the stricter choice: an overflowing kernel is poisoned, not silently clamped to 448; AWS does
+    not document which one the NeuronCore uses; torch's cast saturates instead). Subnormals
+    (multiples of 2^-9 below 2^-6) are kept; the sign of zero is kept.
+    """
+    x = np.asarray(value, dtype=np.float32).astype(np.float64)
+    size = np.abs(x)
+    finite = np.isfinite(size)
+    _, exp2 = np.frexp(np.where(finite & (size > 0), size, 1.0))  # size = f 2^exp2, f in [0.5, 1)
+    quantum = np.exp2(np.maximum(exp2 - 1, -6) - 3)  # 3 mantissa bits; subnormal grid 2^-9
+    rounded = np.rint(np.where(finite, size, 0.0) / quantum) * quantum  # exact scaling; rint is RNE
+    out = np.copysign(rounded, x)
+    out = np.where(finite & (rounded <= Float8E4M3FN.max_finite), out, np.nan)
+    return out.astype(np.float32)
+
+
 # ---- NKI API versions ---------------------------------------------------------------------
 # nki 0.2 = Neuron SDK 2.28 (the last release whose docs list trn1); 0.3-0.6 = SDK 2.29-2.32 (trn3 is
 # listed from SDK 2.29 / nki 0.3 on: AWS's release manifest);
-# 0.7 = SDK 2.33 (released 2026-10-19; its rules: docs/nki-audit.md, L14). dfmp2's kernels do not yet
-# run under 0.7 (nki_support.SUPPORTED_NKI): the emulator knows its rules so that they can be tested.
+# 0.7 = SDK 2.33 (released 2026-10-19; its new rules: docs/nki-audit.md, L11, L14, L15).
 API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6", "0.7")
-NEWEST_API = {"trn1": "0.2", "trn2": "0.6", "trn3": "0.6"}  # newest release AWS documents for each target, that dfmp2 runs
+# newest release AWS documents for each target, that dfmp2 runs
+NEWEST_API = {"trn1": "0.2", "trn2": "0.7", "trn3": "0.7"}
 # neuronx-cc's logical NeuronCore degree unless NEURON_LOGICAL_NC_CONFIG says otherwise: "neuronx-cc
 # defaults to LNC=2 on Trn2 and later" (AWS, compiler error code EVRF066, Neuron 2.33 documentation)
 COMPILER_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
@@ -226,6 +276,7 @@ class KernelRun:
         self.trace = Trace()
         self.unrolled = 0  # instructions in the compiled kernel (device-side loop bodies once)
         self._device_loop_repeats = 0  # > 0 inside a later iteration of a device-side loop
+        self._loop_scopes = []  # per open nl.fori_loop body: weak references to its allocations
         self.live = {"sbuf": 0, "psum": 0}  # bytes per partition
         self._last = {"sbuf": None, "psum": None}  # description of the latest allocation
         self._allocated_since_check = False  # releases only lower the live bytes: nothing to check
@@ -262,6 +313,24 @@ class KernelRun:
                 f"{self.name}: more than {INSTRUCTION_LIMIT:,} instructions after unrolling (nki "
                 f"{self.api} unrolls every static loop at trace time; the compiler stops with "
                 f"XTP002): use a device-side loop or launch smaller blocks [L12; {self.target.name}, nki {self.api}]")
+
+    @contextlib.contextmanager
+    def loop_scope(self):
+        """The body of an nl.fori_loop: tensors allocated inside it are closed when it ends (AWS:
+        "Tensors declared inside a body function cannot be referenced outside of the loop")."""
+        self._loop_scopes.append([])
+        try:
+            yield
+        finally:
+            for ref in self._loop_scopes.pop():
+                tile = ref()
+                if tile is not None:
+                    tile.scope_closed = True
+
+    def scoped(self, tile) -> None:
+        """Record an on-chip allocation made inside an open loop body (weakly: it still frees)."""
+        if self._loop_scopes:
+            self._loop_scopes[-1].append(weakref.ref(tile))
 
     @contextlib.contextmanager
     def device_loop_iteration(self, first: bool):
@@ -328,7 +397,7 @@ class Tile:
     """
 
     __slots__ = ("data", "written", "matmul_result", "buffer", "dtype", "_base", "_first_partition",
-                 "__weakref__")
+                 "scope_closed", "__weakref__")
 
     def __init__(self, data, written, matmul_result, buffer: str, base=None, first_partition: int = 0,
                  dtype=None):
@@ -339,6 +408,7 @@ class Tile:
         self.buffer = buffer
         self.dtype = data.dtype if dtype is None else dtype
         self._base = base  # keeps the allocation alive (and accounted) while views exist
+        self.scope_closed = False  # allocated in an nl.fori_loop body that has ended (rule L15)
 
     @property
     def shape(self):
@@ -347,6 +417,11 @@ class Tile:
     @property
     def on_chip(self) -> bool:
         return self.buffer in ("sbuf", "psum")
+
+    @property
+    def out_of_scope(self) -> bool:
+        """True for a tile (or view) allocated inside an nl.fori_loop body that has ended."""
+        return (self._base or self).scope_closed
 
     @property
     def partitions(self) -> tuple:

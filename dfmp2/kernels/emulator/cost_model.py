@@ -10,7 +10,8 @@ Everything here is a model, never a measurement. One kernel call costs
     tensor_engine  per matmul/transpose: (fixed + columns x cycles per column) / clock;
                    a 128 x 128 systolic array streams one moving column per cycle in bf16 (and
                    fp16/fp8) and 4 cycles per column in fp32, whatever K and M are (small tiles
-                   waste it): the trace counts the columns per moving dtype
+                   waste it): the trace counts the columns per moving dtype (CYCLES_PER_COLUMN;
+                   fp8 double_row: 256 contraction rows per column, its v4 rate ASSUMED)
     dma            bytes / (16 DMA engines x 27.2 GB/s, capped by the core's HBM share, x 65%)
                    + a fixed cost per dma_copy
     vector/scalar  per instruction: (fixed + elements per partition) / engine clock
@@ -42,7 +43,13 @@ DMA_ENGINE_GB_PER_S = 27.2
 DMA_EFFICIENCY = 0.65
 FIXED_CYCLES = 64  # per instruction, any engine (performance guide: 60-100)
 FP32_CYCLES_PER_COLUMN = 4  # fp32 matmul costs ~4x bf16 on the Tensor Engine
-CYCLES_PER_COLUMN = {"float32": FP32_CYCLES_PER_COLUMN}  # any other dtype (bf16, fp16, fp8): 1
+# Tensor Engine cycles per moving column, by the trace's key (matmul_columns_by_dtype); any other
+# key (bf16, fp16): 1. fp8 (float8_e4m3fn, NeuronCore-v4): 1, the bf16 rate, per the Trainium3 guide's
+# data path "2x128 (non-MXFP8 dense input)". fp8 in perf_mode=double_row: 1 cycle per column of an
+# instruction contracting 256 rows (2x the FLOPs of bf16): an ASSUMPTION carried over from the
+# Trainium2 guide's "double FP8" (v3); the v4 docs list the mode for nc_matmul but give no v4 rate
+# for it, and their data-path table (2x128 for non-MX inputs) would make it 2 (no gain).
+CYCLES_PER_COLUMN = {"float32": FP32_CYCLES_PER_COLUMN, "float8_e4m3fn": 1, "float8_e4m3fn/double_row": 1}
 PARTITIONS = 128
 
 

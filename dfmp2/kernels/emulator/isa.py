@@ -25,7 +25,7 @@ from enum import Enum
 import numpy as np
 
 from . import language as nl
-from .core import BFLOAT16, NkiConstraintError, Tile, current_run, round_to_bf16
+from .core import BFLOAT16, FLOAT8_E4M3FN, NkiConstraintError, Tile, current_run, round_to_bf16, round_to_fp8_e4m3fn
 
 
 # ---- enums (members as in nki.isa; raw ints only under nki 0.2) --------------------------------
@@ -109,11 +109,19 @@ def _no_gpsimd_psum(name: str, tiles, what: str, rule: str = "X10") -> None:
         raise NkiConstraintError(f"{what}: the GpSimd Engine cannot access PSUM" + _at(current_run(), rule))
 
 
+def _in_scope(tile: Tile, what: str) -> None:
+    if tile.out_of_scope:
+        raise NkiConstraintError(
+            f"{what}: the {tile.buffer.upper()} tensor {tile.shape} was allocated inside an nl.fori_loop body "
+            "that has ended; tensors declared in a loop body cannot be used outside it" + _at(current_run(), "L15"))
+
+
 def _read(tile: Tile, what: str) -> np.ndarray:
     if not isinstance(tile, Tile):
         raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}")
     if tile.dtype == np.float64:
         raise NkiConstraintError(f"{what}: float64 operand {tile.shape} (no float64 on a NeuronCore) [X12]")
+    _in_scope(tile, what)
     if not tile.written.all():
         missing = int((~tile.written).sum())
         raise NkiConstraintError(
@@ -126,6 +134,7 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
     """dst <- value; a value of another dtype is cast through float32, a bf16 dst rounds (RNE)."""
     if not isinstance(dst, Tile):
         raise NkiConstraintError(f"{what}: dst must be a tile")
+    _in_scope(dst, what)
     data = dst.data
     if value.size != data.size:
         raise NkiConstraintError(f"{what}: writes {value.size} elements into dst {dst.shape}")
@@ -133,6 +142,8 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
         value = value.astype(np.float32)
     if dst.dtype is BFLOAT16:
         value = round_to_bf16(value)
+    elif dst.dtype is FLOAT8_E4M3FN:
+        value = round_to_fp8_e4m3fn(value)
     data[...] = value.reshape(data.shape)
     dst.written[...] = True
     dst.matmul_result[...] = False
@@ -317,7 +328,8 @@ def memset(dst, value, engine=None, name=None):
 
 # ---- Tensor Engine -------------------------------------------------------------------------
 _NOT_GIVEN = object()
-_MATMUL_DTYPES = (nl.float32, nl.float16, nl.bfloat16)  # + fp8 and tfloat32 (not emulated)
+_MATMUL_DTYPES = (nl.float32, nl.float16, nl.bfloat16, nl.float8_e4m3fn)  # + other fp8s, tfloat32 (not emulated)
+_FP8_DTYPES = (nl.float8_e4m3fn,)  # the fp8 formats the emulator has (double_row takes fp8 only)
 
 
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
@@ -325,11 +337,15 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
               perf_mode=None, name=None):
     """dst[M, N] (PSUM, fp32) = stationary[K, M].T @ moving[K, N]; K, M <= 128, N <= 512.
 
-    Inputs fp32, fp16 or bf16 (fp32 only with fp32); products are exact in fp32 for bf16/fp16
-    and summed in float32. accumulate (nki 0.3+ only; 0.2 has no such argument): False
-    overwrites, True adds (the region must already hold a matmul result); not given or None: the
-    first write to a PSUM region overwrites and later writes add, as in 0.2 (a region that is
-    only partly a matmul result is refused).
+    Inputs fp32, fp16, bf16 or (trn3 only) float8_e4m3fn (fp32 only with fp32); products are exact
+    in fp32 for bf16/fp16/fp8 and summed in float32. perf_mode=double_row (fp8 inputs only):
+    operands [K, 2, M] and [K, 2, N], contraction over the 2K elements of partitions and the first
+    free dim (NeuronCore-v3+ "FP8 double performance mode"; rule MM13).
+
+    accumulate (nki 0.3+ only; 0.2 has no such argument): False overwrites, True adds (the region
+    must already hold a matmul result); not given or None: the first write to a PSUM region
+    overwrites and later writes add, as in 0.2 (a region that is only partly a matmul result is
+    refused).
     """
     run = current_run()
     what = f"nisa.nc_matmul(stationary {stationary.shape}, moving {moving.shape} -> dst {dst.shape})"
@@ -337,14 +353,17 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NkiConstraintError(
             f"{what}: nki {run.api} nc_matmul has no accumulate= argument (added in 0.3): the "
             "first write to a PSUM tile overwrites and later writes accumulate" + _at(run, "MM15"))
-    k, m, n = _matmul_operands(run, dst, stationary, moving, what)
-    _matmul_modes(run, k, m, tile_position, tile_size, perf_mode, what)
+    double = _double_row(run, stationary, moving, is_transpose, tile_position, tile_size, perf_mode, what)
+    k, m, n = _matmul_operands(run, dst, stationary, moving, what, 2 if double else 1)
+    _matmul_modes(run, k, m, tile_position, tile_size, what)
     if is_transpose and run.target.name != "trn1" and stationary.dtype != dst.dtype:
         raise NkiConstraintError(
             f"{what}: is_transpose=True writes the input dtype ({stationary.dtype}) to PSUM from NeuronCore-v3; "
             "the emulator's PSUM holds float32 only" + _at(run, "MM14"))
-    product = _read(stationary, what).astype(np.float32, copy=False).T @ \
-        _read(moving, what).astype(np.float32, copy=False)
+    _in_scope(dst, what)
+    rows = 2 * k if double else k  # contraction elements: double_row adds the first free dim (of 2)
+    product = _read(stationary, what).astype(np.float32, copy=False).reshape(rows, m).T @ \
+        _read(moving, what).astype(np.float32, copy=False).reshape(rows, n)
     done = dst.matmul_result
     if accumulate is _NOT_GIVEN or accumulate is None:  # first write overwrites, later ones add
         accumulate = bool(done.all())
@@ -363,15 +382,41 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     done[...] = True
     trace = run.trace
     trace.matmuls += 1
-    trace.matmul_flops += 2 * k * m * n
-    trace.matmul_shapes[(k, m, n)] += 1
+    trace.matmul_flops += 2 * rows * m * n
+    trace.matmul_shapes[(rows, m, n)] += 1
     trace.matmul_columns += n
-    trace.matmul_columns_by_dtype[moving.dtype.name] += n
+    # double_row columns under their own key: the cost model's rate for them is an assumption on v4
+    trace.matmul_columns_by_dtype[moving.dtype.name + ("/double_row" if double else "")] += n
     run.issue("tensor", n)
 
 
-def _matmul_operands(run, dst, stationary, moving, what):
-    """Memories, dtypes and shapes of an nc_matmul; returns (K, M, N)."""
+def _double_row(run, stationary, moving, is_transpose, tile_position, tile_size, perf_mode, what) -> bool:
+    """Whether perf_mode is double_row, after its rules (MM13): NeuronCore-v3+; both inputs fp8
+    (of the emulated formats: float8_e4m3fn, which only trn3 has); operands [K, 2, M] and [K, 2, N];
+    no transpose mode and no tiling mode (the docs exclude column tiling; the emulator refuses
+    row tiling too: the stricter reading)."""
+    perf = _enum(perf_mode, matmul_perf_mode, what, "perf_mode")
+    if perf is not matmul_perf_mode.double_row:
+        return False
+    if run.target.name == "trn1":
+        raise NkiConstraintError(f"{what}: perf_mode=double_row: not on NeuronCore-v2 (trn1)" + _at(run, "MM13"))
+    if stationary.dtype not in _FP8_DTYPES or moving.dtype not in _FP8_DTYPES:
+        raise NkiConstraintError(
+            f"{what}: perf_mode=double_row: it needs fp8 inputs (emulated: float8_e4m3fn, on trn3), not "
+            f"{stationary.dtype} x {moving.dtype}" + _at(run, "MM13"))
+    if len(stationary.shape) != 3 or len(moving.shape) != 3 or stationary.shape[1] != 2 or moving.shape[1] != 2:
+        raise NkiConstraintError(
+            f"{what}: perf_mode=double_row splits the contraction over the partitions and a first free dim "
+            "that must be 2: operands [K, 2, M] and [K, 2, N]" + _at(run, "MM13"))
+    if is_transpose or tile_position or tile_size:
+        raise NkiConstraintError(f"{what}: perf_mode=double_row does not combine with transpose or tiling "
+                                 "mode" + _at(run, "MM13"))
+    return True
+
+
+def _matmul_operands(run, dst, stationary, moving, what, per_row=1):
+    """Memories, dtypes and shapes of an nc_matmul; returns (K, M, N) (K: partitions; per_row = 2:
+    double_row operands [K, 2, M] and [K, 2, N])."""
     target = run.target
     _on_chip(stationary, what, ("sbuf",))
     _on_chip(moving, what, ("sbuf",))
@@ -388,10 +433,10 @@ def _matmul_operands(run, dst, stationary, moving, what):
     if (s_type == np.float32) != (m_type == np.float32):
         raise NkiConstraintError(f"{what}: float32 operands must be paired with float32, not {s_type} x "
                                  f"{m_type}" + _at(run, "MM4"))
-    if len(stationary.shape) != 2 or len(moving.shape) != 2:
+    if per_row == 1 and (len(stationary.shape) != 2 or len(moving.shape) != 2):
         raise NkiConstraintError(f"{what}: operands must be 2-D [K, M] and [K, N]" + _at(run, "MM19"))
-    k, m = stationary.shape
-    k2, n = moving.shape
+    k, m = stationary.shape[0], stationary.shape[-1]
+    k2, n = moving.shape[0], moving.shape[-1]
     if k != k2:
         raise NkiConstraintError(f"{what}: contraction (partition) sizes differ: {k} vs {k2}" + _at(run, "MM6"))
     if k > target.partitions:
@@ -411,14 +456,9 @@ def _matmul_operands(run, dst, stationary, moving, what):
     return k, m, n
 
 
-def _matmul_modes(run, k, m, tile_position, tile_size, perf_mode, what) -> None:
+def _matmul_modes(run, k, m, tile_position, tile_size, what) -> None:
     """Tiling mode (row tiles of 64, or 32 from NeuronCore-v3; no column tiling: the stricter
-    reading of the parameter text) and perf_mode (double_row: NeuronCore-v3+ with fp8 only)."""
-    perf = _enum(perf_mode, matmul_perf_mode, what, "perf_mode")
-    if perf is matmul_perf_mode.double_row:
-        reason = "not on NeuronCore-v2 (trn1)" if run.target.name == "trn1" else \
-            "it needs fp8 inputs, which the emulator does not have"
-        raise NkiConstraintError(f"{what}: perf_mode=double_row: {reason}" + _at(run, "MM13"))
+    reading of the parameter text)."""
     if not tile_position and not tile_size:
         return
     if len(tuple(tile_position)) != 2 or len(tuple(tile_size)) != 2:

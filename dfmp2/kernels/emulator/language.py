@@ -2,8 +2,9 @@
 
 The subset dfmp2's kernels use, with the signatures common to NKI 0.2-0.6 (Neuron SDK
 2.28-2.32). Loops: affine/sequential/static ranges are unrolled (0.3+) or traced (0.2) and
-count every iteration's instructions; `dynamic_range` (0.2-0.5) is a device-side loop whose
-body is compiled once.
+count every iteration's instructions (0.7: deprecated, Python `range`, still unrolled);
+`dynamic_range` (0.2-0.6, removed in 0.7) and `fori_loop` (0.6+) are device-side loops whose body is
+compiled once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import BFLOAT16, NkiConstraintError, Tile, current_run
+from .core import BFLOAT16, FLOAT8_E4M3FN, FP8_E4M3FN_TARGETS, NkiConstraintError, Tile, current_run
 
 
 # ---- buffers ---------------------------------------------------------------------------
@@ -33,6 +34,7 @@ _BUFFERS = {"sbuf": sbuf, "psum": psum, "shared_hbm": shared_hbm, "private_hbm":
 float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
 bfloat16 = BFLOAT16  # values held in float32 arrays, every write rounded to bf16 (RNE)
+float8_e4m3fn = FLOAT8_E4M3FN  # OCP fp8, trn3 only (L16); float32 arrays, every write rounded (RNE, overflow NaN)
 int32 = np.dtype(np.int32)
 uint32 = np.dtype(np.uint32)
 int16 = np.dtype(np.int16)
@@ -40,8 +42,9 @@ uint16 = np.dtype(np.uint16)
 int8 = np.dtype(np.int8)
 uint8 = np.dtype(np.uint8)
 bool_ = np.dtype(np.bool_)
-# the emulated part of AWS's dtype table (fp8 and tfloat32 are not emulated)
-DTYPES = (float32, float16, bfloat16, int32, uint32, int16, uint16, int8, uint8, bool_)
+# the emulated part of AWS's dtype table (the other fp8 formats, the packed x4 types and tfloat32 are not
+# emulated; float8_e4m3fn only on NeuronCore-v4, rule L16)
+DTYPES = (float32, float16, bfloat16, float8_e4m3fn, int32, uint32, int16, uint16, int8, uint8, bool_)
 
 
 class tile_size:  # noqa: N801 - the NKI name
@@ -111,21 +114,58 @@ static_range = affine_range
 
 
 def dynamic_range(start, stop=None, step=1):
-    """A device-side loop (nki 0.2-0.5; 0.6 replaced it by nl.fori_loop): the body is compiled
-    once, so only the first iteration's instructions count toward the instruction limit."""
+    """A device-side loop (nki 0.2-0.6; deprecated in 0.6 for nl.fori_loop, removed in 0.7): the body
+    is compiled once, so only the first iteration's instructions count toward the instruction limit."""
     run = current_run()
-    if run.api_at_least("0.6"):
+    if run.api_at_least("0.7"):
         raise NkiConstraintError(
-            f"{run.name}: nl.dynamic_range does not exist in nki {run.api} (replaced by nl.fori_loop) "
-            f"[L11; {run.target.name}, nki {run.api}]")
+            f"{run.name}: nl.dynamic_range was removed in nki {run.api} (deprecated in 0.6): use "
+            f"nl.fori_loop or nl.while_loop [L11; {run.target.name}, nki {run.api}]")
     for n, value in enumerate(affine_range(start, stop, step)):
         with run.device_loop_iteration(first=n == 0):
             yield value
 
 
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    """nl.fori_loop (nki 0.6+): body_fun(i) for i in range(lower, upper, step) as a device-side
+    loop, compiled once (only the first iteration's instructions count toward the instruction
+    limit). AWS's rules [L15]: 32-bit bounds, a positive compile-time int step, a body that returns
+    nothing, and tensors allocated in the body are not usable after the loop."""
+    run = current_run()
+    where = f"[L15; {run.target.name}, nki {run.api}]"
+    if not run.api_at_least("0.6"):
+        raise NkiConstraintError(f"{run.name}: nl.fori_loop does not exist in nki {run.api} (new in 0.6; "
+                                 f"use nl.dynamic_range there) {where}")
+    if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+        raise NkiConstraintError(f"{run.name}: nl.fori_loop step {step!r}: it must be a positive compile-time "
+                                 f"int {where}")
+    for name, bound in (("lower", lower), ("upper", upper)):
+        if not isinstance(bound, (int, np.integer)) or isinstance(bound, bool) \
+                or not INT32_MIN <= int(bound) <= INT32_MAX:
+            raise NkiConstraintError(f"{run.name}: nl.fori_loop {name} bound {bound!r}: a bound must be a "
+                                     f"32-bit int (the loop compiles to a compare-and-branch with no "
+                                     f"64-bit form) {where}")
+    with run.loop_scope():
+        for n, value in enumerate(range(int(lower), int(upper), step)):
+            with run.device_loop_iteration(first=n == 0):
+                returned = body_fun(value)
+            if returned is not None:
+                raise NkiConstraintError(f"{run.name}: the nl.fori_loop body returned {type(returned).__name__}; "
+                                         f"a body returns nothing (write results into tensors) {where}")
+
+
 # ---- allocation ------------------------------------------------------------------------
-def _check_dtype(dtype, what):
+def _check_dtype(dtype, what, run=None):
     if dtype is BFLOAT16:
+        return dtype
+    if dtype is FLOAT8_E4M3FN:
+        if run is not None and run.target.name not in FP8_E4M3FN_TARGETS:
+            raise NkiConstraintError(
+                f"{what}: Data type F8E4M3FN is not supported on TRN1/TRN2. (neuronx-cc error EVRF051: "
+                f"float8_e4m3fn is native on NeuronCore-v4 (trn3) and later) [L16; {run.target.name}, nki {run.api}]")
         return dtype
     try:
         dtype = np.dtype(dtype)
@@ -155,10 +195,10 @@ def _buffer(buffer, run):
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     """Uninitialised tensor: on-chip memory is NaN-filled and marked unwritten."""
     shape = tuple(int(n) for n in shape)
-    dtype = _check_dtype(dtype, f"nl.ndarray{shape}")
+    run = current_run(check=False)
+    dtype = _check_dtype(dtype, f"nl.ndarray{shape}", run)
     if any(n <= 0 for n in shape):
         raise NkiConstraintError(f"nl.ndarray: empty shape {shape}")
-    run = current_run(check=False)
     buffer = _buffer(buffer, run)
     storage = getattr(dtype, "storage", dtype)
     data = np.full(shape, np.nan, dtype=storage) if dtype.kind == "f" else np.full(shape, 4, dtype=storage)
@@ -182,6 +222,7 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
                 f"{run.target.psum_bank_bytes} B PSUM bank (tile_size.psum_fmax = 512 fp32; the stricter "
                 f"reading): use a list of one-bank tiles [L1; {run.target.name}, nki {run.api}]")
         run.allocate(buffer, per_partition, shape, tile)
+        run.scoped(tile)
     return tile
 
 
