@@ -1021,8 +1021,9 @@ def test_sbuf_tile_that_fits_trn3_but_not_trn2():
                                                                     r"live, limit 212992 B per partition"):
         one_sbuf_tile_kernel(x)
     with nki.target("trn3"), pytest.raises(
-            NkiConstraintError, match=r"exceeds SBUF capacity on trn3: 0 B already live, limit 245760 B per partition "
-                                      r"\(usable: 262144 B physical minus 16384 B the compiler reserves\) \[L4/X9; trn3"):
+            NkiConstraintError, match=r"exceeds SBUF capacity on trn3: 0 B already live, limit 245760 B per "
+                                      r"partition \(usable: 262144 B physical minus 16384 B the compiler "
+                                      r"reserves\) \[L4/X9; trn3"):
         one_sbuf_tile_kernel(rand((2, columns + 1), 42))
 
 

@@ -269,9 +269,10 @@ def test_trn3_with_nki_0_2_is_refused():
     from dfmp2.util.errors import ComputationError, InputError
     from dfmp2.kernels import get_backend
 
-    with pytest.raises(InputError, match=r"^device='trn3' with the emulated nki 0\.2: AWS does not support that pair "
-                                         r"\(supported on trn3: nki 0\.3, 0\.4, 0\.5, 0\.6, 0\.7; trn3 needs Neuron SDK "
-                                         r"2\.29 to 2\.33; SDK 2\.28 \(nki 0\.2\) does not list Trn3\)"):
+    with pytest.raises(InputError, match=r"^device='trn3' with the emulated nki 0\.2: AWS does not support "
+                                         r"that pair \(supported on trn3: nki 0\.3, 0\.4, 0\.5, 0\.6, 0\.7; "
+                                         r"trn3 needs Neuron SDK 2\.29 to 2\.33; SDK 2\.28 \(nki 0\.2\) does not "
+                                         r"list Trn3\)"):
         get_backend("trn3", simulate=True, nki_api="0.2")
     from dfmp2.kernels import nki_support
 

@@ -86,7 +86,8 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     if device in TRAINIUM:
         return _trainium_backend(device, precision, simulate, model_only, nki_api, transform)
     if simulate or model_only or nki_api is not None:
-        raise InputError(f"{option('simulate')}, {option('model_only')} and {option('nki_api')} apply to {', '.join(TRAINIUM)}, not to {device}")
+        raise InputError(f"{option('simulate')}, {option('model_only')} and {option('nki_api')} apply to "
+                         f"{', '.join(TRAINIUM)}, not to {device}")
     if transform is not None:
         raise InputError(f"{option('transform')} applies to {', '.join(TRAINIUM)}; {device} transforms in fp64")
     from .torch_backend import TorchBackend, cuda_available
