@@ -19,7 +19,9 @@ the host-SCF kind at 2 threads; the harness refuses a run during which other pro
 than 5% of a core.
 
 Host seconds per core count are measured; at a Trainium instance's host cores they are an
-ESTIMATE: Amdahl's law fitted to the 1- and 2-thread runs (t(n) = serial + parallel / n), evaluated
+ESTIMATE: Amdahl's law fitted per part (SCF set-up, SCF cycles, each MP2 step, the rest) to the 1-
+and 2-thread runs (t(n) = serial + parallel / n; the SCF per cycle, since the thread count changes
+the fp64 sums' rounding and with it the mixed-precision SCF's cycle count), evaluated
 at the physical cores of trn1.2xlarge (8 vCPUs), trn1.32xlarge (128) and trn2.48xlarge (192), assuming
 2 vCPUs per physical core, this machine's per-core speed, and perfect scaling of the parallel part
 (an optimistic bound: memory bandwidth, NUMA and PySCF's own scaling are not modelled).
@@ -133,9 +135,71 @@ def breakdown(record, wall, launches):
 
 
 def amdahl(one, two):
-    """t(n) = serial + parallel / n through t(1) = one and t(2) = two."""
+    """t(n) = serial + parallel / n through t(1) = one and t(2) = two (parallel >= 0; a faster than
+    linear speed-up, t(2) < t(1) / 2, is taken as all parallel through the 2-thread point)."""
     parallel = max(0.0, 2.0 * (one - two))
+    if parallel > one:
+        return 0.0, 2.0 * two
     return one - parallel, parallel
+
+
+def host_parts(run):
+    """A trn run's host seconds by part: the SCF's set-up, its cycles, each MP2 step, the rest."""
+    steps = dict(run["host_seconds_by_step"])
+    setup = run.get("scf_setup_seconds") or 0.0
+    parts = {"scf_setup": setup, "scf_cycles": steps.pop("scf", 0.0) - setup, **steps}
+    parts["other"] = run["host_seconds"] - sum(parts.values())
+    return parts
+
+
+def instance_estimate(one, two):
+    """ESTIMATE of the 2-thread run's host seconds at n cores: Amdahl's law fitted per part to the 1-
+    and 2-thread runs; the SCF cycles per cycle (thread counts change the fp64 sums' rounding and so
+    the mixed-precision SCF's path and cycle count), times the 2-thread run's cycles."""
+    p1, p2 = host_parts(one), host_parts(two)
+    fits = {}
+    for part in p2:
+        a, b = p1.get(part, 0.0), p2[part]
+        if part == "scf_cycles":
+            a, b = a / one["scf_iterations"], b / two["scf_iterations"]
+        serial, parallel = amdahl(a, b)
+        scale = two["scf_iterations"] if part == "scf_cycles" else 1
+        fits[part] = (serial * scale, parallel * scale)
+    serial = sum(s for s, _ in fits.values())
+    parallel = sum(p for _, p in fits.values())
+    return serial, parallel, {part: [round(s, 3), round(p, 3)] for part, (s, p) in fits.items()}
+
+
+def add_estimate(report):
+    """report["instance_estimate"] from its measured trn@1 and trn@2 runs (no measurement)."""
+    serial, parallel, fits = instance_estimate(report["trn@1"], report["trn@2"])
+    report["instance_estimate"] = {
+        "note": ("ESTIMATE, not a measurement: Amdahl's law fitted per part (SCF set-up, SCF cycles per cycle, "
+                 "each MP2 step, the rest) to the trn run's host seconds at 1 and 2 threads here, the SCF's "
+                 f"cycles as in the 2-thread run; {VCPUS_PER_CORE} vCPUs per physical core assumed, this "
+                 "machine's per-core speed, the parallel part scaling perfectly (an optimistic bound)"),
+        "serial_seconds": round(serial, 3), "parallel_seconds": round(parallel, 3),
+        "parallel_fraction": round(parallel / (serial + parallel), 3) if serial + parallel else None,
+        "serial_and_parallel_seconds_by_part": fits, "instances": {}}
+    targets = [t for t in report["trn@2"] if isinstance(report["trn@2"][t], dict) and "device_model_seconds"
+               in report["trn@2"][t]]
+    for instance, vcpus in INSTANCE_VCPUS.items():
+        cores = vcpus // VCPUS_PER_CORE
+        host_at = serial + parallel / cores
+        report["instance_estimate"]["instances"][instance] = {
+            "physical_cores_assumed": cores, "host_seconds": round(host_at, 3),
+            "whole_job_seconds": {t: round(host_at + report["trn@2"][t]["device_model_seconds"], 3) for t in targets}}
+
+
+def reestimate(path):
+    """Recompute a record's instance_estimate from its measured runs (nothing is run or timed)."""
+    with open(path, encoding="utf-8") as handle:
+        report = json.load(handle)
+    add_estimate(report)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=1)
+        handle.write("\n")
+    print(json.dumps(report["instance_estimate"], indent=1))
 
 
 def main(argv=None):
@@ -143,7 +207,11 @@ def main(argv=None):
     parser.add_argument("molecule")
     parser.add_argument("--basis", default="cc-pvdz")
     parser.add_argument("--json", action="store_true", help="write benchmarks/results/trainium_whole_job_*.json")
+    parser.add_argument("--reestimate", action="store_true",
+                        help="recompute the instance estimate of MOLECULE, a record written before (nothing is run)")
     args = parser.parse_args(argv)
+    if args.reestimate:
+        return reestimate(args.molecule)
     clock = LaunchClock()
     harness = Harness(rounds=1, warmup=0, blas_settings={})
     harness.wait_for_quiet()
@@ -173,21 +241,7 @@ def main(argv=None):
         report[key] = {"e_tot_minus_host": record["e_tot"] - host["e_tot"],
                        "e_hf_minus_host": record["e_hf"] - host["e_hf"], "scf_backend": record["scf_backend"],
                        "wall_seconds": round(wall, 2), **breakdown(record, wall, launches)}
-    serial, parallel = amdahl(report["trn@1"]["host_seconds"], report["trn@2"]["host_seconds"])
-    report["instance_estimate"] = {
-        "note": ("ESTIMATE, not a measurement: Amdahl's law through the trn run's host seconds at 1 and 2 threads "
-                 f"here; {VCPUS_PER_CORE} vCPUs per physical core assumed, this machine's per-core speed, the "
-                 "parallel part scaling perfectly (an optimistic bound)"),
-        "serial_seconds": round(serial, 3), "parallel_seconds": round(parallel, 3),
-        "parallel_fraction": round(parallel / (serial + parallel), 3) if serial + parallel else None,
-        "instances": {}}
-    for instance, vcpus in INSTANCE_VCPUS.items():
-        cores = vcpus // VCPUS_PER_CORE
-        host_at = serial + parallel / cores
-        report["instance_estimate"]["instances"][instance] = {
-            "physical_cores_assumed": cores, "host_seconds": round(host_at, 3),
-            "whole_job_seconds": {target: round(host_at + report["trn@2"][target]["device_model_seconds"], 3)
-                                  for target in measured["trn@2"][0]["modelled"]}}
+    add_estimate(report)
     for target in measured["trn@2"][0]["modelled"]:
         device = report["trn@2"][target]["device_model_seconds"]
         host_seconds = report["trn@2"]["host_seconds"]

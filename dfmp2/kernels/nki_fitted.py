@@ -36,10 +36,11 @@ RANK_STEP = 32  # factor columns are padded with zeros to a multiple of this, th
 DIGIT_WEIGHTS = np.array([2.0 ** (-SLICE_BITS * (s + 1)) for s in range(INPUT_SLICES)])
 
 
-def hbm_bytes_per_launch_core(target: str) -> int:
-    """HBM of the cores one launch uses (a logical NeuronCore: 1 physical core on trn1, 2 on trn2/trn3)."""
+def hbm_bytes_per_launch_core(target: str, lnc: int) -> int:
+    """HBM of the physical cores one launch uses: `lnc` of them (the run's logical NeuronCore degree:
+    1 on trn1 and under nki 0.7, 2 on trn2/trn3 under earlier releases), each its share of the chip's."""
     t = TARGETS[target]
-    return HBM_BYTES_PER_CHIP[target] // t.cores_per_chip * t.max_lnc
+    return HBM_BYTES_PER_CHIP[target] // t.cores_per_chip * lnc
 
 
 def aux_digits(square: np.ndarray):
@@ -61,7 +62,7 @@ class NkiFittedStore:
     def __init__(self, backend, rows, nao, kinds, free_bytes):
         naux = rows.shape[0]
         need = naux * nao * nao * (4 + INPUT_SLICES)
-        hbm = hbm_bytes_per_launch_core(backend.target)
+        hbm = hbm_bytes_per_launch_core(backend.target, backend.lnc)
         if jk_columns(nao, False) < RANK_STEP:
             raise MemoryBudgetError(f"dfmp2's fp32 SCF builds on {backend.target} hold the factors' half transforms "
                                     f"of one auxiliary function on chip: nao {nao} leaves no room; "
