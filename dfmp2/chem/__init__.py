@@ -23,6 +23,7 @@ from .basis import atomic_number, basis_name  # noqa: F401
 from .basis import (BASIS_LOOKUP_ERRORS, BSE, ECP_FROM_BSE_MIN_Z, GENERATED, EffectiveCorePotentials, FittingSet,
                     basis_by_element, build_molecule, choose_ecp, ecp_record, fitting_basis, named_fitting_set,
                     pyscf_basis, pyscf_fitting_choice)
+from .charges import ChargeSpin, charge_and_spin  # noqa: F401
 from .cphf import fock_response_vo, response_potentials, solve_cphf  # noqa: F401
 from .derivatives import DERIVATIVE_BLOCK_BYTES, SCFGradientTerms, three_center_derivative_contraction  # noqa: F401
 from .integrals import CholeskyVectors, EarlyIntegrals, ThreeCenterIntegrals, pair_bounds  # noqa: F401

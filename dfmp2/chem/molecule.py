@@ -32,12 +32,13 @@ class Atom:
 
 @dataclass(frozen=True)
 class Fragment:
-    """Atoms [start, stop) of a frame, with the charge and multiplicity (2S+1) its file gives
-    (None where it gives none)."""
+    """Atoms [start, stop) of a frame, with the charge and multiplicity (2S+1) its input gives
+    (None where it gives none) and the file line that gives them."""
     start: int
     stop: int
     charge: int | None = None
     multiplicity: int | None = None
+    line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def _parse_frame(lines, first, elements) -> Frame:
     comment = lines.next()
     if comment is None:
         raise InputError(f"{path}: missing the comment line (line {start + 1})")
-    atoms, numbers, fragments = [], [], [[0, None, None]]  # [start, charge, multiplicity]
+    atoms, numbers, fragments = [], [], [[0, None, None, None]]  # [start, charge, multiplicity, line]
     while len(atoms) < natom:
         text = lines.next_filled()
         if text is None:
@@ -207,9 +208,9 @@ def _parse_frame(lines, first, elements) -> Frame:
         if fields == ["--"]:
             if not atoms or fragments[-1][0] == len(atoms):
                 raise InputError(f"{path}, line {lines.lineno}: a fragment separator '--' with no atoms before it")
-            fragments.append([len(atoms), None, None])
+            fragments.append([len(atoms), None, None, None])
         elif len(fields) == 2 and fragments[-1][0] == len(atoms) and fragments[-1][1] is None:
-            fragments[-1][1:] = _charge_multiplicity(path, lines.lineno, fields)
+            fragments[-1][1:] = (*_charge_multiplicity(path, lines.lineno, fields), lines.lineno)
         else:
             atoms.append(_parse_atom(path, lines.lineno, text, elements))
             numbers.append(lines.lineno)
@@ -217,7 +218,7 @@ def _parse_frame(lines, first, elements) -> Frame:
         raise InputError(f"{path}, line {lines.lineno}: the last fragment has no atoms")
     stops = [f[0] for f in fragments[1:]] + [len(atoms)]
     check_geometry(atoms, path, numbers)
-    return Frame(tuple(atoms), comment.strip(), tuple(Fragment(b, e, c, m) for (b, c, m), e in zip(fragments, stops)),
+    return Frame(tuple(atoms), comment.strip(), tuple(Fragment(b, e, c, m, n) for (b, c, m, n), e in zip(fragments, stops)),
                  path, start)
 
 
