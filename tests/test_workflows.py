@@ -191,8 +191,8 @@ def test_counterpoise_parts_add_up(nexe_counterpoise):
 @pytest.mark.parametrize("text, args, needle", [
     (WATER, ["--counterpoise"], "counterpoise needs fragments"),
     (WATER_DIMER, ["--bsse", "cpp"], "expected cp, nocp or cp,nocp"),
-    (WATER_DIMER, ["--counterpoise", "--charge", "1"], "disagree with the fragments"),
-    (WATER_DIMER.replace("0 1\n", ""), ["--counterpoise", "--charge", "1"], "give each fragment's"),
+    (WATER_DIMER, ["--counterpoise", "--charge", "1"], "disagrees with the fragments' 'charge multiplicity' lines"),
+    (WATER_DIMER.replace("0 1\n", ""), ["--counterpoise", "--charge", "1"], "write each fragment's line"),
     (WATER_DIMER, ["--counterpoise", "--checkpoint", "ck"], "keeps one run"),
     ("2\nx\nHe 0 0 0\n--\n@He 0 0 3\n", ["--counterpoise"], "fragment 2 holds ghost atoms only"),
 ])

@@ -16,7 +16,7 @@ from ..chem.extrapolation import (check_scf_scheme, expand_basis, extrapolate_co
                                   scheme_names)
 from ..run.settings import Settings
 from ..util.errors import InputError, option
-from .driver import run_atoms
+from .driver import check_atoms, run_atoms
 
 KCAL_PER_HARTREE = 627.5094737775374  # Psi4's psi_hartree2kcalmol (physconst.h)
 BSSE_TYPES = ("cp", "nocp")
@@ -41,36 +41,6 @@ def energies_of(result) -> dict:
     return values
 
 
-def fragment_charges(frame, charge: int | None, spin: int | None) -> list:
-    """[(charge, 2S)] of each fragment of `frame`: as its file gives them, else neutral and the
-    lowest spin its electrons allow (0 or 1). The whole's (charge, spin) given as well must be
-    the fragments' sum (high-spin coupled); a charged whole needs each fragment's line."""
-    found = []
-    for k, fragment in enumerate(frame.fragments):
-        if fragment.charge is not None:
-            found.append((fragment.charge, fragment.multiplicity - 1))
-            continue
-        if charge:
-            raise InputError(f"{frame.name}: charge {charge} for {len(frame.fragments)} fragments: give each fragment's "
-                             "'charge multiplicity' line after its '--'")
-        electrons = sum(chem.atomic_number(a.symbol) for a in frame.atoms[fragment.start:fragment.stop] if not a.ghost)
-        found.append((0, electrons % 2))
-    whole = (sum(c for c, _ in found), sum(s for _, s in found))
-    if (charge is not None and charge != whole[0]) or (spin is not None and spin != whole[1]):
-        raise InputError(f"{frame.name}: {option('charge')} {charge} / {option('spin')} {spin} disagree with the "
-                         f"fragments' charge {whole[0]} and 2S {whole[1]} (their 'charge multiplicity' lines)")
-    return found
-
-
-def whole_charge_spin(frame, charge: int | None, spin: int | None) -> tuple:
-    """(charge, 2S) of the whole frame: the fragments' sum where its file gives any fragment's
-    'charge multiplicity' line (`fragment_charges`), else the given ones (None: 0)."""
-    if all(f.charge is None for f in frame.fragments):
-        return charge or 0, spin or 0
-    found = fragment_charges(frame, charge, spin)
-    return sum(c for c, _ in found), sum(s for _, s in found)
-
-
 def is_composite(basis: str, bsse) -> bool:
     """Whether a run is several runs combined: interaction energies asked for, or a basis in
     Psi4's bracket notation (`expand_basis`, which checks it)."""
@@ -79,21 +49,23 @@ def is_composite(basis: str, bsse) -> bool:
 
 def counterpoise_systems(frame, bsse, charge=None, spin=None) -> list:
     """The systems of a counterpoise computation on the fragments of `frame`: the whole, each
-    fragment in the whole's basis (the others ghosts; "cp"), each fragment alone ("nocp")."""
+    fragment in the whole's basis (the others ghosts; "cp"), each fragment alone ("nocp"), each
+    at the charge and 2S `chem.charge_and_spin` gives it (InputError where the input leaves a
+    fragment's state a guess)."""
     if len(frame.fragments) < 2:
         raise InputError(f"{frame.name}: counterpoise needs fragments: separate them with a line '--' "
                          "(optionally followed by each fragment's 'charge multiplicity' line)")
-    unknown = sorted(set(bsse) - set(BSSE_TYPES))
-    if unknown or not bsse:
-        raise InputError(f"--bsse {','.join(bsse)}: expected cp, nocp or cp,nocp")
+    check_bsse(bsse)
     for k, fragment in enumerate(frame.fragments, start=1):
         if all(a.ghost for a in frame.atoms[fragment.start:fragment.stop]):
             raise InputError(f"{frame.name}: fragment {k} holds ghost atoms only: a fragment of a counterpoise "
                              "computation needs real atoms")
-    charges = fragment_charges(frame, charge, spin)
+    found = chem.charge_and_spin(frame, charge, spin)
+    if found.fragments is None:
+        raise InputError(f"{found.undetermined} (counterpoise runs each fragment at its own charge and spin)")
     atoms = frame.atoms
-    systems = [System("whole", atoms, sum(c for c, _ in charges), sum(s for _, s in charges))]
-    for k, (fragment, (q, s)) in enumerate(zip(frame.fragments, charges), start=1):
+    systems = [System("whole", atoms, found.charge, found.spin)]
+    for k, (fragment, (q, s)) in enumerate(zip(frame.fragments, found.fragments), start=1):
         inside = range(fragment.start, fragment.stop)
         if "cp" in bsse:
             ghosted = tuple(a if i in inside else chem.Atom(a.symbol, a.xyz, True) for i, a in enumerate(atoms))
@@ -101,6 +73,16 @@ def counterpoise_systems(frame, bsse, charge=None, spin=None) -> list:
         if "nocp" in bsse:
             systems.append(System(f"fragment {k} (own basis)", tuple(atoms[i] for i in inside), q, s))
     return systems
+
+
+def check_bsse(bsse) -> list:
+    """bsse, if it lists BSSE_TYPES each once; InputError naming what it holds otherwise."""
+    unknown = [kind for kind in bsse if kind not in BSSE_TYPES]
+    if unknown or not bsse:
+        shown = ",".join(bsse)
+        raise InputError(f"{option('bsse')} {shown!r}: expected cp, nocp or cp,nocp" if shown else
+                         f"{option('bsse')} is empty: expected cp, nocp or cp,nocp")
+    return list(bsse)
 
 
 def interaction(energies: dict, bsse) -> dict:
@@ -149,27 +131,63 @@ def check_composite_settings(settings: Settings) -> None:
                          "properties)")
 
 
+def composite_runs(frame, settings: Settings, bsse=(), scf_extrapolation="highest") -> tuple:
+    """The one check of a composite before anything runs: ({basis spec: [(System, its run's
+    Settings)]}, notes). Every system in every basis goes through `driver.check_atoms` (what
+    run_atoms checks before its SCF: charge and spin, ECPs, basis and fitting sets, frozen core),
+    so that a system that cannot run is found before the first one runs, named with its basis."""
+    bases = expand_basis(settings.basis)
+    check_scf_scheme(scf_extrapolation)
+    if len(bases) > 1 and settings.xc is not None:
+        raise InputError(f"basis-set extrapolation is of MP2's correlation energy: not with {option('xc')}")
+    check_composite_settings(settings)
+    found = chem.charge_and_spin(frame, settings.charge, settings.spin)
+    systems = counterpoise_systems(frame, bsse, settings.charge, settings.spin) if bsse else \
+        [System("whole", frame.atoms, found.charge, found.spin)]
+    notes = found.notes
+    named_ecp = settings.ecp is not None and str(settings.ecp).strip().lower() not in ("auto", "none")
+    if named_ecp:  # an ECP library named for the whole: refused here if it covers none of its elements (ghosts too)
+        chem.choose_ecp([a.symbol for a in frame.atoms], settings.basis, settings.ecp)
+    planned = {}
+    for _, basis in bases:
+        planned[basis] = []
+        for system in systems:
+            # a fragment alone whose elements the named library does not cover runs all-electron, as under it
+            ecp = "none" if named_ecp and _covers_nothing(system, settings.ecp) else settings.ecp
+            chosen = settings.replace(basis=basis, charge=system.charge, spin=system.spin, ecp=ecp)
+            try:
+                check_atoms(list(system.atoms), chosen)
+            except InputError as error:
+                where = f"{system.name}" + (f" in {basis}" if len(bases) > 1 else "")
+                raise InputError(f"{frame.name}: {where}: {error}") from None
+            planned[basis].append((system, chosen))
+    return planned, notes
+
+
+def _covers_nothing(system, ecp) -> bool:
+    """Whether the ECP library named `ecp` covers none of `system`'s elements (ghosts included)."""
+    try:
+        chem.choose_ecp([a.symbol for a in system.atoms], "", ecp)
+    except InputError:
+        return True
+    return False
+
+
 def run_composite(frame, settings: Settings, bsse=(), scf_extrapolation="highest", context_of=None,
                   on_run=None) -> CompositeResult:
     """Long (one loop over bases and systems, then the record): the counterpoise systems of
     `frame` (bsse: "cp", "nocp"; none: the frame as one system) in each basis of
     settings.basis (Psi4's bracket notation extrapolates). settings.charge/spin: None takes the
-    file's. context_of(): a fresh RunContext per run; on_run(basis, system, result) after each."""
+    file's. context_of(): a fresh RunContext per run; on_run(basis, system, result) after each.
+    Every system is checked in every basis (`composite_runs`) before the first runs."""
+    planned, notes = composite_runs(frame, settings, bsse, scf_extrapolation)
     bases = expand_basis(settings.basis)
-    check_scf_scheme(scf_extrapolation)  # before any run
-    if len(bases) > 1 and settings.xc is not None:
-        raise InputError(f"basis-set extrapolation is of MP2's correlation energy: not with {option('xc')}")
-    check_composite_settings(settings)
-    if bsse:
-        systems = counterpoise_systems(frame, bsse, settings.charge, settings.spin)
-    else:
-        systems = [System("whole", frame.atoms, *whole_charge_spin(frame, settings.charge, settings.spin))]
+    systems = [system for system, _ in planned[bases[0][1]]]
     per_basis, runs = [], {}
     for cardinal, basis in bases:
         energies, records = {}, {}
-        for system in systems:
-            result = run_atoms(list(system.atoms), settings.replace(basis=basis, charge=system.charge, spin=system.spin),
-                               context_of() if context_of else None)
+        for system, system_settings in planned[basis]:
+            result = run_atoms(list(system.atoms), system_settings, context_of() if context_of else None)
             energies[system.name], records[system.name] = energies_of(result), result.as_dict()
             if on_run is not None:
                 on_run(basis, system, result)
@@ -183,6 +201,7 @@ def run_composite(frame, settings: Settings, bsse=(), scf_extrapolation="highest
                            "atoms": [[a.label, *a.xyz] for a in s.atoms]} for s in systems]}
     if bsse:
         record["bsse"] = list(bsse)
+    record["notes"] = list(notes)
     final = runs[bases[-1][1]]
     if len(bases) > 1:
         limit = {name: extrapolated([(x, runs[b]["energies"][name]) for x, b in bases], scf_extrapolation)

@@ -6,6 +6,7 @@ Inputs are validated (device, file, basis, auxiliary basis) before any expensive
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 from .. import chem
 from ..chem.functionals import double_hybrid
@@ -139,21 +140,56 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) 
         return _run_atoms(atoms, settings, context)
 
 
-def _run_atoms(atoms, settings, context) -> DFMP2Result:
-    if settings.device in ("cpu", "cuda"):
-        flush_subnormals_first()  # before PySCF starts the OpenMP threads torch's GEMMs will share
+def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
+    """Every check run_atoms makes before its SCF that needs no device (the request, the geometry,
+    charge and spin, ECPs, the basis and fitting sets, frozen core): InputError naming the first
+    problem, nothing computed. A composite checks each of its systems so before any runs."""
+    settings = _with_properties(_offered_precision(settings_from(settings, **changes)))
+    chem.check_geometry(atoms)
+    molecule = _molecule_of(atoms, settings, ranks=1)
+    chem.ThreeCenterIntegrals(molecule.mol, settings.auxbasis)  # the MP2-fit set for every element
+    _with_frozen_core(settings, molecule.mol, _occupied(molecule.mol, settings, molecule.reference))
+
+
+@dataclass
+class _Molecule:
+    """What run_atoms makes of its atoms before anything is computed."""
+    reference: str  # rhf, uhf or rohf
+    dh: object  # the double hybrid (chem.functionals), or None
+    ecp: object  # chem.EffectiveCorePotentials
+    mol: object  # the PySCF Mole
+    jk_fitting: object  # the SCF's JK-fit set (None: exact integrals)
+
+
+def _molecule_of(atoms, settings, ranks) -> _Molecule:
+    """The checked request's molecule (`_Molecule`): InputError before anything is computed."""
     reference = chem.choose_reference(settings.spin, settings.reference)
-    _check_molecule_request(settings, reference, context.ranks)
+    _check_molecule_request(settings, reference, ranks)
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
     if dh is not None:
         chem.check_xc(dh.xc)
-    ecp = chem.choose_ecp([a.symbol for a in atoms if not a.ghost], settings.basis, settings.ecp)  # ghosts: none
+    # ghosts carry no ECP (Psi4); an ECP library named for a ghost's element covers something here
+    ecp = chem.choose_ecp([a.symbol for a in atoms if not a.ghost], settings.basis, settings.ecp,
+                          [a.symbol for a in atoms if a.ghost])
     mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp,
                               settings.cartesian)
-    jk_fitting = _jk_fitting(settings, mol)
+    return _Molecule(reference, dh, ecp, mol, _jk_fitting(settings, mol))
+
+
+def _occupied(mol, settings, reference) -> list:
+    """Occupied orbitals per spin channel (one: restricted)."""
+    return [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
+
+
+def _run_atoms(atoms, settings, context) -> DFMP2Result:
+    if settings.device in ("cpu", "cuda"):
+        flush_subnormals_first()  # before PySCF starts the OpenMP threads torch's GEMMs will share
+    molecule = _molecule_of(atoms, settings, context.ranks)
+    reference, dh, ecp, mol, jk_fitting = (molecule.reference, molecule.dh, molecule.ecp, molecule.mol,
+                                           molecule.jk_fitting)
     jk_integrals, backend = _early_jk_integrals(settings, context, mol, jk_fitting, dh), backend_for(settings)
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
-    spins = [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
+    spins = _occupied(mol, settings, reference)
     settings = _with_frozen_core(settings, mol, spins)
     _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting)
     builds = _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals)

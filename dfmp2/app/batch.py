@@ -7,6 +7,7 @@ and the others go on; the command's exit status says whether all succeeded (0) o
 
 from __future__ import annotations
 
+import json
 import os
 
 from ..chem import read_frames
@@ -18,12 +19,14 @@ XYZ_SUFFIX = ".xyz"
 
 def molecule_sources(paths) -> list:
     """The XYZ files the command's arguments name, in order: files as given, a directory's *.xyz
-    files sorted by name. InputError for a path that does not exist or a directory without one."""
+    files sorted by name (hidden ones, such as macOS's ._x.xyz, left out). InputError for a path
+    that does not exist or a directory without one."""
     sources = []
     for path in paths:
         if os.path.isdir(path):
             found = sorted(os.path.join(path, name) for name in os.listdir(path)
-                           if name.lower().endswith(XYZ_SUFFIX) and os.path.isfile(os.path.join(path, name)))
+                           if name.lower().endswith(XYZ_SUFFIX) and not name.startswith(".")
+                           and os.path.isfile(os.path.join(path, name)))
             if not found:
                 raise InputError(f"{display(path)}: a directory without *.xyz files")
             sources += found
@@ -36,14 +39,24 @@ def molecule_sources(paths) -> list:
 
 def frames_of(sources):
     """(name, Frame or the InputError that reading it raised) of every frame of `sources`, in
-    order: a file that cannot be read is one failed entry, and the next file goes on."""
+    order: a frame that cannot be read is one failed entry and the file's next frame is read
+    (`chem.read_frames(keep_going=True)`); a file that cannot be read at all is one entry."""
     for source in sources:
         try:
-            frames = read_frames(source)
+            frames = read_frames(source, keep_going=True)
         except InputError as error:
             yield display(source), error
             continue
-        for frame in frames:
+        yield from named_frames(source, frames)
+
+
+def named_frames(source, frames):
+    """(name, Frame or InputError) of the frames `read_frames(source, keep_going=True)` gave: a
+    frame's own name; an error, the frame's place in the file ("traj.xyz#3")."""
+    for k, frame in enumerate(frames):
+        if isinstance(frame, Exception):
+            yield display(source if len(frames) == 1 else f"{source}#{k + 1}"), frame
+        else:
             yield display(frame.name), frame
 
 
@@ -59,20 +72,23 @@ def run_batch(entries, compute_frame, debug: bool, on_record=None) -> list:
     """Long (one loop with its failure rule): every frame of `entries` ((name, Frame or the
     InputError reading it raised), as `frames_of` gives them) through
     compute_frame(frame) -> record, one record per frame in order ({"molecule", "status": "ok",
-    ...} or `failure_record`); on_record(record) after each. Signals stop the batch (they are not
-    a molecule's failure); debug re-raises the first failure with its traceback."""
+    ...} or `failure_record`; a record that is not strict JSON, e.g. holding NaN, is its
+    molecule's failure); on_record(record, its JSON line) after each. Signals stop the batch
+    (they are not a molecule's failure); debug re-raises the first failure with its traceback."""
     records = []
     for name, frame in entries:
-        if isinstance(frame, Exception):
-            record = failure_record(name, frame)
-        else:
+        record = failure_record(name, frame) if isinstance(frame, Exception) else None
+        if record is None:
             try:
                 record = {"molecule": name, "status": "ok", **compute_frame(frame)}
+                line = json.dumps(record, allow_nan=False)
             except Exception as error:  # noqa: BLE001 - recorded, the batch goes on (the module docstring)
                 if debug:
                     raise
                 record = failure_record(name, error)
+        if record["status"] != "ok":
+            line = json.dumps(record, allow_nan=False)
         records.append(record)
         if on_record is not None:
-            on_record(record)
+            on_record(record, line)
     return records

@@ -66,10 +66,11 @@ TRANSFORM_OPTION = click.option(
 @click.option("--bsse", default=None, metavar="cp|nocp|cp,nocp",
               help="Interaction energies of the fragments: cp (fragments in the whole's basis), nocp (each in its "
                    "own basis), or both.")
-@click.option("--scf-extrapolation", default="highest", show_default=True, metavar="highest|exponential",
-              help="With a cc-pv[xy]z basis: the HF energy from the largest basis (as Psi4's energy('mp2/cc-pv[xy]z')) "
-                   "or at the basis-set limit by Psi4's exponential formulas (scf_xtpl_helgaker_2/3, its scf_basis "
-                   "default); the correlation energy always by Helgaker's X^-3 formula on the two largest bases.")
+@click.option("--scf-extrapolation", default=None, metavar="highest|exponential",
+              help="With a cc-pv[xy]z basis only: the HF energy from the largest basis (as Psi4's "
+                   "energy('mp2/cc-pv[xy]z'); the default) or at the basis-set limit by Psi4's exponential formulas "
+                   "(scf_xtpl_helgaker_2/3, its scf_basis default); the correlation energy always by Helgaker's X^-3 "
+                   "formula on the two largest bases.")
 @click.option("--ecp", default="auto", show_default=True, metavar="auto|none|NAME",
               help="Effective core potentials: auto uses those the basis carries (def2: Rb-Rn, as Psi4, ORCA "
                    "and Turbomole do); none runs every atom all-electron; or an ECP library's name.")

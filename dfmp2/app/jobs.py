@@ -20,7 +20,7 @@ from ..run.settings import Settings
 from ..util.errors import ComputationError, InputError
 from ..util.files import Outputs, display, one_line
 from ..util.scratch import check_scratch
-from .batch import frames_of, molecule_sources, run_batch
+from .batch import frames_of, molecule_sources, named_frames, run_batch
 from .progress import Progress
 from .report import print_batch_line, print_composite, print_summary
 from .signals import guarded
@@ -43,16 +43,19 @@ def run_molecules(gradient, optimize, options) -> None:
         if schemas:
             return "qcschema", _qcschema(paths[0], o, outputs)
         sources = molecule_sources(paths)
+        outputs.protect(sources)  # a directory's molecules are inputs too: never an output
         frames = None
         if len(sources) == 1 and not os.path.isdir(paths[0]):
             from ..chem import read_frames
 
-            frames = read_frames(sources[0])  # one file: bad input is exit 2, before anything runs
+            frames = read_frames(sources[0], keep_going=True)
+            if len(frames) == 1 and isinstance(frames[0], Exception):  # one molecule: bad input is exit 2
+                raise frames[0]
         if frames is not None and len(frames) == 1:
             return "one", _one_molecule(o, frames[0], gradient, optimize, outputs)
         if optimize is not None:
             raise InputError("dfmp2 optimize takes one molecule (one frame of one XYZ file)")
-        entries = frames_of(sources) if frames is None else [(display(f.name), f) for f in frames]
+        entries = frames_of(sources) if frames is None else list(named_frames(sources[0], frames))
         return "batch", _batch(o, entries, gradient, outputs)
 
     kind, record = guarded(compute, o.debug, outputs)
@@ -64,12 +67,14 @@ def run_molecules(gradient, optimize, options) -> None:
 
 def _one_molecule(o, frame, gradient, optimize, outputs):
     """One frame: a plain run (or optimisation) or a composite; its record (None on ranks > 0)."""
-    from ..api.composite import is_composite, run_composite, whole_charge_spin
+    from ..api.composite import is_composite, run_composite
     from ..api.driver import run_atoms
+    from ..chem import charge_and_spin
 
     settings = _settings_of(o, gradient)
     bsse = _bsse_of(o)
     composite = is_composite(settings.basis, bsse)
+    _check_extrapolation_option(o)
     team = _joined_team(o)
     root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
     progress = Progress() if (root and not o.quiet and sys.stderr.isatty()) else None
@@ -80,17 +85,18 @@ def _one_molecule(o, frame, gradient, optimize, outputs):
             if optimize is not None or o.natorbs_path is not None:
                 raise InputError("counterpoise and extrapolated energies: no --natorbs, grad or optimize")
             result = None
-            record = run_composite(frame, settings, bsse, o.scf_extrapolation,
+            record = run_composite(frame, settings, bsse, _scf_scheme(o),
                                    lambda: RunContext(progress=progress)).as_dict()
         else:
-            charge, spin = whole_charge_spin(frame, settings.charge, settings.spin)
-            settings = settings.replace(charge=charge, spin=spin)
+            found = charge_and_spin(frame, settings.charge, settings.spin)
+            settings = settings.replace(charge=found.charge, spin=found.spin)
             if optimize is not None:
                 result, record = _optimized(o.molecules[0], frame, settings, team, progress, optimize, outputs,
                                             o.quiet)
             else:
                 result = run_atoms(list(frame.atoms), settings, RunContext(team=team, progress=progress))
                 record = result.as_dict()
+            record["notes"] = list(record.get("notes", [])) + list(found.notes)
     finally:
         if team is not None:
             team.close()
@@ -115,8 +121,9 @@ def _batch(o, entries, gradient, outputs) -> list:
     """Every frame of `entries` ((name, Frame or its reading error), `batch.frames_of`), one after
     another in this process; JSON Lines to --json.
     ComputationError (exit 1) after the records are written if any molecule failed."""
-    from ..api.composite import is_composite, run_composite, whole_charge_spin
+    from ..api.composite import is_composite, run_composite
     from ..api.driver import run_atoms
+    from ..chem import charge_and_spin
 
     if o.natorbs_path is not None:
         raise InputError("--natorbs writes one molecule's orbitals: give one molecule")
@@ -131,25 +138,28 @@ def _batch(o, entries, gradient, outputs) -> list:
     progress = Progress() if (not o.quiet and sys.stderr.isatty()) else None
 
     composite = is_composite(settings.basis, bsse)
+    _check_extrapolation_option(o)
 
     def compute_frame(frame):
         if composite:
-            return run_composite(frame, settings, bsse, o.scf_extrapolation,
+            return run_composite(frame, settings, bsse, _scf_scheme(o),
                                  lambda: RunContext(progress=progress)).as_dict()
-        charge, spin = whole_charge_spin(frame, settings.charge, settings.spin)
-        result = run_atoms(list(frame.atoms), settings.replace(charge=charge, spin=spin),
+        found = charge_and_spin(frame, settings.charge, settings.spin)
+        result = run_atoms(list(frame.atoms), settings.replace(charge=found.charge, spin=found.spin),
                            RunContext(progress=progress))
-        return {**result.as_dict(), "charge": charge, "spin": spin}
+        record = result.as_dict()
+        return {**record, "charge": found.charge, "spin": found.spin,
+                "notes": list(record.get("notes", [])) + list(found.notes)}
 
-    def on_record(record):
+    def on_record(record, line):
         if progress:
             progress.clear()
+        if o.json_path is not None:  # each molecule's line as it finishes (a signal keeps what is written)
+            outputs.append_line("--json", line)
         if not o.quiet and not outputs.to_stdout():
             print_batch_line(record)
 
     records = run_batch(entries, compute_frame, o.debug, on_record)
-    if o.json_path is not None:
-        outputs.write("--json", lambda path: write_json_lines(path, records))
     outputs.commit()
     failed = [r for r in records if r["status"] != "ok"]
     if failed:
@@ -192,10 +202,27 @@ def _qcschema(path, o, outputs):
 
 
 def _bsse_of(o) -> list:
-    """The interaction energies asked for: --bsse's list, or cp for --counterpoise."""
+    """The interaction energies asked for: cp for --counterpoise, then --bsse's list, each once
+    (InputError for an empty or unknown kind)."""
+    from ..api.composite import check_bsse
+
+    kinds = ["cp"] if o.counterpoise else []
     if o.bsse is not None:
-        return list(dict.fromkeys(k.strip().lower() for k in o.bsse.split(",")))  # in order, each once
-    return ["cp"] if o.counterpoise else []
+        kinds += check_bsse([k.strip().lower() for k in o.bsse.split(",")])
+    return list(dict.fromkeys(kinds))  # in order, each once
+
+
+def _scf_scheme(o) -> str:
+    return o.scf_extrapolation or "highest"
+
+
+def _check_extrapolation_option(o) -> None:
+    """--scf-extrapolation does something only with a basis in bracket notation: InputError otherwise."""
+    from ..chem.extrapolation import expand_basis
+
+    if o.scf_extrapolation is not None and len(expand_basis(o.basis)) == 1:
+        raise InputError(f"--scf-extrapolation {o.scf_extrapolation}: the basis {o.basis} is one basis; it extrapolates "
+                         "a basis written in brackets, e.g. cc-pv[tq]z")
 
 
 def _stage_outputs(outputs, o, optimize) -> None:
@@ -225,7 +252,8 @@ def _joined_team(o):
 def _settings_of(o, gradient) -> Settings:
     """The run's Settings from the command's options (--natorbs asks for the density); charge and
     spin None where the command line gives none (the molecule's file decides)."""
-    check_scf_scheme(o.scf_extrapolation)
+    if o.scf_extrapolation is not None:
+        check_scf_scheme(o.scf_extrapolation)
     return Settings(basis=o.basis, auxbasis=o.auxbasis, jk_auxbasis=o.jk_auxbasis, cartesian=o.cartesian, ecp=o.ecp,
                     charge=o.charge, spin=o.spin, reference=o.reference, scf=o.scf, scf_max_cycle=o.scf_max_cycle,
                     scf_backend=o.scf_backend, scf_precision=o.scf_precision, screening=o.screening,
@@ -262,13 +290,14 @@ def _optimized(molecule, frame, settings, team, progress, options, outputs, quie
                        f"Eh/bohr  ({'checkpoint' if step.replayed else f'{step.seconds:.1f} s'})", err=True)
 
     found = optimize_atoms(list(frame.atoms), settings.replace(checkpoint=None), options["max_steps"],
-                           settings.checkpoint, settings.checkpoint_allow_other_files, on_step=show, progress=progress)
+                           settings.checkpoint, settings.checkpoint_allow_other_files, on_step=show, progress=progress,
+                           fragments=frame.fragments)
     if not found.converged:
         raise ComputationError(f"the geometry did not converge in {options['max_steps']} steps (raise --max-steps"
                                + ("; the same --checkpoint resumes)" if settings.checkpoint else ")"))
     output, trajectory = outputs.path("--output"), outputs.path("--trajectory")
     outputs.write("--output", lambda path: write_text(path, format_xyz([(
-        f"dfmp2 optimised geometry  E = {found.energies[found.final_step]:.12f} Eh", found.atoms)])))
+        f"dfmp2 optimised geometry  E = {found.energies[found.final_step]:.12f} Eh", found.atoms, frame.fragments)])))
     outputs.write("--trajectory", lambda path: write_text(path, format_xyz(found.frames())))
     record = {**found.final.as_dict(), **found.as_dict(), "optimized_xyz": display(output),
               "trajectory": display(trajectory)}
@@ -286,10 +315,3 @@ def write_json(path, record):
     with open(path, "w", encoding="utf-8") as out:
         json.dump(record, out, indent=2, allow_nan=False)
         out.write("\n")
-
-
-def write_json_lines(path, records):
-    """One JSON record per line (JSON Lines); NaN or infinity is an error."""
-    with open(path, "w", encoding="utf-8") as out:
-        for record in records:
-            out.write(json.dumps(record, allow_nan=False) + "\n")

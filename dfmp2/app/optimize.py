@@ -68,52 +68,57 @@ class Step:
 
 @dataclass
 class OptimizationResult:
-    """steps: every geometry evaluated, in order (steps[0]: the start); atoms: the final geometry
+    """start: the atoms optimised ([chem.Atom]: their elements and which are ghosts); steps:
+    every geometry evaluated, in order (steps[0]: the start); atoms: the final geometry
     ([chem.Atom], Angstrom); final: the DFMP2Result at it (settings.gradient on); converged:
-    geomeTRIC's criteria met within max_steps; notes: what the checkpoint replay found."""
+    geomeTRIC's criteria met within max_steps; notes: what the checkpoint replay found;
+    fragments: the input's (chem.Fragment), kept in the geometry files written."""
 
-    symbols: list
+    start: list
     steps: list
     converged: bool
     final_step: int = -1
     final: object = None
     notes: list = field(default_factory=list)
+    fragments: tuple = ()
 
     @property
     def atoms(self) -> list:
-        return _atoms(self.symbols, self.steps[self.final_step].coords)
+        return _atoms(self.start, self.steps[self.final_step].coords)
 
     @property
     def energies(self) -> list:
         return [step.energy for step in self.steps]
 
     def frames(self) -> list:
-        """[(comment, atoms)] per step, for a trajectory file (chem.format_xyz)."""
+        """[(comment, atoms, fragments)] per step, for a trajectory file (chem.format_xyz)."""
         return [(f"step {k}  E = {step.energy:.12f} Eh  max|g| = {np.abs(step.gradient).max():.3e} Eh/bohr",
-                 _atoms(self.symbols, step.coords))
+                 _atoms(self.start, step.coords), self.fragments)
                 for k, step in enumerate(self.steps)]
 
     def as_dict(self) -> dict:
         """The optimisation's JSON fields (the final run's own fields come from final.as_dict())."""
         return {"energies": self.energies, "e_tot": self.steps[self.final_step].energy,
-                "gradient": self.steps[self.final_step].gradient.tolist(), "atoms": list(self.symbols),
+                "gradient": self.steps[self.final_step].gradient.tolist(), "atoms": [a.label for a in self.start],
                 "converged": self.converged, "steps": len(self.steps),
                 "steps_replayed": sum(step.replayed for step in self.steps),
                 "coordinates": self.steps[self.final_step].coords.tolist(), "notes": list(self.notes)}
 
 
-def _atoms(symbols, coords) -> list:
-    """[chem.Atom] of symbols and coordinates [natm, 3] (Angstrom)."""
-    return [chem.Atom(s, tuple(float(c) for c in x)) for s, x in zip(symbols, coords)]
+def _atoms(start, coords) -> list:
+    """The atoms `start` ([chem.Atom], ghosts staying ghosts) at coordinates [natm, 3] (Angstrom)."""
+    return [chem.Atom(a.symbol, tuple(float(c) for c in x), a.ghost) for a, x in zip(start, coords)]
 
 
 def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: str | None = None,
-                   allow_other_files: bool = False, on_step=None, progress=None) -> OptimizationResult:
-    """Minimise E_total of `atoms` ([chem.Atom], Angstrom) with `settings` (the gradient is
+                   allow_other_files: bool = False, on_step=None, progress=None, fragments=()) -> OptimizationResult:
+    """Minimise E_total of `atoms` ([chem.Atom], Angstrom; ghosts move as atoms do, carrying their
+    basis functions) with `settings` (the gradient is
     turned on; settings.checkpoint must be None: `checkpoint` is the optimisation's own, see the
     module docstring); max_steps: geomeTRIC's iterations (PySCF's maxsteps; the start is
     evaluated besides). on_step(k, step): called after each step (k from 0); progress: each
-    run's progress callback (RunContext). Returns the result whether or not it converged."""
+    run's progress callback (RunContext); fragments: the input's, for the result's geometry
+    files. Returns the result whether or not it converged."""
     from ..api.driver import run_atoms
 
     modules = _import_geometric()
@@ -123,9 +128,10 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
         raise InputError("an optimisation keeps its own checkpoint (its finished steps): give it as "
                          "optimize_atoms(checkpoint=DIR), not settings.checkpoint")
     settings = settings.replace(gradient=True)
-    symbols = [a.symbol for a in atoms]
+    atoms = list(atoms)
+    symbols = [a.symbol for a in atoms]  # geomeTRIC's elements (a ghost moves as its element's atom would)
     start = np.array([a.xyz for a in atoms], dtype=np.float64)
-    store = _StepStore(checkpoint, allow_other_files, symbols, start, settings)
+    store = _StepStore(checkpoint, allow_other_files, [a.label for a in atoms], start, settings)
     steps, notes, runs = [], [], {}
     bohr = chem.angstrom_per_bohr()
 
@@ -138,7 +144,7 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
             steps.append(stored)
         else:
             with Timer().lap() as lap:
-                result = run_atoms(_atoms(symbols, coords), settings, RunContext(progress=progress))
+                result = run_atoms(_atoms(atoms, coords), settings, RunContext(progress=progress))
             steps.append(Step(coords, float(result.e_tot), np.asarray(result.gradient, dtype=np.float64), lap.seconds))
             runs[len(steps) - 1] = result
             store.save(steps)
@@ -154,9 +160,8 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
             converged, final_coords = _run_geometric(modules, symbols, start, evaluate, max_steps, settings.scratch)
         final_step = _final_step(steps, final_coords)
         if final_step not in runs:  # the final geometry came from the checkpoint: its full record is run again
-            runs[final_step] = run_atoms(OptimizationResult(symbols, steps, converged, final_step).atoms, settings,
-                                         RunContext(progress=progress))
-        return OptimizationResult(symbols, steps, converged, final_step, runs[final_step], notes)
+            runs[final_step] = run_atoms(_atoms(atoms, steps[final_step].coords), settings, RunContext(progress=progress))
+        return OptimizationResult(atoms, steps, converged, final_step, runs[final_step], notes, tuple(fragments))
     finally:
         store.close()
 

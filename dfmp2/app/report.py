@@ -205,10 +205,11 @@ def print_composite(r):
     """A counterpoise and/or extrapolated energy: each run's energies, the limit, E_int."""
     first = next(iter(next(iter(r["per_basis"].values()))["runs"].values()))
     lines = [f"dfmp2 {first['version']}: DF-MP2 (RI-MP2) {' and '.join(r['workflow'])}",
-             f"  molecule    {r['molecule']}, {len(r['systems'])} systems, basis {r['basis']}",
+             f"  molecule    {r['molecule']}, {len(r['systems'])} system{'s' * (len(r['systems']) != 1)}, basis {r['basis']}",
              f"  device      {first['device']} ({first['device_description']}), {first['backend']} backend, "
              f"{first['precision']}; SCF {first['scf']}" + (f" (JK-fit: {first['scf_auxbasis']})"
                                                             if first['scf_auxbasis'] and len(r["bases"]) == 1 else ""),
+             *[f"  note        {note}" for note in r.get("notes", [])],
              "", f"  {'basis':18s} {'system':26s} {'E(ref)':>18s} {'E(corr)':>16s} {'E(total)':>18s}"]
     for basis, block in r["per_basis"].items():
         for name, e in block["energies"].items():

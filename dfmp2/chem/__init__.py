@@ -29,7 +29,7 @@ from .derivatives import DERIVATIVE_BLOCK_BYTES, SCFGradientTerms, three_center_
 from .integrals import CholeskyVectors, EarlyIntegrals, ThreeCenterIntegrals, pair_bounds  # noqa: F401
 from .molecule import (GHOST_FORMS, MAX_ATOMS, MAX_COORDINATE, MAX_LINE, MAX_TRAILER, MIN_DISTANCE, Atom,  # noqa: F401
                        Fragment, Frame, angstrom_per_bohr, atom_symbols, check_geometry, element_symbol, format_xyz,
-                       formula, is_ghost, read_frames, read_xyz)
+                       FrameError, formula, is_ghost, quoted, read_frames, read_xyz)
 from .reference import (NOBLE_GAS_CORES, MeanField, check_gamma_point, dipole_moment, frozen_core_count,  # noqa: F401
                         is_kohn_sham, is_periodic, mean_field_orbitals, overlap_matrix, per_spin_orbitals,
                         reference_kind, semicanonical_orbitals, with_orbitals, write_molden)

@@ -67,13 +67,15 @@ def pyscf_basis(spec: str, symbols):
     return names
 
 
-def choose_ecp(symbols, basis: str, ecp: str | None = "auto") -> EffectiveCorePotentials:
-    """ECPs for the elements `symbols`. ecp "auto" (or None): the ECP that ships with the orbital
-    basis `basis` for each element that has one (def2: Rb-Rn), as Psi4, ORCA and Turbomole do;
-    "none": all-electron (what auto would have used is kept in `off`, for a note); any other
-    name: that ECP library for every element it covers (InputError if it covers none)."""
+def choose_ecp(symbols, basis: str, ecp: str | None = "auto", ghost_symbols=()) -> EffectiveCorePotentials:
+    """ECPs for the elements `symbols` (of the real atoms; ghosts carry none). ecp "auto" (or
+    None): the ECP that ships with the orbital basis `basis` for each element that has one
+    (def2: Rb-Rn), as Psi4, ORCA and Turbomole do; "none": all-electron (what auto would have
+    used is kept in `off`, for a note); any other name: that ECP library for every element it
+    covers (InputError if it covers none of `symbols` and `ghost_symbols`)."""
     choice = "auto" if ecp is None else str(ecp).strip()
-    names = basis_by_element(basis if choice.lower() in ("auto", "none") else choice, symbols)
+    every = sorted(set(symbols) | set(ghost_symbols))
+    names = basis_by_element(basis if choice.lower() in ("auto", "none") else choice, every)
     found = {}
     for symbol in sorted(set(symbols)):
         potential = _ecp_of(names[symbol], symbol)
@@ -81,8 +83,8 @@ def choose_ecp(symbols, basis: str, ecp: str | None = "auto") -> EffectiveCorePo
             found[symbol] = potential
     if choice.lower() == "none":
         return EffectiveCorePotentials({}, {}, {el: f"{n}-electron {label}" for el, (_, label, n) in found.items()})
-    if choice.lower() != "auto" and not found:
-        raise InputError(f"{option('ecp', choice)}: no ECP of that name for any element here ({', '.join(sorted(set(symbols)))}); "
+    if choice.lower() != "auto" and not found and not any(_ecp_of(names[g], g) for g in set(ghost_symbols)):
+        raise InputError(f"{option('ecp', choice)}: no ECP of that name for any element here ({', '.join(every)}); "
                          "use auto, none, or an ECP name PySCF or the Basis Set Exchange knows")
     return EffectiveCorePotentials({el: data for el, (data, _, _) in found.items()},
                                    {el: {"name": label, "core_electrons": n} for el, (_, label, n) in found.items()}, {})

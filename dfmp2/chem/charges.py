@@ -63,10 +63,12 @@ def charge_and_spin(frame, charge=None, spin=None, charge_name=None, spin_name=N
         rest = charge - sum(charges)
         if rest:
             holders = [k for k in open_ if not ghosts_only[k] and neutral[k] - rest > 0]
+            if not open_:
+                raise InputError(f"{frame.name}: {charge_name} {charge} disagrees with the fragments' 'charge "
+                                 f"multiplicity' lines (charge {sum(charges)} in all)")
             if not holders:
-                stated = "the fragments' 'charge multiplicity' lines" if not open_ else "any fragment without a line"
-                raise InputError(f"{frame.name}: {charge_name} {charge} is not the fragments' charge "
-                                 f"{sum(charges)}, and {stated} cannot hold the {rest:+d} left over")
+                raise InputError(f"{frame.name}: {charge_name} {charge} leaves charge {rest:+d} beyond the fragments' "
+                                 "lines, and no fragment without a line can hold it")
             charges[holders[0]] += rest
             if len(open_) > 1:
                 undetermined = (f"{frame.name}: {charge_name} {charge} leaves charge {rest:+d} to fragments "

@@ -22,6 +22,10 @@ def expand_basis(spec: str) -> list:
     ("O:aug-cc-pv[tq]z,H:cc-pv[tq]z"); a spec without brackets -> [(None, spec)]. InputError for
     letters that are no cardinal numbers, repeated or out of order, or brackets that differ."""
     found = {group.lower() for group in BRACKET.findall(spec)}
+    separated = next((group for group in found if any(c in group for c in ", ;")), None)
+    if separated is not None:
+        raise InputError(f"basis {spec!r}: write the cardinal numbers in the bracket together, without separators "
+                         f"(e.g. [{''.join(c for c in separated if c.isalnum())}] for [{separated}])")
     if not found:
         if "[" in spec or "]" in spec:
             raise InputError(f"basis {spec!r}: an unclosed bracket (extrapolation is written e.g. cc-pv[tq]z)")

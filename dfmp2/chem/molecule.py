@@ -92,32 +92,47 @@ def read_xyz(path: str) -> list:
     return list(frames[0].atoms)
 
 
-def read_frames(path: str, max_frames: int = MAX_FRAMES) -> list:
+def read_frames(path: str, max_frames: int = MAX_FRAMES, keep_going: bool = False) -> list:
     """Read a standard XYZ file (count, comment, `Symbol x y z` in Angstrom, ASCII element
     symbols in any case), one frame or several one after another -> [Frame]. Reads no more
     than valid frames of their atom counts can hold (lines of at most MAX_LINE characters,
     blank runs of at most MAX_TRAILER bytes); atoms closer than MIN_DISTANCE are refused,
-    naming their lines."""
+    naming their lines. keep_going (a batch): a frame whose lines can be told apart from the next
+    frame's but not read (an unknown element, a coordinate that is no number, atoms too close,
+    an impossible fragment line) is its `FrameError` in the list, and the next frame is read;
+    a file that cannot be split into frames is bad input as a whole."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, not an XYZ file")
     try:
         with open(path, "rb") as handle:
-            return _parse_frames(path, handle, max_frames)
+            return _parse_frames(path, handle, max_frames, keep_going)
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file") from None
     except OSError as error:
         raise InputError(f"{path}: cannot read it ({error.strerror})") from None
 
 
+class FrameError(InputError):
+    """A frame that cannot be read, whose lines were read to its end: the next frame can be."""
+
+
 def format_xyz(frames) -> str:
-    """The XYZ text of frames [(comment, [Atom])] (Angstrom, 10 decimals): one frame is a
-    molecule file, several a trajectory."""
+    """The XYZ text of frames [(comment, [Atom]) or (comment, [Atom], fragments)] (Angstrom, 10
+    decimals; ghosts written @O): one frame is a molecule file, several a trajectory. Fragments
+    (chem.Fragment) are written as the reader takes them: '--' between them, each one's
+    'charge multiplicity' line where its input gave one."""
     lines = []
-    for comment, atoms in frames:
+    for frame in frames:
+        comment, atoms, fragments = (*frame, ())[:3]
         lines += [str(len(atoms)), comment.replace("\n", " ")]
-        lines += [f"{'@' * a.ghost}{a.symbol:2s} {x:17.10f} {y:17.10f} {z:17.10f}" for a in atoms for x, y, z in [a.xyz]]
+        opening = {f.start: f for f in fragments}
+        for k, a in enumerate(atoms):
+            if k in opening:
+                lines += ["--"] * (k > 0) + ([f"{opening[k].charge} {opening[k].multiplicity}"]
+                                             if opening[k].charge is not None else [])
+            lines.append(f"{'@' * a.ghost}{a.symbol:2s} {a.xyz[0]:17.10f} {a.xyz[1]:17.10f} {a.xyz[2]:17.10f}")
     return "\n".join(lines) + "\n"
 
 
@@ -125,7 +140,7 @@ def element_symbol(name: str) -> str:
     """The canonical symbol of the element `name` names (any case: "CL" -> "Cl"); InputError if none."""
     symbol = element_symbols().get(name.strip().upper()) if isinstance(name, str) and name.isascii() else None
     if symbol is None:
-        raise InputError(f"{name!r} is not an element symbol")
+        raise InputError(f"{quoted(str(name))} is not an element symbol")
     return symbol
 
 
@@ -162,7 +177,7 @@ class _Lines:
                                  "not an XYZ file")
 
 
-def _parse_frames(path, handle, max_frames) -> list:
+def _parse_frames(path, handle, max_frames, keep_going=False) -> list:
     lines, frames = _Lines(path, handle), []
     first = lines.next()
     if first is None or not first.strip():
@@ -171,27 +186,38 @@ def _parse_frames(path, handle, max_frames) -> list:
     while first is not None:
         if len(frames) == max_frames:
             raise InputError(f"{path}: the file goes on after the atoms line 1 announces (line {lines.lineno}; "
-                             "one geometry per file here)" if max_frames == 1 else
-                             f"{path}: more than {max_frames} frames")
-        frames.append(_parse_frame(lines, first, elements))
+                             "one geometry per file here)" if max_frames == 1 else f"{path}: more than {max_frames} frames")
+        try:
+            frames.append(_parse_frame(lines, first, elements))
+        except FrameError as error:
+            if not keep_going:
+                raise InputError(str(error)) from None
+            frames.append(error)
         first = lines.next_filled()
         if first is not None and not first.split()[0].isdigit():
-            raise InputError(f"{path}, line {lines.lineno}: the file goes on after the {len(frames[-1].atoms)} atoms "
-                             f"line {frames[-1].first_line} announces: expected another frame's atom count, found "
-                             f"{first.strip()!r}")
+            count, start = _frame_extent(frames[-1])
+            raise InputError(f"{path}, line {lines.lineno}: the file goes on after the {count} atoms "
+                             f"line {start} announces: expected another frame's atom count, found {quoted(first)}")
     if len(frames) > 1:
-        frames = [Frame(f.atoms, f.comment, f.fragments, f"{path}#{k + 1}", f.first_line) for k, f in enumerate(frames)]
+        frames = [Frame(f.atoms, f.comment, f.fragments, f"{path}#{k + 1}", f.first_line) if isinstance(f, Frame)
+                  else f for k, f in enumerate(frames)]
     return frames
+
+
+def _frame_extent(frame) -> tuple:
+    """(atom count, line of the count) of a frame read, or of a FrameError's frame."""
+    return (len(frame.atoms), frame.first_line) if isinstance(frame, Frame) else (frame.count, frame.first_line)
 
 
 def _parse_frame(lines, first, elements) -> Frame:
     """One frame: the count line `first` (already read), the comment, the atom lines (with
-    fragment separators `--` and `charge multiplicity` lines among them)."""
+    fragment separators `--` and `charge multiplicity` lines among them). An error in a line
+    the frame's count covers is raised as a FrameError once its lines are read."""
     path, start = lines.path, lines.lineno
     try:
         natom = int(first.split()[0])
     except ValueError:
-        raise InputError(f"{path}, line {start}: expected the number of atoms, found {first.strip()!r}") from None
+        raise InputError(f"{path}, line {start}: expected the number of atoms, found {quoted(first)}") from None
     if natom < 1:
         raise InputError(f"{path}, line {start}: the number of atoms must be positive, found {natom}")
     if natom > MAX_ATOMS:
@@ -200,26 +226,42 @@ def _parse_frame(lines, first, elements) -> Frame:
     if comment is None:
         raise InputError(f"{path}: missing the comment line (line {start + 1})")
     atoms, numbers, fragments = [], [], [[0, None, None, None]]  # [start, charge, multiplicity, line]
+    problem = None  # the first error in the frame's lines (raised once they are read)
     while len(atoms) < natom:
         text = lines.next_filled()
         if text is None:
             raise InputError(f"{path}: line {start} says {natom} atoms but the frame has {len(atoms)} atom lines")
         fields = text.split()
-        if fields == ["--"]:
-            if not atoms or fragments[-1][0] == len(atoms):
-                raise InputError(f"{path}, line {lines.lineno}: a fragment separator '--' with no atoms before it")
-            fragments.append([len(atoms), None, None, None])
-        elif len(fields) == 2 and fragments[-1][0] == len(atoms) and fragments[-1][1] is None:
-            fragments[-1][1:] = (*_charge_multiplicity(path, lines.lineno, fields), lines.lineno)
-        else:
-            atoms.append(_parse_atom(path, lines.lineno, text, elements))
-            numbers.append(lines.lineno)
-    if fragments[-1][0] == len(atoms):
-        raise InputError(f"{path}, line {lines.lineno}: the last fragment has no atoms")
+        try:
+            if fields == ["--"]:
+                if not atoms or fragments[-1][0] == len(atoms):
+                    raise InputError(f"{path}, line {lines.lineno}: a fragment separator '--' with no atoms before it")
+                fragments.append([len(atoms), None, None, None])
+            elif len(fields) == 2 and fragments[-1][0] == len(atoms) and fragments[-1][1] is None:
+                fragments[-1][1:] = (*_charge_multiplicity(path, lines.lineno, fields), lines.lineno)
+            else:
+                numbers.append(lines.lineno)
+                atoms.append(None)  # (an atom line, counted whether or not it can be read)
+                atoms[-1] = _parse_atom(path, lines.lineno, text, elements)
+        except InputError as error:
+            problem = problem or error
+    try:
+        if problem is not None:
+            raise problem
+        if fragments[-1][0] == len(atoms):
+            raise InputError(f"{path}, line {lines.lineno}: the last fragment has no atoms")
+        check_geometry(atoms, path, numbers)
+    except InputError as error:
+        raise _frame_error(error, natom, start) from None
     stops = [f[0] for f in fragments[1:]] + [len(atoms)]
-    check_geometry(atoms, path, numbers)
     return Frame(tuple(atoms), comment.strip(), tuple(Fragment(b, e, c, m, n) for (b, c, m, n), e in zip(fragments, stops)),
                  path, start)
+
+
+def _frame_error(error, count, first_line) -> FrameError:
+    found = FrameError(str(error))
+    found.count, found.first_line = count, first_line
+    return found
 
 
 def _charge_multiplicity(path, lineno, fields) -> tuple:
@@ -228,13 +270,20 @@ def _charge_multiplicity(path, lineno, fields) -> tuple:
         charge, multiplicity = int(fields[0]), int(fields[1])
     except ValueError:
         raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z' or a fragment's 'charge multiplicity', "
-                         f"found {' '.join(fields)!r}") from None
+                         f"found {quoted(' '.join(fields))}") from None
     if multiplicity < 1:
         raise InputError(f"{path}, line {lineno}: multiplicity {multiplicity} (2S+1) must be at least 1")
     return charge, multiplicity
 
 
 GHOST_FORMS = "@O, Gh(O), X-O or ghost-O"
+QUOTED_MAX = 60  # characters of a file's text a message quotes
+
+
+def quoted(text: str) -> str:
+    """`text` (a piece of an input file) quoted for a one-line message, cut to QUOTED_MAX characters."""
+    text = text.strip()
+    return repr(text) if len(text) <= QUOTED_MAX else repr(text[:QUOTED_MAX]) + f"... ({len(text)} characters)"
 
 
 def _element_of(name: str, elements: dict) -> tuple:
@@ -260,21 +309,21 @@ def _parse_atom(path, lineno, text, elements) -> Atom:
     """One `Symbol x y z` line (further columns ignored)."""
     fields = text.split()
     if len(fields) < 4:
-        raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z', found {text.strip()!r}")
+        raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z', found {quoted(text)}")
     name = fields[0]
     symbol, ghost = _element_of(name, elements)
     if symbol is None:
-        raise InputError(f"{path}, line {lineno}: unknown element {name!r} (a ghost atom is written {GHOST_FORMS})")
+        raise InputError(f"{path}, line {lineno}: unknown element {quoted(name)} (a ghost atom is written {GHOST_FORMS})")
     coords = []
     for field in fields[1:4]:
         try:
             value = float(field)
         except ValueError:
-            raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not a number") from None
+            raise InputError(f"{path}, line {lineno}: coordinate {quoted(field)} is not a number") from None
         if not math.isfinite(value):
-            raise InputError(f"{path}, line {lineno}: coordinate {field!r} is not finite")
+            raise InputError(f"{path}, line {lineno}: coordinate {quoted(field)} is not finite")
         if abs(value) > MAX_COORDINATE:
-            raise InputError(f"{path}, line {lineno}: coordinate {field!r} is beyond {MAX_COORDINATE:g} Angstrom "
+            raise InputError(f"{path}, line {lineno}: coordinate {quoted(field)} is beyond {MAX_COORDINATE:g} Angstrom "
                              "from the origin: not a molecule")
         coords.append(value)
     return Atom(symbol, tuple(coords), ghost)

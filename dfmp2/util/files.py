@@ -73,6 +73,7 @@ class _Target:
     real: str  # with every symlink resolved ("-": standard output)
     in_place: bool  # a FIFO, device or standard output: written, not replaced
     staged: str | None = None  # the temporary file holding its contents
+    handle: object = None  # the open file `append_line` writes to
     backup: str | None = None  # a hard link to the replaced file, until the commit is done
 
 
@@ -140,6 +141,21 @@ class Outputs:
                 raise InputError(f"{shown} and {other.option} {display(other.path)} name the same file")
         self._targets[option] = target
 
+    def protect(self, inputs) -> None:
+        """Add files the run reads, found after the outputs were added (a directory's molecules):
+        InputError if an output already added is one of them."""
+        added = [(path, _identity(path)) for path in inputs if path is not None]
+        self._inputs += added
+        for target in self._targets.values():
+            if target.real != "-":
+                self._check_not_input(target.option, target.path, target.real, added)
+
+    def _check_not_input(self, option, path, real, inputs) -> None:
+        for source, identity in inputs:
+            if real == os.path.realpath(source) or (identity is not None and _identity(real) == identity):
+                raise InputError(f"{option} {display(path)}: is the input file {display(source)}; dfmp2 never "
+                                 "writes over its input")
+
     def _file_target(self, option, path, shown, regular_only) -> _Target:
         if not path:
             raise InputError(f"{option}: an empty file name")
@@ -152,9 +168,7 @@ class Outputs:
                              f"({len(os.fsencode(name))} bytes)")
         if len(os.fsencode(real)) >= _limit("/", "PC_PATH_MAX", PATH_MAX):
             raise InputError(f"{shown}: the path is longer than the file system allows")
-        for source, identity in self._inputs:
-            if real == os.path.realpath(source) or (identity is not None and _identity(real) == identity):
-                raise InputError(f"{shown}: is the input file {display(source)}; dfmp2 never writes over its input")
+        self._check_not_input(option, path, real, self._inputs)
         for owned in self._directories:
             if real == owned or real.startswith(owned.rstrip(os.sep) + os.sep):
                 raise InputError(f"{shown}: lies inside the checkpoint directory {display(owned)}, whose files "
@@ -204,6 +218,39 @@ class Outputs:
             raise ComputationError(f"{target.option} {display(target.path)}: {one_line(error.strerror or str(error))}; "
                                    "no output file was written") from None
 
+    def append_line(self, option: str, line: str) -> None:
+        """Add one line (a JSON Lines record, without its newline) to `option`'s output now, as one
+        write: a regular file is staged with its first line and renamed into place (what it
+        replaces stays until then), later lines are appended to it, each flushed to disk, so
+        that whatever stops the run, the file holds every line appended so far and only whole
+        lines. Standard output, a FIFO or a device: written and flushed at once."""
+        target = self._targets[option]
+        data = (line + "\n").encode("utf-8")
+        try:
+            if target.real == "-":
+                _write_in_place(target, data)
+                return
+            if target.handle is None:
+                if target.in_place:
+                    target.handle = open(target.real, "ab")
+                else:
+                    directory = os.path.dirname(target.real)
+                    handle, staged = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial", dir=directory)
+                    target.staged, target.handle = staged, os.fdopen(handle, "ab")
+            target.handle.write(data)
+            target.handle.flush()
+            if not target.in_place:
+                os.fsync(target.handle.fileno())
+            if target.staged is not None:  # the first line: the file goes in place
+                mode = (stat.S_IMODE(os.stat(target.real).st_mode) if os.path.exists(target.real)
+                        else 0o666 & ~current_umask())
+                os.chmod(target.staged, mode)
+                os.replace(target.staged, target.real)
+                target.staged = None
+        except OSError as error:
+            raise ComputationError(f"{target.option} {display(target.path)}: {one_line(error.strerror or str(error))}; "
+                                   "the lines written before stay") from None
+
     def commit(self):
         """Put every staged output in place (module docstring); on failure none stays."""
         targets = [t for t in self._targets.values() if t.staged is not None]
@@ -241,8 +288,12 @@ class Outputs:
         self.discard()
 
     def discard(self):
-        """Remove whatever is still staged (a failed or interrupted run writes nothing)."""
+        """Remove whatever is still staged (a failed or interrupted run writes nothing; lines
+        `append_line` has put in place stay)."""
         for target in self._targets.values():
+            if target.handle is not None:
+                target.handle.close()
+                target.handle = None
             for name in ("staged", "backup"):
                 path = getattr(target, name)
                 if path is not None:
