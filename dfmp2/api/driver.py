@@ -113,8 +113,17 @@ def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
 
 
 def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
-    """Read an XYZ file (Angstrom) and run it (`run_atoms`)."""
-    return run_atoms(chem.read_xyz(path), settings, context, **changes)
+    """Read an XYZ file of one molecule (Angstrom; fragments, ghosts and `charge multiplicity`
+    lines as `dfmp2 run` reads them) and run it (`run_atoms`). The charge and 2S are the file's
+    (`chem.charge_and_spin`) unless `settings` or the keywords give them: as on the command line."""
+    frame = chem.read_frames(path, max_frames=1)[0]
+    chosen = settings_from(settings, **changes)
+    if settings is None:  # neither given as keywords: the file's lines decide (else neutral, lowest spin)
+        chosen = chosen.replace(charge=changes.get("charge"), spin=changes.get("spin"))
+    found = chem.charge_and_spin(frame, chosen.charge, chosen.spin)
+    result = run_atoms(list(frame.atoms), chosen.replace(charge=found.charge, spin=found.spin), context)
+    result.notes.extend(found.notes)
+    return result
 
 
 def _check_molecule_request(settings, reference, ranks):

@@ -78,7 +78,8 @@ TRANSFORM_OPTION = click.option(
               help="Molecular charge [default: the file's 'charge multiplicity' lines, else 0].")
 @click.option("--spin", type=int, default=None,
               help="2S (number of unpaired electrons); > 0 runs UHF unless --reference says otherwise [default: "
-                   "from the file's 'charge multiplicity' lines, else 0].")
+                   "from the file's 'charge multiplicity' lines (fragments added high-spin), else the lowest: 0, "
+                   "or 1 for an odd electron count].")
 @click.option("--reference", default=None, metavar="rhf|uhf|rohf",
               help="SCF reference [default: rhf for --spin 0, uhf otherwise]; rohf gives ROHF-MBPT(2) "
                    "on semicanonical orbitals, singles included (as Psi4).")

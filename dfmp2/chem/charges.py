@@ -56,24 +56,7 @@ def charge_and_spin(frame, charge=None, spin=None, charge_name=None, spin_name=N
     if len(fragments) == 1 and fragments[0].charge is not None:  # the line is the whole's
         return _one_fragment(frame, charge, spin, neutral[0], charge_name, spin_name)
     open_ = [k for k, f in enumerate(fragments) if f.charge is None]
-    charges = [f.charge or 0 for f in fragments]
-    undetermined = None
-    if charge is not None:
-        _check_electrons(frame, sum(neutral) - charge, f"{charge_name} {charge}")
-        rest = charge - sum(charges)
-        if rest:
-            holders = [k for k in open_ if not ghosts_only[k] and neutral[k] - rest > 0]
-            if not open_:
-                raise InputError(f"{frame.name}: {charge_name} {charge} disagrees with the fragments' 'charge "
-                                 f"multiplicity' lines (charge {sum(charges)} in all)")
-            if not holders:
-                raise InputError(f"{frame.name}: {charge_name} {charge} leaves charge {rest:+d} beyond the fragments' "
-                                 "lines, and no fragment without a line can hold it")
-            charges[holders[0]] += rest
-            if len(open_) > 1:
-                undetermined = (f"{frame.name}: {charge_name} {charge} leaves charge {rest:+d} to fragments "
-                                f"{_listed(open_)}, which have no 'charge multiplicity' line: which one holds it is "
-                                "not given; write each fragment's line after its '--'")
+    charges, undetermined = _placed_charge(frame, charge, neutral, ghosts_only, open_, charge_name)
     electrons = [n - q for n, q in zip(neutral, charges)]
     spins = [fragments[k].multiplicity - 1 if fragments[k].charge is not None else electrons[k] % 2
              for k in range(len(fragments))]
@@ -81,32 +64,59 @@ def charge_and_spin(frame, charge=None, spin=None, charge_name=None, spin_name=N
     _check_electrons(frame, whole_electrons, f"charge {sum(charges)}")
     notes = ()
     if spin is None:
-        whole_spin = sum(spins)
         if sum(s > 0 for s in spins) > 1:
-            notes = (f"2S {whole_spin}: the fragments' 2S ({', '.join(map(str, spins))}) added high-spin, as Psi4 and "
+            notes = (f"2S {sum(spins)}: the fragments' 2S ({', '.join(map(str, spins))}) added high-spin, as Psi4 and "
                      f"QCElemental do (give {spin_name} for another coupling)",)
         elif any(spins[k] for k in open_):
-            notes = (f"2S {whole_spin}: the lowest spin of {whole_electrons} electrons (no {spin_name} or 'charge "
+            notes = (f"2S {sum(spins)}: the lowest spin of {whole_electrons} electrons (no {spin_name} or 'charge "
                      "multiplicity' line gave one)",)
-    else:
-        _check_whole_spin(frame, spin, whole_electrons, spin_name)
-        whole_spin = spin
-        if spin != sum(spins) and open_:
-            holder = next((k for k in open_ if _possible(spin - sum(spins) + spins[k], electrons[k])), None)
-            if holder is None:
-                undetermined = undetermined or (
-                    f"{frame.name}: 2S {spin} ({spin_name}) is not the fragments' 2S added high-spin "
-                    f"({' + '.join(map(str, spins))}), and no fragment without a line can take the difference: "
-                    "write each fragment's 'charge multiplicity' line after its '--'")
-            else:
-                spins[holder] += spin - sum(spins)
-                if len(open_) > 1:
-                    undetermined = undetermined or (
-                        f"{frame.name}: 2S {spin} ({spin_name}) leaves unpaired electrons to fragments "
-                        f"{_listed(open_)}, which have no 'charge multiplicity' line: which one holds them is not "
-                        "given; write each fragment's line after its '--'")
-    found = None if undetermined else tuple(zip(charges, spins))
-    return ChargeSpin(sum(charges), whole_spin, found, undetermined, notes)
+        return ChargeSpin(sum(charges), sum(spins), None if undetermined else tuple(zip(charges, spins)),
+                          undetermined, notes)
+    _check_whole_spin(frame, spin, whole_electrons, spin_name)
+    if spin != sum(spins) and open_:
+        undetermined = undetermined or _place_spin(frame, spin, spins, electrons, open_, spin_name)
+    return ChargeSpin(sum(charges), spin, None if undetermined else tuple(zip(charges, spins)), undetermined)
+
+
+def _placed_charge(frame, charge, neutral, ghosts_only, open_, charge_name) -> tuple:
+    """([charge of each fragment], why that split is a guess or None): the lines' charges, the
+    rest of a given whole charge as one block on the first fragment without a line that can hold it."""
+    charges = [f.charge or 0 for f in frame.fragments]
+    if charge is None:
+        return charges, None
+    _check_electrons(frame, sum(neutral) - charge, f"{charge_name} {charge}")
+    rest = charge - sum(charges)
+    if not rest:
+        return charges, None
+    if not open_:
+        raise InputError(f"{frame.name}: {charge_name} {charge} disagrees with the fragments' 'charge "
+                         f"multiplicity' lines (charge {sum(charges)} in all)")
+    holders = [k for k in open_ if not ghosts_only[k] and neutral[k] - rest > 0]
+    if not holders:
+        raise InputError(f"{frame.name}: {charge_name} {charge} leaves charge {rest:+d} beyond the fragments' "
+                         "lines, and no fragment without a line can hold it")
+    charges[holders[0]] += rest
+    if len(open_) == 1:
+        return charges, None
+    return charges, (f"{frame.name}: {charge_name} {charge} leaves charge {rest:+d} to fragments {_listed(open_)}, "
+                     "which have no 'charge multiplicity' line: which one holds it is not given; write each "
+                     "fragment's line after its '--'")
+
+
+def _place_spin(frame, spin, spins, electrons, open_, spin_name):
+    """Put the whole's 2S `spin` beyond the fragments' (`spins`, changed in place) as one block on
+    the first fragment without a line that can take it; why the split is a guess, or None."""
+    holder = next((k for k in open_ if _possible(spin - sum(spins) + spins[k], electrons[k])), None)
+    if holder is None:
+        return (f"{frame.name}: 2S {spin} ({spin_name}) is not the fragments' 2S added high-spin "
+                f"({' + '.join(map(str, spins))}), and no fragment without a line can take the difference: "
+                "write each fragment's 'charge multiplicity' line after its '--'")
+    spins[holder] += spin - sum(spins)
+    if len(open_) == 1:
+        return None
+    return (f"{frame.name}: 2S {spin} ({spin_name}) leaves unpaired electrons to fragments {_listed(open_)}, "
+            "which have no 'charge multiplicity' line: which one holds them is not given; write each fragment's "
+            "line after its '--'")
 
 
 def _one_fragment(frame, charge, spin, neutral, charge_name, spin_name) -> ChargeSpin:
