@@ -80,6 +80,7 @@ SLOW = {
     "test_memory_budget.py::test_peak_stays_within_the_budget[90]": 33,
     "test_memory_budget.py::test_molecule_with_scf_stays_within_the_budget[pyscf-480]": 18,
     "test_memory_budget.py::test_gradient_stays_within_the_budget": 60,
+    "test_memory_limits.py::test_water16_runs_in_a_2500_mb_cgroup_without_max_memory": 115,
     "test_nki_kernels.py::test_ao2mo_streams_c_vir_for_any_nao[trn2-0.6-3000-230-131-2]": 13,
     "test_nki_kernels.py::test_pair_energy_streams_b_j_for_any_size": 7,
     "test_gpu_references.py::test_cpu_fp64_matches_gpu_fp64[naphthalene-cc-pvtz]": 24,

@@ -19,7 +19,7 @@ from ..mp2.response import PROPERTIES, relaxed_properties
 from ..mp2.three_center import three_center_mo
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
-from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes
+from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, pyscf_max_memory
 from ..run.run_checkpoint import open_run_checkpoint
 from ..run.settings import Settings, settings_from
 from ..util.errors import InputError, MemoryBudgetError, option
@@ -180,8 +180,8 @@ def _molecule_of(atoms, settings, ranks) -> _Molecule:
     # ghosts carry no ECP (Psi4); an ECP library named for a ghost's element covers something here
     ecp = chem.choose_ecp([a.symbol for a in atoms if not a.ghost], settings.basis, settings.ecp,
                           [a.symbol for a in atoms if a.ghost])
-    mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin, settings.max_memory, ecp,
-                              settings.cartesian)
+    mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin,
+                              pyscf_max_memory(settings.max_memory), ecp, settings.cartesian)
     return _Molecule(reference, dh, ecp, mol, _jk_fitting(settings, mol))
 
 
@@ -324,7 +324,7 @@ def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fit
             f"the gradient needs at least {least / MB:.4g} MB even in the smallest blocks (the MP2 steps' "
             f"{plan.minimum / MB:.4g} MB, {plan.baseline / MB:.4g} MB of it resident after the SCF, then the metrics, the "
             f"reference term's blocks and the response's J/K); the memory budget is {plan.budget / MB:.4g} MB "
-            f"({option('max_memory')})")
+            f"({plan.budget_source})")
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):

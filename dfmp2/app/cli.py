@@ -114,7 +114,9 @@ TRANSFORM_OPTION = click.option(
 @NKI_API_OPTION
 @TRANSFORM_OPTION
 @click.option("--max-memory", type=float, default=None, metavar="MB",
-              help="Memory budget in MB [default: 80% of available RAM].")
+              help="Memory budget in MB for the whole process [default: what is resident plus 80% of the "
+                   "headroom under the tightest of free RAM, the cgroup's limit, RLIMIT_AS/RLIMIT_DATA and "
+                   "Slurm's --mem; the JSON's memory.budget_source names it].")
 @click.option("--scratch", default=None, metavar="DIR",
               help="Directory for the scratch file used when (ia|P) exceeds the budget.")
 @click.option("--checkpoint", default=None, metavar="DIR",
@@ -212,7 +214,8 @@ cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__d
 @click.option("--integrals", default="host", show_default=True, metavar="host|device",
               help="Where the synthetic (mn|P) blocks are made: host (uploaded block by block, as PySCF's "
                    "integrals are) or device (on the GPU, --device cuda only: the kernel layer without the upload).")
-@click.option("--max-memory", type=float, default=None, metavar="MB", help="Memory budget in MB.")
+@click.option("--max-memory", type=float, default=None, metavar="MB",
+              help="Memory budget in MB for the whole process [default: as dfmp2 run's].")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")

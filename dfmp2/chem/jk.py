@@ -128,7 +128,7 @@ def fitted_bytes(integrals) -> int:
 
 
 def early_integrals_fit(integrals, max_memory) -> bool:
-    """Whether the budget (MB, None: 80% of free RAM) holds the JK-fit integrals (`fitted_bytes`)
+    """Whether the budget (MB, None: the default, `memory.memory_budget`) holds the JK-fit integrals (`fitted_bytes`)
     and the builds' temporaries now: they may then be computed early (`chem.EarlyIntegrals`);
     else the set-up computes them, or refuses the budget, as usual."""
     return fitted_bytes(integrals) + 4 * BLOCK_BYTES <= budget_bytes(max_memory) - resident_bytes()
@@ -200,8 +200,8 @@ class FittedCoulombExchange:
 
     backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
     IntegralProvider (nao, naux, metric(), packed()); precision: mixed or fp64 (SCF_PRECISIONS;
-    mixed only on a device without fp64); max_memory: the run's budget (MB, None: 80% of free
-    RAM); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`). Built on
+    mixed only on a device without fp64); max_memory: the run's budget (MB, None: the default,
+    `memory.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`). Built on
     the first call (`get_jk`), released by `close()`."""
 
     def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None):

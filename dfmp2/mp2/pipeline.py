@@ -120,7 +120,8 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
 def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     """(memory plan, notes, keep t2?) of a run with the active spaces `selected`: B in memory
     or on disk (a checkpoint or force_outcore keep it on disk; ranks keep their share in
-    memory or on disk as rank 0's plan says, with its block sizes), and t2 when asked for and the budget holds it."""
+    memory or on disk as rank 0's plan says, with its block sizes), and t2 when asked for and the budget holds it. The
+    notes include a --max-memory above a hard limit found (`memory.memory_budget`)."""
     spaces = [(o.size, v.size) for o, v, _ in selected]
     team = context.team
     on_disk = given is None and (settings.force_outcore or (team is None and settings.checkpoint is not None))
@@ -135,12 +136,12 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
             and not backend.streams_densities:
         raise MemoryBudgetError(
             f"the {backend.device_name} density kernels take all of (ia|P) at once, which the budget "
-            f"({plan.budget / MB:.4g} MB, {option('max_memory')}) does not hold: give more memory, or run the densities with "
-            f"{option('device', 'cpu')} or cuda (out of core)")
+            f"({plan.budget / MB:.4g} MB, {plan.budget_source}) does not hold: give more memory, or run the "
+            f"densities with {option('device', 'cpu')} or cuda (out of core)")
     if given is not None and plan.storage == "disk":
         raise MemoryBudgetError(f"given (ia|P) integrals (eris=) are read into memory, which the budget "
-                                f"({plan.budget / MB:.4g} MB) does not hold: give more memory, or let dfmp2 make "
-                                "them (out of core)")
+                                f"({plan.budget / MB:.4g} MB, {plan.budget_source}) does not hold: give more "
+                                "memory, or let dfmp2 make them (out of core)")
     notes, with_t2 = [], settings.with_t2
     if with_t2 and team is not None:
         notes.append("t2 not kept: with several ranks t2 is not available yet (run in one process to keep it)")
@@ -153,7 +154,8 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     elif with_t2:
         plan = plan_keeping_t2(backend, integrals, selected, settings.max_memory, plan, on_disk, with_t2 is True,
                                notes)
-    return plan, notes, bool(with_t2) and team is None and not notes
+    keep_t2 = bool(with_t2) and team is None and not notes
+    return plan, notes + ([plan.budget_note] if plan.budget_note else []), keep_t2
 
 
 def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2) -> tuple:

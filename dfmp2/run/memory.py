@@ -4,19 +4,21 @@
 its own footprint included (Python, torch, PySCF, the SCF's arrays): the plan gives the
 pipeline's arrays what is left above the resident set measured when the plan is made, and a
 budget below that footprint is bad input. On a GPU, the device arrays are also held to 90% of
-its free memory.
+its free memory. Without --max-memory the budget is what the process's limits allow
+(`memory_budget`): free memory, its cgroup's limit, its rlimits, a Slurm job's memory.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..kernels.protocol import fp64_pair_temporaries_bytes
 from ..util.errors import InputError, MemoryBudgetError, option
-from ..util.system_memory import MB, available_ram_bytes, release_freed_memory, resident_bytes
+from ..util.memory_limits import cgroup_limits, free_memory, rlimits, slurm_limit
+from ..util.system_memory import MB, release_freed_memory, resident_bytes
 
 MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
 MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
@@ -29,6 +31,9 @@ SCF_GROWTH = 48 * MB
 # leaves no room for its in-core integrals (measured 25 MB on hexane/cc-pVDZ); allowed for
 # when a gradient's budget is checked before the SCF
 RESPONSE_JK_GROWTH = 32 * MB
+# of each limit's headroom the default budget takes: the rest is for what the plan does not
+# count (allocator slack, PySCF's temporaries, the page cache a limit charges)
+HEADROOM_SHARE = 0.8
 
 
 @dataclass
@@ -43,6 +48,8 @@ class MemoryPlan:
     slab_rows: int = 0  # occupied rows of B read at once in the pair stage (a multiple of occ_block)
     baseline: int = 0  # the process's resident memory when the plan was made (bytes)
     pair_elements: int = 0  # (ia|jb) elements the pair stage forms (about; i <= j within a channel)
+    budget_source: str = ""  # what set the budget: --max-memory, or the limit that allowed least (memory_budget)
+    budget_note: str = ""  # a --max-memory above a hard limit found (memory_budget), else ""
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ def default_hints():
 
 
 def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseline=0, device_limit=None,
-                ranks=1, growth=0, gamma=False) -> MemoryPlan:
+                ranks=1, growth=0, gamma=False, source=None) -> MemoryPlan:
     """Choose block sizes so that the working set of each step fits `budget` bytes, the whole
     process's: `baseline` bytes are already resident (the arrays get budget - baseline, and
     at most `device_limit` bytes on a GPU).
@@ -83,6 +90,7 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
     tensor (dfmp2.run.ranks), in memory, or its own 1/ranks on disk and a few blocks in memory. growth: bytes of `baseline` allowed for what the
     SCF will leave (named in the messages). gamma: the densities' three-index G is kept too
     (fp64, beside B: in memory or on disk with it), fitted a block of occ_block rows at a time.
+    source: what set the budget (`MemoryBudget.source`; None: --max-memory).
 
     Long (~80 lines) because the three steps' working sets, the storage decision and the block
     sizes are one budget: split, each part would need the others' results.
@@ -115,9 +123,12 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
     resident = (f"{baseline / MB:.4g} MB already resident" if not growth else
                 f"{baseline / MB:.4g} MB resident ({(baseline - growth) / MB:.4g} MB now and {growth / MB:.3g} MB "
                 "allowed for what the SCF leaves)")
+    source = source or option("max_memory")
+    stated = (f"{source} {budget / MB:.4g} MB" if source == option("max_memory") else
+              f"the default memory budget {budget / MB:.4g} MB ({source})")
     if budget <= baseline:
         raise MemoryBudgetError(
-            f"{option('max_memory')} {budget / MB:.4g} MB is below this process's own footprint: {resident} (Python, torch, "
+            f"{stated} is below this process's own footprint: {resident} (Python, torch, "
             f"PySCF and the reference); give at least {(baseline + least) / MB:.4g} MB")
     arrays = budget - baseline if device_limit is None else min(budget - baseline, device_limit)
     if least > arrays:
@@ -125,7 +136,7 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
         raise MemoryBudgetError(
             f"needs at least {(baseline + least) / MB:.4g} MB even in the smallest blocks ({least / MB:.3g} MB"
             f"{where} above the {resident}; nao={nao}, nocc={nocc}, nvir={nvir}, "
-            f"naux={naux}); the memory budget is {budget / MB:.4g} MB ({option('max_memory')})")
+            f"naux={naux}); the memory budget is {budget / MB:.4g} MB ({source})")
     storage = "memory" if least + store <= arrays and not on_disk else "disk"
     room = arrays - fixed - (store if storage == "memory" else 0)
 
@@ -148,7 +159,8 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
         slab_rows = min(nocc, slabs // occ_block * occ_block)
     pair_elements = sum((o * v) * (ot * vt) // (1 + (s == t)) for s, (o, v) in enumerate(spaces)
                         for t, (ot, vt) in enumerate(spaces) if t <= s)
-    return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline, pair_elements)
+    return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline, pair_elements,
+                      budget_source=source)
 
 
 def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0, gamma=False) -> MemoryPlan:
@@ -161,9 +173,11 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, gro
     baseline = resident_bytes() + growth
     device_free = backend.memory_limit_bytes()
     sizes = TensorSizes(integrals.nao, spaces, integrals.naux, integrals.largest_shell(), backend.itemsize)
-    return plan_memory(budget_bytes(max_memory, baseline), sizes, hints, on_disk=on_disk, baseline=baseline,
+    budget = memory_budget(max_memory, baseline)
+    plan = plan_memory(budget.size, sizes, hints, on_disk=on_disk, baseline=baseline,
                        device_limit=None if device_free is None else int(0.9 * device_free), ranks=ranks,
-                       growth=growth, gamma=gamma)
+                       growth=growth, gamma=gamma, source=budget.source)
+    return replace(plan, budget_note=budget.note)
 
 
 GRADIENT_AUX_BLOCK = 128  # auxiliary functions per block of the gradient's passes, where the budget allows
@@ -221,13 +235,56 @@ def check_max_memory(max_memory) -> float | None:
     return float(max_memory)
 
 
-def budget_bytes(max_memory, baseline=None):
-    """The whole process's budget in bytes: --max-memory MB, or by default what is resident
-    now plus 80% of the RAM still available (shared among the node's ranks under torchrun)."""
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The whole process's budget: size (bytes); source, what set it (--max-memory, or the limit
+    that allowed least, with its figures: for the record and messages); note, a --max-memory
+    above a hard limit found (a cgroup, an rlimit, a Slurm job), else ""."""
+
+    size: int
+    source: str
+    note: str = ""
+
+
+def local_ranks() -> int:
+    """The processes sharing this node's memory: LOCAL_WORLD_SIZE (torchrun), else 1."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
+def memory_budget(max_memory, baseline=None) -> MemoryBudget:
+    """--max-memory MB (not capped; its note names a hard limit below it), or by default the
+    smallest of what each of the process's limits allows (`util.memory_limits`): what is
+    resident now (`baseline` bytes when given) plus HEADROOM_SHARE of the limit's headroom, that
+    of a limit the node's ranks share (free memory, the cgroup, a Slurm job) divided among them
+    (a Slurm job's processes each counted as holding what this one does)."""
     max_memory = check_max_memory(max_memory)
+    resident = resident_bytes() if baseline is None else baseline
+    ranks = local_ranks()
+    limits = [free_memory(), *cgroup_limits(), *rlimits()]
+    slurm = slurm_limit(resident * ranks)
+    limits += [slurm] if slurm is not None else []
     if max_memory is not None:
-        return int(max_memory * MB)
-    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # processes sharing this node
-    return (resident_bytes() if baseline is None else baseline) + int(0.8 * available_ram_bytes() / local_ranks)
+        size = int(max_memory * MB)
+        below = [limit for limit in limits if limit.limit is not None and limit.limit < size]
+        tightest = min(below, key=lambda limit: limit.limit) if below else None
+        note = (f"{option('max_memory')} {max_memory:g} MB is above the {tightest.source}: the process is stopped "
+                "(killed, or its allocations fail) if it grows past that" if tightest else "")
+        return MemoryBudget(size, option("max_memory"), note)
+    allowed = [(resident + int(HEADROOM_SHARE * limit.headroom / (ranks if limit.shared else 1)), limit.source)
+               for limit in limits]
+    return MemoryBudget(*min(allowed, key=lambda pair: pair[0]))
+
+
+def budget_bytes(max_memory, baseline=None) -> int:
+    """The whole process's budget in bytes (`memory_budget`; --max-memory without reading the limits)."""
+    max_memory = check_max_memory(max_memory)
+    return int(max_memory * MB) if max_memory is not None else memory_budget(None, baseline).size
+
+
+def pyscf_max_memory(max_memory) -> float:
+    """PySCF's max_memory for a run (MB, the whole process's, as PySCF means it): --max-memory,
+    or the default budget now (PySCF's own default, 4000 MB, knows none of the process's limits)."""
+    max_memory = check_max_memory(max_memory)
+    return max_memory if max_memory is not None else budget_bytes(None) / MB
 
 

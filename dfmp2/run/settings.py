@@ -70,7 +70,7 @@ class Settings:
     warm_kernels: bool = False  # take the kernels fastest once loaded whatever their one-time load cost
     # (dfmp2 bench, which times warm passes); else only where the run amortises it (a GPU's fused epilogue)
     # resources
-    max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: 80% of free RAM
+    max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: memory.memory_budget's
     scratch: str | None = None  # directory of the out-of-core scratch file
     force_outcore: bool = False  # keep (ia|P) on disk whatever the budget (PySCF's force_outcore)
     checkpoint: str | None = None  # directory that keeps B and the pair-loop progress across runs

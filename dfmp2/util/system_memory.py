@@ -1,5 +1,6 @@
-"""This process's memory as the operating system sees it: resident and peak sizes, the RAM
-available, and giving freed heap pages back. Sizes in bytes; MB = 10^6 bytes, as PySCF counts."""
+"""This process's memory as the operating system sees it: resident and peak sizes, and giving
+freed heap pages back (the limits on it: `memory_limits`). Sizes in bytes; MB = 10^6 bytes, as
+PySCF counts."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def peak_resident_bytes() -> int:
     """The process's peak resident set size so far (bytes): VmHWM on Linux (getrusage's
     ru_maxrss would include the parent's resident set at fork time, inherited through exec),
     else ru_maxrss."""
-    peak = _proc_field_bytes("/proc/self/status", "VmHWM:")
+    peak = proc_field_bytes("/proc/self/status", "VmHWM:")
     if peak is not None:
         return peak
     import resource
@@ -52,13 +53,7 @@ def peak_resident_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else the physical memory size."""
-    available = _proc_field_bytes("/proc/meminfo", "MemAvailable:")
-    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _proc_field_bytes(path, key):
+def proc_field_bytes(path, key):
     """The `key ... N kB` line of a /proc file in bytes; None where there is no such file or line."""
     try:
         with open(path, encoding="ascii") as handle:
