@@ -82,3 +82,50 @@ def test_ase_bfgs_reaches_the_geometry_optimize_atoms_finds():
     assert np.abs(_internal(atoms.positions) - _internal(theirs)).max() < 1e-4
     assert _aligned_rms(atoms.positions, theirs) < 1e-4
     assert abs(atoms.get_potential_energy() / Hartree - found.steps[found.final_step].energy) < 1e-8
+
+
+# ----------------------------------------------------------------------------- issue 60
+
+def test_pickled_calculator_computes_the_same_energy():
+    """A calculator survives pickling (ASE's parallel workflows, multiprocessing): a pickled fresh
+    one computes the same energy as the original (1e-10 Eh); a pickled used one keeps its energy
+    and forces (not the DFMP2Result, which holds PySCF's SCF object) and computes the same
+    energies again; free_energy is the energy (force_consistent=True)."""
+    import pickle
+
+    atoms = _atoms()
+    atoms.calc = DFMP2Calculator(**PARAMETERS)
+    energy = atoms.get_potential_energy()
+    assert atoms.get_potential_energy(force_consistent=True) == energy == atoms.calc.results["free_energy"]
+    forces = atoms.get_forces()
+    used = pickle.loads(pickle.dumps(atoms.calc))
+    assert used.results["energy"] == energy and np.array_equal(used.results["forces"], forces)
+    assert "dfmp2" not in used.results and used.parameters == atoms.calc.parameters
+    other = _atoms()
+    other.calc = pickle.loads(pickle.dumps(DFMP2Calculator(**PARAMETERS)))
+    assert abs(other.get_potential_energy() - energy) / Hartree < 1e-10
+    other.positions[0, 2] += 0.01
+    other.calc = used
+    moved = other.get_potential_energy()
+    assert used.results["dfmp2"].e_tot * Hartree == moved and abs(moved - energy) > 1e-6
+
+
+def test_extrapolated_basis_gives_the_limit_energy_and_refuses_forces():
+    """basis="cc-pv[dt]z": the energy is E_HF(TZ) + (27 E_c(TZ) - 8 E_c(DZ)) / 19 of two run_atoms
+    runs (1e-10 Eh), results["dfmp2"] the composite's record; forces are refused before any run,
+    as dfmp2's InputError and ASE's PropertyNotImplementedError, naming the basis."""
+    from ase.calculators.calculator import PropertyNotImplementedError
+
+    atoms = _atoms()
+    atoms.calc = DFMP2Calculator(basis="cc-pv[dt]z", frozen_core=True)
+    with pytest.raises(dfmp2.InputError, match=r"forces with basis 'cc-pv\[dt\]z': an extrapolated basis"):
+        atoms.get_forces()
+    with pytest.raises(PropertyNotImplementedError):
+        atoms.get_forces()
+    assert atoms.calc.results == {}
+    energy = atoms.get_potential_energy() / Hartree
+    molecule = [chem.Atom(s, x) for s, x in DISTORTED_WATER]
+    dz, tz = (dfmp2.run_atoms(molecule, basis=b, frozen_core=True) for b in ("cc-pvdz", "cc-pvtz"))
+    assert abs(energy - (tz.e_ref + (27 * tz.e_corr - 8 * dz.e_corr) / 19)) < 1e-10
+    assert atoms.calc.results["dfmp2"].as_dict()["bases"] == ["cc-pvdz", "cc-pvtz"]
+    assert atoms.get_potential_energy(force_consistent=True) == energy * Hartree

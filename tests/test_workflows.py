@@ -381,18 +381,58 @@ def test_dfmp2_run_reads_a_qcschema_input(tmp_path):
 
 @pytest.mark.parametrize("content, args, needle, written", [
     (dict(QCSCHEMA_WATER, driver="hessian"), [], "dfmp2 has no Hessians", True),
+    (dict(QCSCHEMA_WATER, schema_version=99), [], "schema_version 99", True),
+    (dict(QCSCHEMA_WATER, molecule=dict(QCSCHEMA_WATER["molecule"], geometry=[float("nan")] * 9)), [],
+     "molecule.geometry: atom 1 (O)", True),
+    (dict(QCSCHEMA_WATER, molecule=dict(QCSCHEMA_WATER["molecule"], geometry=[0, 0, float("inf")] + [0] * 6)), [],
+     "molecule.geometry: atom 1 (O)", True),
     (QCSCHEMA_WATER, ["--basis", "sto-3g"], "--basis is not taken with it", False),
     ("{not json", [], "not a readable JSON file", False),
     (QCSCHEMA_WATER, ["other.xyz"], "a QCSchema input runs alone", False),
 ])
 def test_bad_qcschema_inputs_exit_2(tmp_path, content, args, needle, written):
-    """An input_error is written as QCEngine's FailedOperation and exits 2; options the input
-    carries itself and unreadable JSON are refused before anything runs (nothing written)."""
-    write(tmp_path / "in.json", content if isinstance(content, str) else json.dumps(content))
+    """An input_error is written as QCEngine's FailedOperation (strict JSON: a NaN or infinity
+    the input held is null in its echo) and exits 2; options the input carries itself and
+    unreadable JSON are refused before anything runs (nothing written)."""
+    write(tmp_path / "in.json", content if isinstance(content, str) else json.dumps(content))  # NaN, Infinity
     proc = dfmp2_cli("run", "in.json", *args, "--json", "out.json", cwd=tmp_path)
     assert proc.returncode == 2, describe(proc)
     assert needle in proc.stderr and proc.stderr.count("\n") == 1
     assert (tmp_path / "out.json").exists() == written
     if written:
-        failed = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+        failed = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"), parse_constant=_no_constant)
         assert failed["success"] is False and failed["error"]["error_type"] == "input_error"
+
+
+def _no_constant(name):
+    raise AssertionError(f"{name} in a written JSON file: not strict JSON")
+
+
+def test_qcschema_fragments_and_ghosts_match_an_xyz_file(tmp_path):
+    """A water dimer's second molecule as ghosts, as QCSchema v2 (fragments, real false) through
+    `dfmp2 run in.json` and as an XYZ file with '--' and '@' ghosts through `dfmp2 run --precision
+    fp64` (a QCSchema input runs at the library's fp64 unless its keywords say otherwise): the same
+    E_total (1e-10 Eh; measured 1.4e-14) and basis; the v2 AtomicResult validates as QCElemental's model."""
+    from qcelemental.models import v2
+
+    lines = ["O  -1.551007  -0.114520   0.000000", "H  -1.934259   0.762503   0.000000",
+             "H  -0.599677   0.040712   0.000000", "O   1.350625   0.111469   0.000000",
+             "H   1.680398  -0.373741  -0.758561", "H   1.680398  -0.373741   0.758561"]
+    write(tmp_path / "dimer.xyz", "6\nghosted dimer\n" + "\n".join(lines[:3]) + "\n--\n"
+          + "\n".join("@" + line for line in lines[3:]) + "\n")
+    bohr = 1 / chem.angstrom_per_bohr()
+    molecule = {"symbols": [line.split()[0] for line in lines], "real": [True] * 3 + [False] * 3,
+                "geometry": [float(x) * bohr for line in lines for x in line.split()[1:]],
+                "fragments": [[0, 1, 2], [3, 4, 5]]}
+    write(tmp_path / "in.json", json.dumps({"schema_name": "qcschema_atomic_input", "schema_version": 2,
+                                            "molecule": molecule, "specification": {
+                                                "driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
+                                                "keywords": {"frozen_core": True}}}))
+    from_json = dfmp2_cli("run", "in.json", "--json", "out.json", cwd=tmp_path)
+    from_xyz = dfmp2_cli("run", "dimer.xyz", "--frozen-core", "--precision", "fp64", "--json", "xyz.json", cwd=tmp_path)
+    assert from_json.returncode == 0 and from_xyz.returncode == 0, describe(from_json) + describe(from_xyz)
+    result = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    v2.AtomicResult.model_validate(result)
+    record = json.loads((tmp_path / "xyz.json").read_text(encoding="utf-8"))
+    assert abs(result["return_result"] - record["e_tot"]) < 1e-10
+    assert result["properties"]["calcinfo_nbasis"] == record["nbasis"] == 48

@@ -7,12 +7,15 @@
 
 Methods, drivers and keywords: `qcschema`. QCEngine's task config gives the memory budget
 (config.memory GiB -> keyword max_memory in MB) and the scratch directory unless the keywords
-set them. A failed run raises QCEngine's InputError (bad input) or UnknownError, which
-qcengine.compute turns into a FailedOperation (input_error, unknown_error).
+set them, and the threads: the run's torch, OpenMP (PySCF's and torch's) and BLAS thread pools
+hold config.ncores threads, and are restored afterwards (`threads`). A failed run raises
+QCEngine's InputError (bad input) or UnknownError, which qcengine.compute turns into a
+FailedOperation (input_error, unknown_error).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from qcengine.exceptions import InputError as QCEngineInputError
@@ -57,13 +60,37 @@ class DFMP2Harness(ProgramHarness):
             keywords["max_memory"] = float(config.memory) * 1024 ** 3 / 1e6  # GiB -> MB (10^6 bytes)
         if "scratch" not in keywords and config.scratch_directory:
             keywords["scratch"] = str(config.scratch_directory)
-        out = run_qcschema(plain)
+        with threads(config.ncores):
+            out = run_qcschema(plain)
         if not out["success"]:
             error = out["error"]
             raise (QCEngineInputError if error["error_type"] == "input_error" else UnknownError)(error["error_message"])
         return AtomicResult(input_data=input_data, molecule=input_data.molecule, properties=out["properties"],
                             return_result=out["return_result"], provenance=out["provenance"],
                             extras={"dfmp2": out["extras"]["dfmp2"]}, stdout=None, native_files={}, success=True)
+
+
+@contextmanager
+def threads(ncores):
+    """Within: torch's intra-op threads, every OpenMP runtime loaded (PySCF's, torch's) and every
+    BLAS library (numpy's, SciPy's) at `ncores` threads (None: as they are); after: as before."""
+    if ncores is None:
+        yield
+        return
+    import scipy.linalg  # noqa: F401 (its BLAS loaded now, so that the limit reaches it)
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    from .. import chem
+
+    ncores = int(ncores)
+    torch_before = torch.get_num_threads()
+    with chem.pyscf_threads(ncores), threadpool_limits(limits=ncores):  # PySCF's OpenMP loaded first: limited too
+        torch.set_num_threads(ncores)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(torch_before)
 
 
 def register() -> DFMP2Harness:

@@ -6,9 +6,16 @@
     out["success"], out["return_result"], out["properties"]["mp2_correlation_energy"]
 
 No qcelemental here (the CLI reads JSON with it absent); `qcengine_harness` wraps this for
-QCEngine. The input is QCSchema v1's layout (driver, model, keywords at the top level) or v2's
-(them under "specification"); the output is v1's AtomicResult, or on failure a FailedOperation
-(success False, error {error_type "input_error" or "unknown_error", error_message}).
+QCEngine. Versions: an input in QCSchema v1's layout (schema_version 1 or none; driver, model,
+keywords at the top level; a molecule of schema_version 2 or none) gives v1's AtomicResult
+(schema_name "qcschema_output"); one in v2's (schema_version 2, schema_name
+"qcschema_atomic_input", or "specification" holding driver, model, keywords; a molecule of
+schema_version 3 or none) gives v2's (schema_name "qcschema_atomic_result", schema_version 2,
+input_data the input). Any other version, or a mix, is bad input naming it. On failure a
+FailedOperation of the input's version (success False, input_data the input, error
+{error_type "input_error" or "unknown_error", error_message}). Everything out is strict JSON:
+numpy arrays become lists, and a non-finite number in an echoed input becomes null (as
+QCElemental's models write it).
 
 Methods: "mp2" ("df-mp2", "ri-mp2": DF-MP2; return_energy E_HF + E_corr); "scs-mp2" (E_HF + e_scs:
 DFMP2Result.e_scs is the correlation part only, 6/5 E_os + 1/3 E_ss, plus the ROHF singles; the
@@ -16,10 +23,21 @@ gradient and dipole are SCS-MP2's); the double hybrids of `chem.functionals` by 
 ...; return_energy E_KS + c_os E_os + c_ss E_ss; no mp2_* properties, whose orbitals would be
 KS ones: extras["dfmp2"] has the parts). Drivers: energy, gradient (return_result [natm*3]
 Eh/bohr, the input's frame and atom order, ghosts included), properties (return_result the energy;
-the relaxed dipole, a.u., as mp2_dipole_moment for "mp2", in extras otherwise). Molecule: symbols,
-geometry (bohr), real (False: a ghost atom), molecular_charge (default 0), molecular_multiplicity
-(default 1 for an even electron count, else 2, QCElemental's); fragments are not needed and not
-read. Keywords: KEYWORDS (Settings fields, and Psi4's mp2_type "df"); anything else is bad input.
+the relaxed dipole, a.u., as mp2_dipole_moment for "mp2", in extras otherwise). model.basis in
+Psi4's bracket notation ("cc-pv[dt]z"): the energy at the basis-set limit as `dfmp2 run --basis`
+gives it (`composite.run_composite`; driver energy, mp2 or scs-mp2; keyword scf_extrapolation
+"highest" or "exponential"); properties are the limit's, extras["dfmp2"] the composite's record.
+
+Molecule: symbols, geometry (bohr; `chem.check_geometry`), real (False: a ghost atom), fragments
+(lists of atom indices: consecutive, in order, every atom once; dfmp2 never reorders atoms),
+molecular_charge, molecular_multiplicity, fragment_charges, fragment_multiplicities (whole
+numbers or null): the charge and 2S run are `chem.charge_and_spin`'s (QCElemental's rules; a
+fragment that gives its charge but not its multiplicity is at its lowest spin, one that gives its
+multiplicity but not its charge is neutral unless a molecular_charge beyond the fragment charges
+given is left to place: `qcschema_molecule`). The echoed molecule carries the molecular_charge and
+molecular_multiplicity run; extras["dfmp2"]["notes"] says what was defaulted.
+Keywords: KEYWORDS (Settings fields), Psi4's mp2_type "df", scf_extrapolation (an extrapolated
+basis's); anything else is bad input.
 """
 
 from __future__ import annotations
@@ -31,11 +49,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import __version__, chem
-from ..chem.basis import atomic_number
+from ..chem.extrapolation import SCF_SCHEMES, expand_basis
 from ..chem.functionals import ALIASES, DOUBLE_HYBRIDS
 from ..run.settings import Settings
 from ..util.errors import ComputationError, InputError
 from .driver import run_atoms
+from .qcschema_molecule import read_molecule
 
 DRIVERS = ("energy", "gradient", "properties")
 MP2_METHODS = ("mp2", "df-mp2", "ri-mp2")
@@ -50,25 +69,42 @@ KEYWORDS = {
     "simulate": (bool,), "nki_api": (str,), "transform": (str,),
 }
 PSI4_KEYWORDS = {"mp2_type": "df"}  # accepted with this value only (what dfmp2 computes)
+WORKFLOW_KEYWORDS = ("scf_extrapolation",)  # an extrapolated basis's (not a Settings field)
+# QCSchema version -> (the AtomicInput's schema_names, its molecule's schema_version)
+VERSIONS = {1: (("qcschema_input", "qc_schema_input"), 2), 2: (("qcschema_atomic_input",), 3)}
+PROVENANCE = {"creator": "dfmp2", "version": __version__, "routine": "dfmp2.api.qcschema.run_qcschema"}
 
 
 @dataclass(frozen=True)
 class Request:
-    """A checked QCSchema input: atoms (Angstrom), settings, driver, method kind (mp2, scs, dh)."""
+    """A checked QCSchema input: atoms (Angstrom), settings (the charge and 2S run), driver,
+    method kind (mp2, scs, dh), the QCSchema version (1, 2: the output's), the molecule as the
+    output echoes it (JSON; the charge and multiplicity run filled in), the charge rules' notes,
+    and for an extrapolated basis the SCF's scheme (None: one basis)."""
 
     atoms: list
     settings: Settings
     driver: str
     method: str
+    version: int = 1
+    molecule: dict | None = None
+    notes: tuple = ()
+    scf_extrapolation: str | None = None
 
 
 def run_qcschema(input: dict) -> dict:  # noqa: A002 (QCSchema's name)
-    """A QCSchema AtomicInput (plain dict; geometry in bohr) -> AtomicResult dict (energies Eh,
-    gradient Eh/bohr, dipoles a.u.), or a FailedOperation dict (success False) for bad input or a
-    failed run."""
+    """A QCSchema AtomicInput (plain dict; geometry in bohr) -> AtomicResult dict of its version
+    (energies Eh, gradient Eh/bohr, dipoles a.u.), or a FailedOperation dict (success False) for
+    bad input or a failed run; strict JSON either way (module docstring)."""
     try:
         request = qcschema_request(input)
-        result = run_atoms(request.atoms, request.settings)
+        if request.scf_extrapolation is not None:
+            from .composite import run_composite
+
+            frame = chem.Frame(tuple(request.atoms), "", (chem.Fragment(0, len(request.atoms)),), "molecule")
+            result = run_composite(frame, request.settings, scf_extrapolation=request.scf_extrapolation)
+        else:
+            result = run_atoms(request.atoms, request.settings)
         return atomic_result(input, request, result)
     except InputError as error:
         return failed_operation(input, "input_error", str(error))
@@ -82,9 +118,8 @@ def qcschema_request(data) -> Request:
     """The one check of a QCSchema input (module docstring): InputError naming the first problem."""
     if not isinstance(data, dict):
         raise InputError(f"a QCSchema AtomicInput is a JSON object, not {type(data).__name__}")
-    if data.get("schema_name", "qcschema_input") not in ("qcschema_input", "qcschema_atomic_input"):
-        raise InputError(f"schema_name {data['schema_name']!r}: expected 'qcschema_input' (an AtomicInput)")
-    spec = _object(data, "specification") if "specification" in data else data
+    version = schema_version(data)
+    spec = _object(data, "specification") if version == 2 else data
     driver = _text(spec.get("driver"), "driver")
     if driver not in DRIVERS:
         hint = ": dfmp2 has no Hessians" if driver == "hessian" else ""
@@ -94,17 +129,54 @@ def qcschema_request(data) -> Request:
     basis = model.get("basis")
     if not isinstance(basis, str) or not basis.strip():
         raise InputError(f"model.basis {basis!r}: DF-MP2 needs an orbital basis set name")
+    basis = basis.strip()
     wavefunction = _object(spec, "protocols").get("wavefunction", "none") if spec.get("protocols") else "none"
     if wavefunction not in ("none", None):
         raise InputError(f"protocols.wavefunction {wavefunction!r}: dfmp2 returns no wavefunction (use 'none')")
-    atoms, charge, spin = _molecule(_object(data, "molecule"))
-    changes = dict(basis=basis.strip(), charge=charge, spin=spin, **_keywords(spec.get("keywords") or {}))
+    if spec.get("extras") is not None:
+        _object(spec, "extras")
+    keywords, workflow = _keywords(spec.get("keywords") or {})
+    scf_extrapolation = _extrapolation(basis, workflow, driver, method)
+    molecule = _object(data, "molecule")
+    atoms, found = read_molecule(molecule, version, VERSIONS[version][1])
+    changes = dict(basis=basis, charge=found.charge, spin=found.spin, **keywords)
     if method not in ("mp2", "scs"):
         changes["xc"] = method
     if method == "scs":
         changes["rdm1_scaling"] = SCS  # the gradient's and the dipole's density: SCS-MP2's
     changes.update(gradient=driver == "gradient", properties=("dipole",) if driver == "properties" else ())
-    return Request(atoms, Settings(**changes), driver, method if method in ("mp2", "scs") else "dh")
+    return Request(atoms, Settings(**changes), driver, method if method in ("mp2", "scs") else "dh", version,
+                   echoed_molecule(molecule, found), tuple(found.notes), scf_extrapolation)
+
+
+def schema_version(data: dict) -> int:
+    """The QCSchema version of an AtomicInput (1 or 2): its schema_version, else what its
+    schema_name or layout ("specification": v2) says; InputError for an unknown one or a mix."""
+    given, name = data.get("schema_version"), data.get("schema_name")
+    if given is not None and (isinstance(given, bool) or not isinstance(given, (int, np.integer))
+                              or given not in VERSIONS):
+        raise InputError(f"schema_version {given!r}: dfmp2 reads QCSchema AtomicInput versions 1 and 2")
+    named = next((v for v, (names, _) in VERSIONS.items() if name in names), None)
+    if name is not None and named is None:
+        raise InputError(f"schema_name {name!r}: expected 'qcschema_input' (v1) or 'qcschema_atomic_input' (v2), "
+                         "an AtomicInput")
+    layout = 2 if "specification" in data else 1
+    version = int(given) if given is not None else named or layout
+    if named is not None and named != version:
+        raise InputError(f"schema_name {name!r} is QCSchema v{named}'s, but schema_version is {given!r}")
+    if layout != version:
+        where = "under 'specification'" if version == 2 else "at the top level, without 'specification'"
+        raise InputError(f"schema_version {version}: QCSchema v{version} puts driver, model and keywords {where}")
+    return version
+
+
+def output_version(data) -> int:
+    """The QCSchema version an answer to `data` is written in, whatever is wrong with it: 2 for
+    an input in v2's layout or naming, else 1."""
+    if isinstance(data, dict) and ("specification" in data or data.get("schema_version") == 2
+                                   or data.get("schema_name") == "qcschema_atomic_input"):
+        return 2
+    return 1
 
 
 def _object(data: dict, name: str) -> dict:
@@ -133,80 +205,91 @@ def _method(method: str) -> str:
                      f"{', '.join(name.lower() for name in DOUBLE_HYBRIDS)})")
 
 
-def _keywords(keywords) -> dict:
-    """The Settings changes the keywords ask for (KEYWORDS, PSI4_KEYWORDS)."""
+def _keywords(keywords) -> tuple:
+    """(the Settings changes the keywords ask for (KEYWORDS, PSI4_KEYWORDS), the workflow's
+    keywords (WORKFLOW_KEYWORDS))."""
     if not isinstance(keywords, dict):
         raise InputError(f"keywords: expected a JSON object, got {type(keywords).__name__}")
-    changes = {}
+    changes, workflow = {}, {}
     for name, value in keywords.items():
         key = str(name).lower()
         if key in PSI4_KEYWORDS:
             if str(value).lower() != PSI4_KEYWORDS[key]:
                 raise InputError(f"keyword {name}={value!r}: dfmp2 computes {key} {PSI4_KEYWORDS[key]!r} only")
             continue
+        if key in WORKFLOW_KEYWORDS:
+            workflow[key] = value
+            continue
         if key not in KEYWORDS:
-            known = ", ".join(sorted([*KEYWORDS, *PSI4_KEYWORDS]))
+            known = ", ".join(sorted([*KEYWORDS, *PSI4_KEYWORDS, *WORKFLOW_KEYWORDS]))
             raise InputError(f"unknown keyword {name!r} (dfmp2 takes: {known})")
         kinds = KEYWORDS[key]
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
             if not (float in kinds and isinstance(value, int) and not isinstance(value, bool)):
                 raise InputError(f"keyword {name}={value!r}: expected {' or '.join(k.__name__ for k in kinds)}")
         changes[key] = value
-    return changes
+    return changes, workflow
 
 
-def _molecule(molecule: dict) -> tuple:
-    """([chem.Atom] in Angstrom, charge, 2S) of a QCSchema molecule (geometry in bohr)."""
-    symbols = molecule.get("symbols")
-    if not isinstance(symbols, (list, tuple)) or not symbols:
-        raise InputError("molecule.symbols: expected a non-empty list of element symbols")
-    symbols = [chem.element_symbol(s) for s in symbols]
-    try:
-        geometry = np.asarray(molecule.get("geometry"), dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InputError("molecule.geometry: expected numbers (bohr)") from None
-    if geometry.size != 3 * len(symbols) or geometry.ndim not in (1, 2):
-        raise InputError(f"molecule.geometry: {geometry.size} numbers for {len(symbols)} atoms "
-                         "(expected 3 each, bohr)")
-    real = molecule.get("real")
-    real = [True] * len(symbols) if real is None else list(real)
-    if len(real) != len(symbols) or not all(isinstance(r, (bool, np.bool_)) for r in real):
-        raise InputError(f"molecule.real: expected {len(symbols)} booleans (False: a ghost atom)")
-    xyz = geometry.reshape(-1, 3) * chem.angstrom_per_bohr()
-    atoms = [chem.Atom(s, tuple(float(c) for c in x), ghost=not r) for s, x, r in zip(symbols, xyz, real)]
-    charge = _whole(molecule.get("molecular_charge", 0) or 0, "molecule.molecular_charge")
-    electrons = sum(atomic_number(a.symbol) for a in atoms if not a.ghost) - charge
-    multiplicity = molecule.get("molecular_multiplicity")
-    multiplicity = 1 + electrons % 2 if multiplicity is None else _whole(multiplicity,
-                                                                         "molecule.molecular_multiplicity")
-    if multiplicity < 1:
-        raise InputError(f"molecule.molecular_multiplicity {multiplicity}: must be at least 1")
-    return atoms, charge, multiplicity - 1
+def _extrapolation(basis: str, workflow: dict, driver: str, method: str) -> str | None:
+    """The SCF's extrapolation scheme for a basis in bracket notation (None: one basis);
+    InputError for what an extrapolated energy cannot give."""
+    scheme = workflow.get("scf_extrapolation")
+    if len(expand_basis(basis)) == 1:  # (expand_basis checks the notation)
+        if scheme is not None:
+            raise InputError(f"keyword scf_extrapolation={scheme!r}: applies to an extrapolated basis (e.g. "
+                             f"cc-pv[dt]z), not model.basis {basis!r}")
+        return None
+    scheme = "highest" if scheme is None else scheme
+    if scheme not in SCF_SCHEMES:
+        raise InputError(f"keyword scf_extrapolation={scheme!r}: expected one of {', '.join(SCF_SCHEMES)}")
+    if driver != "energy":
+        raise InputError(f"driver {driver!r} with model.basis {basis!r}: an extrapolated basis gives the energy only "
+                         "(dfmp2 has no gradient or density of a composite); use driver 'energy' or one basis")
+    if method not in ("mp2", "scs"):
+        raise InputError(f"model.method {method.lower()!r} with model.basis {basis!r}: basis-set extrapolation is of "
+                         "MP2's correlation energy (mp2, scs-mp2), not a double hybrid's")
+    return scheme
 
 
-def _whole(value, name: str) -> int:
-    """value as an int if it is a whole number (QCSchema writes 0.0), else InputError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value != round(value):
-        raise InputError(f"{name} {value!r}: expected a whole number")
-    return int(round(value))
+def echoed_molecule(molecule: dict, found) -> dict:
+    """The molecule as the output echoes it: JSON, with the molecular_charge and
+    molecular_multiplicity run filled in where the input has none."""
+    echoed = json_safe(molecule)
+    if echoed.get("molecular_charge") is None:
+        echoed["molecular_charge"] = float(found.charge)
+    if echoed.get("molecular_multiplicity") is None:
+        echoed["molecular_multiplicity"] = found.spin + 1
+    return echoed
 
 
 def atomic_result(data: dict, request: Request, result) -> dict:
-    """The AtomicResult dict (QCSchema v1 layout) of a finished run: the input's fields, then the
-    results (module docstring)."""
-    energy = result.e_ref + result.e_scs if request.method == "scs" else result.e_tot
-    properties = qcschema_properties(request, result, energy)
+    """The AtomicResult dict of a finished run in the input's QCSchema version (module
+    docstring): v1, the input's fields then the results; v2, input_data and the results."""
+    record = result.as_dict()
+    if request.scf_extrapolation is not None:
+        energy, properties = composite_properties(request, record)
+    else:
+        energy = result.e_ref + result.e_scs if request.method == "scs" else result.e_tot
+        properties = qcschema_properties(request, result, energy)
     return_result = properties["return_gradient"] if request.driver == "gradient" else energy
+    dfmp2 = json_safe(record)
+    dfmp2["notes"] = list(dfmp2.get("notes") or []) + list(request.notes)
     spec = data.get("specification", data)
+    if request.version == 2:
+        return {
+            "schema_name": "qcschema_atomic_result", "schema_version": 2, "id": json_safe(data.get("id")),
+            "input_data": json_safe(data), "molecule": request.molecule, "properties": properties,
+            "wavefunction": None, "return_result": return_result, "stdout": None, "stderr": None,
+            "native_files": {}, "success": True, "provenance": dict(PROVENANCE), "extras": {"dfmp2": dfmp2},
+        }
     return {
-        "schema_name": "qcschema_output", "schema_version": 1, "id": data.get("id"),
-        "molecule": data["molecule"], "driver": request.driver, "model": spec["model"],
-        "keywords": spec.get("keywords") or {}, "protocols": spec.get("protocols") or {},
-        "extras": {**(spec.get("extras") or {}), "dfmp2": json_safe(result.as_dict())},
-        "provenance": {"creator": "dfmp2", "version": __version__, "routine": "dfmp2.api.qcschema.run_qcschema"},
-        "properties": properties, "return_result": return_result, "success": True, "error": None,
-        "stdout": None, "stderr": None, "native_files": {}, "wavefunction": None,
+        "schema_name": "qcschema_output", "schema_version": 1, "id": json_safe(data.get("id")),
+        "molecule": request.molecule, "driver": request.driver, "model": json_safe(spec["model"]),
+        "keywords": json_safe(spec.get("keywords") or {}), "protocols": json_safe(spec.get("protocols") or {}),
+        "extras": {**json_safe(spec.get("extras") or {}), "dfmp2": dfmp2},
+        "provenance": dict(PROVENANCE), "properties": properties, "return_result": return_result, "success": True,
+        "error": None, "stdout": None, "stderr": None, "native_files": {}, "wavefunction": None,
     }
 
 
@@ -236,10 +319,30 @@ def qcschema_properties(request: Request, result, energy: float) -> dict:
     return properties
 
 
+def composite_properties(request: Request, record: dict) -> tuple:
+    """(the energy, QCSchema's properties) of an extrapolated run: the basis-set limit's
+    energies (`composite.run_composite`'s record; no sizes, SCF dipole or nuclear repulsion,
+    which belong to one basis: its per_basis runs have them)."""
+    limit = record["energies"]["whole"]
+    energy = float(limit["e_tot_scs"] if request.method == "scs" else limit["e_tot"])
+    return energy, {
+        "calcinfo_natom": len(request.atoms), "return_energy": energy, "scf_total_energy": float(limit["e_ref"]),
+        "mp2_same_spin_correlation_energy": float(limit["e_corr_ss"]),
+        "mp2_opposite_spin_correlation_energy": float(limit["e_corr_os"]),
+        "mp2_singles_energy": float(limit["e_corr_singles"]),
+        "mp2_doubles_energy": float(limit["e_corr_os"] + limit["e_corr_ss"]),
+        "mp2_correlation_energy": float(limit["e_corr"]), "mp2_total_energy": float(limit["e_tot"]),
+    }
+
+
 def failed_operation(data, error_type: str, message: str) -> dict:
-    """QCSchema's FailedOperation (v1 layout): success False, the input, the error."""
-    return {"id": data.get("id") if isinstance(data, dict) else None, "input_data": data,
-            "success": False, "error": {"error_type": error_type, "error_message": message}, "extras": {}}
+    """QCSchema's FailedOperation in the input's version (`output_version`): success False, the
+    input (strict JSON: non-finite numbers null), the error."""
+    failed = {"id": json_safe(data.get("id")) if isinstance(data, dict) else None, "input_data": json_safe(data),
+              "success": False, "error": {"error_type": error_type, "error_message": message}, "extras": {}}
+    if output_version(data) == 2:
+        failed = {"schema_name": "qcschema_failed_operation", "schema_version": 2, **failed}
+    return failed
 
 
 def json_safe(value):

@@ -57,6 +57,20 @@ def pyscf_scratch(scratch=None, prefix="dfmp2-"):
             param.TMPDIR = previous
 
 
+@contextlib.contextmanager
+def pyscf_threads(count: int):
+    """Within: PySCF's OpenMP thread count (`pyscf.lib.num_threads`) is `count`; restored on the
+    way out."""
+    from pyscf import lib
+
+    previous = lib.num_threads()
+    lib.num_threads(count)
+    try:
+        yield
+    finally:
+        lib.num_threads(previous)
+
+
 def choose_reference(spin: int, reference: str | None) -> str:
     """The SCF reference: `reference` if given (rhf, uhf, rohf), else RHF for a closed shell
     (spin 0) and UHF for an open one. RHF with spin > 0 is bad input."""
