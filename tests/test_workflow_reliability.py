@@ -65,7 +65,8 @@ def test_a_whole_spin_the_fragments_cannot_take_is_refused_for_counterpoise_only
 @pytest.mark.parametrize("text, given, needle", [
     (OH_OH.replace("--\n", "--\n0 1\n"), {}, "fragment 2 ('0 1'): multiplicity 1 (2S 0) is impossible with its 9"),
     (OH_OH.replace("--\n", "--\n1 1\n").replace("O 0 0 0\n", "0 2\nO 0 0 0\n"), {}, None),
-    ("2\nHe dimer\nHe 0 0 0\n--\n2 1\nHe 0 0 3\n", {}, "fragment 2 ('2 1'): charge 2 leaves 0 electrons"),
+    ("2\nHe dimer\nHe 0 0 0\n--\n3 1\nHe 0 0 3\n", {}, "fragment 2 ('3 1'): charge 3 leaves -1 electrons"),
+    ("2\nHe dimer\nHe 0 0 0\n--\n2 2\nHe 0 0 3\n", {}, "fragment 2 ('2 2'): multiplicity 2 (2S 1) is impossible"),
     ("2\nghost\nHe 0 0 0\n--\n1 2\n@He 0 0 3\n", {}, "holds ghost atoms only"),
 ])
 def test_impossible_fragment_lines_are_bad_input_in_every_run(tmp_path, text, given, needle):
@@ -79,6 +80,20 @@ def test_impossible_fragment_lines_are_bad_input_in_every_run(tmp_path, text, gi
     with pytest.raises(InputError, match=r", line \d+: ") as error:
         chem.charge_and_spin(frame, given.get("charge"), given.get("spin"))
     assert needle in str(error.value)
+
+
+def test_a_bare_nucleus_fragment_runs_whole_but_not_in_counterpoise(tmp_path):
+    """H+...He: charge +1 on H...He without lines is QCElemental's H+ and He, a singlet (the first
+    fragment that can hold the charge; dfmp2 skipped fragments left without electrons and ran He+
+    and H, a triplet); with the lines '1 1' and '0 1' the fragments are given, and counterpoise,
+    which would run a fragment without electrons, refuses it naming the fragment."""
+    found = chem.charge_and_spin(frame_of("2\nH+ He\nH 0 0 0\n--\nHe 0 0 1.6\n", tmp_path), 1, None)
+    assert (found.charge, found.spin) == (1, 0)
+    frame = frame_of("2\nH+ He\n1 1\nH 0 0 0\n--\n0 1\nHe 0 0 1.6\n", tmp_path, "g.xyz")
+    found = chem.charge_and_spin(frame)
+    assert (found.charge, found.spin, found.fragments) == (1, 0, ((1, 0), (0, 0)))
+    with pytest.raises(InputError, match="fragment 1 at charge 1 has no electrons"):
+        composite.counterpoise_systems(frame, ["cp"])
 
 
 def _qcelemental_chgmult(frame, charge, multiplicity):
@@ -98,7 +113,7 @@ FRAGMENT_CASES = [  # (file, molecular charge, molecular multiplicity)
     (WATER_DIMER.replace("0 1\n", ""), -1, 2), (WATER_DIMER.replace("0 1\n", "", 1), None, 3),
     (WATER_DIMER.replace("0 1\nO  -1", "1 2\nO  -1"), None, None), (OH_OH, None, None), (OH_OH, None, 5),
     (OH_OH, 1, None), (OH_OH.replace("--\n", "--\n-1 1\n"), None, None), (WATER, None, None), (WATER, 1, None),
-    (WATER, -1, None), (WATER, None, 3), ("4\nCH3\nC 0 0 0\nH 1.08 0 0\nH -0.54 0.93 0\nH -0.54 -0.93 0\n", None, None),
+    (WATER, -1, None), (WATER, None, 3), ("2\nHHe\nH 0 0 0\n--\nHe 0 0 1.6\n", 1, None), ("4\nCH3\nC 0 0 0\nH 1.08 0 0\nH -0.54 0.93 0\nH -0.54 -0.93 0\n", None, None),
     ("5\ng\nO 0 0 0\nH 0 0.76 -0.47\nH 0 -0.76 -0.47\n--\n@He 0 0 3\n@He 0 0 5\n", None, None),
 ]
 

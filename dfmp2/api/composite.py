@@ -63,6 +63,10 @@ def counterpoise_systems(frame, bsse, charge=None, spin=None) -> list:
     found = chem.charge_and_spin(frame, charge, spin)
     if found.fragments is None:
         raise InputError(f"{found.undetermined} (counterpoise runs each fragment at its own charge and spin)")
+    for k, (fragment, (q, _)) in enumerate(zip(frame.fragments, found.fragments), start=1):
+        if sum(chem.atomic_number(a.symbol) for a in frame.atoms[fragment.start:fragment.stop] if not a.ghost) == q:
+            raise InputError(f"{frame.name}: fragment {k} at charge {q} has no electrons (a bare nucleus): counterpoise "
+                             "runs each fragment, and a fragment without electrons has no SCF")
     atoms = frame.atoms
     systems = [System("whole", atoms, found.charge, found.spin)]
     for k, (fragment, (q, s)) in enumerate(zip(frame.fragments, found.fragments), start=1):

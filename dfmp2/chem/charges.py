@@ -10,7 +10,8 @@ noted below:
   - the whole's 2S, where none is given, is the fragments' 2S added high-spin; a 2S given
     otherwise lands, as one block, on the first fragment without a line that can hold it;
     where every fragment has its line, any 2S the whole's electrons allow is taken as given;
-  - a fragment of ghost atoms only is neutral and closed-shell;
+  - a fragment of ghost atoms only is neutral and closed-shell; a real one may be left without
+    electrons (a bare nucleus, H+), which only a run of the whole can take;
   - (dfmp2) a frame of one fragment is the whole: its line and a given charge or 2S must agree.
 Where the rules place a charge or a spin on one of several fragments without a line, the
 fragments' own states are a guess (QCElemental takes it): `ChargeSpin.fragments` is None and
@@ -91,7 +92,7 @@ def _placed_charge(frame, charge, neutral, ghosts_only, open_, charge_name) -> t
     if not open_:
         raise InputError(f"{frame.name}: {charge_name} {charge} disagrees with the fragments' 'charge "
                          f"multiplicity' lines (charge {sum(charges)} in all)")
-    holders = [k for k in open_ if not ghosts_only[k] and neutral[k] - rest > 0]
+    holders = [k for k in open_ if not ghosts_only[k] and neutral[k] - rest >= 0]
     if not holders:
         raise InputError(f"{frame.name}: {charge_name} {charge} leaves charge {rest:+d} beyond the fragments' "
                          "lines, and no fragment without a line can hold it")
@@ -141,7 +142,7 @@ def _check_fragment(frame, k, neutral, ghosts_only) -> None:
         raise InputError(f"{_where(frame, fragment)}: {stated} holds ghost atoms only (no nuclei, no electrons): "
                          "its line can only be '0 1'")
     electrons = neutral - fragment.charge
-    if electrons < 0 or (electrons == 0 and not ghosts_only):
+    if electrons < 0:  # (none left: a bare nucleus, such as H+, is a fragment QCElemental allows)
         raise InputError(f"{_where(frame, fragment)}: {stated}: charge {fragment.charge} leaves {electrons} electrons")
     if not _possible(fragment.multiplicity - 1, electrons):
         raise InputError(f"{_where(frame, fragment)}: {stated}: multiplicity {fragment.multiplicity} "
