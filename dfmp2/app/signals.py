@@ -50,20 +50,35 @@ def stop_for_signal(signum):
     stop_with(f"stopped by {signal.Signals(signum).name}; scratch removed", 128 + signum)
 
 
+def raise_if_signalled():
+    """Stop (KeyboardInterrupt, or Terminated) if a stopping signal arrived that the code it
+    interrupted swallowed: a C extension's module init turns the KeyboardInterrupt into an
+    ImportError, which a library's optional `try: import ... except ImportError` then drops (a
+    Ctrl-C 0.15 s into `dfmp2 run` was lost so, about 1 run in 10, and the run went on to exit 0)."""
+    if SIGNALS_RECEIVED:
+        signum = SIGNALS_RECEIVED[0]
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
 def guarded(compute, debug, outputs):
     """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug.
     SIGINT, SIGTERM and SIGHUP stop the run: scratch files are removed on the way out (a
-    --checkpoint directory is kept), no output file is written, exit 128 + signal number.
+    --checkpoint directory is kept), no output file is written, exit 128 + signal number; a
+    signal the interrupted code swallowed stops it before its outputs are written
+    (`raise_if_signalled`, which `outputs` calls before it writes anything) or once it returns.
     `outputs` staged but not committed are discarded whatever happens."""
     stopping = [signum for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
                 if signal.getsignal(signum) is not signal.SIG_IGN]  # an inherited ignore (nohup) is respected
     SIGNALS_RECEIVED.clear()
     for signum in stopping:
         signal.signal(signum, raise_terminated)
+    outputs.before_writing = raise_if_signalled
     try:
         record = compute()
         for signum in stopping:  # the outputs are in place: the run has succeeded, whatever comes now
             signal.signal(signum, signal.SIG_IGN)
+        if SIGNALS_RECEIVED and not outputs.written():  # swallowed, and nothing of the run's is in place
+            raise_if_signalled()
         return record
     except DFMP2Error as error:
         if debug:

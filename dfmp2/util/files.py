@@ -115,6 +115,8 @@ class Outputs:
     run owns (its checkpoint: never an output inside)."""
 
     def __init__(self, inputs=(), directories=()):
+        self.before_writing = None  # called before anything is put in place (the CLI: a swallowed signal stops it)
+        self._written = False
         self._targets = {}
         self._inputs = [(path, _identity(path)) for path in inputs if path is not None]
         self._directories = [os.path.realpath(d) for d in directories if d is not None]
@@ -226,6 +228,9 @@ class Outputs:
         lines. Standard output, a FIFO or a device: written and flushed at once."""
         target = self._targets[option]
         data = (line + "\n").encode("utf-8")
+        if self.before_writing is not None:
+            self.before_writing()
+        self._written = True
         try:
             if target.real == "-":
                 _write_in_place(target, data)
@@ -254,6 +259,9 @@ class Outputs:
     def commit(self):
         """Put every staged output in place (module docstring); on failure none stays."""
         targets = [t for t in self._targets.values() if t.staged is not None]
+        if targets and self.before_writing is not None:
+            self.before_writing()
+        self._written = self._written or bool(targets)
         done, current = [], None
         try:
             for current in (t for t in targets if t.in_place):
@@ -286,6 +294,10 @@ class Outputs:
                                        f"{one_line(error.strerror or str(error))}; no output file was written") from None
             raise
         self.discard()
+
+    def written(self) -> bool:
+        """Whether anything has been put in place (committed, or a line appended)."""
+        return self._written
 
     def discard(self):
         """Remove whatever is still staged (a failed or interrupted run writes nothing; lines
