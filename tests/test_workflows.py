@@ -286,6 +286,7 @@ def extrapolations(tmp_path_factory):
     procs = run_all(jobs)
     for proc in procs.values():
         assert proc.returncode == 0, describe(proc)
+        assert ", 1 system, basis" in proc.stdout, describe(proc)  # (it printed "1 systems")
     return [json.loads((directory / f"out{k}.json").read_text(encoding="utf-8")) for k in jobs]
 
 
