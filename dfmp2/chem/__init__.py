@@ -13,7 +13,7 @@ Kohn-Sham ones for double hybrids), checks it, and hands the MP2 layer plain arr
     scf           running, restoring, hooking PySCF's SCF      reference    mean-field checks, frozen core
     integrals     (mn|P) and (P|Q) providers, Cholesky vectors cphf         the orbital response
     derivatives   derivative integrals, SCF gradient terms    jk           dfmp2's own J/K builds
-    functionals   double hybrids
+    functionals   double hybrids                              charges      a molecule's and its fragments' charge, 2S
 
 PySCF is imported inside functions, so that `dfmp2 --help` and `dfmp2 info` stay fast.
 This package's namespace holds the public names of its modules (`chem.run_scf`, ...).
