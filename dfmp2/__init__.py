@@ -19,12 +19,14 @@ __version__ = "0.1.0"
 # transform steps ran 1.5-3x slower. Passive waiting removes that; an explicit setting wins.
 # Effective only if set before torch/PySCF load (true for the CLI; a PySCF script that imports
 # pyscf before dfmp2 can export OMP_WAIT_POLICY=PASSIVE itself).
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from .util.cpu_config import set_thread_defaults as _set_thread_defaults  # noqa: E402
+
+_set_thread_defaults()  # OMP_WAIT_POLICY=PASSIVE, unless the user set it (recorded: util.cpu_config)
 # The same for OpenBLAS (numpy's and SciPy's are two libraries with a thread pool each): its
 # idle threads spin for 2^28 cycles (~0.1 s) after every call, against torch's and each other's
 # work; 2^4 lets them sleep at once. Measured on 2 cores: PySCF's eigensolver in the SCF 0.5 s
 # against 1.1 s, the whole `dfmp2 run` of naphthalene/cc-pVTZ 13.6-14.2 s against 15.6-17.2 s.
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# (OPENBLAS_THREAD_TIMEOUT=4, set by the same call)
 
 from .util.errors import ComputationError, DFMP2Error, InputError, MemoryBudgetError  # noqa: E402
 

@@ -125,19 +125,22 @@ def test_tags_that_do_not_describe_the_density_are_not_used():
     assert np.abs(vk[0] - vk_ref).max() < 1e-10 and np.abs(vj[0] - vj_ref).max() < 1e-10
 
 
-@pytest.mark.parametrize("room,precision,storage,increments", [
-    (0, "mixed", "fp64 triangle", "orbitals, anchor halves made"),
-    (4, "mixed", "square 32 + fp64 triangle", "orbitals, anchor halves made"),
-    (5, "mixed", "square 32 + fp64 triangle", "orbitals, kept anchor halves"),
-    (20, "mixed", "square 64 + square 32 + fp64 triangle", "orbitals, kept anchor halves"),
-    (4, "fp64", "fp64 triangle", None), (8, "fp64", "square 64 + fp64 triangle", None)])
-def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, increments):
+@pytest.mark.parametrize("room,precision,square64,storage,increments", [
+    (0, "mixed", "1", "fp64 triangle", "orbitals, anchor halves made"),
+    (4, "mixed", "1", "square 32 + fp64 triangle", "orbitals, anchor halves made"),
+    (5, "mixed", "1", "square 32 + fp64 triangle", "orbitals, kept anchor halves"),
+    (20, "mixed", "1", "square 64 + square 32 + fp64 triangle", "orbitals, kept anchor halves"),
+    (20, "mixed", "0", "square 32 + fp64 triangle", "orbitals, kept anchor halves"),
+    (4, "fp64", "0", "fp64 triangle", None), (8, "fp64", "0", "square 64 + fp64 triangle", None)])
+def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, square64, storage, increments):
     """The budget beyond the triangle (room: bytes per square element) decides the square copies kept
-    (the kind most builds use; then the anchors' fp64 where it takes at most half of the rest) and
-    whether the anchor's half transforms are kept for the increments; K from whatever is kept (the triangle unpacked block by block at the least) gives
-    the same energy."""
+    (the kind most builds use; then the anchors' fp64 where it takes at most half of the rest and the
+    CPU's configuration keeps one: DFMP2_SCF_FP64_SQUARE, util.cpu_config) and whether the anchor's
+    half transforms are kept for the increments; K from whatever is kept (the triangle unpacked block
+    by block at the least) gives the same energy."""
     import dfmp2.chem.jk as jk
 
+    monkeypatch.setenv("DFMP2_SCF_FP64_SQUARE", square64)
     mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
     reference = _mean_field(mol, "rhf").run()
     mf = _mean_field(mol, "rhf")
@@ -153,6 +156,10 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, storage, i
     monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle + 4 * jk.BLOCK_BYTES + room * integrals.naux * mol.nao ** 2)
     chem.use_fitted_builds(mf, builds).run()
     assert builds.record.storage == storage
+    if precision == "mixed" and room:  # (a choice only where an fp32 square is kept)
+        wanted = "wanted (kept where the budget holds it)" if square64 == "1" else "not kept"
+        assert builds.record.square_choice.startswith(f"fp64 square {wanted}: "
+                                                      f"DFMP2_SCF_FP64_SQUARE={square64} (set by the user)")
     forms = set(builds.record.increment_forms)
     assert forms == ({increments} if increments else set())
     assert abs(mf.e_tot - reference.e_tot) < 1e-9

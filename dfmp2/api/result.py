@@ -10,6 +10,7 @@ from .. import __version__, chem
 from ..chem.functionals import DoubleHybrid
 from ..mp2.pipeline import CorrelationEnergy
 from ..mp2.steps import mp2_density_correction
+from ..util.cpu_config import configuration_record
 from ..util.system_memory import MB
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
@@ -56,6 +57,8 @@ class DFMP2Result:
     double_hybrid: DoubleHybrid | None = None  # a double-hybrid run: E = E_KS + c_os E_os + c_ss E_ss
     mean_field: object = None  # the PySCF SCF object of a run_xyz run (for densities / orbitals)
     peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
+    # the CPU, dfmp2's choices for it and the threading variables set (util.cpu_config), as the run had them
+    cpu_configuration: dict = field(default_factory=configuration_record)
     scf_record: dict = field(default_factory=dict)  # what built the SCF's J and K (`scf_record`)
     screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
     properties: dict = field(default_factory=dict)  # from the relaxed density: {"dipole": [x, y, z] a.u.}
@@ -130,7 +133,7 @@ class DFMP2Result:
             "io": dict(corr.io),
             "checkpoint": corr.checkpoint,
             "distributed": corr.distributed,
-            "timings": dict(self.timings), "version": __version__,
+            "timings": dict(self.timings), "version": __version__, "cpu_configuration": self.cpu_configuration,
             "simulated": self.simulated, "notes": list(self.notes),
             "auxbasis_generated": dict(self.auxbasis_generated),
             "auxbasis_sources": {k: dict(v) for k, v in self.auxbasis_sources.items()},

@@ -99,6 +99,7 @@ class BuildRecord:
     integral_seconds: float | None = None  # JK-fit integrals computed early (a thread): its wall seconds
     integral_wait_seconds: float | None = None  # early: how long the set-up waited for them
     whitening: str = ""  # where B was whitened (device, precision)
+    square_choice: str = ""  # the fp64 square beside the fp32 one (cpu, mixed): kept or not, and why (util.cpu_config)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
     io: dict = field(default_factory=dict)  # B out of core: bytes of it written and read (scratch file)
 
@@ -111,6 +112,7 @@ class BuildRecord:
                 **({"integral_seconds": round(self.integral_seconds, 4),
                     "integral_wait_seconds": round(self.integral_wait_seconds, 4)}
                    if self.integral_seconds is not None else {}),
+                **({"square_choice": self.square_choice} if self.square_choice else {}),
                 "increment_ranks": list(self.increment_ranks),
                 "increment_forms": list(self.increment_forms),
                 **({"io": dict(self.io)} if self.io else {}),
@@ -259,6 +261,10 @@ class FittedCoulombExchange:
         self._store = store
         self.naux = self.record.naux = store.naux
         self.record.storage = store.storage
+        chosen = getattr(store, "square_choice", None)
+        if chosen is not None:
+            self.record.square_choice = (f"fp64 square {'wanted (kept where the budget holds it)' if chosen.value else 'not kept'}: "
+                                         f"{chosen.source}")
         self.record.metric = factor.describe()
         self.record.whitening = f"{whitener.device_name}, fp64"
         return early
