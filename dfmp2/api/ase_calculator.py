@@ -78,7 +78,7 @@ class DFMP2Calculator(Calculator):
             raise NoForcesError(
                 f"forces with basis {chosen.basis!r}: an extrapolated basis gives the energy only (dfmp2 has no "
                 "gradient of a composite); use one basis for forces and optimisations")
-        frame = chem.Frame(tuple(molecule), "", (chem.Fragment(0, len(molecule)),), "atoms")
+        frame = chem.Frame.whole(molecule, "atoms")
         composite = run_composite(frame, chosen)
         energy = float(composite.record["energies"]["whole"]["e_tot"]) * Hartree
         self.results = {"energy": energy, "free_energy": energy, RECORD: composite}

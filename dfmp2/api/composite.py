@@ -52,6 +52,11 @@ def counterpoise_systems(frame, bsse, charge=None, spin=None) -> list:
     fragment in the whole's basis (the others ghosts; "cp"), each fragment alone ("nocp"), each
     at the charge and 2S `chem.charge_and_spin` gives it (InputError where the input leaves a
     fragment's state a guess)."""
+    return _counterpoise(frame, bsse, charge, spin)[0]
+
+
+def _counterpoise(frame, bsse, charge, spin) -> tuple:
+    """(counterpoise_systems, the chem.ChargeSpin they were made from)."""
     if len(frame.fragments) < 2:
         raise InputError(f"{frame.name}: counterpoise needs fragments: separate them with a line '--' "
                          "(optionally followed by each fragment's 'charge multiplicity' line)")
@@ -76,7 +81,7 @@ def counterpoise_systems(frame, bsse, charge=None, spin=None) -> list:
             systems.append(System(f"fragment {k} (whole basis)", ghosted, q, s))
         if "nocp" in bsse:
             systems.append(System(f"fragment {k} (own basis)", tuple(atoms[i] for i in inside), q, s))
-    return systems
+    return systems, found
 
 
 def check_bsse(bsse) -> list:
@@ -145,19 +150,20 @@ def composite_runs(frame, settings: Settings, bsse=(), scf_extrapolation="highes
     if len(bases) > 1 and settings.xc is not None:
         raise InputError(f"basis-set extrapolation is of MP2's correlation energy: not with {option('xc')}")
     check_composite_settings(settings)
-    found = chem.charge_and_spin(frame, settings.charge, settings.spin)
-    systems = counterpoise_systems(frame, bsse, settings.charge, settings.spin) if bsse else \
-        [System("whole", frame.atoms, found.charge, found.spin)]
-    notes = found.notes
+    if bsse:
+        systems, found = _counterpoise(frame, bsse, settings.charge, settings.spin)
+    else:
+        found = chem.charge_and_spin(frame, settings.charge, settings.spin)
+        systems = [System("whole", frame.atoms, found.charge, found.spin)]
     named_ecp = settings.ecp is not None and str(settings.ecp).strip().lower() not in ("auto", "none")
     if named_ecp:  # an ECP library named for the whole: refused here if it covers none of its elements (ghosts too)
         chem.choose_ecp([a.symbol for a in frame.atoms], settings.basis, settings.ecp)
+    # a fragment alone whose elements the named library does not cover runs all-electron, as under it
+    ecps = ["none" if named_ecp and _covers_nothing(system, settings.ecp) else settings.ecp for system in systems]
     planned = {}
     for _, basis in bases:
         planned[basis] = []
-        for system in systems:
-            # a fragment alone whose elements the named library does not cover runs all-electron, as under it
-            ecp = "none" if named_ecp and _covers_nothing(system, settings.ecp) else settings.ecp
+        for system, ecp in zip(systems, ecps):
             chosen = settings.replace(basis=basis, charge=system.charge, spin=system.spin, ecp=ecp)
             try:
                 check_atoms(list(system.atoms), chosen)
@@ -165,7 +171,7 @@ def composite_runs(frame, settings: Settings, bsse=(), scf_extrapolation="highes
                 where = f"{system.name}" + (f" in {basis}" if len(bases) > 1 else "")
                 raise InputError(f"{frame.name}: {where}: {error}") from None
             planned[basis].append((system, chosen))
-    return planned, notes
+    return planned, found.notes
 
 
 def _covers_nothing(system, ecp) -> bool:

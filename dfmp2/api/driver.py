@@ -121,10 +121,16 @@ def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> 
     chosen = settings_from(settings, **changes)
     if settings is None:  # neither given as keywords: the file's lines decide (else neutral, lowest spin)
         chosen = chosen.replace(charge=changes.get("charge"), spin=changes.get("spin"))
-    found = chem.charge_and_spin(frame, chosen.charge, chosen.spin)
-    result = run_atoms(list(frame.atoms), chosen.replace(charge=found.charge, spin=found.spin), context)
-    result.notes.extend(found.notes)
-    return result
+    chosen, notes = frame_settings(frame, chosen)
+    return run_atoms(list(frame.atoms), chosen, context, notes=notes)
+
+
+def frame_settings(frame, settings: Settings) -> tuple:
+    """(settings with the charge and 2S of `frame` (a chem.Frame) by `chem.charge_and_spin`:
+    settings.charge/spin where given, None taking the frame's lines, then neutral at the lowest
+    spin; the notes of the defaults taken). The one place a run of one frame gets its charge and spin."""
+    found = chem.charge_and_spin(frame, settings.charge, settings.spin)
+    return settings.replace(charge=found.charge, spin=found.spin), found.notes
 
 
 def _check_molecule_request(settings, reference, ranks):
@@ -136,18 +142,19 @@ def _check_molecule_request(settings, reference, ranks):
         raise InputError("give frozen_core or frozen, not both")
 
 
-def run_atoms(atoms, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
+def run_atoms(atoms, settings: Settings | None = None, context=None, notes=(), **changes) -> DFMP2Result:
     """atoms: [chem.Atom] (Angstrom). Run the SCF (settings.reference rhf/uhf/rohf, default RHF for spin 0 and
     UHF otherwise; settings.scf 'df' or 'exact'), then DF-MP2. settings.xc: a double hybrid
     (`functionals`; a custom PySCF xc string with c_os and c_ss): the KS-SCF with its hybrid part,
     then E = E_KS + c_os E_os + c_ss E_ss from DF-MP2 on the KS orbitals. Keyword `changes` are
     applied on top of `settings` (default Settings()); context: the run's team, progress and
-    timer (`dfmp2.run.context`; default: one process). Every input is checked before the SCF."""
+    timer (`dfmp2.run.context`; default: one process); notes: the caller's announcements, last in
+    the result's. Every input is checked before the SCF."""
     settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
     chem.check_geometry(atoms)
     # PySCF's temporary files: the run's, removed with it (a checkpoint's next run removes a killed one's)
     with chem.pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
-        return _run_atoms(atoms, settings, context)
+        return _run_atoms(atoms, settings, context, notes)
 
 
 def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
@@ -192,7 +199,7 @@ def _occupied(mol, settings, reference) -> list:
     return [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
 
 
-def _run_atoms(atoms, settings, context) -> DFMP2Result:
+def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     if settings.device in ("cpu", "cuda"):
         flush_subnormals_first()  # before PySCF starts the OpenMP threads torch's GEMMs will share
     molecule = _molecule_of(atoms, settings, context.ranks)
@@ -237,6 +244,7 @@ def _run_atoms(atoms, settings, context) -> DFMP2Result:
     fields.update(_gradient_and_properties(mf, corr, settings, context),
                   timings=dict(context.timer.timings),  # with the gradient's parts
                   peak_rss_bytes=peak_resident_bytes())  # the whole run's, the gradient and properties included
+    fields["notes"] = fields["notes"] + list(extra_notes)
     return DFMP2Result(**fields)
 
 

@@ -101,7 +101,7 @@ def run_qcschema(input: dict) -> dict:  # noqa: A002 (QCSchema's name)
         if request.scf_extrapolation is not None:
             from .composite import run_composite
 
-            frame = chem.Frame(tuple(request.atoms), "", (chem.Fragment(0, len(request.atoms)),), "molecule")
+            frame = chem.Frame.whole(request.atoms, "molecule")
             result = run_composite(frame, request.settings, scf_extrapolation=request.scf_extrapolation)
         else:
             result = run_atoms(request.atoms, request.settings)

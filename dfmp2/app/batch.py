@@ -77,18 +77,23 @@ def run_batch(entries, compute_frame, debug: bool, on_record=None) -> list:
     (they are not a molecule's failure); debug re-raises the first failure with its traceback."""
     records = []
     for name, frame in entries:
-        record = failure_record(name, frame) if isinstance(frame, Exception) else None
-        if record is None:
-            try:
-                record = {"molecule": name, "status": "ok", **compute_frame(frame)}
-                line = json.dumps(record, allow_nan=False)
-            except Exception as error:  # noqa: BLE001 - recorded, the batch goes on (the module docstring)
-                if debug:
-                    raise
-                record = failure_record(name, error)
-        if record["status"] != "ok":
-            line = json.dumps(record, allow_nan=False)
+        record, line = _record_of(name, frame, compute_frame, debug)
         records.append(record)
         if on_record is not None:
             on_record(record, line)
     return records
+
+
+def _record_of(name, frame, compute_frame, debug) -> tuple:
+    """(record, its JSON line) of one entry of run_batch: its computed record, or its failure's
+    (a reading error, a failed run, or a record that is not strict JSON)."""
+    if not isinstance(frame, Exception):
+        try:
+            record = {"molecule": name, "status": "ok", **compute_frame(frame)}
+            return record, json.dumps(record, allow_nan=False)
+        except Exception as error:  # noqa: BLE001 - recorded, the batch goes on (the module docstring)
+            if debug:
+                raise
+            frame = error
+    record = failure_record(name, frame)
+    return record, json.dumps(record, allow_nan=False)

@@ -68,8 +68,7 @@ def run_molecules(gradient, optimize, options) -> None:
 def _one_molecule(o, frame, gradient, optimize, outputs):
     """One frame: a plain run (or optimisation) or a composite; its record (None on ranks > 0)."""
     from ..api.composite import is_composite, run_composite
-    from ..api.driver import run_atoms
-    from ..chem import charge_and_spin
+    from ..api.driver import frame_settings, run_atoms
 
     settings = _settings_of(o, gradient)
     bsse = _bsse_of(o)
@@ -88,15 +87,14 @@ def _one_molecule(o, frame, gradient, optimize, outputs):
             record = run_composite(frame, settings, bsse, _scf_scheme(o),
                                    lambda: RunContext(progress=progress)).as_dict()
         else:
-            found = charge_and_spin(frame, settings.charge, settings.spin)
-            settings = settings.replace(charge=found.charge, spin=found.spin)
+            settings, notes = frame_settings(frame, settings)
             if optimize is not None:
                 result, record = _optimized(o.molecules[0], frame, settings, team, progress, optimize, outputs,
                                             o.quiet)
+                record["notes"] += list(notes)
             else:
-                result = run_atoms(list(frame.atoms), settings, RunContext(team=team, progress=progress))
+                result = run_atoms(list(frame.atoms), settings, RunContext(team=team, progress=progress), notes=notes)
                 record = result.as_dict()
-            record["notes"] = list(record.get("notes", [])) + list(found.notes)
     finally:
         if team is not None:
             team.close()
@@ -122,8 +120,7 @@ def _batch(o, entries, gradient, outputs) -> list:
     another in this process; JSON Lines to --json.
     ComputationError (exit 1) after the records are written if any molecule failed."""
     from ..api.composite import is_composite, run_composite
-    from ..api.driver import run_atoms
-    from ..chem import charge_and_spin
+    from ..api.driver import frame_settings, run_atoms
 
     if o.natorbs_path is not None:
         raise InputError("--natorbs writes one molecule's orbitals: give one molecule")
@@ -144,12 +141,9 @@ def _batch(o, entries, gradient, outputs) -> list:
         if composite:
             return run_composite(frame, settings, bsse, _scf_scheme(o),
                                  lambda: RunContext(progress=progress)).as_dict()
-        found = charge_and_spin(frame, settings.charge, settings.spin)
-        result = run_atoms(list(frame.atoms), settings.replace(charge=found.charge, spin=found.spin),
-                           RunContext(progress=progress))
-        record = result.as_dict()
-        return {**record, "charge": found.charge, "spin": found.spin,
-                "notes": list(record.get("notes", [])) + list(found.notes)}
+        chosen, notes = frame_settings(frame, settings)
+        result = run_atoms(list(frame.atoms), chosen, RunContext(progress=progress), notes=notes)
+        return {**result.as_dict(), "charge": chosen.charge, "spin": chosen.spin}
 
     def on_record(record, line):
         if progress:

@@ -77,7 +77,7 @@ def guarded(compute, debug, outputs):
         record = compute()
         for signum in stopping:  # the outputs are in place: the run has succeeded, whatever comes now
             signal.signal(signum, signal.SIG_IGN)
-        if SIGNALS_RECEIVED and not outputs.written():  # swallowed, and nothing of the run's is in place
+        if not outputs.written():  # a signal swallowed, and nothing of the run's in place yet: stop now
             raise_if_signalled()
         return record
     except DFMP2Error as error:

@@ -52,6 +52,11 @@ class Frame:
     name: str
     first_line: int = 1  # the line of its atom count
 
+    @classmethod
+    def whole(cls, atoms, name: str) -> Frame:
+        """A frame of `atoms` ([Atom]) as one fragment that gives no charge or multiplicity."""
+        return cls(tuple(atoms), "", (Fragment(0, len(atoms)),), name)
+
     @property
     def charge(self) -> int | None:
         """The charge the file gives (the sum of its fragments'), or None where it gives none."""

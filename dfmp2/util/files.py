@@ -213,9 +213,7 @@ class Outputs:
             target.staged = staged
             write(staged)
             if not target.in_place:
-                mode = (stat.S_IMODE(os.stat(target.real).st_mode) if os.path.exists(target.real)
-                        else 0o666 & ~current_umask())
-                os.chmod(staged, mode)
+                os.chmod(staged, _mode_for(target.real))
         except OSError as error:
             raise ComputationError(f"{target.option} {display(target.path)}: {one_line(error.strerror or str(error))}; "
                                    "no output file was written") from None
@@ -247,9 +245,7 @@ class Outputs:
             if not target.in_place:
                 os.fsync(target.handle.fileno())
             if target.staged is not None:  # the first line: the file goes in place
-                mode = (stat.S_IMODE(os.stat(target.real).st_mode) if os.path.exists(target.real)
-                        else 0o666 & ~current_umask())
-                os.chmod(target.staged, mode)
+                os.chmod(target.staged, _mode_for(target.real))
                 os.replace(target.staged, target.real)
                 target.staged = None
         except OSError as error:
@@ -314,6 +310,11 @@ class Outputs:
                     except FileNotFoundError:
                         pass
                     setattr(target, name, None)
+
+
+def _mode_for(real) -> int:
+    """The mode a staged output takes: the replaced file's, or a new file's (0666 less the umask)."""
+    return stat.S_IMODE(os.stat(real).st_mode) if os.path.exists(real) else 0o666 & ~current_umask()
 
 
 def _write_in_place(target, data: bytes):
