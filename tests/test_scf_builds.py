@@ -412,6 +412,34 @@ def test_run_computes_the_jk_integrals_early_where_it_will_use_them(changes, ear
     assert abs(kept["e_tot"] - result["e_tot"]) < 1e-10
 
 
+TORCH_AFTER_EARLY_INTEGRALS = """
+import sys, threading
+import dfmp2
+from dfmp2 import chem
+from dfmp2.api.driver import run_xyz
+assert "torch" not in sys.modules, "importing dfmp2's driver loaded torch"
+seen = []
+original = chem.EarlyIntegrals.start
+chem.EarlyIntegrals.start = lambda self: seen.append("torch" in sys.modules) or original(self)
+result = run_xyz(sys.argv[1]).as_dict()
+print(seen, result["device_description"])
+"""
+
+
+def test_the_early_integrals_start_before_torch_loads(tmp_path):
+    """In a fresh process a CLI run (`dfmp2 run`) starts the JK-fit integrals' thread before torch
+    is imported (the driver's modules load without it), so that the import (~1 s) overlaps them;
+    the subnormals are still flushed in the pool torch's GEMMs use."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", TORCH_AFTER_EARLY_INTEGRALS, WATER], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("[False]"), done.stdout
+    assert "subnormals flushed to zero" in done.stdout
+
+
 @pytest.mark.parametrize("target, nao, r, same", [("trn1", 1300, 384, False), ("trn2", 1300, 512, True),
                                                   ("trn1", 200, 40, True), ("trn2", 150, 96, False)])
 def test_fitted_jk_kernel_streams_b_and_k_at_any_nao(target, nao, r, same):

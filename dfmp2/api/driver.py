@@ -200,12 +200,13 @@ def _occupied(mol, settings, reference) -> list:
 
 
 def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
-    if settings.device in ("cpu", "cuda"):
-        flush_subnormals_first()  # before PySCF starts the OpenMP threads torch's GEMMs will share
     molecule = _molecule_of(atoms, settings, context.ranks)
     reference, dh, ecp, mol, jk_fitting = (molecule.reference, molecule.dh, molecule.ecp, molecule.mol,
                                            molecule.jk_fitting)
-    jk_integrals, backend = _early_jk_integrals(settings, context, mol, jk_fitting, dh), backend_for(settings)
+    jk_integrals = _early_jk_integrals(settings, context, mol, jk_fitting, dh)  # while torch loads (below)
+    if settings.device in ("cpu", "cuda"):
+        flush_subnormals_first()  # before this thread starts the OpenMP pool torch's GEMMs and PySCF's set-up share
+    backend = backend_for(settings)
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
     spins = _occupied(mol, settings, reference)
     settings = _with_frozen_core(settings, mol, spins)

@@ -19,6 +19,7 @@ every build in the exact kind (torch only). docs/scf.md has the measurements.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,6 +100,8 @@ class BuildRecord:
     integral_seconds: float | None = None  # JK-fit integrals computed early (a thread): its wall seconds
     integral_wait_seconds: float | None = None  # early: how long the set-up waited for them
     whitening: str = ""  # where B was whitened (device, precision)
+    whitening_seconds: float = 0.0  # the set-up's metric, whitening (and in-core: the integrals, or the wait for early ones)
+    store_seconds: float = 0.0  # the set-up's copies of B into the store (squares, device copies)
     square_choice: str = ""  # the fp64 square beside the fp32 one (cpu, mixed): kept or not, and why (util.cpu_config)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
     io: dict = field(default_factory=dict)  # B out of core: bytes of it written and read (scratch file)
@@ -112,6 +115,7 @@ class BuildRecord:
                 **({"integral_seconds": round(self.integral_seconds, 4),
                     "integral_wait_seconds": round(self.integral_wait_seconds, 4)}
                    if self.integral_seconds is not None else {}),
+                "whitening_seconds": round(self.whitening_seconds, 4), "store_seconds": round(self.store_seconds, 4),
                 **({"square_choice": self.square_choice} if self.square_choice else {}),
                 "increment_ranks": list(self.increment_ranks),
                 "increment_forms": list(self.increment_forms),
@@ -239,6 +243,7 @@ class FittedCoulombExchange:
         free = self._free_bytes()
         whitener = whitening_backend(backend)
         streams = getattr(backend, "fitted_store_on_disk", False)  # its store reads B from a scratch file
+        started = time.perf_counter()
         if triangle - held + 4 * BLOCK_BYTES <= free:
             rows, factor = whiten_fitted_integrals(whitener, integrals)
         elif not streams:
@@ -253,11 +258,14 @@ class FittedCoulombExchange:
             # where it allows: each block's read is one piece of every row of the file
             rows, factor = whiten_to_file(whitener, integrals, self.scratch,
                                           max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)))
+        self.record.whitening_seconds = time.perf_counter() - started - (integrals.waited if early else 0.0)
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
-        store = backend.fitted_store(rows, nao, kinds, self._free_bytes, **on_disk)
-        del rows
-        release_freed_memory()
+        with Timer().lap() as storing:
+            store = backend.fitted_store(rows, nao, kinds, self._free_bytes, **on_disk)
+            del rows
+            release_freed_memory()
+        self.record.store_seconds = storing.seconds
         self._store = store
         self.naux = self.record.naux = store.naux
         self.record.storage = store.storage

@@ -18,10 +18,10 @@ The fallback is logged and recorded in the result, never silent.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from .errors import ComputationError
 
@@ -63,10 +63,17 @@ class MetricFactor:
                 f"eigenvalues below {LINEAR_DEPENDENCY_THRESHOLD:g})")
 
 
+def _is_tensor(x) -> bool:
+    """x is a torch tensor (without importing torch: the driver's modules load before it, so that
+    the JK-fit integrals' early thread overlaps its import, `chem.EarlyIntegrals`)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THRESHOLD) -> MetricFactor:
     """Factor (P|Q) [naux, naux], given in fp64 as PySCF computed it (numpy array), or as a
     device tensor where a GPU integral engine made it."""
-    if not isinstance(metric, torch.Tensor):
+    if not _is_tensor(metric):
         metric = np.asarray(metric, dtype=np.float64)
     naux = metric.shape[0]
     lower = backend.cholesky(metric)
@@ -75,7 +82,7 @@ def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THR
             float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
         return MetricFactor("cholesky", lower, naux, naux)
     backend.calls["host:eigh"] += 1
-    eigenvalues, vectors = np.linalg.eigh(metric.cpu().numpy() if isinstance(metric, torch.Tensor) else metric)
+    eigenvalues, vectors = np.linalg.eigh(metric.cpu().numpy() if _is_tensor(metric) else metric)
     keep = eigenvalues > drop_threshold
     nkept = int(keep.sum())
     if nkept == 0:
