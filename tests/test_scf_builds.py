@@ -73,6 +73,7 @@ def test_j_and_k_of_arbitrary_densities(hermi):
     dms, factors, shape = chem.density_factors(dm)
     vj, vk = builds.get_jk(dms, factors, hermi=hermi)
     assert np.abs(vj - vj_ref).max() < 1e-10
+    assert builds.record.coulomb == "rho from K's half transforms, one fp64 pass"  # (cpu, in memory)
     if hermi == 1:
         assert np.abs(vk - vk_ref).max() < 1e-10
     else:  # PySCF's DF exchange of a non-symmetric density: sum_P B^P D B^P, not symmetric

@@ -102,6 +102,7 @@ class BuildRecord:
     whitening: str = ""  # where B was whitened (device, precision)
     whitening_seconds: float = 0.0  # the set-up's metric, whitening (and in-core: the integrals, or the wait for early ones)
     store_seconds: float = 0.0  # the set-up's copies of B into the store (squares, device copies)
+    coulomb: str = ""  # how J was built (the store's coulomb_form), where the store says
     square_choice: str = ""  # the fp64 square beside the fp32 one (cpu, mixed): kept or not, and why (util.cpu_config)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
     io: dict = field(default_factory=dict)  # B out of core: bytes of it written and read (scratch file)
@@ -117,6 +118,7 @@ class BuildRecord:
                    if self.integral_seconds is not None else {}),
                 "whitening_seconds": round(self.whitening_seconds, 4), "store_seconds": round(self.store_seconds, 4),
                 **({"square_choice": self.square_choice} if self.square_choice else {}),
+                **({"coulomb": self.coulomb} if self.coulomb else {}),
                 "increment_ranks": list(self.increment_ranks),
                 "increment_forms": list(self.increment_forms),
                 **({"io": dict(self.io)} if self.io else {}),
@@ -269,6 +271,7 @@ class FittedCoulombExchange:
         self._store = store
         self.naux = self.record.naux = store.naux
         self.record.storage = store.storage
+        self.record.coulomb = getattr(store, "coulomb_form", "")
         chosen = getattr(store, "square_choice", None)
         if chosen is not None:
             self.record.square_choice = (f"fp64 square {'wanted (kept where the budget holds it)' if chosen.value else 'not kept'}: "

@@ -10,6 +10,9 @@ used), J's and K's work on each block done as it is read.
 
     fitted density    rho_P = sum_(m>=n) B^P_(mn) D'_(mn)   (D' = D + D^T, diagonal once)
     Coulomb           J_(mn) = sum_P rho_P B^P_(mn)          always fp64 (a GEMV: fp32 gains nothing)
+    (cpu, in memory, with K: rho from K's half transforms, rho_P = sum_(r, n) X^P_rn w_r R_nr, in the
+    build's kind (increments: rho_P(D - D_a) = sum_(r, n) (2 X_a^P + Y^P)_rn E_nr, an error
+    proportional to the step), so that J is one fp64 pass over B instead of two)
     exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn    in the build's kind
     increment         K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn   fp32
                       X_a^P = L_a^T B^P, Y^P = E^T B^P, L Q = L_a + E (aligned orbitals)
@@ -77,6 +80,7 @@ class TorchFittedStore:
     half_aux_dim = 0  # the auxiliary index of a half transform X ([nP, r, nao]; screened [nao, nP, r])
     coulomb_follows_kind = False  # J is fp64 whatever the build's kind
     orbital_increments = True  # build_increment from the orbitals' step
+    half_densities = True  # the layout where rho comes from K's half transforms ([nP, r, nao]); in memory on a CPU
 
     def __init__(self, backend, rows, nao, kinds, free_bytes):
         naux = rows.shape[0]
@@ -88,6 +92,10 @@ class TorchFittedStore:
         self._anchor = None  # (the anchor's factors, [{(p0, p1): X^P = L^T B^P, fp32} per density])
         self._on_rows = None  # a Coulomb sum fed by the exchange's pass over B on disk (`_with_coulomb`)
         self.increment_form = ""
+        # J's fitted density from K's half transforms (one pass over B for J instead of two): measured on a
+        # CPU (docs/benchmarking.md, the per-step account); not yet run on a GPU, which keeps two passes
+        self.coulomb_form = "rho from K's half transforms, one fp64 pass" if self._file is None and \
+            backend.device.type == "cpu" and self.half_densities else "two fp64 passes"
         if self._file is not None:
             self.storage = f"fp64 triangle on disk ({self._file.nbytes / 1e6:.0f} MB, read once per build)"
             return
@@ -242,8 +250,12 @@ class TorchFittedStore:
             if anchor:
                 self._anchor = None  # the previous anchor's halves go before the new ones are made
                 release_freed_memory()
-            vj, (vk, halves) = self._with_coulomb(dms, with_j,
-                                                  lambda: self.exchange(factors, KIND_DTYPES[kind], keep))
+            if with_j and self.coulomb_form.startswith("rho"):
+                vk, halves, rho = self.exchange(factors, KIND_DTYPES[kind], keep, with_rho=True)
+                vj = self._coulomb_of_rho(rho)
+            else:
+                vj, (vk, halves) = self._with_coulomb(dms, with_j,
+                                                      lambda: self.exchange(factors, KIND_DTYPES[kind], keep))
             if keep:
                 self._anchor = (factors, halves)
         elif with_j:
@@ -261,7 +273,10 @@ class TorchFittedStore:
           K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn
         J(D - D_anchor) in fp64 from deltas. Returns (J or None, K or None) host fp64."""
         vj = vk = None
-        if with_k:
+        if with_k and with_j and self.coulomb_form.startswith("rho"):
+            vk, rho = self._exchange_increment(anchor_factors, steps, with_rho=True)
+            vj = self._coulomb_of_rho(rho)
+        elif with_k:
             vj, vk = self._with_coulomb(deltas, with_j, lambda: self._exchange_increment(anchor_factors, steps))
         elif with_j:
             vj = self.coulomb(deltas)
@@ -269,49 +284,73 @@ class TorchFittedStore:
         release_freed_memory()
         return vj, vk
 
-    def _exchange_increment(self, anchor_factors, steps):
-        """K(D) - K(D_anchor) of build_increment (host fp64 [nset, nao, nao])."""
+    def _exchange_increment(self, anchor_factors, steps, with_rho=False):
+        """K(D) - K(D_anchor) of build_increment (host fp64 [nset, nao, nao]); with_rho also the
+        fitted density of D - D_anchor from the same half transforms [nset, naux] (device fp64):
+          rho_P = sum_(r, n) (2 X_a^P + Y^P)_rn E_nr   (D - D_a = L_a E^T + E L_a^T + E E^T)"""
         backend, fp32 = self.backend, torch.float32
         kept = self._anchor[1] if self._anchor is not None and self._anchor[0] is anchor_factors else None
         self.increment_form = "orbitals, kept anchor halves" if kept else "orbitals, anchor halves made"
         lefts = [self._on_device(left, fp32) for left, _, _ in anchor_factors]
         moves = [self._on_device(step, fp32) for step in steps]
         vk = np.zeros((len(steps), self.nao, self.nao))
+        rho = torch.zeros((len(steps), self.naux), dtype=torch.float64, device=self.backend.device) if with_rho else None
         rank = sum(step.shape[1] for step in steps)
         for p0, p1, block in self._blocks(fp32, rank):
             for s, (left, move) in enumerate(zip(lefts, moves)):
                 y = self._half_transform(block, move)
                 x = kept[s].narrow(self.half_aux_dim, p0, p1 - p0) if kept else self._half_transform(block, left)
-                vk[s] += backend.to_host(self._exchange_product(x + 0.5 * y, y))
+                middle = x + 0.5 * y
+                vk[s] += backend.to_host(self._exchange_product(middle, y))
+                if with_rho:
+                    rho[s, p0:p1] = 2 * self._fitted_density(middle, move)
         vk += vk.transpose(0, 2, 1).copy()
-        return vk
+        return (vk, rho) if with_rho else vk
+
+    @staticmethod
+    def _fitted_density(x, right, weights=None):
+        """rho_P = sum_(r, n) X^P_rn w_r R_nr of one block's half transforms x [nP, r, nao] and
+        R [nao, r] (w [r] or None: all 1) -> [nP] fp64 (the products in x's dtype)."""
+        if weights is not None:
+            right = right * weights[None, :]
+        return torch.einsum("prn,nr->p", x, right).to(torch.float64)
+
+    def _coulomb_of_rho(self, rho):
+        """J [nset, nao, nao] (host fp64) of fitted densities rho [nset, naux]: one pass over the fp64
+        triangle,  J_(mn) = sum_P rho_P B^P_(mn)"""
+        return self._coulomb_result(self.backend.coulomb_block(self._packed, rho))
 
     def coulomb(self, dms):
         """J [nset, nao, nao] (host fp64) of dms, in fp64:
           rho_P = sum_(m>=n) B^P_(mn) D'_(mn)  (D' = D + D^T, diagonal once),  J_(mn) = sum_P rho_P B^P_(mn)"""
         return CoulombSum(self, dms).over_every_row()
 
-    def exchange(self, factors, dtype, keep=False):
+    def exchange(self, factors, dtype, keep=False, with_rho=False):
         """K [nset, nao, nao] (host fp64) of the densities D = L diag(w) R^T in `factors`, GEMMs in
         dtype, and (keep) the half transforms L^T B^P in fp32 per density (one tensor over every
         P, its auxiliary index `half_aux_dim`: allocated once, not block by block, so that the
-        many kept pieces do not pin the heap between the blocks' temporaries), else None."""
+        many kept pieces do not pin the heap between the blocks' temporaries), else None; with_rho
+        also J's fitted densities from the same half transforms [nset, naux] (device fp64),
+          rho_P = sum_(m, n) B^P_mn D_mn = sum_(r, n) (L^T B^P)_rn w_r R_nr"""
         backend = self.backend
         sets = [tuple(self._on_device(a, dtype) for a in factor) for factor in factors]
         halves = [None for _ in sets] if keep else None
         vk = np.zeros((len(factors), self.nao, self.nao))
+        rho = torch.zeros((len(factors), self.naux), dtype=torch.float64, device=backend.device) if with_rho else None
         for p0, p1, block in self._blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
             for s, (left, right, weights) in enumerate(sets):
                 x = self._half_transform(block, left)
                 z = x if right is None else self._half_transform(block, right)
                 vk[s] += backend.to_host(self._exchange_product(x, z, weights))
+                if with_rho:
+                    rho[s, p0:p1] = self._fitted_density(x, left if right is None else right, weights)
                 if keep:
                     if halves[s] is None:
                         shape = list(x.shape)
                         shape[self.half_aux_dim] = self.naux
                         halves[s] = torch.empty(shape, dtype=torch.float32, device=x.device)
                     halves[s].narrow(self.half_aux_dim, p0, p1 - p0).copy_(x)
-        return vk, halves
+        return (vk, halves, rho) if with_rho else (vk, halves)
 
     # ---- the layout of B: dense blocks here (ScreenedFittedStore: block-sparse panels) ----
     def _blocks(self, dtype, rank):
@@ -375,6 +414,7 @@ class ScreenedFittedStore(TorchFittedStore):
         X_(m, P, r) = sum_n B^P_mn L_nr,     K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)"""
 
     half_aux_dim = 1  # X [nao, nP, r]
+    half_densities = False  # J from its own passes over the panels
 
     def __init__(self, backend, lower, kinds, free_bytes, pattern=None):  # the dense layout's __init__ does not apply
         on_disk = isinstance(lower, RowFile)
@@ -384,6 +424,7 @@ class ScreenedFittedStore(TorchFittedStore):
         self._pattern, self._file = pattern, lower if on_disk else None
         self._lower = None if on_disk else lower.map(lambda p: backend.to_device(p, fp64=True))
         self._anchor, self._full, self._on_rows, self.increment_form = None, None, None, ""
+        self.coulomb_form = "fp64 passes over the panels"
         dtype = KIND_DTYPES[kinds[0]]
         share = pattern.stored_elements / self.nao ** 2
         if on_disk:
