@@ -138,14 +138,17 @@ def account(record, wall, limits) -> list:
     row("SCF set-up: fp32 square of B", builds.get("store_seconds", 0.0), moved=X * p * 8 + X * n * n * 4,
         bandwidth="first_touch_gbs")
     kinds, seconds = builds.get("build_kinds", []), builds.get("build_seconds", [])
+    # J: one pass (rho from K's half transforms, `TorchFittedStore.coulomb_form`) or two (rho, J)
+    passes = "pass" if builds.get("coulomb", "").startswith("rho") else "rho pass, J pass"
     for kind, rate in (("fp32", "scf_build_gemms_fp32"), ("fp64", "scf_build_gemms_fp64"),
                        ("incremental", "scf_build_gemms_fp32")):
         mine = [t for k, t in zip(kinds, seconds) if k == kind]
         if mine:
             each = statistics.median(mine)
             row(f"SCF build {kind} (x{len(mine)}, median; K GEMMs + J)", each, flops=4 * X * n * n * r, rate=rate)
-            row(f"  of which J's two passes over the fp64 triangle (measured alone)",
-                2 * X * p * 8 / memory["coulomb_pass_gbs"] / 1e9, moved=2 * X * p * 8, bandwidth="copy_gbs")
+            row(f"  of which J's {passes} over the fp64 triangle (measured alone)",
+                len(passes.split(",")) * X * p * 8 / memory["coulomb_pass_gbs"] / 1e9,
+                moved=len(passes.split(",")) * X * p * 8, bandwidth="copy_gbs")
     setup = builds.get("setup_seconds", 0.0)
     row("SCF: the rest (PySCF's driver: diagonalisation, DIIS, energies; guess)",
         timings["scf"] - setup - sum(seconds))
@@ -180,7 +183,23 @@ def main(argv=None):
     parser.add_argument("--basis", default="cc-pvdz")
     add_arguments(parser, rounds=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--from-result", default=None,
+                        help="recount the account of a result this script wrote (its run and limits), no runs")
     args = parser.parse_args(argv)
+    if args.from_result:
+        result = json.load(open(args.from_result))
+        shapes, run = result["shapes"], result["run"]
+        for key, value in (("nbasis", shapes["n"]), ("nocc", shapes["o"]), ("nvir", shapes["v"]),
+                           ("naux", shapes["Y"]), ("nfrozen", shapes["r"] - shapes["o"])):
+            run.setdefault(key, value)
+        result["account"] = account(run, sorted(result["seconds"])[(len(result["seconds"]) - 1) // 2],
+                                    result["limits"])
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(result, handle, indent=1)
+                handle.write("\n")
+        print(markdown(result["account"]))
+        return
     molecule = os.path.abspath(args.molecule)
     out = tempfile.mkdtemp(prefix="account-")
     atexit.register(shutil.rmtree, out, True)
@@ -197,7 +216,8 @@ def main(argv=None):
               "seconds": [round(r.seconds, 3) for r in timed], "shapes": run_shapes(record),
               "limits": limits, "account": rows,
               "run": {k: record.get(k) for k in ("timings", "scf_builds", "scf_iterations", "precision", "device_description",
-                                                 "cpu_configuration", "e_tot")}}
+                                                 "cpu_configuration", "e_tot", "nbasis", "nocc", "nvir", "naux",
+                                                 "nfrozen")}}
     full = harness.write(args.json, result) if args.json else {**result, **harness.record()}
     print(f"{full['machine'].get('cpu', '')}: shapes {result['shapes']}")
     print(f"limits: {limits}")

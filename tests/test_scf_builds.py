@@ -406,8 +406,12 @@ def test_run_computes_the_jk_integrals_early_where_it_will_use_them(changes, ear
     if not early:
         assert result["scf_backend"] == "pyscf"
         return
-    assert result["scf_builds"]["integrals"].startswith("early")
-    assert result["scf_builds"]["integral_seconds"] > 0
+    builds = result["scf_builds"]
+    assert builds["integrals"].startswith("early")
+    assert builds["integral_seconds"] > 0
+    # the set-up's parts (the wait for the thread, metric and whitening, the store's copies) are disjoint
+    parts = builds["integral_wait_seconds"] + builds["whitening_seconds"] + builds["store_seconds"]
+    assert 0 < builds["whitening_seconds"] and parts <= builds["setup_seconds"] + 1e-3
     kept = run_xyz(WATER, checkpoint=str(tmp_path / "ck")).as_dict()
     assert kept["scf_builds"]["integrals"] == "set-up"
     assert abs(kept["e_tot"] - result["e_tot"]) < 1e-10

@@ -100,7 +100,7 @@ class BuildRecord:
     integral_seconds: float | None = None  # JK-fit integrals computed early (a thread): its wall seconds
     integral_wait_seconds: float | None = None  # early: how long the set-up waited for them
     whitening: str = ""  # where B was whitened (device, precision)
-    whitening_seconds: float = 0.0  # the set-up's metric, whitening (and in-core: the integrals, or the wait for early ones)
+    whitening_seconds: float = 0.0  # the set-up's metric and whitening (the integrals too, unless computed early)
     store_seconds: float = 0.0  # the set-up's copies of B into the store (squares, device copies)
     coulomb: str = ""  # how J was built (the store's coulomb_form), where the store says
     square_choice: str = ""  # the fp64 square beside the fp32 one (cpu, mixed): kept or not, and why (util.cpu_config)
@@ -260,7 +260,7 @@ class FittedCoulombExchange:
             # where it allows: each block's read is one piece of every row of the file
             rows, factor = whiten_to_file(whitener, integrals, self.scratch,
                                           max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)))
-        self.record.whitening_seconds = time.perf_counter() - started - (integrals.waited if early else 0.0)
+        self.record.whitening_seconds = time.perf_counter() - started  # (early integrals: waited for in held_bytes)
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
         with Timer().lap() as storing:
