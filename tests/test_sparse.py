@@ -135,6 +135,7 @@ def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_p
     DF J and K, the converged energy is the in-memory screened one to 1e-10 Eh, B is read once per
     build and the scratch goes with the builds."""
     import dfmp2.kernels.torch_fitted as fitted
+    import dfmp2.kernels.torch_screened as screened_store
     import dfmp2.chem.jk as jk_module
     from dfmp2.util.sparse.tensor import LowerPanels as Panels
 
@@ -159,7 +160,7 @@ def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_p
     columns = integrals.screening.lower_elements
     monkeypatch.setattr(jk_module, "BLOCK_BYTES", 16 * columns * 8)  # raw rows 16 at a time; whitening in blocks
     monkeypatch.setattr(fitted, "BLOCK_BYTES", 10 * 8 * columns)  # J-only passes: 10 auxiliary functions a block
-    monkeypatch.setattr(fitted, "SCREENED_BLOCK_BYTES", 12 * 4 * integrals.screening.stored_elements)  # K: 12 or 6
+    monkeypatch.setattr(screened_store, "SCREENED_BLOCK_BYTES", 12 * 4 * integrals.screening.stored_elements)  # K: 12 or 6
     monkeypatch.setattr(FittedCoulombExchange, "_free_bytes", lambda self: 4 * jk_module.BLOCK_BYTES)
     if precision == "fp64":
         rng = np.random.default_rng(5)

@@ -19,7 +19,6 @@ every build in the exact kind (torch only). docs/scf.md has the measurements.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -245,22 +244,22 @@ class FittedCoulombExchange:
         free = self._free_bytes()
         whitener = whitening_backend(backend)
         streams = getattr(backend, "fitted_store_on_disk", False)  # its store reads B from a scratch file
-        started = time.perf_counter()
-        if triangle - held + 4 * BLOCK_BYTES <= free:
-            rows, factor = whiten_fitted_integrals(whitener, integrals)
-        elif not streams:
-            raise MemoryBudgetError(
-                f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
-                f"{free / MB:.0f} MB left in the budget) on {backend.device_name}: raise {option('max_memory')} "
-                f"or use {option('scf_backend', 'pyscf')}")
-        else:  # out of core: B in a scratch file, read once per build
-            if held:
-                integrals.fitted_rows()  # what the early thread made goes (held: it did not fit beside B's blocks)
-            # its temporaries (about four blocks) within what the budget leaves; large column blocks
-            # where it allows: each block's read is one piece of every row of the file
-            rows, factor = whiten_to_file(whitener, integrals, self.scratch,
-                                          max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)))
-        self.record.whitening_seconds = time.perf_counter() - started  # (early integrals: waited for in held_bytes)
+        with Timer().lap() as whitening:  # (early integrals: waited for in held_bytes, above)
+            if triangle - held + 4 * BLOCK_BYTES <= free:
+                rows, factor = whiten_fitted_integrals(whitener, integrals)
+            elif not streams:
+                raise MemoryBudgetError(
+                    f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
+                    f"{free / MB:.0f} MB left in the budget) on {backend.device_name}: raise {option('max_memory')} "
+                    f"or use {option('scf_backend', 'pyscf')}")
+            else:  # out of core: B in a scratch file, read once per build
+                if held:
+                    integrals.fitted_rows()  # what the early thread made goes (held: it did not fit beside B's blocks)
+                # its temporaries (about four blocks) within what the budget leaves; large column blocks
+                # where it allows: each block's read is one piece of every row of the file
+                rows, factor = whiten_to_file(whitener, integrals, self.scratch,
+                                              max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)))
+        self.record.whitening_seconds = whitening.seconds
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
         with Timer().lap() as storing:

@@ -218,8 +218,9 @@ class TorchBackend:
     def fitted_store(self, rows, nao, kinds, free_bytes, pattern=None):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a scratch.RowFile
         of them out of core (torch_fitted.TorchFittedStore); screened, a dfmp2.util.sparse.LowerPanels,
-        or out of core a RowFile of its flat rows and their `pattern` (torch_fitted.ScreenedFittedStore)."""
-        from .torch_fitted import ScreenedFittedStore, TorchFittedStore
+        or out of core a RowFile of its flat rows and their `pattern` (torch_screened.ScreenedFittedStore)."""
+        from .torch_fitted import TorchFittedStore
+        from .torch_screened import ScreenedFittedStore
 
         if isinstance(rows, LowerPanels) or pattern is not None:
             return ScreenedFittedStore(self, rows, kinds, free_bytes, pattern)
