@@ -231,6 +231,13 @@ def test_a_one_line_error_quotes_no_more_than_a_line_fragment(tmp_path):
     assert "(3000 characters)" in proc.stderr
 
 
+def _default_stop_signals():
+    """In the child: SIGINT and SIGHUP at their default disposition, whatever the test runner
+    inherited (a background or nohup'd run ignores them, and dfmp2 keeps an inherited ignore)."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stopped_batch_keeps_the_records_of_finished_molecules(tmp_path, signum):
     """A batch stopped by a signal wrote no JSON Lines at all (or left the old file): each
@@ -242,7 +249,8 @@ def test_a_stopped_batch_keeps_the_records_of_finished_molecules(tmp_path, signu
     write(tmp_path / "o.jsonl", "old contents\n")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "dfmp2", "run", "m", "--json", "o.jsonl"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_stop_signals)  # (an ignore inherited from nohup is kept by dfmp2)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # wait for two finished records
         text = (tmp_path / "o.jsonl").read_text()

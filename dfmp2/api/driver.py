@@ -5,6 +5,7 @@ Inputs are validated (device, file, basis, auxiliary basis) before any expensive
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -200,12 +201,15 @@ def _occupied(mol, settings, reference) -> list:
 
 
 def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
+    flush = settings.device in ("cpu", "cuda")
+    if flush and "torch" in sys.modules:  # torch loaded: PySCF's OpenMP regions in this thread share its pool,
+        flush_subnormals_first()  # so flag the thread before they start one (`flush_subnormals_first`)
     molecule = _molecule_of(atoms, settings, context.ranks)
     reference, dh, ecp, mol, jk_fitting = (molecule.reference, molecule.dh, molecule.ecp, molecule.mol,
                                            molecule.jk_fitting)
     jk_integrals = _early_jk_integrals(settings, context, mol, jk_fitting, dh)  # while torch loads (below)
-    if settings.device in ("cpu", "cuda"):
-        flush_subnormals_first()  # before this thread starts the OpenMP pool torch's GEMMs and PySCF's set-up share
+    if flush:  # (torch not loaded before: PySCF's libraries came first and keep their own OpenMP runtime)
+        flush_subnormals_first()
     backend = backend_for(settings)
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
     spins = _occupied(mol, settings, reference)
