@@ -77,7 +77,6 @@ class TorchFittedStore:
     half_aux_dim = 0  # the auxiliary index of a half transform X ([nP, r, nao]; screened [nao, nP, r])
     coulomb_follows_kind = False  # J is fp64 whatever the build's kind
     orbital_increments = True  # build_increment from the orbitals' step
-    half_densities = True  # the layout where rho comes from K's half transforms ([nP, r, nao]); in memory on a CPU
 
     def __init__(self, backend, rows, nao, kinds, free_bytes):
         naux = rows.shape[0]
@@ -91,8 +90,9 @@ class TorchFittedStore:
         self.increment_form = ""
         # J's fitted density from K's half transforms (one pass over B for J instead of two): measured on a
         # CPU (docs/benchmarking.md, the per-step account); not yet run on a GPU, which keeps two passes
-        self.coulomb_form = "rho from K's half transforms, one fp64 pass" if self._file is None and \
-            backend.device.type == "cpu" and self.half_densities else "two fp64 passes"
+        self._rho_from_halves = self._file is None and backend.device.type == "cpu"
+        self.coulomb_form = "rho from K's half transforms, one fp64 pass" if self._rho_from_halves \
+            else "two fp64 passes"
         if self._file is not None:
             self.storage = f"fp64 triangle on disk ({self._file.nbytes / 1e6:.0f} MB, read once per build)"
             return
@@ -247,7 +247,7 @@ class TorchFittedStore:
             if anchor:
                 self._anchor = None  # the previous anchor's halves go before the new ones are made
                 release_freed_memory()
-            if with_j and self.coulomb_form.startswith("rho"):
+            if with_j and self._rho_from_halves:
                 vk, halves, rho = self.exchange(factors, KIND_DTYPES[kind], keep, with_rho=True)
                 vj = self._coulomb_of_rho(rho)
             else:
@@ -270,7 +270,7 @@ class TorchFittedStore:
           K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn
         J(D - D_anchor) in fp64 from deltas. Returns (J or None, K or None) host fp64."""
         vj = vk = None
-        if with_k and with_j and self.coulomb_form.startswith("rho"):
+        if with_k and with_j and self._rho_from_halves:
             vk, rho = self._exchange_increment(anchor_factors, steps, with_rho=True)
             vj = self._coulomb_of_rho(rho)
         elif with_k:

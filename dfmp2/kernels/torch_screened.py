@@ -28,7 +28,6 @@ class ScreenedFittedStore(TorchFittedStore):
         X_(m, P, r) = sum_n B^P_mn L_nr,     K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)"""
 
     half_aux_dim = 1  # X [nao, nP, r]
-    half_densities = False  # J from its own passes over the panels
 
     def __init__(self, backend, lower, kinds, free_bytes, pattern=None):  # the dense layout's __init__ does not apply
         on_disk = isinstance(lower, RowFile)
@@ -38,7 +37,7 @@ class ScreenedFittedStore(TorchFittedStore):
         self._pattern, self._file = pattern, lower if on_disk else None
         self._lower = None if on_disk else lower.map(lambda p: backend.to_device(p, fp64=True))
         self._anchor, self._full, self._on_rows, self.increment_form = None, None, None, ""
-        self.coulomb_form = "fp64 passes over the panels"
+        self._rho_from_halves, self.coulomb_form = False, "fp64 passes over the panels"
         dtype = KIND_DTYPES[kinds[0]]
         share = pattern.stored_elements / self.nao ** 2
         if on_disk:
