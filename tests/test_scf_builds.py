@@ -489,3 +489,59 @@ def test_gradient_with_the_integrals_out_of_core(monkeypatch):
     assert out_of_core.scf_record["scf_builds"]["storage"].startswith("fp64 triangle on disk")
     assert abs(out_of_core.e_tot - in_memory.e_tot) < 1e-10
     assert np.abs(out_of_core.gradient - in_memory.gradient).max() < 1e-9
+
+
+@pytest.mark.parametrize("n, block_rows", [(129, 2), (300, 2), (301, 3), (5, 2)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_symmetric_product_is_the_full_product(n, block_rows, dtype):
+    """K = A^T diag(w) A from its lower block rows and their mirror (torch_products) equals numpy's fp64
+    product, for contiguous and transposed (strided) operands, signs in w, any size and block count."""
+    import torch
+
+    from dfmp2.kernels.torch_products import symmetric_product
+
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((203, n))
+    w = rng.choice([-1.0, 2.0], size=203)
+    reference = a.T @ (a * w[:, None])
+    tolerance = 1e-12 if dtype == "float64" else 1e-4
+    for left in (torch.tensor(a, dtype=getattr(torch, dtype)),
+                 torch.tensor(a.T.copy(), dtype=getattr(torch, dtype)).transpose(0, 1)):
+        k = symmetric_product(left, left * torch.tensor(w, dtype=left.dtype)[:, None], block_rows)
+        assert np.abs(k.double().numpy() - reference).max() < tolerance * np.abs(reference).max()
+
+
+def test_exchange_of_one_density_takes_its_symmetric_product(monkeypatch):
+    """The dense and the screened stores build K of one density (orbitals; an indefinite symmetric
+    density, signed weights) from the symmetric product (its size floor lowered to these small
+    molecules): K and J equal PySCF's DF J and K to 1e-10."""
+    from dfmp2.kernels import torch_products, torch_backend, torch_sparse
+    from dfmp2.util.sparse import screen_integrals
+    from test_sparse import TORCH_SCREENS, water_chain
+
+    calls = []
+
+    def counted(left, right, block_rows=2):
+        calls.append(left.shape[1])
+        return torch_products.symmetric_product(left, right, block_rows)
+
+    monkeypatch.setattr(torch_products, "SYMMETRIC_MIN_SIZE", 16)
+    monkeypatch.setattr(torch_backend, "symmetric_product", counted)
+    monkeypatch.setattr(torch_sparse, "symmetric_product", counted)
+    rng = np.random.default_rng(11)
+    for atoms, screened in ((GLYCINE, False), (water_chain(4), True)):
+        mol = gto.M(atom=atoms, basis="cc-pvdz", verbose=0)
+        mf = _mean_field(mol, "rhf")
+        jk = chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(mf))
+        if screened:
+            assert screen_integrals("1e-10", jk, TORCH_SCREENS, "torch", "scf")["used"]
+        builds = FittedCoulombExchange(get_backend("cpu"), jk, "fp64")
+        orbitals = np.linalg.qr(rng.standard_normal((mol.nao, 20)))[0]
+        indefinite = rng.standard_normal((mol.nao, mol.nao)) * 0.1
+        for dm, factors in ((orbitals @ orbitals.T, (orbitals, None, None)), (indefinite + indefinite.T, None)):
+            before = len(calls)
+            vj, vk = builds.get_jk(dm[None], [factors])
+            vj_ref, vk_ref = mf.get_jk(mol, dm)
+            assert len(calls) > before and set(calls[before:]) == {mol.nao}
+            assert np.abs(vk[0] - vk_ref).max() < 1e-10 and np.abs(vj[0] - vj_ref).max() < 1e-10
+        assert ("screened" in builds.record.storage) == screened

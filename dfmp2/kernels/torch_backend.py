@@ -21,6 +21,7 @@ from .pinned_staging import STAGING
 from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
 from .spin_cases import combine_amplitudes, density_weights
 from .split_gemm import SPLIT_FORMATS, split_product
+from .torch_products import symmetric_product
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
 PINNED_UPLOAD_MIN_BYTES = 16 * 2**20  # host arrays from this size on go to a GPU through the pinned buffers
@@ -257,13 +258,16 @@ class TorchBackend:
 
     def exchange_product(self, x, z, weights=None):
         """K_mn = sum_P sum_r X^P_rm w_r Z^P_rn for x, z [nP, r, nao], weights [r] (None: all 1):
-        one GEMM [nao, nP*r] x [nP*r, nao]. Returns K [nao, nao] (the SCF's exchange, one
+        one GEMM [nao, nP*r] x [nP*r, nao] (on a CPU, z is x: its lower block rows,
+        torch_products.symmetric_product). Returns K [nao, nao] (the SCF's exchange, one
         auxiliary block)."""
         self.calls["exchange_product"] += 1
         nP, rank, nao = x.shape
+        symmetric = z is x and self.device.type == "cpu"  # one density's K: its lower block rows (a GPU: not yet run)
         if weights is not None:
             z = z * weights[None, :, None]
-        return torch.matmul(x.reshape(nP * rank, nao).transpose(0, 1), z.reshape(nP * rank, nao))
+        left, right = x.reshape(nP * rank, nao), z.reshape(nP * rank, nao)
+        return symmetric_product(left, right) if symmetric else torch.matmul(left.transpose(0, 1), right)
 
     def fit_density(self, b_rows, d_rows):
         """rho_P = sum_(m>=n) B^P_(mn) D'_(mn): b_rows [nP, npair] (lower triangles), d_rows

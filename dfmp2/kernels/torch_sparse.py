@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .torch_products import symmetric_product
+
 
 class PanelIndex:
     """Device index tensors of a pattern's panel columns, made once per (pattern, device)."""
@@ -51,11 +53,15 @@ def ao2mo(index, screened, c_occ, c_vir):
 
 
 def exchange_product(x, z, weights=None):
-    """K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r) for x, z [nao, nP, r] -> [nao, nao]."""
-    nao = x.shape[0]
+    """K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r) for x, z [nao, nP, r] -> [nao, nao] (on a CPU,
+    z is x: its lower block rows, torch_products.symmetric_product)."""
+    nao, symmetric = x.shape[0], z is x and x.device.type == "cpu"
     if weights is not None:
         z = z * weights
-    return torch.matmul(x.reshape(nao, -1), z.reshape(nao, -1).transpose(0, 1))
+    left, right = x.reshape(nao, -1), z.reshape(nao, -1)
+    if symmetric:
+        return symmetric_product(left.transpose(0, 1), right.transpose(0, 1))
+    return torch.matmul(left, right.transpose(0, 1))
 
 
 def fit_density(index, lower, dms):
