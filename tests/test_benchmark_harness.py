@@ -118,3 +118,26 @@ def test_a_benchmark_script_refuses_a_busy_machine(tmp_path, busy_loop):
     assert proc.returncode == 3, proc.stderr
     assert "refused:" in proc.stderr and ("busy" in proc.stderr or "not quiet" in proc.stderr)
     assert not (tmp_path / "out.json").exists()
+
+
+def test_the_accounts_floor_is_below_the_run_and_counts_every_build():
+    """bench_account's floor (every counted step at the machine's limit) of each stored account:
+    above the uncounted steps, below the measured wall, its counted part below those steps' own
+    seconds (each build as often as it ran); dropping the builds' counts lowers it."""
+    import json
+
+    import bench_account
+
+    results = os.path.join(ROOT, "benchmarks", "results")
+    names = [n for n in os.listdir(results) if n.startswith("account_")]
+    assert names
+    for name in names:
+        result = json.load(open(os.path.join(results, name)))
+        rows, wall = result["account"], result["account"][-1]["seconds"]
+        floor = bench_account.floor_seconds(rows, result["limits"])
+        measured = sum(r["seconds"] * r.get("count", 1) for r in rows
+                       if ("gflop" in r or "gb" in r) and not r["step"].startswith("  of which"))
+        assert floor["uncounted"] < floor["seconds"] < wall
+        assert floor["counted"] < measured
+        once = [{k: v for k, v in r.items() if k != "count"} for r in rows]
+        assert bench_account.floor_seconds(once, result["limits"])["seconds"] < floor["seconds"]
