@@ -31,7 +31,7 @@ import time
 
 from dfmp2.app.bench import run_bench
 from dfmp2.kernels import torch_backend
-from dfmp2.util.rng.synthetic import SHAPES
+from dfmp2.rng.synthetic import SHAPES
 from dfmp2.run.settings import Settings
 
 VARIANTS = ("pageable", "pinned", "device")

@@ -48,7 +48,7 @@ EXTRA_SHAPES = {"big-virtual": (1408, 8, 2304)}
 
 def run_shapes(shapes, wanted, repeat):
     from dfmp2.app.bench import run_bench
-    from dfmp2.util.rng.synthetic import SHAPES
+    from dfmp2.rng.synthetic import SHAPES
 
     shape_table = {**SHAPES, **EXTRA_SHAPES}
     for shape in shapes:

@@ -12,7 +12,7 @@ from dfmp2 import InputError
 from dfmp2.app.bench import resolve_shape, run_bench, run_kernel_bench
 from dfmp2.kernels import get_backend
 from dfmp2.mp2.pipeline import dfmp2_energy
-from dfmp2.util.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from dfmp2.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 
 SMALL = SHAPES["small"]
 

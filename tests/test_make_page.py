@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")
 
 from conftest import ROOT  # noqa: E402
 from dfmp2.app.bench import run_bench, run_kernel_bench  # noqa: E402
-from dfmp2.util.rng.synthetic import SHAPES  # noqa: E402
+from dfmp2.rng.synthetic import SHAPES  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import make_page  # noqa: E402

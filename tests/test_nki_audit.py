@@ -560,10 +560,10 @@ def test_argument_of_a_non_nki_dtype_is_refused():
         sized_kernel(np.zeros((P, 8), dtype=np.int64), (1,))
 
 
-@pytest.mark.parametrize("name", ["float8_e4m3", "float8_e5m2", "tfloat32", "float8_e4m3fn_x4", "bitwise_and",
+@pytest.mark.parametrize("name", ["float8_e4m3", "float8_e5m2", "tfloat32", "float8_e4m3fn_x4", "invert",
                                   "power", "rsqrt"])
 def test_unemulated_language_features_are_absent(name):
-    """N/A rows (fp8/tfloat32/x4 dtypes, bitvec operators, power, rsqrt): a kernel cannot even name them."""
+    """N/A rows (fp8/tfloat32/x4 dtypes, invert, power, rsqrt): a kernel cannot even name them."""
     assert not hasattr(nl, name)
 
 
@@ -771,3 +771,109 @@ def test_cost_model_charges_a_quarter_of_the_tensor_engine_time_in_bf16():
 def test_cost_model_counts_unattributed_columns_as_fp32():
     trace = nki.Trace(matmul_columns=100)
     assert cost_model._column_cycles(trace) == 100 * cost_model.FP32_CYCLES_PER_COLUMN
+
+
+# ---- integers: bitvec operators, iota, casts (the NKI random-number generator's instructions) ------
+@nki.jit
+def int_kernel(a, b, op, scalar, engine):
+    """dst = a op b (tensor_tensor, scalar "tile"), or a op scalar (tensor_scalar), on int32 tiles;
+    returns dst."""
+    out = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    ta = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.sbuf)
+    tb = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ta, src=a)
+    nisa.dma_copy(dst=tb, src=b)
+    if scalar == "tile":
+        nisa.tensor_tensor(dst=tb, data1=ta, data2=tb, op=op, engine=engine)
+    else:
+        nisa.tensor_scalar(dst=tb, data=ta, op0=op, operand0=scalar, engine=engine)
+    nisa.dma_copy(dst=out, src=tb)
+    return out
+
+
+@pytest.mark.parametrize("target, api, exact", [("trn1", "0.2", False), ("trn2", "0.6", True), ("trn3", "0.7", True)])
+def test_bitvec_words_from_2_24_are_exact_only_on_gpsimd(target, api, exact):
+    """TT7/TT8: an int32 xor on the Vector Engine carries its words through fp32 (2^24 + 1 -> 2^24:
+    the stricter reading of AWS's answer in aws-neuron-sdk #1308); from 0.3 the all-int32 tensor_tensor
+    runs on GpSimd in native integer arithmetic; tensor_scalar's bitvec ops always on the Vector Engine.
+    Below 2^24 both are exact."""
+    big = np.full((P, 4), 2 ** 24 + 1, dtype=np.int32)
+    zero = np.zeros((P, 4), dtype=np.int32)
+    with nki.target(target, api=api):
+        assert (int_kernel(big, zero, nl.bitwise_xor, "tile", None) == (2 ** 24 + 1 if exact else 2 ** 24)).all()
+        assert (int_kernel(big, zero, nl.bitwise_xor, 0, None) == 2 ** 24).all()  # tensor_scalar: Vector
+        small = np.arange(P * 4, dtype=np.int32).reshape(P, 4) * 30000 + 7  # < 2^24
+        assert (int_kernel(small, zero, nl.bitwise_and, 255, None) == (small & 255)).all()
+        assert (int_kernel(small, zero, nl.right_shift, 8, None) == (small >> 8)).all()
+        assert (int_kernel(small, zero + 5, nl.bitwise_or, "tile", None) == (small | 5)).all()
+
+
+def test_bitvec_rules_are_enforced():
+    """TT7 (bitvec operators need integer tiles), TS6 (op0 and op1 of one class; bitvec on the Vector
+    Engine; integer operands), each with its legal twin above."""
+    x = np.zeros((P, 8), dtype=np.int32)
+    with nki.target("trn2", api="0.6"):
+        with pytest.raises(NkiConstraintError, match=r"bitvec operator needs integer tiles.*\[TT7"):
+            body_kernel(X, lambda x: nisa.tensor_tensor(dst=sb((P, 8)), data1=sb((P, 8)), data2=sb((P, 8)),
+                                                        op=nl.bitwise_xor))
+        with pytest.raises(NkiConstraintError, match=r"one class.*\[TS6"):
+            body_kernel(X, lambda x: nisa.tensor_scalar(dst=sb((P, 8), nl.int32), data=sb((P, 8), nl.int32),
+                                                        op0=nl.right_shift, operand0=8, op1=nl.add, operand1=1.0))
+        with pytest.raises(NkiConstraintError, match=r"Vector Engine, not scalar.*\[TS6"):
+            body_kernel(X, lambda x: nisa.tensor_scalar(dst=sb((P, 8), nl.int32), data=sb((P, 8), nl.int32),
+                                                        op0=nl.bitwise_and, operand0=255, engine=nisa.engine.scalar))
+        with pytest.raises(NkiConstraintError, match=r"bitvec operand must be an integer.*\[TS6"):
+            int_kernel(x, x, nl.bitwise_and, 255.0, None)
+        with pytest.raises(NkiConstraintError, match=r"need integer tiles.*\[TS6"):
+            body_kernel(X, lambda x: nisa.tensor_scalar(dst=sb((P, 8)), data=sb((P, 8)), op0=nl.bitwise_and,
+                                                        operand0=1))
+
+
+@nki.jit
+def iota_kernel(shape, pattern, offset, multiplier):
+    out = nl.ndarray(shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray(shape, dtype=nl.int32, buffer=nl.sbuf)
+    if offset == "default":
+        nisa.iota(dst=t, pattern=pattern, channel_multiplier=multiplier)
+    else:
+        nisa.iota(dst=t, pattern=pattern, offset=offset, channel_multiplier=multiplier)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_iota_values_and_rules():
+    """iota: offset + channel_multiplier p + sum_j step_j i_j over the pattern's axes (row-major),
+    on GpSimd; offset required under 0.2 (I1), optional from 0.3; the pattern covers dst's free size (I2)."""
+    p, i, j = np.meshgrid(np.arange(P), np.arange(3), np.arange(4), indexing="ij")
+    with nki.target("trn1", api="0.2"):
+        out = iota_kernel((P, 12), ((5, 3), (1, 4)), 7, 100)
+        assert np.array_equal(out, (7 + 100 * p + 5 * i + j).reshape(P, 12))
+        assert iota_kernel.last_trace.instructions["gpsimd"] == 1
+        with pytest.raises(NkiConstraintError, match=r"needs offset.*\[I1"):
+            iota_kernel((P, 12), ((1, 12),), "default", 0)
+        with pytest.raises(NkiConstraintError, match=r"multiply to dst's free size 12.*\[I2"):
+            iota_kernel((P, 12), ((1, 10),), 0, 0)
+    with nki.target("trn2", api="0.6"):
+        assert np.array_equal(iota_kernel((P, 12), ((1, 12),), "default", 12), np.arange(P * 12).reshape(P, 12))
+
+
+@nki.jit
+def float_to_int32_kernel(x):
+    out = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    u = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_copy(dst=u, src=t)
+    nisa.dma_copy(dst=out, src=u)
+    return out
+
+
+@pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.6"), ("trn3", "0.7")])
+def test_float_to_integer_casts_round_to_nearest_even_and_saturate(target, api):
+    """C5 (0.6 release notes: fp32 -> integer casts round to nearest, ties to even, and saturate, as
+    the hardware does; no truncation, no wrap-around)."""
+    values = np.array([2.5, 3.5, -2.5, 1.4, -1.6, 3e9, -3e9, 0.5], dtype=np.float32)
+    x = np.tile(values, (P, 1))
+    with nki.target(target, api=api):
+        out = float_to_int32_kernel(x)
+    assert np.array_equal(out[0], [2, 4, -2, 1, -2, 2 ** 31 - 1, -2 ** 31, 0])

@@ -201,7 +201,7 @@ def test_out_of_core_reads_within_the_target(fraction, arrays_only_budget):
     writes <= 2x the tensor, same energy as in memory."""
     from dfmp2.kernels import get_backend
     from dfmp2.mp2.pipeline import dfmp2_energy
-    from dfmp2.util.rng.synthetic import SyntheticIntegrals, synthetic_orbitals
+    from dfmp2.rng.synthetic import SyntheticIntegrals, synthetic_orbitals
 
     sizes = (240, 80, 240)
     coeff, energies, occupations = synthetic_orbitals(*sizes[:2], 0)

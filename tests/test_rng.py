@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dfmp2.util.rng import normal, philox4x32, random_words, uniform
+from dfmp2.rng import normal, philox4x32, random_words, uniform
 
 # Random123 kat_vectors, philox4x32 with 10 rounds: counter, key -> output
 KNOWN_ANSWERS = [
@@ -73,3 +73,27 @@ def test_variate_distributions():
     z = normal(3, 2, 0, 200_000)
     assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
     assert abs(np.mean(np.abs(z) < 1.96) - 0.95) < 0.005
+
+
+@pytest.mark.parametrize("target, api, lnc", [("trn1", "0.2", 1), ("trn2", "0.3", 1), ("trn2", "0.6", 2),
+                                              ("trn2", "0.7", 1), ("trn3", "0.6", 2), ("trn3", "0.7", 1)])
+def test_the_nki_generators_words_are_the_hosts(monkeypatch, target, api, lnc):
+    """rng/nki_philox.py on the emulator (every target and release, one or two physical cores a launch):
+    the host's words bit for bit, for a seed above 2^32, the largest stream, a start inside a block,
+    several launches, and blocks across 2^32 (the counter's second word); the launches are in the
+    backend's cost ledger; a model-only repeat (host reference) gives the same words."""
+    from dfmp2.kernels import get_backend
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+    for seed, stream, start, count in ((2 ** 40 + 99, 2 ** 32 - 1, 6, 3000), (5, 1, 4 * (2 ** 32 - 300), 2500)):
+        backend = get_backend(target, simulate=True, nki_api=api)
+        assert backend.lnc == lnc
+        words = backend.random_words(seed, stream, start, count, max_blocks=2)
+        assert words.dtype == np.uint32 and np.array_equal(words, random_words(seed, stream, start, count))
+        assert backend.launcher.specializations["philox_kernel"]
+        launches = -(-((start + count - 1) // 4 - start // 4 + 1) // (128 * 2 * lnc))
+        assert backend.ledger.calls["philox_kernel"] == launches
+        assert backend.ledger.model_costs_by_step[target]["philox_kernel"]["seconds"] > 0  # (a MODEL)
+    model = get_backend(target, simulate=True, model_only=True, nki_api=api)
+    for _ in range(2):  # the second launch of the same specialization: by host reference
+        assert np.array_equal(model.random_words(3, 2, 0, 1024, max_blocks=2), random_words(3, 2, 0, 1024))

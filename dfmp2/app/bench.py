@@ -26,7 +26,7 @@ from ..run.memory import plan_for
 from ..run.settings import Settings, settings_from
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, option
-from ..util.rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
+from ..rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from ..util.system_memory import peak_resident_bytes, resident_bytes
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")

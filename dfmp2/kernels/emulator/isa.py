@@ -131,7 +131,8 @@ def _read(tile: Tile, what: str) -> np.ndarray:
 
 
 def _write(dst: Tile, value: np.ndarray, what: str) -> None:
-    """dst <- value; a value of another dtype is cast through float32, a bf16 dst rounds (RNE)."""
+    """dst <- value; a value of another dtype is cast through float32, a bf16 dst rounds (RNE), an
+    integer dst rounds to nearest even and saturates to its range (`_to_integer`)."""
     if not isinstance(dst, Tile):
         raise NkiConstraintError(f"{what}: dst must be a tile")
     _in_scope(dst, what)
@@ -140,6 +141,8 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
         raise NkiConstraintError(f"{what}: writes {value.size} elements into dst {dst.shape}")
     if value.dtype != data.dtype and value.dtype != np.float32:
         value = value.astype(np.float32)
+    if value.dtype != data.dtype and data.dtype.kind in "iu":
+        value = _to_integer(value, data.dtype)
     if dst.dtype is BFLOAT16:
         value = round_to_bf16(value)
     elif dst.dtype is FLOAT8_E4M3FN:
@@ -147,6 +150,44 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
     data[...] = value.reshape(data.shape)
     dst.written[...] = True
     dst.matmul_result[...] = False
+
+
+def _to_integer(value: np.ndarray, dtype) -> np.ndarray:
+    """float32 values cast to an integer dtype as the hardware does (the nki 0.6 release notes: round
+    to nearest, ties to even, saturate to the destination range; no truncation, no wrap-around)."""
+    info = np.iinfo(dtype)
+    rounded = np.rint(value.astype(np.float64))
+    return np.clip(np.nan_to_num(rounded, nan=0.0), info.min, info.max).astype(dtype)
+
+
+def _bit_patterns(op, a: np.ndarray, b, exact: bool) -> np.ndarray:
+    """A bitvec operator on the 32-bit patterns of integer values a and b (an array or a scalar),
+    -> the result's pattern as an int64 in [0, 2^32). exact=False (the Vector Engine): each input
+    and the result are carried through fp32 first, exact below 2^24 only. AWS's operator table says
+    bitvec operators read bit patterns; AWS's answer in aws-neuron-sdk #1308 (reported by the
+    sibling trnrand, which saw 32-bit words above 2^24 rounded on trn1) says the Vector and Scalar
+    engines carry 32-bit types through fp32: the emulator takes that stricter reading, so that a
+    kernel exact here is exact under both. exact=True: GpSimd's native integer arithmetic."""
+    def pattern(x):
+        x = np.asarray(x)
+        if not exact:
+            x = x.astype(np.float32).astype(np.float64)
+        return x.astype(np.int64) & 0xFFFFFFFF
+
+    result = op(pattern(a), pattern(b)) & 0xFFFFFFFF
+    return result if exact else result.astype(np.float32).astype(np.int64)
+
+
+def _pattern_into(dst: Tile, pattern: np.ndarray) -> np.ndarray:
+    """A 32-bit pattern (int64 in [0, 2^32)) as dst's dtype: the same bits in a 32-bit integer tile,
+    else the value saturated to dst's range."""
+    if dst.dtype in (nl.int32, nl.uint32):
+        return pattern.astype(np.uint32).view(np.int32).astype(dst.dtype) if dst.dtype == nl.int32 \
+            else pattern.astype(np.uint32)
+    if dst.dtype.kind in "iu":
+        info = np.iinfo(dst.dtype)
+        return np.clip(pattern, info.min, info.max).astype(dst.dtype)
+    return pattern.astype(np.float32)
 
 
 def _on_chip(tile: Tile, what: str, allowed=("sbuf", "psum")) -> None:
@@ -560,8 +601,12 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None):
     """dst = op(data1, data2) elementwise (a binary ALU op); at most one input in PSUM."""
     what = f"nisa.tensor_tensor({getattr(op, '__name__', op)}, {data1.shape}, {data2.shape})"
     eng = _engine(engine, what, ("vector", "gpsimd"), "vector", "TT4")
-    if op not in nl.BINARY_ALU_OPS:
+    bitvec = op in nl.BITVEC_OPS
+    if op not in nl.BINARY_ALU_OPS and not bitvec:
         raise NkiConstraintError(f"{what}: op must be a binary ALU operator" + _at(current_run(), "TT6"))
+    if bitvec and any(t.dtype.kind not in "iu" for t in (dst, data1, data2)):
+        raise NkiConstraintError(f"{what}: a bitvec operator needs integer tiles, got "
+                                 f"{', '.join(str(t.dtype) for t in (dst, data1, data2))}" + _at(current_run(), "TT7"))
     for tile in (dst, data1, data2):
         _on_chip(tile, what)
     _no_gpsimd_psum(eng, (dst, data1, data2), what, "TT5")
@@ -573,11 +618,15 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None):
     _same_partitions(dst, data2, what)
     a = _read(data1, what).reshape(dst.shape[0], -1)
     b = _read(data2, what).reshape(dst.shape[0], -1)
-    if engine is None and _int32_on_gpsimd(dst, data1, data2):  # nki 0.3+: exact integer arithmetic
+    exact = engine is None and _int32_on_gpsimd(dst, data1, data2)
+    if exact:  # nki 0.3+: exact integer arithmetic
         eng = "gpsimd"
-    else:  # arithmetic in fp32
-        a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
-    _write(dst, op(a, b), what)
+    if bitvec:  # 32-bit patterns; through fp32 unless on GpSimd (`_bit_patterns`)
+        _write(dst, _pattern_into(dst, _bit_patterns(op, a, b, exact)), what)
+    else:
+        if not exact:  # arithmetic in fp32
+            a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+        _write(dst, op(a, b), what)
     _vector(dst, what, eng)
 
 
@@ -608,6 +657,9 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     run = current_run()
     eng = _engine(engine, what, ("vector", "scalar", "gpsimd"), "vector", "TS7")
     _no_gpsimd_psum(eng, (dst, data, operand0, operand1), what, "TS9")
+    if op0 in nl.BITVEC_OPS or op1 in nl.BITVEC_OPS:
+        _bitvec_scalar(dst, data, ((op0, operand0, reverse0), (op1, operand1, reverse1)), eng, what)
+        return
     if eng == "gpsimd":  # the docs allow GpSimd for rsqrt only, an op the emulator does not have
         raise NkiConstraintError(f"{what}: engine=gpsimd is only allowed for rsqrt" + _at(run, "TS7"))
     if eng == "scalar" and (op0, op1) not in _SCALAR_ENGINE_PAIRS:
@@ -636,6 +688,69 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         x = op(y, x) if reverse else op(x, y)
     _write(dst, x.astype(np.float32, copy=False), what)
     _vector(dst, what, eng)
+
+
+def _bitvec_scalar(dst, data, ops, eng, what) -> None:
+    """tensor_scalar with bitvec operators: both operators bitvec, on the Vector Engine, integer
+    tiles and integer operands (a Python int or a [P, 1] integer tile); 32-bit patterns carried
+    through fp32 (`_bit_patterns`)."""
+    run = current_run()
+    if any(op is not None and op not in nl.BITVEC_OPS for op, _, _ in ops):
+        raise NkiConstraintError(f"{what}: op0 and op1 must be of one class (both bitvec or both arithmetic)"
+                                 + _at(run, "TS6"))
+    if eng != "vector":
+        raise NkiConstraintError(f"{what}: bitvec operators run on the Vector Engine, not {eng}" + _at(run, "TS6"))
+    if dst.dtype.kind not in "iu" or data.dtype.kind not in "iu":
+        raise NkiConstraintError(f"{what}: bitvec operators need integer tiles, got {data.dtype} -> {dst.dtype}"
+                                 + _at(run, "TS6"))
+    _on_chip(dst, what)
+    _on_chip(data, what)
+    _same_layout(dst, data, what, "TS2")
+    _same_partitions(dst, data, what)
+    partitions = data.shape[0]
+    x = _read(data, what).reshape(partitions, -1)
+    for op, operand, reverse in ops:
+        if op is None:
+            continue
+        if isinstance(operand, Tile):
+            _scalar_operand(operand, data, what, "TS3", "TS6", dtypes=(nl.int32, nl.uint32, nl.int16, nl.uint16,
+                                                                          nl.int8, nl.uint8))
+            operand = _read(operand, what).reshape(partitions, 1)
+        elif not isinstance(operand, (int, np.integer)) or isinstance(operand, bool):
+            raise NkiConstraintError(f"{what}: a bitvec operand must be an integer (or an integer [P, 1] tile), "
+                                     f"got {operand!r}" + _at(run, "TS6"))
+        x = _bit_patterns(op, operand, x, False) if reverse else _bit_patterns(op, x, operand, False)
+    _write(dst, _pattern_into(dst, x), what)
+    _vector(dst, what, eng)
+
+
+def iota(dst, pattern, offset=_NOT_GIVEN, channel_multiplier=0, name=None):
+    """dst[p, i_1, ..., i_k] = offset + channel_multiplier * p + sum_j step_j * i_j for pattern
+    [[step_1, num_1], ..., [step_k, num_k]] over dst's free axes (their sizes' product = dst's free
+    size), computed in 32-bit integer arithmetic on GpSimd, into SBUF (ISA-0.2/0.6:iota; offset is
+    required under nki 0.2, 0 by default from 0.3)."""
+    what = f"nisa.iota({getattr(dst, 'shape', dst)}, pattern={pattern!r})"
+    run = current_run()
+    if offset is _NOT_GIVEN:
+        if not run.api_at_least("0.3"):
+            raise NkiConstraintError(f"{what}: nki {run.api} needs offset (optional from 0.3)" + _at(run, "I1"))
+        offset = 0
+    _on_chip(dst, what, allowed=("sbuf",))
+    try:
+        steps = [(int(step), int(num)) for step, num in pattern]
+    except (TypeError, ValueError):
+        raise NkiConstraintError(f"{what}: pattern must be [[step, num], ...]" + _at(run, "I2")) from None
+    if not steps or math.prod(num for _, num in steps) != _per_partition(dst) or any(n < 1 for _, n in steps):
+        raise NkiConstraintError(f"{what}: the pattern's sizes must multiply to dst's free size "
+                                 f"{_per_partition(dst)}" + _at(run, "I2"))
+    values = np.full((dst.shape[0], 1), int(offset), dtype=np.int64) + \
+        int(channel_multiplier) * np.arange(dst.shape[0], dtype=np.int64)[:, None]
+    for step, num in steps:  # row-major over the pattern's axes
+        values = (values[:, :, None] + step * np.arange(num, dtype=np.int64)[None, None, :]).reshape(dst.shape[0], -1)
+    pattern32 = values & 0xFFFFFFFF  # 32-bit integer arithmetic
+    _write(dst, _pattern_into(dst, pattern32) if dst.dtype.kind in "iu" else
+           pattern32.astype(np.uint32).view(np.int32).astype(np.float32), what)
+    _vector(dst, what, "gpsimd")
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):

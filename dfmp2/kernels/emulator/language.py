@@ -88,9 +88,32 @@ def square(x):
     return np.square(x)
 
 
+# bitvec operators (AWS's operator table: elements as bit patterns, integer tiles only); on 32-bit
+# patterns held in int64 by the instructions (isa._bit_patterns), a logical right shift
+def bitwise_and(x, y):
+    return np.bitwise_and(x, y)
+
+
+def bitwise_or(x, y):
+    return np.bitwise_or(x, y)
+
+
+def bitwise_xor(x, y):
+    return np.bitwise_xor(x, y)
+
+
+def left_shift(x, y):
+    return np.left_shift(x, y)
+
+
+def right_shift(x, y):
+    return np.right_shift(x, y)
+
+
 _REDUCERS = {add: np.sum, maximum: np.max, minimum: np.min}
 # AWS's operator tables (SHARED tbl-aluop, tbl-act-func), restricted to the emulated operators
 BINARY_ALU_OPS = (add, subtract, multiply, maximum, minimum)
+BITVEC_OPS = (bitwise_and, bitwise_or, bitwise_xor, left_shift, right_shift)  # (invert: not emulated)
 UNARY_ALU_OPS = (reciprocal,)  # arithmetic ALU ops of one input (tensor_scalar: operand None or 0)
 # activation functions and their valid input ranges (|x| bounds; None: any value)
 ACTIVATIONS = {copy: None, square: None, reciprocal: (2.0 ** -42, 2.0 ** 42)}

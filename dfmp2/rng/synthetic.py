@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import normal, uniform
+from .philox import normal, uniform
 
 SHAPES = {  # nbasis, nocc, naux: the sibling libraries' published benchmark shapes
     "small": (128, 16, 384),

@@ -1,4 +1,4 @@
-"""Counter-based random numbers: Philox4x32-10 (Salmon et al., SC'11; Random123).
+"""The host generator: Philox4x32-10 (Salmon et al., SC'11; Random123) with numpy, or torch on a GPU.
 
 A counter block (c0, c1, c2, c3) and a key (k0, k1) give four 32-bit words, with no state:
 any element of any stream can be generated on its own, in any order, on any machine, and
@@ -13,8 +13,9 @@ Generation runs on the host with numpy (device=None), or with torch on a device 
 the variates of a GPU integral engine's synthetic problem, made where they are used). The
 words are the same bits either way: on torch, Philox's 32 x 32 -> 64-bit products are formed
 from 16-bit halves, so that no intermediate leaves the 48 bits int64 holds exactly. The fp64
-variates (log, cos, sin) may differ in the last bit between devices. (No on-device NKI
-generator: NKI's vector and scalar engines compute in fp32, exact for integers below 2^24 only.)
+variates (log, cos, sin) may differ in the last bit between devices. A NeuronCore's words come
+from rng/nki_philox.py, in 8-bit limbs (NKI's vector and scalar engines carry integers through
+fp32, exact below 2^24 only).
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ def philox4x32(counters, key, rounds: int = ROUNDS):
     return np.stack([c0, c1, c2, c3], axis=1).astype(np.uint32)
 
 
+def stream_key(seed: int) -> tuple:
+    """Philox's key (k0, k1) of a seed < 2^64: (seed mod 2^32, seed div 2^32)."""
+    return seed & _MASK32, (seed >> 32) & _MASK32
+
+
 def random_words(seed: int, stream: int, start: int, count: int, device=None):
     """Words [start, start + count) of a stream: uint32 [count] (numpy), or on `device` int64 [count]
     (torch) holding the same 32-bit words."""
@@ -81,8 +87,7 @@ def random_words(seed: int, stream: int, start: int, count: int, device=None):
     counters[:, 0] = blocks & _MASK32
     counters[:, 1] = blocks >> 32
     counters[:, 2] = stream & _MASK32
-    key = (seed & _MASK32, (seed >> 32) & _MASK32)
-    words = philox4x32(counters, key).reshape(-1)
+    words = philox4x32(counters, stream_key(seed)).reshape(-1)
     offset = start - first * 4
     return words[offset:offset + count]
 

@@ -1,0 +1,161 @@
+"""Philox4x32-10 on a NeuronCore (NKI): the words of `philox.random_words`, bit for bit.
+
+Tiles and layout: one program makes 128 x F counter blocks (F <= 512 per partition, `FREE`): block
+b = first + (g 128 + p) F + f on program g (a physical core of the launch grid), partition p, free
+index f, of stream `stream` under key (k0, k1); the output [G 128, F * 16] uint8 in HBM holds each
+block's four words as little-endian bytes, so that its bytes are the host's uint32 words
+[G 128 F, 4] in block order.
+
+Arithmetic: NKI's Vector and Scalar engines carry integers through fp32, exact below 2^24 only
+(docs/nki-facts.md, "Integers and random numbers"), so each 32-bit word is four 8-bit limbs, one
+int32 [128, F] tile each, and no intermediate reaches 2^24 on any engine or release:
+    counter      c0, c1 = block mod 2^32, block div 2^32 (limbs of p F + f from nisa.iota, plus
+                 the limbs of `first` with carries);  c2 = stream;  c3 = 0
+    multiply     m x = sum_k 2^(8k) S_k,  S_k = sum_(i+j=k) m_i x_j <= 4 * 255^2 < 2^18 (m_i: the
+                 constant's bytes, scalar operands); then limb_k = t & 255, carry = t >> 8 over
+                 t = S_k + carry: (m x) mod 2^32 = limbs 0-3, (m x) div 2^32 = limbs 4-7
+    round        (c0, c1, c2, c3) <- (hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0))
+    key          k0 += W0, k1 += W1 (mod 2^32) between rounds, at trace time (compile-time limbs)
+Products and sums are fp32 instructions on int32 tiles (exact: < 2^24); & and >> are bitvec
+instructions on values < 2^24, exact whether the engine reads bit patterns (AWS's operator table)
+or carries them through fp32 (AWS's answer in aws-neuron-sdk #1308): the emulator takes the latter.
+
+Loaded like kernels/nki_kernels.py: as is on a Trainium host (the real `nki`), or from its file with
+dfmp2's emulator standing in (`kernels.nki_launch.load_kernel_file`).
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+P = 128  # partitions
+FREE = 512  # blocks per partition per launch at most (one [128, 512] int32 tile per limb: 2 KiB a partition)
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # multipliers of words 0 and 2 (Random123)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # the key's bump between rounds (Random123)
+ROUNDS = 10
+MASK32 = 0xFFFFFFFF
+
+
+def byte_limbs(value, count=4):
+    """The `count` 8-bit limbs of a non-negative int, least significant first."""
+    return tuple((value >> (8 * k)) & 255 for k in range(count))
+
+
+def _tile(blocks):
+    return nl.ndarray((P, blocks), dtype=nl.int32, buffer=nl.sbuf)
+
+
+def _constant(blocks, value):
+    """A [P, F] int32 tile holding `value` (< 256) everywhere."""
+    tile = _tile(blocks)
+    nisa.memset(dst=tile, value=value)
+    return tile
+
+
+def _carry_chain(columns, blocks):
+    """Limbs of sum_k 2^(8k) columns[k] (int32 tiles, each < 2^18): limb_k = t & 255, carry =
+    t >> 8 over t = columns[k] + carry; len(columns) + 1 limbs, the last the final carry."""
+    limbs, carry = [], None
+    for column in columns:
+        if carry is None:
+            total = column
+        else:
+            total = _tile(blocks)
+            nisa.tensor_tensor(dst=total, data1=column, data2=carry, op=nl.add)
+        limb = _tile(blocks)
+        nisa.tensor_scalar(dst=limb, data=total, op0=nl.bitwise_and, operand0=255)
+        carry = _tile(blocks)
+        nisa.tensor_scalar(dst=carry, data=total, op0=nl.right_shift, operand0=8)
+        limbs.append(limb)
+    limbs.append(carry)
+    return limbs
+
+
+def _mulhilo(multiplier, x, blocks):
+    """(hi, lo) limbs of multiplier * x for a constant multiplier < 2^32 and x four limb tiles:
+    column sums of the limb products (fp32, exact), then the carry chain."""
+    m = byte_limbs(multiplier)
+    columns = []
+    for k in range(7):
+        column = None
+        for i in range(4):
+            j = k - i
+            if j < 0 or j > 3 or m[i] == 0:
+                continue
+            product = _tile(blocks)  # m_i x_j <= 255^2
+            nisa.tensor_scalar(dst=product, data=x[j], op0=nl.multiply, operand0=float(m[i]))
+            if column is None:
+                column = product
+            else:
+                total = _tile(blocks)
+                nisa.tensor_tensor(dst=total, data1=column, data2=product, op=nl.add)
+                column = total
+        columns.append(column if column is not None else _constant(blocks, 0))
+    limbs = _carry_chain(columns, blocks)
+    return limbs[4:8], limbs[0:4]
+
+
+def _xor_word(a, b, key, blocks):
+    """a ^ b ^ key limb by limb (a, b four limb tiles, key a compile-time word)."""
+    out = []
+    for k, key_limb in enumerate(byte_limbs(key)):
+        limb = _tile(blocks)
+        nisa.tensor_tensor(dst=limb, data1=a[k], data2=b[k], op=nl.bitwise_xor)
+        if key_limb:
+            keyed = _tile(blocks)
+            nisa.tensor_scalar(dst=keyed, data=limb, op0=nl.bitwise_xor, operand0=key_limb)
+            limb = keyed
+        out.append(limb)
+    return out
+
+
+def _block_counter(first, blocks):
+    """(c0, c1) limbs of block = first + p F + f: iota's p F + f (< 2^24) in three limbs, plus
+    first's eight limbs, with carries."""
+    local = _tile(blocks)
+    nisa.iota(dst=local, pattern=[[1, blocks]], offset=0, channel_multiplier=blocks)
+    first_limbs = byte_limbs(first, 8)
+    columns = []
+    for k in range(8):
+        if k < 3:
+            part = _tile(blocks)
+            if k == 0:
+                nisa.tensor_scalar(dst=part, data=local, op0=nl.bitwise_and, operand0=255)
+            else:
+                nisa.tensor_scalar(dst=part, data=local, op0=nl.right_shift, operand0=8 * k,
+                                   op1=nl.bitwise_and, operand1=255)
+            if first_limbs[k]:
+                total = _tile(blocks)
+                nisa.tensor_scalar(dst=total, data=part, op0=nl.add, operand0=float(first_limbs[k]))
+                part = total
+        else:
+            part = _constant(blocks, first_limbs[k])
+        columns.append(part)
+    limbs = _carry_chain(columns, blocks)  # the ninth limb (block >= 2^64) is dropped
+    return limbs[0:4], limbs[4:8]
+
+
+@nki.jit
+def philox_kernel(first, stream, key0, key1, blocks):
+    """Philox4x32-10 words of blocks [first, first + G 128 blocks) of a stream on a grid of G
+    programs (the physical cores of a logical NeuronCore; program g the g-th 128 blocks per
+    partition): -> [G 128, blocks * 16] uint8 (shared HBM), each block's words as little-endian
+    bytes. first < 2^64, stream and the keys < 2^32, blocks <= FREE: compile-time constants."""
+    programs, pid = nl.num_programs(), nl.program_id(0)
+    out = nl.ndarray((programs * P, blocks * 16), dtype=nl.uint8, buffer=nl.shared_hbm)
+    c0, c1 = _block_counter(first + pid * P * blocks, blocks)
+    c2 = [_constant(blocks, limb) for limb in byte_limbs(stream)]
+    c3 = [_constant(blocks, 0) for _ in range(4)]
+    k0, k1 = key0, key1
+    for r in range(ROUNDS):
+        if r > 0:
+            k0, k1 = (k0 + PHILOX_W[0]) & MASK32, (k1 + PHILOX_W[1]) & MASK32
+        hi0, lo0 = _mulhilo(PHILOX_M[0], c0, blocks)
+        hi1, lo1 = _mulhilo(PHILOX_M[1], c2, blocks)
+        c0, c1, c2, c3 = _xor_word(hi1, c1, k0, blocks), lo1, _xor_word(hi0, c3, k1, blocks), lo0
+    packed = nl.ndarray((P, blocks, 16), dtype=nl.uint8, buffer=nl.sbuf)
+    for w, word in enumerate((c0, c1, c2, c3)):
+        for k in range(4):
+            nisa.tensor_copy(dst=packed[:, :, 4 * w + k], src=word[k])
+    nisa.dma_copy(dst=out[pid * P:(pid + 1) * P], src=packed.reshape((P, blocks * 16)))
+    return out
