@@ -173,7 +173,7 @@ def bench_record(problem, rank, passes, last, settings) -> dict:
     return record
 
 
-KERNELS = ("gemm", "syrk", "trsm", "ao2mo", "pair_energy")
+KERNELS = ("gemm", "syrk", "trsm", "ao2mo", "pair_energy", "rng")
 # warm per-call times a sibling library measured on trn1.2xlarge (neuronx-cc 2.24) for ITS kernels
 # of these shapes: gemm calibrates the model (launch, host transfer); trsm is a check only
 PUBLISHED_TRN1_MS = {("gemm", 512): 1.3, ("gemm", 1024): 2.3, ("trsm", 1024): 18.72}
@@ -186,6 +186,7 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
     trsm: B = X L^-T with X [N, N], L [N, N] (whitening of N rows over N auxiliary functions).
     ao2mo: 32 auxiliary functions, nao N, nocc N/8, nvir N - N/8.
     pair_energy: one block of 4 x 4 occupied pairs, nvir N, naux 3N.
+    rng: N^2 Philox words of one stream (rng/nki_philox.py), brought back to the host.
     """
     import numpy as np
     import torch
@@ -218,6 +219,8 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
         e_vir = torch.rand(n, generator=torch.Generator().manual_seed(seed + 1)) + 0.5
         return (f"ni 4, nj 4, nvir {n}, naux {3 * n}",
                 lambda be: be.pair_energy(b_i, b_j, e_occ, e_occ, e_vir))
+    if kernel == "rng":
+        return f"{n * n} Philox4x32-10 words", lambda be: be.random_words(seed, 1, 0, n * n)
     raise InputError(f"unknown kernel {kernel!r} (use one of: {', '.join(KERNELS)})")
 
 
@@ -230,10 +233,12 @@ def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: boo
     if not 1 <= size <= MAX_KERNEL_SIZE:
         raise InputError(f"{option('size')} must be between 1 and {MAX_KERNEL_SIZE} (the emulator runs every "
                          f"instruction of the call), got {size}")
+    import torch
+
     description, call = kernel_problem(kernel, size, seed)
     backend = get_backend(device, "fp32", simulate=True, nki_api=nki_api)
     out = call(backend)
-    if hasattr(out, "shape"):  # the result comes back to the host, as in the calibration runs
+    if isinstance(out, torch.Tensor):  # the result comes back to the host, as in the calibration runs
         backend.to_host(out)
     ran = backend.record()
     modelled = ran.modelled

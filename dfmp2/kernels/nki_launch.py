@@ -252,12 +252,12 @@ def _ref_ao2mo(digits, scale, cos, cvs, grid, tile_map, symmetric):
     return torch.einsum("pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float()
 
 
-def _ref_philox(grid, first, stream, key0, key1, blocks):
+def _ref_philox(grid, first, stream, key0, key1, blocks, tiles):
     """philox_kernel's output on `grid` programs: the host's words of blocks [first, first + grid 128
-    blocks) as [grid 128, blocks * 16] little-endian bytes."""
+    tiles blocks) as [grid 128, tiles blocks 16] little-endian bytes."""
     key = (key1 << 32) | key0
-    words = random_words(key, stream, first * 4, grid * P * blocks * 4)
-    return words.astype("<u4").view(np.uint8).reshape(grid * P, blocks * 16)
+    words = random_words(key, stream, first * 4, grid * P * tiles * blocks * 4)
+    return words.astype("<u4").view(np.uint8).reshape(grid * P, tiles * blocks * 16)
 
 
 GRID_REFERENCE = {"philox_kernel": _ref_philox}  # kernel name -> host function of (grid, its arguments)

@@ -1,10 +1,10 @@
 """Philox4x32-10 on a NeuronCore (NKI): the words of `philox.random_words`, bit for bit.
 
-Tiles and layout: one program makes 128 x F counter blocks (F <= 512 per partition, `FREE`): block
-b = first + (g 128 + p) F + f on program g (a physical core of the launch grid), partition p, free
-index f, of stream `stream` under key (k0, k1); the output [G 128, F * 16] uint8 in HBM holds each
-block's four words as little-endian bytes, so that its bytes are the host's uint32 words
-[G 128 F, 4] in block order.
+Tiles and layout: one program makes T tiles of 128 x F counter blocks (F <= 512 per partition,
+`FREE`; T at most MAX_TILES a launch): block b = first + (g 128 + p) T F + t F + f on program g (a
+physical core of the launch grid), partition p, tile t, free index f, of stream `stream` under key
+(k0, k1); the output [G 128, T F 16] uint8 in HBM holds each block's four words as little-endian
+bytes, so that its bytes are the host's uint32 words [G 128 T F, 4] in block order.
 
 Arithmetic: NKI's Vector and Scalar engines carry integers through fp32, exact below 2^24 only
 (docs/nki-facts.md, "Integers and random numbers"), so each 32-bit word is four 8-bit limbs, one
@@ -29,7 +29,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 P = 128  # partitions
-FREE = 512  # blocks per partition per launch at most (one [128, 512] int32 tile per limb: 2 KiB a partition)
+FREE = 512  # blocks per partition per tile at most (one [128, 512] int32 tile per limb: 2 KiB a partition)
+MAX_TILES = 64  # tiles per launch at most (~1,100 instructions each; 128 x 64 x 512 < 2^24 keeps iota's p T F + f exact)
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # multipliers of words 0 and 2 (Random123)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # the key's bump between rounds (Random123)
 ROUNDS = 10
@@ -109,11 +110,9 @@ def _xor_word(a, b, key, blocks):
     return out
 
 
-def _block_counter(first, blocks):
-    """(c0, c1) limbs of block = first + p F + f: iota's p F + f (< 2^24) in three limbs, plus
-    first's eight limbs, with carries."""
-    local = _tile(blocks)
-    nisa.iota(dst=local, pattern=[[1, blocks]], offset=0, channel_multiplier=blocks)
+def _block_counter(first, local, blocks):
+    """(c0, c1) limbs of block = first + local: local (an int32 tile < 2^24, from iota) in three
+    limbs, plus first's eight limbs, with carries."""
     first_limbs = byte_limbs(first, 8)
     columns = []
     for k in range(8):
@@ -135,15 +134,9 @@ def _block_counter(first, blocks):
     return limbs[0:4], limbs[4:8]
 
 
-@nki.jit
-def philox_kernel(first, stream, key0, key1, blocks):
-    """Philox4x32-10 words of blocks [first, first + G 128 blocks) of a stream on a grid of G
-    programs (the physical cores of a logical NeuronCore; program g the g-th 128 blocks per
-    partition): -> [G 128, blocks * 16] uint8 (shared HBM), each block's words as little-endian
-    bytes. first < 2^64, stream and the keys < 2^32, blocks <= FREE: compile-time constants."""
-    programs, pid = nl.num_programs(), nl.program_id(0)
-    out = nl.ndarray((programs * P, blocks * 16), dtype=nl.uint8, buffer=nl.shared_hbm)
-    c0, c1 = _block_counter(first + pid * P * blocks, blocks)
+def _philox_tile(first, local, stream, key0, key1, blocks):
+    """The four words (limb tiles) of blocks first + local under (stream, key): Philox's ten rounds."""
+    c0, c1 = _block_counter(first, local, blocks)
     c2 = [_constant(blocks, limb) for limb in byte_limbs(stream)]
     c3 = [_constant(blocks, 0) for _ in range(4)]
     k0, k1 = key0, key1
@@ -153,9 +146,27 @@ def philox_kernel(first, stream, key0, key1, blocks):
         hi0, lo0 = _mulhilo(PHILOX_M[0], c0, blocks)
         hi1, lo1 = _mulhilo(PHILOX_M[1], c2, blocks)
         c0, c1, c2, c3 = _xor_word(hi1, c1, k0, blocks), lo1, _xor_word(hi0, c3, k1, blocks), lo0
-    packed = nl.ndarray((P, blocks, 16), dtype=nl.uint8, buffer=nl.sbuf)
-    for w, word in enumerate((c0, c1, c2, c3)):
-        for k in range(4):
-            nisa.tensor_copy(dst=packed[:, :, 4 * w + k], src=word[k])
-    nisa.dma_copy(dst=out[pid * P:(pid + 1) * P], src=packed.reshape((P, blocks * 16)))
+    return c0, c1, c2, c3
+
+
+@nki.jit
+def philox_kernel(first, stream, key0, key1, blocks, tiles):
+    """Philox4x32-10 words of blocks [first, first + G 128 T F) of a stream on a grid of G programs
+    (the physical cores of a logical NeuronCore), T tiles of F = `blocks` blocks per partition
+    (partition p of program g: blocks first + (g 128 + p) T F + [0, T F)): -> [G 128, T F 16] uint8
+    (shared HBM), each block's words as little-endian bytes. first < 2^64, stream and the keys
+    < 2^32, F <= FREE, 128 T F < 2^24: compile-time constants."""
+    programs, pid = nl.num_programs(), nl.program_id(0)
+    run = tiles * blocks  # blocks per partition
+    out = nl.ndarray((programs * P, run * 16), dtype=nl.uint8, buffer=nl.shared_hbm)
+    local = _tile(blocks)  # p T F + f < 2^24
+    nisa.iota(dst=local, pattern=[[1, blocks]], offset=0, channel_multiplier=run)
+    for t in range(tiles):
+        words = _philox_tile(first + pid * P * run + t * blocks, local, stream, key0, key1, blocks)
+        packed = nl.ndarray((P, blocks, 16), dtype=nl.uint8, buffer=nl.sbuf)
+        for w in range(4):
+            for k in range(4):
+                nisa.tensor_copy(dst=packed[:, :, 4 * w + k], src=words[w][k])
+        nisa.dma_copy(dst=out[pid * P:(pid + 1) * P, t * blocks * 16:(t + 1) * blocks * 16],
+                      src=packed.reshape((P, blocks * 16)))
     return out

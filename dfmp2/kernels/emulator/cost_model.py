@@ -3,7 +3,7 @@
 Everything here is a model, never a measurement. One kernel call costs
 
     launch + host_transfer + device
-    device = max(tensor_engine, dma, vector, scalar)      (the engines run concurrently)
+    device = max(tensor_engine, dma, vector, scalar, gpsimd)      (the engines run concurrently)
 
     launch         fixed cost of one call (runtime dispatch, NEFF start)            [fitted]
     host_transfer  (argument + result bytes) / host<->device rate                    [fitted]
@@ -15,6 +15,10 @@ Everything here is a model, never a measurement. One kernel call costs
     dma            bytes / (16 DMA engines x 27.2 GB/s, capped by the core's HBM share, x 65%)
                    + a fixed cost per dma_copy
     vector/scalar  per instruction: (fixed + elements per partition) / engine clock
+    gpsimd         the same per-instruction cost as the Vector Engine: an ASSUMPTION (AWS documents the
+                   GpSimd engine's processors, not an element rate); before the NKI random-number
+                   generator (rng/nki_philox.py: iota, and int32 tensor_tensor from nki 0.3) dfmp2's
+                   kernels issued almost nothing there, and the model charged it nothing
 
 Constants and where they come from (see docs/benchmarks.md, "Calibration"):
   - peaks, clocks, DMA engines, HBM bandwidth: AWS's architecture guides (docs/hardware-facts.md);
@@ -75,10 +79,10 @@ def _calibration(target: Target, engine_clock_hz: float) -> Calibration:
 # Vector, Scalar and GpSimd, AWS's NKI Trainium3 guide)
 ENGINE_CLOCK_HZ = {"trn1": 1.12e9, "trn2": 0.96e9, "trn3": 1.2e9}
 CALIBRATIONS = {name: _calibration(target, ENGINE_CLOCK_HZ[name]) for name, target in TARGETS.items()}
-PARTS = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar")
+PARTS = ("launch", "host_transfer", "tensor_engine", "dma", "vector", "scalar", "gpsimd")
 
 
-ENGINES = ("tensor_engine", "dma", "vector", "scalar")
+ENGINES = ("tensor_engine", "dma", "vector", "scalar", "gpsimd")
 
 
 def _column_cycles(trace: Trace) -> int:
@@ -96,7 +100,7 @@ def _engine_seconds(trace: Trace, cal: Calibration) -> dict:
     out = {"tensor_engine": (trace.instructions["tensor"] * FIXED_CYCLES + _column_cycles(trace)) / te_clock,
            "dma": ((trace.dma_bytes_in + trace.dma_bytes_out) / cal.dma_bytes_per_s
                    + trace.instructions["dma"] * FIXED_CYCLES / te_clock)}
-    for engine in ("vector", "scalar"):
+    for engine in ("vector", "scalar", "gpsimd"):
         per_partition = trace.engine_elements[engine] / PARTITIONS
         out[engine] = (trace.instructions[engine] * FIXED_CYCLES + per_partition) / cal.engine_clock_hz
     return out
