@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dfmp2.rng import normal, philox4x32, random_words, uniform
+from dfmp2.rng import nki_random_words, normal, philox4x32, random_words, uniform
 
 # Random123 kat_vectors, philox4x32 with 10 rounds: counter, key -> output
 KNOWN_ANSWERS = [
@@ -88,7 +88,7 @@ def test_the_nki_generators_words_are_the_hosts(monkeypatch, target, api, lnc):
     for seed, stream, start, count in ((2 ** 40 + 99, 2 ** 32 - 1, 6, 3000), (5, 1, 4 * (2 ** 32 - 300), 2500)):
         backend = get_backend(target, simulate=True, nki_api=api)
         assert backend.lnc == lnc
-        words = backend.random_words(seed, stream, start, count, max_blocks=2, max_tiles=2)
+        words = nki_random_words(backend, seed, stream, start, count, max_blocks=2, max_tiles=2)
         assert words.dtype == np.uint32 and np.array_equal(words, random_words(seed, stream, start, count))
         assert backend.launcher.specializations["philox_kernel"]
         launches = -(-((start + count - 1) // 4 - start // 4 + 1) // (128 * 2 * 2 * lnc))
@@ -96,4 +96,4 @@ def test_the_nki_generators_words_are_the_hosts(monkeypatch, target, api, lnc):
         assert backend.ledger.model_costs_by_step[target]["philox_kernel"]["seconds"] > 0  # (a MODEL)
     model = get_backend(target, simulate=True, model_only=True, nki_api=api)
     for _ in range(2):  # the second launch of the same specialization: by host reference
-        assert np.array_equal(model.random_words(3, 2, 0, 1024, max_blocks=2, max_tiles=2), random_words(3, 2, 0, 1024))
+        assert np.array_equal(nki_random_words(model, 3, 2, 0, 1024, max_blocks=2, max_tiles=2), random_words(3, 2, 0, 1024))

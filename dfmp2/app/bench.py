@@ -220,7 +220,9 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
         return (f"ni 4, nj 4, nvir {n}, naux {3 * n}",
                 lambda be: be.pair_energy(b_i, b_j, e_occ, e_occ, e_vir))
     if kernel == "rng":
-        return f"{n * n} Philox4x32-10 words", lambda be: be.random_words(seed, 1, 0, n * n)
+        from ..rng import nki_random_words
+
+        return f"{n * n} Philox4x32-10 words", lambda be: nki_random_words(be, seed, 1, 0, n * n)
     raise InputError(f"unknown kernel {kernel!r} (use one of: {', '.join(KERNELS)})")
 
 

@@ -243,31 +243,6 @@ class NkiBackend:
                            n * (n + 1) * w)  # the lower triangle of panel panel^T
         return out[:n, :n].to(self.device)
 
-    def random_words(self, seed: int, stream: int, start: int, count: int, max_blocks: int | None = None,
-                     max_tiles: int | None = None):
-        """Words [start, start + count) of Philox stream `stream` under `seed` (rng.random_words'
-        bits), made on the NeuronCore by rng/nki_philox.py: uint32 [count] on the host (a device -> host
-        transfer in the ledger). Each launch runs on the logical core's physical cores (the run's LNC
-        degree): tiles (at most max_tiles, default MAX_TILES) of at most max_blocks (default FREE)
-        counter blocks of 4 words per partition."""
-        if count <= 0:
-            return np.zeros(0, dtype=np.uint32)
-        first, last = start // 4, (start + count - 1) // 4
-        grid, key0, key1 = self.lnc, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-        rows = grid * P  # partitions of a launch, over its programs
-        blocks = max(1, min(max_blocks or FREE, -(-(last - first + 1) // rows)))
-        tiles = max(1, min(max_tiles or self.launcher.rng_kernels.MAX_TILES, -(-(last - first + 1) // (rows * blocks))))
-        parts = []
-        for block in range(first, last + 1, rows * tiles * blocks):
-            out = self.launcher.launch("philox_kernel", (block, stream & 0xFFFFFFFF, key0, key1, blocks, tiles),
-                                       0, 0, grid)
-            data = out if isinstance(out, np.ndarray) else out.cpu().numpy()
-            self.ledger.transfer(0, data.nbytes)  # the words come back to the host
-            parts.append(np.ascontiguousarray(data).view("<u4").reshape(-1))
-        words = np.concatenate(parts).astype(np.uint32)
-        offset = start - first * 4
-        return words[offset:offset + count]
-
     def cholesky(self, metric):
         """Lower L with metric = L L^T, factorised on the host in fp64 (no fp64 on a NeuronCore:
         fp32 updates would round an ill-conditioned metric), then on the device in fp32; None if

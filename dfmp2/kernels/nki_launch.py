@@ -26,7 +26,6 @@ from .nki_ledger import CostLedger
 from .nki_sparse import TileMap, unpack_symmetric, unpack_tiles
 from .ozaki import digits_value
 from .tiles import FREE, P
-from ..rng import nki_philox_file, random_words
 
 PAIR_BLOCK = 32  # occupied orbitals per side of one pair-energy launch (partials: 8 KiB per partition)
 
@@ -42,18 +41,14 @@ def load_kernels(simulate: bool):
     return load_kernel_file(_KERNEL_FILE, "dfmp2.kernels._nki_kernels_emulated")
 
 
-def load_rng_kernels(simulate: bool):
-    """The NKI random-number generator's module (rng/nki_philox.py), as `load_kernels`."""
+def load_kernel_file(path: str, name: str, simulate: bool = True):
+    """The NKI kernel module at `path` loaded as `name`: with dfmp2's emulator standing in for the
+    `nki` modules (simulate; restored afterwards), else with the real Neuron SDK."""
     if not simulate:
-        from ..rng import nki_philox  # imports the real `nki`
-
-        return nki_philox
-    return load_kernel_file(nki_philox_file(), "dfmp2.rng._nki_philox_emulated")
-
-
-def load_kernel_file(path: str, name: str):
-    """The NKI kernel module at `path` loaded as `name` with dfmp2's emulator standing in for the
-    `nki` modules (restored afterwards)."""
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     standing_in = ("nki", "nki.language", "nki.isa")
     saved = {module_name: sys.modules.get(module_name) for module_name in standing_in}
     sys.modules.update({"nki": emulator, "nki.language": emulator.language, "nki.isa": emulator.isa})
@@ -119,10 +114,22 @@ class KernelLauncher:
         self.nki_api = nki_api
         self.ledger = ledger
         self.kernels = load_kernels(simulate)
-        self.rng_kernels = load_rng_kernels(simulate)  # the Philox generator (rng/nki_philox.py)
+        self.added = {}  # kernel name -> (kernel, host reference of (grid, *arguments)): `add_kernels`
+        self._modules = {}  # module name -> the kernel module `add_kernels` loaded
         self.specializations = {}  # kernel -> set of padded argument shapes
         self._largest = {}  # kernel -> largest padded shapes so far (for bucketing)
         self._trace_cache = {}  # (kernel, shapes, grid) -> the trace of its first emulated launch
+
+    def add_kernels(self, path: str, name: str, references: dict):
+        """The kernels of another NKI source file (a layer above this one: rng's generator) as this
+        launcher's own, loaded once (emulated or real): references maps each kernel's name to its
+        host function of (grid, *arguments), which computes a model-only repeat. Returns the module
+        (loaded on the first call with this name, the same one afterwards)."""
+        if name not in self._modules:
+            module = self._modules[name] = load_kernel_file(path, name, self.simulate)
+            for kernel_name, reference in references.items():
+                self.added[kernel_name] = (getattr(module, kernel_name), reference)
+        return self._modules[name]
 
     def bucket(self, kernel_name, shapes):
         """Reuse the largest shapes this kernel ran with when the new ones fit inside them (else
@@ -146,12 +153,12 @@ class KernelLauncher:
         shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in arrays)
         self.ledger.count_launch(kernel_name, useful_flops)
         self.specializations.setdefault(kernel_name, set()).add(shapes)
-        kernel = getattr(self.kernels, kernel_name, None) or getattr(self.rng_kernels, kernel_name)
+        kernel, reference = self.added.get(kernel_name, (getattr(self.kernels, kernel_name, None), None))
         key = (kernel_name, shapes, grid)
         if self.simulate and self.model_only and key in self._trace_cache:
             self.ledger.record(self._trace_cache[key], host_bytes, kernel_name, prefetched)
-            if kernel_name in GRID_REFERENCE:
-                return GRID_REFERENCE[kernel_name](grid, *arrays)
+            if reference is not None:
+                return reference(grid, *arrays)
             return REFERENCE[kernel_name](*(
                 a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype != torch.int8 else a for a in arrays))
         if self.simulate:
@@ -251,16 +258,6 @@ def _ref_ao2mo(digits, scale, cos, cvs, grid, tile_map, symmetric):
         digits = unpack_symmetric(digits, tiles.lower()) if symmetric else unpack_tiles(digits, tiles)
     return torch.einsum("pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float()
 
-
-def _ref_philox(grid, first, stream, key0, key1, blocks, tiles):
-    """philox_kernel's output on `grid` programs: the host's words of blocks [first, first + grid 128
-    tiles blocks) as [grid 128, tiles blocks 16] little-endian bytes."""
-    key = (key1 << 32) | key0
-    words = random_words(key, stream, first * 4, grid * P * tiles * blocks * 4)
-    return words.astype("<u4").view(np.uint8).reshape(grid * P, tiles * blocks * 16)
-
-
-GRID_REFERENCE = {"philox_kernel": _ref_philox}  # kernel name -> host function of (grid, its arguments)
 
 REFERENCE = {  # kernel name -> host function of the kernel's arguments, returning its outputs
     "gemm_kernel": lambda a_t, b: a_t.T @ b,

@@ -3,7 +3,8 @@ every device.
 
     philox.py       the host generator (numpy; torch on a GPU): philox4x32, random_words, uniform, normal
     nki_philox.py   the NeuronCore generator (an NKI kernel in 8-bit limbs, every intermediate below
-                    2^24): its words equal random_words' bit for bit (launched by kernels.nki_backend)
+                    2^24): its words equal random_words' bit for bit
+    device.py       nki_random_words: that kernel launched through an NKI backend's launcher
     synthetic.py    the synthetic benchmark problems (`dfmp2 bench`) drawn from these streams
 
 A stream: counter = (block mod 2^32, block div 2^32, stream, 0), key = (seed mod 2^32, seed div 2^32);
@@ -20,3 +21,6 @@ from .philox import normal, philox4x32, random_words, stream_key, uniform  # noq
 def nki_philox_file() -> str:
     """The path of the NKI generator's source (loaded with or without the real `nki`)."""
     return os.path.join(os.path.dirname(__file__), "nki_philox.py")
+
+
+from .device import nki_random_words  # noqa: E402,F401  (it needs nki_philox_file)
