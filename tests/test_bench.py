@@ -157,7 +157,7 @@ def test_fitted_launch_cost_within_the_published_launch_estimate():
         assert 0.9 <= launch_ms <= 3.3, launch_ms
 
 
-@pytest.mark.parametrize("kernel", ["syrk", "trsm", "ao2mo", "pair_energy", "rng"])
+@pytest.mark.parametrize("kernel", ["syrk", "trsm", "potrf", "ao2mo", "pair_energy", "rng"])
 def test_kernel_bench_models_every_kernel(kernel, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dfmp2.app.cli", "bench", "--kernel", kernel, "--size", "256",
                            "--device", "trn2", "--simulate", "--json", "k.json"],

@@ -10,7 +10,7 @@ import torch
 from conftest import converged_rhf
 from dfmp2 import DFMP2, InputError
 from dfmp2.kernels import get_backend
-from dfmp2.util.linalg import factor_metric, whiten
+from dfmp2.linalg import factor_metric, whiten
 from dfmp2.util.system_memory import MB
 from dfmp2.run.memory import TensorSizes, default_hints, plan_memory
 from dfmp2.mp2.orbitals import active_orbitals

@@ -173,7 +173,7 @@ def bench_record(problem, rank, passes, last, settings) -> dict:
     return record
 
 
-KERNELS = ("gemm", "syrk", "trsm", "ao2mo", "pair_energy", "rng")
+KERNELS = ("gemm", "syrk", "trsm", "potrf", "ao2mo", "pair_energy", "rng")
 # warm per-call times a sibling library measured on trn1.2xlarge (neuronx-cc 2.24) for ITS kernels
 # of these shapes: gemm calibrates the model (launch, host transfer); trsm is a check only
 PUBLISHED_TRN1_MS = {("gemm", 512): 1.3, ("gemm", 1024): 2.3, ("trsm", 1024): 18.72}
@@ -186,6 +186,8 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
     trsm: B = X L^-T with X [N, N], L [N, N] (whitening of N rows over N auxiliary functions).
     ao2mo: 32 auxiliary functions, nao N, nocc N/8, nvir N - N/8.
     pair_energy: one block of 4 x 4 occupied pairs, nvir N, naux 3N.
+    potrf: the blocked Cholesky of an N x N metric-like matrix (linalg.potrf: host fp64 diagonal
+    blocks, the device's trsm and syrk; every launch of it).
     rng: N^2 Philox words of one stream (rng/nki_philox.py), brought back to the host.
     """
     import numpy as np
@@ -219,6 +221,12 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
         e_vir = torch.rand(n, generator=torch.Generator().manual_seed(seed + 1)) + 0.5
         return (f"ni 4, nj 4, nvir {n}, naux {3 * n}",
                 lambda be: be.pair_energy(b_i, b_j, e_occ, e_occ, e_vir))
+    if kernel == "potrf":
+        from ..linalg import potrf
+
+        a = rng.standard_normal((n, n))
+        metric = a @ a.T / n + np.eye(n)
+        return f"A [{n}, {n}], 128-wide block columns", lambda be: potrf(be, metric)
     if kernel == "rng":
         from ..rng import nki_random_words
 

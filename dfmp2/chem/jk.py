@@ -28,7 +28,7 @@ from ..run.context import Timer
 from ..run.memory import budget_bytes
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError, option
-from ..util.linalg import factor_metric, whiten
+from ..linalg import factor_metric, whiten
 from ..util.scratch import RowFile
 from ..util.sparse import LowerPanels
 from ..util.system_memory import MB, release_freed_memory, resident_bytes

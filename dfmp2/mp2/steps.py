@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..util.blocks import block_ranges
-from ..util.linalg import factor_metric, fitting_coefficients, whiten
+from ..linalg import factor_metric, fitting_coefficients, whiten
 from ..util.sparse import ScreenedThreeCenter
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks", "pair_energies",

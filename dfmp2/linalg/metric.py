@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ComputationError
+from ..util.errors import ComputationError
 
 log = logging.getLogger("dfmp2")
 
