@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..util.errors import ComputationError
 from .metric import CHOLESKY_PIVOT_RATIO, MetricFactor, factor_metric, fitting_coefficients, whiten  # noqa: F401
 
 BLOCK = 128  # potrf's block columns (the NKI kernels' partition tile)
@@ -48,8 +49,6 @@ def potrf(backend, a, block: int = BLOCK):
     right-looking (module docstring): the diagonal blocks on the host in fp64, the panels' trsm and
     the trailing updates' syrk on the backend, in its precision. -> L [n, n] host fp64 numpy.
     ComputationError where a diagonal block is not positive definite."""
-    from ..util.errors import ComputationError
-
     n = a.shape[0]
     lower = np.zeros((n, n))
     trailing = backend.to_device(np.ascontiguousarray(a[block:, block:])) if n > block else None

@@ -13,14 +13,5 @@ element e of a stream of 32-bit words lies in block e // 4, word e % 4.
 
 from __future__ import annotations
 
-import os
-
+from .device import nki_philox_file, nki_random_words  # noqa: F401
 from .philox import normal, philox4x32, random_words, stream_key, uniform  # noqa: F401
-
-
-def nki_philox_file() -> str:
-    """The path of the NKI generator's source (loaded with or without the real `nki`)."""
-    return os.path.join(os.path.dirname(__file__), "nki_philox.py")
-
-
-from .device import nki_random_words  # noqa: E402,F401  (it needs nki_philox_file)

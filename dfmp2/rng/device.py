@@ -3,12 +3,18 @@ launcher (kernels.nki_launch), the same bits as the host's `philox.random_words`
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from . import nki_philox_file
 from .philox import random_words
 
 KERNEL = "philox_kernel"
+
+
+def nki_philox_file() -> str:
+    """The path of the NKI generator's source (loaded with or without the real `nki`)."""
+    return os.path.join(os.path.dirname(__file__), "nki_philox.py")
 
 
 def reference_words(grid, first, stream, key0, key1, blocks, tiles):
