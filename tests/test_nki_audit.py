@@ -806,6 +806,9 @@ def test_bitvec_words_from_2_24_are_exact_only_on_gpsimd(target, api, exact):
         assert (int_kernel(small, zero, nl.bitwise_and, 255, None) == (small & 255)).all()
         assert (int_kernel(small, zero, nl.right_shift, 8, None) == (small >> 8)).all()
         assert (int_kernel(small, zero + 5, nl.bitwise_or, "tile", None) == (small | 5)).all()
+        negative = np.full((P, 4), -5, dtype=np.int32)  # small in magnitude: exact as signed values
+        assert (int_kernel(negative, zero, nl.bitwise_or, "tile", None) == -5).all()
+        assert (int_kernel(negative, zero, nl.bitwise_and, -1, None) == -5).all()
 
 
 def test_bitvec_rules_are_enforced():
@@ -868,6 +871,15 @@ def float_to_int32_kernel(x):
     return out
 
 
+@nki.jit
+def memset_int32_kernel(value):
+    out = nl.ndarray((P, 4), dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 4), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=value)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
 @pytest.mark.parametrize("target, api", [("trn1", "0.2"), ("trn2", "0.6"), ("trn3", "0.7")])
 def test_float_to_integer_casts_round_to_nearest_even_and_saturate(target, api):
     """C5 (0.6 release notes: fp32 -> integer casts round to nearest, ties to even, and saturate, as
@@ -876,4 +888,6 @@ def test_float_to_integer_casts_round_to_nearest_even_and_saturate(target, api):
     x = np.tile(values, (P, 1))
     with nki.target(target, api=api):
         out = float_to_int32_kernel(x)
+        if api == "0.2":  # (0.3+ refuses a float memset value into an integer tile, M4)
+            assert (memset_int32_kernel(2.7) == 3).all() and (memset_int32_kernel(3e9) == 2 ** 31 - 1).all()
     assert np.array_equal(out[0], [2, 4, -2, 1, -2, 2 ** 31 - 1, -2 ** 31, 0])

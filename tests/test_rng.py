@@ -90,10 +90,25 @@ def test_the_nki_generators_words_are_the_hosts(monkeypatch, target, api, lnc):
         assert backend.lnc == lnc
         words = nki_random_words(backend, seed, stream, start, count, max_blocks=2, max_tiles=2)
         assert words.dtype == np.uint32 and np.array_equal(words, random_words(seed, stream, start, count))
-        assert backend.launcher.specializations["philox_kernel"]
+        assert len(backend.launcher.specializations["philox_kernel"]) == 1  # the counter is a run-time input
         launches = -(-((start + count - 1) // 4 - start // 4 + 1) // (128 * 2 * 2 * lnc))
         assert backend.ledger.calls["philox_kernel"] == launches
         assert backend.ledger.model_costs_by_step[target]["philox_kernel"]["seconds"] > 0  # (a MODEL)
     model = get_backend(target, simulate=True, model_only=True, nki_api=api)
     for _ in range(2):  # the second launch of the same specialization: by host reference
         assert np.array_equal(nki_random_words(model, 3, 2, 0, 1024, max_blocks=2, max_tiles=2), random_words(3, 2, 0, 1024))
+
+
+def test_the_nki_generator_refuses_what_its_counters_cannot_hold():
+    """max_tiles and max_blocks within the kernel's limits (128 T F below 2^24 keeps iota's offsets
+    exact), seeds below 2^64 and streams below 2^32: a clear error, not wrong words."""
+    from dfmp2.kernels import get_backend
+
+    backend = get_backend("trn2", simulate=True, nki_api="0.6")
+    for kwargs, message in (({"max_tiles": 65}, "max_tiles must be between 1 and 64"),
+                            ({"max_blocks": 0}, "max_blocks must be between 1 and 512"),
+                            ({"seed": 2 ** 64}, "seed"), ({"stream": 2 ** 32}, "stream")):
+        args = {"seed": 1, "stream": 0, **kwargs}
+        limits = {k: v for k, v in kwargs.items() if k.startswith("max_")}
+        with pytest.raises(ValueError, match=message):
+            nki_random_words(backend, args["seed"], args["stream"], 0, 8, **limits)

@@ -95,9 +95,9 @@ def pad_on_host(tensor: torch.Tensor, shape) -> torch.Tensor:
 
 
 def _kernel_array(tensor: torch.Tensor) -> np.ndarray:
-    """A kernel argument as numpy: int8 stays int8, everything else fp32."""
+    """A kernel argument as numpy: int8 and int32 keep their dtype, everything else fp32."""
     array = tensor.detach().cpu().numpy()
-    return np.ascontiguousarray(array, dtype=np.int8 if array.dtype == np.int8 else np.float32)
+    return np.ascontiguousarray(array, dtype=array.dtype if array.dtype in (np.int8, np.int32) else np.float32)
 
 
 class KernelLauncher:

@@ -169,25 +169,34 @@ def _bit_patterns(op, a: np.ndarray, b, exact: bool) -> np.ndarray:
     engines carry 32-bit types through fp32: the emulator takes that stricter reading, so that a
     kernel exact here is exact under both. exact=True: GpSimd's native integer arithmetic."""
     def pattern(x):
-        x = np.asarray(x)
-        if not exact:
-            x = x.astype(np.float32).astype(np.float64)
-        return x.astype(np.int64) & 0xFFFFFFFF
+        x = np.asarray(x).astype(np.int64)
+        return (x if exact else _through_fp32(x)) & 0xFFFFFFFF
 
     result = op(pattern(a), pattern(b)) & 0xFFFFFFFF
-    return result if exact else result.astype(np.float32).astype(np.int64)
+    return result if exact else _through_fp32(result) & 0xFFFFFFFF
+
+
+def _through_fp32(x: np.ndarray) -> np.ndarray:
+    """32-bit values (int64 holding a pattern or a signed value) as the engine carries them through
+    fp32: read as signed int32, rounded to fp32 (exact below 2^24 in magnitude), back to an int64
+    saturated to int32's range."""
+    signed = ((x & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+    rounded = signed.astype(np.float32).astype(np.float64)
+    return np.clip(rounded, -2 ** 31, 2 ** 31 - 1).astype(np.int64)
 
 
 def _pattern_into(dst: Tile, pattern: np.ndarray) -> np.ndarray:
-    """A 32-bit pattern (int64 in [0, 2^32)) as dst's dtype: the same bits in a 32-bit integer tile,
-    else the value saturated to dst's range."""
-    if dst.dtype in (nl.int32, nl.uint32):
-        return pattern.astype(np.uint32).view(np.int32).astype(dst.dtype) if dst.dtype == nl.int32 \
-            else pattern.astype(np.uint32)
-    if dst.dtype.kind in "iu":
-        info = np.iinfo(dst.dtype)
-        return np.clip(pattern, info.min, info.max).astype(dst.dtype)
-    return pattern.astype(np.float32)
+    """A 32-bit pattern (int64 in [0, 2^32)) as dst's integer dtype: the same bits in a 32-bit tile;
+    in a narrower one the value (read as signed int32 for a signed dst, as unsigned for an unsigned
+    one) saturated to its range."""
+    pattern = pattern & 0xFFFFFFFF
+    if dst.dtype == nl.uint32:
+        return pattern.astype(np.uint32)
+    signed = (pattern ^ 0x80000000) - 0x80000000
+    if dst.dtype == nl.int32:
+        return signed.astype(np.int32)
+    info = np.iinfo(dst.dtype)
+    return np.clip(signed if dst.dtype.kind == "i" else pattern, info.min, info.max).astype(dst.dtype)
 
 
 def _on_chip(tile: Tile, what: str, allowed=("sbuf", "psum")) -> None:
@@ -363,7 +372,9 @@ def memset(dst, value, engine=None, name=None):
             raise NkiConstraintError(
                 f"{what}: under nki {run.api} the memset value must match the tile dtype {dst.dtype} "
                 f"(got {type(value).__name__})" + _at(run, "M4"))
-    _write(dst, np.full(dst.shape, value, dtype=dst.data.dtype), what)
+    # a float value into an integer tile: rounded and saturated as every cast into one (`_to_integer`)
+    float_into_int = isinstance(value, (float, np.floating)) and dst.dtype.kind in "iu"
+    _write(dst, np.full(dst.shape, value, dtype=np.float32 if float_into_int else dst.data.dtype), what)
     _vector(dst, what, eng)
 
 
@@ -703,6 +714,9 @@ def _bitvec_scalar(dst, data, ops, eng, what) -> None:
     if dst.dtype.kind not in "iu" or data.dtype.kind not in "iu":
         raise NkiConstraintError(f"{what}: bitvec operators need integer tiles, got {data.dtype} -> {dst.dtype}"
                                  + _at(run, "TS6"))
+    if ops[1][0] is None and ops[1][1] is not None:
+        raise NkiConstraintError(f"{what}: operand1 given without op1 (both must be None when unused)"
+                                 + _at(run, "TS5"))
     _on_chip(dst, what)
     _on_chip(data, what)
     _same_layout(dst, data, what, "TS2")
