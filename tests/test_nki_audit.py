@@ -611,14 +611,15 @@ def test_vector_only_instructions_take_no_engine(instruction):
 
 # ---- casts through float32 and bfloat16 -------------------------------------------------------------
 @nki.jit
-def cast_kernel(x, mid_dtype, engine):
-    """x (fp32 or int) -> SBUF of x's dtype -> SBUF of mid_dtype (tensor_copy on `engine`) -> fp32 out."""
-    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+def cast_kernel(x, mid_dtype, engine, out_dtype=nl.float32):
+    """x (fp32 or int) -> SBUF of x's dtype -> SBUF of mid_dtype (tensor_copy on `engine`) -> out
+    (out_dtype)."""
+    out = nl.ndarray(x.shape, dtype=out_dtype, buffer=nl.shared_hbm)
     a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=a, src=x)
     mid = nl.ndarray(x.shape, dtype=mid_dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=mid, src=a, engine=engine)
-    back = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    back = nl.ndarray(x.shape, dtype=out_dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=back, src=mid, engine=engine)
     nisa.dma_copy(dst=out, src=back)
     return out
@@ -861,17 +862,6 @@ def test_iota_values_and_rules():
 
 
 @nki.jit
-def float_to_int32_kernel(x):
-    out = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.shared_hbm)
-    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
-    u = nl.ndarray(x.shape, dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x)
-    nisa.tensor_copy(dst=u, src=t)
-    nisa.dma_copy(dst=out, src=u)
-    return out
-
-
-@nki.jit
 def memset_int32_kernel(value):
     out = nl.ndarray((P, 4), dtype=nl.int32, buffer=nl.shared_hbm)
     t = nl.ndarray((P, 4), dtype=nl.int32, buffer=nl.sbuf)
@@ -887,7 +877,7 @@ def test_float_to_integer_casts_round_to_nearest_even_and_saturate(target, api):
     values = np.array([2.5, 3.5, -2.5, 1.4, -1.6, 3e9, -3e9, 0.5], dtype=np.float32)
     x = np.tile(values, (P, 1))
     with nki.target(target, api=api):
-        out = float_to_int32_kernel(x)
+        out = cast_kernel(x, nl.int32, None, nl.int32)
         if api == "0.2":  # (0.3+ refuses a float memset value into an integer tile, M4)
             assert (memset_int32_kernel(2.7) == 3).all() and (memset_int32_kernel(3e9) == 2 ** 31 - 1).all()
     assert np.array_equal(out[0], [2, 4, -2, 1, -2, 2 ** 31 - 1, -2 ** 31, 0])

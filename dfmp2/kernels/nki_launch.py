@@ -44,25 +44,25 @@ def load_kernels(simulate: bool):
 def load_kernel_file(path: str, name: str, simulate: bool = True):
     """The NKI kernel module at `path` loaded as `name`: with dfmp2's emulator standing in for the
     `nki` modules (simulate; restored afterwards), else with the real Neuron SDK."""
-    if not simulate:
+    def load():
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
+
+    if not simulate:
+        return load()
     standing_in = ("nki", "nki.language", "nki.isa")
     saved = {module_name: sys.modules.get(module_name) for module_name in standing_in}
     sys.modules.update({"nki": emulator, "nki.language": emulator.language, "nki.isa": emulator.isa})
     try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        return load()
     finally:
         for module_name, module_before in saved.items():
             if module_before is None:
                 sys.modules.pop(module_name, None)
             else:
                 sys.modules[module_name] = module_before
-    return module
 
 
 # ---- shapes of launches -------------------------------------------------------------------------

@@ -176,13 +176,16 @@ def _bit_patterns(op, a: np.ndarray, b, exact: bool) -> np.ndarray:
     return result if exact else _through_fp32(result) & 0xFFFFFFFF
 
 
+def _signed32(x: np.ndarray) -> np.ndarray:
+    """32-bit patterns (int64) read as signed int32 values (int64)."""
+    return ((x & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
 def _through_fp32(x: np.ndarray) -> np.ndarray:
     """32-bit values (int64 holding a pattern or a signed value) as the engine carries them through
     fp32: read as signed int32, rounded to fp32 (exact below 2^24 in magnitude), back to an int64
-    saturated to int32's range."""
-    signed = ((x & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
-    rounded = signed.astype(np.float32).astype(np.float64)
-    return np.clip(rounded, -2 ** 31, 2 ** 31 - 1).astype(np.int64)
+    saturated to int32's range (`_to_integer`)."""
+    return _to_integer(_signed32(x).astype(np.float32), np.int32).astype(np.int64)
 
 
 def _pattern_into(dst: Tile, pattern: np.ndarray) -> np.ndarray:
@@ -192,7 +195,7 @@ def _pattern_into(dst: Tile, pattern: np.ndarray) -> np.ndarray:
     pattern = pattern & 0xFFFFFFFF
     if dst.dtype == nl.uint32:
         return pattern.astype(np.uint32)
-    signed = (pattern ^ 0x80000000) - 0x80000000
+    signed = _signed32(pattern)
     if dst.dtype == nl.int32:
         return signed.astype(np.int32)
     info = np.iinfo(dst.dtype)
@@ -763,7 +766,7 @@ def iota(dst, pattern, offset=_NOT_GIVEN, channel_multiplier=0, name=None):
         values = (values[:, :, None] + step * np.arange(num, dtype=np.int64)[None, None, :]).reshape(dst.shape[0], -1)
     pattern32 = values & 0xFFFFFFFF  # 32-bit integer arithmetic
     _write(dst, _pattern_into(dst, pattern32) if dst.dtype.kind in "iu" else
-           pattern32.astype(np.uint32).view(np.int32).astype(np.float32), what)
+           _signed32(pattern32).astype(np.float32), what)
     _vector(dst, what, "gpsimd")
 
 
