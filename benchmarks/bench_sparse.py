@@ -50,7 +50,7 @@ def transform_step(backend, integrals, nocc, max_memory):
     """Seconds of (integrals, transform) over the plan's auxiliary blocks; orbitals orthonormal."""
     from dfmp2.run.memory import plan_for
     from dfmp2.mp2.steps import transform_to_mo
-    from dfmp2.util.sparse import ScreenedThreeCenter
+    from dfmp2.sparse import ScreenedThreeCenter
 
     nao = integrals.nao
     plan = plan_for(backend, integrals, [(nocc, nao - nocc)], max_memory)
@@ -95,7 +95,7 @@ def scf_step(backend, jk, nocc, max_memory):
 def measure(kind, n, mode, args):
     from dfmp2 import chem
     from dfmp2.kernels import get_backend
-    from dfmp2.util.sparse import screen_integrals
+    from dfmp2.sparse import screen_integrals
 
     mol = molecule(kind, n, args.basis)
     backend = get_backend("cpu", "fp64")

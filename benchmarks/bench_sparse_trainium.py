@@ -103,7 +103,7 @@ def run_molecule(kind, n, basis, transforms):
     from dfmp2.kernels import get_backend
     from dfmp2.kernels.nki_sparse import TileMap
     from dfmp2.run.memory import plan_for
-    from dfmp2.util.sparse import SCREENING_DEFAULT, screen_integrals
+    from dfmp2.sparse import SCREENING_DEFAULT, screen_integrals
 
     mol = molecule(kind, n, basis)
     nocc = mol.nelectron // 2

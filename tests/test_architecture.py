@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dfmp2"
 
 # the layers, lowest first: a module imports from its own layer or a lower one, never a higher.
 # mp2 sits above chem (the gradient and the response use the CPHF and the derivative integrals).
-LAYERS = ["util", "kernels", "linalg", "rng", "run", "chem", "mp2", "api", "app"]
+LAYERS = ["util", "kernels", "linalg", "sparse", "rng", "run", "chem", "mp2", "api", "app"]
 # the package's face (`import dfmp2`, `python -m dfmp2`, `dfmp2.native`, `dfmp2.ase`): above every layer
 FACE = {"__init__", "__main__", "native", "ase"}
 # where PySCF may be imported

@@ -264,6 +264,25 @@ def test_pair_energy_splits_over_both_cores_of_a_trn2_logical_core():
     assert 0.45 < two / one < 0.62
 
 
+@pytest.mark.parametrize("operation", ["gemm", "syrk"])
+def test_gemm_and_syrk_split_their_row_tiles_over_both_cores(operation):
+    """gemm and syrk, like trsm and the MP2 kernels, take their row tiles p, p + 2, ... on program p
+    of an LNC=2 launch: the same result as one core's, and the modelled device time near half."""
+    rng = np.random.default_rng(12)
+    a, b = f32(rng.standard_normal((1024, 256))), f32(rng.standard_normal((256, 512)))
+    c = f32(rng.standard_normal((1024, 1024)))
+
+    def call(backend):
+        return backend.gemm(a, b) if operation == "gemm" else backend.syrk(c, a)
+
+    split = NkiBackend("trn2", simulate=True, nki_api="0.6")
+    single = NkiBackend("trn2", simulate=True, nki_api="0.6", lnc=1)
+    lower = np.tril_indices(1024) if operation == "syrk" else np.indices((1024, 512)).reshape(2, -1)
+    assert np.array_equal(call(split).numpy()[lower], call(single).numpy()[lower])
+    two, one = (be.modelled()["trn2"]["breakdown"]["device"] for be in (split, single))
+    assert 0.45 < two / one < 0.7
+
+
 @pytest.mark.parametrize("target, api", ALL_PAIRS)
 def test_every_kernel_under_every_release_pair(target, api):
     """gemm, syrk, trsm, ao2mo and pair energy at one ragged size under each (target, nki) pair."""

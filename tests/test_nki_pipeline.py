@@ -6,6 +6,7 @@ import os
 import types
 
 import pytest
+import torch
 
 from conftest import ROOT, converged_rhf
 from dfmp2 import DFMP2, ComputationError, InputError
@@ -235,7 +236,8 @@ def test_trn2_compiles_every_kernel_at_one_lnc_degree(monkeypatch, api, variable
 
 @pytest.mark.parametrize("api, variable, message", [
     ("0.7", "2", r"^NEURON_LOGICAL_NC_CONFIG=2 with nki 0\.7 \(Neuron SDK 2\.33\): its compiler wants every kernel "
-                 r"at one LNC degree \(EVRF066\) and dfmp2's kernels run at LNC=1 under it"),
+                 r"at one LNC degree \(EVRF066\) and this run launches kernels with no two-program form, so its "
+                 r"kernels run at LNC=1"),
     ("0.6", "4", r"^NEURON_LOGICAL_NC_CONFIG='4': the Neuron SDK supports an LNC degree of 1 or 2$"),
 ])
 def test_an_lnc_setting_the_run_cannot_honour_is_refused(monkeypatch, api, variable, message):
@@ -244,6 +246,49 @@ def test_an_lnc_setting_the_run_cannot_honour_is_refused(monkeypatch, api, varia
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", variable)
     with pytest.raises(InputError, match=message):
         get_backend("trn2", simulate=True, nki_api=api)
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+@pytest.mark.parametrize("variable", [None, "2", "1"])
+def test_nki_0_7_keeps_lnc_2_for_a_run_whose_kernels_all_split(monkeypatch, target, variable):
+    """Under nki 0.7 a run that launches only kernels with a two-program form (an MP2 energy from given
+    orbitals: `dfmp2 bench`'s synthetic shapes) keeps neuronx-cc's LNC=2 unless NEURON_LOGICAL_NC_CONFIG=1
+    says otherwise: every launch spans both cores, the emulator's L14 accepts each, and the energy is
+    the CPU's; the record says the degree."""
+    from dfmp2.app.bench import run_bench
+    from dfmp2.kernels.nki_launch import KernelLauncher
+
+    if variable is None:
+        monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", variable)
+    grids, launch = set(), KernelLauncher.launch
+
+    def launch_and_note_grid(self, kernel_name, arrays, useful_flops, host_bytes, grid=1, prefetched=False):
+        grids.add((kernel_name, grid))
+        return launch(self, kernel_name, arrays, useful_flops, host_bytes, grid, prefetched)
+
+    monkeypatch.setattr(KernelLauncher, "launch", launch_and_note_grid)
+    lnc = 1 if variable == "1" else 2
+    trn = run_bench(96, 12, 256, repeat=0, device=target, simulate=True, nki_api="0.7")
+    cpu = run_bench(96, 12, 256, repeat=0, precision="fp64")
+    assert abs(trn["e_corr"] - cpu["e_corr"]) < FP32_TOL
+    assert trn["lnc"] == lnc and trn["nki_api"] == "0.7"
+    assert grids == {(k, lnc) for k in ("trsm_kernel", "ao2mo_kernel", "pair_energy_kernel")}
+
+
+def test_a_kernel_launched_off_the_runs_lnc_degree_is_refused_before_it_runs():
+    """A run compiled at LNC=2 under nki 0.7 that launches a single-program kernel (a wrong declaration
+    of its kernels) stops with one line naming the kernel, before the emulator or neuronx-cc sees it."""
+    from dfmp2.kernels import get_backend
+
+    backend = get_backend("trn2", simulate=True, nki_api="0.7", kernels=("gemm_kernel",))
+    assert backend.lnc == 2
+    x = torch.ones((128, 128), dtype=torch.float32)
+    with pytest.raises(ComputationError, match=r"^exact_matmul_kernel launched on 1 core\(s\) in a run compiled at "
+                                               r"LNC=2: nki 0\.7 \(Neuron SDK 2\.33\) wants every kernel at one LNC"):
+        backend.launcher.launch("exact_matmul_kernel", (x, x), 0, 0)
+    assert "exact_matmul_kernel" not in backend.calls
 
 
 def test_trn1_refuses_lnc_2(monkeypatch):

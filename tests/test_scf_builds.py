@@ -516,7 +516,7 @@ def test_exchange_of_one_density_takes_its_symmetric_product(monkeypatch):
     density, signed weights) from the symmetric product (its size floor lowered to these small
     molecules): K and J equal PySCF's DF J and K to 1e-10."""
     from dfmp2.kernels import torch_products, torch_backend, torch_sparse
-    from dfmp2.util.sparse import screen_integrals
+    from dfmp2.sparse import screen_integrals
     from test_sparse import TORCH_SCREENS, water_chain
 
     calls = []

@@ -1,4 +1,4 @@
-"""The sparse layer (dfmp2.util.sparse): Schwarz-screened block-sparse (mn|P) against PySCF's dense
+"""The sparse layer (dfmp2.sparse): Schwarz-screened block-sparse (mn|P) against PySCF's dense
 integrals, the screened MP2 transform and SCF builds against the dense ones and against PySCF,
 energies within 1e-8 Eh of the dense run, the --screening setting, its record and refusals."""
 
@@ -20,7 +20,7 @@ from dfmp2.util.errors import InputError
 from dfmp2.kernels import device_screens, get_backend
 from dfmp2.kernels.nki_sparse import TileMap
 from dfmp2.chem.jk import FittedCoulombExchange, whiten_fitted_integrals
-from dfmp2.util.sparse import LowerPanels, ScreenedThreeCenter, parse_screening, screen_integrals
+from dfmp2.sparse import LowerPanels, ScreenedThreeCenter, parse_screening, screen_integrals
 
 TORCH_SCREENS = frozenset({"mp2", "scf"})  # the steps the torch backend (cpu, cuda) screens
 
@@ -135,9 +135,9 @@ def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_p
     DF J and K, the converged energy is the in-memory screened one to 1e-10 Eh, B is read once per
     build and the scratch goes with the builds."""
     import dfmp2.kernels.torch_fitted as fitted
-    import dfmp2.kernels.torch_screened as screened_store
+    import dfmp2.sparse.scf_store as screened_store
     import dfmp2.chem.jk as jk_module
-    from dfmp2.util.sparse.tensor import LowerPanels as Panels
+    from dfmp2.sparse.formats import LowerPanels as Panels
 
     mol = gto.M(atom=water_chain(4), basis="cc-pvdz", verbose=0)
     reference = scf.RHF(mol).density_fit(auxbasis=chem.fitting_basis(mol, False).basis)
@@ -345,3 +345,40 @@ def test_published_reference_set_screened_at_the_default_threshold(case):
     result = run_mean_field(mf, auxbasis=case["auxbasis"], frozen=case["frozen"] or None, screening="1e-10")
     assert result.screening["mp2"]["used"] and result.screening["mp2"]["threshold"] == 1e-10
     assert abs(result.e_corr - case["e_corr"]) < 1e-8
+
+
+def test_the_block_sparse_product_is_the_dense_product_over_the_kept_blocks():
+    """sparse.block_sparse_product (the SCF's half transforms) and sparse.ao2mo (the MP2 transform) on
+    a banded pattern with ragged blocks: numpy's dense products of the same (mn|P), zero outside the
+    kept blocks, to 1e-13 of the largest element; the synthetic (mn|P) is symmetric in m, n."""
+    from dfmp2.sparse import ao2mo, banded_pattern, block_sparse_product, random_screened
+
+    pattern = banded_pattern(300, 64, 1)  # 5 blocks, the last 44 wide
+    assert len(pattern.pairs) == 9 and pattern.stored_elements < 300**2
+    screened = random_screened(pattern, 7, seed=3)
+    dense = screened.dense()
+    assert np.array_equal(dense, dense.transpose(0, 2, 1))
+    assert not dense[:, :64, 128:].any()  # blocks two apart are dropped
+    rng = np.random.default_rng(4)
+    factor, c_vir = rng.standard_normal((300, 9)), rng.standard_normal((300, 291))
+    backend = get_backend("cpu", "fp64")
+    on_device = screened.on_device(backend)
+    x = block_sparse_product(backend, on_device, torch.from_numpy(factor)).numpy()
+    mo = ao2mo(backend, on_device, torch.from_numpy(factor), torch.from_numpy(c_vir)).numpy()
+    for value, reference in ((x, np.einsum("pmn,nr->mpr", dense, factor)),
+                             (mo, np.einsum("pmn,mi,na->iap", dense, factor, c_vir))):
+        assert np.abs(value - reference).max() < 1e-13 * np.abs(reference).max()
+
+
+def test_a_backend_without_screened_scf_builds_refuses_them_in_one_line():
+    """The NKI backend screens the MP2 transform only: the sparse layer's SCF store and half transform
+    refuse it by name rather than running something else."""
+    from dfmp2.sparse import banded_pattern, block_sparse_product, fitted_store, random_screened
+
+    backend = get_backend("trn2", simulate=True)
+    screened = random_screened(banded_pattern(256, 128, 0), 2)
+    with pytest.raises(ValueError, match=r"^block_sparse_product: the nki backend has no block-sparse half"):
+        block_sparse_product(backend, screened, torch.ones((256, 3)))
+    lower = LowerPanels(screened.pattern, [p[:, :, -128:] for p in screened.panels])
+    with pytest.raises(ValueError, match=r"^fitted_store: the nki backend has no screened SCF builds"):
+        fitted_store(backend, lower, 256, ["fp32"], lambda: 10**9)

@@ -26,7 +26,7 @@ from ..run.settings import Settings, settings_from
 from ..util.cpu_config import check_environment
 from ..util.errors import InputError, MemoryBudgetError, option
 from ..util.scratch import scratch_prefix
-from ..util.sparse import screen_integrals
+from ..sparse import screen_integrals
 from ..util.system_memory import MB, peak_resident_bytes
 from .result import DFMP2Result
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..api.result import MODEL_NOTE, memory_record, model_record
-from ..kernels import TRAINIUM, backend_for, get_backend
+from ..kernels import MP2_ENERGY_KERNELS, TRAINIUM, backend_for, get_backend
 from ..mp2.pipeline import dfmp2_energy
 from ..run.context import RunContext, Timer
 from ..run.memory import plan_for
@@ -89,13 +89,13 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
         raise InputError(f"{option('repeat')} must be between 0 and {MAX_REPEAT}, got {repeat}")
     if not 0 <= seed < 2**64:
         raise InputError(f"--seed must be in 0 .. 2^64 - 1 (the Philox key), got {seed}")
-    first = backend_for(settings)  # fail fast
+    first = backend_for(settings, MP2_ENERGY_KERNELS)  # fail fast
     # the budget is checked before anything of the problem's size is made
     plan_for(first, SyntheticIntegrals(nbasis, nocc, naux, seed), [(nocc, nbasis - nocc)], settings.max_memory)
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
     passes, last = [], None  # each pass's (seconds, timings, e_corr), cold first; the last pass's (result, backend)
     for n in range(repeat + 1):
-        backend = first if n == 0 else backend_for(settings)
+        backend = first if n == 0 else backend_for(settings, MP2_ENERGY_KERNELS)
         context = RunContext(progress=progress)  # each pass its own timer
         problem = SyntheticIntegrals(nbasis, nocc, naux, seed, made_on)
         last = None  # (the previous pass's result and backend, with its arrays and trace, go first)
@@ -173,7 +173,11 @@ def bench_record(problem, rank, passes, last, settings) -> dict:
     return record
 
 
-KERNELS = ("gemm", "syrk", "trsm", "potrf", "ao2mo", "pair_energy", "rng")
+KERNELS = ("gemm", "syrk", "trsm", "potrf", "ao2mo", "spmm", "pair_energy", "rng")
+# the NKI kernels each --kernel call launches (its LNC degree under nki 0.7: kernels.get_backend)
+KERNEL_LAUNCHES = {"gemm": ("gemm_kernel",), "syrk": ("syrk_kernel",), "trsm": ("trsm_kernel",),
+                   "potrf": ("trsm_kernel", "syrk_kernel"), "ao2mo": ("ao2mo_kernel",), "spmm": ("ao2mo_kernel",),
+                   "pair_energy": ("pair_energy_kernel",), "rng": ("philox_kernel",)}
 # warm per-call times a sibling library measured on trn1.2xlarge (neuronx-cc 2.24) for ITS kernels
 # of these shapes: gemm calibrates the model (launch, host transfer); trsm is a check only
 PUBLISHED_TRN1_MS = {("gemm", 512): 1.3, ("gemm", 1024): 2.3, ("trsm", 1024): 18.72}
@@ -185,6 +189,8 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
     gemm: N x N x N.  syrk: C [N, N] - P P^T with a 128-wide panel (one Cholesky step).
     trsm: B = X L^-T with X [N, N], L [N, N] (whitening of N rows over N auxiliary functions).
     ao2mo: 32 auxiliary functions, nao N, nocc N/8, nvir N - N/8.
+    spmm: the sparse layer's block-sparse product in the MP2 transform (sparse.ao2mo): ao2mo's
+    problem with (mn|P) kept on the 128-function pair blocks |M - N| <= 1 only (a chain's pattern).
     pair_energy: one block of 4 x 4 occupied pairs, nvir N, naux 3N.
     potrf: the blocked Cholesky of an N x N metric-like matrix (linalg.potrf: host fp64 diagonal
     blocks, the device's trsm and syrk; every launch of it).
@@ -215,6 +221,14 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
         ints, c_occ, c_vir = f32(32, n, n), f32(n, nocc), f32(n, n - nocc)
         ints = (ints + ints.transpose(1, 2)) / 2
         return f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}", lambda be: be.ao2mo(ints, c_occ, c_vir)
+    if kernel == "spmm":
+        from ..sparse import ao2mo as screened_ao2mo, banded_pattern, random_screened
+
+        nocc, pattern = max(1, n // 8), banded_pattern(n, 128, 1)
+        screened, c_occ, c_vir = random_screened(pattern, 32, seed), f32(n, nocc), f32(n, n - nocc)
+        kept = pattern.stored_elements / n**2
+        return (f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}; (mn|P) kept on 128-blocks |M - N| <= 1 "
+                f"({kept:.2f} of it)", lambda be: screened_ao2mo(be, screened, c_occ, c_vir))
     if kernel == "pair_energy":
         b_i, b_j = f32(4, n, 3 * n), f32(4, n, 3 * n)
         e_occ = -torch.rand(4, generator=torch.Generator().manual_seed(seed)) - 1.0
@@ -246,7 +260,7 @@ def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: boo
     import torch
 
     description, call = kernel_problem(kernel, size, seed)
-    backend = get_backend(device, "fp32", simulate=True, nki_api=nki_api)
+    backend = get_backend(device, "fp32", simulate=True, nki_api=nki_api, kernels=KERNEL_LAUNCHES[kernel])
     out = call(backend)
     if isinstance(out, torch.Tensor):  # the result comes back to the host, as in the calibration runs
         backend.to_host(out)

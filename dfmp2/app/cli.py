@@ -197,7 +197,7 @@ cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__d
 @click.option("--naux", type=int, default=None, help="Auxiliary functions (instead of --shape).")
 @click.option("--seed", type=click.IntRange(0, SEED_MAX), default=0, show_default=True,
               help="Philox seed of the synthetic problem (0 to 2^64 - 1).")
-@click.option("--kernel", default=None, metavar="gemm|syrk|trsm|potrf|ao2mo|pair_energy|rng",
+@click.option("--kernel", default=None, metavar="gemm|syrk|trsm|potrf|ao2mo|spmm|pair_energy|rng",
               help="Instead of the pipeline: the MODELLED warm time of one NKI kernel call at --size "
                    "(with --device trn1|trn2|trn3 --simulate).")
 @click.option("--size", type=int, default=None, help="With --kernel: the problem size N.")

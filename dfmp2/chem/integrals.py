@@ -89,11 +89,11 @@ class ThreeCenterIntegrals:
         pair blocks, each once, over every auxiliary function (`screened_lower`)."""
         return ThreeCenterIntegrals.packed(self) if self.screening is None else self.screened_lower(0, self.naux)
 
-    # ---- screening (dfmp2.util.sparse) ------------------------------------------------------
+    # ---- screening (dfmp2.sparse) ------------------------------------------------------
     def screened_pattern(self, threshold, block_functions):
         """The pair blocks a Schwarz screening at `threshold` keeps (`sparse.ScreenedPattern`):
         q_mn = sqrt(max |(mn|mn)|) per shell pair, s = max_P sqrt((P|P)), blocks of whole atoms."""
-        from ..util.sparse import screen_pair_blocks
+        from ..sparse import screen_pair_blocks
 
         aux_bound = math.sqrt(float(np.max(np.abs(np.diag(self.metric())))))
         atom_shells = [(int(a[0]), int(a[1])) for a in self.mol.aoslice_by_atom()]
@@ -108,7 +108,7 @@ class ThreeCenterIntegrals:
     def screened_lower(self, p0: int, p1: int):
         """(mn|P) for P in [p0, p1) on the kept pair blocks (M, N), N <= M, of self.screening
         (a `sparse.LowerPanels`, host fp64): each computed once by libcint."""
-        from ..util.sparse import LowerPanels
+        from ..sparse import LowerPanels
 
         shell0, shell1 = self._aux_shells(p0, p1)
         if self._tiles is None:  # libcint's set-up once (~20 ms for a 500-function molecule)

@@ -30,7 +30,7 @@ from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError, option
 from ..linalg import factor_metric, whiten
 from ..util.scratch import RowFile
-from ..util.sparse import LowerPanels
+from ..sparse import LowerPanels
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
 
 SCF_BACKENDS = ("device", "pyscf")  # device: these builds on the run's backend; pyscf: PySCF's own
@@ -262,8 +262,10 @@ class FittedCoulombExchange:
         self.record.whitening_seconds = whitening.seconds
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
+        from ..sparse import fitted_store  # loads torch (not needed before the store)
+
         with Timer().lap() as storing:
-            store = backend.fitted_store(rows, nao, kinds, self._free_bytes, **on_disk)
+            store = fitted_store(backend, rows, nao, kinds, self._free_bytes, **on_disk)
             del rows
             release_freed_memory()
         self.record.store_seconds = storing.seconds

@@ -30,6 +30,9 @@ TRANSFORMS = ("exact", "fp32")
 # PySCF drop-in) keep default_precision.
 COMMAND_PRECISION = "fp32"
 TRAINIUM = ("trn1", "trn2", "trn3")
+# the NKI kernels an MP2 energy from given orbitals launches (no SCF, densities or gradients): the
+# whitening, the transform (dense or screened), the pair energies, and the eigen fallback's GEMM
+MP2_ENERGY_KERNELS = ("gemm_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel")
 
 
 def device_screens(device: str) -> frozenset:
@@ -39,11 +42,11 @@ def device_screens(device: str) -> frozenset:
     return frozenset({"mp2"}) if device in TRAINIUM else frozenset({"mp2", "scf"})
 
 
-def backend_for(settings):
+def backend_for(settings, kernels=None):
     """The backend a run's Settings ask for: their hardware group (device, precision, simulate,
-    model_only, nki_api, transform), as `get_backend` takes it."""
+    model_only, nki_api, transform), as `get_backend` takes it; kernels: as get_backend's."""
     return get_backend(settings.device, settings.precision, settings.simulate, settings.model_only,
-                       settings.nki_api, settings.transform, settings.warm_kernels)
+                       settings.nki_api, settings.transform, settings.warm_kernels, kernels)
 
 
 def default_precision(device: str) -> str:
@@ -64,7 +67,7 @@ def flush_subnormals_first() -> bool:
 
 def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False,
                 model_only: bool = False, nki_api: str | None = None, transform: str | None = None,
-                warm_kernels: bool = False):
+                warm_kernels: bool = False, kernels=None):
     """Backend for `device` in `precision` (None: the device's default).
 
     InputError for unknown names and impossible combinations; ComputationError if the device
@@ -75,7 +78,9 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     transform (Trainium): the AO->MO transform's arithmetic, "exact" (default: 7-bit slices, 1 uEh)
     or "fp32" (faster, 1e-7 to 1e-3 Eh off on real molecules); cpu and cuda transform in fp64.
     warm_kernels: kernels with a one-time load (a GPU's fused pair epilogue) whatever the run's
-    size (`dfmp2 bench`)."""
+    size (`dfmp2 bench`). kernels (Trainium): the NKI kernels the run may launch (None: any); under
+    nki 0.7 a run whose kernels all split over two programs keeps neuronx-cc's LNC degree
+    (nki_support.logical_core_degree), every other run compiles at LNC=1."""
     if device not in DEVICES:
         raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
     precision = precision or default_precision(device)
@@ -84,7 +89,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     if transform is not None and transform not in TRANSFORMS:
         raise InputError(f"unknown transform {transform!r} (use one of: {', '.join(TRANSFORMS)})")
     if device in TRAINIUM:
-        return _trainium_backend(device, precision, simulate, model_only, nki_api, transform)
+        return _trainium_backend(device, precision, simulate, model_only, nki_api, transform, kernels)
     if simulate or model_only or nki_api is not None:
         raise InputError(f"{option('simulate')}, {option('model_only')} and {option('nki_api')} apply to "
                          f"{', '.join(TRAINIUM)}, not to {device}")
@@ -99,7 +104,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     return TorchBackend(device, precision, warm_kernels=warm_kernels)
 
 
-def _trainium_backend(device, precision, simulate, model_only, nki_api, transform):
+def _trainium_backend(device, precision, simulate, model_only, nki_api, transform, kernels=None):
     """get_backend's Trainium case (trn1, trn2, trn3): the NKI backend on the Neuron SDK or (simulate) the emulator."""
     if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
         raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
@@ -124,7 +129,7 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
                 "same NKI kernels on dfmp2's emulator. Nothing was computed.")
     api = (nki_api or NEWEST_API[device]) if simulate else installed_nki_api()
     note = check_nki_support(device, api, installed=not simulate)
-    lnc = logical_core_degree(device, api, TARGETS[device].max_lnc)
+    lnc = logical_core_degree(device, api, TARGETS[device].max_lnc, kernels=kernels)
     from .nki_backend import NkiBackend
 
     return NkiBackend(device, simulate, model_only, nki_api, transform or "exact", lnc=lnc,

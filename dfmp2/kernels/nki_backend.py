@@ -231,7 +231,8 @@ class NkiBackend:
         n = b.shape[1]
         (kp, mp), (_, np_) = self.launcher.bucket("gemm_kernel", ((round_up(k, P), round_up(m, P)),
                                                                   (round_up(k, P), round_up_free(n))))
-        out = self._launch("gemm_kernel", (self._pad(a.T, (kp, mp)), self._pad(b, (kp, np_))), 2 * m * n * k)
+        out = self._launch("gemm_kernel", (self._pad(a.T, (kp, mp)), self._pad(b, (kp, np_))), 2 * m * n * k,
+                           grid=self.lnc)
         return out[:m, :n].to(self.device)
 
     def syrk(self, c, panel):
@@ -240,7 +241,7 @@ class NkiBackend:
         (np_, _), (wp, _) = self.launcher.bucket("syrk_kernel", ((round_up(n, FREE),) * 2,
                                                                  (round_up(w, P), round_up(n, FREE))))
         out = self._launch("syrk_kernel", (self._pad(c, (np_, np_)), self._pad(panel.T, (wp, np_))),
-                           n * (n + 1) * w)  # the lower triangle of panel panel^T
+                           n * (n + 1) * w, grid=self.lnc)  # the lower triangle of panel panel^T
         return out[:n, :n].to(self.device)
 
     def cholesky(self, metric):

@@ -22,8 +22,9 @@ Conventions for every kernel:
   - gemm and syrk take tile multiples (the backend pads and buckets their calls); trsm, ao2mo,
     pair energies and density take any shapes (ragged last tiles; the backend pads ao2mo's
     auxiliary count only, to one size per run);
-  - SPMD: trsm and pair energies split their rows over the programs of a launch grid
-    (`nl.program_id`; on trn2/trn3 the two physical cores of a logical NeuronCore, LNC=2).
+  - SPMD: gemm, syrk, trsm, ao2mo and pair energies split their work over the programs of a
+    launch grid (`nl.program_id`; on trn2/trn3 the two physical cores of a logical NeuronCore,
+    LNC=2; nki_support.TWO_PROGRAM_KERNELS); the others run as one program.
 """
 
 import nki
@@ -48,17 +49,20 @@ def gemm_kernel(a_t, b):
     Tiles: K on partitions in 128s (contraction), M in 128s (stationary), N in FN = min(N, 512)
     (moving, one PSUM bank). The B panel of one N chunk is loaded once and kept in SBUF while
     every M tile passes (A is read once per N chunk: N / 512 times in all).
+    SPMD: program p of n takes the M tiles p, p + n, ... (each loads the B panels).
     Shapes: K, M multiples of 128; N a multiple of 128 up to 512, of 512 above.
     """
     K, M = a_t.shape
     N = b.shape[1]
     FN = min(N, FREE)
     out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    programs = nl.num_programs()
+    pid = nl.program_id(0)
     for n in nl.affine_range(N // FN):
         b_panel = nl.ndarray((P, K // P, FN), dtype=nl.float32, buffer=nl.sbuf)
         for k in nl.affine_range(K // P):
             nisa.dma_copy(dst=b_panel[:, k, :], src=b[k * P:(k + 1) * P, n * FN:(n + 1) * FN])
-        for m in nl.affine_range(M // P):
+        for m in range(pid, M // P, programs):
             acc = nl.ndarray((P, FN), dtype=nl.float32, buffer=nl.psum)
             for k in nl.affine_range(K // P):
                 a_tile = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
@@ -76,6 +80,7 @@ def syrk_kernel(c, p_t):
 
     c [N, N], p_t [K, N] (a panel transposed: K on partitions). Tiles: 128 rows x 512 columns;
     a tile gets the update if it holds any element on or below the diagonal.
+    SPMD: program p of n takes the row tiles p, p + n, ... (each loads the panel).
     Shapes: K multiple of 128; N a multiple of 512.
     """
     K, N = p_t.shape
@@ -83,7 +88,9 @@ def syrk_kernel(c, p_t):
     panel = nl.ndarray((P, K // P, N), dtype=nl.float32, buffer=nl.sbuf)  # all of p_t, loaded once
     for k in nl.affine_range(K // P):
         nisa.dma_copy(dst=panel[:, k, :], src=p_t[k * P:(k + 1) * P, :])
-    for m in nl.affine_range(N // P):
+    programs = nl.num_programs()
+    pid = nl.program_id(0)
+    for m in range(pid, N // P, programs):
         for n in nl.affine_range(N // FREE):
             c_tile = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=c_tile, src=c[m * P:(m + 1) * P, n * FREE:(n + 1) * FREE])

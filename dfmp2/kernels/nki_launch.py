@@ -22,7 +22,9 @@ import numpy as np
 import torch
 
 from . import emulator
+from ..util.errors import ComputationError
 from .nki_ledger import CostLedger
+from .nki_support import checks_lnc, release_name
 from .nki_sparse import TileMap, unpack_symmetric, unpack_tiles
 from .ozaki import digits_value
 from .tiles import FREE, P
@@ -150,6 +152,11 @@ class KernelLauncher:
         kernel, CostLedger.record). Returns the kernel's output(s): numpy
         arrays or tensors from the emulator or the reference math (simulate), the real kernel's
         tensors on a Trainium host."""
+        if checks_lnc(self.nki_api) and grid != self.lnc:  # before the emulator's L14 or neuronx-cc's EVRF066
+            raise ComputationError(
+                f"{kernel_name} launched on {grid} core(s) in a run compiled at LNC={self.lnc}: {release_name(self.nki_api)} "
+                f"wants every kernel at one LNC degree (EVRF066), and the run's kernels were declared wrongly "
+                f"(kernels.get_backend's `kernels`). Nothing of this launch ran.")
         shapes = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in arrays)
         self.ledger.count_launch(kernel_name, useful_flops)
         self.specializations.setdefault(kernel_name, set()).add(shapes)

@@ -2,7 +2,7 @@
 on the host in fp64 for ao2mo_kernel's packed layout (see the kernel).
 
     tile (m, n)   rows [m P, m P + P), columns [n P, n P + P) of (mn|P), P = 128 (the partitions)
-    kept          when any kept pair block of the pattern (`dfmp2.util.sparse.ScreenedPattern`, whose
+    kept          when any kept pair block of the pattern (`dfmp2.sparse.ScreenedPattern`, whose
                   atom blocks need not align with the tiles) overlaps it; symmetric, with every
                   diagonal tile
     packed        [nP, R, P]: the kept tiles stacked along the rows in the order of n, then m

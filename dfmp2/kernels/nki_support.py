@@ -28,9 +28,12 @@ SDK_NEEDED = {"trn1": "trn1 needs Neuron SDK 2.28", "trn2": "trn2 runs Neuron SD
 # the Neuron SDK release that ships each nki (AWS's "NKI version to Neuron SDK mapping", SDK 2.33.1)
 NEURON_SDK_OF_NKI = {"0.2": "2.28", "0.3": "2.29", "0.4": "2.30", "0.5": "2.31", "0.6": "2.32", "0.7": "2.33"}
 LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"  # AWS's setting of the LNC degree, for kernels and neuronx-cc alike
-# nki 0.7+: every kernel at neuronx-cc's LNC degree (EVRF066). dfmp2 then compiles at LNC=1: the
-# second core of an LNC=2 launch bought 1-3% of the modelled trn2 MP2 time (docs/trainium.md)
+# nki 0.7+: every kernel at neuronx-cc's LNC degree (EVRF066). A run that may launch a kernel with no
+# two-program form compiles at LNC=1 (the second core bought 1-3% of the modelled trn2 MP2 time of
+# benzene and naphthalene); a run whose kernels all split keeps neuronx-cc's degree (docs/trainium.md)
 LNC_FROM_NKI_0_7 = 1
+# the kernels of nki_kernels.py that split their work over the programs of a launch grid (its SPMD note)
+TWO_PROGRAM_KERNELS = frozenset({"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"})
 
 
 def release_name(api: str | None) -> str:
@@ -46,10 +49,12 @@ def checks_lnc(api: str | None) -> bool:
     return api is not None and tuple(int(x) for x in api.split(".")[:2]) >= (0, 7)
 
 
-def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None) -> int:
-    """The LNC degree a run's kernels are compiled at (physical cores per launch): nki 0.7+: 1 (every
-    kernel alike, EVRF066); earlier releases: NEURON_LOGICAL_NC_CONFIG if set, else `max_lnc` (2 on
-    trn2 and trn3: neuronx-cc's default). Raises InputError for a setting the run cannot honour."""
+def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None, kernels=None) -> int:
+    """The LNC degree a run's kernels are compiled at (physical cores per launch):
+    NEURON_LOGICAL_NC_CONFIG if set, else `max_lnc` (2 on trn2 and trn3: neuronx-cc's default); but
+    under nki 0.7+ (every kernel at one degree, EVRF066) 1 unless the run's `kernels` (the names it
+    may launch; None: any) all have a two-program form (TWO_PROGRAM_KERNELS). Raises InputError for
+    a setting the run cannot honour."""
     from ..util.errors import InputError
 
     given = (os.environ if environ is None else environ).get(LNC_VARIABLE)
@@ -58,12 +63,15 @@ def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None
     degree = int(given) if given is not None else None
     if degree is not None and degree > max_lnc:
         raise InputError(f"{LNC_VARIABLE}={degree} on {target}: {target} runs LNC=1 only (unset it)")
-    if checks_lnc(api):
+    single = sorted(set(kernels) - TWO_PROGRAM_KERNELS) if kernels is not None else None
+    if checks_lnc(api) and single != []:
+        launches = "kernels" if single is None else ", ".join(single)
         if degree not in (None, LNC_FROM_NKI_0_7):
             raise InputError(
                 f"{LNC_VARIABLE}={degree} with {release_name(api)}: its compiler wants every kernel at one LNC "
-                f"degree (EVRF066) and dfmp2's kernels run at LNC={LNC_FROM_NKI_0_7} under it (docs/trainium.md); "
-                f"unset {LNC_VARIABLE} or set it to {LNC_FROM_NKI_0_7}")
+                f"degree (EVRF066) and this run launches {launches} with no two-program form, so its "
+                f"kernels run at LNC={LNC_FROM_NKI_0_7} (docs/trainium.md); unset {LNC_VARIABLE} or set it to "
+                f"{LNC_FROM_NKI_0_7}")
         return LNC_FROM_NKI_0_7
     return degree if degree is not None else max_lnc
 

@@ -77,7 +77,7 @@ class Backend(Protocol):
     has_fp64: bool  # fp64 arithmetic on the device (False on a NeuronCore)
     forms_amplitudes: bool  # pair_energy can fill t_out (t2; False: the pair kernel keeps (ia|jb) on chip)
     streams_densities: bool  # density_block takes B of all i in several row blocks (B out of core)
-    screens: frozenset  # the steps with block-sparse operations (dfmp2.util.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)
+    screens: frozenset  # the steps with block-sparse operations (dfmp2.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)
     calls: Counter  # kernel (or host:* / device:* step) -> times run; callers add their host:* steps
     notes: list  # announcements (str) recorded in the result, e.g. a disputed nki/target pair
 
@@ -134,11 +134,11 @@ class Backend(Protocol):
         """(mn|P) [nP, nao, nao], C_occ [nao, nocc], C_vir [nao, nvir] -> (ia|P) [nocc, nvir, nP]."""
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
-        """Block-sparse (mn|P) (a dfmp2.util.sparse.ScreenedThreeCenter on the device) -> (ia|P) [nocc, nvir, nP].
+        """Block-sparse (mn|P) (a dfmp2.sparse.ScreenedThreeCenter on the device) -> (ia|P) [nocc, nvir, nP].
         Only where "mp2" is in `screens`."""
 
     def screened_layout(self, pattern) -> dict:
-        """What screened_ao2mo streams of a dfmp2.util.sparse.ScreenedPattern ("unit", "kept_fraction"):
+        """What screened_ao2mo streams of a dfmp2.sparse.ScreenedPattern ("unit", "kept_fraction"):
         for the result's screening record."""
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
@@ -192,8 +192,8 @@ class FittedBuildsBackend(Protocol):
         """rows [naux, npair] host fp64 (B^P_(mn), m >= n), nao, kinds: the build kinds the run
         will use ("fp32" and/or the store's exact_kind), free_bytes(): what the process's budget
         leaves -> the store (B uploaded once where the backend computes). A backend with
-        `fitted_store_on_disk` also takes rows as a scratch.RowFile (out of core; with a keyword
-        `pattern`, the flat rows of screened LowerPanels)."""
+        `fitted_store_on_disk` also takes rows as a scratch.RowFile (out of core). Screened B (a
+        LowerPanels, or a RowFile of its flat rows): dfmp2.sparse.fitted_store."""
 
 
 def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:

@@ -15,7 +15,6 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..util.sparse import LowerPanels
 from . import torch_sparse
 from .pinned_staging import STAGING
 from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
@@ -207,7 +206,7 @@ class TorchBackend:
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
         """(ia|P) = sum_mn C_mi C_na (mn|P) over the kept pair blocks of a ScreenedThreeCenter on
-        this device (`dfmp2.util.sparse`): one GEMM per row panel, then one [nvir, nao] GEMM ->
+        this device (`dfmp2.sparse`): one GEMM per row panel, then one [nvir, nao] GEMM ->
         [nocc, nvir, nP] (torch_sparse.ao2mo)."""
         self.calls["screened_ao2mo"] += 1
         return torch_sparse.ao2mo(self._panel_index, screened, c_occ, c_vir)
@@ -216,15 +215,11 @@ class TorchBackend:
         """What the block-sparse kernels stream of `pattern`: its kept pair blocks themselves."""
         return {"unit": "pair blocks", "kept_fraction": round(pattern.stored_elements / pattern.nao ** 2, 6)}
 
-    def fitted_store(self, rows, nao, kinds, free_bytes, pattern=None):
+    def fitted_store(self, rows, nao, kinds, free_bytes):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a scratch.RowFile
-        of them out of core (torch_fitted.TorchFittedStore); screened, a dfmp2.util.sparse.LowerPanels,
-        or out of core a RowFile of its flat rows and their `pattern` (torch_screened.ScreenedFittedStore)."""
+        of them out of core (torch_fitted.TorchFittedStore; screened B: dfmp2.sparse.fitted_store)."""
         from .torch_fitted import TorchFittedStore
-        from .torch_screened import ScreenedFittedStore
 
-        if isinstance(rows, LowerPanels) or pattern is not None:
-            return ScreenedFittedStore(self, rows, kinds, free_bytes, pattern)
         return TorchFittedStore(self, rows, nao, kinds, free_bytes)
 
     def screened_half_transform(self, screened, factor):

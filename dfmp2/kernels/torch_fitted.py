@@ -349,7 +349,7 @@ class TorchFittedStore:
                     halves[s].narrow(self.half_aux_dim, p0, p1 - p0).copy_(x)
         return (vk, halves, rho) if with_rho else (vk, halves)
 
-    # ---- the layout of B: dense blocks here (torch_screened.ScreenedFittedStore: block-sparse panels) ----
+    # ---- the layout of B: dense blocks here (dfmp2.sparse.ScreenedFittedStore: block-sparse panels) ----
     def _blocks(self, dtype, rank):
         """(p0, p1, block of B in dtype) over the auxiliary range (kept, or unpacked)."""
         yield from self._square_blocks(dtype, rank)

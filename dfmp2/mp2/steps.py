@@ -27,7 +27,7 @@ import numpy as np
 
 from ..util.blocks import block_ranges
 from ..linalg import factor_metric, fitting_coefficients, whiten
-from ..util.sparse import ScreenedThreeCenter
+from ..sparse import ScreenedThreeCenter, ao2mo as screened_ao2mo
 
 __all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks", "pair_energies",
            "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction",
@@ -40,11 +40,11 @@ def transform_to_mo(backend, ao_block, c_occ, c_vir):
     """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block (the ao2mo kernel).
 
     ao_block [nP, nao, nao] (symmetric in m, n), or its kept pair blocks only (a screened
-    `dfmp2.util.sparse.ScreenedThreeCenter`: the sum runs over them); c_occ [nao, nocc]; c_vir
+    `dfmp2.sparse.ScreenedThreeCenter`: the sum runs over them); c_occ [nao, nocc]; c_vir
     [nao, nvir] (device tensors). Returns [nocc, nvir, nP].
     """
     if isinstance(ao_block, ScreenedThreeCenter):
-        return backend.screened_ao2mo(ao_block, c_occ, c_vir)
+        return screened_ao2mo(backend, ao_block, c_occ, c_vir)
     return backend.ao2mo(ao_block, c_occ, c_vir)
 
 

@@ -15,7 +15,7 @@ from ..run.settings import Settings, settings_from
 from ..run.storage import MemoryStore, new_store
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError
-from ..util.sparse.tensor import ScreenedThreeCenter
+from ..sparse.formats import ScreenedThreeCenter
 from ..util.system_memory import MB, release_freed_memory
 from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import factor_metric, transform_to_mo, whiten_three_center

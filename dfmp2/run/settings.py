@@ -45,7 +45,7 @@ class Settings:
     # (None: device for scf="df" on cpu/cuda, pyscf for scf="exact" and on trn1/trn2/trn3)
     scf_precision: str | None = None  # the device builds': mixed (default on cpu/cuda) or fp64 (dfmp2.chem.jk)
     screening: object = "auto"  # off, auto, or a threshold: screened block-sparse (mn|P) for the SCF's
-    # builds and the MP2 transform (dfmp2.util.sparse; auto: where the kept blocks make it pay)
+    # builds and the MP2 transform (dfmp2.sparse; auto: where the kept blocks make it pay)
     frozen_core: bool = False  # freeze PySCF's chemical core (run_xyz)
     xc: str | None = None  # a double hybrid's name, or a PySCF xc string with c_os, c_ss
     c_os: float | None = None

@@ -1,6 +1,6 @@
-"""The SCF's builds on the torch backend with screened B (`--screening`): `ScreenedFittedStore`,
-the block-sparse layout of `torch_fitted.TorchFittedStore` (dfmp2.util.sparse's LowerPanels;
-the same builds and increments, docs/sparse.md)."""
+"""The SCF's builds with screened B (`--screening`, torch backends): `ScreenedFittedStore`, the
+block-sparse layout of `kernels.torch_fitted.TorchFittedStore` (formats.LowerPanels; the same
+builds and increments, each half transform the layer's block-sparse product; docs/sparse.md)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ import torch
 
 from ..util.blocks import block_ranges
 from ..util.scratch import RowFile
-from ..util.sparse import LowerPanels
+from ..kernels.torch_fitted import KIND_DTYPES, MAX_AUX_ROWS, TorchFittedStore
 from ..util.system_memory import release_freed_memory
-from .torch_fitted import KIND_DTYPES, MAX_AUX_ROWS, TorchFittedStore
+from .formats import LowerPanels
+from .product import block_sparse_product
 
 SCREENED_BLOCK_BYTES = 128 * 10**6  # screened builds: an auxiliary block's panels in both orientations
 # (their kind's bytes); 32 MB made blocks of ~6 auxiliary functions at 768 AOs, 1.8x slower builds
 
 
 class ScreenedFittedStore(TorchFittedStore):
-    """B for the SCF's builds, screened: each kept pair block once (a dfmp2.util.sparse LowerPanels of
+    """B for the SCF's builds, screened: each kept pair block once (a LowerPanels of
     whitened B, host fp64), kept on the device in fp64 (J's source; half the bytes of both
     orientations) and, where the budget allows, both orientations in the first build kind (K's
     panels; else expanded block by block per build, ~0.4 ns an element). Out of core: a
@@ -48,7 +49,7 @@ class ScreenedFittedStore(TorchFittedStore):
                 free_bytes() - 4 * SCREENED_BLOCK_BYTES:
             self._full = self._lower.expand(dtype=dtype)
         release_freed_memory()
-        self.storage = (f"screened: each kept pair block once fp64" +
+        self.storage = ("screened: each kept pair block once fp64" +
                         (f" + both orientations {str(dtype)[-2:]}" if self._full is not None else "") +
                         f" ({share:.3f} of the dense elements)")
 
@@ -81,7 +82,7 @@ class ScreenedFittedStore(TorchFittedStore):
 
     def _half_transform(self, block, factor):
         """X [nao, nP, r] = sum_n B^P_mn F_nr over the block's kept pairs."""
-        return self.backend.screened_half_transform(block, factor)
+        return block_sparse_product(self.backend, block, factor)
 
     def _exchange_product(self, x, z, weights=None):
         return self.backend.screened_exchange_product(x, z, weights)
@@ -102,3 +103,14 @@ class ScreenedFittedStore(TorchFittedStore):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def fitted_store(backend, rows, nao, kinds, free_bytes, pattern=None):
+    """B for the SCF's builds on `backend`, whatever its layout: screened (rows a LowerPanels, or out of
+    core a scratch.RowFile of its flat rows with their `pattern`) -> ScreenedFittedStore, on a backend
+    whose `screens` hold "scf"; dense (rows [naux, npair] or their RowFile) -> backend.fitted_store."""
+    if not isinstance(rows, LowerPanels) and pattern is None:
+        return backend.fitted_store(rows, nao, kinds, free_bytes)
+    if "scf" not in backend.screens:
+        raise ValueError(f"fitted_store: the {backend.name} backend has no screened SCF builds")
+    return ScreenedFittedStore(backend, rows, kinds, free_bytes, pattern)

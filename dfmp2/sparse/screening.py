@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, option
+from ..util.errors import InputError, option
 
 SCREENING_DEFAULT = 1e-10  # Eh-scale bound on a dropped |(mn|P)|; measured: docs/sparse.md
 LOOSEST_THRESHOLD = 1e-6  # a looser threshold is refused (energies would move by far more than 1e-8 Eh)
