@@ -235,17 +235,32 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
         e_vir = torch.rand(n, generator=torch.Generator().manual_seed(seed + 1)) + 0.5
         return (f"ni 4, nj 4, nvir {n}, naux {3 * n}",
                 lambda be: be.pair_energy(b_i, b_j, e_occ, e_occ, e_vir))
+    if kernel in ("potrf", "spmm", "rng"):
+        return _layer_problem(kernel, n, rng, seed, f32)
+    raise InputError(f"unknown kernel {kernel!r} (use one of: {', '.join(KERNELS)})")
+
+
+def _layer_problem(kernel, n, rng, seed, f32):
+    """kernel_problem for the linalg, sparse and rng layers' calls (potrf, spmm, rng)."""
     if kernel == "potrf":
+        import numpy as np
+
         from ..linalg import potrf
 
         a = rng.standard_normal((n, n))
         metric = a @ a.T / n + np.eye(n)
         return f"A [{n}, {n}], 128-wide block columns", lambda be: potrf(be, metric)
-    if kernel == "rng":
-        from ..rng import nki_random_words
+    if kernel == "spmm":
+        from ..sparse import ao2mo as screened_ao2mo, banded_pattern, random_screened
 
-        return f"{n * n} Philox4x32-10 words", lambda be: nki_random_words(be, seed, 1, 0, n * n)
-    raise InputError(f"unknown kernel {kernel!r} (use one of: {', '.join(KERNELS)})")
+        nocc, pattern = max(1, n // 8), banded_pattern(n, 128, 1)
+        screened, c_occ, c_vir = random_screened(pattern, 32, seed), f32(n, nocc), f32(n, n - nocc)
+        kept = pattern.stored_elements / n**2
+        return (f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}; (mn|P) kept on 128-blocks |M - N| <= 1 "
+                f"({kept:.2f} of it)", lambda be: screened_ao2mo(be, screened, c_occ, c_vir))
+    from ..rng import nki_random_words
+
+    return f"{n * n} Philox4x32-10 words", lambda be: nki_random_words(be, seed, 1, 0, n * n)
 
 
 def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: bool = False,
