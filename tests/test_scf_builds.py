@@ -477,6 +477,33 @@ def test_fitted_jk_kernel_streams_b_and_k_at_any_nao(target, nao, r, same):
     assert backend.trace.peak_sbuf_bytes <= TARGETS[target].sbuf_usable_bytes_per_partition
 
 
+@pytest.mark.parametrize("weights, right", [(None, False), (2.0, False), (0.75, False), (None, True)])
+def test_exact_builds_match_fp64_contractions_whichever_slicing_serves_k(weights, right):
+    """The NKI store's exact build (exact_matmul_kernel, emulated in full): J and K of D = L diag(w) R^T
+    against numpy's fp64 contractions of the same B to 1e-9 of their largest element. Where R is L and
+    every w_i is one power of two (None: ones; 2.0), K's second operand is the first's digits times
+    their powers of two; else (0.75, or R apart) both are sliced."""
+    from dfmp2.kernels.nki_fitted import NkiFittedStore
+
+    rng = np.random.default_rng(17)
+    nao, naux, r = 40, 6, 7
+    rows = rng.standard_normal((naux, nao * (nao + 1) // 2)) * 0.1
+    square = np.zeros((naux, nao, nao))
+    lower_r, lower_c = np.tril_indices(nao)
+    square[:, lower_r, lower_c] = square[:, lower_c, lower_r] = rows
+    left = rng.standard_normal((nao, r))
+    other = rng.standard_normal((nao, r)) if right else None
+    w = None if weights is None else np.full(r, weights)
+    backend = get_backend("trn2", simulate=True)
+    store = NkiFittedStore(backend, rows, nao, ["fp32", "exact"], lambda: 1 << 40)
+    vj, vk = store.build(None, [(left, other, w)], "exact", True, True)
+    d = (left * (1.0 if w is None else w)) @ (left if other is None else other).T
+    ref_j = np.einsum("pmn,mn,pab->ab", square, d, square)
+    ref_k = np.einsum("pma,ab,pnb->mn", square, d, square)
+    assert np.abs(vj[0] - ref_j).max() < 1e-9 * np.abs(ref_j).max()
+    assert np.abs(vk[0] - ref_k).max() < 1e-9 * np.abs(ref_k).max()
+
+
 def test_gradient_with_the_integrals_out_of_core(monkeypatch):
     """A gradient whose SCF and orbital response stream the JK-fit integrals from disk (every
     FittedCoulombExchange told that the budget does not hold them): the in-memory gradient to

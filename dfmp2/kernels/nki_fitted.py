@@ -150,19 +150,35 @@ class NkiFittedStore:
             weights = _padded(weights[None], width)[0]
             rho[s] = np.einsum("mi,i,pmi->p", left, weights[:r], h_r[:, :, :r])  # rho_P = sum L w (B^P R)
             if with_k:  # K = sum_(P, i) (G w)[(P, i), m] H[(P, i), n]
-                x = (h_l * weights).transpose(0, 2, 1).reshape(naux * width, nao)
-                digits, scale = column_digits(x, INPUT_SLICES)
-                y = column_slices(np.ascontiguousarray(h_r.transpose(0, 2, 1)).reshape(naux * width, nao),
-                                  INPUT_SLICES)
-                backend.calls["host:slice_scf_operands"] += 1
-                k = backend.exact_product(torch.from_numpy(digits[:, None]), y[:, None])[0]
                 vk = np.zeros((len(factors), nao, nao)) if vk is None else vk
-                vk[s] = k * scale[:, 0][:, None]  # row m times its 2^e_m
+                vk[s] = self._exact_exchange(h_l, h_r, weights, r, two)
         if with_j:  # J = sum_P rho_P B^P: rho 2^e_P as the stationary slices, B's digits moving
             x = column_slices((rho * self.scale[None, :]).T, INPUT_SLICES)[:, None]  # [S, 1, naux, nset]
             j = backend.exact_product(x, self._digits.reshape(INPUT_SLICES, 1, naux, nao * nao))
             vj = j[0].reshape(len(factors), nao, nao)
         return vj, vk
+
+    def _exact_exchange(self, h_l, h_r, weights, r, two):
+        """K [nao, nao] = sum_(P, i) G^P_mi w_i H^P_ni from the half transforms h_l (G), h_r (H)
+        [naux, nao, width] host fp64, with exact products. Where G is H and every w_i is one power
+        of two (closed and open shells' occupied orbitals), one slicing serves both operands: H's
+        int8 digits, and as fp32 the same digits times their powers of two (a multiplication, where
+        slicing H again costs ~8x as long); else G w and H are sliced apart."""
+        backend, naux, nao = self.backend, self.naux, h_l.shape[1]
+        width = h_l.shape[2]
+        w0 = float(weights[0])
+        one_operand = not two and w0 > 0 and np.all(weights[:r] == w0) and np.frexp(w0)[0] == 0.5
+        x = (h_l if one_operand else h_l * weights).transpose(0, 2, 1).reshape(naux * width, nao)
+        digits, scale = column_digits(x, INPUT_SLICES)  # scale [nao, 1]: 2^e_m per column
+        backend.calls["host:slice_scf_operands"] += 1
+        if one_operand:  # slice s of H = d_s 2^(e_n - 7 (s + 1)), exact in fp32
+            weights_sn = torch.from_numpy((DIGIT_WEIGHTS[:, None, None] * scale.T[None]).astype(np.float32))
+            y = torch.from_numpy(digits).to(torch.float32).mul_(weights_sn)
+        else:
+            y = torch.from_numpy(column_slices(np.ascontiguousarray(h_r.transpose(0, 2, 1)).reshape(
+                naux * width, nao), INPUT_SLICES))
+        k = backend.exact_product(torch.from_numpy(digits[:, None]), y[:, None])[0]
+        return k * (scale[:, 0][:, None] * (w0 if one_operand else 1.0))  # row m times its 2^e_m (and w)
 
     def close(self):
         self._square32 = self._digits = None
