@@ -32,8 +32,10 @@ LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"  # AWS's setting of the LNC degree, fo
 # two-program form compiles at LNC=1 (the second core bought 1-3% of the modelled trn2 MP2 time of
 # benzene and naphthalene); a run whose kernels all split keeps neuronx-cc's degree (docs/trainium.md)
 LNC_FROM_NKI_0_7 = 1
-# the kernels of nki_kernels.py that split their work over the programs of a launch grid (its SPMD note)
-TWO_PROGRAM_KERNELS = frozenset({"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"})
+# the kernels that split their work over the programs of a launch grid: nki_kernels.py's (its SPMD
+# note) and the rng layer's generator (rng/nki_philox.py, its tiles), named here, not imported
+TWO_PROGRAM_KERNELS = frozenset({"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel",
+                                 "philox_kernel"})
 
 
 def release_name(api: str | None) -> str:

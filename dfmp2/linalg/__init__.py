@@ -2,6 +2,9 @@
 calls run where the backend computes.
 
     gemm(backend, a, b)          C = A B
+    batched_gemm(backend, a, b)  C_b = A_b B_b
+    exact_product(backend, a, b) C = A^T B of fp64 operands to ~2^-35 of each column's largest
+                                 product: Ozaki slices where the device has no fp64 (kernels/ozaki.py)
     syrk(backend, c, panel)      C - P P^T (its lower triangle at least)
     trsm(backend, lower, x)      X L^-T (right-side triangular solve)
     potrf(backend, a)            A = L L^T, blocked (below)
@@ -30,6 +33,35 @@ BLOCK = 128  # potrf's block columns (the NKI kernels' partition tile)
 def gemm(backend, a, b):
     """C = A B on the backend: a [m, k], b [k, n] device tensors -> [m, n]."""
     return backend.gemm(a, b)
+
+
+def batched_gemm(backend, a, b):
+    """C_b = A_b B_b: a [nb, m, k], b [nb, k, n] device tensors -> [nb, m, n]. torch: one batched
+    matmul; NKI: one gemm_kernel launch per b (each ~1 ms of launch on a NeuronCore, MODEL)."""
+    if getattr(backend, "name", "") != "nki":
+        return backend.gemm(a, b)  # torch.matmul batches over the leading axis
+    import torch
+
+    return torch.stack([backend.gemm(a[i], b[i]) for i in range(a.shape[0])])
+
+
+def exact_product(backend, a, b):
+    """C = A^T B [m, n] host fp64 from fp64 a [k, m], b [k, n] (host numpy). A backend with fp64
+    (torch: cpu, cuda) multiplies in fp64; an NKI backend multiplies Ozaki slices (A as int8 digits
+    with a power of two per column, B as fp32 slices, INPUT_SLICES of each: every slice product and
+    its 512-term PSUM sums exact, exact_matmul_kernel), hi + lo summed on the host: C to about 2^-35
+    of max_k |A_km| max_k |B_kn| sum_k 1 per element, where fp32 would lose 2^-24 of it."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if getattr(backend, "name", "") != "nki":
+        import torch
+
+        c = backend.to_device(np.ascontiguousarray(a.T), fp64=True) @ backend.to_device(b, fp64=True)
+        return c.cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
+    from ..kernels.ozaki import INPUT_SLICES, column_digits, column_slices
+
+    digits, scale = column_digits(a, INPUT_SLICES)  # scale [m, 1]: 2^e_m
+    c = backend.exact_product(digits[:, None], column_slices(b, INPUT_SLICES)[:, None])[0]
+    return c * scale
 
 
 def syrk(backend, c, panel):

@@ -4,8 +4,8 @@ target, beside the per-call figures a sibling library published for ITS kernels 
 its emulator trace (launch + host transfer + the busiest engine), not a measurement; the sibling's
 are measurements of other kernels, shown for scale.
 
-    python benchmarks/bench_kernel_table.py --json benchmarks/results/kernel_table_model.json \\
-        --markdown benchmarks/results/kernel_table_model.md
+    python benchmarks/bench_layer_kernels.py --json benchmarks/results/layer_kernels_model.json \\
+        --markdown benchmarks/results/layer_kernels_model.md
 """
 
 from __future__ import annotations
