@@ -25,7 +25,8 @@ the fp64 sums' rounding and with it the mixed-precision SCF's cycle count), eval
 at the physical cores of trn1.2xlarge (8 vCPUs), trn1.32xlarge (128) and trn2.48xlarge (192), assuming
 2 vCPUs per physical core, this machine's per-core speed, and perfect scaling of the parallel part
 (an optimistic bound: memory bandwidth, NUMA and PySCF's own scaling are not modelled).
-Writes benchmarks/results/trainium_whole_job_<molecule>_<basis>.json.
+Writes benchmarks/results/trainium_whole_job_<molecule>_<basis>_<cpu>.json (intel_xeon, amd_epyc: tables
+never mix CPU models).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import Harness, main_guard  # noqa: E402
+from harness import Harness, machine, main_guard  # noqa: E402
 
 from dfmp2.api.driver import run_xyz  # noqa: E402
 from dfmp2.kernels import nki_launch  # noqa: E402
@@ -202,6 +203,12 @@ def reestimate(path):
     print(json.dumps(report["instance_estimate"], indent=1))
 
 
+def cpu_tag() -> str:
+    """The record's CPU family for its file name: intel_xeon, amd_epyc, else cpu."""
+    model = machine()["cpu"]
+    return "intel_xeon" if "Xeon" in model else "amd_epyc" if "EPYC" in model else "cpu"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("molecule")
@@ -252,7 +259,7 @@ def main(argv=None):
     print(json.dumps({k: v for k, v in report.items() if k.startswith(("whole_job", "instance"))}, indent=1))
     if args.json:
         stem = os.path.splitext(os.path.basename(args.molecule))[0]
-        path = os.path.join(HERE, "results", f"trainium_whole_job_{stem}_{args.basis.replace('-', '')}.json")
+        path = os.path.join(HERE, "results", f"trainium_whole_job_{stem}_{args.basis.replace('-', '')}_{cpu_tag()}.json")
         harness.write(path, report)
         print(f"wrote {path}")
 

@@ -163,7 +163,7 @@ class NkiFittedStore:
         [naux, nao, width] host fp64, with exact products. Where G is H and every w_i is one power
         of two (closed and open shells' occupied orbitals), one slicing serves both operands: H's
         int8 digits, and as fp32 the same digits times their powers of two (a multiplication, where
-        slicing H again costs ~8x as long); else G w and H are sliced apart."""
+        slicing H again costs ~4x as long); else G w and H are sliced apart."""
         backend, naux, nao = self.backend, self.naux, h_l.shape[1]
         width = h_l.shape[2]
         w0 = float(weights[0])
