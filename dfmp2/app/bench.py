@@ -221,14 +221,6 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
         ints, c_occ, c_vir = f32(32, n, n), f32(n, nocc), f32(n, n - nocc)
         ints = (ints + ints.transpose(1, 2)) / 2
         return f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}", lambda be: be.ao2mo(ints, c_occ, c_vir)
-    if kernel == "spmm":
-        from ..sparse import ao2mo as screened_ao2mo, banded_pattern, random_screened
-
-        nocc, pattern = max(1, n // 8), banded_pattern(n, 128, 1)
-        screened, c_occ, c_vir = random_screened(pattern, 32, seed), f32(n, nocc), f32(n, n - nocc)
-        kept = pattern.stored_elements / n**2
-        return (f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}; (mn|P) kept on 128-blocks |M - N| <= 1 "
-                f"({kept:.2f} of it)", lambda be: screened_ao2mo(be, screened, c_occ, c_vir))
     if kernel == "pair_energy":
         b_i, b_j = f32(4, n, 3 * n), f32(4, n, 3 * n)
         e_occ = -torch.rand(4, generator=torch.Generator().manual_seed(seed)) - 1.0

@@ -45,7 +45,7 @@ from .nki_ledger import CostLedger
 from .nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
 from .nki_support import (LNC_VARIABLE, checks_lnc, installed_nki_api, installed_versions, logical_core_degree,
                           release_name)
-from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_slices, half_transform_grid
+from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_digits, column_slices, half_transform_grid
 from .protocol import BackendRecord, PlanHints, rows_gram
 from .spin_cases import density_weights
 from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P
@@ -597,6 +597,12 @@ class NkiBackend:
         out = self.to_host(self._launch("exact_matmul_kernel", (x, y),
                                         2 * nb * k * mx * ny * slices * (slices + 1) // 2))
         return out[0].astype(np.float64) + out[1].astype(np.float64)
+
+    def exact_fp64_product(self, a, b):
+        """C = A^T B [m, n] host fp64 from host fp64 a [k, m], b [k, n] via exact_product: A as
+        INPUT_SLICES int8 digits with a power of two per column, B as fp32 slices (ozaki)."""
+        digits, scale = column_digits(a, INPUT_SLICES)  # scale [m, 1]: 2^e_m
+        return self.exact_product(digits[:, None], column_slices(b, INPUT_SLICES)[:, None])[0] * scale
 
     def copy_into(self, dst, src) -> None:
         """dst[...] = src between device tensors (MODEL: a device-side copy), or from the host."""

@@ -164,21 +164,22 @@ class NkiFittedStore:
         of two (closed and open shells' occupied orbitals), one slicing serves both operands: H's
         int8 digits, and as fp32 the same digits times their powers of two (a multiplication, where
         slicing H again costs ~4x as long); else G w and H are sliced apart."""
-        backend, naux, nao = self.backend, self.naux, h_l.shape[1]
-        width = h_l.shape[2]
+        backend, naux, (_, nao, width) = self.backend, self.naux, h_l.shape
         w0 = float(weights[0])
         one_operand = not two and w0 > 0 and np.all(weights[:r] == w0) and np.frexp(w0)[0] == 0.5
-        x = (h_l if one_operand else h_l * weights).transpose(0, 2, 1).reshape(naux * width, nao)
-        digits, scale = column_digits(x, INPUT_SLICES)  # scale [nao, 1]: 2^e_m per column
+
+        def rows(h):  # [naux, nao, width] -> [(P, i), nao]: the contraction on the rows
+            return np.ascontiguousarray(h.transpose(0, 2, 1)).reshape(naux * width, nao)
+
         backend.calls["host:slice_scf_operands"] += 1
-        if one_operand:  # slice s of H = d_s 2^(e_n - 7 (s + 1)), exact in fp32
-            weights_sn = torch.from_numpy((DIGIT_WEIGHTS[:, None, None] * scale.T[None]).astype(np.float32))
-            y = torch.from_numpy(digits).to(torch.float32).mul_(weights_sn)
-        else:
-            y = torch.from_numpy(column_slices(np.ascontiguousarray(h_r.transpose(0, 2, 1)).reshape(
-                naux * width, nao), INPUT_SLICES))
+        if not one_operand:  # G w and H sliced apart
+            return backend.exact_fp64_product(rows(h_l * weights), rows(h_r))
+        digits, scale = column_digits(rows(h_l), INPUT_SLICES)  # scale [nao, 1]: 2^e_m per column
+        # slice s of H = d_s 2^(e_n - 7 (s + 1)), exact in fp32
+        weights_sn = torch.from_numpy((DIGIT_WEIGHTS[:, None, None] * scale.T[None]).astype(np.float32))
+        y = torch.from_numpy(digits).to(torch.float32).mul_(weights_sn)
         k = backend.exact_product(torch.from_numpy(digits[:, None]), y[:, None])[0]
-        return k * (scale[:, 0][:, None] * (w0 if one_operand else 1.0))  # row m times its 2^e_m (and w)
+        return k * (scale * w0)  # row m times its 2^e_m, and w
 
     def close(self):
         self._square32 = self._digits = None

@@ -52,16 +52,10 @@ def exact_product(backend, a, b):
     its 512-term PSUM sums exact, exact_matmul_kernel), hi + lo summed on the host: C to about 2^-35
     of max_k |A_km| max_k |B_kn| sum_k 1 per element, where fp32 would lose 2^-24 of it."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if getattr(backend, "name", "") != "nki":
-        import torch
-
-        c = backend.to_device(np.ascontiguousarray(a.T), fp64=True) @ backend.to_device(b, fp64=True)
-        return c.cpu().numpy() if isinstance(c, torch.Tensor) else np.asarray(c)
-    from ..kernels.ozaki import INPUT_SLICES, column_digits, column_slices
-
-    digits, scale = column_digits(a, INPUT_SLICES)  # scale [m, 1]: 2^e_m
-    c = backend.exact_product(digits[:, None], column_slices(b, INPUT_SLICES)[:, None])[0]
-    return c * scale
+    if hasattr(backend, "exact_fp64_product"):  # no fp64 on the device: Ozaki slices
+        return backend.exact_fp64_product(a, b)
+    c = backend.to_device(np.ascontiguousarray(a.T), fp64=True) @ backend.to_device(b, fp64=True)
+    return c.cpu().numpy()
 
 
 def syrk(backend, c, panel):
