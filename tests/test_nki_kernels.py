@@ -1,7 +1,8 @@
 """NKI kernels on the emulator, through the NKI backend (padding, chunking, bucketing), against
 fp64 references: every size in SIZES in each dimension on trn1 limits under nki 0.2 rules
-(Neuron SDK 2.28) and trn2 limits under 0.6 rules, and every kernel at one size under all five
-(target, release) pairs, 0.3 on trn1 (disputed), 0.2 on trn2 and 0.7 (every kernel at LNC=1) included; relative error <= 1e-5."""
+(Neuron SDK 2.28) and trn2 limits under 0.6 rules, and every kernel at one size under seven
+(target, release) pairs: trn1 0.2 and 0.3 (disputed), trn2 0.2, 0.6 and 0.7, trn3 0.6 and 0.7; relative
+error <= 1e-5."""
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ from dfmp2.kernels.nki_launch import pair_blocks
 
 SIZES = [1, 7, 127, 128, 129, 300, 513, 1100]
 TARGETS = [("trn1", "0.2"), ("trn2", "0.6")]  # both targets, both rule sets (0.2 and 0.3+)
-ALL_PAIRS = [("trn1", "0.2"), ("trn1", "0.3"), ("trn2", "0.2"), ("trn2", "0.6"), ("trn2", "0.7")]
+ALL_PAIRS = [("trn1", "0.2"), ("trn1", "0.3"), ("trn2", "0.2"), ("trn2", "0.6"), ("trn2", "0.7"), ("trn3", "0.6"),
+             ("trn3", "0.7")]
 REL_TOL = 1e-5
 
 
@@ -285,12 +287,62 @@ def test_gemm_and_syrk_split_their_row_tiles_over_both_cores(operation):
 
 @pytest.mark.parametrize("target, api", ALL_PAIRS)
 def test_every_kernel_under_every_release_pair(target, api):
-    """gemm, syrk, trsm, ao2mo and pair energy at one ragged size under each (target, nki) pair."""
+    """Every kernel dfmp2 ships (nki_kernels.py, rng/nki_philox.py) at one ragged size under each (target, nki)
+    pair AWS supports (and trn1 with nki 0.3, disputed), against fp64 or host references: gemm, syrk, trsm,
+    ao2mo, the pair energies, the exact product of slices, the densities (density_kernel, gamma_kernel), the
+    SCF's fitted J/K and the random-number generator."""
     test_gemm(target, api, "m", 300)
     test_syrk_lower_triangle(target, api, "n", 300)
     test_trsm_whitening(target, api, "naux", 300)
     test_ao2mo(target, api, "nao", 300)
     test_pair_energy(target, api, "nvir", 300)
+    test_exact_product_of_slices(target, api, False)
+    _densities_against_fp64(target, api)
+    _fitted_jk_against_fp64(target, api)
+    _random_words_against_the_host(target, api)
+
+
+def _densities_against_fp64(target, api):
+    """density_kernel and gamma_kernel (density_block with G) against the torch backend's fp64 formulas."""
+    from dfmp2.kernels.torch_backend import TorchBackend
+
+    rng = np.random.default_rng(29)
+    nocc, nvir, naux = 5, 130, 140
+    b = torch.from_numpy(rng.standard_normal((nocc, nvir, naux)) * 0.1)
+    e_occ, e_vir = torch.from_numpy(rng.uniform(-2, -0.5, nocc)), torch.from_numpy(rng.uniform(0.2, 3, nvir))
+    ref = TorchBackend("cpu", "fp64").density_block(b, b[:3], e_occ, e_occ[:3], e_vir, (1.2, 1 / 3), "closed",
+                                                    with_gamma=True)
+    nki = NkiBackend(target, simulate=True, nki_api=api)
+    out = nki.density_block(b.float(), b[:3].float(), e_occ.float(), e_occ[:3].float(), e_vir.float(), (1.2, 1 / 3),
+                            "closed", with_gamma=True)
+    for value, reference in zip(out, ref):
+        assert rel_err(value, reference) < 1e-5
+    assert nki.calls["density_kernel"] >= 1 and nki.calls["gamma_kernel"] >= 1
+
+
+def _fitted_jk_against_fp64(target, api):
+    """fitted_jk_kernel: J = sum_P rho_P B^P, K = sum_P B^P D B^P for D = L diag(w) R^T, against numpy in fp64."""
+    rng = np.random.default_rng(31)
+    naux, nao, r = 6, 140, 9
+    b = rng.standard_normal((naux, nao, nao)) * 0.1
+    b = (b + b.transpose(0, 2, 1)).astype(np.float32)
+    left, right, w = rng.standard_normal((nao, r)), rng.standard_normal((nao, r)), rng.uniform(0.5, 2, r)
+    nki = NkiBackend(target, simulate=True, nki_api=api)
+    j, k = nki.fitted_jk(torch.from_numpy(b), left, right, w, False, True)
+    b64 = b.astype(np.float64)
+    d = (left * w) @ right.T
+    assert rel_err(j, np.einsum("P,Pmn->mn", np.einsum("Pmn,mn->P", b64, d), b64)) < 1e-5
+    assert rel_err(k, np.einsum("Pml,ls,Psn->mn", b64, d, b64)) < 1e-5
+
+
+def _random_words_against_the_host(target, api):
+    """philox_kernel: the host's Philox words bit for bit."""
+    from dfmp2.kernels import get_backend
+    from dfmp2.rng import nki_random_words, random_words
+
+    backend = get_backend(target, simulate=True, nki_api=api)
+    assert np.array_equal(nki_random_words(backend, 7, 3, 5, 1500, max_blocks=2, max_tiles=2),
+                          random_words(7, 3, 5, 1500))
 
 
 @pytest.mark.parametrize("target, api", TARGETS)

@@ -5,8 +5,8 @@ list Trn1; nki 0.3 (SDK 2.29) on trn1 is disputed (AWS: not supported for NKI ke
 sibling library ran it); 0.4+ documents Trn2/Trn3 only. trn2: nki 0.2 (SDK 2.28 lists Trn2)
 through 0.7 (SDK 2.33). trn3: nki 0.3 (SDK 2.29, the first release whose manifest lists Trn3) through
 0.7; SDK 2.28 (nki 0.2) does not list Trn3. Also the run's logical NeuronCore degree
-(`logical_core_degree`): nki 0.7 checks that every kernel runs at neuronx-cc's. Only the standard
-library; nothing here imports the SDK itself.
+(`logical_core_degree`): nki 0.7 checks that every kernel runs at neuronx-cc's. The table of supported
+pairs is the emulator's (rule L19 of docs/nki-audit.md); nothing here imports the SDK itself.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import importlib.util
 import os
 
 from ..util.errors import option
+from .emulator.core import DISPUTED_API, SUPPORTED_API
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
                   "https://pip.repos.neuron.amazonaws.com (on a Trainium instance)")
-SUPPORTED_NKI = {"trn1": ("0.2",), "trn2": ("0.2", "0.3", "0.4", "0.5", "0.6", "0.7"),
-                 "trn3": ("0.3", "0.4", "0.5", "0.6", "0.7")}
-DISPUTED_NKI = {"trn1": ("0.3",)}
+SUPPORTED_NKI, DISPUTED_NKI = SUPPORTED_API, DISPUTED_API  # one table, the emulator's (rule L19)
 # the Neuron SDK a target needs for the releases dfmp2 runs there (said when a pair is refused)
 SDK_NEEDED = {"trn1": "trn1 needs Neuron SDK 2.28", "trn2": "trn2 runs Neuron SDK 2.28 to 2.33",
               "trn3": "trn3 needs Neuron SDK 2.29 to 2.33; SDK 2.28 (nki 0.2) does not list Trn3"}

@@ -9,19 +9,24 @@ bank, memories, dtypes and engines per operand (GpSimd never touches PSUM), star
 and access-pattern rules, no float64, reductions only over the last free axes, no data
 movement across partitions on the engines.
 
-It emulates one NKI API version at a time (`target(name, api=...)`; default: the newest
-release AWS documents for the target, 0.2 on trn1, 0.7 on trn2 and trn3) with that release's
-rules: 0.2 has no `accumulate=` on nc_matmul and no `engine=`/`priority=` on dma_copy; 0.3+
-unrolls every static loop (at most 5,000,000 instructions per kernel), rejects `*` in a
-kernel signature, `is`/`is not`, list arguments, string buffer names and raw ints for enums,
-and wants a memset value of the tile's dtype; 0.6 adds the device-side `nl.fori_loop` (and
-deprecates `nl.dynamic_range`); 0.7 (Neuron SDK 2.33) removes `nl.dynamic_range` and launches every
-kernel at neuronx-cc's LNC degree (`compiler_lnc`; error EVRF066). No release may DMA out of PSUM (the stricter
-reading of 0.2's docs). nl.bfloat16 tiles hold float32 values rounded to bf16 (RNE) on every
-write; nl.float8_e4m3fn tiles (trn3 only: neuronx-cc's EVRF051 on trn1/trn2) likewise hold
+It emulates one NKI API version at a time (`target(name, api=...)`; default: the newest release AWS
+documents for the target, 0.2 on trn1, 0.7 on trn2 and trn3) with that release's rules: 0.2 has no
+`accumulate=` on nc_matmul and no `engine=`/`priority=` on dma_copy; 0.3+ unrolls every static loop (at
+most 5,000,000 instructions per kernel), rejects `*` in a kernel signature, `is`/`is not`, list
+arguments, string buffer names and raw ints for enums, and wants a memset value of the tile's dtype; 0.6
+adds the device-side `nl.fori_loop` and `nl.while_loop` (and deprecates `nl.dynamic_range`), whose
+bodies are traced once: their loop variable is a register (0.7: an `NkiScalar`) Python cannot branch on,
+and every iteration must issue the code of the first; 0.7 (Neuron SDK 2.33) removes `nl.dynamic_range`,
+inlines nested `@nki.jit` sub-kernels and launches every kernel at neuronx-cc's LNC degree
+(`compiler_lnc`; error EVRF066), a plain call at NEURON_LOGICAL_NC_CONFIG's. A release runs only on the
+targets AWS documents for it (trn1: 0.2; 0.3, disputed, allowed). No release may DMA out of PSUM (the
+stricter reading of 0.2's docs). Indexing takes ints, slices, nl.ds, one Ellipsis and negative indices;
+views (reshape, permute, broadcast), placed allocations (`address=`), `dma_transpose`, `affine_select`
+and registers are emulated with their rules. nl.bfloat16 tiles hold float32 values rounded to bf16 (RNE)
+on every write; nl.float8_e4m3fn tiles (trn3 only: neuronx-cc's EVRF051 on trn1/trn2) likewise hold
 float32 values rounded to e4m3fn (RNE, overflow NaN), and nc_matmul takes them (with
-perf_mode=double_row too). New on-chip and output memory is NaN-filled and tracked, so reading
-unwritten memory or returning a partly written output raises NkiConstraintError. Every call leaves a trace
+perf_mode=double_row too). New on-chip and output memory is NaN-filled and tracked, so reading unwritten
+memory or returning a partly written output raises NkiConstraintError. Every call leaves a trace
 (matmuls, DMA bytes, vector work) from which a *modelled* trn1/trn2/trn3 time is derived.
 
 What it cannot tell: real timing (the model assumes perfect overlap and no launch cost),
@@ -41,9 +46,9 @@ import threading
 
 import numpy as np
 
-from . import isa, language
-from .core import (API_VERSIONS, COMPILER_LNC, INSTRUCTION_LIMIT, NEWEST_API, TARGETS, NkiConstraintError, Tile, Trace,
-                   api_tuple, kernel_run)
+from . import core, isa, language
+from .core import (API_VERSIONS, COMPILER_LNC, DISPUTED_API, INSTRUCTION_LIMIT, NEWEST_API, SUPPORTED_API, TARGETS,
+                   NkiConstraintError, Tile, Trace, api_tuple, kernel_run)
 
 __all__ = ["jit", "simulate", "language", "isa", "NkiConstraintError", "TARGETS", "Trace",
            "target", "current_api", "compiler_lnc", "EmulatedKernel", "API_VERSIONS", "NEWEST_API",
@@ -80,17 +85,23 @@ def target(name: str, api: str | None = None, lnc: int | None = None):
         _config.target, _config.api, _config.lnc = previous
 
 
+def _environment_lnc() -> int | None:
+    """NEURON_LOGICAL_NC_CONFIG as an int (None where unset)."""
+    given = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+    if given is None:
+        return None
+    if given.strip() not in ("1", "2"):
+        raise NkiConstraintError(f"NEURON_LOGICAL_NC_CONFIG={given!r}: the Neuron SDK supports LNC 1 or 2")
+    return int(given)
+
+
 def compiler_lnc() -> int:
     """neuronx-cc's LNC degree for the emulated target: target(lnc=), else the environment's
     NEURON_LOGICAL_NC_CONFIG (AWS's setting for kernel and compiler alike), else COMPILER_LNC."""
     if _config.lnc is not None:
         return _config.lnc
-    given = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-    if given is not None:
-        if given.strip() not in ("1", "2"):
-            raise NkiConstraintError(f"NEURON_LOGICAL_NC_CONFIG={given!r}: the Neuron SDK supports LNC 1 or 2")
-        return int(given)
-    return COMPILER_LNC[_config.target]
+    given = _environment_lnc()
+    return COMPILER_LNC[_config.target] if given is None else given
 
 
 def current_api() -> str:
@@ -119,17 +130,49 @@ class EmulatedKernel:
         return functools.partial(self._launch, grid)
 
     def __call__(self, *args):
-        return self._launch(1, *args)
+        """A plain call: under nki 0.7 at the degree NEURON_LOGICAL_NC_CONFIG sets (1 when unset; the 0.7
+        nki.jit page), before 0.7 on one core."""
+        if core.running():
+            return self._inline(*args)
+        api = current_api()
+        return self._launch(_environment_lnc() or 1 if api_tuple(api) >= (0, 7) else 1, *args, grid=False)
 
-    def _launch(self, programs, *args):
+    def _inline(self, *args):
+        """A jitted kernel called from a running kernel (rule L20): nki 0.7 inlines a nested @nki.jit
+        sub-kernel (SpecializationConfig.allow_nested_config_override); 0.2-0.6 refuse it (the 0.2
+        migration guide: remove nki.jit from sub-kernels)."""
+        run = core.current_run(check=False)
+        if not run.api_at_least("0.7"):
+            raise NkiConstraintError(
+                f"{self.fn.__name__} is decorated with nki.jit and called from the kernel {run.name}: under nki "
+                f"{run.api} a sub-kernel must not be decorated (remove nki.jit from it, or apply it at the top "
+                f"call site) [L20; {run.target.name}, nki {run.api}]")
+        return self.fn(*args)
+
+    def _launch(self, programs, *args, grid=True):
         """Run the kernel's programs one after another (each with its own on-chip memory, as on
         its own physical core); shared_hbm outputs are common to all of them."""
         api = current_api()
+        if core.running():
+            run = core.current_run(check=False)
+            raise NkiConstraintError(f"{self.fn.__name__}[{programs}] called from the kernel {run.name}: a kernel "
+                                     f"with a launch grid cannot be called from another kernel "
+                                     f"[L20; {run.target.name}, nki {run.api}]")
+        if api not in SUPPORTED_API[_config.target] and api not in DISPUTED_API.get(_config.target, ()):
+            raise NkiConstraintError(
+                f"{self.fn.__name__}: nki {api} does not support {_config.target} (AWS documents nki 0.3+ for "
+                f"Trainium2 and Trainium3 only, and SDK 2.28's nki 0.2 does not list Trainium3; {_config.target} "
+                f"runs nki {', '.join(SUPPORTED_API[_config.target])}) [L19; {_config.target}, nki {api}]")
         if api_tuple(api) >= (0, 7) and programs != compiler_lnc():  # rule L14 (compiler error EVRF066)
             raise NkiConstraintError(
                 f"NKI kernel '{self.fn.__name__}' is configured with LNC={programs}, but neuronx-cc is using "
                 f"LNC={compiler_lnc()}. (EVRF066: every kernel of a model at the compiler's LNC degree; set "
                 f"NEURON_LOGICAL_NC_CONFIG) [L14; {_config.target}, nki {api}]")
+        if api == "0.6" and grid and _environment_lnc() not in (None, programs):  # rule L21
+            raise NkiConstraintError(
+                f"{self.fn.__name__}[{programs}] with NEURON_LOGICAL_NC_CONFIG={_environment_lnc()}: the launch's "
+                f"LNC value must match the variable (nki.jit, nki 0.6: a mismatch is a runtime error) "
+                f"[L21; {_config.target}, nki {api}]")
         if api_tuple(api) >= (0, 3):
             _check_python_subset(self.fn, api)
             if any(isinstance(arg, list) for arg in args):
@@ -137,7 +180,7 @@ class EmulatedKernel:
                     f"{self.fn.__name__}: nki {api} accepts no list kernel argument (0.2 did): pass a tuple "
                     f"[L9; {_config.target}, nki {api}]")
         hbm_args = [_as_hbm(arg, self.fn.__name__, n) for n, arg in enumerate(args)]
-        shared, traces, result = [], [], None
+        shared, traces, loops, result = [], [], [], None
         with _one_blas_thread():
             for pid in range(programs):
                 with kernel_run(TARGETS[_config.target], self.fn.__name__, api, pid, programs,
@@ -145,6 +188,14 @@ class EmulatedKernel:
                     result = self.fn(*hbm_args)
                     run.checkpoint()
                 traces.append(run.trace)
+                loops.append(run.dynamic_loops)
+        if any(other != loops[0] for other in loops[1:]):  # rule L22
+            ran = "; ".join(f"program {n}: " + (", ".join(f"{name} x{trips}" for name, trips in each) or "none")
+                            for n, each in enumerate(loops))
+            raise NkiConstraintError(
+                f"{self.fn.__name__}: the programs of one launch ran different device loops ({ran}): dynamic "
+                "control flow that differs between the cores of a logical NeuronCore is undefined behaviour "
+                f"(AWS's LNC guide) [L22; {_config.target}, nki {api}]")
         outputs = result if isinstance(result, tuple) else (result,)
         arrays = tuple(_returned(tile, self.fn.__name__) for tile in outputs)
         trace = traces[0]

@@ -12,6 +12,9 @@ that no instruction wrote poisons the result.
 from __future__ import annotations
 
 import contextlib
+import math
+import operator
+import os
 import threading
 import weakref
 from collections import Counter
@@ -113,6 +116,12 @@ def round_to_fp8_e4m3fn(value: np.ndarray) -> np.ndarray:
 API_VERSIONS = ("0.2", "0.3", "0.4", "0.5", "0.6", "0.7")
 # newest release AWS documents for each target, that dfmp2 runs
 NEWEST_API = {"trn1": "0.2", "trn2": "0.7", "trn3": "0.7"}
+# the releases AWS documents for each target (rule L19): the NKI FAQ of SDK 2.29-2.33 ("NKI supports
+# Trainium2 and Trainium3"), the NxD Inference 2.29 notes ("NKI 0.3.0 kernels are not supported on Trn1/Inf2");
+# trn1 stays on SDK 2.28 (nki 0.2); SDK 2.28 does not list Trn3
+SUPPORTED_API = {"trn1": ("0.2",), "trn2": API_VERSIONS, "trn3": API_VERSIONS[1:]}
+# a pair AWS refuses that a sibling library ran (nki 0.3.0 on trn1, neuronx-cc 2.24): emulated, and announced
+DISPUTED_API = {"trn1": ("0.3",)}
 # neuronx-cc's logical NeuronCore degree unless NEURON_LOGICAL_NC_CONFIG says otherwise: "neuronx-cc
 # defaults to LNC=2 on Trn2 and later" (AWS, compiler error code EVRF066, Neuron 2.33 documentation)
 COMPILER_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
@@ -283,6 +292,10 @@ class KernelRun:
         # the Scalar Engine's reduce registers (one fp32 per partition, nisa.activation reduce_cmd);
         # None until an instruction resets them (reading them before is refused)
         self.scalar_reduce_regs = None
+        self._serial = 0  # allocations made so far (a tile's `serial`: which allocation it is)
+        self._traced_loops = []  # open device loops whose body is traced once (nl.fori_loop, nl.while_loop)
+        self.no_reorder = 0  # depth of open nl.no_reorder() blocks
+        self.dynamic_loops = []  # (loop, trip count) of each device loop this program ran (rule L22)
 
     def allocate(self, buffer: str, per_partition: int, shape, owner) -> None:
         if buffer == "psum":  # PSUM is handed out in whole 2 KiB banks
@@ -292,6 +305,40 @@ class KernelRun:
         self._allocated_since_check = True
         self._last[buffer] = (tuple(shape), per_partition)
         weakref.finalize(owner, self._release, buffer, per_partition)
+
+    def number(self, tile) -> None:
+        """Give a new allocation its serial number (its identity in a traced loop body)."""
+        tile.serial = self._serial
+        self._serial += 1
+
+    @contextlib.contextmanager
+    def traced_loop(self, what: str):
+        """A device-side loop whose body the compiler sees once (nki 0.6+: nl.fori_loop, nl.while_loop).
+        The emulator runs the body once per iteration; `traced_iteration` checks that each iteration
+        issues what the first did (rule L17): a body that keeps state in Python across iterations (a
+        counter, a list it appends to, a branch on a Python value that changes) compiles to the
+        first iteration's code on the device, and computes something else there."""
+        self._traced_loops.append(_TracedLoop(what))
+        try:
+            yield self._traced_loops[-1]
+        finally:
+            self._traced_loops.pop()
+
+    @contextlib.contextmanager
+    def traced_iteration(self, loop: "_TracedLoop"):
+        loop.begin(self._serial)
+        with self.device_loop_iteration(first=loop.recording):
+            yield
+        loop.end(self)
+
+    def record(self, name: str, args: tuple) -> None:
+        """An instruction or allocation inside open traced loops: appended to the code of every loop
+        in its first iteration (innermost outward), compared with the code of the innermost loop
+        that is repeating."""
+        for loop in reversed(self._traced_loops):
+            entry = (name,) + tuple(_canonical(arg, loop.start_serial) for arg in args)
+            if not loop.record(entry, self):
+                return
 
     def api_at_least(self, version: str) -> bool:
         return self.api_version >= api_tuple(version)
@@ -346,7 +393,7 @@ class KernelRun:
         if not self._allocated_since_check:
             return
         for buffer, limit, key in (("sbuf", self.target.sbuf_usable_bytes_per_partition, "peak_sbuf_bytes"),
-                                   ("psum", self.target.psum_bytes_per_partition, "peak_psum_bytes")):
+                                   ("psum", self.psum_capacity(), "peak_psum_bytes")):
             if self.live[buffer] > limit:
                 shape, size = self._last[buffer]
                 usable = (f" (usable: {self.target.sbuf_bytes_per_partition} B physical minus "
@@ -360,8 +407,98 @@ class KernelRun:
             setattr(self.trace, key, max(getattr(self.trace, key), self.live[buffer]))
         self._allocated_since_check = False
 
+    def psum_capacity(self) -> int:
+        """PSUM bytes per partition a kernel may allocate: 8 banks, or 7 where dma_transpose is lowered to
+        PE transposes (NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+, nki 0.4+: bank 7 is reserved for
+        nc_transpose; tile_size.psum_num_banks, TILE_SIZE) [L2]."""
+        reserved = (os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower() == "true"
+                    and self.target.name != "trn1" and self.api_at_least("0.4"))
+        return self.target.psum_bytes_per_partition - (self.target.psum_bank_bytes if reserved else 0)
+
     def _release(self, buffer: str, per_partition: int) -> None:
         self.live[buffer] -= per_partition
+
+
+class _TracedLoop:
+    """The code of one traced device loop: the first iteration's entries, then the position reached
+    in the iteration being compared."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.expected = None  # entries of the first iteration
+        self.recording = False
+        self.position = 0
+        self.start_serial = 0
+        self.iteration = -1
+
+    def begin(self, serial: int) -> None:
+        self.iteration += 1
+        self.start_serial = serial
+        self.position = 0
+        self.recording = self.expected is None
+        if self.recording:
+            self.expected = []
+
+    def record(self, entry, run) -> bool:
+        """True: keep recording into the enclosing loop (this one is in its first iteration)."""
+        if self.recording:
+            self.expected.append(entry)
+            return True
+        if self.position >= len(self.expected) or self.expected[self.position] != entry:
+            was = self.expected[self.position] if self.position < len(self.expected) else "the end of the body"
+            self._diverged(run, f"issues {_describe(entry)} where iteration 0 issued {_describe(was)}")
+        self.position += 1
+        return False
+
+    def end(self, run) -> None:
+        if not self.recording and self.position != len(self.expected):
+            self._diverged(run, f"ends after {self.position} of iteration 0's {len(self.expected)} instructions "
+                                "and allocations")
+        self.recording = False
+
+    def _diverged(self, run, text: str):
+        raise NkiConstraintError(
+            f"{run.name}: iteration {self.iteration} of {self.what} {text}: the compiler traces the body once "
+            "and the device repeats that code, so state kept in Python across iterations (a counter, a "
+            "list, a branch on a changing Python value) does not exist there; index with the loop "
+            f"variable instead [L17; {run.target.name}, nki {run.api}]")
+
+
+def _canonical(arg, start_serial: int):
+    """An instruction argument as the compiled code sees it: a tile by its allocation (numbered from
+    the iteration's start if allocated in it), its offset unless the access is dynamic, shape and
+    dtype; a register as 'register'; enums and operators by name; numbers by value."""
+    if isinstance(arg, Tile):
+        serial = arg.serial
+        where = ("hbm-argument", id(arg._base or arg)) if serial is None else \
+            ("body", serial - start_serial) if serial >= start_serial else ("outer", serial)
+        base = arg._base or arg
+        offset = "dynamic" if arg.dynamic else (arg.data.ctypes.data - base.data.ctypes.data, arg.data.strides)
+        return ("tile",) + where + (offset, arg.shape, str(arg.dtype))
+    if isinstance(arg, RegisterValue):
+        return "register"
+    if isinstance(arg, (tuple, list)):
+        return tuple(_canonical(a, start_serial) for a in arg)
+    if callable(arg) and hasattr(arg, "__name__"):
+        return arg.__name__
+    if isinstance(arg, np.ndarray):
+        return ("array", arg.shape, arg.tobytes())
+    return repr(arg)
+
+
+def _describe(entry) -> str:
+    if not isinstance(entry, tuple):
+        return str(entry)
+    name, args = entry[0], entry[1:]
+    tiles = [a for a in args if isinstance(a, tuple) and a and a[0] == "tile"]
+    shown = ", ".join(f"{a[1]} tile #{a[2]} {a[4]}" + (" (dynamic)" if a[3] == "dynamic" else f" at byte {a[3][0]}")
+                      for a in tiles[:3])
+    return f"{name}({shown})"
+
+
+def running() -> bool:
+    """True inside an emulated kernel."""
+    return _state.run is not None
 
 
 def current_run(check=True) -> KernelRun:
@@ -386,6 +523,107 @@ def kernel_run(target: Target, name: str, api: str, program_id: int = 0, program
         _state.run = previous
 
 
+class NkiTypeError(NkiConstraintError, TypeError):
+    """A kernel used a device value as a Python one (AWS: the tracer raises TypeError)."""
+
+
+class RegisterValue:
+    """A run-time integer on the device: a register (`nisa.register_alloc`, nki 0.3+; a `VirtualRegister`),
+    the loop variable of nl.fori_loop (a frozen register in 0.6, an `NkiScalar` in 0.7) or an NkiScalar
+    of `nisa.scalar_load` (0.7). Its value exists only while the compiled code runs: it indexes tensors
+    (the access becomes dynamic), bounds device loops, and under 0.7 combines with ints and scalars by
+    +, - and * (int32, wrapping); Python cannot branch on it, convert it or use it as a Python int
+    (`if i == 0:`, `range(i)`, `int(i)`, a list index): rule L17. The emulator carries the value of the
+    iteration it is running in `value`; None: an uninitialised register."""
+
+    __slots__ = ("value", "what", "frozen")
+
+    def __init__(self, value, what: str = "a register", frozen: bool = False):
+        self.value = None if value is None else wrap_int32(int(value))
+        self.what = what
+        self.frozen = frozen  # a loop variable: register_move/register_load may not write it
+
+    def read(self) -> int:
+        if self.value is None:
+            run = _state.run
+            raise NkiConstraintError(f"{self.what} is read before any value was moved or loaded into it "
+                                     f"[X14{'' if run is None else f'; {run.target.name}, nki {run.api}'}]")
+        return self.value
+
+    def _combine(self, other, op, symbol, swapped=False):
+        if isinstance(other, RegisterValue):
+            other = other.read()
+        elif not isinstance(other, (int, np.integer)) or isinstance(other, bool):
+            return NotImplemented
+        run = _state.run
+        if run is not None and symbol not in ("+", "-", "*", "==", "!=", "<", "<=", ">", ">="):
+            self._python_use(f"'{symbol}'", "0.7's NkiScalar documents +, - and * (and comparisons whose "
+                                            "result cannot be used)")
+        if run is not None and not run.api_at_least("0.7"):
+            self._python_use(f"Python arithmetic ('{symbol}')", "nki 0.6's loop variable is read-only and takes "
+                                                                 "no Python arithmetic (0.7's NkiScalar does)")
+        a, b = (int(other), self.read()) if swapped else (self.read(), int(other))
+        return RegisterValue(op(a, b), self.what if self.what.startswith("an expression of") else
+                             f"an expression of {self.what}")
+
+    def __add__(self, other): return self._combine(other, operator.add, "+")
+    def __radd__(self, other): return self._combine(other, operator.add, "+", True)
+    def __sub__(self, other): return self._combine(other, operator.sub, "-")
+    def __rsub__(self, other): return self._combine(other, operator.sub, "-", True)
+    def __mul__(self, other): return self._combine(other, operator.mul, "*")
+    def __rmul__(self, other): return self._combine(other, operator.mul, "*", True)
+    def __floordiv__(self, other): return self._combine(other, operator.floordiv, "//")
+    def __mod__(self, other): return self._combine(other, operator.mod, "%")
+    def __lshift__(self, other): return self._combine(other, operator.lshift, "<<")
+    def __rshift__(self, other): return self._combine(other, operator.rshift, ">>")
+    # comparisons are traced, but their result cannot be used (0.7's NkiScalar page): Python cannot branch on it
+    def __eq__(self, other): return self._combine(other, lambda a, b: int(a == b), "==")
+    def __ne__(self, other): return self._combine(other, lambda a, b: int(a != b), "!=")
+    def __lt__(self, other): return self._combine(other, lambda a, b: int(a < b), "<")
+    def __le__(self, other): return self._combine(other, lambda a, b: int(a <= b), "<=")
+    def __gt__(self, other): return self._combine(other, lambda a, b: int(a > b), ">")
+    def __ge__(self, other): return self._combine(other, lambda a, b: int(a >= b), ">=")
+    __hash__ = None
+
+    def _python_use(self, use: str, why: str = ""):
+        run = _state.run
+        where = f" [L17; {run.target.name}, nki {run.api}]" if run is not None else " [L17]"
+        kind = "an NkiScalar" if run is None or run.api_at_least("0.7") else "a VirtualRegister"
+        raise NkiTypeError(
+            f"{use} of {self.what}, {kind} whose value exists only on the device: "
+            + (why or "the kernel is traced once, so Python cannot branch on it, convert it or use it as a "
+               "Python int (index tensors with it, bound device loops with it)") + where)
+
+    def __bool__(self): self._python_use("Python control flow (if/while/and/or)")
+    def __index__(self): self._python_use("a Python int conversion (range, list index)")
+    def __int__(self): self._python_use("int()")
+    def __float__(self): self._python_use("float()")
+
+    def __repr__(self):
+        return f"register({self.what})"
+
+
+def wrap_int32(value: int) -> int:
+    """int32 arithmetic wraps (0.7's NkiScalar page: "int32 arithmetic wraps rather than widening")."""
+    return ((value + 2 ** 31) % 2 ** 32) - 2 ** 31
+
+
+def _tag(rule: str) -> str:
+    """The suffix of a refusal: its audit row, and the target and release of the running kernel."""
+    run = _state.run
+    return f" [{rule}]" if run is None else f" [{rule}; {run.target.name}, nki {run.api}]"
+
+
+def _has_register(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    for item in items:
+        parts = (item.start, item.stop, item.step) if isinstance(item, slice) else \
+            (item.start, item.size) if hasattr(item, "size") and hasattr(item, "start") else (item,)
+        if any(isinstance(part, RegisterValue) for part in parts):
+            return True
+    return False
+
+
 class Tile:
     """An array in one of the NeuronCore's memories; slicing gives a view of the same memory.
 
@@ -397,7 +635,7 @@ class Tile:
     """
 
     __slots__ = ("data", "written", "matmul_result", "buffer", "dtype", "_base", "_first_partition",
-                 "scope_closed", "__weakref__")
+                 "scope_closed", "dynamic", "serial", "__weakref__")
 
     def __init__(self, data, written, matmul_result, buffer: str, base=None, first_partition: int = 0,
                  dtype=None):
@@ -409,6 +647,8 @@ class Tile:
         self.dtype = data.dtype if dtype is None else dtype
         self._base = base  # keeps the allocation alive (and accounted) while views exist
         self.scope_closed = False  # allocated in an nl.fori_loop body that has ended (rule L15)
+        self.dynamic = False  # a view indexed by a loop register: its offset changes per iteration
+        self.serial = base.serial if base is not None else None  # allocation number (KernelRun.allocate)
 
     @property
     def shape(self):
@@ -430,22 +670,63 @@ class Tile:
 
     def __getitem__(self, index):
         on_chip = self.on_chip
+        dynamic = _has_register(index)
         index = _normalise_index(index, self.data.shape, keep_partition=on_chip)
         first = self._first_partition + index[0].start if on_chip else 0  # axis 0 stays a slice on chip
-        return Tile(self.data[index], self.written[index], self.matmul_result[index], self.buffer,
+        view = Tile(self.data[index], self.written[index], self.matmul_result[index], self.buffer,
                     self._base or self, first, self.dtype)
+        view.dynamic = self.dynamic or dynamic
+        return view
 
     def reshape(self, shape):
-        shape = tuple(shape)
+        """A view of another shape over the same elements (LANG-0.6 tensor views): the element count
+        kept (V1), an on-chip tile's partition axis kept (L6), a contiguous source (V2)."""
+        shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if math.prod(shape) != self.data.size or any(n <= 0 for n in shape):
+            raise NkiConstraintError(
+                f"reshape {self.shape} -> {shape}: a view keeps the element count ({self.data.size} elements "
+                f"into {math.prod(shape)})" + _tag("V1"))
         if self.on_chip and shape[0] != self.shape[0]:
             raise NkiConstraintError(
                 f"reshape {self.shape} -> {shape} would move data across partitions "
-                "(an on-chip tile keeps its partition axis) [L6]")
+                "(an on-chip tile keeps its partition axis)" + _tag("L6"))
         data = self.data.reshape(shape)
         if not np.shares_memory(data, self.data):
-            raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}")
-        return Tile(data, self.written.reshape(shape), self.matmul_result.reshape(shape),
+            raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}: a view "
+                                     "cannot reorder memory (copy it first)" + _tag("V2"))
+        view = Tile(data, self.written.reshape(shape), self.matmul_result.reshape(shape),
                     self.buffer, self._base or self, self._first_partition, self.dtype)
+        view.dynamic = self.dynamic
+        return view
+
+    def permute(self, dims):
+        """A view with the axes reordered (LANG-0.6 tensor views): dims a permutation of the axes; on chip
+        dims[0] == 0, the partition axis stays first [V3]."""
+        dims = tuple(int(d) for d in dims)
+        if sorted(dims) != list(range(len(self.shape))):
+            raise NkiConstraintError(f"permute{dims} of a tensor {self.shape}: dims must be a permutation of its "
+                                     f"{len(self.shape)} axes" + _tag("V3"))
+        if self.on_chip and dims[0] != 0:
+            raise NkiConstraintError(f"permute{dims} of an on-chip tile {self.shape}: dims[0] must be 0 (the partition "
+                                     "axis stays first; move data across partitions with a transpose)" + _tag("V3"))
+        return self._view(np.transpose(self.data, dims), np.transpose(self.written, dims),
+                          np.transpose(self.matmul_result, dims))
+
+    def broadcast(self, dim, size):
+        """A read-only view repeating axis `dim` (of size 1) `size` times (LANG-0.6): not the partition axis
+        of an on-chip tile [V4]."""
+        dim, size = int(dim), int(size)
+        if not 0 <= dim < len(self.shape) or self.shape[dim] != 1 or size < 1 or (self.on_chip and dim == 0):
+            raise NkiConstraintError(f"broadcast({dim}, {size}) of a tensor {self.shape}: the axis must have size 1 "
+                                     "and not be the partition axis of an on-chip tile" + _tag("V4"))
+        shape = self.shape[:dim] + (size,) + self.shape[dim + 1:]
+        return self._view(np.broadcast_to(self.data, shape), np.broadcast_to(self.written, shape),
+                          np.broadcast_to(self.matmul_result, shape))
+
+    def _view(self, data, written, matmul_result):
+        view = Tile(data, written, matmul_result, self.buffer, self._base or self, self._first_partition, self.dtype)
+        view.dynamic = self.dynamic
+        return view
 
     def __setitem__(self, index, value):
         raise NkiConstraintError(
@@ -456,34 +737,68 @@ class Tile:
 
 
 def _normalise_index(index, shape, keep_partition):
-    """Ints, slices and nl.ds(start, size), checked against the tile. An int drops its axis,
-    except the partition axis (0) of an on-chip tile, which stays as a size-1 slice."""
+    """Ints, slices, nl.ds(start, size) and one Ellipsis, checked against the tile, with Python's
+    meaning of negative indices and bounds (LANG-0.6: NKI tensors index as numpy arrays do; rows
+    IX1-IX3 of docs/nki-audit.md). An int drops its axis, except the partition axis (0) of an
+    on-chip tile, which stays as a size-1 slice. A step is allowed on a free axis only (X5)."""
     if not isinstance(index, tuple):
         index = (index,)
+    ellipses = sum(item is Ellipsis for item in index)
+    if ellipses > 1:
+        raise NkiConstraintError(f"an index can only have a single ellipsis ('...'): {index!r}" + _tag("IX1"))
+    if ellipses:
+        at = next(n for n, item in enumerate(index) if item is Ellipsis)
+        fill = len(shape) - (len(index) - 1)
+        index = index[:at] + (slice(None),) * max(fill, 0) + index[at + 1:]
     if len(index) > len(shape):
-        raise NkiConstraintError(f"{len(index)} indices for a tile of shape {tuple(shape)}")
+        raise NkiConstraintError(f"{len(index)} indices for a tile of shape {tuple(shape)}" + _tag("IX3"))
     out = []
     for axis, item in enumerate(index):
+        item = _concrete(item)
         if hasattr(item, "start") and hasattr(item, "size") and not isinstance(item, slice):
-            item = slice(item.start, item.start + item.size)
+            if isinstance(item.size, RegisterValue):
+                raise NkiConstraintError(f"nl.ds(start, size) with a register size on axis {axis}: the size must "
+                                         "be a compile-time int (a run-time start is allowed)" + _tag("IX2"))
+            start, size = _concrete(item.start), _concrete(item.size)
+            if start < 0 or size <= 0 or start + size > shape[axis]:
+                raise NkiConstraintError(f"nl.ds({start}, {size}) is empty or outside axis {axis} of a tile of "
+                                         f"shape {tuple(shape)}" + _tag("IX3"))
+            item = slice(start, start + size)
         if isinstance(item, slice):
-            if item.step not in (None, 1):
+            start, stop, step = (None if v is None else _concrete(v) for v in (item.start, item.stop, item.step))
+            if step is not None and step != 1 and (axis == 0 and keep_partition or step <= 0):
                 raise NkiConstraintError(
-                    f"strided slice {item} on axis {axis} of a tile of shape {tuple(shape)}: the hardware "
-                    "has no partition-axis stride; the emulator also refuses free-axis strides (legal "
-                    "on the device, not used by dfmp2) [X5]")
-            start = 0 if item.start is None else int(item.start)
-            stop = shape[axis] if item.stop is None else int(item.stop)
-            if start < 0 or stop > shape[axis] or start >= stop:
+                    f"slice step {step} on axis {axis} of a tile of shape {tuple(shape)}: "
+                    + ("the hardware has no partition-axis stride" if axis == 0 and keep_partition
+                       else "a step must be positive") + _tag("X5"))
+            n = shape[axis]
+            start = 0 if start is None else start + n if start < 0 else start  # -k: k from the end
+            stop = n if stop is None else stop + n if stop < 0 else stop
+            step = 1 if step is None else step
+            if not 0 <= start < stop <= n:
                 raise NkiConstraintError(
-                    f"slice {start}:{stop} is empty or outside axis {axis} of a tile of shape {tuple(shape)}")
-            out.append(slice(start, stop))
-        elif isinstance(item, (int, np.integer)):
-            if not 0 <= item < shape[axis]:
+                    f"slice {item.start}:{item.stop} is empty or outside axis {axis} of a tile of shape "
+                    f"{tuple(shape)} (no clamping: an access outside the tensor is an error)" + _tag("IX3"))
+            out.append(slice(start, stop, None if step == 1 else step))
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            if not -shape[axis] <= item < shape[axis]:
                 raise NkiConstraintError(
-                    f"index {item} is outside axis {axis} of a tile of shape {tuple(shape)}")
+                    f"index {item} is outside axis {axis} of a tile of shape {tuple(shape)}" + _tag("IX3"))
+            item = int(item) % shape[axis]  # -1: the last element, as in Python
             keep = keep_partition and axis == 0
-            out.append(slice(int(item), int(item) + 1) if keep else int(item))
+            out.append(slice(item, item + 1) if keep else item)
         else:
-            raise NkiConstraintError(f"unsupported index {item!r}")
+            raise NkiConstraintError(f"unsupported index {item!r} on axis {axis} (ints, slices, nl.ds and one "
+                                     "Ellipsis)" + _tag("IX2"))
+    if keep_partition and len(shape) >= 2:
+        kept = 1 + sum(not isinstance(item, int) for item in out[1:]) + (len(shape) - len(out))
+        if kept < 2:  # on chip, a result stays 2-D: the last free dim indexed by an int is kept at 1
+            last = max(n for n, item in enumerate(out) if n and isinstance(item, int))
+            out[last] = slice(out[last], out[last] + 1)
     return tuple(out)
+
+
+def _concrete(value):
+    """An index component's value: a loop register (NkiScalar) reads as its current value here, the
+    view it makes is marked dynamic by Tile.__getitem__; everything else as given."""
+    return value.read() if isinstance(value, RegisterValue) else value

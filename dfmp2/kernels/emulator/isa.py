@@ -19,13 +19,15 @@ cannot access PSUM. `engine=` arguments are validated per instruction and target
 
 from __future__ import annotations
 
+import functools
 import math
 from enum import Enum
 
 import numpy as np
 
 from . import language as nl
-from .core import BFLOAT16, FLOAT8_E4M3FN, NkiConstraintError, Tile, current_run, round_to_bf16, round_to_fp8_e4m3fn
+from .core import (BFLOAT16, FLOAT8_E4M3FN, NkiConstraintError, RegisterValue, Tile, current_run, round_to_bf16,
+                   round_to_fp8_e4m3fn, running as _running, wrap_int32)
 
 
 # ---- enums (members as in nki.isa; raw ints only under nki 0.2) --------------------------------
@@ -137,6 +139,9 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
         raise NkiConstraintError(f"{what}: dst must be a tile")
     _in_scope(dst, what)
     data = dst.data
+    if not data.flags.writeable:
+        raise NkiConstraintError(f"{what}: dst {dst.shape} is a broadcast view, which repeats elements and cannot "
+                                 "be written" + _at(current_run(), "V4"))
     if value.size != data.size:
         raise NkiConstraintError(f"{what}: writes {value.size} elements into dst {dst.shape}")
     if value.dtype != data.dtype and value.dtype != np.float32:
@@ -334,6 +339,65 @@ def _dma_priority(run, mode, priority, what) -> None:
     if mode is dge_mode.none and run.api == "0.4":
         raise NkiConstraintError(f"{what}: nki 0.4 supports priority= only with DGE on (not dge_mode=none)"
                                  + _at(run, "D7"))
+
+
+_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}  # the permutation of each source rank
+
+
+def dma_transpose(dst, src, axes=None, dge_mode=None, oob_mode=None, name=None, priority=None):
+    """dst = src transposed by the DMA engines (the direct transpose: ISA-0.2..0.6:dma_transpose): axes
+    (1, 0), (2, 1, 0) or (3, 1, 2, 0) for a 2-, 3- or 4-d source [DT2]; dst in SBUF, src in HBM or SBUF,
+    one dtype [DT1] of 2 bytes [DT6]; lowered to the hardware DGE (NeuronCore-v3+ [DT4]) with its shape
+    limits [DT5], which the emulator applies to dge_mode=unknown too (the stricter reading: the hardware
+    DGE is the only documented lowering of a direct transpose). The indirect (software DGE) transpose
+    is not emulated [DT3]."""
+    what = f"nisa.dma_transpose({getattr(src, 'shape', src)} -> {getattr(dst, 'shape', dst)})"
+    run = current_run()
+    mode = _enum(dge_mode, globals()["dge_mode"], what, "dge_mode")
+    if priority is not None:
+        _dma_priority(run, mode, priority, what)
+    if mode not in (None, globals()["dge_mode"].unknown, globals()["dge_mode"].hwdge):
+        raise NkiConstraintError(f"{what}: dge_mode={mode.name}: a direct transpose takes unknown or hwdge (the "
+                                 "software-DGE indirect transpose, with indices, is not emulated)" + _at(run, "DT3"))
+    if not isinstance(dst, Tile) or not isinstance(src, Tile) or dst.buffer != "sbuf" or src.buffer == "psum":
+        raise NkiConstraintError(f"{what}: dst must be an SBUF tile and src an HBM or SBUF tensor" + _at(run, "DT1"))
+    if dst.dtype != src.dtype:
+        raise NkiConstraintError(f"{what}: src {src.dtype} and dst {dst.dtype}: a DMA transpose does not cast "
+                                 "(src.dtype == dst.dtype)" + _at(run, "DT1"))
+    rank = len(src.shape)
+    if rank not in _TRANSPOSE_AXES or (axes is not None and tuple(axes) != _TRANSPOSE_AXES[rank]):
+        raise NkiConstraintError(f"{what}: axes={axes!r}: supported are (1, 0), (2, 1, 0) and (3, 1, 2, 0), for a "
+                                 f"source of rank 2, 3 and 4" + _at(run, "DT2"))
+    permutation = _TRANSPOSE_AXES[rank]
+    expected = tuple(src.shape[a] for a in permutation)
+    if dst.shape != expected:
+        raise NkiConstraintError(f"{what}: dst must be the transposed source {expected} (same rank; nki 0.4+ "
+                                 "asserts it)" + _at(run, "DT2"))
+    if run.target.name == "trn1":
+        raise NkiConstraintError(f"{what}: a direct DMA transpose is lowered to the hardware DGE, which needs "
+                                 "NeuronCore-v3 or newer, not trn1" + _at(run, "DT4"))
+    if src.dtype.itemsize != 2:
+        raise NkiConstraintError(f"{what}: src is {src.dtype}; a DMA transpose moves 2-byte elements (bfloat16, "
+                                 "float16, (u)int16)" + _at(run, "DT6"))
+    first, last = src.shape[0], src.shape[-1]
+    if not run.api_at_least("0.6"):
+        if first != 16 or last != 128:
+            raise NkiConstraintError(
+                f"{what}: before nki 0.6 the hardware DGE transposes src.shape[0] == 16 and src.shape[-1] == 128 "
+                "(the 0.6 notes: 'previously required ==128'; the ISA page's '% 128' read strictly)"
+                + _at(run, "DT5"))
+    elif (first != 16 if rank == 2 else first not in (1, 2, 4, 8, 16) or (first * src.shape[-2]) % 16) \
+            or last > 128:
+        raise NkiConstraintError(
+            f"{what}: the hardware DGE transposes a 2-d src with src.shape[0] == 16, a 3-d/4-d src with "
+            "src.shape[0] in {1, 2, 4, 8, 16} and src.shape[0] * src.shape[-2] a multiple of 16, and "
+            "src.shape[-1] <= 128" + _at(run, "DT5"))
+    value = _read(src, what)
+    _write(dst, np.transpose(value, permutation), what)
+    run.issue("dma", value.size)
+    run.trace.dma_transfers += 1
+    if src.buffer != "sbuf":
+        run.trace.dma_bytes_in += int(value.size) * src.dtype.itemsize
 
 
 # tensor_copy engines: NeuronCore-v2 has no Scalar Engine copy; v3 adds it. No page states the v4 set:
@@ -676,10 +740,16 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         return
     if eng == "gpsimd":  # the docs allow GpSimd for rsqrt only, an op the emulator does not have
         raise NkiConstraintError(f"{what}: engine=gpsimd is only allowed for rsqrt" + _at(run, "TS7"))
-    if eng == "scalar" and (op0, op1) not in _SCALAR_ENGINE_PAIRS:
-        raise NkiConstraintError(
+    if eng == "scalar" and run.target.name != "trn3" and (op0, op1) not in _SCALAR_ENGINE_PAIRS:
+        raise NkiConstraintError(  # NeuronCore-v4's Scalar Engine runs tensor_scalar "same as VectorE" (ARCH-v4)
             f"{what}: the Scalar Engine runs only (multiply, add), (multiply, None), (add, None) (documented "
-            "for trn2; applied to trn1 and trn3 too, the stricter reading)" + _at(run, "TS8"))
+            "for trn2; applied to trn1 too, the stricter reading; trn3's runs every pair)" + _at(run, "TS8"))
+    for op, position in ((op0, "op0"), (op1, "op1")):
+        if op in nl.V4_OP0_UNARY_OPS and (position == "op1" or run.target.name != "trn3"
+                                          or not run.api_at_least("0.4")):
+            raise NkiConstraintError(
+                f"{what}: {op.__name__} as {position}: square and relu are accepted as op0 of tensor_scalar on "
+                "trn3 (NeuronCore-v4) from nki 0.4 only (use nisa.activation elsewhere)" + _at(run, "TS12"))
     if op1 is None and operand1 is not None:
         raise NkiConstraintError(f"{what}: operand1 given without op1 (both must be None when unused)"
                                  + _at(run, "TS5"))
@@ -768,6 +838,136 @@ def iota(dst, pattern, offset=_NOT_GIVEN, channel_multiplier=0, name=None):
     _write(dst, _pattern_into(dst, pattern32) if dst.dtype.kind in "iu" else
            _signed32(pattern32).astype(np.float32), what)
     _vector(dst, what, "gpsimd")
+
+
+def affine_select(dst, pattern, *args, name=None, **kwargs):
+    """dst = on_true_tile where cmp_op(offset + channel_multiplier p + sum step i, 0), else on_false_value
+    (ISA-0.2..0.6:affine_select, on GpSimd). Signatures: 0.2 (dst, pattern, offset, channel_multiplier,
+    on_true_tile, on_false_value, cmp_op=nl.equal); 0.3+ (dst, pattern, channel_multiplier, on_true_tile,
+    on_false_value, cmp_op=nl.equal, offset=0) [AS1]. dst and on_true_tile in SBUF, equal partitions and
+    elements per partition, the pattern covering them [AS2]; on_false_value a float32 number [AS3];
+    cmp_op a comparison operator [AS4]; the affine values in 32-bit integer arithmetic."""
+    what = f"nisa.affine_select({getattr(dst, 'shape', dst)}, pattern={pattern!r})"
+    run = current_run()
+    names = (("offset", "channel_multiplier", "on_true_tile", "on_false_value", "cmp_op") if not run.api_at_least("0.3")
+             else ("channel_multiplier", "on_true_tile", "on_false_value", "cmp_op", "offset"))
+    if len(args) > len(names) or any(key not in names for key in kwargs) or \
+            any(key in kwargs for key in names[:len(args)]):
+        raise NkiConstraintError(f"{what}: nki {run.api}'s signature is affine_select(dst, pattern, "
+                                 f"{', '.join(names)}) (0.3 moved offset to a keyword with default 0)"
+                                 + _at(run, "AS1"))
+    given = dict(zip(names, args), **kwargs)
+    given.setdefault("cmp_op", nl.equal)
+    if not run.api_at_least("0.3") and "offset" not in given:
+        raise NkiConstraintError(f"{what}: nki {run.api} needs offset (a keyword with default 0 from 0.3)"
+                                 + _at(run, "AS1"))
+    given.setdefault("offset", 0)
+    missing = [key for key in names if key not in given]
+    if missing:
+        raise NkiConstraintError(f"{what}: missing {', '.join(missing)}" + _at(run, "AS1"))
+    on_true, on_false, cmp_op = given["on_true_tile"], given["on_false_value"], given["cmp_op"]
+    if not isinstance(on_true, Tile):
+        raise NkiConstraintError(f"{what}: on_true_tile is {type(on_true).__name__}, not a tile: nki {run.api}'s "
+                                 f"signature is affine_select(dst, pattern, {', '.join(names)}) (0.3 moved offset "
+                                 "to a keyword with default 0)" + _at(run, "AS1"))
+    _on_chip(dst, what, allowed=("sbuf",))
+    _on_chip(on_true, what, allowed=("sbuf",))
+    _same_layout(dst, on_true, what, "AS2")
+    _same_partitions(dst, on_true, what)
+    if cmp_op not in nl.COMPARISON_OPS:
+        raise NkiConstraintError(f"{what}: cmp_op must be a comparison operator (nl.equal, nl.greater_equal, ...)"
+                                 + _at(run, "AS4"))
+    if isinstance(on_false, bool) or not isinstance(on_false, (float, np.floating)):
+        raise NkiConstraintError(f"{what}: on_false_value {on_false!r} must be a float32 number" + _at(run, "AS3"))
+    try:
+        steps = [(int(step), int(num)) for step, num in pattern]
+    except (TypeError, ValueError):
+        raise NkiConstraintError(f"{what}: pattern must be [[step, num], ...]" + _at(run, "AS2")) from None
+    if not 1 <= len(steps) <= 4 or math.prod(num for _, num in steps) != _per_partition(dst) or \
+            any(n < 1 for _, n in steps):
+        raise NkiConstraintError(f"{what}: the pattern (up to 4 [step, num] pairs) must cover dst's "
+                                 f"{_per_partition(dst)} elements per partition" + _at(run, "AS2"))
+    values = np.full((dst.shape[0], 1), int(given["offset"]), dtype=np.int64) + \
+        int(given["channel_multiplier"]) * np.arange(dst.shape[0], dtype=np.int64)[:, None]
+    for step, num in steps:
+        values = (values[:, :, None] + step * np.arange(num, dtype=np.int64)[None, None, :]).reshape(dst.shape[0], -1)
+    keep = cmp_op(_signed32(values), 0)
+    x = _read(on_true, what).reshape(dst.shape[0], -1)
+    if on_true.dtype != dst.dtype:
+        x = x.astype(np.float32)
+    chosen = np.where(keep, x, np.asarray(on_false, dtype=np.float32).astype(x.dtype) if x.dtype.kind == "f"
+                      else np.float32(on_false))
+    _write(dst, chosen, what)
+    _vector(dst, what, "gpsimd")
+
+
+# ---- registers (nki 0.3+: VirtualRegister; 0.7: NkiScalar) ----------------------------------------
+def register_alloc(x=None):
+    """A new register (32-bit), initialised with int x or uninitialised (nki 0.3+; LANG-0.6)."""
+    run = current_run()
+    _registers_exist(run, "nisa.register_alloc")
+    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, np.integer))):
+        raise NkiConstraintError(f"nisa.register_alloc({x!r}): the initial value is an int" + _at(run, "L17"))
+    return RegisterValue(x, "a register")
+
+
+def register_move(dst, src):
+    """dst <- src (an int or another register)."""
+    run = current_run()
+    _registers_exist(run, "nisa.register_move")
+    _writable_register(dst, "nisa.register_move")
+    dst.value = wrap_int32(src.read() if isinstance(src, RegisterValue) else int(src))
+
+
+def register_load(dst, src):
+    """dst <- the one element of src (an HBM or SBUF tensor of shape [1] or [1, 1], an integer)."""
+    run = current_run()
+    what = f"nisa.register_load({getattr(src, 'shape', src)})"
+    _registers_exist(run, "nisa.register_load")
+    _writable_register(dst, "nisa.register_load")
+    if not isinstance(src, Tile) or src.buffer == "psum" or src.data.size != 1 or src.dtype.kind not in "iu":
+        raise NkiConstraintError(f"{what}: the source is a one-element integer tensor in HBM or SBUF" + _at(run, "L17"))
+    dst.value = wrap_int32(int(_read(src, what).reshape(-1)[0]))
+
+
+def register_store(dst, src):
+    """dst (a one-element integer tensor in HBM or SBUF) <- the register src."""
+    run = current_run()
+    what = f"nisa.register_store({getattr(dst, 'shape', dst)})"
+    _registers_exist(run, "nisa.register_store")
+    if not isinstance(src, RegisterValue):
+        raise NkiConstraintError(f"{what}: the source is a register" + _at(run, "L17"))
+    if not isinstance(dst, Tile) or dst.buffer == "psum" or dst.data.size != 1 or dst.dtype.kind not in "iu":
+        raise NkiConstraintError(f"{what}: the destination is a one-element integer tensor in HBM or SBUF"
+                                 + _at(run, "L17"))
+    _write(dst, np.array([src.read()], dtype=np.int64).astype(dst.data.dtype), what)
+    run.issue("dma", 1)
+
+
+def scalar_load(src):
+    """An NkiScalar holding the one element of src, an int32 tile of shape [1, 1] (nki 0.7)."""
+    run = current_run()
+    what = f"nisa.scalar_load({getattr(src, 'shape', src)})"
+    if not run.api_at_least("0.7"):
+        raise NkiConstraintError(f"{what}: NkiScalar and nisa.scalar_load are new in nki 0.7" + _at(run, "L17"))
+    if not isinstance(src, Tile) or src.data.size != 1 or src.dtype != nl.int32:
+        raise NkiConstraintError(f"{what}: the source is an int32 tile of one element (unsigned dtypes are "
+                                 "rejected)" + _at(run, "L17"))
+    return RegisterValue(int(_read(src, what).reshape(-1)[0]), "an NkiScalar")
+
+
+def _registers_exist(run, what: str) -> None:
+    if not run.api_at_least("0.3"):
+        raise NkiConstraintError(f"{what}: registers are not emulated before nki 0.3" + _at(run, "L17"))
+
+
+def _writable_register(dst, what: str) -> None:
+    if not isinstance(dst, RegisterValue):
+        raise NkiConstraintError(f"{what}: the destination is a register (nisa.register_alloc)"
+                                 + _at(current_run(), "L17"))
+    if dst.frozen:
+        raise NkiConstraintError(f"{what}: {dst.what} is frozen (a loop's induction variable cannot be written, "
+                                 "so the loop's termination stays defined)" + _at(current_run(), "L17"))
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
@@ -872,3 +1072,24 @@ def reciprocal(dst, data, name=None):
     partitions, x = _unary_input(dst, data, what, "RC2")
     _write(dst, np.reciprocal(x), what)
     _vector(dst, what)
+
+
+# ---- traced device loops -----------------------------------------------------------------------
+def _traced(instruction):
+    """The instruction, recorded into the open traced device loops (nl.fori_loop, nl.while_loop) so
+    that every iteration is checked to issue the first iteration's code (rule L17)."""
+    @functools.wraps(instruction)
+    def issue(*args, **kwargs):
+        run = current_run(check=False) if _running() else None
+        if run is not None and run._traced_loops:
+            run.record(instruction.__name__, args + tuple(sorted(kwargs.items())))
+        return instruction(*args, **kwargs)
+    return issue
+
+
+INSTRUCTIONS = ("dma_copy", "dma_transpose", "tensor_copy", "memset", "nc_matmul", "nc_transpose", "tensor_tensor",
+                "tensor_scalar", "iota", "affine_select", "tensor_reduce", "activation", "reciprocal", "register_move",
+                "register_load", "register_store", "scalar_load")
+for _name in INSTRUCTIONS:
+    globals()[_name] = _traced(globals()[_name])
+del _name
