@@ -495,15 +495,17 @@ def test_a_plain_call_runs_at_the_degree_neuron_logical_nc_config_sets_under_0_7
 
 
 def test_a_grid_must_match_neuron_logical_nc_config_under_0_6(monkeypatch):
-    """L21 (nki.jit, nki 0.6): 'The LNC value must match the NEURON_LOGICAL_NC_CONFIG environment variable';
-    unset, any grid the target allows."""
+    """L21 (nki.jit, nki 0.6): 'The LNC value must match the NEURON_LOGICAL_NC_CONFIG environment variable' (a
+    plain call's is 1, kernel[n]'s n); unset, any grid the target allows."""
     x = np.random.default_rng(2).standard_normal((4, P)).astype(np.float32)
     with nki.target("trn2", api="0.6"), pytest.raises(
-            NkiConstraintError, match=r"must match the variable.*\[L21; trn2, nki 0\.6\]"):
+            NkiConstraintError, match=r"launched at LNC=2 .* must match the variable.*\[L21; trn2, nki 0\.6\]"):
         rows_kernel[2](x)
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     with nki.target("trn2", api="0.6"):
         assert np.array_equal(rows_kernel[2](x), x)
+        with pytest.raises(NkiConstraintError, match=r"launched at LNC=1 .*a plain call: 1.*\[L21; trn2, nki 0\.6\]"):
+            rows_kernel(x)
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
     with nki.target("trn2", api="0.6"):
         assert np.array_equal(rows_kernel[2](x), x)

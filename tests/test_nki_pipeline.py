@@ -239,6 +239,8 @@ def test_trn2_compiles_every_kernel_at_one_lnc_degree(monkeypatch, api, variable
                  r"at one LNC degree \(EVRF066\) and this run launches kernels with no two-program form, so its "
                  r"kernels run at LNC=1"),
     ("0.6", "4", r"^NEURON_LOGICAL_NC_CONFIG='4': the Neuron SDK supports an LNC degree of 1 or 2$"),
+    ("0.6", "2", r"^NEURON_LOGICAL_NC_CONFIG=2 with nki 0\.6 \(Neuron SDK 2\.32\): every kernel's LNC value must match "
+                 r"NEURON_LOGICAL_NC_CONFIG \(nki\.jit: a mismatch is a runtime error\) and this run launches kernels"),
 ])
 def test_an_lnc_setting_the_run_cannot_honour_is_refused(monkeypatch, api, variable, message):
     from dfmp2.kernels import get_backend

@@ -45,9 +45,14 @@ def release_name(api: str | None) -> str:
     return f"nki {api} (Neuron SDK {sdk})" if sdk else f"nki {api}"
 
 
-def checks_lnc(api: str | None) -> bool:
-    """True for releases whose compiler checks the kernels' LNC degree (nki 0.7+, EVRF066)."""
-    return api is not None and tuple(int(x) for x in api.split(".")[:2]) >= (0, 7)
+def checks_lnc(api: str | None, environ=None) -> bool:
+    """True where every kernel of a run must launch at one LNC degree: nki 0.7+ (neuronx-cc checks it,
+    EVRF066), and nki 0.6 where NEURON_LOGICAL_NC_CONFIG is set (its nki.jit: the kernel's LNC value must
+    match the variable, a mismatch is a runtime error; rule L21 of docs/nki-audit.md)."""
+    if api is None:
+        return False
+    version = tuple(int(x) for x in api.split(".")[:2])
+    return version >= (0, 7) or (version == (0, 6) and LNC_VARIABLE in (os.environ if environ is None else environ))
 
 
 def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None, kernels=None) -> int:
@@ -65,12 +70,14 @@ def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None
     if degree is not None and degree > max_lnc:
         raise InputError(f"{LNC_VARIABLE}={degree} on {target}: {target} runs LNC=1 only (unset it)")
     single = sorted(set(kernels) - TWO_PROGRAM_KERNELS) if kernels is not None else None
-    if checks_lnc(api) and single != []:
+    if checks_lnc(api, environ) and single != []:
         launches = "kernels" if single is None else ", ".join(single)
         if degree not in (None, LNC_FROM_NKI_0_7):
+            why = ("its compiler wants every kernel at one LNC degree (EVRF066)" if api != "0.6" else
+                   f"every kernel's LNC value must match {LNC_VARIABLE} (nki.jit: a mismatch is a runtime error)")
             raise InputError(
-                f"{LNC_VARIABLE}={degree} with {release_name(api)}: its compiler wants every kernel at one LNC "
-                f"degree (EVRF066) and this run launches {launches} with no two-program form, so its "
+                f"{LNC_VARIABLE}={degree} with {release_name(api)}: {why} and this run launches {launches} with no "
+                f"two-program form, so its "
                 f"kernels run at LNC={LNC_FROM_NKI_0_7} (docs/trainium.md); unset {LNC_VARIABLE} or set it to "
                 f"{LNC_FROM_NKI_0_7}")
         return LNC_FROM_NKI_0_7

@@ -135,7 +135,7 @@ class EmulatedKernel:
         if core.running():
             return self._inline(*args)
         api = current_api()
-        return self._launch(_environment_lnc() or 1 if api_tuple(api) >= (0, 7) else 1, *args, grid=False)
+        return self._launch(_environment_lnc() or 1 if api_tuple(api) >= (0, 7) else 1, *args)
 
     def _inline(self, *args):
         """A jitted kernel called from a running kernel (rule L20): nki 0.7 inlines a nested @nki.jit
@@ -149,7 +149,7 @@ class EmulatedKernel:
                 f"call site) [L20; {run.target.name}, nki {run.api}]")
         return self.fn(*args)
 
-    def _launch(self, programs, *args, grid=True):
+    def _launch(self, programs, *args):
         """Run the kernel's programs one after another (each with its own on-chip memory, as on
         its own physical core); shared_hbm outputs are common to all of them."""
         api = current_api()
@@ -168,11 +168,11 @@ class EmulatedKernel:
                 f"NKI kernel '{self.fn.__name__}' is configured with LNC={programs}, but neuronx-cc is using "
                 f"LNC={compiler_lnc()}. (EVRF066: every kernel of a model at the compiler's LNC degree; set "
                 f"NEURON_LOGICAL_NC_CONFIG) [L14; {_config.target}, nki {api}]")
-        if api == "0.6" and grid and _environment_lnc() not in (None, programs):  # rule L21
+        if api == "0.6" and _environment_lnc() not in (None, programs):  # rule L21
             raise NkiConstraintError(
-                f"{self.fn.__name__}[{programs}] with NEURON_LOGICAL_NC_CONFIG={_environment_lnc()}: the launch's "
-                f"LNC value must match the variable (nki.jit, nki 0.6: a mismatch is a runtime error) "
-                f"[L21; {_config.target}, nki {api}]")
+                f"{self.fn.__name__} launched at LNC={programs} with NEURON_LOGICAL_NC_CONFIG={_environment_lnc()}: the "
+                f"kernel's LNC value (a plain call: 1; kernel[n]: n) must match the variable (nki.jit, nki 0.6: a "
+                f"mismatch is a runtime error) [L21; {_config.target}, nki {api}]")
         if api_tuple(api) >= (0, 3):
             _check_python_subset(self.fn, api)
             if any(isinstance(arg, list) for arg in args):
