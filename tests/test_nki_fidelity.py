@@ -218,11 +218,22 @@ REFUSALS = [
     Case("L17c", fori(lambda x, i: loaded(x[i * 2, :])), "Python arithmetic ('*')", "L17", api="0.6"),
     Case("L17d", fori(lambda x, i: loaded(x[i // 2, :])), "0.7's NkiScalar documents +, - and *", "L17"),
     Case("L17e", _python_state_across_iterations, "iteration 1 of nl.fori_loop issues tensor_scalar", "L17"),
-    Case("L17f", _allocates_in_the_first_iteration_only, "ends after 0 of iteration 0's 2 instructions", "L17"),
+    Case("L17f", _allocates_in_the_first_iteration_only, "ends after 0 of the traced body's 2 instructions", "L17"),
     Case("L17g", fori(_write_the_loop_variable), "is frozen", "L17"),
     Case("L17h", lambda x: nisa.scalar_load(sb((1, 1), nl.uint32)), "the source is an int32 tile of one element",
          "L17"),
     Case("L17i", lambda x: nisa.scalar_load(sb((1, 1), nl.int32)), "new in nki 0.7", "L17", api="0.6"),
+    Case("L17j", fori(lambda x, i: loaded(x[nl.ds(i == 0, 1), :])), "its result cannot be used", "L17"),
+    Case("L17k", fori(lambda x, i: loaded(x[nl.ds(i ** 2, 1), :])), "'**'", "L17"),
+    Case("L17l", fori(lambda x, i: loaded(x[nl.ds(i + 1.0, 1), :])), "combines with ints and other scalars only",
+         "L17"),
+    Case("L17m", lambda x: nisa.register_alloc(2 ** 31), "the initial value is a 32-bit int", "L17"),
+    Case("L17n", lambda x: nisa.register_move(nisa.register_alloc(), 2.7), "is a 32-bit int or a register", "L17"),
+    Case("IX2c", fori(lambda x, i: loaded(x[:, i:i + 2])), "has a register bound", "IX2"),
+    Case("IX2d", lambda x: loaded(x[nl.ds(0, 2.0), :]), "with size 2.0", "IX2"),
+    Case("X15", lambda x: nisa.tensor_tensor(dst=sb((P, 8)), data1=sb((P, 8)), data2=2.0, op=nl.add),
+         "data2 is a float, not an NKI tensor", "X15"),
+    Case("X15b", lambda x: nisa.dma_copy(dst=sb((P, 8)), src=X), "src is a ndarray, not an NKI tensor", "X15"),
     Case("L15", lambda x: nl.fori_loop(0, 3, lambda i: None, step=nisa.register_alloc(1)),
          "must be a positive compile-time int", "L15"),
     Case("L18", _fori_in_no_reorder, "inside an nl.no_reorder() block", "L18"),
@@ -274,6 +285,9 @@ def _free_axis_step(x):
     t, half = loaded(x), nl.ndarray((P, 4), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=half, src=t[:, 1::2])
     assert np.array_equal(half.data, X[:, 1::2])
+    even = sb((P, 8), fill=0.0)  # a DMA may step over partitions (X5 binds the engines)
+    nisa.dma_copy(dst=even[0:P:2, :], src=x[0:64, :])
+    assert np.array_equal(even.data[0::2], X[0:64]) and (even.data[1::2] == 0).all()
 
 
 def _permute_and_broadcast(x):
@@ -393,6 +407,31 @@ def _nested_loops(x):
     np.testing.assert_allclose(acc.data, X[0:6].sum(axis=0, keepdims=True), rtol=1e-6)
 
 
+def _inner_loops_whose_trips_follow_the_outer_variable(x):
+    """The inner bound is the outer variable (0.7: register bounds): the inner loops run 0, 1, 2 times, and
+    a while_loop inside runs i times; the inner bodies are traced the first time they run."""
+    acc = sb((1, 8), fill=0.0)
+    nl.fori_loop(0, 3, lambda i: nl.fori_loop(0, i, lambda j: nisa.tensor_tensor(
+        dst=acc, data1=acc, data2=loaded(x[nl.ds(j, 1), :]), op=nl.add)))
+    np.testing.assert_allclose(acc.data, 2 * X[0:1] + X[1:2], rtol=1e-6)
+    count = sb((1, 1), nl.int32, fill=0)
+
+    def body(i):
+        left = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.register_store(left, i)
+
+        def step(condition):
+            nisa.tensor_scalar(dst=count, data=count, op0=nl.add, operand0=1.0)
+            nisa.tensor_scalar(dst=left, data=left, op0=nl.subtract, operand0=1.0)
+            nisa.register_load(condition, left)
+            return condition
+        start = nisa.register_alloc()
+        nisa.register_move(start, i)
+        nl.while_loop(start, step)
+    nl.fori_loop(0, 4, body)
+    assert count.data[0, 0] == 0 + 1 + 2 + 3
+
+
 def _inlined_sub_kernel(x):
     assert np.array_equal(sub_kernel(x).data, X)
 
@@ -421,6 +460,8 @@ LEGAL = [
     Case("L17d", _register_bound_and_while, "", target="trn3", api="0.6"),
     Case("L17e", _scalar_load, ""),
     Case("L17f", _nested_loops, ""),
+    Case("L17g", _inner_loops_whose_trips_follow_the_outer_variable, ""),
+    Case("L15", lambda x: nl.fori_loop(0, 4, lambda i: None, step=np.int64(2)), ""),
     Case("L18", _no_reorder_inside_the_body, ""),
     Case("L20", _inlined_sub_kernel, ""),
     Case("L19", lambda x: None, "", target="trn1", api="0.3"),  # disputed: a sibling library ran it (announced)
@@ -443,6 +484,8 @@ def test_psum_keeps_its_seventh_bank_for_nc_transpose_when_dma_transposes_are_pe
         body_kernel(X, _seven_banks_with_pe_transposes)
         with pytest.raises(NkiConstraintError, match=r"exceeds PSUM capacity on trn2.*limit 14336 B.*\[L2; trn2"):
             body_kernel(X, _eight_banks_with_pe_transposes)
+        with pytest.raises(NkiConstraintError, match=r"outside the 128 partitions x 14336 B of PSUM \[AD3; trn2"):
+            body_kernel(X, lambda x: nl.ndarray((P, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 7 * 512)))
     with nki.target("trn2", api="0.3"):
         body_kernel(X, _eight_banks_with_pe_transposes)
     with nki.target("trn1"):
@@ -511,6 +554,19 @@ def test_a_grid_must_match_neuron_logical_nc_config_under_0_6(monkeypatch):
         assert np.array_equal(rows_kernel[2](x), x)
 
 
+@nki.jit
+def rows_in_a_dynamic_range_kernel(x):
+    """nki 0.2-0.6's device loop (nl.dynamic_range) over this program's rows: 3 and 2 of 5."""
+    R, F = x.shape
+    pid, programs = nl.program_id(0), nl.num_programs()
+    out = nl.ndarray((R, F), dtype=nl.float32, buffer=nl.shared_hbm)
+    for r in nl.dynamic_range(pid, R, programs):
+        row = nl.ndarray((1, F), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=row, src=x[r:r + 1, :])
+        nisa.dma_copy(dst=out[r:r + 1, :], src=row)
+    return out
+
+
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
 def test_device_loops_that_differ_between_the_programs_of_a_launch_are_refused(target, monkeypatch):
     """L22 (AWS's LNC guide: dynamic control flow that differs between the cores is undefined behaviour): with 5
@@ -523,3 +579,7 @@ def test_device_loops_that_differ_between_the_programs_of_a_launch_are_refused(t
         with pytest.raises(NkiConstraintError, match=r"program 0: nl\.fori_loop x3; program 1: nl\.fori_loop x2.*"
                                                      rf"\[L22; {target}, nki 0\.7\]"):
             rows_in_a_device_loop_kernel(odd, True)
+    with nki.target(target, api="0.6"):
+        assert np.array_equal(rows_in_a_dynamic_range_kernel[2](even), even)
+        with pytest.raises(NkiConstraintError, match=r"nl\.dynamic_range x3; program 1: nl\.dynamic_range x2"):
+            rows_in_a_dynamic_range_kernel[2](odd)

@@ -126,7 +126,7 @@ class EmulatedKernel:
         if grid > limit:
             raise NkiConstraintError(
                 f"{self.fn.__name__}[{grid}]: {_config.target} runs at most LNC={limit} physical "
-                f"core(s) per launch (trn1: LNC=1 only; trn2, trn3: LNC=1 or 2) [L13]")
+                f"core(s) per launch (trn1: LNC=1 only; trn2, trn3: LNC=1 or 2)" + _row("L13"))
         return functools.partial(self._launch, grid)
 
     def __call__(self, *args):
@@ -273,19 +273,24 @@ def _as_hbm(arg, kernel_name, position):
                 "a NeuronCore (convert to float32 on the host)")
         if arg.dtype not in language.DTYPES:
             raise NkiConstraintError(
-                f"{kernel_name}: argument {position} is {arg.dtype} {arg.shape}, not an NKI dtype [X13]")
+                f"{kernel_name}: argument {position} is {arg.dtype} {arg.shape}, not an NKI dtype" + _row("X13"))
         data = np.ascontiguousarray(arg)
         ones = np.ones(data.shape, dtype=bool)
         return Tile(data, ones, np.zeros(data.shape, dtype=bool), language.shared_hbm)
     return arg  # compile-time constants: ints, floats, tuples
 
 
+def _row(rule: str) -> str:
+    """A launch-level refusal's suffix: its row of docs/nki-audit.md, the target and the release."""
+    return f" [{rule}; {_config.target}, nki {current_api()}]"
+
+
 def _returned(tile, kernel_name) -> np.ndarray:
     if not isinstance(tile, Tile) or tile.buffer != "shared_hbm":
         raise NkiConstraintError(f"{kernel_name}: kernel outputs must be nl.shared_hbm tensors (0.3+; the "
-                                 "emulator applies it to 0.2 too) [L7]")
+                                 "emulator applies it to 0.2 too)" + _row("L7"))
     if not tile.written.all():
         missing = int((~tile.written).sum())
         raise NkiConstraintError(
-            f"{kernel_name}: output {tile.shape} has {missing} element(s) no instruction wrote [X14]")
+            f"{kernel_name}: output {tile.shape} has {missing} element(s) no instruction wrote" + _row("X14"))
     return np.array(tile.data, copy=True)

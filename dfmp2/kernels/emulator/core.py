@@ -318,7 +318,8 @@ class KernelRun:
         issues what the first did (rule L17): a body that keeps state in Python across iterations (a
         counter, a list it appends to, a branch on a Python value that changes) compiles to the
         first iteration's code on the device, and computes something else there."""
-        self._traced_loops.append(_TracedLoop(what))
+        code = self._traced_loops[-1].code_of_nested_loop() if self._traced_loops else _LoopCode()
+        self._traced_loops.append(_TracedLoop(what, code))
         try:
             yield self._traced_loops[-1]
         finally:
@@ -332,13 +333,13 @@ class KernelRun:
         loop.end(self)
 
     def record(self, name: str, args: tuple) -> None:
-        """An instruction or allocation inside open traced loops: appended to the code of every loop
-        in its first iteration (innermost outward), compared with the code of the innermost loop
-        that is repeating."""
-        for loop in reversed(self._traced_loops):
-            entry = (name,) + tuple(_canonical(arg, loop.start_serial) for arg in args)
-            if not loop.record(entry, self):
-                return
+        """An instruction or allocation (or a nested device loop) inside an open traced loop: appended to
+        the innermost loop's body code the first time that body runs, compared with it every later time.
+        A nested loop's body is code of its own, traced once whichever iteration of the outer loop first
+        runs it (`_LoopCode`); tiles are named by the innermost open iteration they were allocated in."""
+        if self._traced_loops:
+            starts = [loop.start_serial for loop in self._traced_loops]
+            self._traced_loops[-1].record((name,) + tuple(_canonical(arg, starts) for arg in args), self)
 
     def api_at_least(self, version: str) -> bool:
         return self.api_version >= api_tuple(version)
@@ -419,13 +420,22 @@ class KernelRun:
         self.live[buffer] -= per_partition
 
 
-class _TracedLoop:
-    """The code of one traced device loop: the first iteration's entries, then the position reached
-    in the iteration being compared."""
+class _LoopCode:
+    """The compiled body of one device loop in the kernel's code: its entries once traced (None before the
+    body first runs), and the code of the loops nested in it, by their position in it."""
 
-    def __init__(self, what: str):
+    def __init__(self):
+        self.body = None
+        self.nested = {}
+
+
+class _TracedLoop:
+    """One execution of a traced device loop: its code (shared by every execution of the same loop in the
+    kernel's code) and the position reached in the iteration being compared with it."""
+
+    def __init__(self, what: str, code: _LoopCode):
         self.what = what
-        self.expected = None  # entries of the first iteration
+        self.code = code
         self.recording = False
         self.position = 0
         self.start_serial = 0
@@ -435,24 +445,28 @@ class _TracedLoop:
         self.iteration += 1
         self.start_serial = serial
         self.position = 0
-        self.recording = self.expected is None
+        self.recording = self.code.body is None
         if self.recording:
-            self.expected = []
+            self.code.body = []
 
-    def record(self, entry, run) -> bool:
-        """True: keep recording into the enclosing loop (this one is in its first iteration)."""
+    def record(self, entry, run) -> None:
+        body = self.code.body
         if self.recording:
-            self.expected.append(entry)
-            return True
-        if self.position >= len(self.expected) or self.expected[self.position] != entry:
-            was = self.expected[self.position] if self.position < len(self.expected) else "the end of the body"
-            self._diverged(run, f"issues {_describe(entry)} where iteration 0 issued {_describe(was)}")
+            body.append(entry)
+            return
+        if self.position >= len(body) or body[self.position] != entry:
+            was = body[self.position] if self.position < len(body) else "the end of the body"
+            self._diverged(run, f"issues {_describe(entry)} where the traced body issued {_describe(was)}")
         self.position += 1
-        return False
+
+    def code_of_nested_loop(self) -> _LoopCode:
+        """The code of the loop that starts here (its entry was just recorded at position - 1)."""
+        at = len(self.code.body) - 1 if self.recording else self.position - 1
+        return self.code.nested.setdefault(at, _LoopCode())
 
     def end(self, run) -> None:
-        if not self.recording and self.position != len(self.expected):
-            self._diverged(run, f"ends after {self.position} of iteration 0's {len(self.expected)} instructions "
+        if not self.recording and self.position != len(self.code.body):
+            self._diverged(run, f"ends after {self.position} of the traced body's {len(self.code.body)} instructions "
                                 "and allocations")
         self.recording = False
 
@@ -464,21 +478,25 @@ class _TracedLoop:
             f"variable instead [L17; {run.target.name}, nki {run.api}]")
 
 
-def _canonical(arg, start_serial: int):
-    """An instruction argument as the compiled code sees it: a tile by its allocation (numbered from
-    the iteration's start if allocated in it), its offset unless the access is dynamic, shape and
-    dtype; a register as 'register'; enums and operators by name; numbers by value."""
+def _canonical(arg, starts):
+    """An instruction argument as the compiled code sees it: a tile by its allocation (numbered from the
+    start of the innermost open loop iteration it was allocated in; `starts`: the open iterations'
+    first serials, outermost first), its offset unless the access is dynamic, shape and dtype; a
+    register as 'register'; enums and operators by name; numbers by value."""
     if isinstance(arg, Tile):
         serial = arg.serial
-        where = ("hbm-argument", id(arg._base or arg)) if serial is None else \
-            ("body", serial - start_serial) if serial >= start_serial else ("outer", serial)
+        if serial is None:
+            where = ("hbm-argument", id(arg._base or arg))
+        else:
+            level = next((n for n in range(len(starts) - 1, -1, -1) if serial >= starts[n]), None)
+            where = ("outer", serial) if level is None else ("body", level, serial - starts[level])
         base = arg._base or arg
         offset = "dynamic" if arg.dynamic else (arg.data.ctypes.data - base.data.ctypes.data, arg.data.strides)
-        return ("tile",) + where + (offset, arg.shape, str(arg.dtype))
+        return ("tile", where, offset, arg.shape, str(arg.dtype))
     if isinstance(arg, RegisterValue):
         return "register"
     if isinstance(arg, (tuple, list)):
-        return tuple(_canonical(a, start_serial) for a in arg)
+        return tuple(_canonical(a, starts) for a in arg)
     if callable(arg) and hasattr(arg, "__name__"):
         return arg.__name__
     if isinstance(arg, np.ndarray):
@@ -491,8 +509,8 @@ def _describe(entry) -> str:
         return str(entry)
     name, args = entry[0], entry[1:]
     tiles = [a for a in args if isinstance(a, tuple) and a and a[0] == "tile"]
-    shown = ", ".join(f"{a[1]} tile #{a[2]} {a[4]}" + (" (dynamic)" if a[3] == "dynamic" else f" at byte {a[3][0]}")
-                      for a in tiles[:3])
+    shown = ", ".join(f"{a[1][0]} tile #{a[1][-1]} {a[3]}" + (" (dynamic)" if a[2] == "dynamic" else
+                                                             f" at byte {a[2][0]}") for a in tiles[:3])
     return f"{name}({shown})"
 
 
@@ -536,14 +554,18 @@ class RegisterValue:
     (`if i == 0:`, `range(i)`, `int(i)`, a list index): rule L17. The emulator carries the value of the
     iteration it is running in `value`; None: an uninitialised register."""
 
-    __slots__ = ("value", "what", "frozen")
+    __slots__ = ("value", "what", "frozen", "comparison")
 
-    def __init__(self, value, what: str = "a register", frozen: bool = False):
+    def __init__(self, value, what: str = "a register", frozen: bool = False, comparison: bool = False):
         self.value = None if value is None else wrap_int32(int(value))
         self.what = what
         self.frozen = frozen  # a loop variable: register_move/register_load may not write it
+        self.comparison = comparison  # a comparison's result: "Traced, but the result cannot be used"
 
     def read(self) -> int:
+        if self.comparison:
+            self._python_use("a use of the result", "a comparison of an NkiScalar is traced, but its result cannot "
+                                                    "be used (0.7's NkiScalar page)")
         if self.value is None:
             run = _state.run
             raise NkiConstraintError(f"{self.what} is read before any value was moved or loaded into it "
@@ -551,20 +573,21 @@ class RegisterValue:
         return self.value
 
     def _combine(self, other, op, symbol, swapped=False):
-        if isinstance(other, RegisterValue):
-            other = other.read()
-        elif not isinstance(other, (int, np.integer)) or isinstance(other, bool):
-            return NotImplemented
-        run = _state.run
-        if run is not None and symbol not in ("+", "-", "*", "==", "!=", "<", "<=", ">", ">="):
+        comparison = symbol in ("==", "!=", "<", "<=", ">", ">=")
+        if symbol not in ("+", "-", "*") and not comparison:
             self._python_use(f"'{symbol}'", "0.7's NkiScalar documents +, - and * (and comparisons whose "
                                             "result cannot be used)")
+        if not isinstance(other, (int, np.integer, RegisterValue)) or isinstance(other, bool):
+            self._python_use(f"'{symbol}' with {type(other).__name__} {other!r}", "an NkiScalar combines with ints "
+                                                                                 "and other scalars only")
+        run = _state.run
         if run is not None and not run.api_at_least("0.7"):
             self._python_use(f"Python arithmetic ('{symbol}')", "nki 0.6's loop variable is read-only and takes "
                                                                  "no Python arithmetic (0.7's NkiScalar does)")
-        a, b = (int(other), self.read()) if swapped else (self.read(), int(other))
+        other = other.read() if isinstance(other, RegisterValue) else int(other)
+        a, b = (other, self.read()) if swapped else (self.read(), other)
         return RegisterValue(op(a, b), self.what if self.what.startswith("an expression of") else
-                             f"an expression of {self.what}")
+                             f"an expression of {self.what}", comparison=comparison)
 
     def __add__(self, other): return self._combine(other, operator.add, "+")
     def __radd__(self, other): return self._combine(other, operator.add, "+", True)
@@ -576,6 +599,9 @@ class RegisterValue:
     def __mod__(self, other): return self._combine(other, operator.mod, "%")
     def __lshift__(self, other): return self._combine(other, operator.lshift, "<<")
     def __rshift__(self, other): return self._combine(other, operator.rshift, ">>")
+    def __truediv__(self, other): return self._combine(other, operator.truediv, "/")
+    def __pow__(self, other): return self._combine(other, operator.pow, "**")
+    def __neg__(self): return self._combine(0, operator.sub, "-", True)
     # comparisons are traced, but their result cannot be used (0.7's NkiScalar page): Python cannot branch on it
     def __eq__(self, other): return self._combine(other, lambda a, b: int(a == b), "==")
     def __ne__(self, other): return self._combine(other, lambda a, b: int(a != b), "!=")
@@ -635,7 +661,7 @@ class Tile:
     """
 
     __slots__ = ("data", "written", "matmul_result", "buffer", "dtype", "_base", "_first_partition",
-                 "scope_closed", "dynamic", "serial", "__weakref__")
+                 "scope_closed", "dynamic", "serial", "partition_step", "__weakref__")
 
     def __init__(self, data, written, matmul_result, buffer: str, base=None, first_partition: int = 0,
                  dtype=None):
@@ -648,6 +674,7 @@ class Tile:
         self._base = base  # keeps the allocation alive (and accounted) while views exist
         self.scope_closed = False  # allocated in an nl.fori_loop body that has ended (rule L15)
         self.dynamic = False  # a view indexed by a loop register: its offset changes per iteration
+        self.partition_step = 1  # an on-chip view's stride over partitions (DMA only: engines need 1, X5)
         self.serial = base.serial if base is not None else None  # allocation number (KernelRun.allocate)
 
     @property
@@ -672,10 +699,13 @@ class Tile:
         on_chip = self.on_chip
         dynamic = _has_register(index)
         index = _normalise_index(index, self.data.shape, keep_partition=on_chip)
-        first = self._first_partition + index[0].start if on_chip else 0  # axis 0 stays a slice on chip
+        # axis 0 stays a slice on chip
+        first = self._first_partition + index[0].start * self.partition_step if on_chip else 0
         view = Tile(self.data[index], self.written[index], self.matmul_result[index], self.buffer,
                     self._base or self, first, self.dtype)
         view.dynamic = self.dynamic or dynamic
+        if on_chip:
+            view.partition_step = self.partition_step * (index[0].step or 1)
         return view
 
     def reshape(self, shape):
@@ -694,10 +724,7 @@ class Tile:
         if not np.shares_memory(data, self.data):
             raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}: a view "
                                      "cannot reorder memory (copy it first)" + _tag("V2"))
-        view = Tile(data, self.written.reshape(shape), self.matmul_result.reshape(shape),
-                    self.buffer, self._base or self, self._first_partition, self.dtype)
-        view.dynamic = self.dynamic
-        return view
+        return self._view(data, self.written.reshape(shape), self.matmul_result.reshape(shape))
 
     def permute(self, dims):
         """A view with the axes reordered (LANG-0.6 tensor views): dims a permutation of the axes; on chip
@@ -725,7 +752,7 @@ class Tile:
 
     def _view(self, data, written, matmul_result):
         view = Tile(data, written, matmul_result, self.buffer, self._base or self, self._first_partition, self.dtype)
-        view.dynamic = self.dynamic
+        view.dynamic, view.partition_step = self.dynamic, self.partition_step
         return view
 
     def __setitem__(self, index, value):
@@ -756,21 +783,28 @@ def _normalise_index(index, shape, keep_partition):
     for axis, item in enumerate(index):
         item = _concrete(item)
         if hasattr(item, "start") and hasattr(item, "size") and not isinstance(item, slice):
-            if isinstance(item.size, RegisterValue):
-                raise NkiConstraintError(f"nl.ds(start, size) with a register size on axis {axis}: the size must "
+            if not _index_int(item.size):
+                raise NkiConstraintError(f"nl.ds(start, size) with size {item.size!r} on axis {axis}: the size must "
                                          "be a compile-time int (a run-time start is allowed)" + _tag("IX2"))
+            if not (_index_int(item.start) or isinstance(item.start, RegisterValue)):
+                raise NkiConstraintError(f"nl.ds(start, size) with start {item.start!r} on axis {axis}: the start is "
+                                         "an int or a register" + _tag("IX2"))
             start, size = _concrete(item.start), _concrete(item.size)
             if start < 0 or size <= 0 or start + size > shape[axis]:
                 raise NkiConstraintError(f"nl.ds({start}, {size}) is empty or outside axis {axis} of a tile of "
                                          f"shape {tuple(shape)}" + _tag("IX3"))
             item = slice(start, start + size)
         if isinstance(item, slice):
-            start, stop, step = (None if v is None else _concrete(v) for v in (item.start, item.stop, item.step))
-            if step is not None and step != 1 and (axis == 0 and keep_partition or step <= 0):
-                raise NkiConstraintError(
-                    f"slice step {step} on axis {axis} of a tile of shape {tuple(shape)}: "
-                    + ("the hardware has no partition-axis stride" if axis == 0 and keep_partition
-                       else "a step must be positive") + _tag("X5"))
+            parts = (item.start, item.stop, item.step)
+            if any(isinstance(v, RegisterValue) for v in parts):
+                raise NkiConstraintError(f"slice {item} on axis {axis} has a register bound: a run-time access needs a "
+                                         "compile-time size, nl.ds(start, size)" + _tag("IX2"))
+            if not all(v is None or _index_int(v) for v in parts):
+                raise NkiConstraintError(f"slice {item} on axis {axis}: bounds and step are ints" + _tag("IX2"))
+            start, stop, step = parts
+            if step is not None and step <= 0:
+                raise NkiConstraintError(f"slice step {step} on axis {axis} of a tile of shape {tuple(shape)}: a step "
+                                         "must be positive" + _tag("X5"))
             n = shape[axis]
             start = 0 if start is None else start + n if start < 0 else start  # -k: k from the end
             stop = n if stop is None else stop + n if stop < 0 else stop
@@ -796,6 +830,10 @@ def _normalise_index(index, shape, keep_partition):
             last = max(n for n, item in enumerate(out) if n and isinstance(item, int))
             out[last] = slice(out[last], out[last] + 1)
     return tuple(out)
+
+
+def _index_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _concrete(value):

@@ -20,6 +20,7 @@ cannot access PSUM. `engine=` arguments are validated per instruction and target
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from enum import Enum
 
@@ -120,15 +121,15 @@ def _in_scope(tile: Tile, what: str) -> None:
 
 def _read(tile: Tile, what: str) -> np.ndarray:
     if not isinstance(tile, Tile):
-        raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}")
+        raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}" + _at(current_run(), "X15"))
     if tile.dtype == np.float64:
-        raise NkiConstraintError(f"{what}: float64 operand {tile.shape} (no float64 on a NeuronCore) [X12]")
+        raise NkiConstraintError(f"{what}: float64 operand {tile.shape} (no float64 on a NeuronCore)" + _at(current_run(), "X12"))
     _in_scope(tile, what)
     if not tile.written.all():
         missing = int((~tile.written).sum())
         raise NkiConstraintError(
             f"{what}: reads {missing} element(s) of a {tile.buffer.upper()} tile {tile.shape} "
-            "that no instruction wrote [X14]")
+            "that no instruction wrote" + _at(current_run(), "X14"))
     return tile.data
 
 
@@ -136,14 +137,14 @@ def _write(dst: Tile, value: np.ndarray, what: str) -> None:
     """dst <- value; a value of another dtype is cast through float32, a bf16 dst rounds (RNE), an
     integer dst rounds to nearest even and saturates to its range (`_to_integer`)."""
     if not isinstance(dst, Tile):
-        raise NkiConstraintError(f"{what}: dst must be a tile")
+        raise NkiConstraintError(f"{what}: dst must be a tile" + _at(current_run(), "X15"))
     _in_scope(dst, what)
     data = dst.data
     if not data.flags.writeable:
         raise NkiConstraintError(f"{what}: dst {dst.shape} is a broadcast view, which repeats elements and cannot "
                                  "be written" + _at(current_run(), "V4"))
     if value.size != data.size:
-        raise NkiConstraintError(f"{what}: writes {value.size} elements into dst {dst.shape}")
+        raise NkiConstraintError(f"{what}: writes {value.size} elements into dst {dst.shape}" + _at(current_run(), "X15"))
     if value.dtype != data.dtype and value.dtype != np.float32:
         value = value.astype(np.float32)
     if value.dtype != data.dtype and data.dtype.kind in "iu":
@@ -207,17 +208,28 @@ def _pattern_into(dst: Tile, pattern: np.ndarray) -> np.ndarray:
     return np.clip(signed if dst.dtype.kind == "i" else pattern, info.min, info.max).astype(dst.dtype)
 
 
+# each instruction's row of docs/nki-audit.md for the memories its operands may be in
+_MEMORY_RULES = {"tensor_copy": "C1", "memset": "M1", "nc_matmul": "MM1", "nc_transpose": "T1", "tensor_tensor": "TT1",
+                 "tensor_scalar": "TS1", "iota": "I2", "affine_select": "AS2", "tensor_reduce": "R5",
+                 "activation": "A1", "reciprocal": "RC1"}
+
+
 def _on_chip(tile: Tile, what: str, allowed=("sbuf", "psum")) -> None:
     """An engine operand: its memory, partition count and start, free dims and free size."""
     if not isinstance(tile, Tile):
-        raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}")
+        raise NkiConstraintError(f"{what}: operand must be a tile, got {type(tile).__name__}" + _at(current_run(), "X15"))
     if tile.buffer not in allowed:
         raise NkiConstraintError(f"{what}: operand {tile.shape} is in {tile.buffer}, must be in "
-                                 f"{' or '.join(a.upper() for a in allowed)}")
+                                 f"{' or '.join(a.upper() for a in allowed)}"
+                                 + _at(current_run(), _MEMORY_RULES.get(what.split("(")[0][len("nisa."):], "X10")))
     shape = tile.data.shape
     count = shape[0]
+    if tile.partition_step != 1:
+        raise NkiConstraintError(f"{what}: operand {shape} steps over partitions by {tile.partition_step}: an engine "
+                                 "access has no partition-axis stride (a DMA may write or read one)"
+                                 + _at(current_run(), "X5"))
     if count > 128:
-        raise NkiConstraintError(f"{what}: tile {shape} spans more than 128 partitions [X1]")
+        raise NkiConstraintError(f"{what}: tile {shape} spans more than 128 partitions" + _at(current_run(), "X1"))
     start = tile._first_partition
     if start and (count > 64 or (count > 32 and start != 64) or start % 32):
         _start_partition_error(tile, what)
@@ -417,6 +429,7 @@ def tensor_copy(dst, src, engine=None, name=None):
     _on_chip(src, what)
     _on_chip(dst, what)
     _no_gpsimd_psum(eng, (src, dst), what, "C4")
+    _same_layout(dst, src, what, "C2")
     _same_partitions(dst, src, what)
     _write(dst, _read(src, what), what)
     _vector(dst, what, eng)
@@ -906,8 +919,8 @@ def register_alloc(x=None):
     """A new register (32-bit), initialised with int x or uninitialised (nki 0.3+; LANG-0.6)."""
     run = current_run()
     _registers_exist(run, "nisa.register_alloc")
-    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, np.integer))):
-        raise NkiConstraintError(f"nisa.register_alloc({x!r}): the initial value is an int" + _at(run, "L17"))
+    if x is not None and not _int32(x):
+        raise NkiConstraintError(f"nisa.register_alloc({x!r}): the initial value is a 32-bit int" + _at(run, "L17"))
     return RegisterValue(x, "a register")
 
 
@@ -916,7 +929,9 @@ def register_move(dst, src):
     run = current_run()
     _registers_exist(run, "nisa.register_move")
     _writable_register(dst, "nisa.register_move")
-    dst.value = wrap_int32(src.read() if isinstance(src, RegisterValue) else int(src))
+    if not isinstance(src, RegisterValue) and not _int32(src):
+        raise NkiConstraintError(f"nisa.register_move: the source {src!r} is a 32-bit int or a register" + _at(run, "L17"))
+    dst.value = src.read() if isinstance(src, RegisterValue) else int(src)
 
 
 def register_load(dst, src):
@@ -954,6 +969,10 @@ def scalar_load(src):
         raise NkiConstraintError(f"{what}: the source is an int32 tile of one element (unsigned dtypes are "
                                  "rejected)" + _at(run, "L17"))
     return RegisterValue(int(_read(src, what).reshape(-1)[0]), "an NkiScalar")
+
+
+def _int32(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and -2 ** 31 <= int(value) < 2 ** 31
 
 
 def _registers_exist(run, what: str) -> None:
@@ -1075,12 +1094,30 @@ def reciprocal(dst, data, name=None):
 
 
 # ---- traced device loops -----------------------------------------------------------------------
+_TENSOR_PARAMETERS = ("dst", "src", "data", "data1", "data2", "stationary", "moving")
+
+
 def _traced(instruction):
-    """The instruction, recorded into the open traced device loops (nl.fori_loop, nl.while_loop) so
-    that every iteration is checked to issue the first iteration's code (rule L17)."""
+    """The instruction, its tensor parameters checked to be tiles (X15: AWS types them NkiTensor), recorded
+    into the open traced device loops (nl.fori_loop, nl.while_loop) so that every iteration is checked
+    to issue the first iteration's code (rule L17)."""
+    signature = inspect.signature(instruction)
+    registers = instruction.__name__.startswith("register_") or instruction.__name__ == "scalar_load"
+    tensors = [] if registers else [name for name in _TENSOR_PARAMETERS if name in signature.parameters]
+
     @functools.wraps(instruction)
     def issue(*args, **kwargs):
         run = current_run(check=False) if _running() else None
+        if run is not None and tensors:
+            try:
+                bound = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                bound = {}  # the call itself raises Python's TypeError, as AWS's API does
+            for name in tensors:
+                if name in bound and not isinstance(bound[name], Tile):
+                    raise NkiConstraintError(
+                        f"nisa.{instruction.__name__}: {name} is a {type(bound[name]).__name__}, not an NKI tensor "
+                        "(a host array is passed to the kernel as an argument)" + _at(run, "X15"))
         if run is not None and run._traced_loops:
             run.record(instruction.__name__, args + tuple(sorted(kwargs.items())))
         return instruction(*args, **kwargs)

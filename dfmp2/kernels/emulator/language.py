@@ -176,9 +176,12 @@ def dynamic_range(start, stop=None, step=1):
         raise NkiConstraintError(
             f"{run.name}: nl.dynamic_range was removed in nki {run.api} (deprecated in 0.6): use "
             f"nl.fori_loop or nl.while_loop [L11; {run.target.name}, nki {run.api}]")
+    trips = 0
     for n, value in enumerate(affine_range(start, stop, step)):
         with run.device_loop_iteration(first=n == 0):
             yield value
+        trips += 1
+    run.dynamic_loops.append(("nl.dynamic_range", trips))
 
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -229,10 +232,11 @@ def fori_loop(lower, upper, body_fun, step=1):
     run = current_run()
     where = f"[L15; {run.target.name}, nki {run.api}]"
     _device_loop_checks(run, "nl.fori_loop", where)
-    if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step <= 0:
         raise NkiConstraintError(f"{run.name}: nl.fori_loop step {step!r}: it must be a positive compile-time "
                                  f"int {where}")
     first, last = (_loop_bound(run, name, bound, where) for name, bound in (("lower", lower), ("upper", upper)))
+    step = int(step)
     run.record("nl.fori_loop", (lower, upper, step))
     variable = "the nl.fori_loop variable"
     trips = 0
@@ -275,6 +279,11 @@ def while_loop(init, body_fun):
 
 
 # ---- allocation ------------------------------------------------------------------------
+def _row(rule: str, run) -> str:
+    """A refusal's suffix: its row of docs/nki-audit.md, the target and the release."""
+    return f" [{rule}]" if run is None else f" [{rule}; {run.target.name}, nki {run.api}]"
+
+
 def _check_dtype(dtype, what, run=None):
     if dtype is BFLOAT16:
         return dtype
@@ -287,12 +296,12 @@ def _check_dtype(dtype, what, run=None):
     try:
         dtype = np.dtype(dtype)
     except TypeError:
-        raise NkiConstraintError(f"{what}: {dtype!r} is not an NKI dtype") from None
+        raise NkiConstraintError(f"{what}: {dtype!r} is not an NKI dtype" + _row("X13", run)) from None
     if dtype == np.float64:
-        raise NkiConstraintError(f"{what}: float64 does not exist on a NeuronCore (use float32) [X12]")
+        raise NkiConstraintError(f"{what}: float64 does not exist on a NeuronCore (use float32)" + _row("X12", run))
     if dtype not in DTYPES:
         raise NkiConstraintError(
-            f"{what}: {dtype} is not an NKI dtype (emulated: {', '.join(str(d) for d in DTYPES)}) [X13]")
+            f"{what}: {dtype} is not an NKI dtype (emulated: {', '.join(str(d) for d in DTYPES)})" + _row("X13", run))
     return dtype
 
 
@@ -329,11 +338,11 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
         return _shared(run, tile)
     if buffer in (sbuf, psum):
         if len(shape) < 2:
-            raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis [L5]")
+            raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis" + _row("L5", run))
         if shape[0] > run.target.partitions:
             raise NkiConstraintError(
                 f"nl.ndarray: tile of shape {shape} has {shape[0]} partitions; the limit is "
-                f"{run.target.partitions} [X1]")
+                f"{run.target.partitions}" + _row("X1", run))
         if buffer == psum and dtype != np.float32:
             raise NkiConstraintError(f"nl.ndarray: PSUM tile {shape} must be float32, not {dtype} "
                                      f"[L3; {run.target.name}, nki {run.api}]")
@@ -376,7 +385,7 @@ def _placed(run, shape, dtype, buffer, address) -> int:
     if buffer == psum and start % bank:
         raise NkiConstraintError(f"{what}: a PSUM tensor must start at the beginning of a {bank} B bank (byte "
                                  f"{start} of the partition is not) [AD2; {run.target.name}, nki {run.api}]")
-    limit = run.target.psum_bytes_per_partition if buffer == psum else run.target.sbuf_usable_bytes_per_partition
+    limit = run.psum_capacity() if buffer == psum else run.target.sbuf_usable_bytes_per_partition
     if partition + shape[0] > run.target.partitions or end > limit:
         raise NkiConstraintError(
             f"{what}: partitions {partition}..{partition + shape[0] - 1}, bytes {start}..{end} of each partition: "
