@@ -86,7 +86,7 @@ def test_the_nki_generators_words_are_the_hosts(monkeypatch, target, api, lnc):
 
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
     for seed, stream, start, count in ((2 ** 40 + 99, 2 ** 32 - 1, 6, 3000), (5, 1, 4 * (2 ** 32 - 300), 2500)):
-        backend = get_backend(target, simulate=True, nki_api=api)
+        backend = get_backend(target, simulate=True, nki_api=api, kernels=("philox_kernel",))
         assert backend.lnc == lnc
         words = nki_random_words(backend, seed, stream, start, count, max_blocks=2, max_tiles=2)
         assert words.dtype == np.uint32 and np.array_equal(words, random_words(seed, stream, start, count))
@@ -94,7 +94,7 @@ def test_the_nki_generators_words_are_the_hosts(monkeypatch, target, api, lnc):
         launches = -(-((start + count - 1) // 4 - start // 4 + 1) // (128 * 2 * 2 * lnc))
         assert backend.ledger.calls["philox_kernel"] == launches
         assert backend.ledger.model_costs_by_step[target]["philox_kernel"]["seconds"] > 0  # (a MODEL)
-    model = get_backend(target, simulate=True, model_only=True, nki_api=api)
+    model = get_backend(target, simulate=True, model_only=True, nki_api=api, kernels=("philox_kernel",))
     for _ in range(2):  # the second launch of the same specialization: by host reference
         assert np.array_equal(nki_random_words(model, 3, 2, 0, 1024, max_blocks=2, max_tiles=2), random_words(3, 2, 0, 1024))
 

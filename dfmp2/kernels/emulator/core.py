@@ -767,7 +767,7 @@ def _normalise_index(index, shape, keep_partition):
     """Ints, slices, nl.ds(start, size) and one Ellipsis, checked against the tile, with Python's
     meaning of negative indices and bounds (LANG-0.6: NKI tensors index as numpy arrays do; rows
     IX1-IX3 of docs/nki-audit.md). An int drops its axis, except the partition axis (0) of an
-    on-chip tile, which stays as a size-1 slice. A step is allowed on a free axis only (X5)."""
+    on-chip tile, which stays as a size-1 slice, and on chip a result stays at least 2-D."""
     if not isinstance(index, tuple):
         index = (index,)
     ellipses = sum(item is Ellipsis for item in index)
@@ -783,37 +783,9 @@ def _normalise_index(index, shape, keep_partition):
     for axis, item in enumerate(index):
         item = _concrete(item)
         if hasattr(item, "start") and hasattr(item, "size") and not isinstance(item, slice):
-            if not _index_int(item.size):
-                raise NkiConstraintError(f"nl.ds(start, size) with size {item.size!r} on axis {axis}: the size must "
-                                         "be a compile-time int (a run-time start is allowed)" + _tag("IX2"))
-            if not (_index_int(item.start) or isinstance(item.start, RegisterValue)):
-                raise NkiConstraintError(f"nl.ds(start, size) with start {item.start!r} on axis {axis}: the start is "
-                                         "an int or a register" + _tag("IX2"))
-            start, size = _concrete(item.start), _concrete(item.size)
-            if start < 0 or size <= 0 or start + size > shape[axis]:
-                raise NkiConstraintError(f"nl.ds({start}, {size}) is empty or outside axis {axis} of a tile of "
-                                         f"shape {tuple(shape)}" + _tag("IX3"))
-            item = slice(start, start + size)
+            item = _dynamic_slice(item, axis, shape)
         if isinstance(item, slice):
-            parts = (item.start, item.stop, item.step)
-            if any(isinstance(v, RegisterValue) for v in parts):
-                raise NkiConstraintError(f"slice {item} on axis {axis} has a register bound: a run-time access needs a "
-                                         "compile-time size, nl.ds(start, size)" + _tag("IX2"))
-            if not all(v is None or _index_int(v) for v in parts):
-                raise NkiConstraintError(f"slice {item} on axis {axis}: bounds and step are ints" + _tag("IX2"))
-            start, stop, step = parts
-            if step is not None and step <= 0:
-                raise NkiConstraintError(f"slice step {step} on axis {axis} of a tile of shape {tuple(shape)}: a step "
-                                         "must be positive" + _tag("X5"))
-            n = shape[axis]
-            start = 0 if start is None else start + n if start < 0 else start  # -k: k from the end
-            stop = n if stop is None else stop + n if stop < 0 else stop
-            step = 1 if step is None else step
-            if not 0 <= start < stop <= n:
-                raise NkiConstraintError(
-                    f"slice {item.start}:{item.stop} is empty or outside axis {axis} of a tile of shape "
-                    f"{tuple(shape)} (no clamping: an access outside the tensor is an error)" + _tag("IX3"))
-            out.append(slice(start, stop, None if step == 1 else step))
+            out.append(_checked_slice(item, axis, shape))
         elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             if not -shape[axis] <= item < shape[axis]:
                 raise NkiConstraintError(
@@ -830,6 +802,43 @@ def _normalise_index(index, shape, keep_partition):
             last = max(n for n, item in enumerate(out) if n and isinstance(item, int))
             out[last] = slice(out[last], out[last] + 1)
     return tuple(out)
+
+
+def _dynamic_slice(item, axis, shape) -> slice:
+    """nl.ds(start, size): start an int or a register (its current value), size a compile-time int (IX2)."""
+    if not _index_int(item.size):
+        raise NkiConstraintError(f"nl.ds(start, size) with size {item.size!r} on axis {axis}: the size must "
+                                 "be a compile-time int (a run-time start is allowed)" + _tag("IX2"))
+    if not (_index_int(item.start) or isinstance(item.start, RegisterValue)):
+        raise NkiConstraintError(f"nl.ds(start, size) with start {item.start!r} on axis {axis}: the start is "
+                                 "an int or a register" + _tag("IX2"))
+    start, size = _concrete(item.start), int(item.size)
+    if start < 0 or size <= 0 or start + size > shape[axis]:
+        raise NkiConstraintError(f"nl.ds({start}, {size}) is empty or outside axis {axis} of a tile of "
+                                 f"shape {tuple(shape)}" + _tag("IX3"))
+    return slice(start, start + size)
+
+
+def _checked_slice(item: slice, axis, shape) -> slice:
+    """A Python slice of int bounds (negative: from the end; no clamping) and a positive step (X5, IX2, IX3)."""
+    parts = (item.start, item.stop, item.step)
+    if any(isinstance(v, RegisterValue) for v in parts):
+        raise NkiConstraintError(f"slice {item} on axis {axis} has a register bound: a run-time access needs a "
+                                 "compile-time size, nl.ds(start, size)" + _tag("IX2"))
+    if not all(v is None or _index_int(v) for v in parts):
+        raise NkiConstraintError(f"slice {item} on axis {axis}: bounds and step are ints" + _tag("IX2"))
+    start, stop, step = parts
+    if step is not None and step <= 0:
+        raise NkiConstraintError(f"slice step {step} on axis {axis} of a tile of shape {tuple(shape)}: a step "
+                                 "must be positive" + _tag("X5"))
+    n = shape[axis]
+    start = 0 if start is None else start + n if start < 0 else start  # -k: k from the end
+    stop = n if stop is None else stop + n if stop < 0 else stop
+    if not 0 <= start < stop <= n:
+        raise NkiConstraintError(
+            f"slice {item.start}:{item.stop} is empty or outside axis {axis} of a tile of shape "
+            f"{tuple(shape)} (no clamping: an access outside the tensor is an error)" + _tag("IX3"))
+    return slice(start, stop, None if step in (None, 1) else step)
 
 
 def _index_int(value) -> bool:
