@@ -12,7 +12,7 @@
 
 import os as _os
 
-__version__ = "0.1.0"
+from .util.version import __version__  # noqa: E402, F401 (re-exported: dfmp2.__version__)
 
 # torch and PySCF each load their own OpenMP runtime. With OpenMP's default "active" wait
 # policy the idle pool of one spins on the cores the other needs: on 2 cores the integral and

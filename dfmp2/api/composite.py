@@ -185,11 +185,10 @@ def _covers_nothing(system, ecp) -> bool:
 
 def run_composite(frame, settings: Settings, bsse=(), scf_extrapolation="highest", context_of=None,
                   on_run=None) -> CompositeResult:
-    """Long (one loop over bases and systems, then the record): the counterpoise systems of
-    `frame` (bsse: "cp", "nocp"; none: the frame as one system) in each basis of
-    settings.basis (Psi4's bracket notation extrapolates). settings.charge/spin: None takes the
-    file's. context_of(): a fresh RunContext per run; on_run(basis, system, result) after each.
-    Every system is checked in every basis (`composite_runs`) before the first runs."""
+    """The counterpoise systems of `frame` (bsse: "cp", "nocp"; none: the frame as one system) in
+    each basis of settings.basis (Psi4's bracket notation extrapolates). settings.charge/spin:
+    None takes the file's. context_of(): a fresh RunContext per run; on_run(basis, system, result)
+    after each. Every system is checked in every basis (`composite_runs`) before the first runs."""
     planned, notes = composite_runs(frame, settings, bsse, scf_extrapolation)
     bases = expand_basis(settings.basis)
     systems = [system for system, _ in planned[bases[0][1]]]

@@ -22,7 +22,7 @@ from qcengine.exceptions import InputError as QCEngineInputError
 from qcengine.exceptions import UnknownError
 from qcengine.programs.model import ProgramHarness
 
-from .. import __version__
+from ..util.version import __version__
 from .qcschema import run_qcschema
 
 NAME = "dfmp2"  # QCEngine's program name

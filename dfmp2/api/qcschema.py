@@ -48,7 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import __version__, chem
+from .. import chem
+from ..util.version import __version__
 from ..chem.extrapolation import SCF_SCHEMES, expand_basis
 from ..chem.functionals import ALIASES, DOUBLE_HYBRIDS
 from ..run.settings import Settings

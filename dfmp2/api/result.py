@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import __version__, chem
+from .. import chem
+from ..util.version import __version__
 from ..chem.functionals import DoubleHybrid
 from ..mp2.pipeline import CorrelationEnergy
 from ..mp2.steps import mp2_density_correction

@@ -69,12 +69,11 @@ def failure_record(name: str, error: BaseException) -> dict:
 
 
 def run_batch(entries, compute_frame, debug: bool, on_record=None) -> list:
-    """Long (one loop with its failure rule): every frame of `entries` ((name, Frame or the
-    InputError reading it raised), as `frames_of` gives them) through
-    compute_frame(frame) -> record, one record per frame in order ({"molecule", "status": "ok",
-    ...} or `failure_record`; a record that is not strict JSON, e.g. holding NaN, is its
-    molecule's failure); on_record(record, its JSON line) after each. Signals stop the batch
-    (they are not a molecule's failure); debug re-raises the first failure with its traceback."""
+    """Every frame of `entries` ((name, Frame or the InputError reading it raised), as `frames_of` gives them)
+    through compute_frame(frame) -> record, one record per frame in order ({"molecule", "status": "ok", ...}
+    or `failure_record`; a record that is not strict JSON, e.g. holding NaN, is its molecule's failure);
+    on_record(record, its JSON line) after each. Signals stop the batch (they are not a molecule's failure);
+    debug re-raises the first failure with its traceback."""
     records = []
     for name, frame in entries:
         record, line = _record_of(name, frame, compute_frame, debug)

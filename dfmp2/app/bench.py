@@ -17,7 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from .. import __version__
+from ..util.version import __version__
 from ..api.result import MODEL_NOTE, memory_record, model_record
 from ..kernels import MP2_ENERGY_KERNELS, TRAINIUM, backend_for, get_backend
 from ..mp2.pipeline import dfmp2_energy

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from .. import __version__
+from ..util.version import __version__
 from ..kernels import COMMAND_PRECISION
 from ..run.ranks import DEFAULT_TIMEOUT_S
 from ..run.settings import Settings

@@ -29,7 +29,7 @@ QCSCHEMA_SUFFIX = ".json"
 
 
 def run_molecules(gradient, optimize, options) -> None:
-    """Long (the command's one path from options to printed summary): options: the command's
+    """The command's one path from options to the printed summary. options: the command's
     options by name (`run`'s); optimize: `dfmp2 optimize`'s own, or None."""
     o = SimpleNamespace(**options)
     paths = list(o.molecules)

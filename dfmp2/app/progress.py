@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import click
+
+from ..run.context import clock
 
 
 class Progress:
@@ -12,7 +12,7 @@ class Progress:
     seconds (and when a step completes), with the step's elapsed time and, once it has run a
     second, its ETA. total None: a step of unknown length (the SCF's cycles)."""
 
-    def __init__(self, interval=0.25, clock=time.monotonic, write=None):
+    def __init__(self, interval=0.25, clock=clock, write=None):
         self.interval, self.clock = interval, clock
         self.write = write or (lambda text: click.echo(text, err=True, nl=False))
         self._step, self._start, self._last = None, 0.0, float("-inf")

@@ -144,27 +144,24 @@ def spin_case(nchannels: int, s: int, other: int) -> str:
 
 
 def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, gamma_out=None):
-    """Long (the formulas of both spin cases). The unrelaxed MP2 density per spin channel in the
-    active space, and with the metric's `factor` (`linalg.MetricFactor`) the three-index
-    two-particle density and its auxiliary contraction, fp64, from the same (ia|kb) as the
-    energy: for each block of orbitals k, the amplitudes of every i against it serve all three
-    (t2 is never stored; backend.density_block). Restricted (one channel):
-      P_ij = -2 sum_kab t_ik^ab T_jk^ab,  P_ab = 2 sum_ijc t_ij^ac T_ij^bc,  T = (c_os + c_ss) t - c_ss t^T
-      G_ia^P = sum_kb c_kb^P 4 T_ik^ab      (c_kb^P = sum_Q (kb|Q) [V^-1]_QP)
-    Unrestricted (two channels), for spin s, with u = t - t^T the same-spin amplitudes:
-      P_ij^s = -c_ss/2 sum_kab u_ik^ab u_jk^ab - c_os sum_KaB t_iK^aB t_jK^aB
-      P_ab^s =  c_ss/2 sum_ikc u_ik^ac u_ik^bc + c_os sum_iKC t_iK^aC t_iK^bC   (K, B, C: the other spin)
-      G_ia^P,s = sum_kb c_kb^P 2 c_ss u_ik^ab + sum_KB c_KB^P 2 c_os t_iK^aB
-    and Gbar_PQ = sum_s sum_ia G_ia^P,s c_ia^Q,s (the metric-derivative term of the gradient), from
-    the whitened G~ (G = G~ W^T, c = B W^T: Gbar = W (sum_ia G~_ia^T B_ia) W^T).
-    scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
+    """The unrelaxed MP2 density per spin channel in the active space, and with the metric's `factor`
+    (`linalg.MetricFactor`) the three-index two-particle density and its auxiliary contraction, fp64, from the
+    same (ia|kb) as the energy: for each block of orbitals k, the amplitudes of every i against it serve all
+    three (t2 is never stored; backend.density_block). Restricted (one channel): P_ij = -2 sum_kab t_ik^ab
+    T_jk^ab, P_ab = 2 sum_ijc t_ij^ac T_ij^bc, T = (c_os + c_ss) t - c_ss t^T G_ia^P = sum_kb c_kb^P 4 T_ik^ab
+    (c_kb^P = sum_Q (kb|Q) [V^-1]_QP) Unrestricted (two channels), for spin s, with u = t - t^T the same-spin
+    amplitudes: P_ij^s = -c_ss/2 sum_kab u_ik^ab u_jk^ab - c_os sum_KaB t_iK^aB t_jK^aB P_ab^s = c_ss/2
+    sum_ikc u_ik^ac u_ik^bc + c_os sum_iKC t_iK^aC t_iK^bC (K, B, C: the other spin) G_ia^P,s = sum_kb c_kb^P
+    2 c_ss u_ik^ab + sum_KB c_KB^P 2 c_os t_iK^aB and Gbar_PQ = sum_s sum_ia G_ia^P,s c_ia^Q,s (the metric-
+    derivative term of the gradient), from the whitened G~ (G = G~ W^T, c = B W^T: Gbar = W (sum_ia G~_ia^T
+    B_ia) W^T). scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
     schedule: where B comes from and which blocks of k this process takes (`LocalDensities`, or
-    `distributed.RankDensities` over ranks: P and Gbar are then summed over the ranks, and each
-    rank's G holds the rows of its blocks of k). gamma_out: per channel a writable [nocc_s,
-    nvir_s, naux] array (host or HDF5 dataset) that receives G~ per block of k, then G in one
-    pass over the held rows (and over B, for Gbar) after the backend's loop. Returns ([(P_oo
-    [nocc_s, nocc_s], P_vv [nvir_s, nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's
-    conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux, naux] or None)."""
+    `distributed.RankDensities` over ranks: P and Gbar are then summed over the ranks, and each rank's G holds
+    the rows of its blocks of k). gamma_out: per channel a writable [nocc_s, nvir_s, naux] array (host or HDF5
+    dataset) that receives G~ per block of k, then G in one pass over the held rows (and over B, for Gbar)
+    after the backend's loop. Returns ([(P_oo [nocc_s, nocc_s], P_vv [nvir_s, nvir_s]) per channel] (PySCF
+    dfmp2_native / dfump2_native's conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux,
+    naux] or None)."""
     densities = [(np.zeros((ch.nocc, ch.nocc)), np.zeros((ch.nvir, ch.nvir))) for ch in channels]
     for other, partner in enumerate(channels):  # the spin of k; the i of each spin against its blocks
         for block in schedule.k_blocks(other):

@@ -48,7 +48,7 @@ import re
 
 import numpy as np
 
-from .. import __version__
+from ..util.version import __version__
 from ..util.errors import InputError, option
 from ..util.files import display, write_atomically
 from ..util.provenance import arrays_identity, difference, h5_identity, mismatch, stamp_h5, stamped

@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+def clock() -> float:
+    """Seconds on dfmp2's one clock (monotonic, `time.perf_counter`): every timing, interval and
+    progress tick reads it here (tests/test_architecture.py::test_one_clock)."""
+    return time.perf_counter()
+
+
 @dataclass
 class Lap:
     """The wall seconds of one timed stretch (`Timer.lap`), set when it ends."""
@@ -36,12 +42,12 @@ class Timer:
 
     @contextmanager
     def lap(self):
-        lap, start = Lap(), time.perf_counter()
+        lap, start = Lap(), clock()
         try:
             yield lap
         finally:
             self.synchronize()
-            lap.seconds = time.perf_counter() - start
+            lap.seconds = clock() - start
 
     @contextmanager
     def step(self, name: str, out_of: str | None = None):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 import zlib
 
 import numpy as np
 
 from ..util.provenance import JOURNAL_HEADER_BYTES, journal_digest, journal_header
+from .context import clock
 
 RECORD = struct.Struct("<qddI")  # task index, E_os part, E_ss part, crc32 of the first three
 
@@ -28,7 +28,7 @@ class PairJournal:
         self.ntasks = ntasks
         self.header = journal_header(identity)
         self._handle = None
-        self._synced = time.monotonic()
+        self._synced = clock()
 
     def restore(self, sums: np.ndarray) -> tuple:
         """Fill sums[k] = (E_os part, E_ss part) of the finished tasks; returns (their indices,
@@ -64,9 +64,9 @@ class PairJournal:
             if self._handle.tell() == 0:
                 self._handle.write(self.header)
         self._handle.write(RECORD.pack(index, e_os, e_ss, _crc(index, e_os, e_ss)))
-        if time.monotonic() - self._synced > SYNC_SECONDS:
+        if clock() - self._synced > SYNC_SECONDS:
             os.fsync(self._handle.fileno())
-            self._synced = time.monotonic()
+            self._synced = clock()
 
     def close(self):
         if self._handle is not None:
