@@ -10,6 +10,7 @@ from pyscf.lib import logger
 
 from .. import chem
 from ..mp2.orbitals import active_orbitals, natural_orbitals
+from ..mp2.pipeline import scs_correlation
 from ..run.context import RunContext
 from ..run.ranks import join_launched_team
 from ..run.settings import Settings, frozen_per_spin
@@ -88,7 +89,7 @@ class PySCFMP2Base(lib.StreamObject):
         (as PySCF's DFROMP2: 0 for RHF/UHF and with include_singles=False)."""
         if self.e_corr is None:
             return None
-        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + (self.e_corr_singles or 0.0)
+        return scs_correlation(self.e_corr_os, self.e_corr_ss, self.e_corr_singles or 0.0)
 
     @property
     def e_tot_scs(self):

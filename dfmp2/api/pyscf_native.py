@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..mp2.pipeline import SCS_OS, SCS_SS
 from .pyscf_base import PySCFMP2Base
 
 
@@ -52,7 +53,7 @@ class NativeSCSMP2(NativeDFMP2):
     """Spin-component-scaled DF-MP2 with pyscf.mp.dfmp2_native's conventions: e_corr =
     ps E_os + pt E_ss (default 6/5 and 1/3, Grimme's) and the density of that energy."""
 
-    def __init__(self, mf, ps=6 / 5, pt=1 / 3, *args, **kwargs):
+    def __init__(self, mf, ps=SCS_OS, pt=SCS_SS, *args, **kwargs):
         super().__init__(mf, *args, **kwargs)
         self.ps = ps
         self.pt = pt

@@ -49,18 +49,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import chem
-from ..util.version import __version__
 from ..chem.extrapolation import SCF_SCHEMES, expand_basis
 from ..chem.functionals import ALIASES, DOUBLE_HYBRIDS
+from ..mp2.pipeline import SCS_OS, SCS_SS
 from ..run.settings import Settings
 from ..util.errors import ComputationError, InputError
+from ..util.version import __version__
 from .driver import run_atoms
 from .qcschema_molecule import read_molecule
 
 DRIVERS = ("energy", "gradient", "properties")
 MP2_METHODS = ("mp2", "df-mp2", "ri-mp2")
 SCS_METHODS = ("scs-mp2", "scs-df-mp2", "scs-ri-mp2")
-SCS = (1.2, 1.0 / 3.0)  # Grimme's (c_os, c_ss): DFMP2Result.e_scs
+SCS = (SCS_OS, SCS_SS)  # Grimme's (c_os, c_ss): DFMP2Result.e_scs
 # keyword -> the kinds its value may have (then Settings and run_atoms check the value itself)
 KEYWORDS = {
     "frozen_core": (bool,), "frozen": (int, list, type(None)), "auxbasis": (str,), "jk_auxbasis": (str,),

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import chem
-from ..util.version import __version__
 from ..chem.functionals import DoubleHybrid
 from ..mp2.pipeline import CorrelationEnergy
 from ..mp2.steps import mp2_density_correction
 from ..util.cpu_config import configuration_record
 from ..util.system_memory import MB
+from ..util.version import __version__
 
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
               "transfer + max(tensor_engine, dma, vector, scalar); the engine entries of the "

@@ -17,7 +17,6 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..util.version import __version__
 from ..api.result import MODEL_NOTE, memory_record, model_record
 from ..kernels import MP2_ENERGY_KERNELS, TRAINIUM, backend_for, get_backend
 from ..mp2.pipeline import dfmp2_energy
@@ -28,6 +27,7 @@ from ..util.blocks import block_ranges
 from ..util.errors import InputError, option
 from ..rng.synthetic import SHAPES, SyntheticIntegrals, synthetic_orbitals
 from ..util.system_memory import peak_resident_bytes, resident_bytes
+from ..util.version import __version__
 
 STAGES = ("integrals", "metric", "transform", "whiten", "pair_energies")
 MAX_REPEAT = 100  # warm passes: the record keeps each one's seconds, timings and energy

@@ -13,12 +13,12 @@ import sys
 
 import click
 
-from ..util.version import __version__
 from ..kernels import COMMAND_PRECISION
 from ..run.ranks import DEFAULT_TIMEOUT_S
 from ..run.settings import Settings
 from ..util.errors import DFMP2Error, InputError, command_line_names
 from ..util.files import Outputs
+from ..util.version import __version__
 from .progress import Progress
 from .report import print_bench, print_kernel_bench
 from .signals import SignalExit, Terminated, fail, guarded, stop_with

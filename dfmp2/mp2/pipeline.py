@@ -34,6 +34,15 @@ from .steps import combine_pair_sums, factor_metric, mp2_densities, pair_energie
 from .three_center import LocalDensities, three_center_provider
 
 
+SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
+
+
+def scs_correlation(e_os: float, e_ss: float, e_singles: float = 0.0) -> float:
+    """Grimme's SCS-MP2 correlation energy (Eh): E = 6/5 E_os + 1/3 E_ss (+ the ROHF singles, unscaled, as
+    Psi4 and PySCF's DFROMP2 count them). E_ss is divided by 3, as it always was (its bits)."""
+    return SCS_OS * e_os + e_ss / 3.0 + e_singles
+
+
 @dataclass
 class CorrelationEnergy:
     """DF-MP2 correlation energy (Eh) with its sizes, timings (s) and what ran. nocc, nvir and
@@ -72,9 +81,8 @@ class CorrelationEnergy:
 
     @property
     def e_scs(self) -> float:
-        """Grimme's spin-component-scaled correlation energy: 6/5 E_os + 1/3 E_ss (+ the ROHF
-        singles, as Psi4 counts them)."""
-        return 1.2 * self.e_corr_os + self.e_corr_ss / 3.0 + self.e_corr_singles
+        """Grimme's spin-component-scaled correlation energy (`scs_correlation`)."""
+        return scs_correlation(self.e_corr_os, self.e_corr_ss, self.e_corr_singles)
 
 
 def plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, insist, notes) -> MemoryPlan:
