@@ -3,7 +3,7 @@
 After the pair GEMM (ia|jb) = sum_P B_ia^P B_jb^P [ni*nvir, nj*nvir_j] (fp64 or fp32), the
 energy needs, per element and in fp64,
 
-    D = e_i + e_j - e_a - e_b,   e_os += (ia|jb)^2 / D,   e_x += (ia|jb) (ib|ja) / D
+    D = e_i + e_j - e_a - e_b (spin_cases.pair_denominators),   e_os += (ia|jb)^2 / D,   e_x += (ia|jb) (ib|ja) / D
 
 In torch ops that is six passes over fp64 [ni, nvir, nj, nvir_j] temporaries (the cast, the
 denominators, the division, a transposed copy and two dot products): about 80 bytes of memory

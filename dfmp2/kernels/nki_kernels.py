@@ -459,7 +459,7 @@ def pair_energy_kernel(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, 
                                                           V's blocks below the diagonal)
         V[A, A]^T                                          nc_transpose (the diagonal block)
     so every 128 x 128 block of V is computed once, as itself or as its transpose, and with
-    T = V / D, D = e_i + e_j - e_a - e_b (symmetric under a <-> b):
+    T = V / D, D = e_i + e_j - e_a - e_b (symmetric under a <-> b; spin_cases.pair_denominators on chip):
         os += sum T V + sum X^2 / D                       (all of sum_ab (ia|jb)^2 / D)
         ex += sum_AA T V^T + 2 sum X T                    (all of sum_ab (ia|jb)(ib|ja) / D)
     Tiles: Q on partitions in 128s (contraction; ragged last); a in 128-row blocks (stationary);
@@ -640,7 +640,7 @@ def density_kernel(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg
     nonzero only for NVIRK = NVIR). Per k and per block of 128 of k's virtuals c (partitions),
     for every i of I and j of J, a in 512-column chunks:
         W[c, a] = (ia|kc) = sum_Q B_k[Q, c] B_i[Q, a]      U[c, a] = (ic|ka) = sum_Q B_i[Q, c] B_k[Q, a]
-        X^T[c, a] = (x_w W - x_u U) / D,   Y^T[c, a] = (y_w W - y_u U) / D,   D = e_i + e_k - e_a - e_c
+        X^T[c, a] = (x_w W - x_u U) / D,   Y^T[c, a] = (y_w W - y_u U) / D,   D = e_i + e_k - e_a - e_c (spin_cases)
     (closed shell: X = t, Y = (c_os + c_ss) t - c_ss t^T; same spin: X = Y = t - t^T; opposite
     spin: X = Y = t; spin_cases.density_weights), so that
         oo[i, j]  += sum_{c, a} X_ik^T[c, a] Y_jk^T[c, a]    (host: P_ij = -w sum_k oo)
@@ -835,7 +835,7 @@ def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_
     neg_e_vir_j_rows [128, NVIRJ]: -e_b of j's virtuals. c_w, c_u: compile-time weights. Per pair
     (i, j) and block of WB of j's virtuals b (gamma_blocking), a on partitions in 128s:
         W[a, b] = (ia|jb) = sum_Q B_i[Q, a] B_j[Q, b]      U[a, b] = (ib|ja) = sum_Q B_j[Q, a] B_i[Q, b]
-        X[a, b] = (c_w W - c_u U) / D,   D = e_i + e_j - e_a - e_b      (U only for c_u != 0: NVIRJ = NVIR)
+        X[a, b] = (c_w W - c_u U) / D,   D = e_i + e_j - e_a - e_b (spin_cases.pair_denominators; U only for c_u != 0: NVIRJ = NVIR)
     (density_kernel's _amplitude_block with i and j's roles swapped), then, b on partitions in
     128s, Q in chunks of QW columns:
         G_j[b, Q] += sum_a X[a, b] B_i[a, Q]

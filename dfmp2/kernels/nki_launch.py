@@ -24,6 +24,7 @@ import torch
 from . import emulator
 from ..util.errors import ComputationError
 from .nki_ledger import CostLedger
+from .spin_cases import combine_amplitudes, pair_denominators
 from .nki_support import checks_lnc, release_name
 from .nki_sparse import TileMap, unpack_symmetric, unpack_tiles
 from .ozaki import digits_value
@@ -183,9 +184,8 @@ class KernelLauncher:
 def _ref_pair_energy(b_i, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_rows, triangle, exchange):
     """Per-pair (os, exchange) sums in row 0 of the kernel's partials layout [128, NI, NJ, 2]."""
     iajb = torch.einsum("iqa,jqb->ijab", b_i, b_j)
-    denom = (e_i_rows[0][:, None, None, None] + e_j_rows[0][None, :, None, None]
-             - e_vir_col[:, 0][None, None, :, None] + neg_e_vir_rows[0][None, None, None, :])
-    t = iajb / denom
+    denom = pair_denominators(e_i_rows[0], e_j_rows[0], e_vir_col[:, 0], -neg_e_vir_rows[0]).permute(0, 2, 1, 3)
+    t = (iajb / denom).float()
     ex = (t * iajb.transpose(2, 3)).sum(dim=(2, 3)) if exchange else torch.zeros(iajb.shape[:2])
     sums = torch.stack([(t * iajb).sum(dim=(2, 3)), ex], dim=-1)
     if triangle:
@@ -202,9 +202,8 @@ def _ref_density(b_i, b_j, b_k, e_i_rows, e_j_rows, e_k_rows, e_vir_k_col, neg_e
 
     def amplitudes(b, e, c_w, c_u):
         v = torch.einsum("iqa,kqc->iakc", b.double(), b_k.double())
-        d = (e[:, None, None, None] + neg_ea[None, :, None, None] + e_k_rows[0].double()[None, None, :, None]
-             - e_vir_k_col[:, 0].double()[None, None, None, :])
-        return (c_w * v - (c_u * v.permute(0, 3, 2, 1) if c_u != 0.0 else 0.0)) / d
+        d = pair_denominators(e, e_k_rows[0].double(), -neg_ea, e_vir_k_col[:, 0].double())
+        return combine_amplitudes(v, v.permute(0, 3, 2, 1), (c_w, c_u)) / d
 
     x_i = amplitudes(b_i, e_i_rows[0].double(), x_w, x_u)
     y_j = amplitudes(b_j, e_j_rows[0].double(), y_w, y_u)
@@ -219,9 +218,9 @@ def _ref_gamma(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_ro
     """gamma_kernel's G [NJ, NVIRJ, NAUX] by fp64 host math (model-only runs)."""
     bi, bj = b_i.double(), b_j.double()
     w = torch.einsum("iqa,jqb->iajb", bi, bj)
-    d = (e_i_rows[0].double()[:, None, None, None] - e_vir_col[:, 0].double()[None, :, None, None]
-         + e_j_rows[0].double()[None, None, :, None] + neg_e_vir_j_rows[0].double()[None, None, None, :])
-    x = c_w * w - (c_u * torch.einsum("iqb,jqa->iajb", bi, bj) if c_u != 0.0 else 0.0)
+    d = pair_denominators(e_i_rows[0].double(), e_j_rows[0].double(), e_vir_col[:, 0].double(),
+                          -neg_e_vir_j_rows[0].double())
+    x = combine_amplitudes(w, torch.einsum("iqb,jqa->iajb", bi, bj), (c_w, c_u))
     return torch.einsum("iajb,iqa->jbq", x / d, bi).float()
 
 

@@ -8,7 +8,20 @@ closed shell (restricted): X = t, Y = (c_os + c_ss) t - c_ss t^T (T = 2 t - t^T 
 same spin (one spin of an unrestricted reference): X = Y = t - t^T, w = c_ss / 2, g = 2 c_ss;
 opposite spin (k the other spin): X = Y = t, w = c_os, g = 2 c_os.
 (c_os, c_ss): (1, 1) for MP2, the SCS weights for the SCS-MP2 density.
+The pair denominators D_ijab = e_i + e_j - e_a - e_b of t = (ia|jb) / D: `pair_denominators`, the
+host definition every backend's host path uses (torch_backend, the NKI host references); the device
+kernels (nki_kernels' pair, density and gamma kernels, cuda_pair) form the same sum on chip.
 """
+
+def pair_denominators(e_i, e_j, e_vir, e_vir_j=None):
+    """D_ijab = e_i + e_j - e_a - e_b [ni, nvir, nj, nvir_j] (torch tensors) in fp64, as (e_i - e_a) +
+    (e_j - e_b); e_vir_j: j's virtual energies when j is the other spin (None: e_vir)."""
+    import torch
+
+    e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
+    e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
+    return torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
+
 
 def density_weights(scaling, spin_case) -> tuple:
     """((x_w, x_u), (y_w, y_u), w, g) of the module docstring for scaling (c_os, c_ss) and

@@ -18,7 +18,7 @@ import torch
 from . import torch_sparse
 from .pinned_staging import STAGING
 from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
-from .spin_cases import combine_amplitudes, density_weights
+from .spin_cases import combine_amplitudes, density_weights, pair_denominators
 from .split_gemm import SPLIT_FORMATS, split_product
 from .torch_products import symmetric_product
 
@@ -92,14 +92,6 @@ def cpu_description() -> str:
         pass
     flushed = ", subnormals flushed to zero" if _SUBNORMALS_FLUSHED[:1] == [True] else ""  # as probed (a backend)
     return f"{name}, {torch.get_num_threads()} threads{flushed}"
-
-
-def pair_denominators(e_i, e_j, e_vir, e_vir_j=None) -> torch.Tensor:
-    """D_ijab = e_i + e_j - e_a - e_b [ni, nvir, nj, nvir_j] in fp64 (as (e_i - e_a) + (e_j - e_b));
-    e_vir_j: j's virtual energies when j is the other spin (None: e_vir)."""
-    e_ia = (e_i[:, None] - e_vir[None, :]).to(torch.float64)
-    e_jb = (e_j[:, None] - (e_vir if e_vir_j is None else e_vir_j)[None, :]).to(torch.float64)
-    return torch.add(e_ia[:, :, None, None], e_jb[None, None, :, :])
 
 
 def load_cuda_libraries(device) -> None:
