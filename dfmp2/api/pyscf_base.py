@@ -336,7 +336,7 @@ class PySCFMP2Base(lib.StreamObject):
         dh = double_hybrid(xc if xc is not None else self._scf.xc, c_os, c_ss)
         if dh.name != "custom" and xc_key(dh.xc) != xc_key(self._scf.xc):
             raise InputError(f"{dh.name}'s KS part is {dh.xc!r}, but the reference used xc {self._scf.xc!r}")
-        return self.e_ref + dh.c_os * self.e_corr_os + dh.c_ss * self.e_corr_ss
+        return self.e_ref + dh.pt2_energy(self.e_corr_os, self.e_corr_ss)
 
 
 class Gradients(lib.StreamObject):

@@ -103,7 +103,7 @@ class DFMP2Result:
     def e_pt2(self):
         """A double hybrid's scaled MP2 part, c_os E_os + c_ss E_ss (Eh); None otherwise."""
         dh = self.double_hybrid
-        return None if dh is None else dh.c_os * self.e_corr_os + dh.c_ss * self.e_corr_ss
+        return None if dh is None else dh.pt2_energy(self.e_corr_os, self.e_corr_ss)
 
     @property
     def e_tot(self):

@@ -25,6 +25,10 @@ class DoubleHybrid:
     c_ss: float
     citation: str
 
+    def pt2_energy(self, e_os: float, e_ss: float) -> float:
+        """The double hybrid's scaled MP2 part, E_PT2 = c_os E_os + c_ss E_ss (Eh), the one place it is summed."""
+        return self.c_os * e_os + self.c_ss * e_ss
+
 
 DOUBLE_HYBRIDS = {dh.name: dh for dh in (
     DoubleHybrid("B2PLYP", "0.53*HF + 0.47*B88, 0.73*LYP", 0.27, 0.27,
