@@ -214,3 +214,25 @@ def test_out_of_core_reads_within_the_target(fraction, arrays_only_budget):
     assert tight.io["bytes_read"] <= tensor * (1 + tensor / (budget / 2))
     assert tight.io["bytes_written"] <= 2 * tensor
     assert abs(tight.e_corr - roomy.e_corr) < 1e-10
+
+
+@pytest.mark.parametrize("storage", ["memory", "checkpoint"])
+def test_the_metric_is_factorised_once_per_run(storage, monkeypatch, tmp_path):
+    """Step 1 (J = L L^T) once per run, shared by the whitening of B and the three-index density of a
+    gradient's run (with_gamma); where B comes from a checkpoint, once, for the density; the energy and
+    the density those runs give are the same."""
+    from dfmp2.api.driver import run_mean_field
+    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.run.settings import Settings
+
+    made, cholesky = [], TorchBackend.cholesky
+    monkeypatch.setattr(TorchBackend, "cholesky", lambda self, metric: made.append(metric.shape) or cholesky(self, metric))
+    mf = converged_rhf("water")
+    settings = Settings(precision="fp64", with_rdm1=True, with_gamma=True,
+                        checkpoint=str(tmp_path / "ck") if storage == "checkpoint" else None)
+    first = run_mean_field(mf, settings)
+    assert len(made) == 1
+    if storage == "checkpoint":  # the second run reads B back: one factorisation, for the density
+        again = run_mean_field(mf, settings)
+        assert len(made) == 2 and again.e_corr == first.e_corr
+        assert np.array_equal(again.correlation.gamma.gamma_aux, first.correlation.gamma.gamma_aux)

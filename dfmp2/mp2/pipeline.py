@@ -30,8 +30,8 @@ from ..run.storage import ThreeIndexDensity
 from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
 from ..util.system_memory import MB
 from .orbitals import active_spaces, device_channels, spin_channels
-from .steps import combine_pair_sums, factor_metric, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
-from .three_center import LocalDensities, three_center_provider
+from .steps import combine_pair_sums, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
+from .three_center import LocalDensities, MetricFactorOnce, three_center_provider
 
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
@@ -194,10 +194,10 @@ def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
 def density_stage(backend, provider, channels, selected, plan, settings, metric, team=None) -> tuple:
     """Step 5: (rdm1 [(occ_index, vir_index, P_oo, P_vv)] per channel, and with_gamma the
     three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
-    Gbar, else None). B out of core is read a slab of plan.slab_rows rows at a time. Over the
+    Gbar, else None). metric: the run's `MetricFactorOnce` (the factor B was whitened with). B out of core is read a slab of plan.slab_rows rows at a time. Over the
     ranks of a team: blocks of k per rank in lockstep (`distributed.RankDensities`), P and Gbar on
     every rank, G on rank 0 only (None elsewhere)."""
-    gamma, factor = None, factor_metric(backend, metric) if settings.with_gamma else None
+    gamma, factor = None, metric(out_of="density") if settings.with_gamma else None
     if factor is not None:
         gamma = ThreeIndexDensity([(ch.nocc, ch.nvir, factor.naux) for ch in channels], plan.storage,
                                   settings.scratch)
@@ -249,12 +249,13 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     timer.synchronize = backend.synchronize
     with timer.step("integrals"):
         metric = None if given is not None else integrals.metric()  # (given B needs no metric)
+    metric_factor = MetricFactorOnce(backend, metric, timer)  # step 1, once per run
     channels = device_channels(backend, refs, selected, fock_mo)
     with open_run_checkpoint(settings, context.team) as checkpoint:
         checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
                                                             getattr(integrals, "screening", None)))
-        provider = three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint,
-                                         given)
+        provider = three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context,
+                                         checkpoint, given)
         try:
             tasks = pair_tasks([ch.nocc for ch in channels], provider.occ_block)
             with timer.step("pair_energies"):
@@ -262,8 +263,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
             rdm1 = gamma = None
             if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
                 with timer.step("density"):
-                    rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings, metric,
-                                                context.team)
+                    rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings,
+                                                metric_factor, context.team)
             try:
                 return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
                     tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes,

@@ -21,9 +21,30 @@ from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import factor_metric, transform_to_mo, whiten_three_center
 
 
+class MetricFactorOnce:
+    """Step 1, J = L L^T, made at most once per run (in the timer's "metric" step) and shared by whoever needs
+    the factor: the whitening of B (steps 1-3) and the three-index density (step 5). metric [naux, naux] fp64
+    (host), or None where B is given (no factor can be made then)."""
+
+    def __init__(self, backend, metric, timer):
+        self.backend, self.metric, self.timer, self._factor = backend, metric, timer, None
+
+    @property
+    def naux(self) -> int:
+        return self.metric.shape[0]
+
+    def __call__(self, out_of: str | None = None):
+        """The factor (`linalg.MetricFactor`); out_of: the timer step this call runs inside."""
+        if self._factor is None:
+            with self.timer.step("metric", out_of=out_of):
+                self._factor = factor_metric(self.backend, self.metric)  # 1. J = L L^T
+        return self._factor
+
+
 def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
     """Where B comes from and lives (`dfmp2.run.providers`): given by the caller, over the ranks of
-    the team, or made (or found in the checkpoint) in this process."""
+    the team, or made (or found in the checkpoint) in this process. metric: the run's
+    `MetricFactorOnce` (step 1, shared with the densities)."""
     if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
         return given_three_center(backend, given, channels, plan)
     if context.team is not None:
@@ -35,9 +56,9 @@ def three_center_provider(backend, integrals, metric, channels, plan, settings, 
 def transformed_three_center(backend, integrals, metric, channels, aux_blocks, new_store_of, context, first=0):
     """Steps 1 and 2, the one place they are composed: (the metric's factor, stores[s] holding
     channel s's (ia|P) for the auxiliary functions of aux_blocks, at columns p - first).
-    new_store_of(channel): the store each channel's (ia|P) goes to (closed here on failure)."""
-    with context.timer.step("metric"):
-        factor = factor_metric(backend, metric)  # 1. J = L L^T
+    metric: the run's `MetricFactorOnce`. new_store_of(channel): the store each channel's (ia|P)
+    goes to (closed here on failure)."""
+    factor = metric()  # 1. J = L L^T
     stores = []
     try:
         for ch in channels:
@@ -194,7 +215,7 @@ def three_center_over_ranks(backend, integrals, metric, channels, plan, team, ch
     (the all-to-all, a block at a time) and whitens them; or takes them from the checkpoint of
     an earlier run of the same layout. B and the transform's columns in memory or, as the plan
     says, in scratch files (under `scratch`). Returns the RankThreeCenter holding this rank's blocks."""
-    naux, size, rank = metric.shape[0], team.size, team.rank
+    naux, size, rank = metric.naux, team.size, team.rank
     # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
     shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
     backend.prepare(replace(plan, aux_block=max(p1 - p0 for share in shares for p0, p1 in share)))
@@ -263,7 +284,8 @@ def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
     backend.prepare(plan)
     channels = device_channels(backend, refs, selected)
     factor, stores = transformed_three_center(
-        backend, integrals, integrals.metric(), channels, integrals.aux_blocks(plan.aux_block),
+        backend, integrals, MetricFactorOnce(backend, integrals.metric(), context.timer), channels,
+        integrals.aux_blocks(plan.aux_block),
         lambda ch: new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch),
         context)  # 1. and 2.
     try:
