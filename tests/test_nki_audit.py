@@ -381,12 +381,17 @@ REFUSALS = [
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[case.id for case in REFUSALS])
 def test_rule_is_refused(case):
+    assert_refused(case, X)
+
+
+def assert_refused(case: Case, x) -> None:
+    """case.body run in body_kernel on x is refused with case.fragment in the message, which ends with its row of
+    docs/nki-audit.md (case.rule where given), the target and the release."""
     with nki.target(case.target, api=case.api), pytest.raises(NkiConstraintError) as info:
-        body_kernel(X, case.body)
+        body_kernel(x, case.body)
     message = str(info.value)
     assert case.fragment in message, message
     api = case.api or nki.NEWEST_API[case.target]
-    # every refusal ends with its row of docs/nki-audit.md, the target and the release
     assert re.search(rf"\[{case.rule or '[A-Z]+[0-9]+[a-z]?(/[A-Z0-9]+)?'}; {case.target}, nki {api}\]", message), message
 
 

@@ -9,16 +9,14 @@ rules (the LNC degree, nested kernels, programs that diverge) have their own ker
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 import pytest
 
 from dfmp2.kernels import emulator as nki
 from dfmp2.kernels.emulator import NkiConstraintError
 from dfmp2.kernels.emulator.core import round_to_bf16
+from test_nki_audit import Case, assert_refused, body_kernel, sb  # the audit's kernel, cases and checks
+from test_nki_limits import rows_by_program_kernel
 
 nl = nki.language
 nisa = nki.isa
@@ -36,39 +34,11 @@ def _kernels_compiled_at_lnc_1(monkeypatch):
     monkeypatch.delenv("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", raising=False)
 
 
-def sb(shape, dtype=nl.float32, fill=1.0, buffer=nl.sbuf):
-    """A written on-chip tile (memset to `fill`)."""
-    t = nl.ndarray(shape, dtype=dtype, buffer=buffer)
-    nisa.memset(dst=t, value=int(fill) if dtype.kind in "iu" else float(fill))
-    return t
-
-
 def loaded(src, dtype=nl.float32):
     """An SBUF tile holding `src` (an HBM view), copied by DMA."""
     t = nl.ndarray(src.shape if len(src.shape) > 1 else (src.shape[0], 1), dtype=dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=src)
     return t
-
-
-@nki.jit
-def body_kernel(x, body):
-    """Runs body(x) (x: an HBM tensor [128, 8]), then returns a dummy output."""
-    body(x)
-    out = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    t = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=t, value=0.0)
-    nisa.dma_copy(dst=out, src=t)
-    return out
-
-
-@dataclass
-class Case:
-    id: str  # the audit row (docs/nki-audit.md), a letter suffix for a further case
-    body: Callable
-    fragment: str  # a piece of the expected message
-    rule: str | None = None  # the tag the message must carry
-    target: str = "trn2"
-    api: str | None = None
 
 
 def fori(body, lower=0, upper=3, step=1):
@@ -250,13 +220,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[case.id for case in REFUSALS])
 def test_rule_is_refused(case):
-    with nki.target(case.target, api=case.api), pytest.raises(NkiConstraintError) as info:
-        body_kernel(X, case.body)
-    message = str(info.value)
-    assert case.fragment in message, message
-    if case.rule:
-        api = case.api or nki.NEWEST_API[case.target]
-        assert re.search(rf"\[{case.rule}; {case.target}, nki {api}\]", message), message
+    assert_refused(case, X)
 
 
 def test_every_refusal_id_is_unique():
@@ -494,18 +458,6 @@ def test_psum_keeps_its_seventh_bank_for_nc_transpose_when_dma_transposes_are_pe
 
 # ---- launch rules: the LNC degree, programs that must agree ---------------------------------------------
 @nki.jit
-def rows_kernel(x):
-    """Row r copied by program r % programs (one program: all rows)."""
-    R, F = x.shape
-    out = nl.ndarray((R, F), dtype=nl.float32, buffer=nl.shared_hbm)
-    for r in range(nl.program_id(0), R, nl.num_programs()):
-        row = nl.ndarray((1, F), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=row, src=x[r:r + 1, :])
-        nisa.dma_copy(dst=out[r:r + 1, :], src=row)
-    return out
-
-
-@nki.jit
 def rows_in_a_device_loop_kernel(x, uneven):
     """Rows of this program in nl.fori_loop; uneven: program 0 loops over one row more than program 1."""
     R, F = x.shape
@@ -528,13 +480,13 @@ def test_a_plain_call_runs_at_the_degree_neuron_logical_nc_config_sets_under_0_7
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     for target in ("trn2", "trn3"):
         with nki.target(target, api="0.7"):
-            assert np.array_equal(rows_kernel(x), x)
-        assert len(rows_kernel.last_trace.programs) == 2
+            assert np.array_equal(rows_by_program_kernel(x), x)
+        assert len(rows_by_program_kernel.last_trace.programs) == 2
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
     with nki.target("trn2", api="0.7", lnc=1):  # unset: LNC=1, which a compiler at LNC=1 accepts
-        assert np.array_equal(rows_kernel(x), x)
+        assert np.array_equal(rows_by_program_kernel(x), x)
     with nki.target("trn2", api="0.7"), pytest.raises(NkiConstraintError, match=r"configured with LNC=1.*\[L14"):
-        rows_kernel(x)  # unset, and neuronx-cc at its default LNC=2
+        rows_by_program_kernel(x)  # unset, and neuronx-cc at its default LNC=2
 
 
 def test_a_grid_must_match_neuron_logical_nc_config_under_0_6(monkeypatch):
@@ -543,15 +495,15 @@ def test_a_grid_must_match_neuron_logical_nc_config_under_0_6(monkeypatch):
     x = np.random.default_rng(2).standard_normal((4, P)).astype(np.float32)
     with nki.target("trn2", api="0.6"), pytest.raises(
             NkiConstraintError, match=r"launched at LNC=2 .* must match the variable.*\[L21; trn2, nki 0\.6\]"):
-        rows_kernel[2](x)
+        rows_by_program_kernel[2](x)
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     with nki.target("trn2", api="0.6"):
-        assert np.array_equal(rows_kernel[2](x), x)
+        assert np.array_equal(rows_by_program_kernel[2](x), x)
         with pytest.raises(NkiConstraintError, match=r"launched at LNC=1 .*a plain call: 1.*\[L21; trn2, nki 0\.6\]"):
-            rows_kernel(x)
+            rows_by_program_kernel(x)
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
     with nki.target("trn2", api="0.6"):
-        assert np.array_equal(rows_kernel[2](x), x)
+        assert np.array_equal(rows_by_program_kernel[2](x), x)
 
 
 @nki.jit
