@@ -567,9 +567,8 @@ class RegisterValue:
             self._python_use("a use of the result", "a comparison of an NkiScalar is traced, but its result cannot "
                                                     "be used (0.7's NkiScalar page)")
         if self.value is None:
-            run = _state.run
-            raise NkiConstraintError(f"{self.what} is read before any value was moved or loaded into it "
-                                     f"[X14{'' if run is None else f'; {run.target.name}, nki {run.api}'}]")
+            raise NkiConstraintError(f"{self.what} is read before any value was moved or loaded into it"
+                                     + rule_tag("X14"))
         return self.value
 
     def _combine(self, other, op, symbol, swapped=False):
@@ -613,12 +612,11 @@ class RegisterValue:
 
     def _python_use(self, use: str, why: str = ""):
         run = _state.run
-        where = f" [L17; {run.target.name}, nki {run.api}]" if run is not None else " [L17]"
         kind = "an NkiScalar" if run is None or run.api_at_least("0.7") else "a VirtualRegister"
         raise NkiTypeError(
             f"{use} of {self.what}, {kind} whose value exists only on the device: "
             + (why or "the kernel is traced once, so Python cannot branch on it, convert it or use it as a "
-               "Python int (index tensors with it, bound device loops with it)") + where)
+               "Python int (index tensors with it, bound device loops with it)") + rule_tag("L17"))
 
     def __bool__(self): self._python_use("Python control flow (if/while/and/or)")
     def __index__(self): self._python_use("a Python int conversion (range, list index)")
@@ -634,8 +632,8 @@ def wrap_int32(value: int) -> int:
     return ((value + 2 ** 31) % 2 ** 32) - 2 ** 31
 
 
-def _tag(rule: str) -> str:
-    """The suffix of a refusal: its audit row, and the target and release of the running kernel."""
+def rule_tag(rule: str) -> str:
+    """The suffix of a refusal: its row of docs/nki-audit.md, and the target and release of the running kernel."""
     run = _state.run
     return f" [{rule}]" if run is None else f" [{rule}; {run.target.name}, nki {run.api}]"
 
@@ -715,15 +713,15 @@ class Tile:
         if math.prod(shape) != self.data.size or any(n <= 0 for n in shape):
             raise NkiConstraintError(
                 f"reshape {self.shape} -> {shape}: a view keeps the element count ({self.data.size} elements "
-                f"into {math.prod(shape)})" + _tag("V1"))
+                f"into {math.prod(shape)})" + rule_tag("V1"))
         if self.on_chip and shape[0] != self.shape[0]:
             raise NkiConstraintError(
                 f"reshape {self.shape} -> {shape} would move data across partitions "
-                "(an on-chip tile keeps its partition axis)" + _tag("L6"))
+                "(an on-chip tile keeps its partition axis)" + rule_tag("L6"))
         data = self.data.reshape(shape)
         if not np.shares_memory(data, self.data):
             raise NkiConstraintError(f"reshape of a non-contiguous view {self.shape} -> {shape}: a view "
-                                     "cannot reorder memory (copy it first)" + _tag("V2"))
+                                     "cannot reorder memory (copy it first)" + rule_tag("V2"))
         return self._view(data, self.written.reshape(shape), self.matmul_result.reshape(shape))
 
     def permute(self, dims):
@@ -732,10 +730,10 @@ class Tile:
         dims = tuple(int(d) for d in dims)
         if sorted(dims) != list(range(len(self.shape))):
             raise NkiConstraintError(f"permute{dims} of a tensor {self.shape}: dims must be a permutation of its "
-                                     f"{len(self.shape)} axes" + _tag("V3"))
+                                     f"{len(self.shape)} axes" + rule_tag("V3"))
         if self.on_chip and dims[0] != 0:
             raise NkiConstraintError(f"permute{dims} of an on-chip tile {self.shape}: dims[0] must be 0 (the partition "
-                                     "axis stays first; move data across partitions with a transpose)" + _tag("V3"))
+                                     "axis stays first; move data across partitions with a transpose)" + rule_tag("V3"))
         return self._view(np.transpose(self.data, dims), np.transpose(self.written, dims),
                           np.transpose(self.matmul_result, dims))
 
@@ -745,7 +743,7 @@ class Tile:
         dim, size = int(dim), int(size)
         if not 0 <= dim < len(self.shape) or self.shape[dim] != 1 or size < 1 or (self.on_chip and dim == 0):
             raise NkiConstraintError(f"broadcast({dim}, {size}) of a tensor {self.shape}: the axis must have size 1 "
-                                     "and not be the partition axis of an on-chip tile" + _tag("V4"))
+                                     "and not be the partition axis of an on-chip tile" + rule_tag("V4"))
         shape = self.shape[:dim] + (size,) + self.shape[dim + 1:]
         return self._view(np.broadcast_to(self.data, shape), np.broadcast_to(self.written, shape),
                           np.broadcast_to(self.matmul_result, shape))
@@ -772,13 +770,13 @@ def _normalise_index(index, shape, keep_partition):
         index = (index,)
     ellipses = sum(item is Ellipsis for item in index)
     if ellipses > 1:
-        raise NkiConstraintError(f"an index can only have a single ellipsis ('...'): {index!r}" + _tag("IX1"))
+        raise NkiConstraintError(f"an index can only have a single ellipsis ('...'): {index!r}" + rule_tag("IX1"))
     if ellipses:
         at = next(n for n, item in enumerate(index) if item is Ellipsis)
         fill = len(shape) - (len(index) - 1)
         index = index[:at] + (slice(None),) * max(fill, 0) + index[at + 1:]
     if len(index) > len(shape):
-        raise NkiConstraintError(f"{len(index)} indices for a tile of shape {tuple(shape)}" + _tag("IX3"))
+        raise NkiConstraintError(f"{len(index)} indices for a tile of shape {tuple(shape)}" + rule_tag("IX3"))
     out = []
     for axis, item in enumerate(index):
         item = _concrete(item)
@@ -789,13 +787,13 @@ def _normalise_index(index, shape, keep_partition):
         elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             if not -shape[axis] <= item < shape[axis]:
                 raise NkiConstraintError(
-                    f"index {item} is outside axis {axis} of a tile of shape {tuple(shape)}" + _tag("IX3"))
+                    f"index {item} is outside axis {axis} of a tile of shape {tuple(shape)}" + rule_tag("IX3"))
             item = int(item) % shape[axis]  # -1: the last element, as in Python
             keep = keep_partition and axis == 0
             out.append(slice(item, item + 1) if keep else item)
         else:
             raise NkiConstraintError(f"unsupported index {item!r} on axis {axis} (ints, slices, nl.ds and one "
-                                     "Ellipsis)" + _tag("IX2"))
+                                     "Ellipsis)" + rule_tag("IX2"))
     if keep_partition and len(shape) >= 2:
         kept = 1 + sum(not isinstance(item, int) for item in out[1:]) + (len(shape) - len(out))
         if kept < 2:  # on chip, a result stays 2-D: the last free dim indexed by an int is kept at 1
@@ -808,14 +806,14 @@ def _dynamic_slice(item, axis, shape) -> slice:
     """nl.ds(start, size): start an int or a register (its current value), size a compile-time int (IX2)."""
     if not _index_int(item.size):
         raise NkiConstraintError(f"nl.ds(start, size) with size {item.size!r} on axis {axis}: the size must "
-                                 "be a compile-time int (a run-time start is allowed)" + _tag("IX2"))
+                                 "be a compile-time int (a run-time start is allowed)" + rule_tag("IX2"))
     if not (_index_int(item.start) or isinstance(item.start, RegisterValue)):
         raise NkiConstraintError(f"nl.ds(start, size) with start {item.start!r} on axis {axis}: the start is "
-                                 "an int or a register" + _tag("IX2"))
+                                 "an int or a register" + rule_tag("IX2"))
     start, size = _concrete(item.start), int(item.size)
     if start < 0 or size <= 0 or start + size > shape[axis]:
         raise NkiConstraintError(f"nl.ds({start}, {size}) is empty or outside axis {axis} of a tile of "
-                                 f"shape {tuple(shape)}" + _tag("IX3"))
+                                 f"shape {tuple(shape)}" + rule_tag("IX3"))
     return slice(start, start + size)
 
 
@@ -824,25 +822,30 @@ def _checked_slice(item: slice, axis, shape) -> slice:
     parts = (item.start, item.stop, item.step)
     if any(isinstance(v, RegisterValue) for v in parts):
         raise NkiConstraintError(f"slice {item} on axis {axis} has a register bound: a run-time access needs a "
-                                 "compile-time size, nl.ds(start, size)" + _tag("IX2"))
+                                 "compile-time size, nl.ds(start, size)" + rule_tag("IX2"))
     if not all(v is None or _index_int(v) for v in parts):
-        raise NkiConstraintError(f"slice {item} on axis {axis}: bounds and step are ints" + _tag("IX2"))
+        raise NkiConstraintError(f"slice {item} on axis {axis}: bounds and step are ints" + rule_tag("IX2"))
     start, stop, step = parts
     if step is not None and step <= 0:
         raise NkiConstraintError(f"slice step {step} on axis {axis} of a tile of shape {tuple(shape)}: a step "
-                                 "must be positive" + _tag("X5"))
+                                 "must be positive" + rule_tag("X5"))
     n = shape[axis]
     start = 0 if start is None else start + n if start < 0 else start  # -k: k from the end
     stop = n if stop is None else stop + n if stop < 0 else stop
     if not 0 <= start < stop <= n:
         raise NkiConstraintError(
             f"slice {item.start}:{item.stop} is empty or outside axis {axis} of a tile of shape "
-            f"{tuple(shape)} (no clamping: an access outside the tensor is an error)" + _tag("IX3"))
+            f"{tuple(shape)} (no clamping: an access outside the tensor is an error)" + rule_tag("IX3"))
     return slice(start, stop, None if step in (None, 1) else step)
 
 
 def _index_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_int32(value) -> bool:
+    """value is a Python or numpy int (not a bool) of 32 bits: a register's and a device loop bound's range."""
+    return _index_int(value) and -2 ** 31 <= int(value) < 2 ** 31
 
 
 def _concrete(value):

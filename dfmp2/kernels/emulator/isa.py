@@ -28,7 +28,7 @@ import numpy as np
 
 from . import language as nl
 from .core import (BFLOAT16, FLOAT8_E4M3FN, NkiConstraintError, RegisterValue, Tile, current_run, round_to_bf16,
-                   round_to_fp8_e4m3fn, running as _running, wrap_int32)
+                   is_int32, round_to_fp8_e4m3fn, running as _running, wrap_int32)
 
 
 # ---- enums (members as in nki.isa; raw ints only under nki 0.2) --------------------------------
@@ -919,7 +919,7 @@ def register_alloc(x=None):
     """A new register (32-bit), initialised with int x or uninitialised (nki 0.3+; LANG-0.6)."""
     run = current_run()
     _registers_exist(run, "nisa.register_alloc")
-    if x is not None and not _int32(x):
+    if x is not None and not is_int32(x):
         raise NkiConstraintError(f"nisa.register_alloc({x!r}): the initial value is a 32-bit int" + _at(run, "L17"))
     return RegisterValue(x, "a register")
 
@@ -929,7 +929,7 @@ def register_move(dst, src):
     run = current_run()
     _registers_exist(run, "nisa.register_move")
     _writable_register(dst, "nisa.register_move")
-    if not isinstance(src, RegisterValue) and not _int32(src):
+    if not isinstance(src, RegisterValue) and not is_int32(src):
         raise NkiConstraintError(f"nisa.register_move: the source {src!r} is a 32-bit int or a register" + _at(run, "L17"))
     dst.value = src.read() if isinstance(src, RegisterValue) else int(src)
 
@@ -969,10 +969,6 @@ def scalar_load(src):
         raise NkiConstraintError(f"{what}: the source is an int32 tile of one element (unsigned dtypes are "
                                  "rejected)" + _at(run, "L17"))
     return RegisterValue(int(_read(src, what).reshape(-1)[0]), "an NkiScalar")
-
-
-def _int32(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and -2 ** 31 <= int(value) < 2 ** 31
 
 
 def _registers_exist(run, what: str) -> None:
@@ -1101,22 +1097,21 @@ def _traced(instruction):
     """The instruction, its tensor parameters checked to be tiles (X15: AWS types them NkiTensor), recorded
     into the open traced device loops (nl.fori_loop, nl.while_loop) so that every iteration is checked
     to issue the first iteration's code (rule L17)."""
-    signature = inspect.signature(instruction)
+    parameters = list(inspect.signature(instruction).parameters)
     registers = instruction.__name__.startswith("register_") or instruction.__name__ == "scalar_load"
-    tensors = [] if registers else [name for name in _TENSOR_PARAMETERS if name in signature.parameters]
+    # (name, position) of the tensor parameters: looked up per call without Signature.bind, which cost ~5% of
+    # an emulated kernel's time (every instruction passes here)
+    tensors = [] if registers else [(name, parameters.index(name)) for name in _TENSOR_PARAMETERS if name in parameters]
 
     @functools.wraps(instruction)
     def issue(*args, **kwargs):
         run = current_run(check=False) if _running() else None
-        if run is not None and tensors:
-            try:
-                bound = signature.bind(*args, **kwargs).arguments
-            except TypeError:
-                bound = {}  # the call itself raises Python's TypeError, as AWS's API does
-            for name in tensors:
-                if name in bound and not isinstance(bound[name], Tile):
+        if run is not None:
+            for name, position in tensors:
+                value = kwargs.get(name, args[position] if position < len(args) else _NOT_GIVEN)
+                if value is not _NOT_GIVEN and not isinstance(value, Tile):
                     raise NkiConstraintError(
-                        f"nisa.{instruction.__name__}: {name} is a {type(bound[name]).__name__}, not an NKI tensor "
+                        f"nisa.{instruction.__name__}: {name} is a {type(value).__name__}, not an NKI tensor "
                         "(a host array is passed to the kernel as an argument)" + _at(run, "X15"))
         if run is not None and run._traced_loops:
             run.record(instruction.__name__, args + tuple(sorted(kwargs.items())))

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import BFLOAT16, FLOAT8_E4M3FN, FP8_E4M3FN_TARGETS, NkiConstraintError, RegisterValue, Tile, current_run
+from .core import (BFLOAT16, FLOAT8_E4M3FN, FP8_E4M3FN_TARGETS, NkiConstraintError, RegisterValue, Tile, current_run,
+                   is_int32, rule_tag)
 
 
 # ---- buffers ---------------------------------------------------------------------------
@@ -184,7 +185,6 @@ def dynamic_range(start, stop=None, step=1):
     run.dynamic_loops.append(("nl.dynamic_range", trips))
 
 
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 WHILE_LOOP_LIMIT = 2 ** 24  # iterations after which an emulated nl.while_loop is taken as not terminating
 
 
@@ -216,7 +216,7 @@ def _loop_bound(run, name: str, bound, where: str) -> int:
     """A fori_loop bound: a 32-bit int, or a register (its run-time value)."""
     if isinstance(bound, RegisterValue):
         return bound.read()
-    if not isinstance(bound, (int, np.integer)) or isinstance(bound, bool) or not INT32_MIN <= int(bound) <= INT32_MAX:
+    if not is_int32(bound):
         raise NkiConstraintError(f"{run.name}: nl.fori_loop {name} bound {bound!r}: a bound must be a 32-bit int "
                                  "or a register (the loop compiles to a compare-and-branch with no 64-bit form) "
                                  + where)
@@ -279,11 +279,6 @@ def while_loop(init, body_fun):
 
 
 # ---- allocation ------------------------------------------------------------------------
-def _row(rule: str, run) -> str:
-    """A refusal's suffix: its row of docs/nki-audit.md, the target and the release."""
-    return f" [{rule}]" if run is None else f" [{rule}; {run.target.name}, nki {run.api}]"
-
-
 def _check_dtype(dtype, what, run=None):
     if dtype is BFLOAT16:
         return dtype
@@ -296,12 +291,12 @@ def _check_dtype(dtype, what, run=None):
     try:
         dtype = np.dtype(dtype)
     except TypeError:
-        raise NkiConstraintError(f"{what}: {dtype!r} is not an NKI dtype" + _row("X13", run)) from None
+        raise NkiConstraintError(f"{what}: {dtype!r} is not an NKI dtype" + rule_tag("X13")) from None
     if dtype == np.float64:
-        raise NkiConstraintError(f"{what}: float64 does not exist on a NeuronCore (use float32)" + _row("X12", run))
+        raise NkiConstraintError(f"{what}: float64 does not exist on a NeuronCore (use float32)" + rule_tag("X12"))
     if dtype not in DTYPES:
         raise NkiConstraintError(
-            f"{what}: {dtype} is not an NKI dtype (emulated: {', '.join(str(d) for d in DTYPES)})" + _row("X13", run))
+            f"{what}: {dtype} is not an NKI dtype (emulated: {', '.join(str(d) for d in DTYPES)})" + rule_tag("X13"))
     return dtype
 
 
@@ -338,11 +333,11 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
         return _shared(run, tile)
     if buffer in (sbuf, psum):
         if len(shape) < 2:
-            raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis" + _row("L5", run))
+            raise NkiConstraintError(f"on-chip tile {shape} needs a partition and a free axis" + rule_tag("L5"))
         if shape[0] > run.target.partitions:
             raise NkiConstraintError(
                 f"nl.ndarray: tile of shape {shape} has {shape[0]} partitions; the limit is "
-                f"{run.target.partitions}" + _row("X1", run))
+                f"{run.target.partitions}" + rule_tag("X1"))
         if buffer == psum and dtype != np.float32:
             raise NkiConstraintError(f"nl.ndarray: PSUM tile {shape} must be float32, not {dtype} "
                                      f"[L3; {run.target.name}, nki {run.api}]")
