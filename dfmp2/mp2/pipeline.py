@@ -191,13 +191,14 @@ def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
     return provider.combine(sums), t2
 
 
-def density_stage(backend, provider, channels, selected, plan, settings, metric, team=None) -> tuple:
+def density_stage(backend, provider, channels, selected, plan, settings, metric_factor, team=None) -> tuple:
     """Step 5: (rdm1 [(occ_index, vir_index, P_oo, P_vv)] per channel, and with_gamma the
     three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
-    Gbar, else None). metric: the run's `MetricFactorOnce` (the factor B was whitened with). B out of core is read a slab of plan.slab_rows rows at a time. Over the
+    Gbar, else None). metric_factor: the run's `MetricFactorOnce` (the factor B was whitened
+    with). B out of core is read a slab of plan.slab_rows rows at a time. Over the
     ranks of a team: blocks of k per rank in lockstep (`distributed.RankDensities`), P and Gbar on
     every rank, G on rank 0 only (None elsewhere)."""
-    gamma, factor = None, metric(out_of="density") if settings.with_gamma else None
+    gamma, factor = None, metric_factor(out_of="density") if settings.with_gamma else None
     if factor is not None:
         gamma = ThreeIndexDensity([(ch.nocc, ch.nvir, factor.naux) for ch in channels], plan.storage,
                                   settings.scratch)

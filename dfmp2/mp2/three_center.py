@@ -41,24 +41,24 @@ class MetricFactorOnce:
         return self._factor
 
 
-def three_center_provider(backend, integrals, metric, channels, plan, settings, context, checkpoint, given):
+def three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context, checkpoint, given):
     """Where B comes from and lives (`dfmp2.run.providers`): given by the caller, over the ranks of
-    the team, or made (or found in the checkpoint) in this process. metric: the run's
+    the team, or made (or found in the checkpoint) in this process. metric_factor: the run's
     `MetricFactorOnce` (step 1, shared with the densities)."""
     if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
         return given_three_center(backend, given, channels, plan)
     if context.team is not None:
-        return three_center_over_ranks(backend, integrals, metric, channels, plan, context.team, checkpoint, context,
-                                       settings.scratch)
-    return local_three_center(backend, integrals, metric, channels, plan, settings.scratch, checkpoint, context)
+        return three_center_over_ranks(backend, integrals, metric_factor, channels, plan, context.team, checkpoint,
+                                       context, settings.scratch)
+    return local_three_center(backend, integrals, metric_factor, channels, plan, settings.scratch, checkpoint, context)
 
 
-def transformed_three_center(backend, integrals, metric, channels, aux_blocks, new_store_of, context, first=0):
+def transformed_three_center(backend, integrals, metric_factor, channels, aux_blocks, new_store_of, context, first=0):
     """Steps 1 and 2, the one place they are composed: (the metric's factor, stores[s] holding
     channel s's (ia|P) for the auxiliary functions of aux_blocks, at columns p - first).
-    metric: the run's `MetricFactorOnce`. new_store_of(channel): the store each channel's (ia|P)
+    metric_factor: the run's `MetricFactorOnce`. new_store_of(channel): the store each channel's (ia|P)
     goes to (closed here on failure)."""
-    factor = metric()  # 1. J = L L^T
+    factor = metric_factor()  # 1. J = L L^T
     stores = []
     try:
         for ch in channels:
@@ -84,7 +84,7 @@ def whiten_blocks(backend, factor, read_occ, occ_blocks, write, report=None):
             report("whitening", n + 1, len(occ_blocks))
 
 
-def local_three_center(backend, integrals, metric, channels, plan, scratch, checkpoint, context):
+def local_three_center(backend, integrals, metric_factor, channels, plan, scratch, checkpoint, context):
     """Steps 1-3 in this process, B in memory or on disk as the plan says, or B the checkpoint
     holds. Out of core without a checkpoint, step 3 waits for step 4: each slab of (ia|P) is
     whitened when the pair stage reaches it (`LocalThreeCenter`), so that it is read once."""
@@ -94,7 +94,7 @@ def local_three_center(backend, integrals, metric, channels, plan, scratch, chec
     if held:
         return LocalThreeCenter(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
     factor, stores = transformed_three_center(
-        backend, integrals, metric, channels, integrals.aux_blocks(plan.aux_block), lambda ch: new_store(
+        backend, integrals, metric_factor, channels, integrals.aux_blocks(plan.aux_block), lambda ch: new_store(
             backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, scratch, checkpoint.b_path(ch),
             checkpoint.scratch_prefix, checkpoint.b_identity()), context)  # 1. and 2.
     provider = LocalThreeCenter(backend, stores, nocc, plan, factor.nkept, factor.describe(), timer)
@@ -209,13 +209,13 @@ def given_three_center(backend, given, channels, plan) -> LocalThreeCenter:
     return LocalThreeCenter(backend, stores, [ch.nocc for ch in channels], plan, naux, "given")
 
 
-def three_center_over_ranks(backend, integrals, metric, channels, plan, team, checkpoint, context, scratch=None):
+def three_center_over_ranks(backend, integrals, metric_factor, channels, plan, team, checkpoint, context, scratch=None):
     """Steps 1-3 split over the ranks (module docstring): every rank factors the metric,
     transforms its share of the auxiliary blocks, receives its occupied blocks with every P
     (the all-to-all, a block at a time) and whitens them; or takes them from the checkpoint of
     an earlier run of the same layout. B and the transform's columns in memory or, as the plan
     says, in scratch files (under `scratch`). Returns the RankThreeCenter holding this rank's blocks."""
-    naux, size, rank = metric.naux, team.size, team.rank
+    naux, size, rank = metric_factor.naux, team.size, team.rank
     # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
     shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
     backend.prepare(replace(plan, aux_block=max(p1 - p0 for share in shares for p0, p1 in share)))
@@ -236,8 +236,9 @@ def three_center_over_ranks(backend, integrals, metric, channels, plan, team, ch
         provider.reused = True
         return provider
     c0, c1 = column_ranges[rank]  # 1. on every rank; 2. for this rank's P
-    factor, columns = transformed_three_center(backend, integrals, metric, channels, shares[rank], lambda ch: new_store(
-        backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch), context, first=c0)
+    factor, columns = transformed_three_center(
+        backend, integrals, metric_factor, channels, shares[rank], lambda ch: new_store(
+            backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch), context, first=c0)
     try:
         with context.timer.step("whiten"):
             provider.rows = []
