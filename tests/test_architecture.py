@@ -137,8 +137,8 @@ def test_the_rule_catches_an_import_cycle():
                          "run.checkpoint": {"__init__"}}) == ["__init__", "api.driver", "run.checkpoint", "__init__"]
     assert import_cycle({"kernels": {"kernels.nki_backend"}, "kernels.nki_backend": {"kernels"}}) is not None
     assert import_cycle({"app.cli": {"api.driver"}, "api.driver": {"run.checkpoint"}}) is None
-    graph = import_graph()
-    assert FACE_MODULE in graph and "api" in graph[FACE_MODULE] | {m.split(".")[0] for m in graph[FACE_MODULE]}
+    # the face's own imports are edges of the real graph: an import of the face from below would close a cycle
+    assert "api.qcengine_harness" in import_graph()[FACE_MODULE]
 
 
 def test_pyscf_is_called_from_the_chemistry_layer_and_the_drop_ins_only():
