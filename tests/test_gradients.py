@@ -529,3 +529,59 @@ def test_cli_grad_with_pyscf_builds_takes_the_response_from_pyscf_too(tmp_path):
     assert records["pyscf"]["gradient_jk"] == {"scf_backend": "pyscf", "why": "--scf-backend pyscf"}
     difference = np.array(records["pyscf"]["gradient"]) - np.array(records["device"]["gradient"])
     assert np.abs(difference).max() < 1e-7
+
+
+class _FittingSet:
+    """A density-fitting set as reference_fitting_densities reads it: (mn|P) as T [naux, nao, nao], (P|Q) V."""
+
+    def __init__(self, three_center, metric):
+        self.t, self.v = three_center, metric
+        self.naux, self.nao = three_center.shape[0], three_center.shape[1]
+
+    def aux_blocks(self, limit):
+        return [(p0, min(p0 + limit, self.naux)) for p0 in range(0, self.naux, limit)]
+
+    def block(self, p0, p1):
+        return self.t[p0:p1]
+
+    def metric(self):
+        return self.v.copy()
+
+
+def test_the_reference_term_factorises_its_metric_with_the_pivot_check_and_the_eigen_fallback():
+    """The gradient's reference term fits through linalg.factor_metric (issue 64: it had its own scipy
+    Cholesky, without the pivot check): on a metric with an exact null direction u it takes the pseudo-inverse,
+    and since (mn|P) has no component along u, the result is that of the same term in an orthonormal basis Q of
+    the range (V' = Q^T V Q, full rank, Cholesky), carried back by Q."""
+    from dfmp2.linalg import factor_metric, metric_solve
+    from dfmp2.kernels import get_backend
+    from dfmp2.mp2.gradient import reference_fitting_densities
+
+    rng = np.random.default_rng(7)
+    naux, nao, nocc = 7, 5, 2
+    range_basis, _ = np.linalg.qr(rng.standard_normal((naux, naux - 1)))  # Q [naux, naux - 1]; u is orthogonal
+    reduced_metric = rng.standard_normal((naux - 1, naux - 1))
+    reduced_metric = reduced_metric @ reduced_metric.T + (naux - 1) * np.eye(naux - 1)
+    reduced_t = rng.standard_normal((naux - 1, nao, nao))
+    reduced_t = reduced_t + reduced_t.transpose(0, 2, 1)
+    metric = range_basis @ reduced_metric @ range_basis.T  # singular: V u = 0
+    three_center = np.einsum("pk,kmn->pmn", range_basis, reduced_t)
+    occupied = [(rng.standard_normal((nao, nocc)), np.array([2.0, 2.0]))]
+    y = rng.standard_normal((nao, nao))
+    y_dms = [y + y.T]
+    block, g_aux = reference_fitting_densities(_FittingSet(three_center, metric), occupied, y_dms, aux_block=3)
+    reduced_block, reduced_g = reference_fitting_densities(_FittingSet(reduced_t, reduced_metric), occupied, y_dms,
+                                                           aux_block=3)
+    assert np.allclose(g_aux, range_basis @ reduced_g @ range_basis.T, rtol=0, atol=1e-10)
+    assert np.allclose(block(0, naux), np.einsum("pk,kmn->pmn", range_basis, reduced_block(0, naux - 1)),
+                       rtol=0, atol=1e-10)
+    # metric_solve itself: V^-1 R against numpy's solve (Cholesky) and pseudo-inverse (eigen)
+    rhs = rng.standard_normal((naux - 1, 3, 2))
+    factor = factor_metric(get_backend("cpu", "fp64"), reduced_metric)
+    assert factor.kind == "cholesky"
+    assert np.allclose(metric_solve(factor, rhs), np.linalg.solve(reduced_metric, rhs.reshape(naux - 1, -1))
+                       .reshape(rhs.shape), rtol=0, atol=1e-12)
+    singular = factor_metric(get_backend("cpu", "fp64"), metric)
+    assert singular.kind == "eigen" and singular.nkept == naux - 1
+    rhs = rng.standard_normal((naux, 4))
+    assert np.allclose(metric_solve(singular, rhs), np.linalg.pinv(metric, rcond=1e-10) @ rhs, rtol=0, atol=1e-12)

@@ -9,7 +9,8 @@ calls run where the backend computes.
     trsm(backend, lower, x)      X L^-T (right-side triangular solve)
     potrf(backend, a)            A = L L^T, blocked (below)
     metric.py                    the DF metric: factor_metric (fp64, pivot check, eigen fallback),
-                                 whiten, fitting_coefficients, used by the SCF and MP2 steps
+                                 whiten, fitting_coefficients, metric_solve (V^-1 R), used by the SCF,
+                                 the MP2 steps and the gradient's reference term
 
 potrf is right-looking over 128-wide block columns k:
     L_kk = chol(A_kk)                       on the host in fp64 (a 128 x 128 block, 0.7 MFLOP)
@@ -25,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..util.errors import ComputationError
-from .metric import CHOLESKY_PIVOT_RATIO, MetricFactor, factor_metric, fitting_coefficients, whiten  # noqa: F401
+from .metric import (CHOLESKY_PIVOT_RATIO, MetricFactor, factor_metric, fitting_coefficients, metric_solve,  # noqa: F401
+                     whiten)
 
 BLOCK = 128  # potrf's block columns (the NKI kernels' partition tile)
 

@@ -108,6 +108,20 @@ def fitting_coefficients(factor: MetricFactor, x: np.ndarray) -> np.ndarray:
     return out.reshape(*x.shape[:-1], factor.naux)
 
 
+def metric_solve(factor: MetricFactor, rhs: np.ndarray) -> np.ndarray:
+    """c = V^-1 R for R [naux, ...] (host fp64) through the factor: L^-T L^-1 R (Cholesky, LAPACK's
+    potrs) or U_k s_k^-1 U_k^T R (eigen: the pseudo-inverse on the kept eigenvalues) -> [naux, ...]."""
+    import scipy.linalg
+
+    matrix = factor.matrix.detach().cpu().numpy().astype(np.float64)
+    columns = np.asarray(rhs, dtype=np.float64).reshape(factor.naux, -1)
+    if factor.kind == "cholesky":  # L L^T c = R
+        out = scipy.linalg.cho_solve((matrix, True), columns)
+    else:
+        out = matrix @ (matrix.T @ columns)
+    return out.reshape(rhs.shape)
+
+
 def whiten(backend, factor: MetricFactor, x):
     """B = X L^-T (Cholesky) or X U_k s_k^-1/2 (eigen) for X [..., naux] -> [..., nkept]."""
     matrix = factor.matrix_as(x.dtype)

@@ -21,9 +21,10 @@ UHF: each orbital term per spin (C, e, P, G of that spin) and summed; D and P in
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
 from .. import chem
+from ..kernels import get_backend
+from ..linalg import factor_metric, metric_solve
 from ..run.context import Timer
 from ..run.memory import free_bytes, gradient_aux_block, reference_arrays_bytes
 from ..run.storage import ScratchArrays
@@ -210,14 +211,14 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
             l_s[p0:p1] = (ao.reshape(-1, nao) @ c).reshape(p1 - p0, nao, -1)  # L^P_ni = (nm|P) C_mi
         ao = flat = None
         release_freed_memory()
-    factor = scipy.linalg.cho_factor(jk.metric(), overwrite_a=True)
-    c_x, c_y = scipy.linalg.cho_solve(factor, rho_x), scipy.linalg.cho_solve(factor, rho_y)
+    factor = factor_metric(get_backend("cpu", "fp64"), jk.metric())  # V = L L^T (pivot check, eigen fallback)
+    c_x, c_y = metric_solve(factor, rho_x), metric_solve(factor, rho_y)  # c(X) = V^-1 rho(X)
     g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
     exchange_parts = []
     rows = max(1, min(REFERENCE_BLOCK_BYTES, free_bytes(max_memory) // 4) // orbital)
     for (c, n), l_s, y in zip(occupied, half, y_dms):
         for i0, i1 in block_ranges(c.shape[1], rows):
-            d = scipy.linalg.cho_solve(factor, np.asarray(l_s[:, :, i0:i1]).reshape(naux, -1))  # (a Fortran copy)
+            d = metric_solve(factor, np.asarray(l_s[:, :, i0:i1]))  # d^P = V^-1 L^P (a Fortran copy)
             d = np.ascontiguousarray(d).reshape(naux, nao, -1)
             yd = np.matmul(y, d)  # (Y d^P)_li = M L, then Y on the left
             d *= n[i0:i1]
