@@ -155,22 +155,17 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
     2 c_ss u_ik^ab + sum_KB c_KB^P 2 c_os t_iK^aB and Gbar_PQ = sum_s sum_ia G_ia^P,s c_ia^Q,s (the metric-
     derivative term of the gradient), from the whitened G~ (G = G~ W^T, c = B W^T: Gbar = W (sum_ia G~_ia^T
     B_ia) W^T). scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
-    schedule: where B comes from and which blocks of k this process takes (`LocalDensities`, or
-    `distributed.RankDensities` over ranks: P and Gbar are then summed over the ranks, and each rank's G holds
-    the rows of its blocks of k). gamma_out: per channel a writable [nocc_s, nvir_s, naux] array (host or HDF5
-    dataset) that receives G~ per block of k, then G in one pass over the held rows (and over B, for Gbar)
-    after the backend's loop. Returns ([(P_oo [nocc_s, nocc_s], P_vv [nvir_s, nvir_s]) per channel] (PySCF
-    dfmp2_native / dfump2_native's conventions; G is their Gamma, whose layout is [j, P, b]), Gbar [naux,
-    naux] or None)."""
+    schedule: where B comes from and which blocks of k this process takes (a `run.providers.DensitySchedule`:
+    `three_center.LocalDensities`, or `rank_blocks.RankDensities` over ranks: P and Gbar are then summed over
+    the ranks, and each rank's G holds the rows of its blocks of k). gamma_out: per channel a writable [nocc_s,
+    nvir_s, naux] array (host or HDF5 dataset) that receives G~ per block of k, then G in one pass over the
+    held rows (and over B, for Gbar) after the backend's loop. Returns ([(P_oo [nocc_s, nocc_s], P_vv [nvir_s,
+    nvir_s]) per channel] (PySCF dfmp2_native / dfump2_native's conventions; G is their Gamma, whose layout is
+    [j, P, b]), Gbar [naux, naux] or None)."""
     densities = [(np.zeros((ch.nocc, ch.nocc)), np.zeros((ch.nvir, ch.nvir))) for ch in channels]
     for other, partner in enumerate(channels):  # the spin of k; the i of each spin against its blocks
-        for block in schedule.k_blocks(other):
-            if block is None:  # no k block this round: the i blocks still pass through (over ranks)
-                for s in range(len(channels)):
-                    for _ in schedule.slabs(s):
-                        pass
-                continue
-            (k0, k1), whitened = block, 0.0
+        for k0, k1 in schedule.k_blocks(other):
+            whitened = 0.0
             b_k = schedule.rows(other, k0, k1)
             for s, channel in enumerate(channels):
                 oo, vv, g = backend.density_block(schedule.slabs(s), b_k, channel.e_occ, partner.e_occ[k0:k1],
@@ -183,19 +178,17 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
             if factor is not None:  # G~ of the block, fitted below (host BLAS kept out of the backend's loop)
                 gamma_out[other][k0:k1, :, :factor.nkept] = whitened
             b_k = whitened = None
-            schedule.block_done()
     densities = [(schedule.combine(oo), schedule.combine(vv)) for oo, vv in densities]
     if factor is None:
         return densities, None
     contracted = np.zeros((factor.nkept, factor.nkept))  # sum_ia G~_ia^T B_ia
     for s, channel in enumerate(channels):  # G = G~ W^T, and sum_ia G~_ia^T B_ia, a block of held rows at a time
-        for i0, i1 in (schedule.fit_blocks(s) if hasattr(schedule, "fit_blocks") else schedule.held(s)):
+        for i0, i1 in schedule.fit_blocks(s):
             whitened = np.asarray(gamma_out[s][i0:i1, :, :factor.nkept])
             flat = whitened.reshape(-1, factor.nkept)
             contracted += backend.rows_gram_fp64(flat, schedule.rows(s, i0, i1))
             gamma_out[s][i0:i1] = fitting_coefficients(factor, whitened)
             whitened = flat = None
-            schedule.block_done()
     contracted = schedule.combine(contracted)
     return densities, fitting_coefficients(factor, fitting_coefficients(factor, contracted).T).T
 

@@ -16,7 +16,7 @@ from ..run.storage import MemoryStore, new_store
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError
 from ..sparse.formats import ScreenedThreeCenter
-from ..util.system_memory import MB, release_freed_memory
+from ..util.system_memory import MB, release_freed_memory, released_after_each
 from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import factor_metric, transform_to_mo, whiten_three_center
 
@@ -325,31 +325,31 @@ def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer
 
 
 class LocalDensities:
-    """How `mp2_densities` reaches B in one process: rows(s, i0, i1) gives B rows
-    [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's); the k side in blocks of
-    k_rows orbitals; the i side in slabs of slab_rows rows (None: all at once; B on disk: a slab
-    at a time, so B is read once per block of k). `distributed.RankDensities` is the same over
-    the ranks of a team."""
+    """How `mp2_densities` reaches B in one process (a `run.providers.DensitySchedule`): rows(s, i0, i1)
+    gives B rows [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's); the k side in
+    blocks of k_rows orbitals; the i side in slabs of slab_rows rows (None: all at once; B on disk: a slab
+    at a time, so B is read once per block of k). `rank_blocks.RankDensities` is the same over the ranks
+    of a team. A block's temporaries go back to the system when the step asks for the next block (glibc
+    keeps their pages otherwise: +70 MB on hexane)."""
 
     def __init__(self, rows, channels, k_rows, slab_rows=None, fit_rows=None):
         self.rows, self.channels, self.k_rows, self.slab_rows = rows, channels, k_rows, slab_rows
         self.fit_rows = fit_rows  # rows of G fitted at once after the loop (None: a held block at a time)
 
-    def k_blocks(self, other) -> list:
-        """The blocks (k0, k1) of channel `other` this process takes as k, in order (None: a round
-        in which it takes none, over ranks)."""
+    def k_blocks(self, other):
+        """The blocks (k0, k1) of channel `other`, in order."""
         nocc = self.channels[other].nocc
-        return block_ranges(nocc, max(1, min(self.k_rows, nocc)))
+        yield from released_after_each(block_ranges(nocc, max(1, min(self.k_rows, nocc))))
 
     def held(self, s) -> list:
         """The row blocks (i0, i1) of channel s whose G this process holds and fits."""
         return block_ranges(self.channels[s].nocc, self.slab_rows or self.channels[s].nocc)
 
-    def fit_blocks(self, s) -> list:
+    def fit_blocks(self, s):
         """The row blocks of channel s whose G is fitted at once: the held blocks, cut to
         fit_rows rows (the fit's fp64 temporaries are a few times one block: the plan's)."""
-        return [(r0, r1) for i0, i1 in self.held(s)
-                for r0, r1 in ((i0 + a, i0 + b) for a, b in block_ranges(i1 - i0, self.fit_rows or i1 - i0))]
+        yield from released_after_each([(r0, r1) for i0, i1 in self.held(s) for r0, r1 in
+                                        ((i0 + a, i0 + b) for a, b in block_ranges(i1 - i0, self.fit_rows or i1 - i0))])
 
     def slabs(self, s):
         """B of every i of channel s, as row blocks in order."""
@@ -359,9 +359,3 @@ class LocalDensities:
     def combine(array):
         """The sum over the processes that share the work (one here)."""
         return array
-
-    @staticmethod
-    def block_done():
-        """A block of the density's loop is done: its temporaries' pages go back to the system
-        (glibc keeps them: +70 MB on hexane otherwise)."""
-        release_freed_memory()

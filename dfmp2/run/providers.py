@@ -10,10 +10,14 @@ IntegralProvider: the three-center integrals (mn|P) and the metric (P|Q) of one 
 
 ThreeCenterProvider: the whitened B_ia^Q of every spin channel, made (steps 1-3) or found,
 and streamed to the pair stage as (task, B_I, B_J) blocks.
-    storage.LocalThreeCenter     one process: B in memory or on disk (out of core: each slab of B
-                                 whitened when the pair stage reaches it), or kept in a checkpoint,
-                                 or given by the caller (PySCF's ovL)
-    distributed.RankThreeCenter  several ranks: each holds its occupied blocks; B_J travels on a ring
+    three_center.LocalThreeCenter   one process: B in memory or on disk (out of core: each slab of B
+                                    whitened when the pair stage reaches it), or kept in a checkpoint,
+                                    or given by the caller (PySCF's ovL)
+    rank_blocks.RankThreeCenter     several ranks: each holds its occupied blocks; B_J travels on a ring
+
+DensitySchedule: the blocks of B the density step (`steps.mp2_densities`) meets, in its order.
+    three_center.LocalDensities     one process
+    rank_blocks.RankDensities       several ranks, in lockstep rounds
 """
 
 from __future__ import annotations
@@ -71,3 +75,24 @@ class ThreeCenterProvider(Protocol):
 
     def close(self) -> None:
         """Release B (a scratch file is deleted; a checkpoint's B is kept)."""
+
+
+class DensitySchedule(Protocol):
+    """Which blocks of B the density step takes, in order. The schedule, not the step, keeps the
+    ranks in lockstep (a round in which this process takes no k block still passes every i block
+    on) and gives a finished block's memory back (when the step asks for the next one)."""
+
+    def k_blocks(self, other: int) -> Iterator[tuple]:
+        """The blocks (k0, k1) of channel `other` this process takes as k, in order."""
+
+    def slabs(self, s: int) -> Iterator:
+        """B of every i of channel s, as row blocks [i1 - i0, nvir_s, nkept] in order."""
+
+    def rows(self, s: int, i0: int, i1: int):
+        """B rows [i0, i1) of channel s that this process holds."""
+
+    def fit_blocks(self, s: int) -> Iterator[tuple]:
+        """The row blocks (i0, i1) of channel s whose G this process fits, a block at a time."""
+
+    def combine(self, array: np.ndarray) -> np.ndarray:
+        """The sum over the processes that share the work."""

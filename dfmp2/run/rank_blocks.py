@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..util.scratch import RowFile
-from ..util.system_memory import MB, peak_resident_bytes, release_freed_memory
+from ..util.system_memory import MB, peak_resident_bytes, released_after_each
 from .context import Timer
 from .ranks import Staging, Team
 
@@ -251,8 +251,8 @@ class RankThreeCenter:
 
 
 class RankDensities:
-    """How `steps.mp2_densities` reaches B over the ranks (the schedule `three_center.LocalDensities` is
-    in one process), in lockstep rounds: in each round every rank takes one of its own occupied
+    """How `steps.mp2_densities` reaches B over the ranks (a `providers.DensitySchedule`; the schedule
+    `three_center.LocalDensities` is in one process), in lockstep rounds: in each round every rank takes one of its own occupied
     blocks as the k block (or none, once it has used them all), and the blocks of every i are
     broadcast by their owners, in order, to every rank; P and Gbar are summed over the ranks
     (combine); each rank fits the G rows of its own blocks (held), and `gather_on_root` brings
@@ -262,22 +262,28 @@ class RankDensities:
         self.provider = provider
         self.team = provider.team
 
-    @staticmethod
-    def block_done():
-        """A block of the density's loop is done: its temporaries' pages go back to the system."""
-        release_freed_memory()
-
     def _mine(self, s) -> list:
         return [b for b, owner in enumerate(self.provider.owners[s]) if owner == self.team.rank]
 
-    def k_blocks(self, other) -> list:
+    def k_blocks(self, other):
+        """This rank's own blocks of channel `other`, one per round; in the rounds after them (another rank
+        has more blocks) it takes no k block but still passes every i block on, so that the broadcasts
+        stay in lockstep."""
         owners = self.provider.owners[other]
         rounds = max(sum(1 for owner in owners if owner == q) for q in range(self.team.size))
         mine = [self.provider.blocks[other][b] for b in self._mine(other)]
-        return mine + [None] * (rounds - len(mine))
+        yield from released_after_each(mine)
+        for _ in range(rounds - len(mine)):
+            for s in range(len(self.provider.channels)):
+                for _ in self.slabs(s):
+                    pass
 
     def held(self, s) -> list:
         return [self.provider.blocks[s][b] for b in self._mine(s)]
+
+    def fit_blocks(self, s):
+        """The G rows this rank fits: its own blocks, one at a time."""
+        yield from released_after_each(self.held(s))
 
     def rows(self, s, i0, i1):
         """B of one of this rank's own blocks (i0 its first row)."""

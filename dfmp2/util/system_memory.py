@@ -30,6 +30,14 @@ def release_freed_memory() -> None:
         _LIBC[0](0)
 
 
+
+def released_after_each(blocks):
+    """Each of `blocks` in turn; once the caller asks for the next one (or the loop ends), the heap's freed
+    pages go back to the system (release_freed_memory): what a step made of a block is freed by then."""
+    for block in blocks:
+        yield block
+        release_freed_memory()
+
 def resident_bytes() -> int:
     """The process's resident set size now (bytes; Linux /proc, else the peak so far)."""
     try:
