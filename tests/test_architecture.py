@@ -4,6 +4,7 @@ cycle between modules, and modules and functions short enough to read."""
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -223,3 +224,188 @@ def test_a_step_inside_another_is_taken_out_of_it():
         time.sleep(0.01)
     assert lap.seconds >= 0.05 and timer.timings["whiten"] == lap.seconds
     assert 0.005 < timer.timings["pair_energies"] < 0.05  # the outer step's own 0.01 s, not the inner 0.05 s
+
+
+# ----------------------------------------------------------------------------- names the docs give
+
+EXTERNAL = {"pyscf", "torch", "np", "numpy", "scipy", "nki", "nl", "nisa", "neuronxcc", "click", "h5py", "ase",
+            "qcengine", "geometric", "os", "sys", "time", "self", "lib", "mf", "mol"}
+REFERENCE = re.compile(r"`((?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
+FILE_SUFFIXES = {"py", "md", "json", "npz", "h5", "xyz", "molden"}  # `report.py` names a file
+PACKAGES = {".".join(path.relative_to(PACKAGE).parts) for path in PACKAGE.rglob("*") if path.is_dir()
+            and path.name != "__pycache__"}
+
+
+def top_level_names(source: str) -> set:
+    """What `module.name` can name: a module's functions, classes, assignments and imports (also
+    under a top-level if or try)."""
+    names = set()
+    for statement in ast.parse(source).body:
+        for node in [statement] + (list(ast.walk(statement)) if isinstance(statement, (ast.If, ast.Try)) else []):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def stale_references(text: str, where: str, names: dict) -> list:
+    """`module.name` references in `text` (backquoted, as docstrings and docs write them) that name
+    nothing: the module (its dotted name, or a dotted tail of it: `pipeline`, `emulator.core`) lacks
+    the name, or no module is called so while the name is a dfmp2 class (a module renamed or
+    moved). names: module -> its top-level names; packages count as modules."""
+    classes = {n for module_names in names.values() for n in module_names if n[:1].isupper()}
+    stale = []
+    for match in REFERENCE.finditer(text):
+        head, name = match.group(1), match.group(2)
+        head = head[len("dfmp2."):] if head.startswith("dfmp2.") else head
+        if head.split(".")[0] in EXTERNAL or name in FILE_SUFFIXES:
+            continue
+        modules = [m for m in names if m == head or m.endswith("." + head)]
+        if modules:
+            if not any(name in names[m] or f"{m}.{name}" in names for m in modules):
+                stale.append(f"{where}: `{head}.{name}` ({' / '.join(modules)} has no {name})")
+        elif name in classes:
+            stale.append(f"{where}: `{head}.{name}` (there is no module {head})")
+    return stale
+
+
+def module_names() -> dict:
+    names = {name: top_level_names(path.read_text()) for name, path in MODULES.items()}
+    for package in PACKAGES:
+        names.setdefault(package, set())
+    return names
+
+
+def test_docstrings_and_the_architecture_page_name_what_exists():
+    names = module_names()
+    pages = [PACKAGE.parent / "docs" / "architecture.md", PACKAGE.parent / "docs" / "method.md"]
+    stale = [s for name, path in MODULES.items() for s in stale_references(path.read_text(), f"dfmp2.{name}", names)]
+    stale += [s for page in pages for s in stale_references(page.read_text(), page.name, names)]
+    assert not stale, stale
+
+
+def test_the_rule_catches_a_stale_name():
+    names = {"run.rank_blocks": {"RankDensities"}, "mp2.three_center": {"three_center_mo"}, "mp2.pipeline": set(),
+             "mp2": set()}
+    assert stale_references("see `pipeline.three_center_mo`", "m", names) == [
+        "m: `pipeline.three_center_mo` (mp2.pipeline has no three_center_mo)"]
+    assert stale_references("`distributed.RankDensities`", "m", names) == [
+        "m: `distributed.RankDensities` (there is no module distributed)"]
+    assert stale_references("`three_center.three_center_mo`, `rank_blocks.RankDensities`, `torch.distributed.Foo`, "
+                            "`mp2.three_center`, `pipeline.py`", "m", names) == []
+
+
+# ----------------------------------------------------------------------------- the steps and the objects they are handed
+
+STEPS = "mp2.steps"
+# what the steps may not do (docs/architecture.md, Rules): ask what they were handed has (a block's format, dense or
+# screened, is the one thing a step tells apart), manage memory, run host BLAS of their own, or know of devices,
+# storage, ranks or checkpoints
+STEP_CALLS = {"hasattr", "getattr", "type", "callable", "release_freed_memory", "released_after_each",
+              "block_done", "empty_cache", "collect", "malloc_trim", "dot", "matmul", "einsum", "tensordot",
+              "solve_triangular", "cho_solve", "solve", "inv"}
+STEP_WORDS = ("rank", "team", "device", "checkpoint", "store", "disk", "scratch", "h5py")
+STEP_IMPORTS = ("scipy", "torch", "h5py", "dfmp2.run", "dfmp2.chem")
+
+
+def step_findings(source: str) -> list:
+    """What in a steps module breaks the steps' rules: a call of STEP_CALLS, a matrix product written with @, a
+    name or attribute that speaks of devices, storage, ranks or checkpoints, an import of STEP_IMPORTS."""
+    findings = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in STEP_CALLS:
+                findings.append(f"{node.lineno}: calls {called}")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            findings.append(f"{node.lineno}: a host product (@)")
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.arg)):
+            word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else node.arg
+            if any(w in word.lower() for w in STEP_WORDS):
+                findings.append(f"{node.lineno}: names {word}")
+        elif isinstance(node, ast.Import):
+            findings += [f"{node.lineno}: imports {a.name}" for a in node.names if a.name.startswith(STEP_IMPORTS)]
+        elif isinstance(node, ast.ImportFrom):  # the steps module sits one level below the package
+            module = "dfmp2." + (node.module or "") if node.level == 2 else node.module or ""
+            findings += [f"{node.lineno}: imports {module}"] if module.startswith(STEP_IMPORTS) else []
+    return findings
+
+
+def test_the_steps_take_arrays_blocks_and_a_backend_only():
+    """docs/architecture.md: the steps never branch on device, storage, rank or checkpoint, manage no memory and
+    run no host BLAS of their own (host arithmetic goes through the backend or linalg)."""
+    findings = step_findings(MODULES[STEPS].read_text())
+    assert not findings, findings
+
+
+def test_the_rule_catches_a_step_that_asks_what_it_holds():
+    """The check itself: mp2_densities as it was before issue 64 (a hasattr on its schedule, the schedule's
+    block_done, a pass-through for rounds without a block over ranks) fails it."""
+    old = ("def mp2_densities(backend, schedule):\n"
+           "    for i0, i1 in (schedule.fit_blocks(0) if hasattr(schedule, 'fit_blocks') else schedule.held(0)):\n"
+           "        schedule.block_done()\n")
+    assert step_findings(old) == ["2: calls hasattr", "3: calls block_done"]
+    assert step_findings("from ..run.ranks import Team\nx = a @ b\nteam.rank\n") == [
+        "1: imports dfmp2.run.ranks", "2: a host product (@)", "3: names rank", "3: names team"]
+    assert step_findings("def f(backend, blocks):\n    return backend.gemm(blocks[0], blocks[1])\n") == []
+
+
+# the layers whose functions never change an object they were handed (the steps, their composition, the policies
+# and the layers below them): (module, function) -> why it may, where it must
+HANDED_LAYERS = ("util", "linalg", "rng", "run", "mp2")
+HANDED_EXCEPTIONS = {("mp2.response", "_pyscf_budget"): "a context manager: PySCF's max_memory for the solve, "
+                                                         "restored on the way out"}
+
+
+def _rooted_at(node, names: set) -> bool:
+    """node is a name of `names`, or an attribute of one (a.b.c), or a subscript of one."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in names
+
+
+def handed_changes(name: str, source: str) -> list:
+    """Where a function sets an attribute of an object it was handed: a parameter (self and cls aside), or a
+    local name bound to a part of one (`timer = context.timer`)."""
+    changes = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
+                (name, function.name) in HANDED_EXCEPTIONS:
+            continue
+        arguments = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+        handed = {a.arg for a in arguments} - {"self", "cls"}
+        for node in sorted((n for n in ast.walk(function) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))),
+                           key=lambda n: (n.lineno, n.col_offset)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in (t for top in targets for t in ast.walk(top)):
+                if isinstance(target, ast.Attribute) and isinstance(target.ctx, ast.Store) and \
+                        _rooted_at(target.value, handed):
+                    changes.append(f"{name}:{node.lineno} {function.name} sets {ast.unparse(target)}")
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                bound = node.targets[0].id  # an alias of a handed object, or a name rebound to something new
+                handed = handed | {bound} if _rooted_at(node.value, handed) and not isinstance(node.value, ast.Name) \
+                    or isinstance(node.value, ast.Name) and node.value.id in handed else handed - {bound}
+    return changes
+
+
+def test_no_step_changes_an_object_it_was_handed():
+    """docs/architecture.md: what a step is handed (the caller's timer, settings, context, integrals) comes back
+    as it was; a step that needs another makes its own (`Timer.synchronized_with`)."""
+    changes = [c for name, path in MODULES.items() if name.startswith(HANDED_LAYERS)
+               for c in handed_changes(name, path.read_text())]
+    assert not changes, changes
+
+
+def test_the_rule_catches_a_step_that_changes_what_it_was_handed():
+    """The check itself: the pipeline as it was before issue 64 set the caller's timer.synchronize."""
+    old = "def dfmp2_energy(backend, context):\n    timer = context.timer\n    timer.synchronize = backend.synchronize\n"
+    assert handed_changes("mp2.pipeline", old) == ["mp2.pipeline:3 dfmp2_energy sets timer.synchronize"]
+    assert handed_changes("m", "def f(settings):\n    settings.frozen[0].n = 2\n") == ["m:2 f sets settings.frozen[0].n"]
+    new = ("def f(self, context, backend):\n    self.timer = context.timer\n"
+           "    context = replace(context, timer=context.timer.synchronized_with(backend.synchronize))\n"
+           "    context.timer.synchronize = None\n")
+    assert handed_changes("m", new) == []

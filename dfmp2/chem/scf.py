@@ -188,7 +188,7 @@ def density_factors(dm) -> tuple:
     Kohn-Sham), their occupied orbitals as factors: (dms [nset, nao, nao], [(L = C_occ n^1/2,
     None, None) or None per density], the shape to give the results). Tags that do not describe
     the densities (L L^T != D) are not used; the builds factor such densities themselves
-    (`scf.density_factor`)."""
+    (`jk.density_factor`)."""
     shape = np.shape(dm)
     dms = np.asarray(dm, dtype=np.float64).reshape(-1, shape[-2], shape[-1])
     mo_coeff, mo_occ = getattr(dm, "mo_coeff", None), getattr(dm, "mo_occ", None)

@@ -17,7 +17,7 @@ provider (`three_center_provider`) and the checkpoint policy (`open_run_checkpoi
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -196,7 +196,7 @@ def density_stage(backend, provider, channels, selected, plan, settings, metric_
     three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
     Gbar, else None). metric_factor: the run's `MetricFactorOnce` (the factor B was whitened
     with). B out of core is read a slab of plan.slab_rows rows at a time. Over the
-    ranks of a team: blocks of k per rank in lockstep (`distributed.RankDensities`), P and Gbar on
+    ranks of a team: blocks of k per rank in lockstep (`rank_blocks.RankDensities`), P and Gbar on
     every rank, G on rank 0 only (None elsewhere)."""
     gamma, factor = None, metric_factor(out_of="density") if settings.with_gamma else None
     if factor is not None:
@@ -246,8 +246,8 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     selected = active_spaces(refs, settings.frozen)
     plan, notes, with_t2 = plan_run(backend, integrals, selected, settings, context, given)
     backend.prepare(plan)
+    context = replace(context, timer=context.timer.synchronized_with(backend.synchronize))  # (the caller's: unchanged)
     timer = context.timer
-    timer.synchronize = backend.synchronize
     with timer.step("integrals"):
         metric = None if given is not None else integrals.metric()  # (given B needs no metric)
     metric_factor = MetricFactorOnce(backend, metric, timer)  # step 1, once per run

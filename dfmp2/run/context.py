@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 
@@ -63,6 +63,11 @@ class Timer:
 
     def add(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
+
+    def synchronized_with(self, synchronize: Callable[[], None]) -> "Timer":
+        """A timer that adds to the same timings and drains `synchronize` (a backend's queue) at the
+        end of each step; this one is left as it is."""
+        return replace(self, synchronize=synchronize)
 
 
 @dataclass
