@@ -372,3 +372,19 @@ def test_exact_product_of_slices(target, api, shared_y):
     assert per_column(plain) > 1e-8  # one fp32 product would not pass the bound below
     assert per_column(out) <= 5e-10  # dropped slice pairs (s + t >= 5): ~2^-35 per term
     assert backend.calls["exact_matmul_kernel"] == 1
+
+
+def test_the_kernel_file_names_every_release_it_is_checked_under():
+    """nki_kernels.py's header states the releases its kernels are valid under: 0.2 and 0.3 to the newest release
+    nki_support knows (issue 64: the header stopped at 0.6 after 0.7 was added)."""
+    import ast
+    import pathlib
+
+    import dfmp2.kernels
+    from dfmp2.kernels.nki_support import NEURON_SDK_OF_NKI
+
+    source = (pathlib.Path(dfmp2.kernels.__file__).parent / "nki_kernels.py").read_text()
+    header = ast.get_docstring(ast.parse(source)).split("\n\n")[0].replace("\n", " ")
+    newest = max(NEURON_SDK_OF_NKI, key=lambda release: tuple(map(int, release.split("."))))
+    assert f"NKI 0.2 (Neuron SDK {NEURON_SDK_OF_NKI['0.2']}" in header
+    assert f"0.3-{newest} (SDK {NEURON_SDK_OF_NKI['0.3']}-{NEURON_SDK_OF_NKI[newest]}" in header

@@ -1,5 +1,5 @@
 """NKI kernels for the DF-MP2 pipeline, valid unchanged under NKI 0.2 (Neuron SDK 2.28, the
-last release documented for trn1) and 0.3-0.6 (SDK 2.29-2.32, trn2 and trn3).
+last release documented for trn1) and 0.3-0.7 (SDK 2.29-2.33, trn2 and trn3).
 
 Long (every kernel in one source file, which `nki_launch.load_kernels` loads from its path with
 the emulator standing in for the `nki` modules; the kernels share their private tile helpers).
