@@ -12,8 +12,8 @@ pairs is the emulator's (rule L19 of docs/nki-audit.md); nothing here imports th
 from __future__ import annotations
 
 import importlib.util
-import os
 
+from ..util import environment
 from ..util.errors import option
 from .emulator.core import DISPUTED_API, SUPPORTED_API
 
@@ -52,7 +52,7 @@ def checks_lnc(api: str | None, environ=None) -> bool:
     if api is None:
         return False
     version = tuple(int(x) for x in api.split(".")[:2])
-    return version >= (0, 7) or (version == (0, 6) and LNC_VARIABLE in (os.environ if environ is None else environ))
+    return version >= (0, 7) or (version == (0, 6) and environment.is_set(LNC_VARIABLE, environ))
 
 
 def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None, kernels=None) -> int:
@@ -63,7 +63,7 @@ def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None
     a setting the run cannot honour."""
     from ..util.errors import InputError
 
-    given = (os.environ if environ is None else environ).get(LNC_VARIABLE)
+    given = environment.get(LNC_VARIABLE, environ=environ)
     if given is not None and given.strip() not in ("1", "2"):
         raise InputError(f"{LNC_VARIABLE}={given!r}: the Neuron SDK supports an LNC degree of 1 or 2")
     degree = int(given) if given is not None else None

@@ -10,12 +10,12 @@ its free memory. Without --max-memory the budget is what the process's limits al
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..kernels.protocol import fp64_pair_temporaries_bytes
+from ..util import environment
 from ..util.errors import InputError, MemoryBudgetError, option
 from ..util.memory_limits import cgroup_limits, free_memory, rlimits, slurm_limit
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
@@ -248,7 +248,7 @@ class MemoryBudget:
 
 def local_ranks() -> int:
     """The processes sharing this node's memory: LOCAL_WORLD_SIZE (torchrun), else 1."""
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, int(environment.get("LOCAL_WORLD_SIZE", "1") or 1))
 
 
 def memory_budget(max_memory, baseline=None) -> MemoryBudget:

@@ -15,18 +15,21 @@ One SCF (rank 0), broadcast. Then the pipeline's steps, split over the ranks:
 Each rank holds ~2/N of the tensor (its rows plus one visiting rank's), plus one block.
 With --checkpoint, rank 0 decides over the checkpoint for all (`Team.on_root`) and each rank
 keeps its own B blocks and pair journal there (dfmp2.run.checkpoint).
-Collectives time out after `timeout` seconds and any failure of another rank (a dead
-process closes its connections) becomes a ComputationError: no rank hangs.
+Collectives time out after `timeout` seconds and any failure of a collective becomes a
+ComputationError that says what happened (`collective_failure`): a time-out, another rank's
+death (a dead process closes its connections), or the error torch.distributed raised (a
+mismatched collective, an NCCL error), chained to it. No rank hangs.
 """
 
 from __future__ import annotations
 
-import os
+import re
 from datetime import timedelta
 
 import numpy as np
 
 from ..kernels import TRAINIUM
+from ..util import environment
 from ..util.errors import ComputationError, InputError, option
 
 DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 included)
@@ -34,10 +37,11 @@ DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 incl
 
 def launched_ranks() -> int:
     """WORLD_SIZE of a torchrun/srun launch (1 when not launched as several processes)."""
+    given = environment.get("WORLD_SIZE", "1")
     try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        return int(given)
     except ValueError:
-        raise InputError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number of processes") from None
+        raise InputError(f"WORLD_SIZE={given!r} is not a number of processes") from None
 
 
 def communication_backend(device: str, simulate: bool) -> str:
@@ -52,9 +56,35 @@ def pin_neuron_core() -> str | None:
     """Give this rank its own NeuronCore: NEURON_RT_VISIBLE_CORES = LOCAL_RANK unless the launch
     set it (the Neuron runtime otherwise reserves every core for the first process). Must run
     before the runtime starts (before the NKI backend makes its device). Returns the value."""
-    if "NEURON_RT_VISIBLE_CORES" not in os.environ:
-        os.environ["NEURON_RT_VISIBLE_CORES"] = os.environ.get("LOCAL_RANK", "0")
-    return os.environ["NEURON_RT_VISIBLE_CORES"]
+    environment.set_default("NEURON_RT_VISIBLE_CORES", environment.get("LOCAL_RANK", "0"))
+    return environment.get("NEURON_RT_VISIBLE_CORES")
+
+
+# how torch.distributed's engines word a time-out (gloo: "Timed out waiting 2000ms for recv operation", NCCL's
+# watchdog: "collective operation timeout", the store: "Timed out after 1801 seconds") and the loss of a peer (gloo:
+# "Connection closed by peer", "Connection reset by peer"; NCCL: "remote process exited")
+_TIMED_OUT = re.compile(r"\btime[sd]? ?out\b", re.IGNORECASE)
+_PEER_LOST = ("closed by peer", "reset by peer", "broken pipe", "remote process exited")
+
+
+def _cause(error: BaseException) -> str:
+    """'RuntimeError: its first line' (without gloo's [source:line] prefix; at most 300 characters)."""
+    lines = str(error).strip().splitlines()
+    text = re.sub(r"^\[[^\]]*[/\\][^\]]*:\d+\]\s*", "", lines[0] if lines else "")
+    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+
+
+def collective_failure(error: BaseException, rank: int, size: int, what: str, timeout_s: float) -> str:
+    """The one-line message of collective `what` that raised `error` on `rank` of `size`: a time-out
+    (after the team's `timeout_s`), another rank's death (its connection closed), or anything else (a
+    collective the ranks called with different shapes or dtypes, an NCCL error), each naming the cause."""
+    where = f"rank {rank}/{size}: {what}"
+    if isinstance(error, TimeoutError) or _TIMED_OUT.search(str(error)):
+        return (f"{where} timed out after {timeout_s:g} s ({option('rank_timeout')}): another rank stopped, "
+                f"hangs or is still working ({_cause(error)})")
+    if any(marker in str(error).lower() for marker in _PEER_LOST):
+        return f"{where} failed: another rank stopped (its connection closed: {_cause(error)})"
+    return f"{where} failed: {_cause(error)}"
 
 
 class Staging:
@@ -109,16 +139,16 @@ class Team:
         if backend == "nccl":
             if not dist.is_nccl_available():
                 raise ComputationError(f"{option('device', 'cuda')} with several ranks needs NCCL, which this torch lacks")
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(int(environment.get("LOCAL_RANK", "0")))
         if not dist.is_initialized():
-            missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+            missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not environment.is_set(name)]
             if missing:
                 raise InputError(f"WORLD_SIZE is set but {', '.join(missing)} is not: launch with torchrun "
                                  "(or set the rendezvous variables, see infra/README.md)")
             try:
                 dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
             except Exception as error:  # rendezvous failures surface as assorted exception types
-                raise ComputationError(f"could not join the {backend} process group: {error}") from None
+                raise ComputationError(f"could not join the {backend} process group: {type(error).__name__}: {error}") from error
         team = cls(dist.get_rank(), dist.get_world_size(), backend, timeout_s)
         team.neuron_cores = neuron_cores  # NEURON_RT_VISIBLE_CORES of this rank (Trainium hardware)
         return team
@@ -131,8 +161,7 @@ class Team:
         try:
             return operation(*args, **kwargs)
         except Exception as error:
-            raise ComputationError(f"rank {self.rank}/{self.size}: {what} failed; another rank stopped or "
-                                   f"timed out ({type(error).__name__}: {str(error).splitlines()[0][:200]})") from None
+            raise ComputationError(collective_failure(error, self.rank, self.size, what, self.timeout_s)) from error
 
     def broadcast_object(self, obj):
         """rank 0's `obj` on every rank (pickled)."""

@@ -14,9 +14,9 @@ numpy before dfmp2) no longer changes it: the record says what was set, not what
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
+from . import environment
 from .errors import InputError
 
 # the environment dfmp2 sets for itself when the user has not: idle threads sleep at once instead of
@@ -67,10 +67,8 @@ class Choice:
 def set_thread_defaults(environ=None) -> None:
     """THREAD_DEFAULTS into the environment where the user has not set them (at import, before the
     libraries that read them load); which ones dfmp2 set is remembered for the record."""
-    environ = os.environ if environ is None else environ
     for name, value in THREAD_DEFAULTS.items():
-        if name not in environ:
-            environ[name] = value
+        if environment.set_default(name, value, environ):
             _SET_BY_DFMP2.add(name)
 
 
@@ -98,9 +96,8 @@ def choice(name: str, environ=None, identity=None) -> Choice:
     from: the user's environment variable ("1" or "0"; anything else: `check_environment`'s
     InputError), else this CPU vendor's table entry, else the default."""
     setting = SETTINGS[name]
-    environ = os.environ if environ is None else environ
     check_environment(environ)
-    given = environ.get(setting.variable)
+    given = environment.get(setting.variable, environ=environ)
     if given is not None:
         return Choice(name, given.strip() == "1", f"{setting.variable}={given.strip()} (set by the user)")
     vendor = (identity or cpu_identity())["vendor"]
@@ -112,9 +109,8 @@ def choice(name: str, environ=None, identity=None) -> Choice:
 
 def check_environment(environ=None) -> None:
     """InputError naming a configuration variable set to something other than 1 or 0."""
-    environ = os.environ if environ is None else environ
     for setting in SETTINGS.values():
-        given = environ.get(setting.variable)
+        given = environment.get(setting.variable, environ=environ)
         if given is not None and given.strip() not in ("0", "1"):
             raise InputError(f"environment variable {setting.variable}={given!r}: expected 1 or 0")
 
@@ -122,9 +118,9 @@ def check_environment(environ=None) -> None:
 def configuration_record(environ=None) -> dict:
     """What the result records: the CPU, each choice with its source, and the recorded variables
     that are set, each with who set it (the user, or dfmp2 at import)."""
-    environ = os.environ if environ is None else environ
+    recorded = {name: environment.get(name, environ=environ) for name in RECORDED_VARIABLES}
     return {"cpu": dict(cpu_identity()),
             "choices": {name: {"value": c.value, "source": c.source}
                         for name, c in ((n, choice(n, environ)) for n in SETTINGS)},
-            "environment": {name: {"value": environ[name], "set_by": "dfmp2" if name in _SET_BY_DFMP2 else "user"}
-                            for name in RECORDED_VARIABLES if name in environ}}
+            "environment": {name: {"value": value, "set_by": "dfmp2" if name in _SET_BY_DFMP2 else "user"}
+                            for name, value in recorded.items() if value is not None}}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from . import environment
 from .errors import InputError
 from .system_memory import MB, proc_field_bytes
 
@@ -83,12 +84,11 @@ def rlimits(root: str = "/") -> list:
 
 
 def slurm_limit(held: int, environ=None) -> MemoryLimit | None:
-    """A Slurm job's memory on this node, from its environment (default os.environ):
+    """A Slurm job's memory on this node, from its environment (default the process's: util.environment):
     SLURM_MEM_PER_NODE (--mem), or SLURM_MEM_PER_CPU (--mem-per-cpu) times SLURM_CPUS_ON_NODE
     (one CPU where that is not set), both in MiB (Slurm's "MB": its cgroup limit is the figure x
     2^20 bytes); None outside Slurm or with --mem=0 (the whole node). held: what the job's
     processes on this node hold now (bytes; the caller's estimate), taken from the headroom."""
-    environ = os.environ if environ is None else environ
     per_node = _slurm_mib(environ, "SLURM_MEM_PER_NODE")
     if per_node is not None:
         mib, what = per_node, f"Slurm SLURM_MEM_PER_NODE={per_node} (MiB)"
@@ -108,7 +108,7 @@ def slurm_limit(held: int, environ=None) -> MemoryLimit | None:
 
 def _slurm_mib(environ, name):
     """The whole number a Slurm variable holds; None when it is not set; InputError otherwise."""
-    value = environ.get(name, "").strip()
+    value = environment.get(name, "", environ).strip()
     if not value:
         return None
     if not value.isdigit():

@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 
+from . import environment
 from .errors import ComputationError, InputError, option
 from .files import display, one_line
 
@@ -18,7 +19,7 @@ def scratch_root(scratch=None) -> str:
     directory by PySCF's rule (PYSCF_TMPDIR, else TMPDIR, else the system's)."""
     if scratch is not None:
         return os.fspath(scratch)
-    return os.environ.get("PYSCF_TMPDIR") or tempfile.gettempdir()
+    return environment.get("PYSCF_TMPDIR") or tempfile.gettempdir()
 
 
 def _scratch_label(scratch) -> str:

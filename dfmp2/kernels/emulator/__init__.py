@@ -40,12 +40,12 @@ import ast
 import contextlib
 import functools
 import inspect
-import os
 import textwrap
 import threading
 
 import numpy as np
 
+from ...util import environment
 from . import core, isa, language
 from .core import (API_VERSIONS, COMPILER_LNC, DISPUTED_API, INSTRUCTION_LIMIT, NEWEST_API, SUPPORTED_API, TARGETS,
                    NkiConstraintError, Tile, Trace, api_tuple, kernel_run)
@@ -57,7 +57,7 @@ __all__ = ["jit", "simulate", "language", "isa", "NkiConstraintError", "TARGETS"
 
 class _Config(threading.local):
     def __init__(self):
-        name = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+        name = environment.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
         self.target = {"gen2": "trn1", "inf2": "trn1", "gen3": "trn2"}.get(name, name)
         self.api = None  # None: the newest release documented for the target
         self.lnc = None  # neuronx-cc's LNC degree (None: NEURON_LOGICAL_NC_CONFIG, else COMPILER_LNC)
@@ -87,7 +87,7 @@ def target(name: str, api: str | None = None, lnc: int | None = None):
 
 def _environment_lnc() -> int | None:
     """NEURON_LOGICAL_NC_CONFIG as an int (None where unset)."""
-    given = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+    given = environment.get("NEURON_LOGICAL_NC_CONFIG")
     if given is None:
         return None
     if given.strip() not in ("1", "2"):

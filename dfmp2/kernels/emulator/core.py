@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-import os
 import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ...util import environment
 
 
 class NkiConstraintError(RuntimeError):
@@ -412,7 +413,7 @@ class KernelRun:
         """PSUM bytes per partition a kernel may allocate: 8 banks, or 7 where dma_transpose is lowered to
         PE transposes (NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+, nki 0.4+: bank 7 is reserved for
         nc_transpose; tile_size.psum_num_banks, TILE_SIZE) [L2]."""
-        reserved = (os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower() == "true"
+        reserved = (environment.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower() == "true"
                     and self.target.name != "trn1" and self.api_at_least("0.4"))
         return self.target.psum_bytes_per_partition - (self.target.psum_bank_bytes if reserved else 0)
 
