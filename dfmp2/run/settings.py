@@ -79,7 +79,7 @@ class Settings:
 
     def __post_init__(self):
         """The one check of each setting's kind: keywords (device, precision, reference, ...) in
-        any case, lower-cased here; frozen's structure (`orbitals.frozen_per_spin`); max_memory a
+        any case, lower-cased here; frozen's structure (`frozen_per_spin`); max_memory a
         number of MB (`memory.check_max_memory`). What a value may be beyond its kind (a device
         this machine has, a frozen index inside the orbitals) is checked where it is known."""
         from .memory import check_max_memory
