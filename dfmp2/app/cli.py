@@ -13,7 +13,6 @@ import sys
 
 import click
 
-from ..kernels import COMMAND_PRECISION
 from ..run.ranks import DEFAULT_TIMEOUT_S
 from ..run.settings import Settings
 from ..util.errors import DFMP2Error, InputError, command_line_names
@@ -143,7 +142,7 @@ def run(**options):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom); several files, a multi-frame XYZ or a
     directory of *.xyz files run one after another in this process; a QCSchema input.json writes
     its AtomicResult."""
-    _run_molecule(False, **options)
+    _run_molecule(options, gradient=False)
 
 
 def _grad(**options):
@@ -151,23 +150,25 @@ def _grad(**options):
     dE/dR per atom in Eh/bohr, the input's frame and atom order (RHF and UHF references, RKS
     double hybrids). --precision defaults to fp32 as for `run` (the pair stage's GEMMs; its sums and the
     gradient's own GEMMs are fp64): within 5e-9 Eh/bohr of fp64 on cpu (docs/method.md)."""
-    _run_molecule(True, **options)
+    _run_molecule(options, gradient=True)
 
 
-def _optimize(output, trajectory, max_steps, **options):
+def _optimize(**options):
     """Optimise the geometry of the molecule in MOLECULE.xyz (Angstrom) with geomeTRIC on the
     analytic DF-MP2 gradient (RHF and UHF; PySCF's default convergence criteria). Writes the
     optimised geometry (--output) and every step (--trajectory), one line per step on stderr;
     --checkpoint DIR keeps the finished steps, and the same command resumes from them."""
-    _run_molecule(True, optimize={"output": output, "trajectory": trajectory, "max_steps": max_steps}, **options)
+    _run_molecule(options, gradient=True, optimize=True)
 
 
-def _run_molecule(gradient, optimize=None, **options):
-    """`dfmp2 run` (gradient False), `dfmp2 grad` (True) and `dfmp2 optimize` (optimize: its
-    options): one code path (`jobs.run_molecules`)."""
-    from .jobs import run_molecules
+def _run_molecule(options, gradient, optimize=False):
+    """`dfmp2 run` (gradient False), `dfmp2 grad` (True) and `dfmp2 optimize`: one code path
+    (`jobs.run_molecules`); the options split once into the run's Settings and the job's own
+    (`jobs.command_options`)."""
+    from .jobs import command_options, run_molecules
 
-    run_molecules(gradient, optimize, options)
+    job, settings_options = command_options(options, gradient, optimize)
+    run_molecules(job, settings_options)
 
 
 cli.add_command(click.Command("grad", callback=_grad, params=list(run.params), help=_grad.__doc__,
@@ -219,15 +220,14 @@ cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__d
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
-def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model_only, nki_api, transform,
-          precision,
-          repeat, integrals, max_memory, json_path, quiet, debug):
+def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json_path, quiet, debug, **hardware):
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
     or model one NKI kernel call (--kernel)."""
     from .bench import resolve_shape, run_bench, run_kernel_bench
-    from .jobs import write_json
+    from .jobs import settings_options, write_json
 
     outputs = Outputs()
+    hardware = settings_options(hardware)  # the options that are Settings fields: device, precision, ...
 
     def compute():
         if json_path is not None:
@@ -235,17 +235,16 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, device, simulate, model
         if kernel is not None or size is not None:
             if kernel is None or size is None:
                 raise InputError("--kernel and --size go together")
-            if any(v is not None for v in (shape, nbasis, nocc, naux)) or model_only or integrals != "host":
+            if any(v is not None for v in (shape, nbasis, nocc, naux)) or hardware["model_only"] \
+                    or integrals != "host":
                 raise InputError("--kernel models one kernel call: no --shape/--nbasis/--nocc/--naux/--model-only/"
                                  "--integrals")
-            record = run_kernel_bench(kernel, size, device, simulate, nki_api, seed)
+            record = run_kernel_bench(kernel, size, hardware["device"], hardware["simulate"], hardware["nki_api"],
+                                      seed)
         else:
             sizes = resolve_shape(shape, nbasis, nocc, naux)
             progress = Progress() if (not quiet and sys.stderr.isatty()) else None
-            settings = Settings(device=device, precision=precision or COMMAND_PRECISION, simulate=simulate,
-                                model_only=model_only,
-                                nki_api=nki_api, transform=transform, max_memory=max_memory)
-            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=settings, progress=progress,
+            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=Settings(**hardware), progress=progress,
                                integrals=integrals)
             if progress:
                 progress.clear()

@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from types import SimpleNamespace
+from dataclasses import dataclass, fields
 
 import click
 
 from ..chem.extrapolation import check_scf_scheme
 from ..kernels import COMMAND_PRECISION
 from ..run.context import RunContext
-from ..run.ranks import join_launched_team
+from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
 from ..run.settings import Settings
 from ..util.errors import ComputationError, InputError
 from ..util.files import Outputs, display, one_line
@@ -28,20 +28,69 @@ from .signals import guarded
 QCSCHEMA_SUFFIX = ".json"
 
 
-def run_molecules(gradient, optimize, options) -> None:
-    """The command's one path from options to the printed summary. options: the command's
-    options by name (`run`'s); optimize: `dfmp2 optimize`'s own, or None."""
-    o = SimpleNamespace(**options)
-    paths = list(o.molecules)
-    outputs = Outputs(inputs=paths, directories=[o.checkpoint])
+@dataclass(frozen=True)
+class JobOptions:
+    """The options of `dfmp2 run`, `grad` and `optimize` that are not Settings fields (those
+    make the run's Settings, `command_options`): which molecules, the workflow around a run
+    (interaction energies, an extrapolated basis's HF, an optimisation), the files written and
+    how the command reports."""
+
+    molecules: tuple
+    optimize: bool = False  # `dfmp2 optimize` (its own options: output, trajectory, max_steps)
+    counterpoise: bool = False
+    bsse: str | None = None  # cp, nocp or cp,nocp
+    scf_extrapolation: str | None = None  # highest or exponential: a basis in bracket notation only
+    rank_timeout: float = DEFAULT_TIMEOUT_S  # under torchrun: how long a rank waits for the others
+    json_path: str | None = None
+    natorbs_path: str | None = None
+    quiet: bool = False
+    debug: bool = False
+    output: str | None = None  # optimize: the optimised geometry (None: MOLECULE.opt.xyz)
+    trajectory: str | None = None  # optimize: every step (None: MOLECULE.traj.xyz)
+    max_steps: int = 100  # optimize
+
+
+SETTINGS_FIELDS = frozenset(field.name for field in fields(Settings))
+
+
+def settings_options(options: dict) -> dict:
+    """The options (click's, by name) that are Settings fields, as given but precision (none
+    given: COMMAND_PRECISION, the commands' default): the keyword arguments of the run's Settings."""
+    chosen = {name: value for name, value in options.items() if name in SETTINGS_FIELDS}
+    if "precision" in chosen:
+        chosen["precision"] = chosen["precision"] or COMMAND_PRECISION
+    return chosen
+
+
+def command_options(options: dict, gradient: bool, optimize: bool = False) -> tuple:
+    """The options of `dfmp2 run`, `grad` or `optimize` split once: (its JobOptions, the keyword
+    arguments of the run's Settings, `settings_options`). properties is a comma-separated list;
+    with_rdm1 (--natorbs asks for the density) and gradient (the command) are derived here;
+    charge and spin stay None where the command line gives none (the molecule's file decides).
+    Every option that is not a Settings field is a JobOptions field (TypeError naming one that is
+    neither)."""
+    job = JobOptions(optimize=optimize, **{name: value for name, value in options.items()
+                                           if name not in SETTINGS_FIELDS})
+    settings = settings_options(options)
+    settings.update(properties=tuple(settings["properties"].split(",")) if settings["properties"] else (),
+                    with_rdm1=job.natorbs_path is not None, gradient=gradient)
+    return job, settings
+
+
+def run_molecules(job: JobOptions, settings_options: dict) -> None:
+    """The command's one path from options to the printed summary (`command_options` split them).
+    The run's Settings are made once, from `settings_options`, when the outputs are staged and a
+    single molecule is read (their checks are then one line, exit 2, as every input error)."""
+    paths = list(job.molecules)
+    outputs = Outputs(inputs=paths, directories=[settings_options.get("checkpoint")])
 
     def compute():
-        _stage_outputs(outputs, o, optimize)
+        _stage_outputs(outputs, job, settings_options.get("scratch"))
         schemas = [path for path in paths if path.lower().endswith(QCSCHEMA_SUFFIX)]
         if schemas and len(paths) > 1:
             raise InputError(f"{display(schemas[0])}: a QCSchema input runs alone (one input.json, no other molecules)")
         if schemas:
-            return "qcschema", _qcschema(paths[0], o, outputs)
+            return "qcschema", _qcschema(paths[0], job, outputs)
         sources = molecule_sources(paths)
         outputs.protect(sources)  # a directory's molecules are inputs too: never an output
         frames = None
@@ -51,46 +100,48 @@ def run_molecules(gradient, optimize, options) -> None:
             frames = read_frames(sources[0], keep_going=True)
             if len(frames) == 1 and isinstance(frames[0], Exception):  # one molecule: bad input is exit 2
                 raise frames[0]
-        if frames is not None and len(frames) == 1:
-            return "one", _one_molecule(o, frames[0], gradient, optimize, outputs)
-        if optimize is not None:
+        one = frames is not None and len(frames) == 1
+        if job.optimize and not one:
             raise InputError("dfmp2 optimize takes one molecule (one frame of one XYZ file)")
+        if job.scf_extrapolation is not None:
+            check_scf_scheme(job.scf_extrapolation)
+        settings = Settings(**settings_options)
+        if one:
+            return "one", _one_molecule(job, settings, frames[0], outputs)
         entries = frames_of(sources) if frames is None else list(named_frames(sources[0], frames))
-        return "batch", _batch(o, entries, gradient, outputs)
+        return "batch", _batch(job, settings, entries, outputs)
 
-    kind, record = guarded(compute, o.debug, outputs)
-    if record is None or o.quiet or outputs.to_stdout() or kind == "qcschema":
+    kind, record = guarded(compute, job.debug, outputs)
+    if record is None or job.quiet or outputs.to_stdout() or kind == "qcschema":
         return
     if kind == "one":
         print_composite(record) if "workflow" in record else print_summary(record)
 
 
-def _one_molecule(o, frame, gradient, optimize, outputs):
+def _one_molecule(job, settings, frame, outputs):
     """One frame: a plain run (or optimisation) or a composite; its record (None on ranks > 0)."""
     from ..api.composite import is_composite, run_composite
     from ..api.driver import frame_settings, run_atoms
 
-    settings = _settings_of(o, gradient)
-    bsse = _bsse_of(o)
+    bsse = _bsse_of(job)
     composite = is_composite(settings.basis, bsse)
-    _check_extrapolation_option(o)
-    team = _joined_team(o)
+    _check_extrapolation_option(job, settings.basis)
+    team = _joined_team(job, settings)
     root = team is None or team.is_root  # rank 0 prints and writes; the others only compute
-    progress = Progress() if (root and not o.quiet and sys.stderr.isatty()) else None
+    progress = Progress() if (root and not job.quiet and sys.stderr.isatty()) else None
     try:
         if composite:
             if team is not None:
                 raise InputError("counterpoise and extrapolated energies run in one process (not under torchrun)")
-            if optimize is not None or o.natorbs_path is not None:
+            if job.optimize or job.natorbs_path is not None:
                 raise InputError("counterpoise and extrapolated energies: no --natorbs, grad or optimize")
             result = None
-            record = run_composite(frame, settings, bsse, _scf_scheme(o),
+            record = run_composite(frame, settings, bsse, _scf_scheme(job),
                                    lambda: RunContext(progress=progress)).as_dict()
         else:
             settings, notes = frame_settings(frame, settings)
-            if optimize is not None:
-                result, record = _optimized(o.molecules[0], frame, settings, team, progress, optimize, outputs,
-                                            o.quiet)
+            if job.optimize:
+                result, record = _optimized(job, frame, settings, team, progress, outputs)
                 record["notes"] += list(notes)
             else:
                 result = run_atoms(list(frame.atoms), settings, RunContext(team=team, progress=progress), notes=notes)
@@ -102,44 +153,43 @@ def _one_molecule(o, frame, gradient, optimize, outputs):
         progress.clear()
     if not root:
         return None
-    if o.natorbs_path is not None:
+    if job.natorbs_path is not None:
         occupations, orbitals = result.natural_orbitals()
         outputs.write("--natorbs", lambda path: result.write_molden(path, orbitals, occupations))
-        record["natorbs"] = {"path": display(o.natorbs_path), "occupations": occupations.tolist()}
-    record.update(molecule=display(o.molecules[0]))
+        record["natorbs"] = {"path": display(job.natorbs_path), "occupations": occupations.tolist()}
+    record.update(molecule=display(job.molecules[0]))
     if not composite:  # (a composite's systems each have theirs)
         record.update(charge=settings.charge, spin=settings.spin)
-    if o.json_path is not None:
+    if job.json_path is not None:
         outputs.write("--json", lambda path: write_json(path, record))
     outputs.commit()
     return record
 
 
-def _batch(o, entries, gradient, outputs) -> list:
+def _batch(job, settings, entries, outputs) -> list:
     """Every frame of `entries` ((name, Frame or its reading error), `batch.frames_of`), one after
     another in this process; JSON Lines to --json.
     ComputationError (exit 1) after the records are written if any molecule failed."""
     from ..api.composite import is_composite, run_composite
     from ..api.driver import frame_settings, run_atoms
 
-    if o.natorbs_path is not None:
+    if job.natorbs_path is not None:
         raise InputError("--natorbs writes one molecule's orbitals: give one molecule")
-    if o.checkpoint is not None:
+    if settings.checkpoint is not None:
         raise InputError("--checkpoint keeps one run: give one molecule")
-    team = _joined_team(o)
+    team = _joined_team(job, settings)
     if team is not None:
         team.close()
         raise InputError("several molecules run in one process (not under torchrun)")
-    settings = _settings_of(o, gradient)
-    bsse = _bsse_of(o)
-    progress = Progress() if (not o.quiet and sys.stderr.isatty()) else None
+    bsse = _bsse_of(job)
+    progress = Progress() if (not job.quiet and sys.stderr.isatty()) else None
 
     composite = is_composite(settings.basis, bsse)
-    _check_extrapolation_option(o)
+    _check_extrapolation_option(job, settings.basis)
 
     def compute_frame(frame):
         if composite:
-            return run_composite(frame, settings, bsse, _scf_scheme(o),
+            return run_composite(frame, settings, bsse, _scf_scheme(job),
                                  lambda: RunContext(progress=progress)).as_dict()
         chosen, notes = frame_settings(frame, settings)
         result = run_atoms(list(frame.atoms), chosen, RunContext(progress=progress), notes=notes)
@@ -148,16 +198,16 @@ def _batch(o, entries, gradient, outputs) -> list:
     def on_record(record, line):
         if progress:
             progress.clear()
-        if o.json_path is not None:  # each molecule's line as it finishes (a signal keeps what is written)
+        if job.json_path is not None:  # each molecule's line as it finishes (a signal keeps what is written)
             outputs.append_line("--json", line)
-        if not o.quiet and not outputs.to_stdout():
+        if not job.quiet and not outputs.to_stdout():
             print_batch_line(record)
 
-    records = run_batch(entries, compute_frame, o.debug, on_record)
+    records = run_batch(entries, compute_frame, job.debug, on_record)
     outputs.commit()
     failed = [r for r in records if r["status"] != "ok"]
     if failed:
-        where = f" (their reasons are in {display(o.json_path)})" if o.json_path else ""
+        where = f" (their reasons are in {display(job.json_path)})" if job.json_path else ""
         raise ComputationError(f"{len(failed)} of {len(records)} molecules failed{where}; the first: "
                                f"{failed[0]['molecule']}: {failed[0]['error']}")
     return records
@@ -167,7 +217,7 @@ def _batch(o, entries, gradient, outputs) -> list:
 QCSCHEMA_OPTIONS = ("molecules", "json_path", "quiet", "debug")
 
 
-def _qcschema(path, o, outputs):
+def _qcschema(path, job, outputs):
     """A QCSchema AtomicInput file: its AtomicResult (or FailedOperation) to --json (default:
     standard output). A failed one is written too, and the command exits 2 (input_error) or 1."""
     from ..api.qcschema import run_qcschema
@@ -183,7 +233,7 @@ def _qcschema(path, o, outputs):
             request = json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InputError(f"{display(path)}: not a readable JSON file ({one_line(str(error))})") from None
-    if o.json_path is None:
+    if job.json_path is None:
         outputs.add("--json", "-", stdout_ok=True)
     result = run_qcschema(request)
     outputs.write("--json", lambda p: write_json(p, result))
@@ -195,68 +245,52 @@ def _qcschema(path, o, outputs):
     return result
 
 
-def _bsse_of(o) -> list:
+def _bsse_of(job) -> list:
     """The interaction energies asked for: cp for --counterpoise, then --bsse's list, each once
     (InputError for an empty or unknown kind)."""
     from ..api.composite import check_bsse
 
-    kinds = ["cp"] if o.counterpoise else []
-    if o.bsse is not None:
-        kinds += check_bsse([k.strip().lower() for k in o.bsse.split(",")])
+    kinds = ["cp"] if job.counterpoise else []
+    if job.bsse is not None:
+        kinds += check_bsse([k.strip().lower() for k in job.bsse.split(",")])
     return list(dict.fromkeys(kinds))  # in order, each once
 
 
-def _scf_scheme(o) -> str:
-    return o.scf_extrapolation or "highest"
+def _scf_scheme(job) -> str:
+    return job.scf_extrapolation or "highest"
 
 
-def _check_extrapolation_option(o) -> None:
+def _check_extrapolation_option(job, basis) -> None:
     """--scf-extrapolation does something only with a basis in bracket notation: InputError otherwise."""
     from ..chem.extrapolation import expand_basis
 
-    if o.scf_extrapolation is not None and len(expand_basis(o.basis)) == 1:
-        raise InputError(f"--scf-extrapolation {o.scf_extrapolation}: the basis {o.basis} is one basis; it extrapolates "
-                         "a basis written in brackets, e.g. cc-pv[tq]z")
+    if job.scf_extrapolation is not None and len(expand_basis(basis)) == 1:
+        raise InputError(f"--scf-extrapolation {job.scf_extrapolation}: the basis {basis} is one basis; it "
+                         "extrapolates a basis written in brackets, e.g. cc-pv[tq]z")
 
 
-def _stage_outputs(outputs, o, optimize) -> None:
+def _stage_outputs(outputs, job, scratch) -> None:
     """The files the command will write, checked before anything is computed."""
-    if optimize is not None:
-        outputs.add("--output", optimize["output"] or _default_output(o.molecules[0], ".opt.xyz"))
-        outputs.add("--trajectory", optimize["trajectory"] or _default_output(o.molecules[0], ".traj.xyz"))
-    if o.json_path is not None:
-        outputs.add("--json", o.json_path, stdout_ok=True)
-    if o.natorbs_path is not None:
-        outputs.add("--natorbs", o.natorbs_path)
-    check_scratch(o.scratch)  # --scratch, or PySCF's temporary directory: one line if it cannot be used
+    if job.optimize:
+        outputs.add("--output", job.output or _default_output(job.molecules[0], ".opt.xyz"))
+        outputs.add("--trajectory", job.trajectory or _default_output(job.molecules[0], ".traj.xyz"))
+    if job.json_path is not None:
+        outputs.add("--json", job.json_path, stdout_ok=True)
+    if job.natorbs_path is not None:
+        outputs.add("--natorbs", job.natorbs_path)
+    check_scratch(scratch)  # --scratch, or PySCF's temporary directory: one line if it cannot be used
 
 
-def _joined_team(o):
+def _joined_team(job, settings):
     """The torchrun team this process belongs to (None: one process), once the options that
     only the command line has are checked."""
     import math
 
-    if o.scf_max_cycle < 1:
-        raise InputError(f"--scf-max-cycle must be at least 1, got {o.scf_max_cycle}")
-    if not (math.isfinite(o.rank_timeout) and o.rank_timeout > 0):
-        raise InputError(f"--rank-timeout must be a positive number of seconds, got {o.rank_timeout:g}")
-    return join_launched_team(o.device, o.simulate, o.rank_timeout)
-
-
-def _settings_of(o, gradient) -> Settings:
-    """The run's Settings from the command's options (--natorbs asks for the density); charge and
-    spin None where the command line gives none (the molecule's file decides)."""
-    if o.scf_extrapolation is not None:
-        check_scf_scheme(o.scf_extrapolation)
-    return Settings(basis=o.basis, auxbasis=o.auxbasis, jk_auxbasis=o.jk_auxbasis, cartesian=o.cartesian, ecp=o.ecp,
-                    charge=o.charge, spin=o.spin, reference=o.reference, scf=o.scf, scf_max_cycle=o.scf_max_cycle,
-                    scf_backend=o.scf_backend, scf_precision=o.scf_precision, screening=o.screening,
-                    frozen_core=o.frozen_core, xc=o.xc, c_os=o.c_os, c_ss=o.c_ss,
-                    with_rdm1=o.natorbs_path is not None, device=o.device,
-                    precision=o.precision or COMMAND_PRECISION, simulate=o.simulate, nki_api=o.nki_api,
-                    transform=o.transform, max_memory=o.max_memory, scratch=o.scratch, checkpoint=o.checkpoint,
-                    checkpoint_allow_other_files=o.checkpoint_allow_other_files,
-                    properties=tuple(o.properties.split(",")) if o.properties else (), gradient=gradient)
+    if settings.scf_max_cycle < 1:
+        raise InputError(f"--scf-max-cycle must be at least 1, got {settings.scf_max_cycle}")
+    if not (math.isfinite(job.rank_timeout) and job.rank_timeout > 0):
+        raise InputError(f"--rank-timeout must be a positive number of seconds, got {job.rank_timeout:g}")
+    return join_launched_team(settings.device, settings.simulate, job.rank_timeout)
 
 
 def _default_output(molecule, suffix) -> str:
@@ -264,7 +298,7 @@ def _default_output(molecule, suffix) -> str:
     return os.path.splitext(os.path.basename(molecule))[0] + suffix
 
 
-def _optimized(molecule, frame, settings, team, progress, options, outputs, quiet) -> tuple:
+def _optimized(job, frame, settings, team, progress, outputs) -> tuple:
     """`dfmp2 optimize`: (the final run's result, the JSON record) with both files staged; one
     line per step on stderr (unless --quiet). Not converged: ComputationError (exit 1)."""
     from ..chem import format_xyz
@@ -279,15 +313,15 @@ def _optimized(molecule, frame, settings, team, progress, options, outputs, quie
             progress.clear()
         change = f"  dE {step.energy - energies[-1]:+.3e}" if energies else ""
         energies.append(step.energy)
-        if not quiet:
+        if not job.quiet:
             click.echo(f"  step {k:3d}  E {step.energy:18.10f} Eh{change}  max|g| {abs(step.gradient).max():.2e} "
                        f"Eh/bohr  ({'checkpoint' if step.replayed else f'{step.seconds:.1f} s'})", err=True)
 
-    found = optimize_atoms(list(frame.atoms), settings.replace(checkpoint=None), options["max_steps"],
+    found = optimize_atoms(list(frame.atoms), settings.replace(checkpoint=None), job.max_steps,
                            settings.checkpoint, settings.checkpoint_allow_other_files, on_step=show, progress=progress,
                            fragments=frame.fragments)
     if not found.converged:
-        raise ComputationError(f"the geometry did not converge in {options['max_steps']} steps (raise --max-steps"
+        raise ComputationError(f"the geometry did not converge in {job.max_steps} steps (raise --max-steps"
                                + ("; the same --checkpoint resumes)" if settings.checkpoint else ")"))
     output, trajectory = outputs.path("--output"), outputs.path("--trajectory")
     outputs.write("--output", lambda path: write_text(path, format_xyz([(
