@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .. import chem
 from ..chem.functionals import double_hybrid
 from ..chem.jk import early_integrals_fit, fitted_bytes, scf_builds_for
-from ..kernels import SPLIT_PRECISIONS, backend_for, device_screens, flush_subnormals_first
+from ..kernels import SPLIT_PRECISIONS, backend_for, device_screens, flush_subnormals_first, runs_torch
 from ..kernels.protocol import FittedBuildsBackend
 from ..mp2.gradient import nuclear_gradient_of_run
 from ..mp2.pipeline import check_request, dfmp2_energy, plan_for
@@ -63,7 +63,7 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
                                **changes) -> list:
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
-    out(s, shape) gives (`pipeline.three_center_mo`)."""
+    out(s, shape) gives (`three_center.three_center_mo`)."""
     settings = _offered_precision(settings_from(settings, **changes))
     with chem.pyscf_scratch(settings.scratch):
         reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
@@ -201,7 +201,7 @@ def _occupied(mol, settings, reference) -> list:
 
 
 def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
-    flush = settings.device in ("cpu", "cuda")
+    flush = runs_torch(settings.device)  # the torch backend's thread pool flushes fp32 subnormals
     if flush and "torch" in sys.modules:  # torch loaded: PySCF's OpenMP regions in this thread share its pool,
         flush_subnormals_first()  # so flag the thread before they start one (`flush_subnormals_first`)
     molecule = _molecule_of(atoms, settings, context.ranks)
@@ -304,14 +304,15 @@ def _screened(settings, integrals, backend=None, step="mp2"):
     screens, name = (backend.screens, backend.name) if backend is not None else \
         (device_screens(settings.device), settings.device)
     integrals.screening_record = screen_integrals(settings.screening, integrals, screens, name, step)
-    if step == "mp2" and backend is not None and getattr(integrals, "screening", None) is not None:
+    if step == "mp2" and backend is not None and integrals.screening is not None:
         integrals.screening_record["kernel_layout"] = backend.screened_layout(integrals.screening)
     return integrals
 
 
 def screening_records(**providers) -> dict:
     """The result's "screening": kind ("mp2", "scf") -> the choice its integral provider recorded."""
-    return {kind: p.screening_record for kind, p in providers.items() if hasattr(p, "screening_record")}
+    return {kind: p.screening_record for kind, p in providers.items()
+            if p is not None and p.screening_record is not None}
 
 
 def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fitting=None):
@@ -343,7 +344,7 @@ def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fit
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
-    """dfmp2's Coulomb/exchange builds for run_xyz's SCF, or None for PySCF's (`scf.scf_builds_for`);
+    """dfmp2's Coulomb/exchange builds for run_xyz's SCF, or None for PySCF's (`jk.scf_builds_for`);
     jk_integrals: the JK-fit integrals where they were started early (`_early_jk_integrals`)."""
     return scf_builds_for(settings, backend,
                           lambda: jk_integrals if jk_integrals is not None else
@@ -355,7 +356,7 @@ def scf_record(builds, mf) -> dict:
     """What built the SCF's Coulomb and exchange matrices, for the result: scf_backend (torch,
     nki or pyscf), scf_precision, scf_iterations (mf's cycles; None where this process ran no
     SCF: reused from a checkpoint, or under torchrun, where rank 0 runs it and broadcasts its
-    arrays) and scf_builds (`scf.BuildRecord.as_dict`)."""
+    arrays) and scf_builds (`jk.BuildRecord.as_dict`)."""
     record = {"scf_backend": "pyscf" if builds is None else builds.record.backend,
               "scf_precision": "fp64" if builds is None else builds.record.precision,
               "scf_iterations": None if mf is None else int(getattr(mf, "cycles", 0))}

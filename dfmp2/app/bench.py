@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from ..api.result import MODEL_NOTE, memory_record, model_record
-from ..kernels import MP2_ENERGY_KERNELS, TRAINIUM, backend_for, get_backend
+from ..kernels import HOST, MP2_ENERGY_KERNELS, TRAINIUM, backend_for, get_backend, runs_nki
 from ..mp2.pipeline import dfmp2_energy
 from ..run.context import RunContext, Timer
 from ..run.memory import plan_for
@@ -81,15 +81,16 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
     settings = settings_from(settings, **changes).replace(warm_kernels=True)
     if integrals not in ("host", "device"):
         raise InputError(f"--integrals must be host or device, got {integrals!r}")
-    if integrals == "device" and settings.device != "cuda":
-        raise InputError(f"--integrals device: only with --device cuda (on {settings.device} the synthetic "
-                         "integrals are made on the host and uploaded, as PySCF's are)")
-    made_on = "cuda" if integrals == "device" else "cpu"
     if not 0 <= repeat <= MAX_REPEAT:
         raise InputError(f"{option('repeat')} must be between 0 and {MAX_REPEAT}, got {repeat}")
     if not 0 <= seed < 2**64:
         raise InputError(f"--seed must be in 0 .. 2^64 - 1 (the Philox key), got {seed}")
     first = backend_for(settings, MP2_ENERGY_KERNELS)  # fail fast
+    if integrals == "device" and not first.makes_integrals_on_device:
+        raise InputError(f"--integrals device: only with --device cuda (on {settings.device} the synthetic "
+                         "integrals are made on the host and uploaded, as PySCF's are)")
+    made_on = first.device_name if integrals == "device" else HOST
+    drawn_on = first.device if integrals == "device" else None  # (None: numpy blocks on the host)
     # the budget is checked before anything of the problem's size is made
     plan_for(first, SyntheticIntegrals(nbasis, nocc, naux, seed), [(nocc, nbasis - nocc)], settings.max_memory)
     coeff, energies, occupations = synthetic_orbitals(nbasis, nocc, seed)
@@ -97,7 +98,7 @@ def run_bench(nbasis, nocc, naux, seed=0, repeat=3, settings: Settings | None = 
     for n in range(repeat + 1):
         backend = first if n == 0 else backend_for(settings, MP2_ENERGY_KERNELS)
         context = RunContext(progress=progress)  # each pass its own timer
-        problem = SyntheticIntegrals(nbasis, nocc, naux, seed, made_on)
+        problem = SyntheticIntegrals(nbasis, nocc, naux, seed, drawn_on)
         last = None  # (the previous pass's result and backend, with its arrays and trace, go first)
         with Timer().lap() as lap:
             result = dfmp2_energy(backend, problem, coeff, energies, occupations, settings, context=context)
@@ -149,11 +150,8 @@ def bench_record(problem, rank, passes, last, settings) -> dict:
         "machine": {"cpu": _cpu(), "platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
     }
-    peak_device_mb = None
-    if settings.device == "cuda":  # the passes' peak, before the GEMM rate below adds its own arrays
-        import torch
-
-        peak_device_mb = torch.cuda.max_memory_allocated() / 2**20
+    peak_device = backend.peak_memory_bytes()  # a GPU's: the passes' peak, before the GEMM rate below adds its own arrays
+    peak_device_mb = peak_device / 2**20 if peak_device is not None else None
     if not ran.simulated:  # a square GEMM as large as the budget leaves room for (3 n^2 elements)
         room = max(0, result.plan.budget - resident_bytes())
         n = max(256, min(2048, int((room / (3 * backend.itemsize)) ** 0.5) // 64 * 64))
@@ -179,8 +177,8 @@ KERNEL_LAUNCHES = {"gemm": ("gemm_kernel",), "syrk": ("syrk_kernel",), "trsm": (
                    "potrf": ("trsm_kernel", "syrk_kernel"), "ao2mo": ("ao2mo_kernel",), "spmm": ("ao2mo_kernel",),
                    "pair_energy": ("pair_energy_kernel",), "rng": ("philox_kernel",)}
 # warm per-call times a sibling library measured on trn1.2xlarge (neuronx-cc 2.24) for ITS kernels
-# of these shapes: gemm calibrates the model (launch, host transfer); trsm is a check only
-PUBLISHED_TRN1_MS = {("gemm", 512): 1.3, ("gemm", 1024): 2.3, ("trsm", 1024): 18.72}
+# of these shapes, (device, kernel, size) -> ms: gemm calibrates the model (launch, host transfer); trsm is a check only
+PUBLISHED_MS = {("trn1", "gemm", 512): 1.3, ("trn1", "gemm", 1024): 2.3, ("trn1", "trsm", 1024): 18.72}
 
 
 def kernel_problem(kernel: str, size: int, seed: int = 0):
@@ -207,26 +205,26 @@ def kernel_problem(kernel: str, size: int, seed: int = 0):
     n = size
     if kernel == "gemm":
         a, b = f32(n, n), f32(n, n)
-        return f"{n} x {n} x {n}", lambda be: be.gemm(a, b)
+        return f"{n} x {n} x {n}", lambda backend: backend.gemm(a, b)
     if kernel == "syrk":
         c, panel = f32(n, n), f32(n, 128)
-        return f"C [{n}, {n}], panel [{n}, 128]", lambda be: be.syrk(c, panel)
+        return f"C [{n}, {n}], panel [{n}, 128]", lambda backend: backend.syrk(c, panel)
     if kernel == "trsm":
         lower = torch.from_numpy(np.tril(rng.standard_normal((n, n))).astype(np.float32)
                                  + n * torch.eye(n).numpy())
         x = f32(n, n)
-        return f"X [{n}, {n}], L [{n}, {n}]", lambda be: be.solve_lower_transposed(lower, x)
+        return f"X [{n}, {n}], L [{n}, {n}]", lambda backend: backend.solve_lower_transposed(lower, x)
     if kernel == "ao2mo":
         nocc = max(1, n // 8)
         ints, c_occ, c_vir = f32(32, n, n), f32(n, nocc), f32(n, n - nocc)
         ints = (ints + ints.transpose(1, 2)) / 2
-        return f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}", lambda be: be.ao2mo(ints, c_occ, c_vir)
+        return f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}", lambda backend: backend.ao2mo(ints, c_occ, c_vir)
     if kernel == "pair_energy":
         b_i, b_j = f32(4, n, 3 * n), f32(4, n, 3 * n)
         e_occ = -torch.rand(4, generator=torch.Generator().manual_seed(seed)) - 1.0
         e_vir = torch.rand(n, generator=torch.Generator().manual_seed(seed + 1)) + 0.5
         return (f"ni 4, nj 4, nvir {n}, naux {3 * n}",
-                lambda be: be.pair_energy(b_i, b_j, e_occ, e_occ, e_vir))
+                lambda backend: backend.pair_energy(b_i, b_j, e_occ, e_occ, e_vir))
     if kernel in ("potrf", "spmm", "rng"):
         return _layer_problem(kernel, n, rng, seed, f32)
     raise InputError(f"unknown kernel {kernel!r} (use one of: {', '.join(KERNELS)})")
@@ -241,7 +239,7 @@ def _layer_problem(kernel, n, rng, seed, f32):
 
         a = rng.standard_normal((n, n))
         metric = a @ a.T / n + np.eye(n)
-        return f"A [{n}, {n}], 128-wide block columns", lambda be: potrf(be, metric)
+        return f"A [{n}, {n}], 128-wide block columns", lambda backend: potrf(backend, metric)
     if kernel == "spmm":
         from ..sparse import ao2mo as screened_ao2mo, banded_pattern, random_screened
 
@@ -249,17 +247,17 @@ def _layer_problem(kernel, n, rng, seed, f32):
         screened, c_occ, c_vir = random_screened(pattern, 32, seed), f32(n, nocc), f32(n, n - nocc)
         kept = pattern.stored_elements / n**2
         return (f"nP 32, nao {n}, nocc {nocc}, nvir {n - nocc}; (mn|P) kept on 128-blocks |M - N| <= 1 "
-                f"({kept:.2f} of it)", lambda be: screened_ao2mo(be, screened, c_occ, c_vir))
+                f"({kept:.2f} of it)", lambda backend: screened_ao2mo(backend, screened, c_occ, c_vir))
     from ..rng import nki_random_words
 
-    return f"{n * n} Philox4x32-10 words", lambda be: nki_random_words(be, seed, 1, 0, n * n)
+    return f"{n * n} Philox4x32-10 words", lambda backend: nki_random_words(backend, seed, 1, 0, n * n)
 
 
 def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: bool = False,
                      nki_api=None, seed: int = 0) -> dict:
     """MODEL of one warm kernel call on Trainium (trn1, trn2, trn3) from its emulator trace -> a
     JSON-able record."""
-    if device not in TRAINIUM or not simulate:
+    if not runs_nki(device) or not simulate:
         raise InputError(f"--kernel models an NKI kernel call: use --device {'|'.join(TRAINIUM)} --simulate")
     if not 1 <= size <= MAX_KERNEL_SIZE:
         raise InputError(f"{option('size')} must be between 1 and {MAX_KERNEL_SIZE} (the emulator runs every "
@@ -273,7 +271,7 @@ def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: boo
         backend.to_host(out)
     ran = backend.record()
     modelled = ran.modelled
-    published = PUBLISHED_TRN1_MS.get((kernel, size))
+    published = PUBLISHED_MS.get((device, kernel, size))
     record = {
         "kernel": kernel, "size": size, "shape": description, "device": device,
         "nki_api": ran.nki_api, "lnc": ran.lnc, "launches": ran.trace["launches"],
@@ -281,9 +279,9 @@ def run_kernel_bench(kernel: str, size: int, device: str = "trn1", simulate: boo
         "calls": ran.calls, "trace": ran.trace,
         "versions": _versions(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
     }
-    if published is not None and device == "trn1":
-        record["published_trn1_ms"] = published
-        record["model_over_published"] = modelled["trn1"]["seconds"] * 1e3 / published
+    if published is not None:
+        record[f"published_{device}_ms"] = published
+        record["model_over_published"] = modelled[device]["seconds"] * 1e3 / published
     return record
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from ..kernels import is_host
+
 
 def print_summary(r):
     kernels = ", ".join(f"{name} x{count}" for name, count in sorted(r["kernels"].items()))
@@ -129,7 +131,7 @@ def print_bench(r):
         f"  device      {r['device']} ({r['device_description']}), {r['backend']} backend, {r['precision']}, "
         f"transform {r['transform']}",
         f"  integrals   synthetic (mn|P) made on "
-        f"{'the GPU' if r['integrals_made_on'] == 'cuda' else 'the host' + (', uploaded' if r['device'] != 'cpu' else '')}",
+        f"{'the host' + ('' if is_host(r['device']) else ', uploaded') if is_host(r['integrals_made_on']) else 'the GPU'}",
         *[f"  note        {note}" for note in r.get("notes", [])],
         f"  E(corr)     {r['e_corr']:.12f} Eh (os {r['e_corr_os']:.10f}, ss {r['e_corr_ss']:.10f})",
         "",

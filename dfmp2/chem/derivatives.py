@@ -143,7 +143,7 @@ def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux, aux_
     per_ao, per_aux = np.zeros((3, nao)), np.zeros((3, integrals.naux))
     for p0, p1 in integrals.aux_blocks(min(aux_block or integrals.naux,
                                            max(1, DERIVATIVE_BLOCK_BYTES // (24 * nao * nao)))):
-        shells = (0, mol.nbas, 0, mol.nbas, *integrals._aux_shells(p0, p1))
+        shells = (0, mol.nbas, 0, mol.nbas, *integrals.aux_shells(p0, p1))
         block = gamma_blocks(p0, p1)
         symmetric = block + block.transpose(0, 2, 1)  # S^P [nP, nao, nao]
         # w_x,mP = sum_n (m'n|P) S^P_mn: the AO m's share, and (summed over m) the auxiliary P's

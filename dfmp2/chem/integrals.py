@@ -18,8 +18,13 @@ class ThreeCenterIntegrals:
 
     nao, naux: sizes. metric(): (P|Q) [naux, naux]. block(p0, p1): (mn|P) as [p1-p0, nao, nao].
     aux_blocks(limit): shell-aligned (p0, p1) ranges of at most `limit` functions where possible.
-    fitting: the FittingSet (where each element's set came from).
+    fitting: the FittingSet (where each element's set came from). Also a BasisSetIntegrals (the
+    SCF's builds, the screening, the derivatives).
     """
+
+    screenable = True  # screened_pattern
+    early = False  # EarlyIntegrals: computed on a thread
+    screening_record = None  # the --screening choice made for these integrals (set by the driver)
 
     def __init__(self, mol, auxbasis=None):
         from pyscf import df
@@ -78,7 +83,7 @@ class ThreeCenterIntegrals:
         """(mn|P) over the pairs m >= n for P in [p0, p1) (on shell boundaries): [p1 - p0, npair], fp64."""
         from pyscf import df
 
-        shell0, shell1 = self._aux_shells(p0, p1)
+        shell0, shell1 = self.aux_shells(p0, p1)
         nbas = self.mol.nbas
         packed = df.incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij",
                                   shls_slice=(0, nbas, 0, nbas, shell0, shell1))
@@ -110,14 +115,15 @@ class ThreeCenterIntegrals:
         (a `sparse.LowerPanels`, host fp64): each computed once by libcint."""
         from ..sparse import LowerPanels
 
-        shell0, shell1 = self._aux_shells(p0, p1)
+        shell0, shell1 = self.aux_shells(p0, p1)
         if self._tiles is None:  # libcint's set-up once (~20 ms for a 500-function molecule)
             self._tiles = _TileIntegrals(self.mol, self.auxmol)
         tiles, blocks = self._tiles, self.screening.blocks
         return LowerPanels.from_runs(self.screening, p1 - p0, lambda m, n0, n1: tiles.tile(
             blocks[m][2:], (blocks[n0][2], blocks[n1 - 1][3]), shell0, shell1))
 
-    def _aux_shells(self, p0, p1) -> tuple:
+    def aux_shells(self, p0, p1) -> tuple:
+        """The auxiliary shells [first, past the last) of the functions [p0, p1) (shell boundaries)."""
         shell0 = int(np.searchsorted(self._aux_loc, p0))
         shell1 = int(np.searchsorted(self._aux_loc, p1))
         if self._aux_loc[shell0] != p0 or self._aux_loc[shell1] != p1:
@@ -163,6 +169,8 @@ class EarlyIntegrals(ThreeCenterIntegrals):
     guess) overlaps them. fitted_rows() waits for them and hands them over once (the SCF whitens
     them in place); a failure on the thread is raised there. seconds: the thread's wall time;
     waited: fitted_rows()'s wait."""
+
+    early = True
 
     def __init__(self, mol, auxbasis=None):
         super().__init__(mol, auxbasis)
@@ -220,6 +228,10 @@ class CholeskyVectors:
     so that steps 1 and 3 of the pipeline leave them as they are. Periodic: only the positive-
     definite case (3-D, or infinite-vacuum 2-D); a negative part (truncated Coulomb of 2-D
     cells) is refused."""
+
+    screenable = False  # never screened (no screened_pattern)
+    screening = None
+    screening_record = None  # the --screening choice made for these integrals (set by the driver)
 
     def __init__(self, with_df):
         self.with_df = with_df

@@ -129,7 +129,7 @@ class BuildRecord:
 def fitted_bytes(integrals) -> int:
     """Bytes of the JK-fit integrals the builds keep in fp64: the lower triangles [naux, nao (nao + 1) / 2],
     or with integrals.screening each kept pair block once (LowerPanels [naux, lower elements])."""
-    pattern = getattr(integrals, "screening", None)
+    pattern = integrals.screening
     nao, naux = integrals.nao, integrals.naux
     return naux * (nao * (nao + 1) // 2 if pattern is None else pattern.lower_elements) * 8
 
@@ -185,7 +185,7 @@ def whiten_to_file(backend, integrals, scratch=None, block_bytes=None):
     BLOCK_BYTES; a block of whole auxiliary shells at least). -> (B's RowFile, the metric factor)."""
     block_bytes = block_bytes or BLOCK_BYTES
     factor = factor_metric(backend, integrals.metric())
-    naux, nao, pattern = integrals.naux, integrals.nao, getattr(integrals, "screening", None)
+    naux, nao, pattern = integrals.naux, integrals.nao, integrals.screening
     ncols = nao * (nao + 1) // 2 if pattern is None else pattern.lower_elements
     rows = RowFile((naux, ncols), scratch)
     try:
@@ -206,7 +206,7 @@ class FittedCoulombExchange:
     """J and K of the SCF from whitened JK-fit integrals, on one backend.
 
     backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
-    IntegralProvider (nao, naux, metric(), packed()); precision: mixed or fp64 (SCF_PRECISIONS;
+    BasisSetIntegrals (`dfmp2.run.providers`); precision: mixed or fp64 (SCF_PRECISIONS;
     mixed only on a device without fp64); max_memory: the run's budget (MB, None: the default,
     `memory.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`). Built on
     the first call (`get_jk`), released by `close()`."""
@@ -239,11 +239,11 @@ class FittedCoulombExchange:
         backend, integrals = self.backend, self.integrals
         self.nao = nao = integrals.nao
         triangle = fitted_bytes(integrals)
-        early = hasattr(integrals, "held_bytes")  # chem.EarlyIntegrals: computed on a thread from the start-up on
+        early = integrals.early  # chem.EarlyIntegrals: computed on a thread from the start-up on
         held = integrals.held_bytes() if early else 0  # (resident already)
         free = self._free_bytes()
         whitener = whitening_backend(backend)
-        streams = getattr(backend, "fitted_store_on_disk", False)  # its store reads B from a scratch file
+        streams = backend.fitted_store_on_disk  # its store reads B from a scratch file
         with Timer().lap() as whitening:  # (early integrals: waited for in held_bytes, above)
             if triangle - held + 4 * BLOCK_BYTES <= free:
                 rows, factor = whiten_fitted_integrals(whitener, integrals)
@@ -261,7 +261,7 @@ class FittedCoulombExchange:
                                               max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)))
         self.record.whitening_seconds = whitening.seconds
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
-        on_disk = {"pattern": getattr(integrals, "screening", None)} if isinstance(rows, RowFile) else {}
+        on_disk = {"pattern": integrals.screening} if isinstance(rows, RowFile) else {}
         from ..sparse import fitted_store  # loads torch (not needed before the store)
 
         with Timer().lap() as storing:
@@ -356,9 +356,8 @@ class FittedCoulombExchange:
     def _modelled_so_far(self):
         """Calibrated MODEL seconds of everything the backend ran so far, per target (a simulated
         NKI backend), else None."""
-        if not getattr(self.backend, "simulate", False):
-            return None
-        return {target: m["seconds"] for target, m in self.backend.modelled().items()}
+        modelled = self.backend.modelled()  # ({} where nothing is modelled)
+        return {target: m["seconds"] for target, m in modelled.items()} if modelled else None
 
     def reset(self, integrals):
         """Use `integrals` (another molecule's) from the next build on."""

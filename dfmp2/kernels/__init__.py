@@ -35,6 +35,32 @@ TRAINIUM = ("trn1", "trn2", "trn3")
 MP2_ENERGY_KERNELS = ("gemm_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel")
 
 
+HOST = "cpu"  # the host CPU's device name (a record's label of arrays made there)
+
+
+def runs_nki(device: str) -> bool:
+    """Whether `device`'s backend runs NKI kernels (trn1, trn2, trn3; with simulate on the emulator)."""
+    return device in TRAINIUM
+
+
+def runs_torch(device: str) -> bool:
+    """Whether `device`'s backend computes with torch's own kernels (cpu, cuda: TorchBackend), whose
+    thread pool `flush_subnormals_first` flags."""
+    return device in ("cpu", "cuda")
+
+
+def is_host(device: str) -> bool:
+    """Whether `device` (a name, e.g. a record's) is the host CPU: its arrays need no upload."""
+    return device == HOST
+
+
+def collective_backend(device: str) -> str:
+    """The torch.distributed engine of a team on `device`, known before its backend is loaded: nccl
+    for cuda (device memory moves between GPUs); gloo otherwise (CPUs; NeuronCores and the NKI
+    emulator, whose blocks are staged through host memory: see the backend's `on_host`)."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def device_screens(device: str) -> frozenset:
     """The steps whose block-sparse three-center kernels the backend of `device` has (its
     `screens`), known before it is loaded: torch (cpu, cuda) the MP2 transform and the SCF

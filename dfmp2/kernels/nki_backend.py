@@ -31,12 +31,12 @@ to `nki_support`.
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import numpy as np
 import torch
 
+from ..util import environment
 from ..util.errors import option
 from . import emulator
 from .emulator.core import TARGETS
@@ -73,6 +73,9 @@ class NkiBackend:
     forms_amplitudes = False  # (ia|jb) never leaves the chip: no t2
     streams_densities = False  # density_kernel takes all of B at once: no out-of-core densities
     screens = frozenset({"mp2"})  # block-sparse AO->MO transform (ao2mo_kernel's tiles); SCF builds dense
+    fitted_store_on_disk = False  # the SCF's B is uploaded whole
+    on_host = False  # tensors in HBM (emulated: HBM residency modelled)
+    makes_integrals_on_device = False  # torch does not compute on a NeuronCore
 
     def __init__(self, target: str, simulate: bool, model_only: bool = False, nki_api: str | None = None,
                  transform: str = "exact", lnc: int | None = None, notes=None):
@@ -91,8 +94,7 @@ class NkiBackend:
         if simulate:
             self.device = torch.device("cpu")
         else:
-            if checks_lnc(api) and os.environ.get(LNC_VARIABLE) is None:
-                os.environ[LNC_VARIABLE] = str(self.lnc)  # before torch-neuronx compiles anything
+            if checks_lnc(api) and environment.set_default(LNC_VARIABLE, str(self.lnc)):  # before torch-neuronx compiles
                 self.notes.append(f"{release_name(api)} checks every kernel's LNC degree against neuronx-cc's "
                                   f"(EVRF066): dfmp2 set {LNC_VARIABLE}={self.lnc} for this process")
             import torch_xla
@@ -121,8 +123,16 @@ class NkiBackend:
         return self.ledger.modelled_seconds()
 
     def modelled(self) -> dict:
-        """Calibrated MODEL (not measured) per target: see CostLedger.modelled."""
-        return self.ledger.modelled()
+        """Calibrated MODEL (not measured) per target: see CostLedger.modelled ({} on a Trainium host)."""
+        return self.ledger.modelled() if self.simulate else {}
+
+    def count(self, step: str) -> None:
+        """A host or device step that ran outside a kernel, recorded in record().calls."""
+        self.calls[step] += 1
+
+    def peak_memory_bytes(self):
+        """Not tracked on a NeuronCore: None."""
+        return None
 
     def record(self) -> BackendRecord:
         """What this backend is and has run so far (models and trace only when simulated)."""

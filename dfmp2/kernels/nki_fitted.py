@@ -86,7 +86,7 @@ class NkiFittedStore:
             square32[p0:p1] = torch.from_numpy(sq.astype(np.float32))
             d, self.scale[p0:p1] = aux_digits(sq)
             digits[:, p0:p1] = torch.from_numpy(d)
-        backend.calls["host:slice_scf_operands"] += 1
+        backend.count("host:slice_scf_operands")
         self._square32 = backend.upload(square32)  # host -> device once
         self._digits = backend.upload(digits)
         self.storage = f"square fp32 + {INPUT_SLICES} int8 digit slices in {backend.target} HBM"
@@ -171,7 +171,7 @@ class NkiFittedStore:
         def rows(h):  # [naux, nao, width] -> [(P, i), nao]: the contraction on the rows
             return np.ascontiguousarray(h.transpose(0, 2, 1)).reshape(naux * width, nao)
 
-        backend.calls["host:slice_scf_operands"] += 1
+        backend.count("host:slice_scf_operands")
         if not one_operand:  # G w and H sliced apart
             return backend.exact_fp64_product(rows(h_l * weights), rows(h_r))
         digits, scale = column_digits(rows(h_l), INPUT_SLICES)  # scale [nao, 1]: 2^e_m per column

@@ -78,7 +78,10 @@ class Backend(Protocol):
     forms_amplitudes: bool  # pair_energy can fill t_out (t2; False: the pair kernel keeps (ia|jb) on chip)
     streams_densities: bool  # density_block takes B of all i in several row blocks (B out of core)
     screens: frozenset  # the steps with block-sparse operations (dfmp2.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)
-    calls: Counter  # kernel (or host:* / device:* step) -> times run; callers add their host:* steps
+    fitted_store_on_disk: bool  # fitted_store also takes B as a scratch.RowFile (the SCF's B out of core)
+    on_host: bool  # its tensors are host memory (torch on a CPU); False on a GPU, a NeuronCore and the NKI emulator (HBM modelled)
+    makes_integrals_on_device: bool  # torch makes tensors in place on its device (a GPU): `dfmp2 bench --integrals device`
+    calls: Counter  # kernel (or host:* / device:* step) -> times run; a step outside a kernel through count()
     notes: list  # announcements (str) recorded in the result, e.g. a disputed nki/target pair
 
     # data movement
@@ -120,6 +123,16 @@ class Backend(Protocol):
     def record(self) -> BackendRecord:
         """What this backend is and has run so far, as a frozen snapshot."""
 
+    def count(self, step: str) -> None:
+        """A host or device step that ran outside a kernel (e.g. "host:eigh"), recorded in record().calls."""
+
+    def modelled(self) -> dict:
+        """Calibrated MODEL of what ran so far per target (as BackendRecord.modelled); {} where nothing
+        is modelled (torch; NKI on a Trainium host)."""
+
+    def peak_memory_bytes(self) -> int | None:
+        """The most device memory its tensors have held so far (a GPU's allocator), or None where untracked."""
+
     # the steps
     def gemm(self, a, b):
         """a [m, k] @ b [k, n] -> [m, n]."""
@@ -129,6 +142,13 @@ class Backend(Protocol):
 
     def solve_lower_transposed(self, lower, x):
         """x [..., naux] L^-T for lower-triangular L [naux, naux] -> same shape as x."""
+
+    def syrk(self, c, panel):
+        """C [n, n] - P P^T for a panel P [n, w] (at least its lower triangle) -> [n, n] (linalg.potrf)."""
+
+    def exact_fp64_product(self, a, b):
+        """A^T B of host fp64 a [k, m], b [k, n] -> host fp64 [m, n] (linalg.exact_product): in fp64 where
+        has_fp64, else from Ozaki slices (to ~2^-35 of each column's largest product)."""
 
     def ao2mo(self, ao_block, c_occ, c_vir):
         """(mn|P) [nP, nao, nao], C_occ [nao, nocc], C_vir [nao, nvir] -> (ia|P) [nocc, nvir, nP]."""
@@ -194,6 +214,23 @@ class FittedBuildsBackend(Protocol):
         leaves -> the store (B uploaded once where the backend computes). A backend with
         `fitted_store_on_disk` also takes rows as a scratch.RowFile (out of core). Screened B (a
         LowerPanels, or a RowFile of its flat rows): dfmp2.sparse.fitted_store."""
+
+
+class ScreenedBuildsBackend(Protocol):
+    """A backend whose `screens` hold "scf": the SCF's builds on screened B (`dfmp2.sparse.scf_store`,
+    `sparse.block_sparse_product`): torch (cpu, cuda)."""
+
+    def screened_half_transform(self, screened, factor):
+        """X [nao, nP, r] = sum_n (mn|P) F_nr over the kept pair blocks of a ScreenedThreeCenter."""
+
+    def screened_exchange_product(self, x, z, weights=None):
+        """K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r): x, z [nao, nP, r] -> [nao, nao]."""
+
+    def screened_fit_density(self, lower, dms):
+        """rho_P = sum_(mn kept) (mn|P) D_mn of a LowerPanels: dms [nset, nao, nao] -> [nset, nP]."""
+
+    def screened_coulomb(self, lower, rho):
+        """J_mn = sum_P rho_P (mn|P) over the kept pair blocks of a LowerPanels: rho [nset, nP] -> [nset, nao, nao]."""
 
 
 def fp64_pair_temporaries_bytes(nb: int, nvir: int) -> int:

@@ -123,6 +123,8 @@ class TorchBackend:
         self.device_name = device
         self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" \
             else torch.device("cpu")
+        self.on_host = self.device.type == "cpu"  # (the protocol's capabilities)
+        self.makes_integrals_on_device = self.device.type == "cuda"
         self.precision = precision
         self.compute_dtype = _DTYPES[precision]
         self.itemsize = torch.finfo(self.compute_dtype).bits // 8
@@ -145,6 +147,18 @@ class TorchBackend:
             precision=self.precision, transform=self.transform, simulated=False, nki_api=None,
             neuron_versions=None, calls=dict(self.calls), notes=tuple(self.notes), specializations={},
             modelled_seconds=None, modelled=None, trace=None)
+
+    def count(self, step: str) -> None:
+        """A host or device step that ran outside a kernel, recorded in record().calls."""
+        self.calls[step] += 1
+
+    def modelled(self) -> dict:
+        """Nothing is modelled on torch: {}."""
+        return {}
+
+    def peak_memory_bytes(self):
+        """The GPU allocator's peak so far (torch.cuda.max_memory_allocated), None on the host."""
+        return torch.cuda.max_memory_allocated() if self.device.type == "cuda" else None
 
     # ---- data movement -------------------------------------------------------------
     def to_device(self, array, fp64=False) -> torch.Tensor:
@@ -184,6 +198,15 @@ class TorchBackend:
         """C = A @ B for [m, k] x [k, n] (or batched [..., m, k] x [..., k, n])."""
         self.calls["gemm"] += 1
         return torch.matmul(a, b)
+
+    def syrk(self, c, panel):
+        """C - P P^T: c [n, n], panel [n, w] -> [n, n] (in full: one gemm)."""
+        return c - self.gemm(panel, panel.transpose(0, 1))
+
+    def exact_fp64_product(self, a, b):
+        """A^T B of host fp64 a [k, m], b [k, n], in fp64 on this device -> host fp64 [m, n]."""
+        c = self.to_device(np.ascontiguousarray(a.T), fp64=True) @ self.to_device(b, fp64=True)
+        return c.cpu().numpy()
 
     def ao2mo(self, ao_block: torch.Tensor, c_occ: torch.Tensor, c_vir: torch.Tensor) -> torch.Tensor:
         """(ia|P) = sum_mn C_mi C_na (mn|P): [nP, nao, nao] -> [nocc, nvir, nP]."""

@@ -40,7 +40,7 @@ def gemm(backend, a, b):
 def batched_gemm(backend, a, b):
     """C_b = A_b B_b: a [nb, m, k], b [nb, k, n] device tensors -> [nb, m, n]. torch: one batched
     matmul; NKI: one gemm_kernel launch per b (each ~1 ms of launch on a NeuronCore, MODEL)."""
-    if getattr(backend, "name", "") != "nki":
+    if backend.name != "nki":
         return backend.gemm(a, b)  # torch.matmul batches over the leading axis
     import torch
 
@@ -54,17 +54,12 @@ def exact_product(backend, a, b):
     its 512-term PSUM sums exact, exact_matmul_kernel), hi + lo summed on the host: C to about 2^-35
     of max_k |A_km| max_k |B_kn| sum_k 1 per element, where fp32 would lose 2^-24 of it."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if hasattr(backend, "exact_fp64_product"):  # no fp64 on the device: Ozaki slices
-        return backend.exact_fp64_product(a, b)
-    c = backend.to_device(np.ascontiguousarray(a.T), fp64=True) @ backend.to_device(b, fp64=True)
-    return c.cpu().numpy()
+    return backend.exact_fp64_product(a, b)  # (no fp64 on the device: Ozaki slices)
 
 
 def syrk(backend, c, panel):
-    """C - P P^T on the backend (at least its lower triangle): c [n, n], panel [n, w]."""
-    if hasattr(backend, "syrk"):
-        return backend.syrk(c, panel)
-    return c - backend.gemm(panel, panel.transpose(0, 1))
+    """C - P P^T on the backend (at least its lower triangle): c [n, n], panel [n, w] (torch: one gemm)."""
+    return backend.syrk(c, panel)
 
 
 def trsm(backend, lower, x):

@@ -81,7 +81,7 @@ def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THR
     if lower is not None and \
             float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
         return MetricFactor("cholesky", lower, naux, naux)
-    backend.calls["host:eigh"] += 1
+    backend.count("host:eigh")
     eigenvalues, vectors = np.linalg.eigh(metric.cpu().numpy() if _is_tensor(metric) else metric)
     keep = eigenvalues > drop_threshold
     nkept = int(keep.sum())

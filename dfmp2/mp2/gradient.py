@@ -39,7 +39,7 @@ def gemm_backend(backend):
     None (host numpy; trn1/trn2/trn3). They stay fp64 whatever the run's precision: in fp32 the
     gradient moves by 1e-5 (water) to 3e-4 Eh/bohr (benzene), the derivative contractions
     cancelling terms of O(100)."""
-    return backend if getattr(backend, "has_fp64", False) else None
+    return backend if backend is not None and backend.has_fp64 else None
 
 
 def back_transformed(gammas, coeffs, spaces, backend=None):

@@ -254,7 +254,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     channels = device_channels(backend, refs, selected, fock_mo)
     with open_run_checkpoint(settings, context.team) as checkpoint:
         checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
-                                                            getattr(integrals, "screening", None)))
+                                                            integrals.screening))
         provider = three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context,
                                          checkpoint, given)
         try:
@@ -290,7 +290,7 @@ def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *
     e_singles = 0.0
     if include_singles and any(ch.f_ov is not None for ch in channels):
         e_singles = singles_energy(channels)
-        backend.calls["host:singles"] += 1  # fp64 on the host: nocc x nvir per spin
+        backend.count("host:singles")  # fp64 on the host: nocc x nvir per spin
     for name, value in (("opposite-spin", e_os), ("same-spin", e_ss), ("singles", e_singles)):
         if not np.isfinite(value):
             raise ComputationError(f"the {name} MP2 energy is not finite ({value})")

@@ -30,16 +30,17 @@ def reference_words(grid, counters, blocks, tiles):
     return words.astype("<u4").view(np.uint8).reshape(rows, tiles * blocks * 16)
 
 
-def nki_random_words(backend, seed: int, stream: int, start: int, count: int, max_blocks: int | None = None,
+def nki_random_words(nki_backend, seed: int, stream: int, start: int, count: int, max_blocks: int | None = None,
                      max_tiles: int | None = None):
     """Words [start, start + count) of Philox stream `stream` < 2^32 under `seed` < 2^64 made on the
-    NKI backend's NeuronCore: uint32 [count] on the host (a device -> host transfer in its ledger).
+    NKI backend's NeuronCore (an NkiBackend, not any Backend: its launcher, ledger and LNC degree):
+    uint32 [count] on the host (a device -> host transfer in its ledger).
     Each launch runs on the logical core's physical cores (the backend's LNC degree): tiles (at most
     max_tiles <= MAX_TILES) of at most max_blocks (<= FREE) counter blocks of 4 words a partition;
     the counter, stream and key go as a small run-time argument (one specialization per shape)."""
     if count <= 0:
         return np.zeros(0, dtype=np.uint32)
-    launcher = backend.launcher
+    launcher = nki_backend.launcher
     kernels = launcher.add_kernels(nki_philox_file(), "dfmp2.rng._nki_philox", {KERNEL: reference_words})
     for name, value, most in (("max_blocks", max_blocks, kernels.FREE), ("max_tiles", max_tiles, kernels.MAX_TILES)):
         if value is not None and not 1 <= value <= most:
@@ -47,7 +48,7 @@ def nki_random_words(backend, seed: int, stream: int, start: int, count: int, ma
     if not (0 <= seed < 1 << 64 and 0 <= stream < 1 << 32 and start >= 0):
         raise ValueError(f"nki_random_words: seed {seed} (< 2^64), stream {stream} (< 2^32), start {start} (>= 0)")
     first, last = start // 4, (start + count - 1) // 4
-    grid, key0, key1 = backend.lnc, seed & 0xFFFFFFFF, seed >> 32
+    grid, key0, key1 = nki_backend.lnc, seed & 0xFFFFFFFF, seed >> 32
     rows, needed = grid * 128, last - first + 1
     blocks = min(max_blocks or kernels.FREE, -(-needed // rows))
     tiles = min(max_tiles or kernels.MAX_TILES, -(-needed // (rows * blocks)))
@@ -57,7 +58,7 @@ def nki_random_words(backend, seed: int, stream: int, start: int, count: int, ma
                                 dtype=torch.int32)
         out = launcher.launch(KERNEL, (counters, blocks, tiles), 0, counters.numel() * 4, grid)
         data = out if isinstance(out, np.ndarray) else out.cpu().numpy()
-        backend.ledger.transfer(0, data.nbytes)  # the words come back to the host
+        nki_backend.ledger.transfer(0, data.nbytes)  # the words come back to the host
         parts.append(np.ascontiguousarray(data).view("<u4").reshape(-1))
     words = np.concatenate(parts).astype(np.uint32)
     offset = start - first * 4

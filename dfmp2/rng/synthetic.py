@@ -28,16 +28,21 @@ STREAM_METRIC, STREAM_U, STREAM_W, STREAM_C, STREAM_EOCC, STREAM_EVIR = range(1,
 
 class SyntheticIntegrals:
     """A seeded synthetic IntegralProvider (`dfmp2.run.providers`): nao, naux, auxbasis, metric(),
-    aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell(). made_on: "cpu" (blocks
-    are host arrays) or "cuda" (the metric and blocks are made on the GPU from the same Philox
-    streams, drawn there, as a GPU integral engine would leave them: no upload)."""
+    aux_blocks(limit), block(p0, p1) -> [nP, nao, nao], largest_shell(). device: None (blocks are
+    host arrays) or a GPU's torch device (the metric and blocks are made on the GPU from the same
+    Philox streams, drawn there, as a GPU integral engine would leave them: no upload)."""
 
-    def __init__(self, nbasis: int, nocc: int, naux: int, seed: int = 0, made_on: str = "cpu"):
-        self.nao, self.naux, self.seed, self.made_on = nbasis, naux, seed, made_on
+    fitting = None  # no basis set
+    screenable = False  # never screened
+    screening = None
+    screening_record = None
+
+    def __init__(self, nbasis: int, nocc: int, naux: int, seed: int = 0, device=None):
+        self.nao, self.naux, self.seed = nbasis, naux, seed
         self.auxbasis = f"synthetic(seed={seed})"
         self.rank = min(RANK, nbasis)
         nvir = nbasis - nocc
-        self._device = None if made_on == "cpu" else made_on  # where the variates are drawn
+        self._device = device  # where the variates are drawn (None: the host)
         self._u = normal(seed, STREAM_U, 0, nbasis * self.rank, self._device).reshape(nbasis, self.rank)
         self._w = None  # W_kP, the same stream elements whichever blocks are asked for
         # (ia|P) ~ s sqrt(R) and (ia|jb) ~ s^2 R sqrt(naux); aim for (ia|jb)^2 ~ 0.1 / (nocc nvir^2),
@@ -50,7 +55,7 @@ class SyntheticIntegrals:
     def metric(self):
         """A A^T / naux + 1 [naux, naux] for A of standard normals: a host array, made in row
         blocks (the variates' temporaries would otherwise be ~4x the metric, outside the memory
-        plan), or where made_on is "cuda" a GPU tensor, drawn there at once."""
+        plan), or on a GPU (device) a tensor there, drawn there at once."""
         n = self.naux
         if self._device is not None:
             a = normal(self.seed, STREAM_METRIC, 0, n * n, self._device).reshape(n, n)
@@ -74,14 +79,14 @@ class SyntheticIntegrals:
 
     def block(self, p0: int, p1: int) -> np.ndarray:
         """(mn|P) for P in [p0, p1): [p1 - p0, nao, nao], fp64 (a host array, or a tensor on the
-        GPU where made_on is "cuda")."""
+        GPU of device)."""
         if self._w is None:  # W [naux, R] drawn once, at the first block (one draw: each is ~350 launches on a GPU)
             self._w = normal(self.seed, STREAM_W, 0, self.naux * self.rank, self._device).reshape(self.naux, self.rank)
         w = self._w[p0:p1]
-        u = torch.as_tensor(self._u).to(self.made_on)
-        scaled = u[None, :, :] * torch.as_tensor(self._scale * w).to(self.made_on)[:, None, :]  # s U_mk W_kP
+        u = torch.as_tensor(self._u, device=self._device)
+        scaled = u[None, :, :] * torch.as_tensor(self._scale * w, device=self._device)[:, None, :]  # s U_mk W_kP
         block = torch.matmul(scaled, u.T)
-        return block.numpy() if self.made_on == "cpu" else block
+        return block.numpy() if self._device is None else block
 
 
 def synthetic_orbitals(nbasis: int, nocc: int, seed: int = 0):

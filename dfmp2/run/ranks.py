@@ -28,7 +28,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from ..kernels import TRAINIUM
+from ..kernels import collective_backend, runs_nki
 from ..util import environment
 from ..util.errors import ComputationError, InputError, option
 
@@ -49,7 +49,7 @@ def communication_backend(device: str, simulate: bool) -> str:
     and NeuronCores, whose blocks are staged through host memory (`Staging`): gloo is the one
     engine here whose point-to-point sends could be run, and torch-xla's process group lacks
     receives in some releases."""
-    return "nccl" if device == "cuda" else "gloo"
+    return collective_backend(device)
 
 
 def pin_neuron_core() -> str | None:
@@ -95,7 +95,7 @@ class Staging:
 
     def __init__(self, backend, team):
         self.backend = backend
-        self.staged = team.backend == "gloo" and backend.device_name != "cpu"
+        self.staged = team.backend == "gloo" and not backend.on_host
 
     def to_wire(self, tensor):
         import torch
@@ -135,7 +135,7 @@ class Team:
         import torch.distributed as dist
 
         backend = communication_backend(device, simulate)
-        neuron_cores = pin_neuron_core() if device in TRAINIUM and not simulate else None
+        neuron_cores = pin_neuron_core() if runs_nki(device) and not simulate else None
         if backend == "nccl":
             if not dist.is_nccl_available():
                 raise ComputationError(f"{option('device', 'cuda')} with several ranks needs NCCL, which this torch lacks")

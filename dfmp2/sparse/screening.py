@@ -197,10 +197,10 @@ def screen_integrals(setting, integrals, screens, backend_name, step="mp2", bloc
     `screening` set to the pattern when the choice screens (else None), and the record of the
     choice (`ScreeningChoice.record`, with the pattern's `ScreenedPattern.record` where one was
     made). screens: the steps the run's backend has block-sparse kernels for (its `screens`).
-    Providers without a screened_pattern (Cholesky vectors, synthetic integrals) are never
+    Providers that are not `screenable` (Cholesky vectors, synthetic integrals) are never
     screened (an explicit threshold is an InputError)."""
     mode, threshold = parse_screening(setting)
-    if mode != "off" and not hasattr(integrals, "screened_pattern"):
+    if mode != "off" and not integrals.screenable:
         if mode == "threshold":
             raise InputError(f"{option('screening', threshold)}: these integrals ({type(integrals).__name__}) are not "
                              f"screened; use {option('screening', 'off')}")
