@@ -585,3 +585,34 @@ def test_the_reference_term_factorises_its_metric_with_the_pivot_check_and_the_e
     assert singular.kind == "eigen" and singular.nkept == naux - 1
     rhs = rng.standard_normal((naux, 4))
     assert np.allclose(metric_solve(singular, rhs), np.linalg.pinv(metric, rcond=1e-10) @ rhs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("scf_backend", ["device", "pyscf"])
+def test_a_gradient_run_factorises_each_metric_once(tmp_path, monkeypatch, scf_backend):
+    """Issue 64: one factorisation per metric per run. The MP2 fitting set's (P|Q) serves the energy, the
+    densities and the gradient's three-index terms; the JK-fit set's serves the SCF's builds, the orbital
+    response's and the gradient's reference term (before: the SCF, the response and the reference term each
+    factorised it, the last with its own scipy Cholesky). With PySCF's J/K only the reference term needs it."""
+    import sys
+
+    import dfmp2.chem.jk  # noqa: F401  (every module that factorises a metric, loaded before it is counted)
+    import dfmp2.linalg.metric as metric
+    import dfmp2.mp2.gradient  # noqa: F401
+    import dfmp2.mp2.three_center  # noqa: F401
+    from dfmp2.api.driver import run_xyz
+
+    counts = {}
+    original = metric.factor_metric
+
+    def counting(backend, matrix, *args, **kwargs):
+        counts[matrix.shape[0]] = counts.get(matrix.shape[0], 0) + 1
+        return original(backend, matrix, *args, **kwargs)
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("dfmp2")]:
+        if getattr(module, "factor_metric", None) is original:
+            monkeypatch.setattr(module, "factor_metric", counting)
+    xyz = tmp_path / "water.xyz"
+    xyz.write_text("3\n\n" + "\n".join(f"{s} {x} {y} {z}" for s, (x, y, z) in WATER) + "\n")
+    result = run_xyz(str(xyz), basis="cc-pvdz", gradient=True, scf_backend=scf_backend)
+    assert result.gradient is not None
+    assert len(counts) == 2 and sorted(counts.values()) == [1, 1], counts  # the MP2 fit's metric and the JK fit's

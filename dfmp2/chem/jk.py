@@ -152,13 +152,13 @@ def whitening_backend(backend):
     return get_backend("cpu", "fp64")
 
 
-def whiten_fitted_integrals(backend, integrals):
+def whiten_fitted_integrals(backend, integrals, factor=None):
     """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) on `backend` (one with fp64: `whitening_backend`), host
     fp64, whitened in place of the integrals: over the pairs m >= n [nkept, npair], or with
     integrals.screening the kept pair blocks, each once (a sparse.LowerPanels of nkept auxiliary
-    functions); and the metric factor."""
+    functions); and the metric factor (`factor`: the one the run has of this fitting set, else made here)."""
     rows = integrals.fitted_rows()  # [naux, npair], or screened LowerPanels [naux, nM, nlow_M], fp64
-    factor = factor_metric(backend, integrals.metric())
+    factor = factor if factor is not None else factor_metric(backend, integrals.metric())
     if isinstance(rows, LowerPanels):
         return rows.map(lambda p: whiten_columns(backend, factor, p.reshape(p.shape[0], -1)).reshape(
             factor.nkept, *p.shape[1:])), factor
@@ -176,15 +176,16 @@ def whiten_columns(backend, factor, x):
     return out
 
 
-def whiten_to_file(backend, integrals, scratch=None, block_bytes=None):
+def whiten_to_file(backend, integrals, scratch=None, block_bytes=None, factor=None):
     """B^P_(mn) = sum_Q [L^-1]_PQ (Q|mn) out of core: (Q|mn) [naux, ncols] written to a scratch
     RowFile in auxiliary blocks, then whitened in place, block of columns by block (each block's
     columns depend on that block alone): B [nkept, ncols] is its first nkept rows. Columns: the
     pairs m >= n (npair), or with integrals.screening the kept pair blocks each once,
     LowerPanels.flat's order (lower_elements). Holds about two blocks of block_bytes (default
-    BLOCK_BYTES; a block of whole auxiliary shells at least). -> (B's RowFile, the metric factor)."""
+    BLOCK_BYTES; a block of whole auxiliary shells at least). -> (B's RowFile, the metric factor: `factor`
+    where the run has one of this fitting set, else made here)."""
     block_bytes = block_bytes or BLOCK_BYTES
-    factor = factor_metric(backend, integrals.metric())
+    factor = factor if factor is not None else factor_metric(backend, integrals.metric())
     naux, nao, pattern = integrals.naux, integrals.nao, integrals.screening
     ncols = nao * (nao + 1) // 2 if pattern is None else pattern.lower_elements
     rows = RowFile((naux, ncols), scratch)
@@ -208,10 +209,12 @@ class FittedCoulombExchange:
     backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
     BasisSetIntegrals (`dfmp2.run.providers`); precision: mixed or fp64 (SCF_PRECISIONS;
     mixed only on a device without fp64); max_memory: the run's budget (MB, None: the default,
-    `memory.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`). Built on
-    the first call (`get_jk`), released by `close()`."""
+    `memory.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`);
+    metric_factor: the factor of this fitting set's metric another build of the run made (`metric_factor_of`),
+    else None (factorised here). Built on the first call (`get_jk`), released by `close()`; metric_factor is
+    then the one it whitened with, kept for the run's later users of the same fitting set."""
 
-    def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None):
+    def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None, metric_factor=None):
         precision = precision or "mixed"
         if precision != EXACT_ONLY:
             check_scf_precision(precision)
@@ -223,6 +226,8 @@ class FittedCoulombExchange:
         self._store = None  # the backend's copy of B (FittedStore)
         self._last = None  # the previous call's densities (mixed precision)
         self._anchor = None  # (densities, J or None, K or None) the incremental builds start from
+        self.metric_factor = metric_factor  # linalg.MetricFactor of integrals.metric(), once made or given
+        self._factor_key = fitting_key(integrals) if metric_factor is not None else None  # whose metric it is
 
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
@@ -246,7 +251,7 @@ class FittedCoulombExchange:
         streams = backend.fitted_store_on_disk  # its store reads B from a scratch file
         with Timer().lap() as whitening:  # (early integrals: waited for in held_bytes, above)
             if triangle - held + 4 * BLOCK_BYTES <= free:
-                rows, factor = whiten_fitted_integrals(whitener, integrals)
+                rows, factor = whiten_fitted_integrals(whitener, integrals, self.metric_factor_for(integrals))
             elif not streams:
                 raise MemoryBudgetError(
                     f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
@@ -258,7 +263,8 @@ class FittedCoulombExchange:
                 # its temporaries (about four blocks) within what the budget leaves; large column blocks
                 # where it allows: each block's read is one piece of every row of the file
                 rows, factor = whiten_to_file(whitener, integrals, self.scratch,
-                                              max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)))
+                                              max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)),
+                                              self.metric_factor_for(integrals))
         self.record.whitening_seconds = whitening.seconds
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": integrals.screening} if isinstance(rows, RowFile) else {}
@@ -278,8 +284,16 @@ class FittedCoulombExchange:
             self.record.square_choice = (f"fp64 square {'wanted (kept where the budget holds it)' if chosen.value else 'not kept'}: "
                                          f"{chosen.source}")
         self.record.metric = factor.describe()
+        self.metric_factor, self._factor_key = factor, fitting_key(integrals)
         self.record.whitening = f"{whitener.device_name}, fp64"
         return early
+
+    def metric_factor_for(self, integrals):
+        """The factor these builds hold (made or given) where it is of `integrals`' metric (the same
+        auxiliary functions at the same centres: `fitting_key`), else None."""
+        same = self.metric_factor is not None and self._factor_key is not None and \
+            _same_key(self._factor_key, fitting_key(integrals))
+        return self.metric_factor if same else None
 
     def _free_bytes(self):
         """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""
@@ -406,3 +420,20 @@ def density_factor(d, hermi=1, drop=1e-14):
     u, s, vt = np.linalg.svd(d)
     keep = s > drop * max(1.0, s.max())
     return u[:, keep] * s[keep], np.ascontiguousarray(vt[keep].T), None
+
+
+def metric_factor_of(builds, integrals):
+    """The factor of `integrals`' metric that `builds` (dfmp2's J/K builds of this run, or None) hold,
+    where they fitted in the same auxiliary basis at the same geometry; else None."""
+    return builds.metric_factor_for(integrals) if builds is not None else None
+
+
+def fitting_key(integrals) -> tuple:
+    """What a fitting set's metric (P|Q) is made of: its auxiliary functions, as PySCF defines them (the
+    auxiliary molecule's atoms, shells and their exponents, coefficients and centres), copies."""
+    auxmol = integrals.auxmol
+    return tuple(np.array(table) for table in (auxmol._atm, auxmol._bas, auxmol._env))
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    return all(x.shape == y.shape and bool(np.array_equal(x, y)) for x, y in zip(a, b))

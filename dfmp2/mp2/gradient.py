@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import chem
+from ..chem.jk import metric_factor_of
 from ..kernels import get_backend
 from ..linalg import factor_metric, metric_solve
 from ..run.context import Timer
@@ -155,12 +156,13 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=l
     the three-center derivative contraction); of an exact one through PySCF's derivative
     integrals (HF: polarization of its quadratic form; KS: its J/K derivative matrices)."""
     jk = terms.fitting_integrals()
+    known = metric_factor_of(chem.fitted_builds_of(terms.mf), jk) if jk is not None else None  # the response's
     occupied = [(c[:, o > 0], o[o > 0].astype(np.float64)) for c, o in zip(coeffs, occs)]
     if chem.is_kohn_sham(terms.mf):
         a_x = terms.exchange_fraction()
         if jk is not None:  # 1/2 B_x'(D, 2P) = B_x'(D, P)
             g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], aux_block(), a_x, arrays,
-                                                      max_memory)
+                                                      max_memory, known)
             pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block())
         else:  # K's weight: a_x/2 on the spin-summed RKS densities, a_x per spin (UKS)
             pair = terms.coulomb_exchange_pair(d_hfs, p_aos, a_x * (0.5 if len(coeffs) == 1 else 1.0))
@@ -171,12 +173,12 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=l
         d_plus = d_hf + 2.0 * p_ao
         return fixed + (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
     g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)], aux_block(),
-                                              arrays=arrays, max_memory=max_memory)
+                                              arrays=arrays, max_memory=max_memory, metric_factor=known)
     return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block())
 
 
 def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0, arrays=None,
-                                max_memory=None) -> tuple:
+                                max_memory=None, metric_factor=None) -> tuple:
     """(G^P_mn one auxiliary block at a time: a function (p0, p1) -> [p1-p0, nao, nao], Gbar_PQ
     [naux, naux]) of 1/2 B'(X, Y) for a reference whose
     two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
@@ -193,7 +195,8 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
     energy's B out of core; default host memory; on disk too where the budget, max_memory MB,
     does not hold them beside the smallest blocks): L, written by auxiliary blocks, then d and Y d
     formed a block of occupied orbitals at a time (at most REFERENCE_BLOCK_BYTES of L, and a
-    quarter of what the budget leaves: the block's four copies), Y d written over L."""
+    quarter of what the budget leaves: the block's four copies), Y d written over L. metric_factor: the
+    factor of jk's metric the run's J/K builds made (linalg.MetricFactor; None: factorised here)."""
     naux, nao, weight = jk.naux, jk.nao, exchange * (0.5 if len(occupied) == 1 else 1.0)
     arrays = arrays if arrays is not None else ScratchArrays("memory")
     x_total = sum((c * n) @ c.T for c, n in occupied)
@@ -211,7 +214,7 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
             l_s[p0:p1] = (ao.reshape(-1, nao) @ c).reshape(p1 - p0, nao, -1)  # L^P_ni = (nm|P) C_mi
         ao = flat = None
         release_freed_memory()
-    factor = factor_metric(get_backend("cpu", "fp64"), jk.metric())  # V = L L^T (pivot check, eigen fallback)
+    factor = metric_factor or factor_metric(get_backend("cpu", "fp64"), jk.metric())  # V = L L^T, fallback: eigen
     c_x, c_y = metric_solve(factor, rho_x), metric_solve(factor, rho_y)  # c(X) = V^-1 rho(X)
     g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
     exchange_parts = []

@@ -135,7 +135,7 @@ def response_mean_field(mf, settings):
     exit. A reference with exact integrals, a backend without builds, or --scf-backend pyscf
     (settings.scf_backend: the SCF's J/K were PySCF's, and so are the response's; they also
     go out of core where dfmp2's builds would need more than the budget): `mf` (PySCF's J/K)."""
-    from ..chem.jk import EXACT_ONLY, FittedCoulombExchange
+    from ..chem.jk import EXACT_ONLY, FittedCoulombExchange, metric_factor_of
     from ..kernels import backend_for
     from ..kernels.protocol import FittedBuildsBackend
 
@@ -145,7 +145,8 @@ def response_mean_field(mf, settings):
         with _pyscf_budget(mf, settings.max_memory, jk):
             yield mf
         return
-    builds = FittedCoulombExchange(backend, jk, EXACT_ONLY, settings.max_memory, settings.scratch)
+    builds = FittedCoulombExchange(backend, jk, EXACT_ONLY, settings.max_memory, settings.scratch,
+                                   metric_factor_of(chem.fitted_builds_of(mf), jk))  # the SCF's factor, if any
     try:
         yield chem.copy_with_builds(mf, builds)
     finally:
