@@ -318,3 +318,23 @@ print((resident_bytes() - before) / 2**20)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.split()[-1]) < 64
+
+
+@pytest.mark.parametrize("scf_device, mp2_device", [("cpu", "cuda"), ("cuda", "cpu")])
+def test_gradient_after_dfmp2_builds_on_another_device(scf_device, mp2_device):
+    """The JK-fit metric's factor made by the SCF's builds (use_dfmp2_jk on one device) is handed to the
+    response's builds on the run's device (issue 64: one factorisation per run): it is moved there, and the
+    gradient equals the one of an SCF whose builds ran on the run's device."""
+    import numpy as np
+    from pyscf import gto, scf
+
+    import dfmp2
+
+    mol = gto.M(atom="O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692", basis="cc-pvdz", verbose=0)
+    grads = []
+    for device in (scf_device, mp2_device):
+        mf = dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit(), device=device)
+        mf.conv_tol = 1e-11
+        mf.run()
+        grads.append(DFMP2(mf, auxbasis="cc-pvdz-ri", device=mp2_device).nuc_grad_method().kernel())
+    assert np.abs(grads[0] - grads[1]).max() < 1e-7

@@ -616,3 +616,30 @@ def test_a_gradient_run_factorises_each_metric_once(tmp_path, monkeypatch, scf_b
     result = run_xyz(str(xyz), basis="cc-pvdz", gradient=True, scf_backend=scf_backend)
     assert result.gradient is not None
     assert len(counts) == 2 and sorted(counts.values()) == [1, 1], counts  # the MP2 fit's metric and the JK fit's
+
+
+def test_the_gradient_is_timed_on_the_backends_clock_and_the_callers_timer_is_left_alone(tmp_path, monkeypatch):
+    """Issue 64: the pipeline set the caller's timer.synchronize and left it set (the gradient's steps were
+    synchronised by that side effect). The driver now times the run with a timer of its own that drains the
+    backend's queue (Timer.synchronized_with): the gradient gets it, the caller's timer is unchanged."""
+    import dfmp2.api.driver as driver
+    from dfmp2.run.context import RunContext
+
+    seen = []
+    real = driver.nuclear_gradient_of_run
+
+    def spy(mf, corr, settings, timer=None):
+        seen.append(timer)
+        return real(mf, corr, settings, timer)
+
+    monkeypatch.setattr(driver, "nuclear_gradient_of_run", spy)
+    context = RunContext()
+    default = context.timer.synchronize
+    xyz = tmp_path / "water.xyz"
+    xyz.write_text("3\n\n" + "\n".join(f"{s} {x} {y} {z}" for s, (x, y, z) in WATER) + "\n")
+    result = driver.run_xyz(str(xyz), basis="cc-pvdz", gradient=True, context=context)
+    assert context.timer.synchronize is default  # the caller's timer as it was handed
+    (timer,) = seen
+    assert getattr(timer.synchronize, "__func__", None) is not None  # a backend's bound synchronize
+    assert type(timer.synchronize.__self__).__name__ == "TorchBackend"
+    assert timer.timings is context.timer.timings and "gradient_cphf" in result.timings

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import chem
 from ..chem.functionals import double_hybrid
@@ -47,6 +47,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
 
 def _run_mean_field(mf, settings, integrals, context, given, extra_notes) -> DFMP2Result:
     backend = backend_for(_offered_precision(settings))
+    context = _synchronized(context, backend)
     if context.team is not None:  # every rank uses rank 0's orbitals
         mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
@@ -211,6 +212,7 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     if flush:  # (torch not loaded before: PySCF's libraries came first and keep their own OpenMP runtime)
         flush_subnormals_first()
     backend = backend_for(settings)
+    context = _synchronized(context, backend)
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
     spins = _occupied(mol, settings, reference)
     settings = _with_frozen_core(settings, mol, spins)
@@ -251,6 +253,12 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
                   peak_rss_bytes=peak_resident_bytes())  # the whole run's, the gradient and properties included
     fields["notes"] = fields["notes"] + list(extra_notes)
     return DFMP2Result(**fields)
+
+
+def _synchronized(context, backend):
+    """The run's context whose timer drains `backend`'s queue at the end of each step (the SCF, the
+    correlation, the gradient's parts), so that a step's time is its own; the caller's is unchanged."""
+    return replace(context, timer=context.timer.synchronized_with(backend.synchronize))
 
 
 def _jk_fitting(settings, mol):

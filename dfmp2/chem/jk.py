@@ -19,7 +19,7 @@ every build in the exact kind (torch only). docs/scf.md has the measurements.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -251,7 +251,7 @@ class FittedCoulombExchange:
         streams = backend.fitted_store_on_disk  # its store reads B from a scratch file
         with Timer().lap() as whitening:  # (early integrals: waited for in held_bytes, above)
             if triangle - held + 4 * BLOCK_BYTES <= free:
-                rows, factor = whiten_fitted_integrals(whitener, integrals, self.metric_factor_for(integrals))
+                rows, factor = whiten_fitted_integrals(whitener, integrals, self.metric_factor_for(integrals, whitener))
             elif not streams:
                 raise MemoryBudgetError(
                     f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
@@ -264,7 +264,7 @@ class FittedCoulombExchange:
                 # where it allows: each block's read is one piece of every row of the file
                 rows, factor = whiten_to_file(whitener, integrals, self.scratch,
                                               max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)),
-                                              self.metric_factor_for(integrals))
+                                              self.metric_factor_for(integrals, whitener))
         self.record.whitening_seconds = whitening.seconds
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": integrals.screening} if isinstance(rows, RowFile) else {}
@@ -288,12 +288,18 @@ class FittedCoulombExchange:
         self.record.whitening = f"{whitener.device_name}, fp64"
         return early
 
-    def metric_factor_for(self, integrals):
+    def metric_factor_for(self, integrals, whitener=None):
         """The factor these builds hold (made or given) where it is of `integrals`' metric (the same
-        auxiliary functions at the same centres: `fitting_key`), else None."""
+        auxiliary functions at the same centres: `fitting_key`), else None; on `whitener`'s device where
+        one is given (the SCF's builds may have run on another device: use_dfmp2_jk's)."""
         same = self.metric_factor is not None and self._factor_key is not None and \
             _same_key(self._factor_key, fitting_key(integrals))
-        return self.metric_factor if same else None
+        if not same:
+            return None
+        factor = self.metric_factor
+        if whitener is not None and factor.matrix.device != whitener.device:
+            factor = replace(factor, matrix=factor.matrix.to(whitener.device), _cast={})
+        return factor
 
     def _free_bytes(self):
         """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""
