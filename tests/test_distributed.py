@@ -302,9 +302,10 @@ def test_a_lost_rank_file_makes_every_rank_remake_b(tmp_path):
 def test_neuroncore_ranks_go_over_gloo_each_on_its_own_core(monkeypatch):
     """Several ranks on Trainium hardware: gloo (host-staged), and each rank reserves the
     NeuronCore of its LOCAL_RANK unless the launch chose the cores."""
-    from dfmp2.run.ranks import communication_backend, pin_neuron_core
+    from dfmp2.kernels import collective_backend
+    from dfmp2.run.ranks import pin_neuron_core
 
-    assert [communication_backend(d, False) for d in ("cpu", "cuda", "trn1", "trn2")] == ["gloo", "nccl", "gloo", "gloo"]
+    assert [collective_backend(d) for d in ("cpu", "cuda", "trn1", "trn2")] == ["gloo", "nccl", "gloo", "gloo"]
     monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert pin_neuron_core() == "3" and os.environ["NEURON_RT_VISIBLE_CORES"] == "3"

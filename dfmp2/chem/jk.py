@@ -210,9 +210,10 @@ class FittedCoulombExchange:
     BasisSetIntegrals (`dfmp2.run.providers`); precision: mixed or fp64 (SCF_PRECISIONS;
     mixed only on a device without fp64); max_memory: the run's budget (MB, None: the default,
     `memory.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`);
-    metric_factor: the factor of this fitting set's metric another build of the run made (`metric_factor_of`),
-    else None (factorised here). Built on the first call (`get_jk`), released by `close()`; metric_factor is
-    then the one it whitened with, kept for the run's later users of the same fitting set."""
+    metric_factor: the factor of `integrals`' metric another build of the run made (`metric_factor_of`
+    vouches that it is), else None (factorised here). Built on the first call (`get_jk`), released by
+    `close()`; metric_factor is then the one it whitened with, kept for the run's later users of the same
+    fitting set, until `reset` hands the builds other integrals."""
 
     def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None, metric_factor=None):
         precision = precision or "mixed"
@@ -226,8 +227,7 @@ class FittedCoulombExchange:
         self._store = None  # the backend's copy of B (FittedStore)
         self._last = None  # the previous call's densities (mixed precision)
         self._anchor = None  # (densities, J or None, K or None) the incremental builds start from
-        self.metric_factor = metric_factor  # linalg.MetricFactor of integrals.metric(), once made or given
-        self._factor_key = fitting_key(integrals) if metric_factor is not None else None  # whose metric it is
+        self.metric_factor = metric_factor  # linalg.MetricFactor of self.integrals' metric, once made or given
 
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
@@ -251,7 +251,7 @@ class FittedCoulombExchange:
         streams = backend.fitted_store_on_disk  # its store reads B from a scratch file
         with Timer().lap() as whitening:  # (early integrals: waited for in held_bytes, above)
             if triangle - held + 4 * BLOCK_BYTES <= free:
-                rows, factor = whiten_fitted_integrals(whitener, integrals, self.metric_factor_for(integrals, whitener))
+                rows, factor = whiten_fitted_integrals(whitener, integrals, _on_device(self.metric_factor, whitener))
             elif not streams:
                 raise MemoryBudgetError(
                     f"dfmp2's SCF builds keep the whitened JK-fit integrals in memory ({triangle / MB:.0f} MB, "
@@ -264,7 +264,7 @@ class FittedCoulombExchange:
                 # where it allows: each block's read is one piece of every row of the file
                 rows, factor = whiten_to_file(whitener, integrals, self.scratch,
                                               max(10**6, min(FILE_BLOCK_BYTES, (free + held) // 8)),
-                                              self.metric_factor_for(integrals, whitener))
+                                              _on_device(self.metric_factor, whitener))
         self.record.whitening_seconds = whitening.seconds
         kinds = {"mixed": ["fp32", "exact"], "fp64": ["exact"], EXACT_ONLY: ["exact"]}[self.record.precision]
         on_disk = {"pattern": integrals.screening} if isinstance(rows, RowFile) else {}
@@ -284,22 +284,16 @@ class FittedCoulombExchange:
             self.record.square_choice = (f"fp64 square {'wanted (kept where the budget holds it)' if chosen.value else 'not kept'}: "
                                          f"{chosen.source}")
         self.record.metric = factor.describe()
-        self.metric_factor, self._factor_key = factor, fitting_key(integrals)
+        self.metric_factor = factor
         self.record.whitening = f"{whitener.device_name}, fp64"
         return early
 
-    def metric_factor_for(self, integrals, whitener=None):
-        """The factor these builds hold (made or given) where it is of `integrals`' metric (the same
-        auxiliary functions at the same centres: `fitting_key`), else None; on `whitener`'s device where
-        one is given (the SCF's builds may have run on another device: use_dfmp2_jk's)."""
-        same = self.metric_factor is not None and self._factor_key is not None and \
-            _same_key(self._factor_key, fitting_key(integrals))
-        if not same:
+    def metric_factor_for(self, integrals):
+        """The factor these builds hold (made or given) where it is of `integrals`' metric too (the same
+        auxiliary functions at the same centres: `fitting_key`), else None."""
+        if self.metric_factor is None or not _same_key(fitting_key(self.integrals), fitting_key(integrals)):
             return None
-        factor = self.metric_factor
-        if whitener is not None and factor.matrix.device != whitener.device:
-            factor = replace(factor, matrix=factor.matrix.to(whitener.device), _cast={})
-        return factor
+        return self.metric_factor
 
     def _free_bytes(self):
         """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""
@@ -380,9 +374,9 @@ class FittedCoulombExchange:
         return {target: m["seconds"] for target, m in modelled.items()} if modelled else None
 
     def reset(self, integrals):
-        """Use `integrals` (another molecule's) from the next build on."""
+        """Use `integrals` (another molecule's) from the next build on (their metric factorised anew)."""
         self.close()
-        self.integrals = integrals
+        self.integrals, self.metric_factor = integrals, None
 
     def close(self):
         """Release B (the SCF is done; a later get_jk builds it again)."""
@@ -439,6 +433,14 @@ def fitting_key(integrals) -> tuple:
     auxiliary molecule's atoms, shells and their exponents, coefficients and centres), copies."""
     auxmol = integrals.auxmol
     return tuple(np.array(table) for table in (auxmol._atm, auxmol._bas, auxmol._env))
+
+
+def _on_device(factor, backend):
+    """`factor` (or None) on `backend`'s device: the SCF's builds may have made it on another
+    (use_dfmp2_jk's device) than the response's whitening."""
+    if factor is None or factor.matrix.device == backend.device:
+        return factor
+    return replace(factor, matrix=factor.matrix.to(backend.device), _cast={})
 
 
 def _same_key(a: tuple, b: tuple) -> bool:

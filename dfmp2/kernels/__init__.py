@@ -56,8 +56,10 @@ def is_host(device: str) -> bool:
 
 def collective_backend(device: str) -> str:
     """The torch.distributed engine of a team on `device`, known before its backend is loaded: nccl
-    for cuda (device memory moves between GPUs); gloo otherwise (CPUs; NeuronCores and the NKI
-    emulator, whose blocks are staged through host memory: see the backend's `on_host`)."""
+    for cuda (device memory moves between GPUs); gloo otherwise: CPUs, the NKI emulator and
+    NeuronCores, whose blocks are staged through host memory (`run.ranks.Staging`, the backend's
+    `on_host`): gloo is the one engine here whose point-to-point sends could be run, and
+    torch-xla's process group lacks receives in some releases."""
     return "nccl" if device == "cuda" else "gloo"
 
 

@@ -56,6 +56,10 @@ class MetricFactor:
             self._cast[dtype] = self.matrix.to(dtype)
         return self._cast[dtype]
 
+    def host_fp64(self) -> np.ndarray:
+        """The factor as a host fp64 array (for the host's solves)."""
+        return self.matrix.detach().cpu().numpy().astype(np.float64)
+
     def describe(self) -> str:
         if self.kind == "cholesky":
             return "cholesky"
@@ -99,7 +103,7 @@ def fitting_coefficients(factor: MetricFactor, x: np.ndarray) -> np.ndarray:
     fp64: c = X L^-1 (Cholesky, W = L^-T) or X (U_k s_k^-1/2)^T (eigen). For X = B, c = (ia|Q) V^-1."""
     import scipy.linalg
 
-    matrix = factor.matrix.detach().cpu().numpy().astype(np.float64)
+    matrix = factor.host_fp64()
     rows = x.reshape(-1, x.shape[-1])
     if factor.kind == "cholesky":  # c L = X
         out = scipy.linalg.solve_triangular(matrix, rows.T, trans="T", lower=True).T
@@ -113,7 +117,7 @@ def metric_solve(factor: MetricFactor, rhs: np.ndarray) -> np.ndarray:
     potrs) or U_k s_k^-1 U_k^T R (eigen: the pseudo-inverse on the kept eigenvalues) -> [naux, ...]."""
     import scipy.linalg
 
-    matrix = factor.matrix.detach().cpu().numpy().astype(np.float64)
+    matrix = factor.host_fp64()
     columns = np.asarray(rhs, dtype=np.float64).reshape(factor.naux, -1)
     if factor.kind == "cholesky":  # L L^T c = R
         out = scipy.linalg.cho_solve((matrix, True), columns)

@@ -44,14 +44,6 @@ def launched_ranks() -> int:
         raise InputError(f"WORLD_SIZE={given!r} is not a number of processes") from None
 
 
-def communication_backend(device: str, simulate: bool) -> str:
-    """nccl for cuda (device memory moves between GPUs); gloo otherwise: CPUs, the NKI emulator
-    and NeuronCores, whose blocks are staged through host memory (`Staging`): gloo is the one
-    engine here whose point-to-point sends could be run, and torch-xla's process group lacks
-    receives in some releases."""
-    return collective_backend(device)
-
-
 def pin_neuron_core() -> str | None:
     """Give this rank its own NeuronCore: NEURON_RT_VISIBLE_CORES = LOCAL_RANK unless the launch
     set it (the Neuron runtime otherwise reserves every core for the first process). Must run
@@ -134,7 +126,7 @@ class Team:
         import torch
         import torch.distributed as dist
 
-        backend = communication_backend(device, simulate)
+        backend = collective_backend(device)
         neuron_cores = pin_neuron_core() if runs_nki(device) and not simulate else None
         if backend == "nccl":
             if not dist.is_nccl_available():
