@@ -141,6 +141,16 @@ def test_slurm_figures_are_mib_per_node():
         slurm_limit(0, {"SLURM_MEM_PER_NODE": "2500M"})
 
 
+def test_slurm_memory_per_gpu_counts_the_gpus_on_the_node():
+    """--mem-per-gpu (SLURM_MEM_PER_GPU) was not read (issue 72): a GPU job's memory was no limit."""
+    limit = slurm_limit(0, {"SLURM_MEM_PER_GPU": "3000", "SLURM_GPUS_ON_NODE": "2"})
+    assert limit.limit == 6000 * MIB and "SLURM_MEM_PER_GPU=3000 (MiB) x SLURM_GPUS_ON_NODE=2" in limit.source
+    limit = slurm_limit(0, {"SLURM_MEM_PER_GPU": "3000"})
+    assert limit.limit == 3000 * MIB and "1 GPU (SLURM_GPUS_ON_NODE not set)" in limit.source
+    with pytest.raises(InputError, match="SLURM_GPUS_ON_NODE='two'"):
+        slurm_limit(0, {"SLURM_MEM_PER_GPU": "3000", "SLURM_GPUS_ON_NODE": "two"})
+
+
 def test_free_memory_is_memavailable(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "meminfo").write_text("MemTotal: 24000000 kB\nMemFree: 1000 kB\nMemAvailable: 8000000 kB\n")

@@ -23,6 +23,7 @@ from ..run.context import context_from
 from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, pyscf_max_memory
 from ..run.run_checkpoint import open_run_checkpoint
 from ..run.settings import Settings, settings_from
+from ..util import environment
 from ..util.cpu_config import check_environment
 from ..util.errors import InputError, MemoryBudgetError, option
 from ..util.scratch import scratch_prefix
@@ -183,6 +184,7 @@ class _Molecule:
 def _molecule_of(atoms, settings, ranks) -> _Molecule:
     """The checked request's molecule (`_Molecule`): InputError before anything is computed."""
     check_environment()  # dfmp2's own configuration variables (util.cpu_config)
+    environment.check_values()  # and the launch's numbers (ranks, Slurm's memory)
     reference = chem.choose_reference(settings.spin, settings.reference)
     _check_molecule_request(settings, reference, ranks)
     dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None

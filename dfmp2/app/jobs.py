@@ -17,6 +17,7 @@ from ..kernels import COMMAND_PRECISION
 from ..run.context import RunContext
 from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
 from ..run.settings import Settings
+from ..util import environment
 from ..util.errors import ComputationError, InputError
 from ..util.files import Outputs, display, one_line
 from ..util.scratch import check_scratch
@@ -85,6 +86,7 @@ def run_molecules(job: JobOptions, settings_options: dict) -> None:
     outputs = Outputs(inputs=paths, directories=[settings_options.get("checkpoint")])
 
     def compute():
+        environment.check_values()  # the launch's numbers (ranks, Slurm's memory): one line, exit 2, first
         _stage_outputs(outputs, job, settings_options.get("scratch"))
         schemas = [path for path in paths if path.lower().endswith(QCSCHEMA_SUFFIX)]
         if schemas and len(paths) > 1:

@@ -248,7 +248,7 @@ class MemoryBudget:
 
 def local_ranks() -> int:
     """The processes sharing this node's memory: LOCAL_WORLD_SIZE (torchrun), else 1."""
-    return max(1, int(environment.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return environment.whole_number("LOCAL_WORLD_SIZE", 1)
 
 
 def memory_budget(max_memory, baseline=None) -> MemoryBudget:

@@ -37,11 +37,7 @@ DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 incl
 
 def launched_ranks() -> int:
     """WORLD_SIZE of a torchrun/srun launch (1 when not launched as several processes)."""
-    given = environment.get("WORLD_SIZE", "1")
-    try:
-        return int(given)
-    except ValueError:
-        raise InputError(f"WORLD_SIZE={given!r} is not a number of processes") from None
+    return environment.whole_number("WORLD_SIZE", 1)
 
 
 def pin_neuron_core() -> str | None:
@@ -131,7 +127,7 @@ class Team:
         if backend == "nccl":
             if not dist.is_nccl_available():
                 raise ComputationError(f"{option('device', 'cuda')} with several ranks needs NCCL, which this torch lacks")
-            torch.cuda.set_device(int(environment.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(environment.whole_number("LOCAL_RANK", 0))
         if not dist.is_initialized():
             missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not environment.is_set(name)]
             if missing:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from .errors import InputError
+
 _RECORDED = "the user: recorded with a result, a CPU run's speed depends on it (util.cpu_config)"
 _THREADS = "the user, else dfmp2 at import (util.cpu_config.THREAD_DEFAULTS): idle threads' policy; recorded"
 _SLURM = "Slurm (srun/sbatch): the job's memory on this node, a limit of the memory budget (util.memory_limits)"
@@ -37,6 +39,8 @@ VARIABLES = {
     "SLURM_MEM_PER_NODE": _SLURM + ": --mem, in MiB",
     "SLURM_MEM_PER_CPU": _SLURM + ": --mem-per-cpu, in MiB",
     "SLURM_CPUS_ON_NODE": _SLURM + ": the CPUs --mem-per-cpu is multiplied by",
+    "SLURM_MEM_PER_GPU": _SLURM + ": --mem-per-gpu, in MiB",
+    "SLURM_GPUS_ON_NODE": _SLURM + ": the GPUs --mem-per-gpu is multiplied by",
     "LOCAL_WORLD_SIZE": "torchrun: the ranks on this node, which share its memory budget (run.memory)",
     # ranks (run.ranks)
     "WORLD_SIZE": "torchrun, or the user under srun: the number of ranks; above 1 the run is distributed",
@@ -50,6 +54,16 @@ VARIABLES = {
                                 "of kernels and neuronx-cc (kernels.nki_support, the emulator)",
     "NEURON_PLATFORM_TARGET_OVERRIDE": "the user (the Neuron SDK's setting): the NKI emulator's default target",
     "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE": "the user (neuronx-cc's setting), true: the emulator reserves PSUM bank 7",
+}
+
+
+# the variables whose value dfmp2 reads as a whole number (ASCII digits), with the least value each may take
+# and what it counts; `whole_number` reads them, `check_values` checks every one set before a run starts
+WHOLE_NUMBERS = {
+    "WORLD_SIZE": (1, "processes"), "RANK": (0, "a rank"), "LOCAL_RANK": (0, "a rank on this node"),
+    "LOCAL_WORLD_SIZE": (1, "processes on this node"), "MASTER_PORT": (1, "a TCP port"),
+    "SLURM_MEM_PER_NODE": (0, "MiB"), "SLURM_MEM_PER_CPU": (0, "MiB"), "SLURM_MEM_PER_GPU": (0, "MiB"),
+    "SLURM_CPUS_ON_NODE": (1, "CPUs"), "SLURM_GPUS_ON_NODE": (0, "GPUs"),
 }
 
 
@@ -80,3 +94,26 @@ def set_default(name: str, value: str, environ=None) -> bool:
         return False
     mapping[name] = value
     return True
+
+
+def whole_number(name: str, default: int | None = None, environ=None) -> int | None:
+    """Variable `name` (of WHOLE_NUMBERS) as an int, or `default` where it is not set (or blank).
+    InputError, one line naming the variable, for anything but ASCII digits (no sign, no "2.5",
+    no Unicode digit such as "\u00b2") or a value below the least it may take: the one place such a
+    value is judged, so that it is bad input (exit 2) wherever it is read."""
+    least, counts = WHOLE_NUMBERS[_named(name)]
+    value = _mapping(environ).get(name)
+    if value is None or not value.strip():
+        return default
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
+        raise InputError(f"environment variable {name}={value!r} is not a whole number of {counts}"
+                         + (f" from {least}" if least else "") + ": fix the launch's environment, or unset it")
+    return int(text)
+
+
+def check_values(environ=None) -> None:
+    """InputError naming the first variable of WHOLE_NUMBERS that is set to something else (a run
+    checks them all before anything is computed)."""
+    for name in WHOLE_NUMBERS:
+        whole_number(name, environ=environ)

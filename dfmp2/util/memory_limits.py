@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 
 from . import environment
-from .errors import InputError
 from .system_memory import MB, proc_field_bytes
 
 # cgroup v1 writes "no limit" as its largest page count (9223372036854771712 bytes with 4 KiB
@@ -86,20 +85,25 @@ def rlimits(root: str = "/") -> list:
 def slurm_limit(held: int, environ=None) -> MemoryLimit | None:
     """A Slurm job's memory on this node, from its environment (default the process's: util.environment):
     SLURM_MEM_PER_NODE (--mem), or SLURM_MEM_PER_CPU (--mem-per-cpu) times SLURM_CPUS_ON_NODE
-    (one CPU where that is not set), both in MiB (Slurm's "MB": its cgroup limit is the figure x
+    (one CPU where that is not set), or SLURM_MEM_PER_GPU (--mem-per-gpu) times SLURM_GPUS_ON_NODE
+    (one GPU where that is not set), all in MiB (Slurm's "MB": its cgroup limit is the figure x
     2^20 bytes); None outside Slurm or with --mem=0 (the whole node). held: what the job's
     processes on this node hold now (bytes; the caller's estimate), taken from the headroom."""
     per_node = _slurm_mib(environ, "SLURM_MEM_PER_NODE")
     if per_node is not None:
         mib, what = per_node, f"Slurm SLURM_MEM_PER_NODE={per_node} (MiB)"
     else:
-        per_cpu = _slurm_mib(environ, "SLURM_MEM_PER_CPU")
-        if per_cpu is None:
+        for each, count in (("SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE"), ("SLURM_MEM_PER_GPU", "SLURM_GPUS_ON_NODE")):
+            per_unit = _slurm_mib(environ, each)
+            if per_unit is not None:
+                break
+        else:
             return None
-        cpus = _slurm_mib(environ, "SLURM_CPUS_ON_NODE")
-        mib = per_cpu * (cpus or 1)
-        what = (f"Slurm SLURM_MEM_PER_CPU={per_cpu} (MiB) x " +
-                (f"SLURM_CPUS_ON_NODE={cpus}" if cpus else "1 CPU (SLURM_CPUS_ON_NODE not set)"))
+        units = _slurm_mib(environ, count)
+        unit = count.split("_")[1][:-1]  # CPU, GPU
+        mib = per_unit * (units or 1)
+        what = (f"Slurm {each}={per_unit} (MiB) x " +
+                (f"{count}={units}" if units else f"1 {unit} ({count} not set)"))
     if mib == 0:  # --mem=0: all of the node's memory, which free memory and the cgroup bound
         return None
     limit = mib * MIB
@@ -107,14 +111,9 @@ def slurm_limit(held: int, environ=None) -> MemoryLimit | None:
 
 
 def _slurm_mib(environ, name):
-    """The whole number a Slurm variable holds; None when it is not set; InputError otherwise."""
-    value = environment.get(name, "", environ).strip()
-    if not value:
-        return None
-    if not value.isdigit():
-        raise InputError(f"{name}={value!r} is not a whole number (Slurm sets MiB, or CPUs): fix the job's "
-                         "environment, or unset it")
-    return int(value)
+    """The whole number a Slurm variable holds; None when it is not set; InputError otherwise
+    (`environment.whole_number`)."""
+    return environment.whole_number(name, environ=environ)
 
 
 def memory_cgroups(root: str = "/") -> list:
