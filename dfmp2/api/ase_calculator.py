@@ -8,8 +8,16 @@ Parameters: the `Settings` fields as keyword arguments (checked when given). ene
 (E_HF + E_corr; a double hybrid's with xc) in eV, and free_energy the same (a molecular MP2 has
 no electronic smearing, as ASE's molecular calculators report it); forces: minus the analytic
 gradient in eV/Angstrom (ase.units.Hartree and Bohr), computed when asked for. results["dfmp2"]:
-the last run's DFMP2Result. Charge and 2S are the charge and spin parameters (ASE's initial
-charges and magnetic moments are not read); periodic atoms are refused.
+the last run's DFMP2Result. Periodic atoms are refused.
+
+Charge and 2S (`charge_and_spin_of`): the charge is the sum of the atoms' initial charges
+(atoms.set_initial_charges) and 2S the sum of their initial magnetic moments (set_initial_magnetic_moments,
+in Bohr magnetons: the unpaired electrons), as ASE's Gaussian and Q-Chem calculators take them, each a
+whole number to MOMENT_TOLERANCE (rounded to it; else refused); or the charge and spin parameters. A
+parameter and the atoms' values that disagree are refused (neither silently wins); all-zero initial
+values, ASE's default, give nothing. Given neither, the charge is 0 and 2S the lowest spin of the
+electrons (a doublet for an odd count, as `dfmp2 run` takes a file without a `charge multiplicity`
+line, with its note), by the one rule every input has (`chem.charge_and_spin`).
 
 A basis in Psi4's bracket notation (basis="cc-pv[dt]z") gives the energy at the basis-set limit
 (`composite.run_composite`, as `dfmp2 run --basis cc-pv[dt]z`; HF from the largest basis):
@@ -23,7 +31,7 @@ object, which does not pickle) until the next calculation.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
@@ -63,10 +71,13 @@ class DFMP2Calculator(Calculator):
         chosen = settings(self.parameters)
         molecule = [chem.Atom(chem.element_symbol(symbol), tuple(float(c) for c in xyz))
                     for symbol, xyz in zip(self.atoms.get_chemical_symbols(), self.atoms.positions)]
+        found = charge_and_spin_of(self.atoms, self.parameters, molecule)
+        chosen = chosen.replace(charge=found.charge, spin=found.spin)
         if is_composite(chosen.basis, ()):
             self._extrapolated(molecule, chosen, properties)
             return
-        result = run_atoms(molecule, chosen.replace(gradient=chosen.gradient or "forces" in properties))
+        result = run_atoms(molecule, chosen.replace(gradient=chosen.gradient or "forces" in properties),
+                           notes=found.notes)
         energy = float(result.e_tot) * Hartree
         self.results = {"energy": energy, "free_energy": energy, RECORD: result}
         if result.gradient is not None:
@@ -88,6 +99,58 @@ class DFMP2Calculator(Calculator):
         state = self.__dict__.copy()
         state["results"] = {k: v for k, v in self.results.items() if k != RECORD}
         return state
+
+
+MOMENT_TOLERANCE = 0.01  # a sum of initial charges or moments this close to a whole number is that number
+
+
+def charge_and_spin_of(atoms, parameters, molecule) -> chem.ChargeSpin:
+    """The charge and 2S of ASE `atoms` (module docstring): the charge and spin `parameters`, or
+    the sums of the atoms' initial charges and magnetic moments, through `chem.charge_and_spin` on
+    `molecule` ([chem.Atom]); InputError for a sum that is no whole number, a parameter that
+    disagrees with the atoms' values, or a state the electrons cannot have."""
+    moments = np.asarray(atoms.get_initial_magnetic_moments(), dtype=np.float64)
+    if moments.ndim == 2 and moments.any():
+        raise InputError("non-collinear initial magnetic moments (3 per atom): dfmp2 computes collinear spins "
+                         "(give one moment per atom: its unpaired electrons)")
+    charge = _chosen("charge", parameters, _whole_sum(atoms.get_initial_charges(), "initial charges"))
+    spin = _chosen("spin", parameters, _whole_sum(moments, "initial magnetic moments"))
+    notes = ()
+    if spin is not None and spin < 0 and parameters.get("spin") is None:  # moments down: the same multiplet
+        notes, spin = (f"2S {-spin}: the initial magnetic moments sum to {spin} (dfmp2's unpaired electrons are "
+                       "alpha: the same state, M_S = S)",), -spin
+    from_atoms = parameters.get("charge") is None and charge is not None
+    found = chem.charge_and_spin(chem.Frame.whole(molecule, "atoms"), charge, spin,
+                                 "the initial charges' sum" if from_atoms else "charge",
+                                 "spin or the initial magnetic moments")
+    return replace(found, notes=tuple(found.notes) + notes)
+
+
+def _whole_sum(values, what):
+    """The whole number the per-atom `values` sum to, or None where all are 0 (ASE's default)."""
+    values = np.asarray(values, dtype=np.float64)
+    if not values.any():
+        return None
+    total = float(values.sum())
+    if not np.isfinite(total) or abs(total - round(total)) > MOMENT_TOLERANCE:
+        raise InputError(f"the atoms' {what} sum to {total:g}: not a whole number (the molecule's "
+                         f"{'charge' if what == 'initial charges' else '2S, its unpaired electrons'})")
+    return int(round(total))
+
+
+def _chosen(name, parameters, from_atoms):
+    """The calculator's parameter `name` (charge or spin) where given, else the atoms' value
+    (None: neither); InputError where both are given and differ, or the parameter is no whole number."""
+    given = parameters.get(name)
+    if given is not None and (isinstance(given, bool) or not isinstance(given, (int, np.integer))):
+        raise InputError(f"DFMP2Calculator({name}={given!r}): expected a whole number")
+    if given is None or from_atoms is None:
+        return from_atoms if given is None else int(given)
+    if (abs(from_atoms) if name == "spin" else from_atoms) != given:  # (moments down: the same 2S)
+        what = "initial charges" if name == "charge" else "initial magnetic moments"
+        raise InputError(f"DFMP2Calculator({name}={given}) disagrees with the atoms' {what} (sum {from_atoms}): "
+                         "give one of them")
+    return int(given)
 
 
 def settings(parameters) -> Settings:

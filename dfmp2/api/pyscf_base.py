@@ -9,6 +9,7 @@ from pyscf import lib
 from pyscf.lib import logger
 
 from .. import chem
+from ..kernels import device_name
 from ..mp2.orbitals import active_orbitals, natural_orbitals
 from ..mp2.pipeline import scs_correlation
 from ..run.context import RunContext
@@ -226,7 +227,7 @@ class PySCFMP2Base(lib.StreamObject):
         if self.verbose >= logger.INFO:
             self.dump_flags(integrals=integrals)
         given, later = changes.pop("given", None), changes.pop("notes", [])  # later: the caller logs them
-        context = RunContext(team=join_launched_team(self.device, self.simulate))
+        context = RunContext(team=join_launched_team(device_name(self.device), self.simulate))
         moved = [self._moved] if self._moved else []
         self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy), self.settings(**changes),
                                      integrals=integrals, context=context, given=given, notes=moved + list(later))
@@ -263,7 +264,7 @@ class PySCFMP2Base(lib.StreamObject):
     def _on_root(self, work):
         """work() in one process; under torchrun on rank 0 alone, which holds the three-index
         density G (`pipeline.density_stage`), its value on every rank."""
-        team = join_launched_team(self.device, self.simulate)
+        team = join_launched_team(device_name(self.device), self.simulate)
 
         def in_scratch():  # PySCF's temporary files (the response's fitting): the run's, removed with it
             with chem.pyscf_scratch():

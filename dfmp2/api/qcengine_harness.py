@@ -9,8 +9,8 @@ Methods, drivers and keywords: `qcschema`. QCEngine's task config gives the memo
 (config.memory GiB -> keyword max_memory in MB) and the scratch directory unless the keywords
 set them, and the threads: the run's torch, OpenMP (PySCF's and torch's) and BLAS thread pools
 hold config.ncores threads, and are restored afterwards (`threads`). A failed run raises
-QCEngine's InputError (bad input) or UnknownError, which qcengine.compute turns into a
-FailedOperation (input_error, unknown_error).
+QCEngine's exception of its error type (`qcschema.ERROR_TYPES`: InputError, ResourceError,
+ConvergenceError, else UnknownError), which qcengine.compute turns into a FailedOperation of that type.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
+from qcengine.exceptions import ConvergenceError, ResourceError, UnknownError
 from qcengine.exceptions import InputError as QCEngineInputError
-from qcengine.exceptions import UnknownError
 from qcengine.programs.model import ProgramHarness
 
 from ..util.version import __version__
 from .qcschema import run_qcschema
 
 NAME = "dfmp2"  # QCEngine's program name
+RAISED = {"input_error": QCEngineInputError, "resource_error": ResourceError, "convergence_error": ConvergenceError}
 
 
 class DFMP2Harness(ProgramHarness):
@@ -51,7 +52,7 @@ class DFMP2Harness(ProgramHarness):
 
     def compute(self, input_data, config):
         """Run input_data (qcelemental.models.v2.AtomicInput) -> v2 AtomicResult; QCEngine's
-        InputError or UnknownError for a FailedOperation."""
+        exception of the error type (RAISED, else UnknownError) for a FailedOperation."""
         from qcelemental.models.v2 import AtomicResult
 
         plain = input_data.model_dump(mode="json")
@@ -64,7 +65,7 @@ class DFMP2Harness(ProgramHarness):
             out = run_qcschema(plain)
         if not out["success"]:
             error = out["error"]
-            raise (QCEngineInputError if error["error_type"] == "input_error" else UnknownError)(error["error_message"])
+            raise RAISED.get(error["error_type"], UnknownError)(error["error_message"])
         return AtomicResult(input_data=input_data, molecule=input_data.molecule, properties=out["properties"],
                             return_result=out["return_result"], provenance=out["provenance"],
                             extras={"dfmp2": out["extras"]["dfmp2"]}, stdout=None, native_files={}, success=True)

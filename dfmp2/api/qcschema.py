@@ -11,9 +11,13 @@ keywords at the top level; a molecule of schema_version 2 or none) gives v1's At
 (schema_name "qcschema_output"); one in v2's (schema_version 2, schema_name
 "qcschema_atomic_input", or "specification" holding driver, model, keywords; a molecule of
 schema_version 3 or none) gives v2's (schema_name "qcschema_atomic_result", schema_version 2,
-input_data the input). Any other version, or a mix, is bad input naming it. On failure a
+input_data the input). Any other version, or a mix, is bad input naming it. Every key of the
+input is one its version's layout has (LAYOUTS, QCElemental's models) and is read, or is refused
+by name: a v1 field at a v2 input's top level (driver, model, keywords, protocols, extras belong
+in its specification), v2's program in a v1 input, a program other than dfmp2. On failure a
 FailedOperation of the input's version (success False, input_data the input, error
-{error_type "input_error" or "unknown_error", error_message}). Everything out is strict JSON:
+{error_type (ERROR_TYPES: input_error, resource_error, convergence_error, unknown_error),
+error_message, extras {exit_code: the command line's}}). Everything out is strict JSON:
 numpy arrays become lists, and a non-finite number in an echoed input becomes null (as
 QCElemental's models write it).
 
@@ -53,7 +57,8 @@ from ..chem.extrapolation import SCF_SCHEMES, expand_basis
 from ..chem.functionals import ALIASES, DOUBLE_HYBRIDS
 from ..mp2.pipeline import SCS_OS, SCS_SS
 from ..run.settings import Settings
-from ..util.errors import ComputationError, InputError
+from ..util.errors import (ComputationError, ConvergenceError, DFMP2Error, DeviceUnavailableError, InputError,
+                           MemoryBudgetError)
 from ..util.version import __version__
 from .driver import run_atoms
 from .qcschema_molecule import read_molecule
@@ -75,6 +80,30 @@ WORKFLOW_KEYWORDS = ("scf_extrapolation",)  # an extrapolated basis's (not a Set
 # QCSchema version -> (the AtomicInput's schema_names, its molecule's schema_version)
 VERSIONS = {1: (("qcschema_input", "qc_schema_input"), 2), 2: (("qcschema_atomic_input",), 3)}
 PROVENANCE = {"creator": "dfmp2", "version": __version__, "routine": "dfmp2.api.qcschema.run_qcschema"}
+PROGRAM = "dfmp2"  # a v2 specification's program: this one, or none ("")
+# The AtomicInput layouts of QCSchema v1 and v2 as QCElemental's models, the schema's reference
+# implementation, define them (qcelemental.models.v1.AtomicInput; v2.AtomicInput, AtomicSpecification,
+# AtomicProtocols; each forbids other keys): version -> {object: its keys}. v1's driver, model,
+# keywords, protocols and extras are v2's specification's, which adds program.
+SPECIFIED = ("driver", "model", "keywords", "protocols", "extras")
+LAYOUTS = {
+    1: {"AtomicInput": ("id", "schema_name", "schema_version", "molecule", "provenance", *SPECIFIED),
+        "protocols": ("wavefunction", "stdout", "error_correction", "native_files")},
+    2: {"AtomicInput": ("id", "schema_name", "schema_version", "molecule", "provenance", "specification"),
+        "specification": ("schema_name", "program", *SPECIFIED),
+        "protocols": ("schema_name", "wavefunction", "stdout", "error_correction", "native_files")},
+}
+MODEL_KEYS = ("method", "basis")  # (QCElemental's Model lets a program take more: dfmp2 takes none)
+SCHEMA_NAMES = {"specification": "qcschema_atomic_specification", "protocols": "qcschema_atomic_protocols"}
+# dfmp2's failure kinds -> QCSchema's error types (ComputeError.error_type: the classifiers QCElemental
+# points to, qcengine/exceptions.py): input_error "incorrect user parameters"; resource_error "not enough
+# resources ... recoverable on different compute hardware" (a budget that cannot hold the run, memory
+# that ran out, a device this machine cannot run); convergence_error "failed iteration convergence";
+# unknown_error for the rest. An error's most derived class listed decides (`error_type`).
+ERROR_TYPES = {
+    MemoryBudgetError: "resource_error", InputError: "input_error", DeviceUnavailableError: "resource_error",
+    ConvergenceError: "convergence_error", ComputationError: "unknown_error", MemoryError: "resource_error",
+}
 
 
 @dataclass(frozen=True)
@@ -108,12 +137,15 @@ def run_qcschema(input: dict) -> dict:  # noqa: A002 (QCSchema's name)
         else:
             result = run_atoms(request.atoms, request.settings)
         return atomic_result(input, request, result)
-    except InputError as error:
-        return failed_operation(input, "input_error", str(error))
-    except ComputationError as error:
-        return failed_operation(input, "unknown_error", str(error))
-    except Exception as error:  # noqa: BLE001 (reported, as QCEngine does: type, message, traceback)
-        return failed_operation(input, "unknown_error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
+    except Exception as error:  # noqa: BLE001 (reported, as QCEngine does: its type; else its class, traceback)
+        message = str(error) if isinstance(error, DFMP2Error) else \
+            f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+        return failed_operation(input, error_type(error), message, getattr(error, "exit_code", 1))
+
+
+def error_type(error: BaseException) -> str:
+    """QCSchema's error type of `error` (ERROR_TYPES: its most derived class listed; else unknown_error)."""
+    return next((ERROR_TYPES[kind] for kind in type(error).__mro__ if kind in ERROR_TYPES), "unknown_error")
 
 
 def qcschema_request(data) -> Request:
@@ -122,6 +154,7 @@ def qcschema_request(data) -> Request:
         raise InputError(f"a QCSchema AtomicInput is a JSON object, not {type(data).__name__}")
     version = schema_version(data)
     spec = _object(data, "specification") if version == 2 else data
+    check_layout(data, spec, version)
     driver = _text(spec.get("driver"), "driver")
     if driver not in DRIVERS:
         hint = ": dfmp2 has no Hessians" if driver == "hessian" else ""
@@ -132,11 +165,14 @@ def qcschema_request(data) -> Request:
     if not isinstance(basis, str) or not basis.strip():
         raise InputError(f"model.basis {basis!r}: DF-MP2 needs an orbital basis set name")
     basis = basis.strip()
-    wavefunction = _object(spec, "protocols").get("wavefunction", "none") if spec.get("protocols") else "none"
-    if wavefunction not in ("none", None):
-        raise InputError(f"protocols.wavefunction {wavefunction!r}: dfmp2 returns no wavefunction (use 'none')")
-    if spec.get("extras") is not None:
-        _object(spec, "extras")
+    protocols = _object(spec, "protocols") if spec.get("protocols") else {}
+    for name, why in (("wavefunction", "returns no wavefunction"), ("native_files", "runs in this process and keeps "
+                                                                                    "no program files")):
+        if protocols.get(name, "none") not in ("none", None):
+            raise InputError(f"protocols.{name} {protocols[name]!r}: dfmp2 {why} (use 'none')")
+    for part, name in ((spec, "extras"), (data, "provenance")):  # (kept, echoed: not read)
+        if part.get(name) is not None:
+            _object(part, name)
     keywords, workflow = _keywords(spec.get("keywords") or {})
     scf_extrapolation = _extrapolation(basis, workflow, driver, method)
     molecule = _object(data, "molecule")
@@ -170,6 +206,37 @@ def schema_version(data: dict) -> int:
         where = "under 'specification'" if version == 2 else "at the top level, without 'specification'"
         raise InputError(f"schema_version {version}: QCSchema v{version} puts driver, model and keywords {where}")
     return version
+
+
+def check_layout(data: dict, spec: dict, version: int) -> None:
+    """InputError naming the first key of the input that its QCSchema `version`'s layout (LAYOUTS)
+    does not have, or puts elsewhere; a schema_name or program not the layout's (module docstring)."""
+    layout = LAYOUTS[version]
+    for key in data:
+        if key not in layout["AtomicInput"]:
+            raise InputError(f"{key}: " + (
+                f"QCSchema v2 puts it under 'specification' (specification.{key}); at a v2 AtomicInput's top "
+                "level it is not read" if version == 2 and key in SPECIFIED else
+                "a QCSchema v2 field (specification.program); a v1 AtomicInput has none" if key == "program" else
+                f"not a field of a QCSchema v{version} AtomicInput (its fields: {', '.join(layout['AtomicInput'])})"))
+    if version == 2:
+        for key in spec:
+            if key not in layout["specification"]:
+                raise InputError(f"specification.{key}: " + (
+                    "QCSchema v2 puts it at the AtomicInput's top level" if key in layout["AtomicInput"] else
+                    f"not a field of QCSchema v2's specification (its fields: {', '.join(layout['specification'])})"))
+        program = spec.get("program")
+        if program not in (None, "") and (not isinstance(program, str) or program.strip().lower() != PROGRAM):
+            raise InputError(f"specification.program {program!r}: this is dfmp2 (give {PROGRAM!r} or none)")
+    model, protocols = spec.get("model"), spec.get("protocols")
+    for name, given, keys in (("model", model, MODEL_KEYS), ("protocols", protocols, layout["protocols"])):
+        unknown = [key for key in given if key not in keys] if isinstance(given, dict) else []
+        if unknown:
+            raise InputError(f"{name}.{unknown[0]}: not a field dfmp2 reads (QCSchema v{version}'s {name}: "
+                             f"{', '.join(keys)})")
+    for name, part in (("specification", spec if version == 2 else {}), ("protocols", protocols)):
+        if isinstance(part, dict) and part.get("schema_name") not in (None, SCHEMA_NAMES[name]):
+            raise InputError(f"{name}.schema_name {part['schema_name']!r}: expected {SCHEMA_NAMES[name]!r}")
 
 
 def output_version(data) -> int:
@@ -337,11 +404,13 @@ def composite_properties(request: Request, record: dict) -> tuple:
     }
 
 
-def failed_operation(data, error_type: str, message: str) -> dict:
+def failed_operation(data, kind: str, message: str, exit_code: int = 1) -> dict:
     """QCSchema's FailedOperation in the input's version (`output_version`): success False, the
-    input (strict JSON: non-finite numbers null), the error."""
+    input (strict JSON: non-finite numbers null), the error (`kind`: its error_type; exit_code:
+    the command line's for it, 2 bad input, 1 a failure, in the error's extras)."""
+    error = {"error_type": kind, "error_message": message, "extras": {"exit_code": int(exit_code)}}
     failed = {"id": json_safe(data.get("id")) if isinstance(data, dict) else None, "input_data": json_safe(data),
-              "success": False, "error": {"error_type": error_type, "error_message": message}, "extras": {}}
+              "success": False, "error": error, "extras": {}}
     if output_version(data) == 2:
         failed = {"schema_name": "qcschema_failed_operation", "schema_version": 2, **failed}
     return failed

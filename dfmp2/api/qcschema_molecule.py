@@ -15,11 +15,22 @@ from ..chem.basis import atomic_number
 from ..util.errors import InputError
 
 CHARGE_NAME, SPIN_NAME = "molecule.molecular_charge", "molecule.molecular_multiplicity"
+# A QCSchema molecule's keys (QCElemental's Molecule, schema_version 2 in v1 inputs and 3 in v2's, the
+# same keys): those read here, and those that change nothing dfmp2 computes (names, labels, masses and
+# isotopes, connectivity, which dfmp2's coordinates never use, and the orientation and symmetry
+# flags: dfmp2 never moves or symmetrises a molecule); any other key is refused by name.
+READ_KEYS = ("schema_name", "schema_version", "symbols", "geometry", "real", "fragments", "fragment_charges",
+             "fragment_multiplicities", "molecular_charge", "molecular_multiplicity", "atomic_numbers")
+DESCRIPTIVE_KEYS = ("id", "name", "comment", "identifiers", "provenance", "extras", "validated", "atom_labels",
+                    "masses", "mass_numbers", "connectivity", "fix_com", "fix_orientation", "fix_symmetry")
 
 
 def read_molecule(molecule: dict, version: int, expected: int) -> tuple:
     """([chem.Atom] in Angstrom, chem.ChargeSpin) of a QCSchema molecule (geometry in bohr) in a
     QCSchema `version` AtomicInput, whose molecules are of schema_version `expected`; checked."""
+    unknown = [key for key in molecule if key not in READ_KEYS + DESCRIPTIVE_KEYS]
+    if unknown:
+        raise InputError(f"molecule.{unknown[0]}: not a field of a QCSchema molecule (QCElemental's Molecule)")
     given = molecule.get("schema_version")
     if given is not None and (isinstance(given, bool) or given != expected):
         known = given in (2, 3) and not isinstance(given, bool)
@@ -33,6 +44,15 @@ def read_molecule(molecule: dict, version: int, expected: int) -> tuple:
     if not isinstance(symbols, (list, tuple)) or not symbols:
         raise InputError("molecule.symbols: expected a non-empty list of element symbols")
     symbols = [chem.element_symbol(s) for s in symbols]
+    numbers = molecule.get("atomic_numbers")
+    if numbers is not None:  # (QCElemental's are the symbols'; a ghost's too)
+        numbers = list(np.ravel(np.asarray(numbers, dtype=object)))
+        wrong = next((k for k, s in enumerate(symbols) if k >= len(numbers) or numbers[k] != atomic_number(s)),
+                     len(symbols) if len(numbers) != len(symbols) else None)
+        if wrong is not None:
+            raise InputError(f"molecule.atomic_numbers: {len(numbers)} numbers for {len(symbols)} symbols" if wrong
+                             == len(symbols) else f"molecule.atomic_numbers[{wrong}] {numbers[wrong]!r} is not "
+                             f"molecule.symbols[{wrong}] {symbols[wrong]!r}'s atomic number")
     try:
         geometry = np.asarray(molecule.get("geometry"), dtype=np.float64)
     except (TypeError, ValueError):

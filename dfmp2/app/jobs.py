@@ -221,7 +221,8 @@ QCSCHEMA_OPTIONS = ("molecules", "json_path", "quiet", "debug")
 
 def _qcschema(path, job, outputs):
     """A QCSchema AtomicInput file: its AtomicResult (or FailedOperation) to --json (default:
-    standard output). A failed one is written too, and the command exits 2 (input_error) or 1."""
+    standard output). A failed one is written too, and the command exits as a run would (its
+    error's extras.exit_code: 2 bad input, 1 a failure)."""
     from ..api.qcschema import run_qcschema
 
     context = click.get_current_context(silent=True)
@@ -231,7 +232,7 @@ def _qcschema(path, job, outputs):
         raise InputError(f"{display(path)} is a QCSchema input: its model and keywords set the run; "
                          f"--{given[0].replace('_', '-')} is not taken with it (only --json, --quiet, --debug)")
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # (a leading byte-order mark is an encoding mark)
             request = json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InputError(f"{display(path)}: not a readable JSON file ({one_line(str(error))})") from None
@@ -243,7 +244,7 @@ def _qcschema(path, job, outputs):
     if not result.get("success", False):
         error = result.get("error", {})
         message = one_line(error.get("error_message", "the QCSchema computation failed"))
-        raise (InputError if error.get("error_type") == "input_error" else ComputationError)(message)
+        raise (InputError if (error.get("extras") or {}).get("exit_code") == 2 else ComputationError)(message)
     return result
 
 

@@ -7,6 +7,16 @@ DF-MP2 gradient, one whole run (`driver.run_atoms` with settings.gradient) per g
 A single atom has nothing to optimise: it is evaluated once (energy and gradient, zero by
 translational invariance) and reported converged at its start, in 0 steps.
 
+Ghost atoms (basis functions without a nucleus) are held where the input has them, to the bit:
+they are not geomeTRIC's atoms, whose energy they are a fixed part of (`GhostFrame`). Nothing
+repels the molecule from a ghost, so a molecule free to move would slide into the ghosts' basis
+functions (the basis-set superposition error is all the ghost adds: water beside Gh(O) fell 35 mEh
+in 100 steps and never converged); so the real atoms' centre and orientation are frozen too
+(geomeTRIC's `$freeze` constraints trans-xyz and rotation; a linear molecule, whose rotation
+constraint geomeTRIC cannot form, is held on its line about its centre), and only their internal
+coordinates relax in the ghosts' functions. The result's notes say so. One real atom beside
+ghosts then has nothing to move: it is evaluated once, as a single atom is.
+
 Convergence: geomeTRIC's default criteria, which are PySCF's geomopt defaults (energy change
 1e-6 Eh, RMS / largest gradient 3e-4 / 4.5e-4 Eh/bohr, RMS / largest displacement 1.2e-3 /
 1.8e-3 Angstrom), in its TRIC internal coordinates. Coordinates stay in the input's frame and
@@ -110,10 +120,63 @@ def _atoms(start, coords) -> list:
     return [chem.Atom(a.symbol, tuple(float(c) for c in x), a.ghost) for a, x in zip(start, coords)]
 
 
+LINEAR_TOLERANCE = 1e-3  # Angstrom: atoms this close to one line are a linear molecule (no orientation about it)
+
+
+@dataclass(frozen=True)
+class GhostFrame:
+    """The coordinates geomeTRIC moves of a molecule with ghost atoms (module docstring): moving,
+    the indices of its real atoms (every atom where there are no ghosts); axes [3, 3], an
+    orthogonal matrix: geomeTRIC's coordinates are the real atoms' @ axes (the identity, or for
+    a linear molecule axes whose third is its line, whose atoms are then held on it by x, y
+    freezes: geomeTRIC's rotation constraint is undefined for a linear molecule); constraints,
+    geomeTRIC's constraints file text (None without ghosts); notes, what the result says of it."""
+
+    moving: tuple
+    axes: np.ndarray = field(default_factory=lambda: np.eye(3))
+    constraints: str | None = None
+    notes: tuple = ()
+
+    @classmethod
+    def of(cls, atoms) -> GhostFrame:
+        moving = tuple(k for k, a in enumerate(atoms) if not a.ghost)
+        if len(moving) == len(atoms):
+            return cls(moving)
+        ghosts = ", ".join(f"{k + 1} ({atoms[k].symbol})" for k, a in enumerate(atoms) if a.ghost)
+        real = np.array([atoms[k].xyz for k in moving], dtype=np.float64)
+        _, values, vt = np.linalg.svd(real - real.mean(axis=0))
+        linear = len(moving) > 1 and (len(values) < 2 or values[1] < LINEAR_TOLERANCE)
+        every = f"1-{len(moving)}"  # (geomeTRIC numbers its own atoms, the real ones, from 1)
+        held = ("the one real atom's place: nothing moves (evaluated once)" if len(moving) == 1 else
+                "the real atoms on their line, about their centre (geomeTRIC $freeze xy, trans-z along it)" if linear
+                else "the real atoms' centre and orientation (geomeTRIC $freeze trans-xyz, rotation)")
+        note = (f"ghost atoms {ghosts} held where the input has them, and {held}: only internal coordinates relax in "
+                "the ghosts' basis functions (free, the molecule would slide into them)")
+        constraints = None if len(moving) < 2 else (f"$freeze\nxy {every}\ntrans-z {every}\n" if linear else
+                                                    f"$freeze\ntrans-xyz {every}\nrotation {every}\n")
+        axes = np.array([vt[1], vt[2], vt[0]]).T if linear else np.eye(3)  # linear: its line (vt[0]) third
+        return cls(moving, axes, constraints, (note,))
+
+    def start(self, coords) -> np.ndarray:
+        """geomeTRIC's coordinates [nmoving, 3] of every atom's `coords` [natm, 3]."""
+        return np.asarray(coords, dtype=np.float64)[list(self.moving)] @ self.axes
+
+    def whole(self, start, coords) -> np.ndarray:
+        """Every atom's coordinates [natm, 3]: the ghosts' from `start`, the moving ones' from
+        geomeTRIC's `coords` [nmoving, 3] (or flat)."""
+        found = np.array(start, dtype=np.float64, copy=True)
+        found[list(self.moving)] = np.asarray(coords, dtype=np.float64).reshape(len(self.moving), 3) @ self.axes.T
+        return found
+
+    def gradient(self, gradient) -> np.ndarray:
+        """geomeTRIC's gradient (flat) of every atom's `gradient` [natm, 3]."""
+        return (np.asarray(gradient)[list(self.moving)] @ self.axes).ravel()
+
+
 def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: str | None = None,
                    allow_other_files: bool = False, on_step=None, progress=None, fragments=()) -> OptimizationResult:
-    """Minimise E_total of `atoms` ([chem.Atom], Angstrom; ghosts move as atoms do, carrying their
-    basis functions) with `settings` (the gradient is
+    """Minimise E_total of `atoms` ([chem.Atom], Angstrom; ghosts held fixed with the real atoms'
+    centre and orientation: `GhostFrame`) with `settings` (the gradient is
     turned on; settings.checkpoint must be None: `checkpoint` is the optimisation's own, see the
     module docstring); max_steps: geomeTRIC's iterations (PySCF's maxsteps; the start is
     evaluated besides). on_step(k, step): called after each step (k from 0); progress: each
@@ -129,14 +192,16 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
                          "optimize_atoms(checkpoint=DIR), not settings.checkpoint")
     settings = settings.replace(gradient=True)
     atoms = list(atoms)
-    symbols = [a.symbol for a in atoms]  # geomeTRIC's elements (a ghost moves as its element's atom would)
+    chem.check_geometry(atoms)  # (atoms, not all ghosts) before geomeTRIC is given any
+    frame = GhostFrame.of(atoms)
+    symbols = [atoms[k].symbol for k in frame.moving]  # geomeTRIC's elements: the real atoms'
     start = np.array([a.xyz for a in atoms], dtype=np.float64)
     store = _StepStore(checkpoint, allow_other_files, [a.label for a in atoms], start, settings)
-    steps, notes, runs = [], [], {}
+    steps, notes, runs = [], list(frame.notes), {}
     bohr = chem.angstrom_per_bohr()
 
-    def evaluate(coords_bohr):
-        coords = coords_bohr.reshape(-1, 3) * bohr
+    def evaluate(coords_bohr):  # geomeTRIC's atoms (bohr) -> their energy and gradient
+        coords = frame.whole(start, coords_bohr.reshape(-1, 3) * bohr)
         if not steps and np.abs(coords - start).max() < REPLAY_TOLERANCE:
             coords = start  # the input itself (geomeTRIC's unit conversion differs from PySCF's by 1e-11)
         stored = store.next_stored(len(steps), coords, notes)
@@ -150,14 +215,16 @@ def optimize_atoms(atoms, settings: Settings, max_steps: int = 100, checkpoint: 
             store.save(steps)
         if on_step is not None:
             on_step(len(steps) - 1, steps[-1])
-        return {"energy": steps[-1].energy, "gradient": steps[-1].gradient.ravel()}
+        return {"energy": steps[-1].energy, "gradient": frame.gradient(steps[-1].gradient)}
 
     try:
-        if len(atoms) == 1:  # nothing to move (its gradient is zero): converged at its start, one evaluation
-            evaluate(start.ravel() / bohr)
+        if len(frame.moving) == 1:  # nothing to move (alone, its gradient is zero): converged at its start
+            evaluate(frame.start(start).ravel() / bohr)
             converged, final_coords = True, start
         else:
-            converged, final_coords = _run_geometric(modules, symbols, start, evaluate, max_steps, settings.scratch)
+            converged, final_coords = _run_geometric(modules, symbols, frame.start(start), evaluate, max_steps,
+                                                     settings.scratch, frame.constraints)
+            final_coords = None if final_coords is None else frame.whole(start, final_coords)
         final_step = _final_step(steps, final_coords)
         if final_step not in runs:  # the final geometry came from the checkpoint: its full record is run again
             runs[final_step] = run_atoms(_atoms(atoms, steps[final_step].coords), settings, RunContext(progress=progress))
@@ -176,10 +243,11 @@ def _import_geometric():
     return engine, errors, molecule, optimizer
 
 
-def _run_geometric(modules, symbols, start, evaluate, max_steps, scratch) -> tuple:
+def _run_geometric(modules, symbols, start, evaluate, max_steps, scratch, constraints=None) -> tuple:
     """geomeTRIC's optimiser on `evaluate` (coords in bohr -> {"energy", "gradient"}), in a
-    scratch directory of its own (removed), its log silenced (the caller reports the steps).
-    Returns (converged, final coordinates in Angstrom [natm, 3], geomeTRIC's unit)."""
+    scratch directory of its own (removed), its log silenced (the caller reports the steps);
+    constraints: a geomeTRIC constraints file's text (None: none). Returns (converged, final
+    coordinates in Angstrom [natm, 3], geomeTRIC's unit)."""
     engine_module, errors, molecule_module, optimizer = modules
 
     class DFMP2Engine(engine_module.Engine):
@@ -193,9 +261,14 @@ def _run_geometric(modules, symbols, start, evaluate, max_steps, scratch) -> tup
         log_ini = os.path.join(directory, "log.ini")
         with open(log_ini, "w", encoding="utf-8") as handle:
             handle.write(_QUIET_LOG)
+        options = {}
+        if constraints is not None:
+            options["constraints"] = os.path.join(directory, "constraints.txt")
+            with open(options["constraints"], "w", encoding="utf-8") as handle:
+                handle.write(constraints)
         try:
             final = optimizer.run_optimizer(customengine=DFMP2Engine(molecule), input=os.path.join(
-                directory, "dfmp2"), maxiter=max_steps, logIni=log_ini)
+                directory, "dfmp2"), maxiter=max_steps, logIni=log_ini, **options)
             return True, np.asarray(final.xyzs[-1], dtype=np.float64)
         except errors.GeomOptNotConvergedError:
             return False, None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +91,14 @@ MAX_COORDINATE = 1e6  # Angstrom (0.1 mm): far beyond any molecule, and safely i
 MAX_FRAMES = 1_000_000  # frames of one multi-frame XYZ file
 
 
+BYTE_ORDER_MARK = b"\xef\xbb\xbf"  # UTF-8's encoding mark, which some editors write first: not content
+# The numbers an XYZ file holds, as programs write them (printf's %d, %f, %e, %g): ASCII digits, an
+# optional sign, point and exponent. Python's int() and float() take more (1_0, nan, inf, full-width
+# and other Unicode digits), none of which a program writes for a coordinate or a count.
+WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+DECIMAL_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def read_xyz(path: str) -> list:
     """Read an XYZ file of one geometry -> [Atom] (its fragments, if any, in order); a file of
     several frames is refused (`read_frames` reads those)."""
@@ -99,13 +108,15 @@ def read_xyz(path: str) -> list:
 
 def read_frames(path: str, max_frames: int = MAX_FRAMES, keep_going: bool = False) -> list:
     """Read a standard XYZ file (count, comment, `Symbol x y z` in Angstrom, ASCII element
-    symbols in any case), one frame or several one after another -> [Frame]. Reads no more
-    than valid frames of their atom counts can hold (lines of at most MAX_LINE characters,
-    blank runs of at most MAX_TRAILER bytes); atoms closer than MIN_DISTANCE are refused,
-    naming their lines. keep_going (a batch): a frame whose lines can be told apart from the next
-    frame's but not read (an unknown element, a coordinate that is no number, atoms too close,
-    an impossible fragment line) is its `FrameError` in the list, and the next frame is read;
-    a file that cannot be split into frames is bad input as a whole."""
+    symbols in any case; UTF-8, a leading byte-order mark skipped), one frame or several one
+    after another -> [Frame]. Numbers are read as XYZ files write them (`xyz_decimal`,
+    `xyz_whole_number`). Reads no more than valid frames of their atom counts can hold (lines of
+    at most MAX_LINE characters, blank runs of at most MAX_TRAILER bytes); atoms closer than
+    MIN_DISTANCE are refused, naming their lines. keep_going (a batch): a frame whose lines can
+    be told apart from the next frame's but not read (an unknown element, a coordinate that is
+    no number, atoms too close, an impossible fragment line), or a last frame the file cuts short
+    (fewer atom lines than its count, a count with nothing after it), is its `FrameError` in the
+    list, and the next frame is read; a file that cannot be split into frames is bad input as a whole."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -165,6 +176,8 @@ class _Lines:
     def next(self):
         raw = self.handle.readline(MAX_LINE + 1)
         self.lineno += 1
+        if self.lineno == 1 and raw.startswith(BYTE_ORDER_MARK):
+            raw = raw[len(BYTE_ORDER_MARK):]
         if len(raw) > MAX_LINE:
             raise InputError(f"{self.path}, line {self.lineno}: longer than {MAX_LINE} characters: not an XYZ file")
         return None if raw == b"" else raw.decode("utf-8")
@@ -199,7 +212,7 @@ def _parse_frames(path, handle, max_frames, keep_going=False) -> list:
                 raise InputError(str(error)) from None
             frames.append(error)
         first = lines.next_filled()
-        if first is not None and not first.split()[0].isdigit():
+        if first is not None and xyz_whole_number(first.split()[0]) is None:
             count, start = _frame_extent(frames[-1])
             raise InputError(f"{path}, line {lines.lineno}: the file goes on after the {count} atoms "
                              f"line {start} announces: expected another frame's atom count, found {quoted(first)}")
@@ -219,23 +232,24 @@ def _parse_frame(lines, first, elements) -> Frame:
     fragment separators `--` and `charge multiplicity` lines among them). An error in a line
     the frame's count covers is raised as a FrameError once its lines are read."""
     path, start = lines.path, lines.lineno
-    try:
-        natom = int(first.split()[0])
-    except ValueError:
-        raise InputError(f"{path}, line {start}: expected the number of atoms, found {quoted(first)}") from None
+    natom = xyz_whole_number(first.split()[0])
+    if natom is None:
+        raise InputError(f"{path}, line {start}: expected the number of atoms, found {quoted(first)}")
     if natom < 1:
         raise InputError(f"{path}, line {start}: the number of atoms must be positive, found {natom}")
     if natom > MAX_ATOMS:
         raise InputError(f"{path}, line {start}: {natom} atoms, more than dfmp2 can treat (at most {MAX_ATOMS})")
     comment = lines.next()
-    if comment is None:
-        raise InputError(f"{path}: missing the comment line (line {start + 1})")
+    if comment is None:  # the file ends after the count: a cut frame (the frames before it stand)
+        raise _frame_error(InputError(f"{path}, line {start}: the file ends after the atom count ({natom}): the "
+                                      f"frame is cut (no comment line, no atoms)"), natom, start)
     atoms, numbers, fragments = [], [], [[0, None, None, None]]  # [start, charge, multiplicity, line]
     problem = None  # the first error in the frame's lines (raised once they are read)
     while len(atoms) < natom:
         text = lines.next_filled()
-        if text is None:
-            raise InputError(f"{path}: line {start} says {natom} atoms but the frame has {len(atoms)} atom lines")
+        if text is None:  # the file ends inside the frame: a cut frame (the frames before it stand)
+            raise _frame_error(InputError(f"{path}: line {start} says {natom} atoms but the frame has {len(atoms)} "
+                                          "atom lines: the file ends there (the frame is cut)"), natom, start)
         fields = text.split()
         try:
             if fields == ["--"]:
@@ -270,12 +284,11 @@ def _frame_error(error, count, first_line) -> FrameError:
 
 
 def _charge_multiplicity(path, lineno, fields) -> tuple:
-    """A fragment's `charge multiplicity` line -> (charge, multiplicity)."""
-    try:
-        charge, multiplicity = int(fields[0]), int(fields[1])
-    except ValueError:
+    """A fragment's `charge multiplicity` line -> (charge, multiplicity) (whole numbers: xyz_whole_number)."""
+    charge, multiplicity = xyz_whole_number(fields[0]), xyz_whole_number(fields[1])
+    if charge is None or multiplicity is None:
         raise InputError(f"{path}, line {lineno}: expected 'Symbol x y z' or a fragment's 'charge multiplicity', "
-                         f"found {quoted(' '.join(fields))}") from None
+                         f"found {quoted(' '.join(fields))}")
     if multiplicity < 1:
         raise InputError(f"{path}, line {lineno}: multiplicity {multiplicity} (2S+1) must be at least 1")
     return charge, multiplicity
@@ -321,17 +334,29 @@ def _parse_atom(path, lineno, text, elements) -> Atom:
         raise InputError(f"{path}, line {lineno}: unknown element {quoted(name)} (a ghost atom is written {GHOST_FORMS})")
     coords = []
     for field in fields[1:4]:
-        try:
-            value = float(field)
-        except ValueError:
-            raise InputError(f"{path}, line {lineno}: coordinate {quoted(field)} is not a number") from None
-        if not math.isfinite(value):
+        value = xyz_decimal(field)
+        if value is None:
+            raise InputError(f"{path}, line {lineno}: coordinate {quoted(field)} is not a number as an XYZ file "
+                             "writes one ([sign] digits [. digits] [e [sign] digits])")
+        if not math.isfinite(value):  # (digits beyond fp64's range: 1e999)
             raise InputError(f"{path}, line {lineno}: coordinate {quoted(field)} is not finite")
         if abs(value) > MAX_COORDINATE:
             raise InputError(f"{path}, line {lineno}: coordinate {quoted(field)} is beyond {MAX_COORDINATE:g} Angstrom "
                              "from the origin: not a molecule")
         coords.append(value)
     return Atom(symbol, tuple(coords), ghost)
+
+
+def xyz_whole_number(text: str) -> int | None:
+    """The whole number `text` (an XYZ file's field: an atom count, a charge, a multiplicity)
+    writes, or None unless it is WHOLE_NUMBER's form (ASCII digits, an optional sign)."""
+    return int(text) if WHOLE_NUMBER.fullmatch(text) else None
+
+
+def xyz_decimal(text: str) -> float | None:
+    """The number `text` (an XYZ file's coordinate) writes, or None unless it is DECIMAL_NUMBER's
+    form: the one parser of an XYZ file's decimals (no 1_0, nan, inf or non-ASCII digits)."""
+    return float(text) if DECIMAL_NUMBER.fullmatch(text) else None
 
 
 def check_geometry(atoms, path="atoms", lines=None) -> None:

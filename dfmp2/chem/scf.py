@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 
 from ..run.settings import SCF_MAX_CYCLE
-from ..util.errors import ComputationError, InputError, option
+from ..util.errors import ComputationError, ConvergenceError, InputError, option
 from ..util.scratch import held_directory, holding
 from .basis import describe_basis, fitting_basis
 from .integrals import EarlyIntegrals, ThreeCenterIntegrals
@@ -106,8 +106,8 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
             jk_auxbasis=None, xc: str | None = None, progress=None, builds=None):
     """Converged RHF, UHF or ROHF (`reference`). scf='df': density-fitted with `jk_auxbasis`
     (default: `fitting_basis(mol, mp2fit=False)`, PySCF's JK-fit set, generated per element where
-    it has none); scf='exact': conventional four-center integrals. Raises ComputationError if
-    not converged. xc: Kohn-Sham instead of Hartree-Fock (RKS, UKS, ROKS) with that PySCF xc
+    it has none); scf='exact': conventional four-center integrals. Raises ConvergenceError (a
+    ComputationError) if not converged. xc: Kohn-Sham instead of Hartree-Fock (RKS, UKS, ROKS) with that PySCF xc
     string (PySCF's default grid). builds: dfmp2's Coulomb/exchange builds
     (`dfmp2.chem.jk.FittedCoulombExchange`, scf='df' only) instead of PySCF's (the caller closes them)."""
     mf = _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc)
@@ -117,7 +117,7 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
         mf.callback = lambda envs: progress("SCF cycle", int(envs.get("cycle", 0)) + 1, None)
     mf.kernel()
     if not mf.converged:
-        raise ComputationError(
+        raise ConvergenceError(
             f"{reference.upper() if xc is None else reference.upper().replace('HF', 'KS')} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
     return mf
 

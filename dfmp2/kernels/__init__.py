@@ -13,7 +13,7 @@ a result records about the backend (protocol.BackendRecord).
 
 from __future__ import annotations
 
-from ..util.errors import ComputationError, InputError, option
+from ..util.errors import DeviceUnavailableError, InputError, option
 
 DEVICES = ("cpu", "cuda", "trn1", "trn2", "trn3")
 PRECISIONS = ("fp64", "fp32", "tf32x3", "bf16x3")
@@ -36,6 +36,17 @@ MP2_ENERGY_KERNELS = ("gemm_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy
 
 
 HOST = "cpu"  # the host CPU's device name (a record's label of arrays made there)
+
+
+def device_name(device) -> str:
+    """The device `device` names, as DEVICES spells it: any case, surrounding blanks ignored (as
+    the command line and Settings take it: "CPU", " Cuda "); InputError for a name of none. The
+    one check of a device name: get_backend makes it for every entry point (Settings, the PySCF
+    drop-in, use_dfmp2_jk, bench)."""
+    name = device.strip().lower() if isinstance(device, str) else device
+    if name not in DEVICES:
+        raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
+    return name
 
 
 def runs_nki(device: str) -> bool:
@@ -98,9 +109,10 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                 warm_kernels: bool = False, kernels=None):
     """Backend for `device` in `precision` (None: the device's default).
 
-    InputError for unknown names and impossible combinations; ComputationError if the device
-    exists in dfmp2 but cannot run on this machine (missing GPU or Neuron SDK, or an installed
-    nki release AWS does not support on that target). model_only (Trainium with simulate): each
+    InputError for unknown names (`device_name`) and impossible combinations;
+    DeviceUnavailableError (a ComputationError) if the device exists in dfmp2 but cannot run on
+    this machine (missing GPU or Neuron SDK, or an installed nki release AWS does not support on
+    that target). model_only (Trainium with simulate): each
     kernel shape emulated once (the modelled time of runs too large to emulate in full).
     nki_api (Trainium with simulate): the NKI release emulated (default 0.2 trn1, 0.7 trn2 and trn3).
     transform (Trainium): the AO->MO transform's arithmetic, "exact" (default: 7-bit slices, 1 uEh)
@@ -109,8 +121,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     size (`dfmp2 bench`). kernels (Trainium): the NKI kernels the run may launch (None: any); under
     nki 0.7 a run whose kernels all split over two programs keeps neuronx-cc's LNC degree
     (nki_support.logical_core_degree), every other run compiles at LNC=1."""
-    if device not in DEVICES:
-        raise InputError(f"unknown device {device!r} (use one of: {', '.join(DEVICES)})")
+    device = device_name(device)
     precision = precision or default_precision(device)
     if precision not in PRECISIONS:
         raise InputError(f"unknown precision {precision!r} (use one of: {', '.join(PRECISIONS)})")
@@ -126,7 +137,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     from .torch_backend import TorchBackend, cuda_available
 
     if device == "cuda" and not cuda_available():
-        raise ComputationError(
+        raise DeviceUnavailableError(
             f"{option('device', 'cuda')} was requested but no CUDA GPU is usable here "
             "(torch.cuda.is_available() is False); nothing was computed")
     return TorchBackend(device, precision, warm_kernels=warm_kernels)
@@ -151,7 +162,7 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
     if not simulate:
         missing = neuron_sdk_missing()
         if missing:
-            raise ComputationError(
+            raise DeviceUnavailableError(
                 f"{option('device', device)} needs the AWS Neuron SDK ({NEURON_PACKAGES}); missing here: "
                 f"{', '.join(missing)}. Install: {NEURON_INSTALL}; or add {option('simulate')} to run the "
                 "same NKI kernels on dfmp2's emulator. Nothing was computed.")

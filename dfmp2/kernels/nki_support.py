@@ -104,10 +104,10 @@ def installed_nki_api() -> str | None:
 
 
 def check_nki_support(target: str, api: str | None, installed: bool) -> str | None:
-    """Raise if AWS does not support nki `api` on `target` (ComputationError for the installed
-    release on a host, InputError for an emulated one chosen with --nki-api); return an
+    """Raise if AWS does not support nki `api` on `target` (DeviceUnavailableError for the
+    installed release on a host, InputError for an emulated one chosen with --nki-api); return an
     announcement for a disputed pair (trn1 with nki 0.3), else None."""
-    from ..util.errors import ComputationError, InputError
+    from ..util.errors import DeviceUnavailableError, InputError
 
     if api in SUPPORTED_NKI[target]:
         return None
@@ -115,7 +115,7 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
         return (f"nki {api} on {target}: AWS documents NKI 0.3+ for Trn2/Trn3 only and reports a "
                 "trn1 verifier failure; the supported trn1 release is Neuron SDK 2.28 (nki 0.2)")
     supported = ", ".join(SUPPORTED_NKI[target])
-    error = ComputationError if installed else InputError
+    error = DeviceUnavailableError if installed else InputError
     raise error(
         f"{option('device', target)} with the {'installed' if installed else 'emulated'} nki "
         f"{api or '(unknown version)'}: AWS does not support that pair (supported on {target}: nki "

@@ -1,10 +1,13 @@
-"""The two kinds of failure dfmp2 reports.
+"""The two kinds of failure dfmp2 reports, and their kinds.
 
 InputError: the user asked for something impossible (exit status 2).
 MemoryBudgetError: an InputError that is also a MemoryError: the budget cannot hold the run
 (PySCF code catches MemoryError).
 ComputationError: valid input, but the run failed (exit status 1).
-Messages are one line and name the problem.
+ConvergenceError: a ComputationError of an iteration that did not converge (the SCF).
+DeviceUnavailableError: a ComputationError of a device dfmp2 knows that this machine cannot run
+(no usable CUDA GPU, no Neuron SDK, no NCCL for a team on GPUs): nothing was computed.
+Messages are one line and name the problem. QCSchema's error types of each: api.qcschema.ERROR_TYPES.
 """
 
 
@@ -24,6 +27,14 @@ class ComputationError(DFMP2Error, RuntimeError):
     """A runtime failure: SCF not converging, device error, numerical breakdown."""
 
     exit_code = 1
+
+
+class ConvergenceError(ComputationError):
+    """An iteration (the SCF) that did not converge in the cycles it was given."""
+
+
+class DeviceUnavailableError(ComputationError):
+    """A device dfmp2 knows that this machine cannot run (another machine can): nothing was computed."""
 
 
 class MemoryBudgetError(InputError, MemoryError):
