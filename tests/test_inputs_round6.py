@@ -292,7 +292,8 @@ def test_failure_kinds_have_qcschemas_error_types():
     assert {type(e).__name__: error_type(e) for e in expected} == {type(e).__name__: t for e, t in expected.items()}
     unconverged = run_qcschema(_v1(keywords={"scf_max_cycle": 1}))
     assert unconverged["error"]["error_type"] == "convergence_error", unconverged["error"]
-    assert "did not converge" in unconverged["error"]["error_message"] and unconverged["error"]["extras"]["exit_code"] == 1
+    assert "did not converge" in unconverged["error"]["error_message"]
+    assert unconverged["error"]["extras"]["exit_code"] == 1
     from dfmp2.kernels.torch_backend import cuda_available
 
     if cuda_available():
@@ -361,7 +362,8 @@ def test_a_batch_with_a_cut_last_frame_runs_the_good_frames(tmp_path, capsys):
     code, stderr = _cli(tmp_path, capsys, "run", "t.xyz", "--basis", "sto-3g", "--json", "o.jsonl")
     assert code == 1, stderr
     records = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert [(r["molecule"], r["status"]) for r in records] == [("t.xyz#1", "ok"), ("t.xyz#2", "ok"), ("t.xyz#3", "failed")]
+    assert [(r["molecule"], r["status"]) for r in records] == [
+        ("t.xyz#1", "ok"), ("t.xyz#2", "ok"), ("t.xyz#3", "failed")]
     assert "the file ends there (the frame is cut)" in records[2]["error"] and records[2]["exit_code"] == 2
     assert records[0]["e_tot"] == records[1]["e_tot"] and "1 of 3 molecules failed" in stderr
     assert "Traceback" not in stderr
