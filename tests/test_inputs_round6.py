@@ -437,3 +437,17 @@ def test_xyz_numbers_are_what_xyz_files_write(tmp_path):
     frame = read("3\nw\n+1 2\nO +0.0 .0 1.173E-1\nH 0. 7.572e-1 -0.4692\nH 0 -757.2E-3 -4692e-4\n")
     assert [a.xyz for a in frame.atoms] == [(0.0, 0.0, 0.1173), (0.0, 0.7572, -0.4692), (0.0, -0.7572, -0.4692)]
     assert (frame.fragments[0].charge, frame.fragments[0].multiplicity) == (1, 2)
+
+
+def test_use_dfmp2_jk_takes_its_precision_in_any_case():
+    """precision='FP64' was refused where Settings take keywords in any case (the class of device='CPU')."""
+    from pyscf import gto, scf
+
+    import dfmp2
+
+    mol = gto.M(atom="H 0 0 0; H 0 0 0.74", basis="sto-3g", verbose=0)
+    reference = scf.RHF(mol).density_fit().run().e_tot
+    mf = dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit(), device=" Cpu ", precision="FP64").run()
+    assert mf.e_tot == pytest.approx(reference, abs=1e-9)
+    with pytest.raises(InputError, match="unknown SCF precision"):
+        dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit(), precision="fp16")

@@ -23,7 +23,7 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
     if getattr(mf, "with_df", None) is None:
         raise InputError("use_dfmp2_jk needs a density-fitted mean field: call mf.density_fit() first")
     if precision is not None:
-        check_scf_precision(precision)  # before any integral is computed
+        precision = check_scf_precision(precision)  # before any integral is computed (any case, as Settings)
     backend = get_backend(device)
     if not isinstance(backend, FittedBuildsBackend):
         raise InputError(f"the {backend.name} backend ({device}) has no SCF builds")

@@ -18,7 +18,7 @@ from ..run.context import RunContext
 from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
 from ..run.settings import Settings
 from ..util import environment
-from ..util.errors import ComputationError, InputError
+from ..util.errors import ComputationError, ConvergenceError, InputError
 from ..util.files import Outputs, display, one_line
 from ..util.scratch import check_scratch
 from .batch import frames_of, molecule_sources, named_frames, run_batch
@@ -324,7 +324,7 @@ def _optimized(job, frame, settings, team, progress, outputs) -> tuple:
                            settings.checkpoint, settings.checkpoint_allow_other_files, on_step=show, progress=progress,
                            fragments=frame.fragments)
     if not found.converged:
-        raise ComputationError(f"the geometry did not converge in {job.max_steps} steps (raise --max-steps"
+        raise ConvergenceError(f"the geometry did not converge in {job.max_steps} steps (raise --max-steps"
                                + ("; the same --checkpoint resumes)" if settings.checkpoint else ")"))
     output, trajectory = outputs.path("--output"), outputs.path("--trajectory")
     outputs.write("--output", lambda path: write_text(path, format_xyz([(

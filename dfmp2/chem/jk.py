@@ -72,10 +72,13 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
     return FittedCoulombExchange(backend, integrals_of(), precision, settings.max_memory, settings.scratch)
 
 
-def check_scf_precision(precision: str) -> None:
-    """InputError unless `precision` is one of SCF_PRECISIONS."""
-    if precision not in SCF_PRECISIONS:
+def check_scf_precision(precision: str) -> str:
+    """`precision` as SCF_PRECISIONS spells it (any case, surrounding blanks ignored, as Settings'
+    keywords); InputError for a name of none."""
+    name = precision.strip().lower() if isinstance(precision, str) else precision
+    if name not in SCF_PRECISIONS:
         raise InputError(f"unknown SCF precision {precision!r} (use one of: {', '.join(SCF_PRECISIONS)})")
+    return name
 
 
 BUILD_KINDS = ("fp32", "fp64", "exact", "incremental", "coulomb")  # coulomb: a J-only build on torch (fp64)
@@ -218,7 +221,7 @@ class FittedCoulombExchange:
     def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None, metric_factor=None):
         precision = precision or "mixed"
         if precision != EXACT_ONLY:
-            check_scf_precision(precision)
+            precision = check_scf_precision(precision)
         if precision == "fp64" and not backend.has_fp64:
             raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are mixed "
                              f"(fp32, with exact-product anchors); leave out {option('scf_precision')}")

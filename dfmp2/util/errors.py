@@ -4,7 +4,7 @@ InputError: the user asked for something impossible (exit status 2).
 MemoryBudgetError: an InputError that is also a MemoryError: the budget cannot hold the run
 (PySCF code catches MemoryError).
 ComputationError: valid input, but the run failed (exit status 1).
-ConvergenceError: a ComputationError of an iteration that did not converge (the SCF).
+ConvergenceError: a ComputationError of an iteration that did not converge (the SCF, an optimisation).
 DeviceUnavailableError: a ComputationError of a device dfmp2 knows that this machine cannot run
 (no usable CUDA GPU, no Neuron SDK, no NCCL for a team on GPUs): nothing was computed.
 Messages are one line and name the problem. QCSchema's error types of each: api.qcschema.ERROR_TYPES.
@@ -30,7 +30,7 @@ class ComputationError(DFMP2Error, RuntimeError):
 
 
 class ConvergenceError(ComputationError):
-    """An iteration (the SCF) that did not converge in the cycles it was given."""
+    """An iteration (the SCF, a geometry optimisation) that did not converge in the cycles it was given."""
 
 
 class DeviceUnavailableError(ComputationError):
