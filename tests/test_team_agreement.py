@@ -4,6 +4,7 @@ naming what differs, leaving nothing behind; what a rank may have of its own (it
 --json, --quiet) still runs, with the tightest rank's memory plan; and the digest holds each input
 that changes the run and deliberately not the others."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -15,10 +16,9 @@ import pytest
 from pyscf import gto
 
 from dfmp2 import chem
-from dfmp2.api.agreement import AGREED_SETTINGS, PER_RANK_SETTINGS, mean_field_digest, run_digest
 from dfmp2.api.driver import run_xyz
 from dfmp2.kernels import backend_for
-from dfmp2.run.ranks import differences, disagreement, fingerprints
+from dfmp2.run import ranks
 from dfmp2.run.settings import Settings
 from dfmp2.util.errors import ComputationError, InputError
 
@@ -30,26 +30,36 @@ WATER = os.path.join(EXAMPLES, "water.xyz")
 
 # ----------------------------------------------------------------------------- the digest
 
+def agreement():
+    """dfmp2.api.agreement, imported where used: the two-rank tests also run on code without it."""
+    return importlib.import_module("dfmp2.api.agreement")
+
+
 def digest_of(atom=MOLECULES["water"], basis="cc-pvdz", charge=0, spin=0, **changes):
     """The digest the driver makes of a water run (its molecule built as PySCF would, the fitting sets
     PySCF pairs with the basis, the backend the settings ask for)."""
     settings = Settings(basis=basis, charge=charge, spin=spin, **changes)
     mol = gto.M(atom=atom, basis=basis, charge=charge, spin=spin, verbose=0)
-    return run_digest(mol, settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend_for(settings),
-                      chem.fitting_basis(mol, mp2fit=False))
+    return agreement().run_digest(mol, settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis),
+                                  backend_for(settings), chem.fitting_basis(mol, mp2fit=False))
 
 
 def differing(**changes) -> dict:
     """{part: [aspects]} in which a run with `changes` differs from the plain water run."""
-    return differences(fingerprints(digest_of()), fingerprints(digest_of(**changes)))
+    return between({}, changes)
+
+
+def between(ours: dict, theirs: dict) -> dict:
+    """{part: [aspects]} in which a run with `theirs` (digest_of's keywords) differs from one with `ours`."""
+    return ranks.differences(ranks.fingerprints(digest_of(**ours)), ranks.fingerprints(digest_of(**theirs)))
 
 
 def test_every_settings_field_is_agreed_or_said_to_be_the_ranks_own():
     """A new Settings field must be decided on: in the digest, or per rank with its reason."""
     names = {field.name for field in fields(Settings)}
-    assert set(AGREED_SETTINGS) | set(PER_RANK_SETTINGS) == names
-    assert not set(AGREED_SETTINGS) & set(PER_RANK_SETTINGS)
-    assert all(len(reason) > 20 for reason in PER_RANK_SETTINGS.values())
+    agreed, per_rank = agreement().AGREED_SETTINGS, agreement().PER_RANK_SETTINGS
+    assert set(agreed) | set(per_rank) == names and not set(agreed) & set(per_rank)
+    assert all(len(reason) > 20 for reason in per_rank.values())
 
 
 MOVED_O = "O 0 0 0.1573; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"  # the O 0.04 A up (the issue's case)
@@ -79,8 +89,7 @@ def test_ghosts_are_in_the_digest():
     """Two ranks each with one ghost H, another one: the same elements, coordinates and basis sets."""
     ghost_first = "O 0 0 0.1173; ghost-H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692"
     ghost_last = "O 0 0 0.1173; H 0 0.7572 -0.4692; ghost-H 0 -0.7572 -0.4692"
-    assert differences(fingerprints(digest_of(atom=ghost_first, spin=1)),
-                       fingerprints(digest_of(atom=ghost_last, spin=1))) == {"molecule": ["ghosts"]}
+    assert between({"atom": ghost_first, "spin": 1}, {"atom": ghost_last, "spin": 1}) == {"molecule": ["ghosts"]}
 
 
 @pytest.mark.parametrize("changes", [{"max_memory": 1200}, {"scratch": "/node-local/tmp"}])
@@ -88,15 +97,13 @@ def test_what_a_rank_may_have_of_its_own_is_not_in_the_digest(changes):
     """Each rank's budget (the team takes the tightest plan) and node-local scratch; and the
     checkpoint's path, where one is given on every rank (rank 0 checks that they see one directory)."""
     assert differing(**changes) == {}
-    assert differences(fingerprints(digest_of(checkpoint="/mnt/a/ck")),
-                       fingerprints(digest_of(checkpoint="/shared/ck"))) == {}
+    assert between({"checkpoint": "/mnt/a/ck"}, {"checkpoint": "/shared/ck"}) == {}
 
 
 def test_frozen_core_is_compared_as_asked_not_as_resolved():
     """With frozen_core the driver sets frozen to the core's count (from the molecule, agreed): the
     digest compares the request, so a rank's resolved settings equal another's unresolved ones."""
-    assert differences(fingerprints(digest_of(frozen_core=True)), fingerprints(digest_of(frozen_core=True, frozen=1))) \
-        == {}
+    assert between({"frozen_core": True}, {"frozen_core": True, "frozen": 1}) == {}
 
 
 def test_the_mean_field_digest_adds_the_kind_of_mean_field():
@@ -106,27 +113,29 @@ def test_the_mean_field_digest_adds_the_kind_of_mean_field():
     settings = Settings()
     rhf, uhf = scf.RHF(mol), scf.UHF(mol)
     rhf.mo_coeff, uhf.mo_coeff = np.zeros((7, 7)), np.zeros((2, 7, 7))  # (not run: the digest reads their shapes)
-    digests = [fingerprints(mean_field_digest(mf, settings, None, backend_for(settings))) for mf in (rhf, uhf)]
-    assert differences(*digests) == {"mean field": ["reference"]}  # (sizes, derived, named only alone)
+    digests = [ranks.fingerprints(agreement().mean_field_digest(mf, settings, None, backend_for(settings)))
+               for mf in (rhf, uhf)]
+    assert ranks.differences(*digests) == {"mean field": ["reference"]}  # (sizes, derived, named only alone)
 
 
 def test_a_difference_is_one_line_naming_it():
-    base = fingerprints(digest_of())
-    moved, other = fingerprints(digest_of(atom=MOVED_O)), fingerprints(digest_of(basis="sto-3g", precision="fp32"))
-    error = disagreement([("digest", base), ("digest", moved)])
+    base = ranks.fingerprints(digest_of())
+    moved = ranks.fingerprints(digest_of(atom=MOVED_O))
+    other = ranks.fingerprints(digest_of(basis="sto-3g", precision="fp32"))
+    error = ranks.disagreement([("digest", base), ("digest", moved)])
     assert isinstance(error, InputError) and str(error).startswith("rank 1's molecule differs from rank 0's (geometry)")
-    error = disagreement([("digest", base), ("digest", base), ("digest", other)])
+    error = ranks.disagreement([("digest", base), ("digest", base), ("digest", other)])
     assert str(error).startswith("rank 2's basis sets (orbital basis, MP2 fitting set, JK fitting set), settings "
                                  "(basis, precision) and backend (precision) differ from rank 0's")
-    assert "\n" not in str(error) and disagreement([("digest", base), ("digest", base)]) is None
+    assert "\n" not in str(error) and ranks.disagreement([("digest", base), ("digest", base)]) is None
     sizes = [("digest", {"sizes": {"fitting functions": size}}) for size in ("84", "85")]  # (fingerprints)
-    assert str(disagreement(sizes)).startswith("rank 1's sizes differ from rank 0's (fitting functions)")
+    assert str(ranks.disagreement(sizes)).startswith("rank 1's sizes differ from rank 0's (fitting functions)")
 
 
 def test_a_rank_that_failed_before_the_agreement_is_named():
-    bad = disagreement([("digest", {}), ("failed", "InputError", "missing.xyz: no such file")])
+    bad = ranks.disagreement([("digest", {}), ("failed", "InputError", "missing.xyz: no such file")])
     assert isinstance(bad, InputError) and str(bad) == "rank 1: missing.xyz: no such file"
-    broken = disagreement([("failed", "ValueError", "odd"), ("digest", {}), ("failed", "InputError", "x")])
+    broken = ranks.disagreement([("failed", "ValueError", "odd"), ("digest", {}), ("failed", "InputError", "x")])
     assert isinstance(broken, ComputationError) and not isinstance(broken, InputError)
     assert str(broken) == "rank 0 failed before the ranks agreed on the run: ValueError: odd (and 1 more rank)"
 
@@ -141,16 +150,17 @@ def moved_water(tmp_path):
 
 def two_ranks(tmp_path, monkeypatch, rank1_args):
     """Rank 0 on water.xyz (--json, --scratch of its own), rank 1 on `rank1_args` (its --scratch too),
-    TMPDIR and PYSCF_TMPDIR pointed at a directory of the test: [(exit status, stderr)] of each,
-    after checking that no scratch is left in any of the three and no --json was written."""
+    TMPDIR and PYSCF_TMPDIR pointed at a directory of the test, every rank waiting at most 120 s for
+    the others: [(exit status, stderr)] of each, after checking that no scratch is left in any of
+    the three and no --json was written."""
     roots = [tmp_path / name for name in ("scratch0", "scratch1", "tmp")]
     for root in roots:
         root.mkdir()
     monkeypatch.setenv("TMPDIR", str(roots[2]))
     monkeypatch.setenv("PYSCF_TMPDIR", str(roots[2]))
     out = tmp_path / "out.json"
-    ranks = by_hand(tmp_path, lambda rank: [WATER, "--json", out, "--scratch", roots[0]] if rank == 0 else
-                    [*rank1_args, "--scratch", roots[1]])
+    ranks = by_hand(tmp_path, lambda rank: ["--rank-timeout", 120, "--scratch", roots[rank],
+                                            *([WATER, "--json", out] if rank == 0 else rank1_args)])
     assert [sorted(os.listdir(root)) for root in roots] == [[], [], []]
     assert not out.exists()
     return ranks
@@ -174,7 +184,7 @@ def test_ranks_given_different_inputs_all_stop_before_any_work(tmp_path, monkeyp
 def test_a_rank_whose_own_input_fails_stops_every_rank(tmp_path, monkeypatch):
     """Rank 1's molecule file is missing: it fails before it joins the team, and joins it to say so;
     rank 0 (which would wait --rank-timeout at the rendezvous) stops too, with rank 1's message."""
-    (code0, err0), (code1, err1) = two_ranks(tmp_path, monkeypatch, ["missing.xyz", "--rank-timeout", 120])
+    (code0, err0), (code1, err1) = two_ranks(tmp_path, monkeypatch, ["missing.xyz"])
     assert (code0, code1) == (2, 2), (err0, err1)
     assert err0.strip() == "dfmp2: error: rank 1: missing.xyz: no such file" and err1.strip() == ""
 
@@ -184,8 +194,8 @@ def test_a_rank_refused_after_joining_stops_every_rank(tmp_path, monkeypatch):
     joining, before the ranks agreed; rank 0, waiting for the agreement, stops with its reason."""
     (code0, err0), (code1, err1) = two_ranks(tmp_path, monkeypatch, [WATER, "--counterpoise"])
     assert (code0, code1) == (2, 2), (err0, err1)
-    assert err0.strip() == "dfmp2: error: rank 1: counterpoise and extrapolated energies run in one process (not under " \
-                           "torchrun)" and err1.strip() == ""
+    assert err0.strip() == ("dfmp2: error: rank 1: counterpoise and extrapolated energies run in one process "
+                            "(not under torchrun)") and err1.strip() == ""
 
 
 def test_what_a_rank_may_have_of_its_own_still_runs_with_the_tightest_plan(tmp_path):

@@ -6,8 +6,9 @@ what it has checked, and compared by `dfmp2.run.ranks.Team.agree_on` (the run's 
 
 A digest is {part: {aspect: value}}: the molecule (atoms, geometry, ghosts, charge, spin; the CLI adds
 the file's fragments), the basis sets (the orbital basis's shells and ECPs as PySCF holds them, the
-MP2 and JK fitting sets), the sizes the collectives carry, the settings (AGREED_SETTINGS), the device
-(kernels, precision, transform; the team adds its collective backend) and the code (dfmp2's version and source, PySCF's, torch's, numpy's).
+MP2 and JK fitting sets), the sizes the collectives carry, the settings (AGREED_SETTINGS), the
+backend (device, kernels, precision, transform; the team adds its collective backend) and the code
+(dfmp2's version and source, PySCF's, torch's and numpy's versions).
 Each Settings field is in AGREED_SETTINGS or in PER_RANK_SETTINGS, which says why a rank may have
 its own (tests/test_team_agreement.py checks that every field is in one).
 """

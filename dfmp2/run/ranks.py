@@ -19,13 +19,11 @@ Collectives time out after `timeout` seconds and any failure of a collective bec
 ComputationError that says what happened (`collective_failure`): a time-out, another rank's
 death (a dead process closes its connections), or the error torch.distributed raised (a
 mismatched collective, an NCCL error), chained to it. No rank hangs.
-Before any work the ranks agree on their run (`Team.agree_on`, the first collective of every run:
-rank 0's SCF, the broadcasts and the transform all come after): each rank's digest of its
-molecule, basis sets, settings, device and code (`dfmp2.api.agreement.run_digest`) is compared
-with rank 0's, and a rank that failed before it tells the others why (`Team.fail`), so that a
-mismatch or one rank's bad input stops every rank at once with one line, exit 2, instead of a
-wrong energy, a shape error or gloo's abort. Each rank plans its blocks from its own budget;
-the team takes the tightest plan (`Team.tightest_plan`).
+Before any work (the first collective of a run) the ranks compare their digests of it
+(`Team.agree_on`; `dfmp2.api.agreement.run_digest`), and a rank that failed before tells the
+others why (`Team.fail`): a mismatch or one rank's bad input stops every rank with one line, exit
+2, not a wrong energy, a shape error or gloo's abort. The team takes the tightest rank's memory
+plan (`Team.tightest_plan`).
 """
 
 from __future__ import annotations
@@ -120,10 +118,11 @@ def fail_unjoined(error: Exception, device: str, simulate: bool, timeout_s: floa
     """Where this process is a rank of a launch and `error` stopped it before it joined its team
     (a file or an option only this rank has wrong): join the team, tell the others why and leave
     (`Team.fail`, which raises), so that they do not wait at the rendezvous for `timeout_s`.
-    Nothing where it runs alone, has joined a team already (Team.fail tells the others) or cannot
-    join one (the error stands as it is)."""
+    Nothing where it runs alone, has tried to join its team already (Team.fail tells the others;
+    or the rendezvous itself failed: a second try would wait as long again) or cannot join it (the
+    error stands as it is)."""
     try:
-        team = Team.join(device, simulate, timeout_s) if launched_ranks() > 1 and not _JOINED else None
+        team = Team.join(device, simulate, timeout_s) if launched_ranks() > 1 and not _JOIN_TRIED else None
     except Exception:
         return
     if team is not None:
@@ -133,7 +132,7 @@ def fail_unjoined(error: Exception, device: str, simulate: bool, timeout_s: floa
             team.close()
 
 
-_JOINED = []  # a Team this process joined (`Team.join`): from then on, a failure is told by Team.fail
+_JOIN_TRIED = []  # set by `Team.join`: this process has tried to join its team (once is enough)
 
 
 class Team:
@@ -153,6 +152,7 @@ class Team:
         import torch
         import torch.distributed as dist
 
+        _JOIN_TRIED.append(device)
         backend = collective_backend(device)
         neuron_cores = pin_neuron_core() if runs_nki(device) and not simulate else None
         if backend == "nccl":
@@ -169,7 +169,6 @@ class Team:
             except Exception as error:  # rendezvous failures surface as assorted exception types
                 raise ComputationError(f"could not join the {backend} process group: {type(error).__name__}: {error}") from error
         team = cls(dist.get_rank(), dist.get_world_size(), backend, timeout_s)
-        _JOINED.append(team.rank)
         team.neuron_cores = neuron_cores  # NEURON_RT_VISIBLE_CORES of this rank (Trainium hardware)
         return team
 
@@ -244,7 +243,7 @@ class Team:
         0's (geometry)"; where a rank failed before the agreement (`fail`), its error on every rank."""
         self.agreement_pending = False
         digest = {**digest, "backend": {**digest.get("backend", {}), "collectives": self.backend}}
-        outcomes = self.all_gather_objects(("digest", fingerprints(digest)))
+        outcomes = self.all_gather_objects(("digest", fingerprints(digest)), AGREEMENT)
         error = disagreement(outcomes)
         if error is not None:
             error.reported_by_rank0 = not self.is_root
@@ -261,10 +260,11 @@ class Team:
         self.agreement_pending = False
         kind = "InputError" if isinstance(error, InputError) else type(error).__name__
         try:
-            self.all_gather_objects(("failed", kind, one_line(str(error)) or type(error).__name__))
+            self.all_gather_objects(("failed", kind, one_line(str(error)) or type(error).__name__), AGREEMENT)
+            told = True
         except ComputationError:
-            raise error from None  # the others are gone already: this rank's own error is the one to report
-        if self.is_root or not isinstance(error, DFMP2Error):
+            told = False  # the others are gone already: this rank's own error is the one to report
+        if not told or self.is_root or not isinstance(error, DFMP2Error):
             raise error
         try:
             reported = type(error)(str(error))
@@ -285,12 +285,13 @@ class Team:
         chosen = plans[rank]
         return chosen if rank == 0 else replace(chosen, budget_source=f"{chosen.budget_source}, rank {rank}'s")
 
-    def all_gather_objects(self, obj) -> list:
-        """[obj of rank 0, ..., obj of rank N-1] on every rank (pickled; any sizes)."""
+    def all_gather_objects(self, obj, what: str = "all_gather_object") -> list:
+        """[obj of rank 0, ..., obj of rank N-1] on every rank (pickled; any sizes); what: the
+        collective's name in a failure's message."""
         import torch.distributed as dist
 
         everything = [None] * self.size
-        self._run("all_gather_object", dist.all_gather_object, everything, obj)
+        self._run(what, dist.all_gather_object, everything, obj)
         return everything
 
     def gather_objects(self, obj) -> list | None:
@@ -358,6 +359,7 @@ class Team:
 
 # ----------------------------------------------------------------------------- what the ranks agree on
 
+AGREEMENT = "the ranks' agreement on the run"  # (its collective, as a failure names it)
 # parts of a digest named in the plural ("rank 1's settings differ"); SIZES, derived from the others,
 # is named only where nothing else differs (a different basis also changes the sizes)
 PLURAL_PARTS = ("basis sets", "settings", "sizes")
@@ -443,11 +445,3 @@ def block_owners(nblocks: list, size: int) -> list:
         owners[s][b] = rank
         load[rank] += weight
     return owners
-
-
-# ----------------------------------------------------------------------------- moving B
-
-
-# ----------------------------------------------------------------------------- B over the ranks
-
-
