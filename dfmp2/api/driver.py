@@ -1,6 +1,5 @@
-"""From a molecule or a PySCF mean field to a DF-MP2 result: front end -> pipeline.
-
-Inputs are validated (device, file, basis, auxiliary basis) before any expensive step.
+"""From a molecule or a PySCF mean field to a DF-MP2 result: front end -> pipeline. Inputs are validated
+(device, file, basis, auxiliary basis) before any expensive step; a team's ranks then agree on them (`agreement`).
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from ..util.errors import InputError, MemoryBudgetError, option
 from ..util.scratch import scratch_prefix
 from ..sparse import screen_integrals
 from ..util.system_memory import MB, peak_resident_bytes
+from .agreement import agree_on_run, agreed_mean_field
 from .result import DFMP2Result
 
 
@@ -42,15 +42,14 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`). notes: the caller's
     announcements, last in the result's."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    with chem.pyscf_scratch(settings.scratch):  # PySCF's temporary files: the run's, removed with it
+    with context.agreeing(), chem.pyscf_scratch(settings.scratch):  # (PySCF's temporary files: the run's)
         return _run_mean_field(mf, settings, integrals, context, given, notes)
 
 
 def _run_mean_field(mf, settings, integrals, context, given, extra_notes) -> DFMP2Result:
     backend = backend_for(_offered_precision(settings))
     context = _synchronized(context, backend)
-    if context.team is not None:  # every rank uses rank 0's orbitals
-        mf = chem.restored_scf_from(mf, context.team.broadcast_object(chem.scf_arrays(mf)))
+    mf = agreed_mean_field(context, mf, settings, integrals, backend)  # over ranks: rank 0's orbitals
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     screening = {"mp2": _screened(settings, integrals, backend).screening_record}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
@@ -153,11 +152,10 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, notes=(), *
     applied on top of `settings` (default Settings()); context: the run's team, progress and
     timer (`dfmp2.run.context`; default: one process); notes: the caller's announcements, last in
     the result's. Every input is checked before the SCF."""
-    settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
-    chem.check_geometry(atoms)
+    settings, context = settings_from(settings, **changes), context_from(context)
     # PySCF's temporary files: the run's, removed with it (a checkpoint's next run removes a killed one's)
-    with chem.pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
-        return _run_atoms(atoms, settings, context, notes)
+    with context.agreeing(), chem.pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
+        return _run_atoms(atoms, _with_properties(_offered_precision(settings)), context, notes)
 
 
 def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
@@ -207,6 +205,7 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     flush = runs_torch(settings.device)  # the torch backend's thread pool flushes fp32 subnormals
     if flush and "torch" in sys.modules:  # torch loaded: PySCF's OpenMP regions in this thread share its pool,
         flush_subnormals_first()  # so flag the thread before they start one (`flush_subnormals_first`)
+    chem.check_geometry(atoms)
     molecule = _molecule_of(atoms, settings, context.ranks)
     reference, dh, ecp, mol, jk_fitting = (molecule.reference, molecule.dh, molecule.ecp, molecule.mol,
                                            molecule.jk_fitting)
@@ -219,6 +218,7 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     spins = _occupied(mol, settings, reference)
     settings = _with_frozen_core(settings, mol, spins)
     _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting)
+    agree_on_run(context, mol, settings, integrals, backend, jk_fitting)  # over ranks, before any work
     builds = _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals)
 
     def run_scf():

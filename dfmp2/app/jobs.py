@@ -15,7 +15,7 @@ import click
 from ..chem.extrapolation import check_scf_scheme
 from ..kernels import COMMAND_PRECISION
 from ..run.context import RunContext
-from ..run.ranks import DEFAULT_TIMEOUT_S, join_launched_team
+from ..run.ranks import DEFAULT_TIMEOUT_S, fail_unjoined, join_launched_team
 from ..run.settings import Settings
 from ..util import environment
 from ..util.errors import ComputationError, ConvergenceError, InputError
@@ -113,15 +113,29 @@ def run_molecules(job: JobOptions, settings_options: dict) -> None:
         entries = frames_of(sources) if frames is None else list(named_frames(sources[0], frames))
         return "batch", _batch(job, settings, entries, outputs)
 
-    kind, record = guarded(compute, job.debug, outputs)
+    kind, record = guarded(lambda: _as_a_rank(compute, job, settings_options), job.debug, outputs)
     if record is None or job.quiet or outputs.to_stdout() or kind == "qcschema":
         return
     if kind == "one":
         print_composite(record) if "workflow" in record else print_summary(record)
 
 
+def _as_a_rank(compute, job, settings_options):
+    """compute(); launched as one of several ranks, an error raised before this rank joined its team
+    (an input only it has wrong) is told to the others all the same (`ranks.fail_unjoined`), who would
+    wait at the rendezvous for --rank-timeout else. A QCSchema input runs in each process alone."""
+    try:
+        return compute()
+    except Exception as error:
+        if not any(path.lower().endswith(QCSCHEMA_SUFFIX) for path in job.molecules):
+            fail_unjoined(error, str(settings_options.get("device") or "cpu").strip().lower(),
+                          bool(settings_options.get("simulate")), job.rank_timeout)
+        raise
+
+
 def _one_molecule(job, settings, frame, outputs):
     """One frame: a plain run (or optimisation) or a composite; its record (None on ranks > 0)."""
+    from ..api.agreement import frame_parts
     from ..api.composite import is_composite, run_composite
     from ..api.driver import frame_settings, run_atoms
 
@@ -146,8 +160,13 @@ def _one_molecule(job, settings, frame, outputs):
                 result, record = _optimized(job, frame, settings, team, progress, outputs)
                 record["notes"] += list(notes)
             else:
-                result = run_atoms(list(frame.atoms), settings, RunContext(team=team, progress=progress), notes=notes)
+                result = run_atoms(list(frame.atoms), settings, RunContext(team=team, progress=progress,
+                                                                           agreed=frame_parts(frame)), notes=notes)
                 record = result.as_dict()
+    except Exception as error:
+        if team is not None:  # before the ranks agreed on the run: the others are told why (`Team.fail` raises)
+            team.fail(error)
+        raise
     finally:
         if team is not None:
             team.close()
@@ -180,9 +199,11 @@ def _batch(job, settings, entries, outputs) -> list:
     if settings.checkpoint is not None:
         raise InputError("--checkpoint keeps one run: give one molecule")
     team = _joined_team(job, settings)
-    if team is not None:
-        team.close()
-        raise InputError("several molecules run in one process (not under torchrun)")
+    if team is not None:  # every rank told (`Team.fail`): a rank given one molecule waits for the others
+        try:
+            team.fail(InputError("several molecules run in one process (not under torchrun)"))  # (raises)
+        finally:
+            team.close()
     bsse = _bsse_of(job)
     progress = Progress() if (not job.quiet and sys.stderr.isatty()) else None
 

@@ -128,15 +128,16 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
 def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     """(memory plan, notes, keep t2?) of a run with the active spaces `selected`: B in memory
     or on disk (a checkpoint or force_outcore keep it on disk; ranks keep their share in
-    memory or on disk as rank 0's plan says, with its block sizes), and t2 when asked for and the budget holds it. The
-    notes include a --max-memory above a hard limit found (`memory.memory_budget`)."""
+    memory or on disk as the tightest rank's plan says, with its block sizes: `ranks.Team.tightest_plan`),
+    and t2 when asked for and the budget holds it. The notes include a --max-memory above a hard
+    limit found (`memory.memory_budget`)."""
     spaces = [(o.size, v.size) for o, v, _ in selected]
     team = context.team
     on_disk = given is None and (settings.force_outcore or (team is None and settings.checkpoint is not None))
     plan = plan_for(backend, integrals, spaces, settings.max_memory, on_disk=on_disk, ranks=context.ranks,
                     gamma=settings.with_gamma)
-    if team is not None:  # every rank uses rank 0's block sizes (their budgets and baselines differ)
-        plan = team.broadcast_object(plan)
+    if team is not None:  # one plan for the team: the tightest rank's (their budgets and baselines differ)
+        plan = team.tightest_plan(plan)
     if settings.with_rdm1 and team is not None and not backend.streams_densities:
         raise InputError(f"the {backend.device_name} density kernels take all of (ia|P) at once, which no rank "
                          f"holds: run densities and gradients over ranks with {option('device', 'cpu')} or cuda, or in one process")

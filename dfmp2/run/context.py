@@ -11,7 +11,7 @@ companions that do not: the ranks of a distributed run, the progress callback an
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -74,12 +74,15 @@ class Timer:
 class RunContext:
     """team: a dfmp2.run.ranks.Team of several ranks, or None for one process (a team of one
     rank is one process: it is dropped here, the one place that decides it); progress(step,
-    done, total): a callback for long steps, or None; timer: the run's `Timer`. One context per
-    run: its timer adds up every step it times (a result's timings are the run's)."""
+    done, total): a callback for long steps, or None; timer: the run's `Timer`; agreed: parts
+    {part: {aspect: value}} the caller adds to the digest its team agrees on before any work
+    (`dfmp2.api.agreement`; the CLI: the file's fragments). One context per run: its timer adds
+    up every step it times (a result's timings are the run's)."""
 
     team: object = None
     progress: Callable[[str, int, int], None] | None = None
     timer: Timer = field(default_factory=Timer)
+    agreed: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.team is not None and self.team.size <= 1:
@@ -88,6 +91,11 @@ class RunContext:
     @property
     def ranks(self) -> int:
         return 1 if self.team is None else self.team.size
+
+    def agreeing(self):
+        """Within: the run whose team agrees on it before any work (`run.ranks.Team.agreeing`: an
+        error this rank raises first is sent to the others); nothing to do in one process."""
+        return nullcontext() if self.team is None else self.team.agreeing()
 
     def report(self, step: str, done: int, total: int) -> None:
         """Tell the progress callback (if any) that `done` of `total` parts of `step` are done."""

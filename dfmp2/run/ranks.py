@@ -19,18 +19,26 @@ Collectives time out after `timeout` seconds and any failure of a collective bec
 ComputationError that says what happened (`collective_failure`): a time-out, another rank's
 death (a dead process closes its connections), or the error torch.distributed raised (a
 mismatched collective, an NCCL error), chained to it. No rank hangs.
+Before any work (the first collective of a run) the ranks compare their digests of it
+(`Team.agree_on`; `dfmp2.api.agreement.run_digest`), and a rank that failed before tells the
+others why (`Team.fail`): a mismatch or one rank's bad input stops every rank with one line, exit
+2, not a wrong energy, a shape error or gloo's abort. The team takes the tightest rank's memory
+plan (`Team.tightest_plan`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from contextlib import contextmanager
 from datetime import timedelta
 
 import numpy as np
 
 from ..kernels import collective_backend, runs_nki
 from ..util import environment
-from ..util.errors import ComputationError, InputError, option
+from ..util.errors import ComputationError, DFMP2Error, InputError, option
+from ..util.files import one_line
 
 DEFAULT_TIMEOUT_S = 1800  # a collective waits this long (the SCF on rank 0 included)
 
@@ -106,6 +114,27 @@ def join_launched_team(device: str, simulate: bool, timeout_s: float = DEFAULT_T
     return Team.join(device, simulate, timeout_s) if launched_ranks() > 1 else None
 
 
+def fail_unjoined(error: Exception, device: str, simulate: bool, timeout_s: float) -> None:
+    """Where this process is a rank of a launch and `error` stopped it before it joined its team
+    (a file or an option only this rank has wrong): join the team, tell the others why and leave
+    (`Team.fail`, which raises), so that they do not wait at the rendezvous for `timeout_s`.
+    Nothing where it runs alone, has tried to join its team already (Team.fail tells the others;
+    or the rendezvous itself failed: a second try would wait as long again) or cannot join it (the
+    error stands as it is)."""
+    try:
+        team = Team.join(device, simulate, timeout_s) if launched_ranks() > 1 and not _JOIN_TRIED else None
+    except Exception:
+        return
+    if team is not None:
+        try:
+            team.fail(error)
+        finally:
+            team.close()
+
+
+_JOIN_TRIED = []  # set by `Team.join`: this process has tried to join its team (once is enough)
+
+
 class Team:
     """The ranks of one run. rank 0 prints and writes the results."""
 
@@ -114,6 +143,7 @@ class Team:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.neuron_cores = None
+        self.agreement_pending = True  # until the ranks have agreed on the run (`agree_on`)
 
     @classmethod
     def join(cls, device: str, simulate: bool, timeout_s: float = DEFAULT_TIMEOUT_S) -> Team:
@@ -122,6 +152,7 @@ class Team:
         import torch
         import torch.distributed as dist
 
+        _JOIN_TRIED.append(device)
         backend = collective_backend(device)
         neuron_cores = pin_neuron_core() if runs_nki(device) and not simulate else None
         if backend == "nccl":
@@ -195,13 +226,80 @@ class Team:
             error.reported_by_rank0 = not self.is_root
             raise error
 
+    @contextmanager
+    def agreeing(self):
+        """Around one run on this team: `agree_on` within it is the run's first collective, and an
+        error this rank raises before it is sent to the other ranks in its place (`fail`)."""
+        self.agreement_pending = True
+        try:
+            yield
+        except Exception as error:
+            self.fail(error)
+
+    def agree_on(self, digest: dict) -> None:
+        """Compare this rank's `digest` of its run ({part: {aspect: value}}, `api.agreement.run_digest`;
+        the collective backend added) with every other rank's, before any work: InputError on every
+        rank (printed by rank 0 alone) naming what differs, e.g. "rank 1's molecule differs from rank
+        0's (geometry)"; where a rank failed before the agreement (`fail`), its error on every rank."""
+        self.agreement_pending = False
+        digest = {**digest, "backend": {**digest.get("backend", {}), "collectives": self.backend}}
+        outcomes = self.all_gather_objects(("digest", fingerprints(digest)), AGREEMENT)
+        error = disagreement(outcomes)
+        if error is not None:
+            error.reported_by_rank0 = not self.is_root
+            raise error
+
+    def fail(self, error: Exception):
+        """Raise `error` (in an `except` block), having told the other ranks, waiting in `agree_on`,
+        that this rank failed before the team agreed on its run: rank 0 then says why for every rank,
+        so on another rank a DFMP2Error is raised as a copy marked reported_by_rank0 (the CLI prints
+        nothing more). Once the team has agreed, only the raise: a later failure reaches the others
+        through the collectives they wait in (`collective_failure`)."""
+        if not self.agreement_pending:
+            raise error
+        self.agreement_pending = False
+        kind = "InputError" if isinstance(error, InputError) else type(error).__name__
+        try:
+            self.all_gather_objects(("failed", kind, one_line(str(error)) or type(error).__name__), AGREEMENT)
+            told = True
+        except ComputationError:
+            told = False  # the others are gone already: this rank's own error is the one to report
+        if not told or self.is_root or not isinstance(error, DFMP2Error):
+            raise error
+        try:
+            reported = type(error)(str(error))
+        except TypeError:
+            reported = (InputError if isinstance(error, InputError) else ComputationError)(str(error))
+        reported.reported_by_rank0 = True
+        raise reported from error
+
+    def tightest_plan(self, plan):
+        """The memory plan (run.memory.MemoryPlan) of the rank with the least room (its budget less its
+        baseline; ties: the lowest rank), on every rank: each rank plans its blocks from its own
+        budget (--max-memory, its node's limits), and the block sizes the collectives carry must be
+        one for the team, small enough for every rank's budget."""
+        from dataclasses import replace
+
+        plans = self.all_gather_objects(plan)
+        rank = min(range(self.size), key=lambda r: (plans[r].budget - plans[r].baseline, r))
+        chosen = plans[rank]
+        return chosen if rank == 0 else replace(chosen, budget_source=f"{chosen.budget_source}, rank {rank}'s")
+
+    def all_gather_objects(self, obj, what: str = "all_gather_object") -> list:
+        """[obj of rank 0, ..., obj of rank N-1] on every rank (pickled; any sizes); what: the
+        collective's name in a failure's message."""
+        import torch.distributed as dist
+
+        everything = [None] * self.size
+        self._run(what, dist.all_gather_object, everything, obj)
+        return everything
+
     def gather_objects(self, obj) -> list | None:
         """[obj of rank 0, ..., obj of rank N-1] on rank 0; None elsewhere."""
         import torch.distributed as dist
 
         if self.backend == "nccl":  # gather_object is not supported by NCCL
-            everything = [None] * self.size
-            self._run("all_gather_object", dist.all_gather_object, everything, obj)
+            everything = self.all_gather_objects(obj)
             return everything if self.is_root else None
         box = [None] * self.size if self.is_root else None
         self._run("gather_object", dist.gather_object, obj, box, dst=0)
@@ -259,6 +357,66 @@ class Team:
             dist.destroy_process_group()
 
 
+# ----------------------------------------------------------------------------- what the ranks agree on
+
+AGREEMENT = "the ranks' agreement on the run"  # (its collective, as a failure names it)
+# parts of a digest named in the plural ("rank 1's settings differ"); SIZES, derived from the others,
+# is named only where nothing else differs (a different basis also changes the sizes)
+PLURAL_PARTS = ("basis sets", "settings", "sizes")
+SIZES = "sizes"
+
+
+def fingerprints(digest: dict) -> dict:
+    """{part: {aspect: sha-256 of the value's repr}}: what a rank sends of its digest (exact:
+    coordinates equal to the last bit; a few bytes per aspect whatever the molecule's size)."""
+    return {part: {aspect: hashlib.sha256(repr(value).encode()).hexdigest()[:24]
+                   for aspect, value in aspects.items()} for part, aspects in digest.items()}
+
+
+def differences(ours: dict, theirs: dict) -> dict:
+    """{part: [aspects]} where the fingerprints `theirs` differ from `ours` (one missing on either side too)."""
+    found = {}
+    for part in list(ours) + [p for p in theirs if p not in ours]:
+        mine, other = ours.get(part, {}), theirs.get(part, {})
+        aspects = [a for a in list(mine) + [a for a in other if a not in mine] if mine.get(a) != other.get(a)]
+        if aspects:
+            found[part] = aspects
+    if len(found) > 1:
+        found.pop(SIZES, None)
+    return found
+
+
+def disagreement(outcomes: list) -> DFMP2Error | None:
+    """The error every rank raises after `Team.agree_on` gathered `outcomes` (per rank: ("digest",
+    fingerprints) or ("failed", kind, message)), or None where every rank agrees with rank 0."""
+    failed = [(rank, outcome) for rank, outcome in enumerate(outcomes) if outcome[0] == "failed"]
+    if failed:
+        rank, (_, kind, message) = failed[0]
+        more = f" (and {len(failed) - 1} more rank{'s' * (len(failed) > 2)})" if len(failed) > 1 else ""
+        if kind == "InputError":
+            return InputError(f"rank {rank}: {message}{more}")
+        return ComputationError(f"rank {rank} failed before the ranks agreed on the run: {kind}: {message}{more}")
+    found = [(rank, differences(outcomes[0][1], outcome[1])) for rank, outcome in enumerate(outcomes)][1:]
+    found = [(rank, parts) for rank, parts in found if parts]
+    if not found:
+        return None
+    said = "; ".join(_difference_line(rank, parts) for rank, parts in found[:3])
+    more = f"; and {len(found) - 3} more ranks" if len(found) > 3 else ""
+    return InputError(f"{said}{more}: every rank must be started with the same molecule, basis and settings")
+
+
+def _difference_line(rank: int, parts: dict) -> str:
+    """"rank 1's molecule differs from rank 0's (geometry)", or several parts in one clause."""
+    def shown(part):
+        return ", ".join(option(a) if part == "settings" else a for a in parts[part])
+
+    if len(parts) == 1:
+        part = next(iter(parts))
+        return f"rank {rank}'s {part} {'differ' if part in PLURAL_PARTS else 'differs'} from rank 0's ({shown(part)})"
+    named = [f"{part} ({shown(part)})" for part in parts]
+    return f"rank {rank}'s {', '.join(named[:-1])} and {named[-1]} differ from rank 0's"
+
+
 # ----------------------------------------------------------------------------- who owns what
 
 def aux_shares(aux_blocks: list, size: int) -> list:
@@ -287,11 +445,3 @@ def block_owners(nblocks: list, size: int) -> list:
         owners[s][b] = rank
         load[rank] += weight
     return owners
-
-
-# ----------------------------------------------------------------------------- moving B
-
-
-# ----------------------------------------------------------------------------- B over the ranks
-
-
