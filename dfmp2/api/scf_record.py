@@ -42,8 +42,8 @@ def run_scf_record(builds, mf, held, checkpoint) -> tuple:
     this run reused one (`kept_scf_record`), else None."""
     if held is None:
         return scf_record(builds, mf), _screening_of(builds), []
-    fields = {key: value for key, value in held.items() if key != "screening"}
-    fields["scf_reused"] = True
+    fields = {**{key: held[key] for key in ("scf_backend", "scf_precision", "scf_iterations")}, "scf_reused": True,
+              **({"scf_builds": held["scf_builds"]} if "scf_builds" in held else {})}
     asked = scf_record(builds, None)
     differ = [option(name, value) for name, value, same in (
         ("scf_backend", "pyscf" if asked["scf_backend"] == "pyscf" else "device",
