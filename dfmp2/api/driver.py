@@ -20,7 +20,7 @@ from ..mp2.three_center import three_center_mo
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
 from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, pyscf_max_memory
-from ..run.run_checkpoint import open_run_checkpoint
+from ..run.run_checkpoint import SCF_RECORD, open_run_checkpoint
 from ..run.settings import Settings, settings_from
 from ..util import environment
 from ..util.cpu_config import check_environment
@@ -30,6 +30,7 @@ from ..sparse import screen_integrals
 from ..util.system_memory import MB, peak_resident_bytes
 from .agreement import agree_on_run, agreed_mean_field
 from .result import DFMP2Result
+from .scf_record import kept_scf_record, run_scf_record, scf_record
 
 
 def run_mean_field(mf, settings: Settings | None = None, integrals=None, context=None, given=None, notes=(),
@@ -229,8 +230,9 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     with ExitStack() as kept_open:
         with context.timer.step("scf"):
             mf, reused_scf = _reference_scf(run_scf, settings, context, _run_identity(atoms, settings, reference, ecp),
-                                            kept_open)
+                                            kept_open, lambda made: kept_scf_record(builds, made))
             scf_here = not isinstance(mf, dict)  # else SCF arrays (a checkpoint's, or rank 0's)
+            held = mf.get(SCF_RECORD) if reused_scf else None  # what made the checkpoint's SCF
             if not scf_here:
                 mf = chem.restored_scf(mol, mf, settings.scf, reference, jk_fitting.basis if jk_fitting else None,
                                        dh.xc if dh else None)
@@ -247,13 +249,14 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     corr = fields["correlation"]
     if settings.checkpoint is not None:
         corr.checkpoint["reused_scf"] = reused_scf  # (the correlation's record, before the result is made)
-    fields.update(scf_record=scf_record(builds, mf if scf_here else None),  # the SCF's builds, before the gradient's
-                  screening=screening_records(mp2=integrals, scf=builds.integrals if builds is not None else None),
+    scf_fields, scf_screening, scf_notes = run_scf_record(builds, mf if scf_here else None, held, settings.checkpoint)
+    fields.update(scf_record=scf_fields,  # the SCF's builds (before the gradient's), or the reused SCF's
+                  screening={**screening_records(mp2=integrals), **({"scf": scf_screening} if scf_screening else {})},
                   double_hybrid=dh, mean_field=mf, ecp=dict(ecp.record))
     fields.update(_gradient_and_properties(mf, corr, settings, context),
                   timings=dict(context.timer.timings),  # with the gradient's parts
                   peak_rss_bytes=peak_resident_bytes())  # the whole run's, the gradient and properties included
-    fields["notes"] = fields["notes"] + list(extra_notes)
+    fields["notes"] = fields["notes"] + scf_notes + list(extra_notes)
     return DFMP2Result(**fields)
 
 
@@ -362,19 +365,6 @@ def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
                           chem.is_range_separated(dh.xc if dh else None))
 
 
-def scf_record(builds, mf) -> dict:
-    """What built the SCF's Coulomb and exchange matrices, for the result: scf_backend (torch,
-    nki or pyscf), scf_precision, scf_iterations (mf's cycles; None where this process ran no
-    SCF: reused from a checkpoint, or under torchrun, where rank 0 runs it and broadcasts its
-    arrays) and scf_builds (`jk.BuildRecord.as_dict`)."""
-    record = {"scf_backend": "pyscf" if builds is None else builds.record.backend,
-              "scf_precision": "fp64" if builds is None else builds.record.precision,
-              "scf_iterations": None if mf is None else int(getattr(mf, "cycles", 0))}
-    if builds is not None and builds.record.builds:
-        record["scf_builds"] = builds.record.as_dict()
-    return record
-
-
 def _with_frozen_core(settings, mol, spins) -> Settings:
     """settings with frozen = the chemical core's orbital count when frozen_core asks for it
     (InputError if that leaves a spin without an active occupied orbital); spins: the occupied
@@ -389,15 +379,16 @@ def _with_frozen_core(settings, mol, spins) -> Settings:
     return settings.replace(frozen=nfrozen or None)
 
 
-def _reference_scf(run_scf, settings, context, identity, kept_open) -> tuple:
+def _reference_scf(run_scf, settings, context, identity, kept_open, record_of) -> tuple:
     """(the SCF, or the arrays of one: a checkpoint's, or rank 0's for the other ranks; reused
     from the checkpoint?). One process runs its SCF; a team runs one SCF on rank 0 and
     broadcasts its arrays. The checkpoint's resume policy (`run_checkpoint.RunCheckpoint`) decides
     whether the SCF is taken from it (another run's checkpoint is refused before the SCF); the
-    checkpoint stays open in `kept_open` (an ExitStack) for the rest of the run."""
+    checkpoint stays open in `kept_open` (an ExitStack) for the rest of the run; it keeps
+    record_of(mf) with an SCF it keeps (`scf_record.kept_scf_record`) and gives it back as SCF_RECORD."""
     def on_this_process():
         checkpoint = kept_open.enter_context(open_run_checkpoint(settings))
-        return checkpoint.resume_scf(identity, run_scf, chem.scf_arrays)
+        return checkpoint.resume_scf(identity, run_scf, chem.scf_arrays, record_of)
 
     if context.team is None:
         return on_this_process()

@@ -189,8 +189,10 @@ def _one_molecule(job, settings, frame, outputs):
 
 def _batch(job, settings, entries, outputs) -> list:
     """Every frame of `entries` ((name, Frame or its reading error), `batch.frames_of`), one after
-    another in this process; JSON Lines to --json.
-    ComputationError (exit 1) after the records are written if any molecule failed."""
+    another in this process; JSON Lines to --json, each line whole as its molecule finishes.
+    ComputationError (exit 1) after the records are written if any molecule failed; at once,
+    naming the file and why, if a line cannot be written (a full disk): the batch stops there,
+    the lines before it stay whole (a later molecule's result could not be recorded either)."""
     from ..api.composite import is_composite, run_composite
     from ..api.driver import frame_settings, run_atoms
 
@@ -222,7 +224,10 @@ def _batch(job, settings, entries, outputs) -> list:
         if progress:
             progress.clear()
         if job.json_path is not None:  # each molecule's line as it finishes (a signal keeps what is written)
-            outputs.append_line("--json", line)
+            try:
+                outputs.append_line("--json", line)
+            except ComputationError as error:  # (a full disk): the batch stops, the lines before stay whole
+                raise ComputationError(f"{error}; the batch stopped at {record['molecule']}") from None
         if not job.quiet and not outputs.to_stdout():
             print_batch_line(record)
 
@@ -230,7 +235,8 @@ def _batch(job, settings, entries, outputs) -> list:
     outputs.commit()
     failed = [r for r in records if r["status"] != "ok"]
     if failed:
-        where = f" (their reasons are in {display(job.json_path)})" if job.json_path else ""
+        shown = "the JSON Lines on standard output" if outputs.to_stdout() else display(job.json_path)
+        where = f" (their reasons are in {shown})" if job.json_path else ""
         raise ComputationError(f"{len(failed)} of {len(records)} molecules failed{where}; the first: "
                                f"{failed[0]['molecule']}: {failed[0]['error']}")
     return records

@@ -1,5 +1,7 @@
 """The pair journal: each finished pair task's (E_os, E_ss) appended with a CRC, fsync'ed at most
-every SYNC_SECONDS, read back up to the first damaged record."""
+every SYNC_SECONDS, read back up to the first damaged record. Each record is appended whole or
+not at all (`util.appends.Appender`): a full disk (or quota, RLIMIT_FSIZE) is one ComputationError
+naming the journal, which keeps its earlier records whole."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import zlib
 
 import numpy as np
 
+from ..util.appends import Appender, failure_reason
+from ..util.errors import ComputationError
+from ..util.files import display, one_line
 from ..util.provenance import JOURNAL_HEADER_BYTES, journal_digest, journal_header
 from .context import clock
 
@@ -59,18 +64,33 @@ class PairJournal:
         return done, damaged
 
     def record(self, index: int, e_os: float, e_ss: float):
+        """Append task `index`'s sums (after the header, if the journal is empty), fsync'ed if the
+        last fsync is SYNC_SECONDS old. ComputationError if it cannot be written (none of it is)."""
         if self._handle is None:
-            self._handle = open(self.path, "ab", buffering=0)
-            if self._handle.tell() == 0:
-                self._handle.write(self.header)
-        self._handle.write(RECORD.pack(index, e_os, e_ss, _crc(index, e_os, e_ss)))
-        if clock() - self._synced > SYNC_SECONDS:
-            os.fsync(self._handle.fileno())
+            self._handle = self._writing(lambda: Appender.open(self.path, sync=False))
+            if os.fstat(self._handle.fd).st_size == 0:
+                self._writing(lambda: self._handle.append(self.header))
+        due = clock() - self._synced > SYNC_SECONDS
+        self._writing(lambda: self._handle.append(RECORD.pack(index, e_os, e_ss, _crc(index, e_os, e_ss)), sync=due))
+        if due:
             self._synced = clock()
 
+    def _writing(self, write):
+        """write(), an OSError of it as one line naming the journal (ComputationError)."""
+        try:
+            return write()
+        except OSError as error:
+            raise ComputationError(f"{display(self.path)}: {one_line(failure_reason(error))}; this pair task's record "
+                                   "was not written (the journal's records before it stay whole)") from None
+
     def close(self):
+        """fsync and close. A failed fsync is not an error of the run: a record it lost is a task
+        a resume recomputes (each record carries its crc32)."""
         if self._handle is not None:
-            os.fsync(self._handle.fileno())
+            try:
+                self._handle.sync()
+            except OSError:
+                pass
             self._handle.close()
             self._handle = None
 

@@ -5,13 +5,18 @@ ranks), and over a team `rank_checkpoint.RankCheckpoint` around each rank's `Run
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from ..util.files import display
+from ..util.provenance import canonical
 from .checkpoint import array_digest, open_checkpoint, version_identity
 from .journal import PairJournal
 from .rank_checkpoint import RankCheckpoint, open_shared_checkpoint
 from .storage import DiskStore, remove_scratch
+
+SCF_RECORD = "scf_record"  # the member of scf.npz that says what made the SCF (`resume_scf`)
 
 
 def pipeline_identity(backend, refs, selected, fock_mo, metric, nao, screening=None) -> dict:
@@ -41,7 +46,7 @@ class NoCheckpoint:
     def __exit__(self, *exc):
         return False
 
-    def resume_scf(self, identity, run_scf, arrays_of):
+    def resume_scf(self, identity, run_scf, arrays_of, record_of=None):
         return run_scf(), False
 
     def claim_pipeline(self, identity_of):
@@ -101,19 +106,21 @@ class RunCheckpoint(NoCheckpoint):
 
     # -- the SCF
 
-    def resume_scf(self, identity, run_scf, arrays_of):
-        """(the SCF's arrays the checkpoint holds for this run, True), or (run_scf(), False)
-        with its arrays (arrays_of(mf)) kept. Another run's checkpoint is refused (InputError)
-        before the SCF; sections made from the orbitals of a lost SCF are dropped."""
+    def resume_scf(self, identity, run_scf, arrays_of, record_of=dict):
+        """(the SCF's arrays the checkpoint holds for this run, with SCF_RECORD: what made that
+        SCF (a dict), True), or (run_scf(), False) with its arrays (arrays_of(mf)) and what made
+        it (record_of(mf), JSON-able) kept together in scf.npz, the one file the manifest vouches
+        for. Another run's checkpoint is refused (InputError) before the SCF; a held SCF without
+        its record is recomputed (a note); sections made from the orbitals of a lost SCF are dropped."""
         checkpoint = self.checkpoint
         if checkpoint.claim("run", identity):
-            held = checkpoint.load_arrays("scf", "the SCF was", "run")
+            held = _with_record(checkpoint, checkpoint.load_arrays("scf", "the SCF was", "run"))
             if held is not None:
                 return held, True
             for section in ("pairs", "B", "pipeline"):
                 checkpoint.reset(section)
         mf = run_scf()
-        checkpoint.save_arrays("scf", "run", **arrays_of(mf))
+        checkpoint.save_arrays("scf", "run", **arrays_of(mf), **{SCF_RECORD: np.array(canonical(record_of(mf)))})
         return mf, False
 
     def claim_pipeline(self, identity_of):
@@ -226,6 +233,18 @@ class RunCheckpoint(NoCheckpoint):
         """The result's checkpoint record: its directory, what this run reused, the notes."""
         return {"directory": display(self.checkpoint.directory), "reused_B": reused_b,
                 "reused_pair_tasks": self.reused_pair_tasks, "pair_tasks": ntasks, "notes": list(self.checkpoint.notes)}
+
+
+def _with_record(checkpoint, held):
+    """The arrays `held` of scf.npz (None: none usable) with SCF_RECORD read back as a dict; None,
+    with a note, where they carry no record of what made the SCF."""
+    if held is None:
+        return None
+    try:
+        return {**held, SCF_RECORD: json.loads(str(held[SCF_RECORD]))}
+    except (KeyError, ValueError):
+        checkpoint.damaged("scf.npz", "holds no record of what made the SCF", "the SCF was")
+        return None
 
 
 def open_run_checkpoint(settings, team=None):

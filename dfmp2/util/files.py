@@ -17,7 +17,10 @@ Outputs a user names (--json, --natorbs, `dfmp2 optimize`'s --output and --traje
   - "-" (--json only): standard output.
 `Outputs.commit` writes the in-place ones first, then renames the staged files; if anything
 fails (or a signal stops it) the files already renamed get their previous contents back and
-the error is raised: a run leaves all of its outputs or none.
+the error is raised: a run leaves all of its outputs or none. `Outputs.append_line` (a batch's
+JSON Lines) and whatever goes to standard output, a FIFO or a device are written by
+`appends.Appender`: each line whole or not at all, even when the disk fills. A write that fails
+(a full disk, a quota, RLIMIT_FSIZE) is one ComputationError naming the file and why.
 
 Files in directories dfmp2 owns (a checkpoint's manifest, arrays, B and journals):
 `write_atomically`. Scratch: `scratch_directory` (one line naming the directory when it cannot be
@@ -36,6 +39,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from .appends import Appender, failure_reason
 from .errors import ComputationError, InputError
 
 NAME_MAX, PATH_MAX = 255, 4096  # where pathconf cannot say (Linux's values)
@@ -73,7 +77,7 @@ class _Target:
     real: str  # with every symlink resolved ("-": standard output)
     in_place: bool  # a FIFO, device or standard output: written, not replaced
     staged: str | None = None  # the temporary file holding its contents
-    handle: object = None  # the open file `append_line` writes to
+    handle: object = None  # the Appender `append_line` writes with
     backup: str | None = None  # a hard link to the replaced file, until the commit is done
 
 
@@ -215,42 +219,33 @@ class Outputs:
             if not target.in_place:
                 os.chmod(staged, _mode_for(target.real))
         except OSError as error:
-            raise ComputationError(f"{target.option} {display(target.path)}: {one_line(error.strerror or str(error))}; "
+            raise ComputationError(f"{target.option} {display(target.path)}: {one_line(failure_reason(error))}; "
                                    "no output file was written") from None
 
     def append_line(self, option: str, line: str) -> None:
-        """Add one line (a JSON Lines record, without its newline) to `option`'s output now, as one
-        write: a regular file is staged with its first line and renamed into place (what it
-        replaces stays until then), later lines are appended to it, each flushed to disk, so
-        that whatever stops the run, the file holds every line appended so far and only whole
-        lines. Standard output, a FIFO or a device: written and flushed at once."""
+        """Add one line (a JSON Lines record, without its newline) to `option`'s output now, whole
+        or not at all (`appends.Appender`): a regular file is staged with its first line and
+        renamed into place (what it replaces stays until then), later lines are appended to it,
+        each fsync'ed, so that whatever stops the run, the file holds every line appended so far
+        and only whole lines. Standard output, a FIFO or a device: written at once. A line that
+        cannot be written (a full disk, a quota, RLIMIT_FSIZE): ComputationError naming the
+        file and the reason; the line is not in the file, the lines before it stay, whole."""
         target = self._targets[option]
         data = (line + "\n").encode("utf-8")
         if self.before_writing is not None:
             self.before_writing()
-        self._written = True
         try:
-            if target.real == "-":
-                _write_in_place(target, data)
-                return
             if target.handle is None:
-                if target.in_place:
-                    target.handle = open(target.real, "ab")
-                else:
-                    directory = os.path.dirname(target.real)
-                    handle, staged = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial", dir=directory)
-                    target.staged, target.handle = staged, os.fdopen(handle, "ab")
-            target.handle.write(data)
-            target.handle.flush()
-            if not target.in_place:
-                os.fsync(target.handle.fileno())
+                target.handle, target.staged = _appender_for(target)
+            target.handle.append(data)
             if target.staged is not None:  # the first line: the file goes in place
                 os.chmod(target.staged, _mode_for(target.real))
                 os.replace(target.staged, target.real)
                 target.staged = None
+                _sync_directory(target.real)
         except OSError as error:
-            raise ComputationError(f"{target.option} {display(target.path)}: {one_line(error.strerror or str(error))}; "
-                                   "the lines written before stay") from None
+            raise ComputationError(_append_failure(target, error)) from None
+        self._written = True
 
     def commit(self):
         """Put every staged output in place (module docstring); on failure none stays."""
@@ -287,7 +282,7 @@ class Outputs:
             self.discard()
             if isinstance(error, OSError):
                 raise ComputationError(f"{current.option} {display(current.path)}: "
-                                       f"{one_line(error.strerror or str(error))}; no output file was written") from None
+                                       f"{one_line(failure_reason(error))}; no output file was written") from None
             raise
         self.discard()
 
@@ -318,13 +313,77 @@ def _mode_for(real) -> int:
 
 
 def _write_in_place(target, data: bytes):
+    """`data` written at once to standard output ("-"), a FIFO or a device (`appends.Appender`:
+    unbuffered, nothing left to flush at close or at exit)."""
+    appender, _ = _appender_for(target)
+    try:
+        appender.append(data)
+    finally:
+        appender.close()
+
+
+def _appender_for(target) -> tuple:
+    """(the writer of `target`'s lines, the staged file's path or None): standard output's
+    descriptor, the FIFO or device opened for writing, or (a regular file) a new staged file in
+    its directory, renamed into place once its first line is written."""
     if target.real == "-":
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor (one in memory)
+            return _StreamWriter(sys.stdout), None
+        sys.stdout.flush()  # (nothing of the text layer's may come after what is written below it)
+        return Appender(fd, owned=False), None
+    if target.in_place:
+        return Appender(os.open(target.real, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)), None
+    handle, staged = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial", dir=os.path.dirname(target.real))
+    import fcntl
+
+    fcntl.fcntl(handle, fcntl.F_SETFL, fcntl.fcntl(handle, fcntl.F_GETFL) | os.O_APPEND)
+    return Appender(handle), staged
+
+
+class _StreamWriter:
+    """Standard output replaced by a stream without a descriptor (in memory: an embedding
+    program's, a test runner's): written and flushed, as the Appender's interface; no disk fills."""
+
+    def __init__(self, stream):
+        self.stream, self.records, self.left_cut = stream, 0, None
+
+    def append(self, data: bytes):
+        self.stream.flush()
+        self.stream.buffer.write(data)
+        self.stream.flush()
+        self.records += 1
+
+    def close(self):
+        pass
+
+
+def _append_failure(target, error) -> str:
+    """The one line of an append to `target` that failed with `error`: the file, the reason,
+    what the file holds now."""
+    writer = target.handle
+    kept = 0 if writer is None or target.staged is not None else writer.records
+    said = f"{target.option} {display(target.path)}: {one_line(failure_reason(error))}; this line was not written"
+    if writer is not None and writer.left_cut is not None:
+        return f"{said} whole ({one_line(writer.left_cut)})"
+    return said + (f" (the {kept} line{'s' if kept != 1 else ''} before it stay{'s' if kept == 1 else ''}, whole)"
+                   if kept else " (nothing was written)")
+
+
+def _sync_directory(path) -> None:
+    """fsync the directory holding `path` (a rename into it is then on disk), where the file
+    system allows it (some refuse a directory's fsync: nothing else depends on it)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return
-    with open(target.real, "wb") as out:  # a FIFO or device: O_TRUNC does not apply
-        out.write(data)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_output(name: str, path, write, inputs=(), directories=(), regular_only=False) -> None:
@@ -346,21 +405,26 @@ def write_atomically(path, write, partial=None) -> None:
     """Write the file at `path` (in a directory dfmp2 owns: a checkpoint's) whole or not at all:
     write(tmp) writes it at the temporary path tmp beside it (`partial`, a name the caller has
     recorded, e.g. in a checkpoint's manifest; default: a fresh hidden name), which is fsync'ed
-    and renamed into place. On any failure the temporary file is deleted and the error raised;
-    `path` is untouched."""
+    and renamed into place (the directory fsync'ed after, where the file system allows it). On
+    any failure the temporary file is deleted and `path` is untouched; an OSError (a full disk,
+    a quota, RLIMIT_FSIZE: HDF5's too) is raised as a ComputationError naming `path` and why."""
     path = os.fspath(path)
-    if partial is None:
-        handle, partial = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial",
-                                           dir=os.path.dirname(os.path.abspath(path)))
-        os.close(handle)
     try:
+        if partial is None:
+            handle, partial = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial",
+                                               dir=os.path.dirname(os.path.abspath(path)))
+            os.close(handle)
         write(partial)
         with open(partial, "rb") as written:
             os.fsync(written.fileno())
         os.replace(partial, path)
+    except OSError as error:
+        raise ComputationError(f"{display(path)}: {one_line(failure_reason(error))}; it was not written (what was "
+                               "there stays)") from None
     finally:
-        if os.path.exists(partial):
+        if partial is not None and os.path.lexists(partial):
             os.unlink(partial)
+    _sync_directory(path)
 
 
 # ----------------------------------------------------------------------------- scratch
