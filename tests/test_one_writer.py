@@ -388,3 +388,19 @@ def test_a_kept_scf_without_its_record_is_recomputed(tmp_path):
     with RunCheckpoint(checkpoint) as policy:
         held, reused = policy.resume_scf(identity, lambda: pytest.fail("ran again"), None, None)
     assert reused and held[SCF_RECORD] == {"scf_backend": "pyscf"} and float(held["e_tot"]) == -76.1
+
+
+@pytest.mark.parametrize("command", [["run", "water"], ["info"]])
+def test_a_summary_to_a_full_standard_output_is_one_line_not_exit_0(tmp_path, command):
+    """`dfmp2 run a.xyz > file` on a full disk cut the printed summary and exited 0 without a word (the
+    text layer's buffer failed at exit): the summary is written whole or not at all, and the
+    failure is one line, exit 1, while the files the run wrote stay in place."""
+    args = [str(WATER) if arg == "water" else arg for arg in command]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "dfmp2", *args, *(["--json", "out.json"] if "run" in args else [])],
+                              cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "standard output: No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    if "run" in args:
+        assert json.loads((tmp_path / "out.json").read_text())["e_tot"] < 0

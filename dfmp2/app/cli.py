@@ -20,7 +20,7 @@ from ..util.files import Outputs
 from ..util.version import __version__
 from .progress import Progress
 from .report import print_bench, print_kernel_bench
-from .signals import SignalExit, Terminated, fail, guarded, stop_with
+from .signals import SignalExit, Terminated, fail, guarded, shown, stop_with
 
 DEVICE_CHOICES = "cpu|cuda|trn1|trn2|trn3"
 SEED_MAX = 2**64 - 1  # the Philox key is 64 bits
@@ -256,7 +256,7 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json
 
     record = guarded(compute, debug, outputs)
     if not quiet and not outputs.to_stdout():
-        print_kernel_bench(record) if "kernel" in record else print_bench(record)
+        shown(lambda: print_kernel_bench(record) if "kernel" in record else print_bench(record), debug)
 
 
 @cli.command()
@@ -265,17 +265,17 @@ def info():
     import platform
 
     from ..kernels import device_report
+    from ..util.appends import write_stdout
     from ..util.files import package_versions
 
     versions = {"dfmp2": __version__, "python": platform.python_version()}
     for package, version in package_versions(("torch", "pyscf", "numpy", "h5py", "click", "torch-neuronx",
                                               "torch-xla", "neuronx-cc", "nki")).items():
         versions[package] = version or "not installed"
-    for name, version in versions.items():
-        click.echo(f"{name:14s} {version}")
-    click.echo("devices:")
-    for device, (usable, detail) in device_report().items():
-        click.echo(f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}")
+    lines = [f"{name:14s} {version}" for name, version in versions.items()] + ["devices:"]
+    lines += [f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}"
+              for device, (usable, detail) in device_report().items()]
+    shown(lambda: write_stdout("\n".join(lines)))
 
 
 def main(argv=None):

@@ -24,7 +24,7 @@ from ..util.scratch import check_scratch
 from .batch import frames_of, molecule_sources, named_frames, run_batch
 from .progress import Progress
 from .report import print_batch_line, print_composite, print_summary
-from .signals import guarded
+from .signals import guarded, shown
 
 QCSCHEMA_SUFFIX = ".json"
 
@@ -117,7 +117,7 @@ def run_molecules(job: JobOptions, settings_options: dict) -> None:
     if record is None or job.quiet or outputs.to_stdout() or kind == "qcschema":
         return
     if kind == "one":
-        print_composite(record) if "workflow" in record else print_summary(record)
+        shown(lambda: print_composite(record) if "workflow" in record else print_summary(record), job.debug)
 
 
 def _as_a_rank(compute, job, settings_options):

@@ -1,11 +1,11 @@
 """The report a command prints: the run's summary and the benchmark's, from the result records
-(`DFMP2Result.as_dict`, the bench record). Formatting only; nothing here computes."""
+(`DFMP2Result.as_dict`, the bench record). Formatting only; nothing here computes. Printed
+through `appends.write_stdout` (a full standard output is then one line, `signals.shown`)."""
 
 from __future__ import annotations
 
-import click
-
 from ..kernels import is_host
+from ..util.appends import write_stdout
 
 
 def print_summary(r):
@@ -61,7 +61,7 @@ def print_summary(r):
     if r.get("kernel_specializations"):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
-    click.echo("\n".join(lines))
+    write_stdout("\n".join(lines))
 
 
 def _optimization_lines(r):
@@ -152,7 +152,7 @@ def print_bench(r):
         lines.append(f"  device GEMM rate {r['device_gemm_tflops']:.3f} TFLOPS (measured, {r['precision']})"
                      + (f"; pair energies reach {100 * fraction:.0f}% of it" if fraction else ""))
     lines += _model_lines(r, scale=1.0, unit="s")
-    click.echo("\n".join(lines))
+    write_stdout("\n".join(lines))
 
 
 def _model_lines(r, scale, unit):
@@ -195,7 +195,7 @@ def print_kernel_bench(r):
     if "published_trn1_ms" in r:
         lines.append(f"  published trn1 measurement of a sibling library's kernel: {r['published_trn1_ms']} ms "
                      f"(model / measured = {r['model_over_published']:.2f})")
-    click.echo("\n".join(lines))
+    write_stdout("\n".join(lines))
 
 
 COMPONENT_LABELS = (("e_ref", "E(ref)"), ("e_corr_os", "E(corr, os)"), ("e_corr_ss", "E(corr, ss)"),
@@ -226,19 +226,19 @@ def print_composite(r):
         where = "CBS" if "extrapolation" in r else r["bases"][-1]
         lines += ["", f"  interaction energy, {kind.upper()} ({where})" + " " * 8 + f"{'Eh':>16s} {'kcal/mol':>12s}"]
         lines += [f"    {label:38s} {values[key]:16.10f} {kcal[key]:12.6f}" for key, label in COMPONENT_LABELS]
-    click.echo("\n".join(lines))
+    write_stdout("\n".join(lines))
 
 
 def print_batch_line(r):
     """One molecule of several: its name, formula and total energy, or why it failed."""
     if r["status"] != "ok":
-        click.echo(f"{r['molecule']}: failed (exit {r['exit_code']}): {r['error']}")
+        write_stdout(f"{r['molecule']}: failed (exit {r['exit_code']}): {r['error']}")
         return
     if "workflow" in r:
         kind = next(iter(r.get("interaction", {})), None)
         value = r["interaction"][kind]["e_tot"] if kind else r["energies"]["whole"]["e_tot"]
         label = f"E_int({kind.upper()})" if kind else "E(total)"
-        click.echo(f"{r['molecule']}: {' and '.join(r['workflow'])}  {label} {value:.10f} Eh")
+        write_stdout(f"{r['molecule']}: {' and '.join(r['workflow'])}  {label} {value:.10f} Eh")
         return
     seconds = sum(r["timings"].values())
-    click.echo(f"{r['molecule']}: {r['formula']}  E(total) {r['e_tot']:.10f} Eh  ({seconds:.2f} s in steps)")
+    write_stdout(f"{r['molecule']}: {r['formula']}  E(total) {r['e_tot']:.10f} Eh  ({seconds:.2f} s in steps)")

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from ..util.appends import failure_reason
 from ..util.errors import DFMP2Error
 from ..util.files import one_line
 
@@ -58,6 +59,19 @@ def raise_if_signalled():
     if SIGNALS_RECEIVED:
         signum = SIGNALS_RECEIVED[0]
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
+def shown(show, debug=False):
+    """show() (it prints a command's text: `report`); an OSError writing standard output (a full
+    disk under `> file`, a closed pipe) is one line, exit 1, not a traceback or an exit 0 with the
+    text cut (each piece is written whole or not at all: `appends.write_stdout`)."""
+    try:
+        show()
+    except OSError as error:
+        if debug:
+            raise
+        fail(f"standard output: {failure_reason(error)}: the summary could not be written (the files the command "
+             "wrote are in place)", 1)
 
 
 def guarded(compute, debug, outputs):

@@ -21,7 +21,8 @@ checkpoint) and what it writes to standard output, a FIFO or a device goes throu
   - a SIGKILL (or a power cut) in the middle of one write() can still leave a cut last record:
     the kernel stops where it stopped. Readers of these files take whole records only (the
     journal drops a torn tail; a JSON Lines reader sees a last line without its newline).
-`failure_reason(error)` is the one-line reason messages give for such an OSError.
+`failure_reason(error)` is the one-line reason messages give for such an OSError; `write_stdout`
+prints a command's text (its summary) through it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import errno
 import os
 import re
 import stat
+import sys
 
 
 def failure_reason(error: BaseException) -> str:
@@ -115,3 +117,18 @@ class Appender:
             except OSError:
                 pass
         self.fd = None
+
+
+def write_stdout(text: str) -> None:
+    """`text` and a newline on standard output, written through an Appender (unbuffered: nothing is
+    left for the interpreter to flush at exit, where a full disk under `> file` went unsaid, exit
+    0): OSError where it cannot be written (a full disk, a closed pipe), for the command to say in
+    one line (`app.signals.shown`). A stream without a descriptor (in memory) is written to as it is."""
+    data = (text + "\n").encode(getattr(sys.stdout, "encoding", None) or "utf-8", "backslashreplace")
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        sys.stdout.write(text + "\n")
+        return
+    sys.stdout.flush()  # (what the text layer holds goes first)
+    Appender(fd, owned=False, sync=False).append(data)
