@@ -26,7 +26,6 @@ from ..run.settings import Settings, settings_from
 from ..util import environment
 from ..util.cpu_config import check_environment
 from ..util.errors import InputError, MemoryBudgetError, option
-from ..util.scratch import scratch_prefix
 from ..sparse import screen_integrals
 from ..util.system_memory import MB, peak_resident_bytes
 from .result import DFMP2Result
@@ -42,7 +41,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`). notes: the caller's
     announcements, last in the result's."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    with chem.pyscf_scratch(settings.scratch):  # PySCF's temporary files: the run's, removed with it
+    with chem.run_scratch(settings, context.team):  # --checkpoint locked, then PySCF's files: the run's
         return _run_mean_field(mf, settings, integrals, context, given, notes)
 
 
@@ -155,9 +154,8 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, notes=(), *
     the result's. Every input is checked before the SCF."""
     settings, context = _with_properties(_offered_precision(settings_from(settings, **changes))), context_from(context)
     chem.check_geometry(atoms)
-    # PySCF's temporary files: the run's, removed with it (a checkpoint's next run removes a killed one's)
-    with chem.pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
-        return _run_atoms(atoms, settings, context, notes)
+    with ExitStack() as run_scope:  # the run's scratch, entered once its input is checked (_run_atoms)
+        return _run_atoms(atoms, settings, context, run_scope, notes)
 
 
 def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
@@ -203,7 +201,7 @@ def _occupied(mol, settings, reference) -> list:
     return [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
 
 
-def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
+def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Result:
     flush = runs_torch(settings.device)  # the torch backend's thread pool flushes fp32 subnormals
     if flush and "torch" in sys.modules:  # torch loaded: PySCF's OpenMP regions in this thread share its pool,
         flush_subnormals_first()  # so flag the thread before they start one (`flush_subnormals_first`)
@@ -219,6 +217,8 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     spins = _occupied(mol, settings, reference)
     settings = _with_frozen_core(settings, mol, spins)
     _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting)
+    # --checkpoint locked (in use: one line), then PySCF's files; every scratch directory named by the run
+    run_scope.enter_context(chem.run_scratch(settings, context.team))
     builds = _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals)
 
     def run_scf():
