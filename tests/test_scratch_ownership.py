@@ -184,40 +184,52 @@ def test_a_run_on_another_checkpoint_at_the_same_path_leaves_a_live_runs_scratch
     assert scratch_of(scratch) == []
 
 
-def test_a_second_run_on_a_checkpoint_in_use_is_refused_whatever_the_first_is_doing(tmp_path, water_energy):
+def test_runs_waiting_for_a_checkpoint_in_use_are_refused_or_resume_it_never_crash(tmp_path, water_energy):
     """Defect: a second run on one --checkpoint started 5.5-6 s after the first exited 1
-    (FileNotFoundError) instead of "in use by process N". Its PySCF directory, made before it
-    tried the checkpoint's lock and named by the checkpoint, was removed by the first run's sweep
-    of its killed runs' scratch, and its own clean-up then failed. Here that interleaving is forced:
-    the second waits just before the lock while the first leaves its SCF and passes its sweep. The
-    second is refused in one line, exit 2, naming the first; the first finishes, exit 0."""
+    (FileNotFoundError) instead of "in use by process N". Its PySCF directory, made before it tried
+    the checkpoint's lock and named by the checkpoint, was removed by the first run's sweep of its
+    killed runs' scratch; the first then finished, the second took the lock and PySCF's first
+    temporary file went to a directory that was gone. Here that interleaving is forced: runs B and
+    C start while A holds DIR (in its SCF) and wait just before the lock while A passes its SCF, B
+    and its sweep. B, let go while A holds DIR, is refused in one line, exit 2, naming A; A
+    finishes, exit 0; C, let go after, resumes DIR: exit 0, the uninterrupted energy."""
     checkpoint, scratch = tmp_path / "ck", tmp_path / "scratch"
     scratch.mkdir()
-    marks = {name: tmp_path / name for name in ("in-scf", "scf-go", "in-pairs", "pairs-go", "at-lock", "lock-go")}
+    marks = {name: tmp_path / name for name in ("in-scf", "scf-go", "in-pairs", "pairs-go", "b-at-lock", "b-go",
+                                                "c-at-lock", "c-go")}
     args = [WATER, "--checkpoint", checkpoint, "--scratch", scratch, "--quiet"]
     first = start("run", *args, "--json", tmp_path / "a.json", SCF_DELAY=300, SCF_MARK=marks["in-scf"],
                   SCF_RELEASE=marks["scf-go"], PAIR_DELAY=300, PAIR_MARK=marks["in-pairs"],
                   PAIR_RELEASE=marks["pairs-go"])
-    second = None
+    waiting = []
     try:
-        wait_for(marks["in-scf"], first)  # the first holds DIR, in its SCF
-        second = start("run", *args, "--json", tmp_path / "b.json", LOCK_MARK=marks["at-lock"],
-                       LOCK_RELEASE=marks["lock-go"])
-        wait_for(marks["at-lock"], first, second)
+        wait_for(marks["in-scf"], first)  # A holds DIR, in its SCF
+        for run in ("b", "c"):
+            waiting.append(start("run", *args, "--json", tmp_path / f"{run}.json", LOCK_MARK=marks[f"{run}-at-lock"],
+                                 LOCK_RELEASE=marks[f"{run}-go"]))
+            wait_for(marks[f"{run}-at-lock"], first, *waiting)
         marks["scf-go"].touch()
-        wait_for(marks["in-pairs"], first, second)  # past the first's SCF, B and any sweep
-        marks["lock-go"].touch()
-        code, _, stderr = finish(second)
+        wait_for(marks["in-pairs"], first, *waiting)  # past A's SCF, B and any sweep
+        marks["b-go"].touch()
+        code, _, stderr = finish(waiting[0])
         assert code == 2 and stderr.count("\n") == 1, stderr
         assert f"in use by process {first.pid}" in stderr, stderr
+        marks["pairs-go"].touch()
+        code, _, stderr = finish(first)
+        assert code == 0, stderr
+        marks["c-go"].touch()
+        code, _, stderr = finish(waiting[1])
+        assert code == 0, stderr
     finally:
-        for mark in ("scf-go", "pairs-go", "lock-go"):
-            marks[mark].touch()
-        if second is not None and second.poll() is None:
-            second.kill()
-    code, _, stderr = finish(first)
-    assert code == 0, stderr
-    assert abs(json.loads((tmp_path / "a.json").read_text())["e_tot"] - water_energy) < 1e-10
+        for mark in marks.values():
+            mark.touch()
+        for proc in [first, *waiting]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for run in ("a", "c"):
+        assert abs(json.loads((tmp_path / f"{run}.json").read_text())["e_tot"] - water_energy) < 1e-10
+    assert json.loads((tmp_path / "c.json").read_text())["checkpoint"]["reused_scf"]
     assert not (tmp_path / "b.json").exists() and scratch_of(scratch) == []
 
 

@@ -49,6 +49,14 @@ _HELD = set()  # the paths of the scratch directories this process holds now
 _GUARD = threading.Lock()  # (_NAMES and _HELD are the process's: threads share them)
 
 
+def _new_guard():
+    global _GUARD
+    _GUARD = threading.Lock()  # a forked child's: another thread may have held the parent's at the fork
+
+
+os.register_at_fork(after_in_child=_new_guard)
+
+
 def scratch_root(scratch=None) -> str:
     """Where a run's scratch directories go: `scratch` (--scratch), else PYSCF_TMPDIR, else TMPDIR
     (PySCF's rule), else the system's temporary directory. A variable set to something unusable is
@@ -86,36 +94,36 @@ def current_name() -> str:
         return _NAMES[-1] if _NAMES else RUN
 
 
-class named_by:
+@contextlib.contextmanager
+def named_by(name: str | None, scratch=None):
     """Within: the scratch directories this process makes are named `name`* (`run_name`; None:
     unchanged). The first `named_by` of a name in the process first removes what a dead run of
-    that name left under scratch_root(scratch) (`sweep`). A context manager (nested uses stack)."""
-
-    def __init__(self, name: str | None, scratch=None):
-        self.name, self.scratch = name, scratch
-
-    def __enter__(self):
-        if self.name is None:
-            return current_name()
+    that name left under scratch_root(scratch) (`sweep`). Nested uses stack."""
+    if name is None:
+        yield current_name()
+        return
+    with _GUARD:
+        first = name not in _NAMES
+        _NAMES.append(name)
+    try:
+        if first and name != RUN:
+            sweep(name, scratch)
+        yield name
+    finally:
         with _GUARD:
-            first = self.name not in _NAMES
-            _NAMES.append(self.name)
-        if first and self.name != RUN:
-            sweep(self.name, self.scratch)
-        return self.name
-
-    def __exit__(self, *exc):
-        if self.name is not None:
-            with _GUARD:
-                del _NAMES[len(_NAMES) - 1 - _NAMES[::-1].index(self.name)]
-        return False
+            del _NAMES[len(_NAMES) - 1 - _NAMES[::-1].index(name)]
 
 
 def in_use(path) -> bool:
-    """`path` is a scratch directory this process holds now."""
+    """`path` is a scratch directory this process holds now (or is making)."""
     with _GUARD:
         held = list(_HELD)
-    return any(os.path.exists(h) and os.path.samefile(path, h) for h in held)
+    if os.path.abspath(path) in held:
+        return True
+    try:
+        return any(os.path.samefile(path, h) for h in held if os.path.exists(h))
+    except OSError:  # (gone meanwhile)
+        return False
 
 
 def holding() -> list:
@@ -159,7 +167,8 @@ def _release(path, lock, maker):
         if os.getpid() == maker:
             _remove(path)  # under the lock, the lock file last
     finally:
-        os.close(lock)  # (the maker's last descriptor: the kernel releases the flock)
+        with contextlib.suppress(OSError):
+            os.close(lock)  # (the maker's last descriptor: the kernel releases the flock)
 
 
 def _remove(path):
@@ -196,17 +205,21 @@ def scratch_directory(kind: str, scratch=None, name: str | None = None) -> Scrat
         path = os.path.abspath(tempfile.mkdtemp(prefix=f"{name or current_name()}{kind}-", dir=root))
     except OSError as error:
         raise InputError(f"{label}: cannot write there ({one_line(error.strerror or str(error))})") from None
+    with _GUARD:
+        _HELD.add(path)  # (before its lock file bears its name: this process's own sweeps never open it)
     try:
         lock = _lock_new(path)
-    except OSError as error:
+    except BaseException as error:  # (a signal included: nothing is left half-made)
         _remove(path)
+        with _GUARD:
+            _HELD.discard(path)
+        if not isinstance(error, OSError):
+            raise
         reason = one_line(error.strerror or str(error))
         if error.errno in _NO_LOCKS:
             raise InputError(f"{label}: cannot lock a file there (flock: {reason}); dfmp2 locks each scratch "
                              f"directory it makes: give a {option('scratch')} on a file system with file locks") from None
         raise InputError(f"{label}: cannot write there ({reason})") from None
-    with _GUARD:
-        _HELD.add(path)
     return ScratchDirectory(path, lock)
 
 
