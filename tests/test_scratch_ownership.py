@@ -237,9 +237,11 @@ def test_runs_waiting_for_a_checkpoint_in_use_are_refused_or_resume_it_never_cra
 
 
 @pytest.mark.parametrize("command, kind, hooks", [
-    ("run", "scf", {"SCF_ON_DISK": 1}),  # a low-memory SCF: the JK-fit integrals in a scratch file (RowFile)
-    ("grad", "gradient", {}),
-    ("optimize", "pyscf", {}),  # in the first step's run, the optimisation's own directory made before it
+    # a low-memory SCF: the JK-fit integrals in a scratch file (RowFile)
+    pytest.param("run", "scf", {"SCF_ON_DISK": 1}, id="run-in-a-low-memory-scf"),
+    pytest.param("grad", "gradient", {}, id="grad-in-the-gradient"),
+    # in the first step's run, the optimisation's own directory made before it
+    pytest.param("optimize", "pyscf", {}, id="optimize-in-a-step"),
 ])
 def test_a_resume_removes_its_killed_runs_scratch_of_every_kind(tmp_path, command, kind, hooks):
     """Defect: after SIGKILL during a low-memory SCF, `grad` or `optimize`, the resume with the same
