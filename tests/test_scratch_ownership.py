@@ -32,12 +32,13 @@ def water_energy():
     return run_xyz(WATER, precision=COMMAND_PRECISION).e_tot
 
 
-def start(command, *args, **hooks):
-    """`dfmp2 command args` started, with the fault hooks `hooks` (DFMP2_TEST_<NAME>=value)."""
+def start(command, *args, cwd=None, **hooks):
+    """`dfmp2 command args` started in `cwd` (where an optimisation writes its geometry files), with
+    the fault hooks `hooks` (DFMP2_TEST_<NAME>=value)."""
     env = {name: value for name, value in os.environ.items() if name not in ("PYSCF_TMPDIR", "TMPDIR")}
     env["PYTHONPATH"] = os.pathsep.join([FAULTS, os.environ.get("PYTHONPATH", "")])
     env.update({f"DFMP2_TEST_{name}": str(value) for name, value in hooks.items()})
-    return subprocess.Popen([sys.executable, "-m", "dfmp2", command, *map(str, args)], env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "dfmp2", command, *map(str, args)], env=env, text=True, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
 
 
@@ -251,7 +252,7 @@ def test_a_resume_removes_its_killed_runs_scratch_of_every_kind(tmp_path, comman
     checkpoint, scratch, mark = tmp_path / "ck", tmp_path / "scratch", tmp_path / "made"
     scratch.mkdir()
     args = [WATER, "--checkpoint", checkpoint, "--scratch", scratch, "--quiet", "--json", tmp_path / "out.json"]
-    killed = start(command, *args, SCRATCH_KIND=kind, SCRATCH_MARK=mark, SCRATCH_DELAY=300, **hooks)
+    killed = start(command, *args, cwd=tmp_path, SCRATCH_KIND=kind, SCRATCH_MARK=mark, SCRATCH_DELAY=300, **hooks)
     try:
         wait_for(mark, killed)
     finally:
@@ -263,7 +264,7 @@ def test_a_resume_removes_its_killed_runs_scratch_of_every_kind(tmp_path, comman
         assert [name for name in left if "-optimize-" in name], left
     live, live_path = holder(scratch, scratch_name(checkpoint))  # a live run's, bearing the same name
     try:
-        code, _, stderr = finish(start(command, *args))
+        code, _, stderr = finish(start(command, *args, cwd=tmp_path))
         assert code == 0, stderr
         assert scratch_of(scratch) == [os.path.basename(live_path)]
     finally:
