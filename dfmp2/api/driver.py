@@ -25,7 +25,6 @@ from ..run.settings import Settings, settings_from
 from ..util import environment
 from ..util.cpu_config import check_environment
 from ..util.errors import InputError, MemoryBudgetError, option
-from ..util.scratch import scratch_prefix
 from ..sparse import screen_integrals
 from ..util.system_memory import MB, peak_resident_bytes
 from .agreement import agree_on_run, agreed_mean_field
@@ -43,14 +42,15 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`). notes: the caller's
     announcements, last in the result's."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    with context.agreeing(), chem.pyscf_scratch(settings.scratch):  # (PySCF's temporary files: the run's)
-        return _run_mean_field(mf, settings, integrals, context, given, notes)
+    with context.agreeing(), ExitStack() as run_scope:  # the run's scratch: entered once the ranks agree
+        return _run_mean_field(mf, settings, integrals, context, given, run_scope, notes)
 
 
-def _run_mean_field(mf, settings, integrals, context, given, extra_notes) -> DFMP2Result:
+def _run_mean_field(mf, settings, integrals, context, given, run_scope, extra_notes) -> DFMP2Result:
     backend = backend_for(_offered_precision(settings))
     context = _synchronized(context, backend)
     mf = agreed_mean_field(context, mf, settings, integrals, backend)  # over ranks: rank 0's orbitals
+    run_scope.enter_context(chem.run_scratch(settings, context.team))  # --checkpoint locked, PySCF's files
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     screening = {"mp2": _screened(settings, integrals, backend).screening_record}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
@@ -154,9 +154,8 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, notes=(), *
     timer (`dfmp2.run.context`; default: one process); notes: the caller's announcements, last in
     the result's. Every input is checked before the SCF."""
     settings, context = settings_from(settings, **changes), context_from(context)
-    # PySCF's temporary files: the run's, removed with it (a checkpoint's next run removes a killed one's)
-    with context.agreeing(), chem.pyscf_scratch(settings.scratch, scratch_prefix(settings.checkpoint)):
-        return _run_atoms(atoms, _with_properties(_offered_precision(settings)), context, notes)
+    with context.agreeing(), ExitStack() as run_scope:  # the run's scratch, entered once its input is checked (_run_atoms)
+        return _run_atoms(atoms, _with_properties(_offered_precision(settings)), context, run_scope, notes)
 
 
 def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
@@ -202,7 +201,7 @@ def _occupied(mol, settings, reference) -> list:
     return [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
 
 
-def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
+def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Result:
     flush = runs_torch(settings.device)  # the torch backend's thread pool flushes fp32 subnormals
     if flush and "torch" in sys.modules:  # torch loaded: PySCF's OpenMP regions in this thread share its pool,
         flush_subnormals_first()  # so flag the thread before they start one (`flush_subnormals_first`)
@@ -220,6 +219,8 @@ def _run_atoms(atoms, settings, context, extra_notes=()) -> DFMP2Result:
     settings = _with_frozen_core(settings, mol, spins)
     _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting)
     agree_on_run(context, mol, settings, integrals, backend, jk_fitting)  # over ranks, before any work
+    # --checkpoint locked (in use: one line), then PySCF's files; every scratch directory named by the run
+    run_scope.enter_context(chem.run_scratch(settings, context.team))
     builds = _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals)
 
     def run_scf():

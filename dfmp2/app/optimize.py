@@ -44,7 +44,7 @@ from ..run.checkpoint import open_checkpoint
 from ..run.context import RunContext, Timer
 from ..run.settings import Settings
 from ..util.errors import InputError, option
-from ..util.scratch import scratch_directory
+from ..util.scratch import named_by, scratch_directory
 
 NAME = "optimize"  # the checkpoint section and file (DIR/optimize.npz)
 REPLAY_TOLERANCE = 1e-9  # Angstrom: a stored step is replayed when geomeTRIC asks for its geometry to this
@@ -257,7 +257,7 @@ def _run_geometric(modules, symbols, start, evaluate, max_steps, scratch, constr
     molecule = molecule_module.Molecule()
     molecule.elem, molecule.xyzs = list(symbols), [start.copy()]
     root, level, handlers = logging.getLogger(), logging.getLogger().level, logging.getLogger().handlers[:]
-    with scratch_directory("dfmp2-optimize-", scratch) as directory:
+    with scratch_directory("optimize", scratch) as directory:
         log_ini = os.path.join(directory, "log.ini")
         with open(log_ini, "w", encoding="utf-8") as handle:
             handle.write(_QUIET_LOG)
@@ -290,10 +290,12 @@ def _final_step(steps, final_coords) -> int:
 
 
 class _StepStore:
-    """The finished steps in a checkpoint directory (module docstring), or nowhere (None)."""
+    """The finished steps in a checkpoint directory (module docstring), or nowhere (None). While it
+    is open, every scratch directory the optimisation makes (geomeTRIC's, each run's) is named by
+    the checkpoint (`scratch.named_by`), so that the next run of it removes what a killed one left."""
 
     def __init__(self, directory, allow_other_files, symbols, start, settings):
-        self.checkpoint, self.stored = None, []
+        self.checkpoint, self.stored, self._named = None, [], None
         if directory is None:
             return
         identity = {"symbols": symbols, "start": start.tolist(),
@@ -301,6 +303,8 @@ class _StepStore:
                                  if k not in ("max_memory", "scratch", "checkpoint", "checkpoint_allow_other_files")}}
         self.checkpoint = open_checkpoint(directory, allow_other_files)
         try:
+            self._named = named_by(self.checkpoint.scratch_prefix, settings.scratch)
+            self._named.__enter__()  # (locked first: a dead run's scratch of it removed)
             if self.checkpoint.claim(NAME, identity):
                 arrays = self.checkpoint.load_arrays(NAME, "the optimisation steps")
                 if arrays is not None:
@@ -328,6 +332,9 @@ class _StepStore:
                                         gradients=np.array([s.gradient for s in steps]))
 
     def close(self):
+        if self._named is not None:
+            self._named.__exit__(None, None, None)
+            self._named = None
         if self.checkpoint is not None:
             self.checkpoint.close()
             self.checkpoint = None

@@ -36,5 +36,5 @@ from .reference import (NOBLE_GAS_CORES, MeanField, check_gamma_point, dipole_mo
 from .scf import (KS_CONV_TOL, KS_CONV_TOL_GRAD, REFERENCES, SCF_CONV_TOL, SCF_CONV_TOL_GRAD, check_xc,  # noqa: F401
                   choose_reference, copy_with_builds, density_factors, fitted_builds_of, is_range_separated,
                   jk_auxbasis_of, jk_fitting_integrals, pyscf_scratch, pyscf_threads, reference_fitting_integrals,
-                  release_integrals, restored_scf, restored_scf_from, run_scf, scf_arrays, scf_auxbasis_name, scf_mode,
+                  release_integrals, restored_scf, restored_scf_from, run_scf, run_scratch, scf_arrays, scf_auxbasis_name, scf_mode,
                   use_fitted_builds)

@@ -6,9 +6,10 @@ import contextlib
 
 import numpy as np
 
+from ..run.run_checkpoint import checkpoint_scratch
 from ..run.settings import SCF_MAX_CYCLE
 from ..util.errors import ComputationError, ConvergenceError, InputError, option
-from ..util.scratch import held_directory, holding
+from ..util.scratch import holding, scratch_directory
 from .basis import describe_basis, fitting_basis
 from .integrals import EarlyIntegrals, ThreeCenterIntegrals
 
@@ -38,23 +39,33 @@ def release_integrals(mf) -> None:
 
 
 @contextlib.contextmanager
-def pyscf_scratch(scratch=None, prefix="dfmp2-"):
+def pyscf_scratch(scratch=None):
     """Within: PySCF's temporary files (pyscf.lib.param.TMPDIR: out-of-core DF tensors, any
-    chkfile) go to a new directory <prefix>pyscf-* under `util.scratch.scratch_root(scratch)` (prefix:
-    `util.scratch.scratch_prefix`), removed on the way out however the run ends (after a SIGKILL, by the
-    next run of the same checkpoint); nested uses share the outer one. InputError before anything
-    runs when the directory cannot be made (a read-only PYSCF_TMPDIR, a missing --scratch)."""
+    chkfile) go to a new scratch directory of kind "pyscf" under `util.scratch.scratch_root(scratch)`,
+    named and locked by the run (`util.scratch.scratch_directory`: a checkpoint's resume removes a
+    killed run's), removed on the way out however the run ends; nested uses share the outer one.
+    InputError before anything runs when the directory cannot be made (a read-only PYSCF_TMPDIR or
+    TMPDIR, a missing --scratch)."""
     from pyscf.lib import param
 
     if param.TMPDIR in holding():
         yield param.TMPDIR
         return
-    with held_directory(prefix + "pyscf-", scratch) as directory:
+    with scratch_directory("pyscf", scratch) as directory:
         previous, param.TMPDIR = param.TMPDIR, directory
         try:
             yield directory
         finally:
             param.TMPDIR = previous
+
+
+@contextlib.contextmanager
+def run_scratch(settings, team=None):
+    """Within: a run's scratch (`run.run_checkpoint.checkpoint_scratch`: settings.checkpoint locked
+    first, every scratch directory made within named by it) and PySCF's temporary files in a
+    directory of it (`pyscf_scratch`). Gives that directory."""
+    with checkpoint_scratch(settings, team), pyscf_scratch(settings.scratch) as directory:
+        yield directory
 
 
 @contextlib.contextmanager

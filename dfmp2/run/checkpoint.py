@@ -12,6 +12,10 @@
                              "B"        the whitened tensors are complete: their shapes, the
                                         metric factorisation
                              "pairs"    the pair-task list the journal indexes (occupied block)
+                             "scratch_id"  random, made with the manifest: names the scratch
+                                        directories of the checkpoint's runs (`scratch_prefix`),
+                                        so that a resume finds its killed run's and no other
+                                        checkpoint's (dfmp2.util.scratch)
     DIR/dfmp2.lock         held (flock) by the run using DIR; a second run is refused at once
     DIR/scf.npz            the converged reference (mo_coeff, mo_energy, mo_occ, e_tot)
     DIR/optimize.npz       `dfmp2 optimize`: its finished steps (section "optimize"; dfmp2.app.optimize)
@@ -51,7 +55,7 @@ import numpy as np
 from ..util.errors import InputError, option
 from ..util.files import display, write_atomically
 from ..util.provenance import arrays_identity, difference, h5_identity, mismatch, stamp_h5, stamped
-from ..util.scratch import scratch_prefix
+from ..util.scratch import is_scratch_directory, run_name
 from ..util.version import __version__
 from .journal import PairJournal
 
@@ -111,7 +115,6 @@ class Checkpoint:
     def __init__(self, directory):
         self.directory = os.path.abspath(directory)
         self.label = display(directory)  # (as messages show it: one line, UTF-8)
-        self.scratch_prefix = scratch_prefix(self.directory)  # names its scratch directories
         self.manifest = {}
         self.notes = []  # what was found damaged and recomputed (for the result's notes)
         self._lock = None
@@ -136,7 +139,8 @@ class Checkpoint:
             entries = set(os.listdir(self.directory))
         except OSError as error:
             raise InputError(f"{option('checkpoint', self.label)}: cannot read it ({error.strerror})") from None
-        others = sorted(entries - {LOCK})
+        # (a scratch root inside DIR holds dfmp2's scratch directories: not the user's files)
+        others = sorted(name for name in entries - {LOCK} if not is_scratch_directory(self.path(name)))
         if MANIFEST not in entries and others:
             if not allow_other_files:
                 shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
@@ -152,6 +156,8 @@ class Checkpoint:
             if not self.manifest:
                 self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
                                  "files": {LOCK: {"section": None, "state": "lock"}}}
+            if "scratch_id" not in self.manifest:  # (a new manifest, or one an older dfmp2 wrote)
+                self.manifest["scratch_id"] = os.urandom(8).hex()
                 self._write_manifest()
         except BaseException:
             self._release_lock()
@@ -201,6 +207,13 @@ class Checkpoint:
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
+
+    @property
+    def scratch_prefix(self) -> str | None:
+        """The name of the scratch directories of this checkpoint's runs (`scratch.run_name` of the
+        manifest's "scratch_id"), once the manifest is read (rank 0's: None on an unopened one)."""
+        identity = self.manifest.get("scratch_id")
+        return run_name(identity) if isinstance(identity, str) and identity.isalnum() else None
 
     # -- the manifest
 

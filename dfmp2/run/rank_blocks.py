@@ -100,7 +100,7 @@ class RankBlocks:
         host = np.ascontiguousarray(self.backend.to_host(block))
         rows, nvir, ncols = host.shape
         if self._file is None:
-            self._file = RowFile((self.capacity, nvir * ncols), self.scratch, prefix="dfmp2-rank-", dtype=host.dtype)
+            self._file = RowFile((self.capacity, nvir * ncols), self.scratch, kind="rank", dtype=host.dtype)
         self._file.write_rows(self._next_row, host.reshape(rows, nvir * ncols))
         self._held[b] = (self._next_row, rows, nvir, ncols)
         self._next_row += rows

@@ -1,10 +1,12 @@
 """The checkpoint as a run uses it: B and the pair journal kept, found and checked against
 the run's identity (`pipeline_identity`). Three policies, composed by `open_run_checkpoint`:
 `NoCheckpoint` where none was asked for, `RunCheckpoint` for one process (it knows nothing of
-ranks), and over a team `rank_checkpoint.RankCheckpoint` around each rank's `RunCheckpoint`."""
+ranks), and over a team `rank_checkpoint.RankCheckpoint` around each rank's `RunCheckpoint`.
+`checkpoint_scratch` locks DIR before the run makes any scratch, and names that scratch by it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -14,7 +16,8 @@ from ..util.provenance import canonical
 from .checkpoint import array_digest, open_checkpoint, version_identity
 from .journal import PairJournal
 from .rank_checkpoint import RankCheckpoint, open_shared_checkpoint
-from .storage import DiskStore, remove_scratch
+from ..util.scratch import named_by
+from .storage import DiskStore
 
 SCF_RECORD = "scf_record"  # the member of scf.npz that says what made the SCF (`resume_scf`)
 
@@ -38,7 +41,7 @@ class NoCheckpoint:
     """The resume policy of a run without --checkpoint: nothing is held, nothing is kept."""
 
     keeps_b = False
-    scratch_prefix = "dfmp2-"
+    scratch_prefix = None  # its scratch directories take the name util.scratch.named_by gives
 
     def __enter__(self):
         return self
@@ -132,10 +135,8 @@ class RunCheckpoint(NoCheckpoint):
 
     def held_b(self, backend, channels, shapes) -> list:
         """The stores of the complete B files the manifest vouches for (size and sha256 checked),
-        or [] (then the B section is reset and its files registered for this run to write). The
-        scratch a killed run of this checkpoint left behind is deleted first."""
+        or [] (then the B section is reset and its files registered for this run to write)."""
         checkpoint = self.checkpoint
-        remove_scratch(self.scratch, self.scratch_prefix)
         names = [self.b_path(ch, full=False) for ch in channels]
         if "ranks" not in checkpoint.manifest.get("B", {"ranks": None}):  # a section of one process's B
             reasons = [checkpoint.check(name) for name in names]
@@ -257,3 +258,28 @@ def open_run_checkpoint(settings, team=None):
         return RunCheckpoint(open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files),
                              settings.scratch)
     return RankCheckpoint(RunCheckpoint(open_shared_checkpoint(settings, team), settings.scratch), team)
+
+
+@contextlib.contextmanager
+def checkpoint_scratch(settings, team=None):
+    """Within: a run's scratch. With settings.checkpoint, DIR is opened and locked first (over a
+    team, by rank 0: InputError "in use by process N" before this run makes any scratch), and every
+    scratch directory made within is named by DIR's identity (`Checkpoint.scratch_prefix`,
+    `scratch.named_by`), what a killed run of DIR left under the same scratch root removed first.
+    Without one, nothing changes (an enclosing name, e.g. an optimisation's, stays)."""
+    if settings.checkpoint is None:
+        yield
+        return
+    opened = []
+
+    def lock_and_name():
+        opened.append(open_checkpoint(settings.checkpoint, settings.checkpoint_allow_other_files))
+        return opened[0].scratch_prefix
+
+    try:
+        name = lock_and_name() if team is None else team.on_root(lock_and_name)
+        with named_by(name, settings.scratch):
+            yield
+    finally:
+        for checkpoint in opened:
+            checkpoint.close()

@@ -16,7 +16,7 @@ import numpy as np
 from ..util.errors import InputError
 from ..util.files import display, write_output
 from ..util.provenance import h5_identity, mismatch, stamp_h5
-from ..util.scratch import in_use, scratch_directory, scratch_failure, scratch_root
+from ..util.scratch import scratch_directory, scratch_failure
 
 
 class MemoryStore:
@@ -58,21 +58,21 @@ class DiskStore:
       - the pair stage reads contiguous occupied slabs of B (out of core without a checkpoint,
         each slab's rows of (ia|P) are read once, whitened and written as the pair stage
         reaches them, so that (ia|P) is read once in all).
-    Both files live in a temporary directory under `directory` (default: `scratch.scratch_root`), deleted
-    on close(), unless `path` names where to keep B (a checkpoint): that file is kept and marked
-    complete once every row is written (`reopen` reads it back). `prefix` names the temporary
-    directory (a checkpointed run uses its own, to find what a killed run left behind). bytes_written / bytes_read
-    count the array bytes moved."""
+    Both files live in a scratch directory of kind "b" under `directory` (default:
+    `scratch.scratch_root`; `scratch.scratch_directory`), deleted on close(), unless `path` names
+    where to keep B (a checkpoint): that file is kept and marked complete once every row is written
+    (`reopen` reads it back). `prefix`: the run's name for that directory (`scratch.run_name`; None:
+    the one `scratch.named_by` gives now). bytes_written / bytes_read count the array bytes moved."""
 
     kind = "disk"
 
-    def __init__(self, backend, shape, directory=None, path=None, prefix="dfmp2-", identity=None):
+    def __init__(self, backend, shape, directory=None, path=None, prefix=None, identity=None):
         import h5py
 
         self.backend = backend
         self.shape = tuple(shape)
         self.scratch = directory
-        self._tmpdir = scratch_directory(prefix, directory)
+        self._tmpdir = scratch_directory("b", directory, prefix)
         self.path = path or os.path.join(self._tmpdir.name, "B.h5")
         self._kept = path is not None
         self._aux_file = self._file = None
@@ -209,10 +209,10 @@ def close_scratch(handle, directory) -> tuple:
     return None, None
 
 
-def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-", identity=None):
+def new_store(backend, shape, storage, scratch=None, path=None, prefix=None, identity=None):
     """An empty store of the [nocc, nvir, naux] tensor where the memory plan puts it: storage
-    "memory" (MemoryStore) or "disk" (DiskStore under `scratch`, B kept at `path` if given,
-    carrying the file identity `identity`)."""
+    "memory" (MemoryStore) or "disk" (DiskStore under `scratch`, its directory named by the run
+    `prefix`, B kept at `path` if given, carrying the file identity `identity`)."""
     if storage == "memory":
         return MemoryStore(backend, shape)
     return DiskStore(backend, shape, scratch, path, prefix, identity)
@@ -220,8 +220,9 @@ def new_store(backend, shape, storage, scratch=None, path=None, prefix="dfmp2-",
 
 class ScratchArrays:
     """fp64 arrays for the gradient's large intermediates: host arrays (storage "memory"), or
-    (storage "disk", the energy's B out of core) HDF5 datasets in a temporary directory under
-    `scratch`, deleted by close() (and when the object is collected). A context manager."""
+    (storage "disk", the energy's B out of core) HDF5 datasets in a scratch directory of kind
+    "gradient" under `scratch` (`scratch.scratch_directory`), deleted by close() (and when the
+    object is collected). A context manager."""
 
     def __init__(self, storage, scratch=None):
         self.kind, self.scratch, self._tmpdir, self._file = storage, scratch, None, None
@@ -231,7 +232,7 @@ class ScratchArrays:
     def _open(self):
         import h5py
 
-        self._tmpdir = scratch_directory("dfmp2-gradient-", self.scratch)
+        self._tmpdir = scratch_directory("gradient", self.scratch)
         try:
             self._file = h5py.File(os.path.join(self._tmpdir.name, "arrays.h5"), "w")
         except OSError as error:
@@ -286,17 +287,6 @@ class ThreeIndexDensity:
 
     def close(self):
         self._arrays.close()
-
-
-def remove_scratch(directory, prefix):
-    """Delete the scratch directories named prefix* under `directory` (default: `scratch.scratch_root`):
-    what a run killed with SIGKILL could not remove."""
-    import glob
-    import shutil
-
-    for path in glob.glob(os.path.join(scratch_root(directory), glob.escape(prefix) + "*")):
-        if not in_use(path):  # (this run's own PySCF directory bears the same prefix)
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def ovl_names(nspin: int) -> list:

@@ -24,6 +24,8 @@ _RENDEZVOUS = "torchrun, or the user under srun: present before a rank joins the
 VARIABLES = {
     # scratch
     "PYSCF_TMPDIR": "the user (PySCF's setting): where scratch directories go, before TMPDIR (util.scratch)",
+    "TMPDIR": "the user or the batch system: where scratch directories go unless --scratch or PYSCF_TMPDIR says; "
+              "checked as PYSCF_TMPDIR is, never passed over (util.scratch.scratch_root)",
     # the CPU configuration (util.cpu_config)
     "DFMP2_SCF_FP64_SQUARE": "the user, 1 or 0: overrides the CPU table's choice of the SCF's fp64 square copy of B",
     "OMP_WAIT_POLICY": _THREADS,

@@ -23,11 +23,12 @@ JSON Lines) and whatever goes to standard output, a FIFO or a device are written
 (a full disk, a quota, RLIMIT_FSIZE) is one ComputationError naming the file and why.
 
 Files in directories dfmp2 owns (a checkpoint's manifest, arrays, B and journals):
-`write_atomically`. Scratch: `scratch_directory` (one line naming the directory when it cannot be
-made), `scratch_failure` (a write that failed there, e.g. a full disk) and `RowFile` (a raw fp64
-array in a scratch directory: the SCF's integrals out of core). PySCF's own temporary
-files (out-of-core DF tensors) go to a directory of the run's (`held_directory`, through
-`chem.pyscf_scratch`) that is removed when the run ends, however it ends. Names in messages and
+`write_atomically`. Scratch (dfmp2.util.scratch): `scratch_directory` (every scratch directory,
+named and locked by its run; one line naming the directory when it cannot be made),
+`scratch_failure` (a write that failed there, e.g. a full disk) and `RowFile` (a raw fp64 array in
+a scratch directory: the SCF's integrals out of core). PySCF's own temporary files (out-of-core
+DF tensors) go to a scratch directory of the run's (through `chem.pyscf_scratch`) that is removed
+when the run ends, however it ends. Names in messages and
 JSON records: `display` (one line, valid UTF-8 whatever the name's bytes).
 """
 
