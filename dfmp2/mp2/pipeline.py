@@ -129,7 +129,7 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     """(memory plan, notes, keep t2?) of a run with the active spaces `selected`: B in memory
     or on disk (a checkpoint or force_outcore keep it on disk; ranks keep their share in
     memory or on disk as rank 0's plan says, with its block sizes), and t2 when asked for and the budget holds it. The
-    notes include a --max-memory above a hard limit found (`memory.memory_budget`)."""
+    notes include a --max-memory above a hard limit found (`budget.memory_budget`)."""
     spaces = [(o.size, v.size) for o, v, _ in selected]
     team = context.team
     on_disk = given is None and (settings.force_outcore or (team is None and settings.checkpoint is not None))
