@@ -89,6 +89,8 @@ SLOW = {
     "test_memory_budget.py::test_molecule_with_scf_stays_within_the_budget[pyscf-480]": 18,
     "test_memory_budget.py::test_gradient_stays_within_the_budget": 60,
     "test_memory_limits.py::test_water16_runs_in_a_2500_mb_cgroup_without_max_memory": 115,
+    "test_budget_rule.py::test_water8_runs_at_470_mb_as_with_a_checkpoint": 36,
+    "test_budget_rule.py::test_qcengine_runs_water8_in_a_520_mb_cgroup": 40,
     "test_nki_kernels.py::test_ao2mo_streams_c_vir_for_any_nao[trn2-0.6-3000-230-131-2]": 13,
     "test_nki_kernels.py::test_pair_energy_streams_b_j_for_any_size": 7,
     "test_gpu_references.py::test_cpu_fp64_matches_gpu_fp64[naphthalene-cc-pvtz]": 24,

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from conftest import ROOT
-from dfmp2.run import memory
+from dfmp2.run import budget, memory
 from dfmp2.util import memory_limits
 from dfmp2.util.errors import InputError
 from dfmp2.util.memory_limits import MIB, cgroup_limits, free_memory, memory_cgroups, rlimits, slurm_limit
@@ -162,7 +162,7 @@ def test_free_memory_is_memavailable(tmp_path):
 @pytest.fixture
 def limited(tmp_path, monkeypatch):
     """The budget's readers pointed at prepared files: 20 GB free, a 2500 MB cgroup holding
-    400 MB, an RLIMIT_AS with 3000 MB left, no Slurm; resident 300 MB, one rank."""
+    400 MB, an RLIMIT_AS with 3000 MB left, no Slurm; resident 300 MB (as the budget reads it), one rank."""
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "meminfo").write_text(f"MemAvailable: {20_000 * MB // 1024} kB\n")
     cgroup_tree(tmp_path, "v1", "/job", {"/job": (2500 * MB, 700 * MB, 300 * MB)})
@@ -171,11 +171,14 @@ def limited(tmp_path, monkeypatch):
              resource.RLIMIT_DATA: (resource.RLIM_INFINITY, resource.RLIM_INFINITY)}
     monkeypatch.setattr(resource, "getrlimit", lambda which: given[which])
     root = str(tmp_path)
-    monkeypatch.setattr(memory, "free_memory", lambda: memory_limits.free_memory(root))
-    monkeypatch.setattr(memory, "cgroup_limits", lambda: memory_limits.cgroup_limits(root))
-    monkeypatch.setattr(memory, "rlimits", lambda: memory_limits.rlimits(root))
+    monkeypatch.setattr(budget, "free_memory", lambda: memory_limits.free_memory(root))
+    monkeypatch.setattr(budget, "cgroup_limits", lambda: memory_limits.cgroup_limits(root))
+    monkeypatch.setattr(budget, "rlimits", lambda: memory_limits.rlimits(root))
     environ = {}
-    monkeypatch.setattr(memory, "slurm_limit", lambda held: memory_limits.slurm_limit(held, environ))
+    monkeypatch.setattr(budget, "slurm_limit", lambda held: memory_limits.slurm_limit(held, environ))
+    monkeypatch.setattr(budget, "_ABOVE", {})  # no --max-memory found above a limit yet
+    for module in (budget, memory):  # the budget's and the plan's reading of the resident set
+        monkeypatch.setattr(module, "resident_bytes", lambda: 300 * MB)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     return given, environ
 
@@ -185,37 +188,40 @@ def test_the_smallest_limit_sets_the_budget_and_is_named(limited, monkeypatch):
     (MB): the cgroup's, named; shared headroom divided among LOCAL_WORLD_SIZE ranks, a
     process's own (RLIMIT_AS) not; a Slurm job below them all wins."""
     given, environ = limited
-    budget = memory.memory_budget(None, 300 * MB)
-    assert abs(budget.size - 1980 * MB) <= 1 and budget.note == ""
-    assert budget.source.startswith("cgroup v1 memory.limit_in_bytes (/sys/fs/cgroup/memory/job): 2500 MB")
-    assert memory.budget_bytes(None, 300 * MB) == budget.size
+    found = budget.memory_budget(None, 300 * MB)
+    assert abs(found.size - 1980 * MB) <= 1 and found.note == ""
+    assert found.source.startswith("cgroup v1 memory.limit_in_bytes (/sys/fs/cgroup/memory/job): 2500 MB")
+    assert budget.budget_bytes(None, 300 * MB) == found.size
     given[resource.RLIMIT_AS] = (6500 * MB, resource.RLIM_INFINITY)  # 1500 MB left: 300 + 1200
-    assert memory.memory_budget(None, 300 * MB).source.startswith("RLIMIT_AS")
+    assert budget.memory_budget(None, 300 * MB).source.startswith("RLIMIT_AS")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # the cgroup's 2100 MB headroom / 4: 300 + 420
-    budget = memory.memory_budget(None, 300 * MB)
-    assert abs(budget.size - 720 * MB) <= 1 and budget.source.startswith("cgroup v1")
+    found = budget.memory_budget(None, 300 * MB)
+    assert abs(found.size - 720 * MB) <= 1 and found.source.startswith("cgroup v1")
     environ["SLURM_MEM_PER_NODE"] = "1600"  # 1677.7 MB less 4 x 300 MB held, / 4, x 0.8: 300 + 95.5
-    budget = memory.memory_budget(None, 300 * MB)
-    assert budget.source.startswith("Slurm SLURM_MEM_PER_NODE=1600 (MiB)")
-    assert abs(budget.size - (300 * MB + 0.8 * (1600 * MIB - 1200 * MB) / 4)) <= 1
+    found = budget.memory_budget(None, 300 * MB)
+    assert found.source.startswith("Slurm SLURM_MEM_PER_NODE=1600 (MiB)")
+    assert abs(found.size - (300 * MB + 0.8 * (1600 * MIB - 1200 * MB) / 4)) <= 1
 
 
-def test_max_memory_overrides_and_a_note_names_the_hard_limit_below_it(limited):
-    budget = memory.memory_budget(2000)
-    assert (budget.size, budget.source, budget.note) == (2000 * MB, "max_memory", "")
-    budget = memory.memory_budget(3000)
-    assert budget.size == 3000 * MB and budget.source == "max_memory"  # not capped
-    assert budget.note.startswith("max_memory 3000 MB is above the cgroup v1 memory.limit_in_bytes "
-                                  "(/sys/fs/cgroup/memory/job): 2500 MB")
+def test_max_memory_is_kept_below_every_limit_and_replaced_above_one(limited):
+    """--max-memory below what each hard limit lets the process hold is the budget; above one (the
+    cgroup stops it at 300 + 2100 MB) it is not usable: the budget is the default's, with a note
+    (issue 72: it was kept, and the run killed by the cgroup)."""
+    found = budget.memory_budget(2000)
+    assert (found.size, found.source, found.note) == (2000 * MB, "max_memory", "")
+    found = budget.memory_budget(3000)
+    assert abs(found.size - 1980 * MB) <= 1 and found.source.startswith("cgroup v1 memory.limit_in_bytes")
+    assert found.note.startswith("max_memory 3000 MB is above what the cgroup v1 memory.limit_in_bytes "
+                                  "(/sys/fs/cgroup/memory/job): 2500 MB, 400 MB held lets this process hold (2400 MB")
 
 
 def test_a_default_budget_below_the_footprint_names_its_source(limited):
     given, _ = limited
     given[resource.RLIMIT_AS] = (4900 * MB, resource.RLIM_INFINITY)  # VmSize above the limit: no headroom
     sizes = memory.TensorSizes(nao=24, spaces=[(5, 19)], naux=84, largest_shell=9, itemsize=4)
-    budget = memory.memory_budget(None, 300 * MB)
+    found = budget.memory_budget(None, 300 * MB)
     with pytest.raises(memory.MemoryBudgetError, match=r"the default memory budget 300 MB \(RLIMIT_AS"):
-        memory.plan_memory(budget.size, sizes, baseline=300 * MB, source=budget.source)
+        memory.plan_memory(found.size, sizes, baseline=300 * MB, source=found.source)
 
 
 def test_pyscf_and_the_record_get_the_default_budget(limited, monkeypatch):
@@ -229,19 +235,21 @@ def test_pyscf_and_the_record_get_the_default_budget(limited, monkeypatch):
 
     def building(*args, **kw):
         told.append(args[4])
-        budgets.append(memory.budget_bytes(None) / MB)
+        budgets.append(budget.budget_bytes(None) / MB)
         return build(*args, **kw)
 
     monkeypatch.setattr(chem, "build_molecule", building)
     record = dfmp2.run_xyz(os.path.join(ROOT, "examples", "water.xyz")).as_dict()
     assert len(told) == 1 and told[0] is not None and abs(told[0] - budgets[0]) < 20, (told, budgets)
     assert record["memory"]["budget_source"].startswith("cgroup v1 memory.limit_in_bytes (/sys/fs/cgroup/memory/job)")
-    # the pytest process's resident set + 80% of the prepared cgroup's 2100 MB headroom
+    # the resident set (300 MB, as the budget reads it) + 80% of the prepared cgroup's 2100 MB headroom
     assert abs(record["memory"]["budget_mb"] - record["memory"]["baseline_mb"] - 1680) < 0.01
     assert record["notes"] == []
     record = dfmp2.run_xyz(os.path.join(ROOT, "examples", "water.xyz"), max_memory=3000).as_dict()
-    assert told[1] == 3000 and record["memory"]["budget_source"] == "max_memory"
-    assert any(note.startswith("max_memory 3000 MB is above the cgroup v1") for note in record["notes"])
+    assert abs(told[1] - 1980) < 1 and record["memory"]["budget_source"].startswith("cgroup v1")
+    assert any(note.startswith("max_memory 3000 MB is above what the cgroup v1") for note in record["notes"])
+    record = dfmp2.run_xyz(os.path.join(ROOT, "examples", "water.xyz"), max_memory=2000).as_dict()
+    assert told[2] == 2000 and record["memory"]["budget_source"] == "max_memory" and record["notes"] == []
 
 
 # ----------------------------------------------------------------------------- real cgroups
@@ -298,7 +306,8 @@ def run_in_cgroup(directory, args, timeout):
 @pytest.mark.parametrize("max_memory", [None, 2000])
 def test_a_run_in_a_real_cgroup_takes_its_limit(tmp_path, max_memory):
     """examples/water.xyz in a 1000 MB cgroup made for it: with no --max-memory the budget is
-    below the limit and the record names the cgroup; a --max-memory above it is kept, with a note."""
+    below the limit and the record names the cgroup; a --max-memory above it is replaced by the
+    same budget, warned in one line on stderr and noted (issue 72: it was kept, noted at the end)."""
     limit = 1000 * MB
     tighter = [limit_.source for limit_ in cgroup_limits() if limit_.limit <= 2 * limit]
     if tighter:
@@ -314,8 +323,11 @@ def test_a_run_in_a_real_cgroup_takes_its_limit(tmp_path, max_memory):
         assert record["memory"]["budget_source"].startswith(f"cgroup {version} {limit_file} ({directory}): ")
         assert record["memory"]["budget_mb"] < limit / MB and record["notes"] == []
     else:
-        assert record["memory"]["budget_source"] == "--max-memory" and record["memory"]["budget_mb"] == max_memory
-        assert [note for note in record["notes"] if f"({directory})" in note and "is above the cgroup" in note]
+        assert record["memory"]["budget_source"].startswith(f"cgroup {version} {limit_file} ({directory}): ")
+        assert record["memory"]["budget_mb"] < limit / MB
+        assert [note for note in record["notes"] if f"({directory})" in note and "is above what the cgroup" in note]
+        assert proc.stderr.startswith(f"dfmp2: warning: --max-memory {max_memory} MB is above what the cgroup ")
+        assert proc.stderr.count("\n") == 1, proc.stderr
 
 
 def test_water16_runs_in_a_2500_mb_cgroup_without_max_memory(tmp_path):

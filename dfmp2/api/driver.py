@@ -19,7 +19,8 @@ from ..mp2.response import PROPERTIES, relaxed_properties
 from ..mp2.three_center import three_center_mo
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
-from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes, pyscf_max_memory
+from ..run.budget import check_start_up, pyscf_max_memory, stages_to_come
+from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes
 from ..run.run_checkpoint import SCF_RECORD, open_run_checkpoint
 from ..run.settings import Settings, settings_from
 from ..util import environment
@@ -47,6 +48,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
 
 
 def _run_mean_field(mf, settings, integrals, context, given, run_scope, extra_notes) -> DFMP2Result:
+    check_start_up(stages_to_come(scf=False), 0)  # an rlimit too small: refused before torch loads
     backend = backend_for(_offered_precision(settings))
     context = _synchronized(context, backend)
     mf = agreed_mean_field(context, mf, settings, integrals, backend)  # over ranks: rank 0's orbitals
@@ -209,6 +211,7 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
     molecule = _molecule_of(atoms, settings, context.ranks)
     reference, dh, ecp, mol, jk_fitting = (molecule.reference, molecule.dh, molecule.ecp, molecule.mol,
                                            molecule.jk_fitting)
+    check_start_up(stages_to_come(scf=True), SCF_GROWTH)  # an rlimit too small: refused before torch, the SCF
     jk_integrals = _early_jk_integrals(settings, context, mol, jk_fitting, dh)  # while torch loads (below)
     if flush:  # (torch not loaded before: PySCF's libraries came first and keep their own OpenMP runtime)
         flush_subnormals_first()
@@ -217,7 +220,7 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
     spins = _occupied(mol, settings, reference)
     settings = _with_frozen_core(settings, mol, spins)
-    _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting)
+    _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting, jk_integrals)
     agree_on_run(context, mol, settings, integrals, backend, jk_fitting)  # over ranks, before any work
     # --checkpoint locked (in use: one line), then PySCF's files; every scratch directory named by the run
     run_scope.enter_context(chem.run_scratch(settings, context.team))
@@ -298,12 +301,11 @@ def _gradient_and_properties(mf, corr, settings, context) -> dict:
 
 
 def _early_jk_integrals(settings, context, mol, jk_fitting, dh):
-    """The SCF's JK-fit integrals, started now on a thread (`chem.EarlyIntegrals`) so that they
-    overlap the backend's start-up, where this process will surely build J and K with them: a
-    density-fitted SCF on dfmp2's builds (not --scf-backend pyscf, no range-separated exchange),
-    one process, no checkpoint (whose SCF may be reused), and room in the budget. Else None
-    (the SCF's set-up computes them, as it always did). run_xyz calls it before loading the
-    backend: importing torch then overlaps them."""
+    """The SCF's JK-fit integrals, started on a thread (`chem.EarlyIntegrals`) to overlap the backend's
+    start-up (run_xyz calls it before loading it), where this process will surely build J and K with
+    them: a density-fitted SCF on dfmp2's builds (not --scf-backend pyscf, no range-separated exchange),
+    one process, no checkpoint (whose SCF may be reused), and room in the budget once the backend is
+    loaded (`jk.early_integrals_fit`). Else None (the SCF's set-up computes them, as it always did)."""
     if settings.scf != "df" or settings.scf_backend == "pyscf" or context.team is not None or \
             settings.checkpoint is not None or chem.is_range_separated(dh.xc if dh else None):
         return None
@@ -329,32 +331,30 @@ def screening_records(**providers) -> dict:
             if p is not None and p.screening_record is not None}
 
 
-def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fitting=None):
-    """MemoryBudgetError before the SCF where the MP2 step's smallest blocks do not fit, or (a
-    gradient) the gradient's (memory.gradient_least_bytes) above them; spins: occupied orbitals
-    per spin channel; jk_fitting: the SCF's JK-fit set (None: exact integrals)."""
+def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fitting=None, early=None):
+    """MemoryBudgetError before the SCF where the MP2 step's smallest blocks do not fit, or (a gradient) the
+    gradient's (memory.gradient_least_bytes) above them; spins: occupied orbitals per spin channel; jk_fitting:
+    the SCF's JK-fit set (None: exact); early: its `chem.EarlyIntegrals` (the run's, not its footprint) or None."""
     nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
     plan = plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
-                    ranks=context.ranks, growth=SCF_GROWTH, gamma=settings.with_gamma)
+                    ranks=context.ranks, growth=SCF_GROWTH, gamma=settings.with_gamma,
+                    held=early.held_bytes() if early is not None else 0, stages=stages_to_come(scf=True))
     if not settings.gradient or mol is None:
         return
     jk = chem.ThreeCenterIntegrals(mol, jk_fitting.basis) if jk_fitting is not None else None
     if jk is None:
         response_jk = RESPONSE_JK_GROWTH  # PySCF's exact J/K
     elif settings.scf_backend == "pyscf" or not isinstance(backend, FittedBuildsBackend):
-        # PySCF's DF J/K (response.response_mean_field): out of core in RESPONSE_JK_GROWTH, or in
-        # core where that is less (its integrals, their build's buffers and the metric)
+        # PySCF's DF J/K (response.response_mean_field): out of core in RESPONSE_JK_GROWTH, or in core where less
         response_jk = min(RESPONSE_JK_GROWTH, 3 * fitted_bytes(jk) + 2 * jk.naux * jk.naux * 8)
     else:  # dfmp2's builds: the SCF's own builds, which need as much, check it at their set-up
         response_jk = 0
-    least = plan.minimum + gradient_least_bytes(integrals.nao, integrals.naux, jk.naux if jk is not None else 0,
-                                                spins, response_jk)
+    least = plan.minimum + gradient_least_bytes(integrals.nao, integrals.naux, jk.naux if jk else 0, spins, response_jk)
     if least > plan.budget:
         raise MemoryBudgetError(
-            f"the gradient needs at least {least / MB:.4g} MB even in the smallest blocks (the MP2 steps' "
-            f"{plan.minimum / MB:.4g} MB, {plan.baseline / MB:.4g} MB of it resident after the SCF, then the metrics, the "
-            f"reference term's blocks and the response's J/K); the memory budget is {plan.budget / MB:.4g} MB "
-            f"({plan.budget_source})")
+            f"the gradient needs at least {least / MB:.4g} MB even in the smallest blocks (the MP2 steps' {plan.minimum / MB:.4g} "
+            f"MB, {plan.baseline / MB:.4g} MB of it resident after the SCF, then the metrics, the reference term's blocks "
+            f"and the response's J/K); the memory budget is {plan.budget / MB:.4g} MB ({plan.budget_source})")
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):

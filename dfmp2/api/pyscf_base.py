@@ -4,6 +4,8 @@ one result object, and PySCF's `Gradients` and scanner."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 from pyscf import lib
 from pyscf.lib import logger
@@ -12,10 +14,12 @@ from .. import chem
 from ..kernels import device_name
 from ..mp2.orbitals import active_orbitals, natural_orbitals
 from ..mp2.pipeline import scs_correlation
+from ..run.budget import caller_limit
 from ..run.context import RunContext
 from ..run.ranks import join_launched_team
 from ..run.settings import Settings, frozen_per_spin
 from ..util.errors import InputError
+from ..util.system_memory import MB
 from .driver import run_mean_field
 
 GRADIENTS_PENDING = ("analytic DF-MP2 gradients of ROHF and Kohn-Sham references are not implemented in dfmp2 "
@@ -195,13 +199,30 @@ class PySCFMP2Base(lib.StreamObject):
 
     # ------------------------------------------------------------------ the run
     def settings(self, **changes) -> Settings:
-        """This object's options as dfmp2 Settings (keyword `changes` on top)."""
+        """This object's options as dfmp2 Settings (keyword `changes` on top); max_memory the user's
+        figure, None where it is PySCF's own default (`_budget_rule`)."""
         return Settings(frozen=self.frozen, device=self.device, precision=self.precision,
                         simulate=self.simulate, nki_api=self.nki_api, transform=self.transform,
-                        allow_non_aufbau=self.allow_non_aufbau, max_memory=self.max_memory,
+                        allow_non_aufbau=self.allow_non_aufbau,
+                        max_memory=None if self._default_max_memory() else self.max_memory,
                         checkpoint=self.checkpoint, force_outcore=self.force_outcore,
                         include_singles=self.include_singles,
                         checkpoint_allow_other_files=self.checkpoint_allow_other_files).replace(**changes)
+
+    def _default_max_memory(self) -> bool:
+        """Whether max_memory is PySCF's own default (pyscf.lib.param.MAX_MEMORY: 4000 MB unless
+        PYSCF_MAX_MEMORY says otherwise), which nobody chose for this run (a figure set to the same
+        value is taken as the default too)."""
+        return self.max_memory is not None and self.max_memory == lib.param.MAX_MEMORY
+
+    def _budget_rule(self):
+        """Within: the memory budget's rule for this object's runs (`budget.memory_budget`): a
+        max_memory the user set is the user's figure (above a hard limit it is replaced, with a
+        warning); PySCF's own default is one more limit (`budget.caller_limit`): the budget where
+        it is the smallest, never above a cgroup's or an rlimit's, and no warning."""
+        if not self._default_max_memory():
+            return nullcontext()
+        return caller_limit(int(self.max_memory * MB), f"PySCF's default max_memory: {self.max_memory:g} MB")
 
     def _integrals(self):
         """The three-center integrals of this object's auxiliary basis."""
@@ -229,8 +250,9 @@ class PySCFMP2Base(lib.StreamObject):
         given, later = changes.pop("given", None), changes.pop("notes", [])  # later: the caller logs them
         context = RunContext(team=join_launched_team(device_name(self.device), self.simulate))
         moved = [self._moved] if self._moved else []
-        self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy), self.settings(**changes),
-                                     integrals=integrals, context=context, given=given, notes=moved + list(later))
+        with self._budget_rule():
+            self.result = run_mean_field(self._mean_field(mo_coeff, mo_energy), self.settings(**changes),
+                                         integrals=integrals, context=context, given=given, notes=moved + list(later))
         for name in ("e_ref", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference", "spin_square"):
             setattr(self, name, getattr(self.result, name))
         self.e_hf = self.result.e_hf
@@ -301,7 +323,7 @@ class PySCFMP2Base(lib.StreamObject):
             corr, integrals, cphf = self._response_inputs()
 
             def relaxed_on_this_process():
-                with response_mean_field(self._scf, self.settings()) as response_mf:
+                with self._budget_rule(), response_mean_field(self._scf, self.settings()) as response_mf:
                     return relaxed_density(response_mf, corr.rdm1_active, corr.gamma, integrals, **cphf)
 
             dm = self._on_root(relaxed_on_this_process)
@@ -359,7 +381,7 @@ class Gradients(lib.StreamObject):
         corr, integrals, cphf = base._response_inputs()
 
         def gradient_on_this_process():
-            with response_mean_field(base._scf, base.settings()) as response_mf:
+            with base._budget_rule(), response_mean_field(base._scf, base.settings()) as response_mf:
                 return nuclear_gradient(response_mf, corr, integrals, backend=backend_for(base.settings()), **cphf)
 
         de = base._on_root(gradient_on_this_process)

@@ -53,7 +53,8 @@ class DFMP2(PySCFMP2Base):
     mo_coeff, mo_occ, mo_energy: orbitals to use instead of the mean field's.
     e_corr_ss is the sum of the alpha-alpha and beta-beta parts; e_corr includes the ROHF
     singles (e_corr_singles; include_singles=False leaves them out). max_memory: MB (default:
-    mf.max_memory). auxbasis: the MP2 auxiliary basis (replaces with_df).
+    mf.max_memory; PySCF's own default is a limit, not the user's figure: `_budget_rule`). auxbasis: the
+    MP2 auxiliary basis (replaces with_df).
     device, precision, simulate, nki_api, transform: where and how the kernels run (dfmp2).
     """
 
@@ -144,10 +145,12 @@ class DFMP2(PySCFMP2Base):
         mf = self._mean_field(mo_coeff)
         identity, orbitals = self._ovl_identity(integrals, mo_coeff)
         if ovL_to_save is None:  # in memory
-            ovl = three_center_of_mean_field(mf, self.settings(), integrals)
+            with self._budget_rule():
+                ovl = three_center_of_mean_field(mf, self.settings(), integrals)
             return ThreeCenterMO(ovl[0] if len(ovl) == 1 else ovl, identity=identity, orbitals=orbitals)
-        write_ovl(ovL_to_save, lambda out: three_center_of_mean_field(mf, self.settings(), integrals, out=out),
-                  identity, orbitals, directories=[self.checkpoint])
+        with self._budget_rule():
+            write_ovl(ovL_to_save, lambda out: three_center_of_mean_field(mf, self.settings(), integrals, out=out),
+                      identity, orbitals, directories=[self.checkpoint])
         return ThreeCenterMO(*open_ovl(ovL_to_save), source=f"ovL {display(ovL_to_save)}")
 
     def _ovl_identity(self, integrals, mo_coeff=None) -> tuple:

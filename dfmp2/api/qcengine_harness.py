@@ -5,23 +5,27 @@
     out = qcengine.compute({"molecule": ..., "driver": "energy",
                             "model": {"method": "mp2", "basis": "cc-pvdz"}, "keywords": {}}, "dfmp2")
 
-Methods, drivers and keywords: `qcschema`. QCEngine's task config gives the memory budget
-(config.memory GiB -> keyword max_memory in MB) and the scratch directory unless the keywords
-set them, and the threads: the run's torch, OpenMP (PySCF's and torch's) and BLAS thread pools
-hold config.ncores threads, and are restored afterwards (`threads`). A failed run raises
+Methods, drivers and keywords: `qcschema`. QCEngine's task config gives one more limit of the
+memory budget (config.memory GiB, `task_memory`: the smallest of all limits wins; QCEngine's
+figure, by default most of the machine's memory, never raises the budget above a cgroup's or an
+rlimit's; the keyword max_memory is the user's own figure), the scratch directory unless the
+keywords set it, and the threads: the run's torch, OpenMP (PySCF's and torch's) and BLAS thread
+pools hold config.ncores threads, and are restored afterwards (`threads`). A failed run raises
 QCEngine's exception of its error type (`qcschema.ERROR_TYPES`: InputError, ResourceError,
 ConvergenceError, else UnknownError), which qcengine.compute turns into a FailedOperation of that type.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, ClassVar
 
 from qcengine.exceptions import ConvergenceError, ResourceError, UnknownError
 from qcengine.exceptions import InputError as QCEngineInputError
 from qcengine.programs.model import ProgramHarness
 
+from ..run.budget import caller_limit
+from ..util.system_memory import MB
 from ..util.version import __version__
 from .qcschema import run_qcschema
 
@@ -57,11 +61,9 @@ class DFMP2Harness(ProgramHarness):
 
         plain = input_data.model_dump(mode="json")
         keywords = plain["specification"]["keywords"]
-        if "max_memory" not in keywords and config.memory is not None:
-            keywords["max_memory"] = float(config.memory) * 1024 ** 3 / 1e6  # GiB -> MB (10^6 bytes)
         if "scratch" not in keywords and config.scratch_directory:
             keywords["scratch"] = str(config.scratch_directory)
-        with threads(config.ncores):
+        with threads(config.ncores), task_memory(config.memory):
             out = run_qcschema(plain)
         if not out["success"]:
             error = out["error"]
@@ -69,6 +71,14 @@ class DFMP2Harness(ProgramHarness):
         return AtomicResult(input_data=input_data, molecule=input_data.molecule, properties=out["properties"],
                             return_result=out["return_result"], provenance=out["provenance"],
                             extras={"dfmp2": out["extras"]["dfmp2"]}, stdout=None, native_files={}, success=True)
+
+
+def task_memory(memory_gib):
+    """Within: QCEngine's task memory (GiB; None: none) is one more limit of every budget."""
+    if memory_gib is None:
+        return nullcontext()
+    size = int(float(memory_gib) * 1024 ** 3)
+    return caller_limit(size, f"QCEngine's task_config memory {float(memory_gib):g} GiB: {size / MB:.0f} MB")
 
 
 @contextmanager

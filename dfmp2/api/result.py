@@ -163,9 +163,10 @@ class DFMP2Result:
 
 def memory_record(plan, peak_rss_bytes) -> dict:
     """The JSON record's "memory" block: the plan (MB, blocks, storage), what set its budget
-    (--max-memory, or the limit that allowed least: `run.memory.memory_budget`) and the peak
-    resident set."""
-    return {"budget_mb": plan.budget / MB, "budget_source": plan.budget_source, "storage": plan.storage,
+    (--max-memory, or the limit that allowed least: `run.budget.memory_budget`), every limit found
+    with what it allows (limits), and the peak resident set."""
+    return {"budget_mb": plan.budget / MB, "budget_source": plan.budget_source,
+            "limits": list(plan.budget_limits), "storage": plan.storage,
             "aux_block": plan.aux_block, "occ_block": plan.occ_block, "slab_rows": plan.slab_rows,
             "baseline_mb": plan.baseline / MB, "peak_rss_mb": peak_rss_bytes / MB}
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..kernels.protocol import FittedBuildsBackend
 from ..run.context import Timer
-from ..run.memory import budget_bytes
+from ..run.budget import budget_bytes, early_room, stages_to_come
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError, option
 from ..linalg import factor_metric, whiten
@@ -73,8 +73,7 @@ def scf_builds_for(settings, backend, integrals_of, range_separated=False):
 
 
 def check_scf_precision(precision: str) -> str:
-    """`precision` as SCF_PRECISIONS spells it (any case, surrounding blanks ignored, as Settings'
-    keywords); InputError for a name of none."""
+    """`precision` as SCF_PRECISIONS spells it (any case, as Settings' keywords); else InputError."""
     name = precision.strip().lower() if isinstance(precision, str) else precision
     if name not in SCF_PRECISIONS:
         raise InputError(f"unknown SCF precision {precision!r} (use one of: {', '.join(SCF_PRECISIONS)})")
@@ -138,10 +137,11 @@ def fitted_bytes(integrals) -> int:
 
 
 def early_integrals_fit(integrals, max_memory) -> bool:
-    """Whether the budget (MB, None: the default, `memory.memory_budget`) holds the JK-fit integrals (`fitted_bytes`)
-    and the builds' temporaries now: they may then be computed early (`chem.EarlyIntegrals`);
+    """Whether the budget (MB, None: the default, `budget.memory_budget`) will hold the JK-fit integrals
+    (`fitted_bytes`) and the builds' temporaries once the backend is loaded and the SCF runs (what
+    they add counted: `budget.early_room`): they may then be computed early (`chem.EarlyIntegrals`);
     else the set-up computes them, or refuses the budget, as usual."""
-    return fitted_bytes(integrals) + 4 * BLOCK_BYTES <= budget_bytes(max_memory) - resident_bytes()
+    return fitted_bytes(integrals) + 4 * BLOCK_BYTES <= early_room(max_memory, stages_to_come(scf=True))
 
 
 def whitening_backend(backend):
@@ -212,7 +212,7 @@ class FittedCoulombExchange:
     backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
     BasisSetIntegrals (`dfmp2.run.providers`); precision: mixed or fp64 (SCF_PRECISIONS;
     mixed only on a device without fp64); max_memory: the run's budget (MB, None: the default,
-    `memory.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`);
+    `budget.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`);
     metric_factor: the factor of `integrals`' metric another build of the run made (`metric_factor_of`
     vouches that it is), else None (factorised here). Built on the first call (`get_jk`), released by
     `close()`; metric_factor is then the one it whitened with, kept for the run's later users of the same

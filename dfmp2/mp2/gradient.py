@@ -75,7 +75,7 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
     and the derivative integrals, or a function () -> that number, asked again by each pass
     (memory.gradient_aux_block of what the budget leaves then: the response's J/K may keep
     integrals); max_memory: the budget (MB) the reference term's blocks are sized for (None: the
-    default, `memory.memory_budget`)."""
+    default, `budget.memory_budget`)."""
     blocks_now = aux_block if callable(aux_block) else (lambda: aux_block)
     timer, backend = timer or Timer(), gemm_backend(backend)
     coeffs, occs = chem.per_spin_orbitals(mf)

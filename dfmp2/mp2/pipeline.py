@@ -130,7 +130,7 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     or on disk (a checkpoint or force_outcore keep it on disk; ranks keep their share in
     memory or on disk as the tightest rank's plan says, with its block sizes: `ranks.Team.tightest_plan`),
     and t2 when asked for and the budget holds it. The notes include a --max-memory above a hard
-    limit found (`memory.memory_budget`)."""
+    limit found (`budget.memory_budget`)."""
     spaces = [(o.size, v.size) for o, v, _ in selected]
     team = context.team
     on_disk = given is None and (settings.force_outcore or (team is None and settings.checkpoint is not None))

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import chem
+from ..run.budget import pyscf_max_memory
 from ..util.system_memory import MB, release_freed_memory
 from .steps import mp2_density_correction
 
@@ -161,11 +162,13 @@ def _pyscf_budget(mf, max_memory, jk):
     resident set for the 71 MB of hexane/cc-pVDZ's JK-fit integrals, 522 MB at a 500 MB budget):
     its max_memory is the budget less the integrals, the metric twice and 8 MB, so that it builds
     them in core only where that peak fits (else out of core, in buffers of what is left); the
-    integrals are released on the way out (as the SCF's are: chem.release_integrals)."""
+    integrals are released on the way out (as the SCF's are: chem.release_integrals). The budget
+    is the run's by the one rule (`budget.pyscf_max_memory`): not PySCF's own default."""
     with_df = getattr(mf, "with_df", None)
-    if max_memory is None or with_df is None or jk is None:
+    if with_df is None or jk is None:
         yield
         return
+    max_memory = pyscf_max_memory(max_memory)
     saved = (mf.max_memory, with_df.max_memory)
     nao = jk.nao
     margin = jk.naux * nao * (nao + 1) // 2 * 8 + 2 * jk.naux * jk.naux * 8 + 8 * MB

@@ -1,26 +1,21 @@
-"""The memory budget: how much a run may hold, and the block sizes that keep it there.
+"""The block sizes that keep a run within its memory budget.
 
---max-memory (MB = 10^6 bytes, as in PySCF) bounds the resident memory of the whole process,
-its own footprint included (Python, torch, PySCF, the SCF's arrays): the plan gives the
-pipeline's arrays what is left above the resident set measured when the plan is made, and a
-budget below that footprint is bad input. On a GPU, the device arrays are also held to 90% of
-its free memory. Without --max-memory the budget is what the process's limits allow
-(`memory_budget`): free memory, its cgroup's limit, its rlimits, a Slurm job's memory.
+The budget (`budget.memory_budget`, the one rule of every entry point) bounds the resident memory
+of the whole process (MB = 10^6 bytes, as in PySCF), its own footprint included (Python, torch,
+PySCF, the SCF's arrays): the plan gives the pipeline's arrays what is left above the resident
+set measured when the plan is made, and a budget below that footprint is bad input. On a GPU, the
+device arrays are also held to 90% of its free memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..kernels.protocol import fp64_pair_temporaries_bytes
-from ..util import environment
-from ..util.errors import InputError, MemoryBudgetError, option
-from ..util.memory_limits import cgroup_limits, free_memory, rlimits, slurm_limit
+from ..util.errors import MemoryBudgetError, option
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
+from .budget import budget_bytes, memory_budget, start_up_bytes
 
-MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
 MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
 # what the SCF adds to the process's resident set once its integrals are released (modules, caches,
 # thread stacks; measured 15 MB on benzene/cc-pVTZ): allowed for when the budget is checked
@@ -31,9 +26,6 @@ SCF_GROWTH = 48 * MB
 # leaves no room for its in-core integrals (measured 25 MB on hexane/cc-pVDZ); allowed for
 # when a gradient's budget is checked before the SCF
 RESPONSE_JK_GROWTH = 32 * MB
-# of each limit's headroom the default budget takes: the rest is for what the plan does not
-# count (allocator slack, PySCF's temporaries, the page cache a limit charges)
-HEADROOM_SHARE = 0.8
 
 
 @dataclass
@@ -49,7 +41,8 @@ class MemoryPlan:
     baseline: int = 0  # the process's resident memory when the plan was made (bytes)
     pair_elements: int = 0  # (ia|jb) elements the pair stage forms (about; i <= j within a channel)
     budget_source: str = ""  # what set the budget: --max-memory, or the limit that allowed least (memory_budget)
-    budget_note: str = ""  # a --max-memory above a hard limit found (memory_budget), else ""
+    budget_note: str = ""  # the user's figure lowered by a limit, or above free memory (memory_budget), else ""
+    budget_limits: tuple = ()  # every limit found, each with what it allows (memory_budget)
 
 
 @dataclass(frozen=True)
@@ -121,8 +114,8 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
         store = min(store, -(-store * 2 // ranks))
     least = fixed + max(transform_bytes(largest_shell), pair_bytes(1), whiten_bytes(1))
     resident = (f"{baseline / MB:.4g} MB already resident" if not growth else
-                f"{baseline / MB:.4g} MB resident ({(baseline - growth) / MB:.4g} MB now and {growth / MB:.3g} MB "
-                "allowed for what the SCF leaves)")
+                f"{baseline / MB:.4g} MB resident ({(baseline - growth) / MB:.4g} MB of footprint now and {growth / MB:.3g} "
+                "MB allowed for what the SCF leaves)")
     source = source or option("max_memory")
     stated = (f"{source} {budget / MB:.4g} MB" if source == option("max_memory") else
               f"the default memory budget {budget / MB:.4g} MB ({source})")
@@ -163,21 +156,25 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
                       budget_source=source)
 
 
-def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0, gamma=False) -> MemoryPlan:
+def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0, gamma=False, held=0,
+             stages=()) -> MemoryPlan:
     """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel (on_disk:
     B kept on disk whatever the budget, as a checkpoint does). growth: bytes the process is
     expected to add to its resident set before the MP2 steps (a check made before the SCF
-    allows SCF_GROWTH for what the SCF leaves behind). gamma: G kept beside B (plan_memory)."""
+    allows SCF_GROWTH for what the SCF leaves behind); held: bytes of the resident set that are
+    the run's own arrays and gone by then (the SCF's early integrals: `chem.EarlyIntegrals`), not
+    its footprint; stages: the start-up stages still to come (`budget.START_UP`), whose address
+    space is taken from the rlimits. gamma: G kept beside B (plan_memory)."""
     hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
     release_freed_memory()  # the footprint measured is what is in use, not freed pages the heap keeps
-    baseline = resident_bytes() + growth
+    baseline = resident_bytes() - held + growth
     device_free = backend.memory_limit_bytes()
     sizes = TensorSizes(integrals.nao, spaces, integrals.naux, integrals.largest_shell(), backend.itemsize)
-    budget = memory_budget(max_memory, baseline)
+    budget = memory_budget(max_memory, baseline, start_up_bytes(stages))
     plan = plan_memory(budget.size, sizes, hints, on_disk=on_disk, baseline=baseline,
                        device_limit=None if device_free is None else int(0.9 * device_free), ranks=ranks,
                        growth=growth, gamma=gamma, source=budget.source)
-    return replace(plan, budget_note=budget.note)
+    return replace(plan, budget_note=budget.note, budget_limits=budget.limits)
 
 
 GRADIENT_AUX_BLOCK = 128  # auxiliary functions per block of the gradient's passes, where the budget allows
@@ -219,72 +216,3 @@ def gradient_least_bytes(nao: int, naux: int, naux_jk: int, nocc: list, response
     (RESPONSE_JK_GROWTH for PySCF's; dfmp2's builds: their triangle and temporaries)."""
     return (2 * naux * naux * 8 + 48 * nao * nao + (reference_least_bytes(naux_jk, nao, nocc) if naux_jk else 0)
             + response_jk)
-
-
-def check_max_memory(max_memory) -> float | None:
-    """max_memory (MB) as a float, or None (the default budget); InputError for anything that is
-    not a positive, finite number of MB up to MAX_BUDGET_MB (a string such as '4000' included)."""
-    if max_memory is None:
-        return None
-    if isinstance(max_memory, (bool, np.bool_)) or not isinstance(max_memory, (int, float, np.integer, np.floating)):
-        raise InputError(f"{option('max_memory')} must be a number of MB, got {max_memory!r} "
-                         f"({type(max_memory).__name__})")
-    if not np.isfinite(max_memory) or not 0 < max_memory <= MAX_BUDGET_MB:
-        raise InputError(f"{option('max_memory')} must be a positive number of MB up to {MAX_BUDGET_MB:.0e} "
-                         f"(an exabyte), got {max_memory:g}")
-    return float(max_memory)
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """The whole process's budget: size (bytes); source, what set it (--max-memory, or the limit
-    that allowed least, with its figures: for the record and messages); note, a --max-memory
-    above a hard limit found (a cgroup, an rlimit, a Slurm job), else ""."""
-
-    size: int
-    source: str
-    note: str = ""
-
-
-def local_ranks() -> int:
-    """The processes sharing this node's memory: LOCAL_WORLD_SIZE (torchrun), else 1."""
-    return environment.whole_number("LOCAL_WORLD_SIZE", 1)
-
-
-def memory_budget(max_memory, baseline=None) -> MemoryBudget:
-    """--max-memory MB (not capped; its note names a hard limit below it), or by default the
-    smallest of what each of the process's limits allows (`util.memory_limits`): what is
-    resident now (`baseline` bytes when given) plus HEADROOM_SHARE of the limit's headroom, that
-    of a limit the node's ranks share (free memory, the cgroup, a Slurm job) divided among them
-    (a Slurm job's processes each counted as holding what this one does)."""
-    max_memory = check_max_memory(max_memory)
-    resident = resident_bytes() if baseline is None else baseline
-    ranks = local_ranks()
-    limits = [free_memory(), *cgroup_limits(), *rlimits()]
-    slurm = slurm_limit(resident * ranks)
-    limits += [slurm] if slurm is not None else []
-    if max_memory is not None:
-        size = int(max_memory * MB)
-        below = [limit for limit in limits if limit.limit is not None and limit.limit < size]
-        tightest = min(below, key=lambda limit: limit.limit) if below else None
-        note = (f"{option('max_memory')} {max_memory:g} MB is above the {tightest.source}: the process is stopped "
-                "(killed, or its allocations fail) if it grows past that" if tightest else "")
-        return MemoryBudget(size, option("max_memory"), note)
-    allowed = [(resident + int(HEADROOM_SHARE * limit.headroom / (ranks if limit.shared else 1)), limit.source)
-               for limit in limits]
-    return MemoryBudget(*min(allowed, key=lambda pair: pair[0]))
-
-
-def budget_bytes(max_memory, baseline=None) -> int:
-    """The whole process's budget in bytes (`memory_budget`; --max-memory without reading the limits)."""
-    max_memory = check_max_memory(max_memory)
-    return int(max_memory * MB) if max_memory is not None else memory_budget(None, baseline).size
-
-
-def pyscf_max_memory(max_memory) -> float:
-    """PySCF's max_memory for a run (MB, the whole process's, as PySCF means it): --max-memory,
-    or the default budget now (PySCF's own default, 4000 MB, knows none of the process's limits)."""
-    max_memory = check_max_memory(max_memory)
-    return max_memory if max_memory is not None else budget_bytes(None) / MB
-
-

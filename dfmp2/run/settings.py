@@ -70,7 +70,7 @@ class Settings:
     warm_kernels: bool = False  # take the kernels fastest once loaded whatever their one-time load cost
     # (dfmp2 bench, which times warm passes); else only where the run amortises it (a GPU's fused epilogue)
     # resources
-    max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: memory.memory_budget's
+    max_memory: float | None = None  # MB (10^6 bytes) for the whole process; None: budget.memory_budget's
     scratch: str | None = None  # directory of the out-of-core scratch file
     force_outcore: bool = False  # keep (ia|P) on disk whatever the budget (PySCF's force_outcore)
     checkpoint: str | None = None  # directory that keeps B and the pair-loop progress across runs
@@ -80,9 +80,9 @@ class Settings:
     def __post_init__(self):
         """The one check of each setting's kind: keywords (device, precision, reference, ...) in
         any case, lower-cased here; frozen's structure (`frozen_per_spin`); max_memory a
-        number of MB (`memory.check_max_memory`). What a value may be beyond its kind (a device
+        number of MB (`budget.check_max_memory`). What a value may be beyond its kind (a device
         this machine has, a frozen index inside the orbitals) is checked where it is known."""
-        from .memory import check_max_memory
+        from .budget import check_max_memory
         from .settings import frozen_per_spin
 
         for name in KEYWORDS:

@@ -30,7 +30,7 @@ VARIABLES = {
     "DFMP2_SCF_FP64_SQUARE": "the user, 1 or 0: overrides the CPU table's choice of the SCF's fp64 square copy of B",
     "OMP_WAIT_POLICY": _THREADS,
     "OPENBLAS_THREAD_TIMEOUT": _THREADS,
-    "OMP_NUM_THREADS": _RECORDED,
+    "OMP_NUM_THREADS": _RECORDED + "; the threads whose stacks and BLAS buffers an rlimit must hold (run.budget)",
     "OPENBLAS_NUM_THREADS": _RECORDED,
     "OPENBLAS_CORETYPE": _RECORDED,
     "OPENBLAS_L2_SIZE": _RECORDED,

@@ -1,10 +1,11 @@
 """The limits on how much memory this process may hold, each read from where the system keeps it:
-free memory (MemAvailable), the memory cgroup's limit (v1 and v2, at every level from the
-process's cgroup up to the mount root), the RLIMIT_AS and RLIMIT_DATA resource limits, and a
-Slurm job's memory. Sizes in bytes; a limit's text in MB (10^6 bytes, as PySCF counts).
+free memory (MemAvailable), the memory cgroup's limits (v1 memory.limit_in_bytes and
+memory.memsw.limit_in_bytes, v2 memory.max and memory.high, at every level from the process's
+cgroup up to the mount root), the RLIMIT_AS and RLIMIT_DATA resource limits, and a Slurm job's
+memory. Sizes in bytes; a limit's text in MB (10^6 bytes, as PySCF counts).
 
 Each reader takes the file system root (or the environment) it reads, so that tests can point
-it at prepared files; `memory.budget_bytes` (dfmp2.run) turns the limits into the budget.
+it at prepared files; `budget.memory_budget` (dfmp2.run) turns the limits into the budget.
 """
 
 from __future__ import annotations
@@ -27,12 +28,18 @@ class MemoryLimit:
     limit, the ceiling itself (None: free memory, which has none of its own); shared, whether the
     node's ranks share it (free memory, a cgroup, a Slurm job) or each process has its own (the
     rlimits); source, what it is, for the record (e.g. "cgroup v2 memory.max (/sys/fs/cgroup/job):
-    2500 MB")."""
+    2500 MB"); counts, what it is counted in: "resident" (pages held: free memory, a cgroup, a
+    Slurm job), "VmData" or "VmSize" (address space mapped: RLIMIT_DATA's, RLIMIT_AS's, which
+    thread stacks and BLAS buffers fill beyond what is resident) or "whole" (a figure for the
+    whole process that a caller gives, as QCEngine's task memory: `budget.caller_limit`); held,
+    what is counted against it now (bytes; None where not known)."""
 
     headroom: int
     limit: int | None
     shared: bool
     source: str
+    counts: str = "resident"
+    held: int | None = None
 
 
 def free_memory(root: str = "/") -> MemoryLimit:
@@ -45,19 +52,19 @@ def free_memory(root: str = "/") -> MemoryLimit:
 
 
 def cgroup_limits(root: str = "/") -> list:
-    """A MemoryLimit for each level of this process's memory cgroups (v1's memory controller,
-    v2's unified hierarchy) that has a limit, from its own cgroup up to the mount root (a limit
-    on a parent, e.g. a Slurm job's above its step, applies too). headroom = limit - what the
-    cgroup holds, its usage less the page cache it can reclaim (inactive_file): scratch files a
-    run writes stay in that cache without taking memory from it. Read from `root`/proc/self/cgroup
-    and /proc/self/mountinfo; a cgroup path that is not under its mount (a cgroup namespace: a
-    container sees its own cgroup at the mount root) is read at the mount root."""
+    """A MemoryLimit for each limit set at each level of this process's memory cgroups (v1's
+    memory controller, v2's unified hierarchy), from its own cgroup up to the mount root (a limit
+    on a parent, e.g. a Slurm job's above its step, applies too): CGROUP_LIMITS, v1's
+    memory.limit_in_bytes and memory.memsw.limit_in_bytes, v2's memory.max and memory.high.
+    headroom = limit - what the cgroup holds, its usage (of memory and swap for memsw) less the
+    page cache it can reclaim (inactive_file): scratch files a run writes stay in that cache
+    without taking memory from it. Read from `root`/proc/self/cgroup and /proc/self/mountinfo; a
+    cgroup path that is not under its mount (a cgroup namespace: a container sees its own cgroup
+    at the mount root) is read at the mount root."""
     limits = []
     for version, directory, mount_point in memory_cgroups(root):
         while True:
-            limit = _cgroup_level_limit(root, version, directory)
-            if limit is not None:
-                limits.append(limit)
+            limits += _cgroup_level_limits(root, version, directory)
             if directory == mount_point:
                 break
             directory = os.path.dirname(directory)
@@ -78,7 +85,7 @@ def rlimits(root: str = "/") -> list:
         used = proc_field_bytes(_under(root, "/proc/self/status"), key)
         counted = f"{used / MB:.0f} MB in use ({key[:-1]})" if used is not None else f"no {key[:-1]} to count from"
         limits.append(MemoryLimit(max(0, soft - (used or 0)), soft, False,
-                                  f"{name} (soft limit): {soft / MB:.0f} MB, {counted}"))
+                                  f"{name} (soft limit): {soft / MB:.0f} MB, {counted}", key[:-1], used))
     return limits
 
 
@@ -107,7 +114,7 @@ def slurm_limit(held: int, environ=None) -> MemoryLimit | None:
     if mib == 0:  # --mem=0: all of the node's memory, which free memory and the cgroup bound
         return None
     limit = mib * MIB
-    return MemoryLimit(max(0, limit - held), limit, True, f"{what}: {limit / MB:.0f} MB")
+    return MemoryLimit(max(0, limit - held), limit, True, f"{what}: {limit / MB:.0f} MB", held=held)
 
 
 def _slurm_mib(environ, name):
@@ -146,19 +153,38 @@ def memory_cgroups(root: str = "/") -> list:
     return found
 
 
-def _cgroup_level_limit(root, version, directory):
-    """The MemoryLimit of one cgroup directory, or None where it sets none (or is not readable)."""
-    names = {"v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
-             "v2": ("memory.max", "memory.current", "inactive_file")}[version]
-    limit = _read_number(_under(root, os.path.join(directory, names[0])))
-    if limit is None or limit >= NO_CGROUP_LIMIT:
-        return None
-    usage = _read_number(_under(root, os.path.join(directory, names[1])))
-    reclaimable = _stat_field(_under(root, os.path.join(directory, "memory.stat")), names[2]) or 0
-    held = max(0, usage - reclaimable) if usage is not None else 0
-    counted = (f"{held / MB:.0f} MB held" if usage is not None else f"no {names[1]} to count from")
-    return MemoryLimit(max(0, limit - held), limit, True,
-                       f"cgroup {version} {names[0]} ({directory}): {limit / MB:.0f} MB, {counted}")
+# the limits of a cgroup level, each (limit file, usage file, what it means): v1's memory and its
+# memory+swap (memsw: usage is memory plus swap, so swap in use leaves less of it; the kernel kills at
+# either), v2's hard limit and its throttle (above memory.high the kernel reclaims and stalls the
+# process's allocations: not a kill, but a run there crawls). v2's memory.swap.max bounds swap
+# alone, not the pages a run adds, and v1's soft limit only orders reclaim: neither is read.
+CGROUP_LIMITS = {
+    "v1": (("memory.limit_in_bytes", "memory.usage_in_bytes", ""),
+           ("memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes", " of memory and swap")),
+    "v2": (("memory.max", "memory.current", ""),
+           ("memory.high", "memory.current", " (the kernel throttles the process above it)")),
+}
+RECLAIMABLE = {"v1": "total_inactive_file", "v2": "inactive_file"}  # memory.stat's reclaimable page cache
+
+
+def _cgroup_level_limits(root, version, directory) -> list:
+    """The MemoryLimits one cgroup directory sets (CGROUP_LIMITS; none where it sets none or
+    they cannot be read)."""
+    found = []
+    reclaimable = None
+    for limit_file, usage_file, meaning in CGROUP_LIMITS[version]:
+        limit = _read_number(_under(root, os.path.join(directory, limit_file)))
+        if limit is None or limit >= NO_CGROUP_LIMIT:
+            continue
+        if reclaimable is None:
+            reclaimable = _stat_field(_under(root, os.path.join(directory, "memory.stat")), RECLAIMABLE[version]) or 0
+        usage = _read_number(_under(root, os.path.join(directory, usage_file)))
+        held = max(0, usage - reclaimable) if usage is not None else None
+        counted = f"{held / MB:.0f} MB held" if held is not None else f"no {usage_file} to count from"
+        found.append(MemoryLimit(max(0, limit - (held or 0)), limit, True,
+                                 f"cgroup {version} {limit_file} ({directory}): {limit / MB:.0f} MB{meaning}, {counted}",
+                                 held=held))
+    return found
 
 
 def _read_number(path):
