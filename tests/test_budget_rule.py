@@ -355,3 +355,20 @@ def test_ase_runs_under_the_same_rule(cgroup_2500):
     record = atoms.calc.results["dfmp2"].as_dict()
     assert record["memory"]["budget_source"].startswith("cgroup v1 memory.limit_in_bytes (/sys/fs/cgroup/memory/job)")
     assert [note for note in record["notes"] if note.startswith("max_memory 3000 MB is above what the cgroup v1")]
+
+
+def test_use_dfmp2_jk_takes_pyscfs_default_as_a_limit_and_a_set_one_as_the_users(cgroup_2500, capsys):
+    """use_dfmp2_jk gave its builds PySCF's default max_memory (4000 MB) as the user's figure: above a
+    2500 MB cgroup it was warned of as the user's choice. Now the default is one more limit (no
+    warning, the cgroup's budget), a max_memory the user set is the user's figure (warned above it)."""
+    from pyscf import gto, scf
+
+    mol = gto.M(atom="O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692", basis="cc-pvdz", verbose=0)
+    reference = scf.RHF(mol).density_fit().run().e_tot
+    mf = dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit()).run()
+    assert mf.max_memory == 4000 and mf.e_tot == pytest.approx(reference, abs=1e-8)
+    assert "warning" not in capsys.readouterr().err
+    mf = scf.RHF(mol).density_fit()
+    mf.max_memory = 3000
+    dfmp2.use_dfmp2_jk(mf).run()
+    assert "3000" in capsys.readouterr().err

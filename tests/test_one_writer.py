@@ -404,3 +404,18 @@ def test_a_summary_to_a_full_standard_output_is_one_line_not_exit_0(tmp_path, co
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
     if "run" in args:
         assert json.loads((tmp_path / "out.json").read_text())["e_tot"] < 0
+
+
+def test_a_memory_error_is_one_line_that_says_out_of_memory(capsys):
+    """A MemoryError (often without text) was 'MemoryError:  (rerun with --debug ...)'."""
+    from dfmp2.app.signals import guarded
+    from dfmp2.util.files import Outputs
+
+    def compute():
+        raise MemoryError()
+
+    with pytest.raises(SystemExit) as stopped:
+        guarded(compute, False, Outputs())
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dfmp2: error: out of memory: an allocation failed (MemoryError)")

@@ -189,6 +189,15 @@ def test_a_rank_whose_own_input_fails_stops_every_rank(tmp_path, monkeypatch):
     assert err0.strip() == "dfmp2: error: rank 1: missing.xyz: no such file" and err1.strip() == ""
 
 
+def test_a_rank_whose_command_line_click_refuses_stops_every_rank(tmp_path, monkeypatch):
+    """Rank 1's `--charge x` is refused by click before dfmp2's code runs: it still joins the team to
+    say so, and rank 0 stops at once with its reason instead of waiting --rank-timeout."""
+    (code0, err0), (code1, err1) = two_ranks(tmp_path, monkeypatch, [WATER, "--charge", "x"])
+    assert (code0, code1) == (2, 2), (err0, err1)
+    assert err0.startswith("dfmp2: error: rank 1: ") and "--charge" in err0 and err0.strip().count("\n") == 0, err0
+    assert err1.strip() == ""
+
+
 def test_a_rank_refused_after_joining_stops_every_rank(tmp_path, monkeypatch):
     """Rank 1 alone asks for a counterpoise correction, which runs in one process: it refuses after
     joining, before the ranks agreed; rank 0, waiting for the agreement, stops with its reason."""

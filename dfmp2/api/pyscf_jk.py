@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from .. import chem
 from ..util.errors import InputError
 
@@ -28,6 +30,25 @@ def use_dfmp2_jk(mf, device="cpu", precision=None, max_memory=None):
     if not isinstance(backend, FittedBuildsBackend):
         raise InputError(f"the {backend.name} backend ({device}) has no SCF builds")
     integrals = chem.jk_fitting_integrals(mf.mol, chem.jk_auxbasis_of(mf))
-    builds = FittedCoulombExchange(backend, integrals, precision,
-                                   max_memory if max_memory is not None else getattr(mf, "max_memory", None))
+    builds = FittedCoulombExchange(backend, integrals, precision, *_budget_of(mf, max_memory))
     return chem.use_fitted_builds(mf, builds)
+
+
+def _budget_of(mf, max_memory) -> tuple:
+    """(max_memory, scratch, metric_factor, rule) of the builds: max_memory where given (the user's
+    figure), else mf.max_memory where the user set it; PySCF's own default (pyscf.lib.param.MAX_MEMORY,
+    which nobody chose) is one more limit of the budget instead (`budget.caller_limit`, as the drop-in
+    takes it), never above the system's limits and warned of by none."""
+    from functools import partial
+
+    from pyscf import lib
+
+    from ..run.budget import caller_limit
+    from ..util.system_memory import MB
+
+    if max_memory is not None:
+        return max_memory, None, None, nullcontext
+    figure = getattr(mf, "max_memory", None)
+    if figure is None or figure != lib.param.MAX_MEMORY:
+        return figure, None, None, nullcontext
+    return None, None, None, partial(caller_limit, int(figure * MB), f"PySCF's default max_memory: {figure:g} MB")

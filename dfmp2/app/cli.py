@@ -113,9 +113,10 @@ TRANSFORM_OPTION = click.option(
 @NKI_API_OPTION
 @TRANSFORM_OPTION
 @click.option("--max-memory", type=float, default=None, metavar="MB",
-              help="Memory budget in MB for the whole process [default: what is resident plus 80% of the "
-                   "headroom under the tightest of free RAM, the cgroup's limit, RLIMIT_AS/RLIMIT_DATA and "
-                   "Slurm's --mem; the JSON's memory.budget_source names it].")
+              help="Memory budget in MB for the whole process; above a hard limit (a cgroup's memory.max/high "
+                   "or memsw, RLIMIT_AS/RLIMIT_DATA, Slurm's --mem/--mem-per-cpu/--mem-per-gpu) it is replaced "
+                   "by the limits' budget, with a warning [default: what is resident plus 80% of the headroom "
+                   "under the tightest of those and free RAM; the JSON's memory.budget_source names it].")
 @click.option("--scratch", default=None, metavar="DIR",
               help="Directory for the scratch file used when (ia|P) exceeds the budget.")
 @click.option("--checkpoint", default=None, metavar="DIR",
@@ -224,6 +225,7 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
     or model one NKI kernel call (--kernel)."""
     from .bench import resolve_shape, run_bench, run_kernel_bench
+    from ..util.scratch import check_scratch, scratch_root
     from .jobs import settings_options, write_json
 
     outputs = Outputs()
@@ -232,6 +234,8 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json
     def compute():
         if json_path is not None:
             outputs.add("--json", json_path, stdout_ok=True)
+            check_scratch()  # (--json - is staged in the scratch root: PYSCF_TMPDIR, TMPDIR)
+            outputs.staging = scratch_root()
         if kernel is not None or size is not None:
             if kernel is None or size is None:
                 raise InputError("--kernel and --size go together")
@@ -292,6 +296,33 @@ def main(argv=None):
         os._exit(stop.code)
 
 
+def _told_the_team(message, argv) -> bool:
+    """Launched as one of several ranks, a command line click refused (`--charge x`) is told to the
+    other ranks, who would wait at the rendezvous for --rank-timeout else (`ranks.fail_unjoined`,
+    joining with the --device and --rank-timeout the words give, if they can be read); True where
+    rank 0 reports it for every rank (this process then says nothing more)."""
+    from ..run.ranks import DEFAULT_TIMEOUT_S, fail_unjoined
+
+    words = list(sys.argv[1:] if argv is None else argv)
+
+    def value(name, default):
+        for k, word in enumerate(words):
+            if word == name and k + 1 < len(words):
+                return words[k + 1]
+            if word.startswith(name + "="):
+                return word.split("=", 1)[1]
+        return default
+    try:
+        timeout = float(value("--rank-timeout", DEFAULT_TIMEOUT_S))
+        fail_unjoined(InputError(message), value("--device", "cpu").strip().lower(), "--simulate" in words,
+                      timeout if timeout > 0 else DEFAULT_TIMEOUT_S)
+    except DFMP2Error as told:
+        return getattr(told, "reported_by_rank0", False)
+    except Exception:  # noqa: BLE001 (a launch that cannot be joined: this rank's own line stands)
+        return False
+    return False
+
+
 def _run_commands(argv):
     try:
         with command_line_names():  # messages name settings as this command line's options
@@ -303,7 +334,10 @@ def _run_commands(argv):
     except Terminated as stop:
         stop_with(f"stopped by {signal.Signals(stop.signum).name}", 128 + stop.signum)
     except click.ClickException as error:
-        fail(error.format_message(), 2 if isinstance(error, click.UsageError) else error.exit_code)
+        code = 2 if isinstance(error, click.UsageError) else error.exit_code
+        if isinstance(error, click.UsageError) and _told_the_team(error.format_message(), argv):
+            sys.exit(code)  # (rank 0 says it for every rank)
+        fail(error.format_message(), code)
     except DFMP2Error:
         raise  # handled (or re-raised under --debug) inside the commands
     sys.exit(0)

@@ -20,7 +20,7 @@ from ..run.settings import Settings
 from ..util import environment
 from ..util.errors import ComputationError, ConvergenceError, InputError
 from ..util.files import Outputs, display, one_line
-from ..util.scratch import check_scratch
+from ..util.scratch import check_scratch, scratch_root
 from .batch import frames_of, molecule_sources, named_frames, run_batch
 from .progress import Progress
 from .report import print_batch_line, print_composite, print_summary
@@ -308,7 +308,8 @@ def _stage_outputs(outputs, job, scratch) -> None:
         outputs.add("--json", job.json_path, stdout_ok=True)
     if job.natorbs_path is not None:
         outputs.add("--natorbs", job.natorbs_path)
-    check_scratch(scratch)  # --scratch, or PySCF's temporary directory: one line if it cannot be used
+    check_scratch(scratch)  # --scratch, or PySCF_TMPDIR, TMPDIR: one line if it cannot be used
+    outputs.staging = scratch_root(scratch)  # (an output to stdout or a FIFO is staged there, never elsewhere)
 
 
 def _joined_team(job, settings):

@@ -111,6 +111,9 @@ def guarded(compute, debug, outputs):
             stop_for_signal(SIGNALS_RECEIVED[0])  # module init turns it into "ImportError: initialization failed")
         if debug:
             raise
+        if isinstance(error, MemoryError):  # (its text is often empty)
+            fail("out of memory: an allocation failed (MemoryError" + (f": {error}" if str(error) else "") + ") "
+                 "beyond what the memory budget planned; give a smaller --max-memory, or more memory", 1)
         fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
     finally:
         outputs.discard()

@@ -7,18 +7,18 @@ DIIS, damping, level shifts and convergence; `chem.use_fitted_builds` plugs thes
     Coulomb           J_mn = sum_P rho_P B^P_mn
     exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn
 
-The backend keeps B where it computes and builds J and K (its `FittedStore`: kernels/torch_fitted.py
-on cpu and cuda, kernels/nki_fitted.py on trn1, trn2, trn3). Two kinds of build: "fp32", and the
-store's exact kind ("fp64" on torch; "exact" on a NeuronCore, which has no fp64: products of
-exact 7-bit slices). Precision "mixed" (the default): fp32 builds while the density still moves,
-then one exact-kind "anchor" build, then increments  F(D) = F_anchor + F_fp32(D - D_anchor)
-whose fp32 error scales with the (small) change, re-anchored when that error would reach the
-size of the SCF's steps; on torch J is fp64 in every build (only K follows the kind). "fp64":
-every build in the exact kind (torch only). docs/scf.md has the measurements.
+The backend keeps B where it computes and builds J and K (its `FittedStore`: kernels/torch_fitted.py,
+kernels/nki_fitted.py). Two kinds of build: "fp32", and the store's exact kind ("fp64" on torch; on a
+NeuronCore, without fp64, "exact": products of exact 7-bit slices). Precision "mixed" (the default):
+fp32 builds while the density still moves, then one exact-kind "anchor" build, then increments
+F(D) = F_anchor + F_fp32(D - D_anchor) whose fp32 error scales with the (small) change, re-anchored when
+that error would reach the size of the SCF's steps; on torch J is fp64 in every build (only K follows
+the kind). "fp64": every build in the exact kind (torch only). docs/scf.md has the measurements.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -207,25 +207,26 @@ def whiten_to_file(backend, integrals, scratch=None, block_bytes=None, factor=No
 
 
 class FittedCoulombExchange:
-    """J and K of the SCF from whitened JK-fit integrals, on one backend.
-
-    backend: a dfmp2 backend with SCF builds (`FittedBuildsBackend`); integrals: the JK-fit
-    BasisSetIntegrals (`dfmp2.run.providers`); precision: mixed or fp64 (SCF_PRECISIONS;
-    mixed only on a device without fp64); max_memory: the run's budget (MB, None: the default,
-    `budget.memory_budget`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`);
+    """J and K of the SCF from whitened JK-fit integrals, on one backend. backend: one with SCF builds
+    (`FittedBuildsBackend`); integrals: the JK-fit BasisSetIntegrals (`dfmp2.run.providers`); precision:
+    mixed or fp64 (SCF_PRECISIONS; mixed only on a device without fp64); max_memory: the run's budget (MB,
+    None: the default, `budget.memory_budget`, within `rule()`: e.g. PySCF's default as one more limit,
+    `budget.caller_limit`); scratch: where B goes when the budget does not hold it (`scratch.scratch_root`);
     metric_factor: the factor of `integrals`' metric another build of the run made (`metric_factor_of`
     vouches that it is), else None (factorised here). Built on the first call (`get_jk`), released by
     `close()`; metric_factor is then the one it whitened with, kept for the run's later users of the same
     fitting set, until `reset` hands the builds other integrals."""
 
-    def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None, metric_factor=None):
+    def __init__(self, backend, integrals, precision=None, max_memory=None, scratch=None, metric_factor=None,
+                 rule=nullcontext):
         precision = precision or "mixed"
         if precision != EXACT_ONLY:
             precision = check_scf_precision(precision)
         if precision == "fp64" and not backend.has_fp64:
             raise InputError(f"{backend.device_name} has no fp64 arithmetic: its SCF builds are mixed "
                              f"(fp32, with exact-product anchors); leave out {option('scf_precision')}")
-        self.backend, self.integrals, self.max_memory, self.scratch = backend, integrals, max_memory, scratch
+        self.backend, self.integrals, self.max_memory, self.scratch, self.rule = (backend, integrals, max_memory,
+                                                                                 scratch, rule)
         self.record = BuildRecord(backend=backend.name, precision=precision)
         self._store = None  # the backend's copy of B (FittedStore)
         self._last = None  # the previous call's densities (mixed precision)
@@ -299,8 +300,9 @@ class FittedCoulombExchange:
         return self.metric_factor
 
     def _free_bytes(self):
-        """What the budget leaves: the process's (--max-memory), and on a GPU also 90% of its free memory."""
-        free = budget_bytes(self.max_memory) - resident_bytes()
+        """What the budget leaves: the process's (within `rule`), on a GPU at most 90% of its free memory."""
+        with self.rule():
+            free = budget_bytes(self.max_memory) - resident_bytes()
         device_free = self.backend.memory_limit_bytes()
         return free if device_free is None else min(free, int(0.9 * device_free))
 
@@ -396,8 +398,7 @@ def orbital_steps(factors, anchor_factors):
     still D. None unless every density and its anchor are given as orbitals, D = L L^T, of one shape."""
     steps = []
     for (left, right, weights), (anchor, anchor_right, anchor_weights) in zip(factors, anchor_factors):
-        if right is not None or weights is not None or anchor_right is not None or \
-                anchor_weights is not None or left.shape != anchor.shape:
+        if any(x is not None for x in (right, weights, anchor_right, anchor_weights)) or left.shape != anchor.shape:
             return None
         u, _, vt = np.linalg.svd(left.T @ anchor)
         steps.append(left @ (u @ vt) - anchor)
@@ -405,9 +406,8 @@ def orbital_steps(factors, anchor_factors):
 
 
 def symmetric_factors(d, drop=1e-14, floor=0.0):
-    """(L [nao, r], None, w [r]) with L diag(w) L^T = d for a symmetric d [nao, nao]: eigenvectors
-    scaled by |eigenvalue|^1/2, w the eigenvalues' signs; eigenvalues at most drop times
-    max(floor, the largest |eigenvalue|) left out (all of them for d = 0)."""
+    """(L [nao, r], None, w [r]) with L diag(w) L^T = d for a symmetric d [nao, nao]: eigenvectors scaled by
+    |eigenvalue|^1/2, w their signs; those at most drop x max(floor, the largest |eigenvalue|) left out."""
     w, v = np.linalg.eigh(d)
     largest = max(floor, float(np.abs(w).max()))
     keep = np.abs(w) > drop * largest if largest > 0 else np.zeros(len(w), dtype=bool)

@@ -121,6 +121,7 @@ class Outputs:
 
     def __init__(self, inputs=(), directories=()):
         self.before_writing = None  # called before anything is put in place (the CLI: a swallowed signal stops it)
+        self.staging = None  # where an output written in place (stdout, a FIFO) is staged (the CLI: its scratch root)
         self._written = False
         self._targets = {}
         self._inputs = [(path, _identity(path)) for path in inputs if path is not None]
@@ -211,7 +212,7 @@ class Outputs:
     def write(self, option: str, write):
         """Stage `option`'s contents: write(path) writes the whole file at `path`."""
         target = self._targets[option]
-        directory = tempfile.gettempdir() if target.in_place else os.path.dirname(target.real)
+        directory = (self.staging or tempfile.gettempdir()) if target.in_place else os.path.dirname(target.real)
         try:
             handle, staged = tempfile.mkstemp(prefix=".dfmp2-", suffix=".partial", dir=directory)
             os.close(handle)

@@ -38,6 +38,7 @@ import weakref
 import numpy as np
 
 from . import environment
+from .appends import failure_reason
 from .errors import ComputationError, InputError, option
 from .files import display, one_line
 
@@ -283,11 +284,7 @@ def _remove_if_dead(path) -> bool:
 def scratch_failure(error: OSError, where, scratch=None) -> ComputationError:
     """The one-line runtime error for an OSError met writing or reading scratch in `where` (a
     directory or file under scratch_root(scratch)): a full disk, a quota, an I/O error."""
-    text = str(error)
-    reason = (os.strerror(error.errno) if error.errno else
-              os.strerror(28) if "errno = 28" in text else  # HDF5 names the C library's errno in its message
-              text.splitlines()[0] if text else "input/output error")
-    return ComputationError(f"{display(where)} ({_scratch_label(scratch)}): {one_line(reason)}")
+    return ComputationError(f"{display(where)} ({_scratch_label(scratch)}): {one_line(failure_reason(error))}")
 
 
 class RowFile:
