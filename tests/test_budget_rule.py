@@ -18,7 +18,7 @@ import dfmp2
 from conftest import ROOT
 from dfmp2.api import driver
 from dfmp2.run import budget, memory
-from dfmp2.util import memory_limits
+from dfmp2.util import memory_limits, start_up
 from dfmp2.util.system_memory import MB
 
 WATER = os.path.join(ROOT, "examples", "water.xyz")
@@ -152,7 +152,8 @@ def rlimited_run(args, which, kilobytes, tmp_path, name):
     scratch.mkdir()
     limit = kilobytes * 1024
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "2", "TMPDIR": str(scratch)}
-    proc = subprocess.run([sys.executable, "-m", "dfmp2", *map(str, args), "--scratch", str(scratch)],
+    scratch_option = ["--scratch", str(scratch)] if args[0] != "info" else []  # (info has no scratch)
+    proc = subprocess.run([sys.executable, "-m", "dfmp2", *map(str, args), *scratch_option],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300, env=env,
                           preexec_fn=lambda: resource.setrlimit(which, (limit, limit)))
     return proc, scratch
@@ -179,12 +180,13 @@ def test_a_max_memory_above_an_rlimit_is_warned_up_front_on_the_command_line(tmp
 # ----------------------------------------------------------------------------- rlimits before the run
 
 
-@pytest.mark.parametrize("kilobytes", [300000, 450000])
+@pytest.mark.parametrize("kilobytes", [150000, 300000, 450000])
 def test_an_rlimit_too_small_is_refused_before_the_run_and_the_figure_it_names_runs(tmp_path, kilobytes):
-    """`ulimit -d 300000` (RLIMIT_DATA) was exit 1 with hundreds of "Exception ignored" fragments
-    (importing torch failed), 450000 a segfault in PySCF's initial guess (exit 139, scratch left).
-    Now one line, exit 2, nothing left; the least limit it names runs (with the few MB the
-    address space in use drifts between runs)."""
+    """`ulimit -d 150000` (RLIMIT_DATA) hung for ever at 100% CPU while importing numpy and SciPy
+    (their OpenBLAS retrying its thread buffers), 300000 was exit 1 with hundreds of "Exception
+    ignored" fragments (importing torch failed), 450000 a segfault in PySCF's initial guess (exit 139,
+    scratch left). Now one line, exit 2, nothing left; the least limit it names runs (with the few MB
+    the address space in use drifts between runs)."""
     proc, scratch = rlimited_run(["run", WATER, "--quiet"], resource.RLIMIT_DATA, kilobytes, tmp_path, "small")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (proc.returncode, proc.stderr[-3000:])
     assert proc.stderr.startswith(f"dfmp2: error: RLIMIT_DATA (soft limit): {kilobytes * 1024 / MB:.0f} MB, ")
@@ -197,16 +199,38 @@ def test_an_rlimit_too_small_is_refused_before_the_run_and_the_figure_it_names_r
 
 
 def test_the_start_up_check_counts_the_threads_and_what_is_loaded(monkeypatch):
-    """What a run maps before its plan grows with its threads (each one's BLAS buffer and stack);
-    torch loaded already maps nothing more."""
-    two, eight = budget.start_up_bytes(("torch", "scf"), 2), budget.start_up_bytes(("torch", "scf"), 8)
+    """What a run maps before its plan grows with its threads (each one's BLAS buffer and stack; the
+    imports' BLAS pools at most one thread a CPU); torch loaded already maps nothing more."""
+    two, eight = start_up.start_up_bytes(("torch", "scf"), 2), start_up.start_up_bytes(("torch", "scf"), 8)
     assert eight["VmData"] - two["VmData"] == 6 * (18 + 40) * MB and eight["VmSize"] > two["VmSize"]
-    assert budget.stages_to_come(scf=False) == ()  # (torch is loaded in this process)
-    monkeypatch.setattr(budget, "rlimits", lambda: [memory_limits.MemoryLimit(
+    cpus = len(os.sched_getaffinity(0))
+    assert start_up.start_up_bytes(("imports",), cpus + 6) == start_up.start_up_bytes(("imports",), cpus)
+    assert start_up.stages_to_come(scf=False) == ()  # (torch is loaded in this process)
+    monkeypatch.setattr(start_up, "rlimits", lambda: [memory_limits.MemoryLimit(
         100 * MB, 600 * MB, False, "RLIMIT_DATA (soft limit): 600 MB, 500 MB in use (VmData)", "VmData", 500 * MB)])
     with pytest.raises(budget.MemoryBudgetError, match=r"raise it to at least \d+ kB \(ulimit -d\)"):
-        budget.check_start_up(("scf",), memory.SCF_GROWTH)
-    budget.check_start_up((), 0)  # 100 MB left holds the smallest blocks
+        start_up.check_start_up(("scf",), memory.SCF_GROWTH)
+    start_up.check_start_up((), 0)  # 100 MB left holds the smallest blocks
+    # the entry point's check: a command that runs an SCF needs every stage; any other, or a --help, its imports
+    monkeypatch.setattr(start_up, "rlimits", lambda: [memory_limits.MemoryLimit(
+        400 * MB, 408 * MB, False, "RLIMIT_DATA (soft limit): 408 MB, 8 MB in use (VmData)", "VmData", 8 * MB)])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for words in (["info"], ["bench", "--shape", "small"], ["run", "--help"], []):
+        start_up.check_command(words)
+    for words in (["run", "water.xyz"], ["grad", "water.xyz"], ["optimize", "water.xyz"]):
+        with pytest.raises(budget.MemoryBudgetError, match="dfmp2's libraries and loading torch and the SCF and MP2 steps"):
+            start_up.check_command(words)
+
+
+def test_a_command_under_an_rlimit_its_imports_cannot_map_is_refused_at_once(tmp_path):
+    """`dfmp2 info` under `ulimit -d 150000` hung for ever in numpy's OpenBLAS before a line was
+    printed; now one line naming the least limit, exit 2, and that limit runs it."""
+    proc, _ = rlimited_run(["info"], resource.RLIMIT_DATA, 150000, tmp_path, "small")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "dfmp2's libraries map for 2 threads" in proc.stderr and proc.stdout == ""
+    least = int(re.search(r"at least (\d+) kB", proc.stderr).group(1))
+    proc, _ = rlimited_run(["info"], resource.RLIMIT_DATA, least + 4096, tmp_path, "enough")
+    assert proc.returncode == 0, (least, proc.returncode, proc.stderr[-3000:])
 
 
 # ----------------------------------------------------------------------------- the early integrals

@@ -419,3 +419,19 @@ def test_a_memory_error_is_one_line_that_says_out_of_memory(capsys):
     assert stopped.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dfmp2: error: out of memory: an allocation failed (MemoryError)")
+
+
+def test_torchs_allocator_failing_is_one_line_that_says_out_of_memory(capsys):
+    """torch's CPU allocator raises a RuntimeError, not a MemoryError (`dfmp2 bench --shape medium`
+    under `ulimit -d 500600`): it says out of memory too, in one line."""
+    import torch
+
+    from dfmp2.app.signals import guarded
+    from dfmp2.util.files import Outputs
+
+    with pytest.raises(SystemExit) as stopped:
+        guarded(lambda: torch.empty(2**45, dtype=torch.float64), False, Outputs())
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dfmp2: error: out of memory: an allocation failed (RuntimeError: ")
+    assert "can't allocate memory" in err

@@ -19,13 +19,14 @@ from ..mp2.response import PROPERTIES, relaxed_properties
 from ..mp2.three_center import three_center_mo
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
-from ..run.budget import check_start_up, pyscf_max_memory, stages_to_come
-from ..run.memory import RESPONSE_JK_GROWTH, SCF_GROWTH, gradient_least_bytes
+from ..run.budget import pyscf_max_memory
+from ..run.memory import RESPONSE_JK_GROWTH, gradient_least_bytes
 from ..run.run_checkpoint import SCF_RECORD, open_run_checkpoint
 from ..run.settings import Settings, settings_from
 from ..util import environment
 from ..util.cpu_config import check_environment
 from ..util.errors import InputError, MemoryBudgetError, option
+from ..util.start_up import SCF_GROWTH, check_start_up, stages_to_come
 from ..sparse import screen_integrals
 from ..util.system_memory import MB, peak_resident_bytes
 from .agreement import agree_on_run, agreed_mean_field

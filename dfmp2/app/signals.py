@@ -36,6 +36,7 @@ class Terminated(BaseException):
 
 
 SIGNALS_RECEIVED = []  # the stopping signals seen, in order (a library may turn the exception into another)
+CPU_ALLOCATOR_FAILED = "can't allocate memory"  # torch's CPU allocator: a RuntimeError, not a MemoryError
 
 
 def raise_terminated(signum, frame):
@@ -111,9 +112,9 @@ def guarded(compute, debug, outputs):
             stop_for_signal(SIGNALS_RECEIVED[0])  # module init turns it into "ImportError: initialization failed")
         if debug:
             raise
-        if isinstance(error, MemoryError):  # (its text is often empty)
-            fail("out of memory: an allocation failed (MemoryError" + (f": {error}" if str(error) else "") + ") "
-                 "beyond what the memory budget planned; give a smaller --max-memory, or more memory", 1)
+        if isinstance(error, MemoryError) or CPU_ALLOCATOR_FAILED in str(error):  # (a MemoryError's text: often none)
+            fail(f"out of memory: an allocation failed ({type(error).__name__}" + (f": {error}" if str(error) else "")
+                 + ") beyond what the memory budget planned; give a smaller --max-memory, or more memory", 1)
         fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
     finally:
         outputs.discard()

@@ -25,11 +25,12 @@ import numpy as np
 
 from ..kernels.protocol import FittedBuildsBackend
 from ..run.context import Timer
-from ..run.budget import budget_bytes, early_room, stages_to_come
+from ..run.budget import budget_bytes, early_room
 from ..util.blocks import block_ranges
 from ..util.errors import InputError, MemoryBudgetError, option
 from ..linalg import factor_metric, whiten
 from ..util.scratch import RowFile
+from ..util.start_up import stages_to_come
 from ..sparse import LowerPanels
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
 
@@ -426,8 +427,7 @@ def density_factor(d, hermi=1, drop=1e-14):
 
 
 def metric_factor_of(builds, integrals):
-    """The factor of `integrals`' metric that `builds` (dfmp2's J/K builds of this run, or None) hold,
-    where they fitted in the same auxiliary basis at the same geometry; else None."""
+    """The factor of `integrals`' metric `builds` (this run's J/K builds, or None) hold, else None."""
     return builds.metric_factor_for(integrals) if builds is not None else None
 
 

@@ -5,14 +5,13 @@ each cgroup level's memory.max/memory.high or limit_in_bytes/memsw, RLIMIT_AS an
 Slurm job's memory; a caller's figure such as QCEngine's task memory, `caller_limit`) allows what
 is resident plus HEADROOM_SHARE of its room; the budget is the smallest, or --max-memory where no
 hard limit stops the process below it (warned up front where one does). An rlimit too small for
-what a run maps before its plan is refused before torch loads and PySCF's SCF starts
-(`check_start_up`). `memory` turns the budget into block sizes.
+what a run maps before its plan is refused before its libraries load, torch loads and PySCF's
+SCF starts (`util.start_up`). `memory` turns the budget into block sizes.
 """
 
 from __future__ import annotations
 
 import contextvars
-import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from ..util import environment
 from ..util.errors import InputError, MemoryBudgetError, option
 from ..util.files import one_line
 from ..util.memory_limits import MemoryLimit, cgroup_limits, free_memory, rlimits, slurm_limit
+from ..util.start_up import start_up_bytes
 from ..util.system_memory import MB, resident_bytes
 
 MAX_BUDGET_MB = 1e12  # --max-memory above an exabyte is a typo, not a machine
@@ -171,65 +171,6 @@ def memory_budget(max_memory, resident=None, virtual=None) -> MemoryBudget:
 # rest of the process, so that a run's budget is one decision: the ceilings move by tens of MB during a
 # run (the resident set counts shared library pages a cgroup may charge elsewhere as torch loads)
 _ABOVE = {}
-
-
-# What a run still maps beyond the arrays its plan counts, by stage to come: "torch" (importing it and
-# starting its backend), "scf" (PySCF's SCF and the MP2 steps after it); per measure ("resident"; "VmData",
-# "VmSize": what RLIMIT_DATA and RLIMIT_AS count: thread stacks, BLAS buffers, malloc arenas, torch's
-# libraries, beyond what is resident): (fixed MB, MB per thread). Measured on water/cc-pVDZ, this 2-core
-# machine, OMP_NUM_THREADS 1 / 2 (docs/memory.md, "rlimits"): the backend VmData +138 / +156 MB, VmSize
-# +575 / +727, resident +197; the SCF and MP2 VmData +115 (27 resident), VmSize +121; PySCF's OpenBLAS
-# 0.3.3 a 32 MB buffer and an 8 MB stack per thread calling dgemm (it calls a null pointer where that
-# mmap fails: the segfault under `ulimit -d 450000`). Smallest limits water ran with, against the least
-# check_start_up lets it start with: RLIMIT_DATA 384 / 515 MB -> 414 / 558 (8% more); RLIMIT_AS
-# 1062 / 1188-1250 MB -> 1128 / 1406 (6%, 12-18% more).
-START_UP = {
-    "torch": {"resident": (197, 0), "VmData": (120, 18), "VmSize": (420, 152)},
-    "scf": {"VmData": (40, 40), "VmSize": (80, 40)},
-}
-STAGE_NAMES = {"torch": "loading torch", "scf": "PySCF's SCF"}
-START_UP_PLAN = 16 * MB  # of the plan's least, allowed for when start-up is checked (water's: 0.4 MB)
-
-
-def threads() -> int:
-    """The threads each runtime (PySCF's OpenMP, torch's, the BLAS pools) starts: OMP_NUM_THREADS's
-    first figure where set, else the CPUs this process may run on."""
-    text = (environment.get("OMP_NUM_THREADS") or "").split(",")[0].strip()
-    return int(text) if text.isdigit() and int(text) > 0 else len(os.sched_getaffinity(0))
-
-
-def start_up_bytes(stages, count=None) -> dict:
-    """{measure: bytes} the `stages` of START_UP still to come add, for `count` threads (`threads()`)."""
-    count = count or threads()
-    total = {}
-    for stage in stages:
-        for measure, (fixed, each) in START_UP[stage].items():
-            total[measure] = total.get(measure, 0) + (fixed + each * count) * MB
-    return total
-
-
-def stages_to_come(scf) -> tuple:
-    """The START_UP stages a run has ahead: "torch" unless it is loaded, "scf" if `scf` (its SCF to run)."""
-    return (("torch",) if "torch" not in sys.modules else ()) + (("scf",) if scf else ())
-
-
-def check_start_up(stages, growth) -> None:
-    """MemoryBudgetError (bad input, before torch loads or PySCF's SCF starts) where an rlimit
-    (RLIMIT_DATA, RLIMIT_AS) leaves less than the run needs: what its `stages` map
-    (`start_up_bytes`), `growth` bytes of resident set and START_UP_PLAN at HEADROOM_SHARE. The
-    message names the least limit that passes (ulimit's kB)."""
-    mapped = start_up_bytes(stages)
-    for limit in rlimits():
-        maps = mapped.get(limit.counts, 0)
-        need = maps + growth + int(START_UP_PLAN / HEADROOM_SHARE)
-        if limit.headroom < need:
-            parts = ([f"{maps / MB:.0f} MB that {' and '.join(STAGE_NAMES[stage] for stage in stages)} map for "
-                      f"{threads()} threads"] if maps else []) + (
-                [f"{growth / MB:.0f} MB the SCF leaves"] if growth else []) + ["the smallest blocks"]
-            raise MemoryBudgetError(
-                f"{limit.source}: a run needs about {need / MB:.0f} MB more of it ({', '.join(parts)}); raise it to "
-                f"at least {-(-((limit.held or 0) + need) // 1024)} kB "
-                f"(ulimit {'-d' if limit.counts == 'VmData' else '-v'})")
 
 
 def early_room(max_memory, stages) -> int:

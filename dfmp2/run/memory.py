@@ -14,13 +14,10 @@ from dataclasses import dataclass, replace
 from ..kernels.protocol import fp64_pair_temporaries_bytes
 from ..util.errors import MemoryBudgetError, option
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
-from .budget import budget_bytes, memory_budget, start_up_bytes
+from ..util.start_up import SCF_GROWTH, start_up_bytes
+from .budget import budget_bytes, memory_budget
 
 MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
-# what the SCF adds to the process's resident set once its integrals are released (modules, caches,
-# thread stacks; measured 15 MB on benzene/cc-pVTZ): allowed for when the budget is checked
-# before the SCF, so that a budget too small for the MP2 steps is refused before the SCF runs
-SCF_GROWTH = 48 * MB
 # what the orbital response's J/K add beside the gradient's own arrays when PySCF builds them
 # (--scf-backend pyscf, or an exact reference): its DF buffers out of core, where the budget
 # leaves no room for its in-core integrals (measured 25 MB on hexane/cc-pVDZ); allowed for
@@ -163,7 +160,7 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, gro
     expected to add to its resident set before the MP2 steps (a check made before the SCF
     allows SCF_GROWTH for what the SCF leaves behind); held: bytes of the resident set that are
     the run's own arrays and gone by then (the SCF's early integrals: `chem.EarlyIntegrals`), not
-    its footprint; stages: the start-up stages still to come (`budget.START_UP`), whose address
+    its footprint; stages: the start-up stages still to come (`util.start_up.START_UP`), whose address
     space is taken from the rlimits. gamma: G kept beside B (plan_memory)."""
     hints = backend.plan_hints(max(v for _, v in spaces), integrals.naux)
     release_freed_memory()  # the footprint measured is what is in use, not freed pages the heap keeps
