@@ -228,6 +228,7 @@ def _v2(spec=None, **changes):
     (_v2(driver="gradient"), "driver: QCSchema v2 puts it under 'specification'"),
     (_v2(keywords={"frozen_core": True}), "keywords: QCSchema v2 puts it under 'specification'"),
     (_v2(model={"method": "scs-mp2", "basis": "sto-3g"}), "model: QCSchema v2 puts it under 'specification'"),
+    (_v2(program="psi4"), "program: QCSchema v2 puts it under 'specification' (specification.program); at a v2"),
     (_v2({"program": "psi4"}), "specification.program 'psi4': this is dfmp2"),
     (_v2({"molecule": QC_WATER}), "specification.molecule: QCSchema v2 puts it at the AtomicInput's top level"),
     (_v2({"method": "mp2"}), "specification.method: not a field of QCSchema v2's specification"),

@@ -216,7 +216,7 @@ def check_layout(data: dict, spec: dict, version: int) -> None:
         if key not in layout["AtomicInput"]:
             raise InputError(f"{key}: " + (
                 f"QCSchema v2 puts it under 'specification' (specification.{key}); at a v2 AtomicInput's top "
-                "level it is not read" if version == 2 and key in SPECIFIED else
+                "level it is not read" if version == 2 and key in LAYOUTS[2]["specification"] else
                 "a QCSchema v2 field (specification.program); a v1 AtomicInput has none" if key == "program" else
                 f"not a field of a QCSchema v{version} AtomicInput (its fields: {', '.join(layout['AtomicInput'])})"))
     if version == 2:
