@@ -396,3 +396,43 @@ def test_use_dfmp2_jk_takes_pyscfs_default_as_a_limit_and_a_set_one_as_the_users
     mf.max_memory = 3000
     dfmp2.use_dfmp2_jk(mf).run()
     assert "3000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["cgroup", "rlimit", "caller", "free", "max-memory"])
+def test_a_refusal_names_what_the_limit_itself_would_need(monkeypatch, kind):
+    """In a 250 MB cgroup (H2O)8 was refused naming a budget of 370 MB, above the cgroup's own limit
+    (the budget counts the resident set; the cgroup charges 189 MB of its 302 MB, the rest shared
+    pages charged elsewhere): now the refusal also says what the limit would need to be, in the
+    limit's own terms (MB; an rlimit's kB; a caller's figure; free memory), and a limit raised to
+    that figure gives a budget that holds the run. --max-memory's refusal names no limit."""
+    now = dfmp2.util.system_memory.resident_bytes()
+    source = {"cgroup": "cgroup v1 memory.limit_in_bytes (/sys/fs/cgroup/memory/job): 262 MB",
+              "rlimit": "RLIMIT_DATA (soft limit): 700 MB, 600 MB in use (VmData)", "caller": "QCEngine's task memory",
+              "free": "free memory (MemAvailable): 90 MB", "max-memory": "free memory (MemAvailable): 9e6 MB"}[kind]
+    counts = {"rlimit": "VmData", "caller": "whole"}.get(kind, "resident")
+    held = {"cgroup": now // 2, "rlimit": 600 * MB, "caller": now}.get(kind)
+
+    def limit_of(size):  # the limit at `size` bytes (free memory: `size` bytes free)
+        ceiling = None if kind in ("free", "max-memory") else size
+        return memory_limits.MemoryLimit(max(0, size - (held or 0)), ceiling, kind != "rlimit", source, counts, held)
+
+    size = {"cgroup": 262 * MB, "rlimit": 700 * MB, "caller": now + 40 * MB, "free": 90 * MB, "max-memory": 9e12}[kind]
+    monkeypatch.setattr(budget, "process_limits", lambda now: [limit_of(int(size))])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    figure = 100 if kind == "max-memory" else None
+    found = budget.memory_budget(figure)
+    need = found.size + 30 * MB
+    text = budget.limit_needed(found.binding, found.size, need)
+    if kind == "max-memory":
+        assert found.binding is None and text == ""
+        return
+    match = re.fullmatch(r"; (.*) would need to be at least (\d+) (MB|kB)|; it needs about (\d+) MB more free memory",
+                         text)
+    assert match, text
+    if match.group(4):
+        raised = size + int(match.group(4)) * MB
+    else:
+        assert match.group(1) == source.split(":")[0]
+        raised = int(match.group(2)) * (1024 if match.group(3) == "kB" else MB)
+    monkeypatch.setattr(budget, "process_limits", lambda now: [limit_of(raised)])
+    assert budget.memory_budget(None).size >= need > budget.memory_budget(None).size - 3 * MB

@@ -370,6 +370,17 @@ def test_a_batch_with_a_cut_last_frame_runs_the_good_frames(tmp_path, capsys):
     assert "Traceback" not in stderr
 
 
+def test_a_failed_batch_without_json_is_one_line_naming_the_failure(tmp_path, capsys):
+    """The same batch without --json was exit 1 "TypeError: expected str, bytes or os.PathLike
+    object, not NoneType" (the message named the JSON file there was none of): one line naming the
+    failed frame and its reason."""
+    (tmp_path / "t.xyz").write_text(WATER_XYZ + "3\nwater\nO 0 0 0\n", encoding="utf-8")
+    code, stderr = _cli(tmp_path, capsys, "run", "t.xyz", "--basis", "sto-3g", "--quiet")
+    assert code == 1, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("dfmp2: error: 1 of 2 molecules failed; the first: t.xyz#2: ")
+    assert "the frame is cut" in stderr and "TypeError" not in stderr
+
+
 # ----------------------------------------------------------------------------- cosmetic items
 
 def test_use_dfmp2_jk_takes_a_device_name_in_any_case():

@@ -19,7 +19,7 @@ from ..mp2.response import PROPERTIES, relaxed_properties
 from ..mp2.three_center import three_center_mo
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
-from ..run.budget import pyscf_max_memory
+from ..run.budget import limit_needed, pyscf_max_memory
 from ..run.memory import RESPONSE_JK_GROWTH, gradient_least_bytes
 from ..run.run_checkpoint import SCF_RECORD, open_run_checkpoint
 from ..run.settings import Settings, settings_from
@@ -355,7 +355,8 @@ def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fit
         raise MemoryBudgetError(
             f"the gradient needs at least {least / MB:.4g} MB even in the smallest blocks (the MP2 steps' {plan.minimum / MB:.4g} "
             f"MB, {plan.baseline / MB:.4g} MB of it resident after the SCF, then the metrics, the reference term's blocks "
-            f"and the response's J/K); the memory budget is {plan.budget / MB:.4g} MB ({plan.budget_source})")
+            f"and the response's J/K); the memory budget is {plan.budget / MB:.4g} MB ({plan.budget_source})"
+            + limit_needed(plan.budget_binding, plan.budget, least))
 
 
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):

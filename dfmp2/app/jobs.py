@@ -235,8 +235,9 @@ def _batch(job, settings, entries, outputs) -> list:
     outputs.commit()
     failed = [r for r in records if r["status"] != "ok"]
     if failed:
-        shown = "the JSON Lines on standard output" if outputs.to_stdout() else display(job.json_path)
-        where = f" (their reasons are in {shown})" if job.json_path else ""
+        where = "" if job.json_path is None else (" (their reasons are in "
+                                                  + ("the JSON Lines on standard output" if outputs.to_stdout()
+                                                     else display(job.json_path)) + ")")
         raise ComputationError(f"{len(failed)} of {len(records)} molecules failed{where}; the first: "
                                f"{failed[0]['molecule']}: {failed[0]['error']}")
     return records

@@ -50,12 +50,14 @@ class MemoryBudget:
     """The whole process's budget (`memory_budget`): size (bytes of resident set); source, what set
     it (--max-memory, or the limit that allowed least, with its figures: for the record and the
     messages); note, the user's figure lowered by a limit or above free memory (warned on stderr
-    when first found, and recorded), else ""; limits, every limit taken, each with what it allows."""
+    when first found, and recorded), else ""; limits, every limit taken, each with what it allows;
+    binding, the limit that set it (None where --max-memory did: `limit_needed`)."""
 
     size: int
     source: str
     note: str = ""
     limits: tuple = ()
+    binding: MemoryLimit | None = None  # the limit that set it (None: --max-memory)
 
 
 def local_ranks() -> int:
@@ -147,7 +149,7 @@ def memory_budget(max_memory, resident=None, virtual=None) -> MemoryBudget:
     tightest = min(allowed, key=lambda a: a.allowance)
     limits = tuple(a.why for a in allowed)
     if figure is None:
-        return MemoryBudget(tightest.allowance, tightest.why, "", limits)
+        return MemoryBudget(tightest.allowance, tightest.why, "", limits, tightest.limit)
     size = int(figure * MB)
     for found in sorted((a for a in allowed if a.limit.limit is not None), key=lambda a: a.ceiling):
         key = (figure, found.limit.source.split(":")[0])  # the figure and which limit (its kind and path)
@@ -158,13 +160,30 @@ def memory_budget(max_memory, resident=None, virtual=None) -> MemoryBudget:
             warn_once(key, f"{_ABOVE[key]} ({tightest.allowance / MB:.0f} MB now)")
     above = [_ABOVE[key] for key in ((figure, a.limit.source.split(":")[0]) for a in allowed) if key in _ABOVE]
     if above:
-        return MemoryBudget(tightest.allowance, tightest.why, above[0], limits)
+        return MemoryBudget(tightest.allowance, tightest.why, above[0], limits, tightest.limit)
     free = [a for a in allowed if a.limit.limit is None and size > a.ceiling]
     note = (f"{option('max_memory')} {figure:g} MB is above the {free[0].limit.source} (no limit of the process's "
             "own, so kept): the machine may swap, or its OOM killer stop a process" if free else "")
     if note:
         warn_once((figure, "free memory"), note)
     return MemoryBudget(size, option("max_memory"), note, limits)
+
+
+def limit_needed(binding, size, need) -> str:
+    """What a refusal adds where the limit `binding` (a MemoryLimit, or None: --max-memory) set a
+    budget of `size` bytes and the run needs `need`: the figure that limit would need, in its own
+    terms (the budget counts the process's resident set, a cgroup only what it charges), or ""."""
+    if binding is None or need <= size:
+        return ""
+    if binding.counts == "whole":  # a caller's figure is the budget itself
+        return f"; {binding.source.split(':')[0]} would need to be at least {need / MB:.0f} MB"
+    more = -(-(need - size) * (local_ranks() if binding.shared else 1) // HEADROOM_SHARE)
+    if binding.limit is None:
+        return f"; it needs about {more / MB:.0f} MB more free memory"
+    least = binding.limit + int(more)
+    if binding.counts in ("VmData", "VmSize"):
+        return f"; {binding.source.split(':')[0]} would need to be at least {-(-least // 1024)} kB"
+    return f"; {binding.source.split(':')[0]} would need to be at least {-(-least // MB)} MB"
 
 
 # a --max-memory found above a hard limit: (figure, the limit's kind and path) -> the note, kept for the

@@ -15,7 +15,7 @@ from ..kernels.protocol import fp64_pair_temporaries_bytes
 from ..util.errors import MemoryBudgetError, option
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
 from ..util.start_up import SCF_GROWTH, start_up_bytes
-from .budget import budget_bytes, memory_budget
+from .budget import budget_bytes, limit_needed, memory_budget
 
 MIN_AUX_BLOCK = 32  # auxiliary functions per transform block, unless the budget forces fewer
 # what the orbital response's J/K add beside the gradient's own arrays when PySCF builds them
@@ -40,6 +40,7 @@ class MemoryPlan:
     budget_source: str = ""  # what set the budget: --max-memory, or the limit that allowed least (memory_budget)
     budget_note: str = ""  # the user's figure lowered by a limit, or above free memory (memory_budget), else ""
     budget_limits: tuple = ()  # every limit found, each with what it allows (memory_budget)
+    budget_binding: object = None  # the MemoryLimit that set the budget, None for --max-memory (`limit_needed`)
 
 
 @dataclass(frozen=True)
@@ -117,16 +118,14 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
     stated = (f"{source} {budget / MB:.4g} MB" if source == option("max_memory") else
               f"the default memory budget {budget / MB:.4g} MB ({source})")
     if budget <= baseline:
-        raise MemoryBudgetError(
-            f"{stated} is below this process's own footprint: {resident} (Python, torch, "
-            f"PySCF and the reference); give at least {(baseline + least) / MB:.4g} MB")
+        raise _short(f"{stated} is below this process's own footprint: {resident} (Python, torch, "
+                     f"PySCF and the reference); give at least {(baseline + least) / MB:.4g} MB", baseline + least)
     arrays = budget - baseline if device_limit is None else min(budget - baseline, device_limit)
     if least > arrays:
         where = "" if device_limit is None or budget - baseline <= device_limit else " of GPU memory"
-        raise MemoryBudgetError(
-            f"needs at least {(baseline + least) / MB:.4g} MB even in the smallest blocks ({least / MB:.3g} MB"
-            f"{where} above the {resident}; nao={nao}, nocc={nocc}, nvir={nvir}, "
-            f"naux={naux}); the memory budget is {budget / MB:.4g} MB ({source})")
+        raise _short(f"needs at least {(baseline + least) / MB:.4g} MB even in the smallest blocks ({least / MB:.3g} MB"
+                     f"{where} above the {resident}; nao={nao}, nocc={nocc}, nvir={nvir}, "
+                     f"naux={naux}); the memory budget is {budget / MB:.4g} MB ({source})", baseline + least)
     storage = "memory" if least + store <= arrays and not on_disk else "disk"
     room = arrays - fixed - (store if storage == "memory" else 0)
 
@@ -153,6 +152,13 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
                       budget_source=source)
 
 
+def _short(message, need) -> MemoryBudgetError:
+    """The refusal of a budget that cannot hold the run, with `need`, the bytes of budget it would take."""
+    error = MemoryBudgetError(message)
+    error.need = need
+    return error
+
+
 def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, growth=0, gamma=False, held=0,
              stages=()) -> MemoryPlan:
     """The memory plan of a run with active spaces [(nocc, nvir)] per spin channel (on_disk:
@@ -168,10 +174,13 @@ def plan_for(backend, integrals, spaces, max_memory, on_disk=False, ranks=1, gro
     device_free = backend.memory_limit_bytes()
     sizes = TensorSizes(integrals.nao, spaces, integrals.naux, integrals.largest_shell(), backend.itemsize)
     budget = memory_budget(max_memory, baseline, start_up_bytes(stages))
-    plan = plan_memory(budget.size, sizes, hints, on_disk=on_disk, baseline=baseline,
-                       device_limit=None if device_free is None else int(0.9 * device_free), ranks=ranks,
-                       growth=growth, gamma=gamma, source=budget.source)
-    return replace(plan, budget_note=budget.note, budget_limits=budget.limits)
+    try:
+        plan = plan_memory(budget.size, sizes, hints, on_disk=on_disk, baseline=baseline,
+                           device_limit=None if device_free is None else int(0.9 * device_free), ranks=ranks,
+                           growth=growth, gamma=gamma, source=budget.source)
+    except MemoryBudgetError as error:  # in the terms of the limit that set the budget, what it would need
+        raise MemoryBudgetError(f"{error}{limit_needed(budget.binding, budget.size, error.need)}") from None
+    return replace(plan, budget_note=budget.note, budget_limits=budget.limits, budget_binding=budget.binding)
 
 
 GRADIENT_AUX_BLOCK = 128  # auxiliary functions per block of the gradient's passes, where the budget allows
