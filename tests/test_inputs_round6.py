@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -160,7 +161,7 @@ def test_ase_initial_charges_give_the_cation_and_odd_electrons_a_doublet():
     ({}, None, [0.5, 0, 0], "initial magnetic moments sum to 0.5: not a whole number"),
     ({}, [0.5, 0, 0], None, "initial charges sum to 0.5: not a whole number"),
     ({}, None, [1, 0, 0], r"2S 1 \(spin or the initial magnetic moments\) is impossible with 10 electrons"),
-    ({"charge": 1.0}, None, None, r"DFMP2Calculator\(charge=1.0\): expected a whole number"),
+    ({"charge": 1.0}, None, None, r"DFMP2Calculator: charge must be a whole number, got 1.0"),
 ])
 def test_ase_charge_and_spin_that_disagree_are_refused_before_anything_runs(monkeypatch, parameters, charges,
                                                                           moments, message):
@@ -177,8 +178,8 @@ def test_ase_charge_and_spin_that_disagree_are_refused_before_anything_runs(monk
         water.set_initial_charges(charges)
     if moments is not None:
         water.set_initial_magnetic_moments(moments)
-    water.calc = DFMP2Calculator(basis="sto-3g", **parameters)
-    with pytest.raises(InputError, match=message) as raised:
+    with pytest.raises(InputError, match=message) as raised:  # (a parameter of the wrong kind: at once, by Settings)
+        water.calc = DFMP2Calculator(basis="sto-3g", **parameters)
         water.get_potential_energy()
     assert "\n" not in str(raised.value)
 
@@ -463,3 +464,41 @@ def test_use_dfmp2_jk_takes_its_precision_in_any_case():
     assert mf.e_tot == pytest.approx(reference, abs=1e-9)
     with pytest.raises(InputError, match="unknown SCF precision"):
         dfmp2.use_dfmp2_jk(scf.RHF(mol).density_fit(), precision="fp16")
+
+
+def _water_atoms():
+    from dfmp2.chem import Atom
+
+    return [Atom("O", (0.0, 0.0, 0.1173)), Atom("H", (0.0, 0.7572, -0.4692)), Atom("H", (0.0, -0.7572, -0.4692))]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda d: d.run_xyz(None), "an XYZ file's path is a str or os.PathLike, got NoneType"),
+    (lambda d: d.run_xyz(3), "an XYZ file's path is a str or os.PathLike, got int 3"),  # (os.stat: a descriptor)
+    (lambda d: d.run_atoms([("O", (0, 0, 0))]), "atoms: a list of dfmp2.chem.Atom"),
+    (lambda d: d.run_atoms("O 0 0 0"), "atoms: a list of dfmp2.chem.Atom"),
+    (lambda d: d.run_atoms(_water_atoms(), charge=1.5), "charge must be a whole number, got 1.5"),
+    (lambda d: d.run_atoms(_water_atoms(), charge=True), "charge must be a whole number, got True"),
+    (lambda d: d.Settings(frozen_core="no"), "frozen_core must be True or False, got 'no'"),
+    (lambda d: d.Settings(gradient=1), "gradient must be True or False, got 1"),
+    (lambda d: d.DFMP2(None), "the drop-in takes a PySCF mean field"),
+])
+def test_the_api_names_an_input_of_the_wrong_kind(call, message):
+    """The battery's Python API cases: run_xyz(None) was a TypeError from os.stat, run_xyz(3) "no such
+    file" (a file descriptor), atoms as tuples an AttributeError, charge=1.5 PySCF's RuntimeError,
+    frozen_core="no" froze the core, DFMP2(None) an AttributeError: each is InputError naming it."""
+    import dfmp2
+
+    with pytest.raises(dfmp2.InputError, match="^" + re.escape(message)):
+        call(dfmp2)
+
+
+def test_numpy_whole_numbers_are_a_charge_and_spin():
+    """Whole numbers of numpy's kinds (what ASE and numpy code hand over) are a charge and 2S as ints are."""
+    import numpy as np
+
+    import dfmp2
+
+    ran = dfmp2.run_atoms(_water_atoms(), charge=np.int64(1), spin=np.int32(1), basis="sto-3g")
+    again = dfmp2.run_atoms(_water_atoms(), charge=1, spin=1, basis="sto-3g")
+    assert abs(ran.e_tot - again.e_tot) < 1e-10 and ran.e_tot != 0.0

@@ -140,10 +140,8 @@ def _whole_sum(values, what):
 
 def _chosen(name, parameters, from_atoms):
     """The calculator's parameter `name` (charge or spin) where given, else the atoms' value
-    (None: neither); InputError where both are given and differ, or the parameter is no whole number."""
+    (None: neither); InputError where both are given and differ (its kind: Settings', at `set`)."""
     given = parameters.get(name)
-    if given is not None and (isinstance(given, bool) or not isinstance(given, (int, np.integer))):
-        raise InputError(f"DFMP2Calculator({name}={given!r}): expected a whole number")
     if given is None or from_atoms is None:
         return from_atoms if given is None else int(given)
     if (abs(from_atoms) if name == "spin" else from_atoms) != given:  # (moments down: the same 2S)
@@ -158,4 +156,7 @@ def settings(parameters) -> Settings:
     unknown = sorted(set(parameters) - {field.name for field in fields(Settings)})
     if unknown:
         raise InputError(f"DFMP2Calculator: unknown parameter {unknown[0]!r} (its parameters are the Settings fields)")
-    return Settings(**dict(parameters))
+    try:
+        return Settings(**dict(parameters))
+    except InputError as error:  # (Settings' one check of each kind, named as the calculator's)
+        raise InputError(f"DFMP2Calculator: {error}") from None

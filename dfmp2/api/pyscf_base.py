@@ -435,13 +435,15 @@ class GradScanner(lib.GradScanner):
 
 def host_mean_field(mf):
     """A gpu4pyscf mean field (`mf.to_gpu()`) is moved to the CPU with its own `to_cpu()` (the
-    integrals and orbitals dfmp2 reads are host arrays); returns (mf, note or None)."""
-    module = type(mf).__module__ or ""
-    if module.startswith("gpu4pyscf"):
+    integrals and orbitals dfmp2 reads are host arrays); returns (mf, note or None); InputError without a mol."""
+    note = None
+    if (type(mf).__module__ or "").startswith("gpu4pyscf"):
         if not hasattr(mf, "to_cpu"):
             raise InputError(f"{type(mf).__name__} from gpu4pyscf has no to_cpu(): pass the PySCF (CPU) mean field")
-        return mf.to_cpu(), f"gpu4pyscf mean field {type(mf).__name__} moved to the CPU with to_cpu()"
-    return mf, None
+        mf, note = mf.to_cpu(), f"gpu4pyscf mean field {type(mf).__name__} moved to the CPU with to_cpu()"
+    if getattr(mf, "mol", None) is None:
+        raise InputError(f"the drop-in takes a PySCF mean field (RHF, UHF, ROHF, KS), got {type(mf).__name__} {mf!r:.40}")
+    return mf, note
 
 
 def xc_key(xc: str) -> str:

@@ -23,6 +23,7 @@ where a file gives it, its line.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
 from ..util.errors import InputError, option
 from .basis import atomic_number
@@ -74,6 +75,7 @@ def charge_and_spin(frame, charge=None, spin=None, charge_name=None, spin_name=N
         return ChargeSpin(sum(charges), sum(spins), None if undetermined else tuple(zip(charges, spins)),
                           undetermined, notes)
     _check_whole_spin(frame, spin, whole_electrons, spin_name)
+    spin = int(spin)
     if spin != sum(spins) and open_:
         undetermined = undetermined or _place_spin(frame, spin, spins, electrons, open_, spin_name)
     return ChargeSpin(sum(charges), spin, None if undetermined else tuple(zip(charges, spins)), undetermined)
@@ -85,6 +87,9 @@ def _placed_charge(frame, charge, neutral, ghosts_only, open_, charge_name) -> t
     charges = [f.charge or 0 for f in frame.fragments]
     if charge is None:
         return charges, None
+    if isinstance(charge, bool) or not isinstance(charge, Integral):  # (Settings checks its own: ASE's too)
+        raise InputError(f"{charge_name} must be a whole number, got {charge!r}")
+    charge = int(charge)
     _check_electrons(frame, sum(neutral) - charge, f"{charge_name} {charge}")
     rest = charge - sum(charges)
     if not rest:
@@ -155,7 +160,7 @@ def _check_electrons(frame, electrons, given) -> None:
 
 
 def _check_whole_spin(frame, spin, electrons, spin_name) -> None:
-    if isinstance(spin, bool) or not isinstance(spin, int):
+    if isinstance(spin, bool) or not isinstance(spin, Integral):
         raise InputError(f"{spin_name} must be a whole number (2S), got {spin!r}")
     if not _possible(spin, electrons):
         if spin == 0 and electrons % 2:

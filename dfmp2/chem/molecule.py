@@ -116,7 +116,10 @@ def read_frames(path: str, max_frames: int = MAX_FRAMES, keep_going: bool = Fals
     be told apart from the next frame's but not read (an unknown element, a coordinate that is
     no number, atoms too close, an impossible fragment line), or a last frame the file cuts short
     (fewer atom lines than its count, a count with nothing after it), is its `FrameError` in the
-    list, and the next frame is read; a file that cannot be split into frames is bad input as a whole."""
+    list, and the next frame is read; a file that cannot be split into frames is bad input as a whole.
+    A path that is not one (None, a number: os.stat would take an integer as a file descriptor) is bad input."""
+    if isinstance(path, bool) or not isinstance(path, (str, bytes, os.PathLike)):
+        raise InputError(f"an XYZ file's path is a str or os.PathLike, got {type(path).__name__} {path!r:.60}")
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -367,6 +370,9 @@ def check_geometry(atoms, path="atoms", lines=None) -> None:
 
     if not atoms:
         raise InputError(f"{path}: no atoms")
+    if isinstance(atoms, (str, bytes)) or any(not isinstance(a, Atom) for a in atoms):
+        found = atoms if isinstance(atoms, (str, bytes)) else next(a for a in atoms if not isinstance(a, Atom))
+        raise InputError(f"{path}: a list of dfmp2.chem.Atom(symbol, xyz in Angstrom), got {found!r:.60}")
     if all(getattr(a, "ghost", False) for a in atoms):
         raise InputError(f"{path}: every atom is a ghost ({GHOST_FORMS}): no molecule")
     lines = lines or [None] * len(atoms)

@@ -13,6 +13,7 @@ timer) is its context, `dfmp2.run.context.RunContext`, built once at the entry p
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from numbers import Integral
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class Settings:
     def __post_init__(self):
         """The one check of each setting's kind: keywords (device, precision, reference, ...) in
         any case, lower-cased here; frozen's structure (`frozen_per_spin`); max_memory a
-        number of MB (`budget.check_max_memory`). What a value may be beyond its kind (a device
+        number of MB (`budget.check_max_memory`); a switch (a bool field) True or False. What a value may be beyond its kind (a device
         this machine has, a frozen index inside the orbitals) is checked where it is known."""
         from .budget import check_max_memory
         from .settings import frozen_per_spin
@@ -92,6 +93,17 @@ class Settings:
         if isinstance(self.properties, str):
             object.__setattr__(self, "properties", (self.properties,))
         object.__setattr__(self, "properties", tuple(str(p).strip().lower() for p in self.properties))
+        for field in fields(self):  # a switch is True or False: frozen_core="no" must not freeze the core
+            value = getattr(self, field.name)
+            if field.type == "bool" and not isinstance(value, (bool, np.bool_)):
+                raise InputError(f"{field.name} must be True or False, got {value!r:.60}")
+            if field.type == "bool":
+                object.__setattr__(self, field.name, bool(value))
+        for name in ("charge", "spin"):  # whole numbers (numpy's too, made ints), or None: the file's lines decide
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral)):
+                raise InputError(f"{name} must be a whole number{' (2S)' if name == 'spin' else ''}, got {value!r:.60}")
+            object.__setattr__(self, name, None if value is None else int(value))
         frozen_per_spin(self.frozen, 2)
         object.__setattr__(self, "max_memory", check_max_memory(self.max_memory))
 
