@@ -218,6 +218,40 @@ def test_outputs_commit_gives_back_what_it_replaced(tmp_path, monkeypatch, hard_
     assert sorted(os.listdir(tmp_path)) == ["a.json", "b.molden"]
 
 
+def test_an_output_that_cannot_be_replaced_is_one_error_and_the_rest_given_back(tmp_path, monkeypatch):
+    """`dfmp2 optimize` over an immutable water.opt.xyz (chattr +i: it can be neither linked nor
+    moved aside) was exit 1 "FileNotFoundError: ....partial.previous" (the rollback looked for a
+    copy never made): now the error names the output, and the one put in place before it gets its
+    previous contents back."""
+    from dfmp2.util import files as outputs
+    from dfmp2.util.errors import ComputationError
+
+    first, second = tmp_path / "a.json", tmp_path / "b.molden"
+    first.write_text("previous")
+    second.write_text("immutable")
+    staged = outputs.Outputs()
+    staged.add("--json", str(first))
+    staged.add("--natorbs", str(second))
+    staged.write("--json", lambda path: Path(path).write_text("new"))
+    staged.write("--natorbs", lambda path: Path(path).write_text("new"))
+    replace, link = os.replace, os.link
+
+    def refused(operation):
+        def call(source, target):
+            if str(second) in (str(source), str(target)):
+                raise OSError(1, "Operation not permitted")
+            return operation(source, target)
+        return call
+
+    monkeypatch.setattr(outputs.os, "replace", refused(replace))
+    monkeypatch.setattr(outputs.os, "link", refused(link))
+    with pytest.raises(ComputationError, match=r"^--natorbs .*b\.molden: Operation not permitted; no output file"):
+        staged.commit()
+    monkeypatch.undo()
+    assert first.read_text() == "previous" and second.read_text() == "immutable"
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.molden"]
+
+
 def test_outputs_are_checked_before_the_scf(tmp_path):
     """A bad output path is exit 2 naming the option, before anything is computed (an SCF
     allowed one cycle would fail with exit 1 if it ran)."""

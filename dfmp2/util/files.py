@@ -261,12 +261,13 @@ class Outputs:
                 with open(current.staged, "rb") as source:
                     _write_in_place(current, source.read())
             for current in (t for t in targets if not t.in_place):
-                if os.path.exists(current.real):  # kept until the commit is done, to undo it
-                    current.backup = current.staged + ".previous"
+                if os.path.exists(current.real):  # kept until the commit is done, to undo it (named once made:
+                    backup = current.staged + ".previous"  # a file that can be neither linked nor moved has none)
                     try:
-                        os.link(current.real, current.backup)
+                        os.link(current.real, backup)
                     except OSError:  # a file system without hard links: moved aside instead
-                        os.replace(current.real, current.backup)
+                        os.replace(current.real, backup)
+                    current.backup = backup
                 os.replace(current.staged, current.real)
                 current.staged = None
                 done.append(current)
