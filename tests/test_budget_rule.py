@@ -416,12 +416,12 @@ def test_a_refusal_names_what_the_limit_itself_would_need(monkeypatch, kind):
         ceiling = None if kind in ("free", "max-memory") else size
         return memory_limits.MemoryLimit(max(0, size - (held or 0)), ceiling, kind != "rlimit", source, counts, held)
 
-    size = {"cgroup": 262 * MB, "rlimit": 700 * MB, "caller": now + 40 * MB, "free": 90 * MB, "max-memory": 9e12}[kind]
+    size = {"cgroup": 262 * MB, "rlimit": 700 * MB, "caller": (now // MB + 40) * MB + 100_000, "free": 90 * MB, "max-memory": 9e12}[kind]
     monkeypatch.setattr(budget, "process_limits", lambda now: [limit_of(int(size))])
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     figure = 100 if kind == "max-memory" else None
     found = budget.memory_budget(figure)
-    need = found.size + 30 * MB
+    need = found.size + 30 * MB + 222_222  # (not whole MB: the figure named is rounded up)
     text = budget.limit_needed(found.binding, found.size, need)
     if kind == "max-memory":
         assert found.binding is None and text == ""

@@ -176,10 +176,10 @@ def limit_needed(binding, size, need) -> str:
     if binding is None or need <= size:
         return ""
     if binding.counts == "whole":  # a caller's figure is the budget itself
-        return f"; {binding.source.split(':')[0]} would need to be at least {need / MB:.0f} MB"
+        return f"; {binding.source.split(':')[0]} would need to be at least {-(-need // MB)} MB"
     more = -(-(need - size) * (local_ranks() if binding.shared else 1) // HEADROOM_SHARE)
     if binding.limit is None:
-        return f"; it needs about {more / MB:.0f} MB more free memory"
+        return f"; it needs about {-(-int(more) // MB)} MB more free memory"
     least = binding.limit + int(more)
     if binding.counts in ("VmData", "VmSize"):
         return f"; {binding.source.split(':')[0]} would need to be at least {-(-least // 1024)} kB"
