@@ -236,12 +236,13 @@ class FittedCoulombExchange:
 
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
+        waited = getattr(self.integrals, "waited", 0.0)  # (the budget's check before the SCF may have waited)
         with Timer().lap() as lap:
             early = self._set_up()
         self.record.setup_seconds = lap.seconds
-        if early:  # the thread's time and the wait for it
-            self.record.integral_seconds = self.integrals.seconds
-            self.record.integral_wait_seconds = self.integrals.waited
+        if early:  # the thread's time and the set-up's wait for it
+            self.record.integral_seconds, self.record.integral_wait_seconds = (self.integrals.seconds,
+                                                                               self.integrals.waited - waited)
 
     def _set_up(self) -> bool:
         """B whitened, and kept by the backend's store (in memory or a scratch file). Returns whether
@@ -432,8 +433,7 @@ def metric_factor_of(builds, integrals):
 
 
 def fitting_key(integrals) -> tuple:
-    """What a fitting set's metric (P|Q) is made of: its auxiliary functions, as PySCF defines them (the
-    auxiliary molecule's atoms, shells and their exponents, coefficients and centres), copies."""
+    """What a fitting set's metric (P|Q) is made of: copies of its auxiliary molecule's _atm, _bas, _env."""
     auxmol = integrals.auxmol
     return tuple(np.array(table) for table in (auxmol._atm, auxmol._bas, auxmol._env))
 
