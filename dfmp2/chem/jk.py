@@ -236,7 +236,7 @@ class FittedCoulombExchange:
 
     # ---- set-up ------------------------------------------------------------------------
     def _build(self):
-        waited = getattr(self.integrals, "waited", 0.0)  # (the budget's check before the SCF may have waited)
+        waited = self.integrals.waited if self.integrals.early else 0.0  # (the budget check before the SCF waits too)
         with Timer().lap() as lap:
             early = self._set_up()
         self.record.setup_seconds = lap.seconds
