@@ -1,8 +1,11 @@
 """Shared fixtures: small molecules, converged PySCF references and PySCF's own DF-MP2."""
 
+import atexit
 import json
 import os
+import shutil
 import signal
+import tempfile
 
 import pytest
 import torch
@@ -10,6 +13,12 @@ import torch
 pyscf = pytest.importorskip("pyscf")
 from pyscf import df, gto, scf  # noqa: E402
 from pyscf.mp import dfmp2 as pyscf_dfmp2  # noqa: E402
+
+# The CPU products' measured choices (kernels.cpu_gemm) are cached for the test session in a
+# directory of its own, removed at the end: tests never write the user's ~/.cache
+if "DFMP2_CACHE_DIR" not in os.environ:
+    os.environ["DFMP2_CACHE_DIR"] = tempfile.mkdtemp(prefix="dfmp2-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["DFMP2_CACHE_DIR"], True)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The devices a test of the torch backend runs on: cuda only where torch sees a GPU (`-m cuda` picks it)

@@ -26,7 +26,22 @@ INTEL = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(
                                                  ("processor\t: 0\n", "", "")])
 def test_cpu_identity_from_cpuinfo(tmp_path, text, vendor, model):
     path = write(tmp_path / "cpuinfo", text)
-    assert cpu_config.cpu_identity(str(path)) == {"vendor": vendor, "model": model}
+    found = cpu_config.cpu_identity(str(path))
+    assert (found["vendor"], found["model"]) == (vendor, model)
+    assert (found["family"], found["model_number"], found["stepping"], found["kernel_flags"]) == (None, None, None, [])
+
+
+ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+        "stepping\t: 1\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni\n\n"
+        "processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 99\nflags\t\t: amx_tile\n")
+
+
+def test_cpu_identity_tells_generations_apart(tmp_path):
+    """Zen 4 and Zen 5 both say "AMD EPYC": the family, model number and stepping and the
+    kernel-deciding flags of the first processor tell them apart (the second block is not read)."""
+    found = cpu_config.cpu_identity(str(write(tmp_path / "cpuinfo", ZEN4)))
+    assert (found["family"], found["model_number"], found["stepping"]) == (25, 17, 1)
+    assert found["kernel_flags"] == ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"]
 
 
 def test_the_table_decides_per_vendor_and_the_users_variable_wins():

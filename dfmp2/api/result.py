@@ -14,6 +14,14 @@ from ..util.cpu_config import configuration_record
 from ..util.system_memory import MB
 from ..util.version import __version__
 
+def cpu_record() -> dict:
+    """cpu_configuration: the CPU, dfmp2's choices for it, the variables set (util.cpu_config), and
+    `gemm`, which library ran the CPU products of each precision, its kernels and rate (kernels.cpu_gemm)."""
+    from ..kernels import cpu_gemm  # (torch: loaded by the run itself, not by importing the driver)
+
+    return {**configuration_record(), "gemm": cpu_gemm.record()}
+
+
 MODEL_NOTE = ("calibrated MODEL from the emulator trace, not a measurement: per call launch + host "
               "transfer + max(tensor_engine, dma, vector, scalar); the engine entries of the "
               "breakdown are busy times that overlap (see docs/benchmarks.md, Calibration)")
@@ -59,7 +67,7 @@ class DFMP2Result:
     mean_field: object = None  # the PySCF SCF object of a run_xyz run (for densities / orbitals)
     peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
     # the CPU, dfmp2's choices for it and the threading variables set (util.cpu_config), as the run had them
-    cpu_configuration: dict = field(default_factory=configuration_record)
+    cpu_configuration: dict = field(default_factory=lambda: cpu_record())
     scf_record: dict = field(default_factory=dict)  # what built the SCF's J and K (`scf_record`)
     screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
     properties: dict = field(default_factory=dict)  # from the relaxed density: {"dipole": [x, y, z] a.u.}

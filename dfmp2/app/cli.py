@@ -264,6 +264,38 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json
 
 
 @cli.command()
+@click.option("--json", "json_path", default=None, metavar="PATH", help="Write what was measured as JSON.")
+@click.option("--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+def tune(json_path, quiet, debug):
+    """Measure again which library runs each kind of CPU product fastest on this machine (every
+    shape the cache holds; none yet: a naphthalene/cc-pVTZ run's), and cache the choices."""
+    from ..linalg import cpu as cpu_blas
+    from ..util.appends import write_stdout
+    from ..util.cpu_config import check_environment
+    from .jobs import write_json
+
+    outputs = Outputs()
+
+    def compute():
+        if json_path is not None:
+            outputs.add("--json", json_path, stdout_ok=True)
+        check_environment()  # DFMP2_GEMM
+        reason = cpu_blas.cache_unwritable()
+        if reason is not None:
+            raise InputError(f"dfmp2 tune: the cache directory {reason}: set DFMP2_CACHE_DIR to a writable directory")
+        record = cpu_blas.tune()
+        if json_path is not None:
+            outputs.write("--json", lambda path: write_json(path, record))
+        outputs.commit()
+        return record
+
+    record = guarded(compute, debug, outputs)
+    if not quiet and not outputs.to_stdout():
+        shown(lambda: write_stdout(cpu_blas.describe(record)), debug)
+
+
+@cli.command()
 def info():
     """Versions, and which devices can run on this machine."""
     import platform
@@ -279,6 +311,9 @@ def info():
     lines = [f"{name:14s} {version}" for name, version in versions.items()] + ["devices:"]
     lines += [f"  {device:6s} {'usable' if usable else 'unavailable':12s} {detail}"
               for device, (usable, detail) in device_report().items()]
+    from ..linalg import cpu as cpu_blas
+
+    lines.append(f"cpu products:  {cpu_blas.summary()}")
     shown(lambda: write_stdout("\n".join(lines)))
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from . import torch_sparse
+from . import cpu_gemm, torch_sparse
 from .pinned_staging import STAGING
 from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
 from .spin_cases import combine_amplitudes, density_weights, pair_denominators
@@ -135,6 +135,8 @@ class TorchBackend:
         self._fused_pair_sums = None  # a GPU's fused pair-energy epilogue (cuda_pair), where `prepare` takes it
         if self.device.type == "cuda":
             load_cuda_libraries(self.device)
+        else:  # which library runs each product (kernels.cpu_gemm): an untuned run or a foreign cache, announced
+            self.notes.extend(note for note in cpu_gemm.notes() if note not in self.notes)
         if not subnormals_flushed():
             self.notes.append("subnormal fp32 results are not flushed to zero in torch's worker threads (its "
                               "thread pool started before dfmp2 set the flag): fp32 products that underflow, "
@@ -197,7 +199,7 @@ class TorchBackend:
     def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """C = A @ B for [m, k] x [k, n] (or batched [..., m, k] x [..., k, n])."""
         self.calls["gemm"] += 1
-        return torch.matmul(a, b)
+        return cpu_gemm.matmul("gemm", a, b)
 
     def syrk(self, c, panel):
         """C - P P^T: c [n, n], panel [n, w] -> [n, n] (in full: one gemm)."""
@@ -205,7 +207,7 @@ class TorchBackend:
 
     def exact_fp64_product(self, a, b):
         """A^T B of host fp64 a [k, m], b [k, n], in fp64 on this device -> host fp64 [m, n]."""
-        c = self.to_device(np.ascontiguousarray(a.T), fp64=True) @ self.to_device(b, fp64=True)
+        c = cpu_gemm.matmul("exact", self.to_device(np.ascontiguousarray(a.T), fp64=True), self.to_device(b, fp64=True))
         return c.cpu().numpy()
 
     def ao2mo(self, ao_block: torch.Tensor, c_occ: torch.Tensor, c_vir: torch.Tensor) -> torch.Tensor:
@@ -214,9 +216,9 @@ class TorchBackend:
         nP, nao, _ = ao_block.shape
         nocc, nvir = c_occ.shape[1], c_vir.shape[1]
         # (i n|P) = sum_m C_mi (mn|P)          batched [nocc, nao] x [nP; nao, nao]
-        half = torch.matmul(c_occ.transpose(0, 1), ao_block)
+        half = cpu_gemm.matmul("transform_half", c_occ.transpose(0, 1), ao_block)
         # (i a|P) = sum_n (i n|P) C_na         [nP*nocc, nao] x [nao, nvir]
-        full = torch.matmul(half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
+        full = cpu_gemm.matmul("transform", half.reshape(nP * nocc, nao), c_vir).view(nP, nocc, nvir)
         return full.permute(1, 2, 0)
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
@@ -264,7 +266,7 @@ class TorchBackend:
         """The SCF exchange's half transform X^P = F^T B^P (B^P symmetric): b_block [nP, nao, nao],
         factor [nao, r] -> [nP, r, nao], batched [r, nao] x [nP; nao, nao], in their dtype."""
         self.calls["half_transform"] += 1
-        return torch.matmul(factor.transpose(0, 1), b_block)
+        return cpu_gemm.matmul("half", factor.transpose(0, 1), b_block)
 
     def exchange_product(self, x, z, weights=None):
         """K_mn = sum_P sum_r X^P_rm w_r Z^P_rn for x, z [nP, r, nao], weights [r] (None: all 1):
@@ -277,18 +279,18 @@ class TorchBackend:
         if weights is not None:
             z = z * weights[None, :, None]
         left, right = x.reshape(nP * rank, nao), z.reshape(nP * rank, nao)
-        return symmetric_product(left, right) if symmetric else torch.matmul(left.transpose(0, 1), right)
+        return symmetric_product(left, right) if symmetric else cpu_gemm.matmul("exchange", left.transpose(0, 1), right)
 
     def fit_density(self, b_rows, d_rows):
         """rho_P = sum_(m>=n) B^P_(mn) D'_(mn): b_rows [nP, npair] (lower triangles), d_rows
         [nset, npair] (D with its off-diagonal doubled) -> [nset, nP]."""
         self.calls["fit_density"] += 1
-        return torch.matmul(d_rows, b_rows.transpose(0, 1))
+        return cpu_gemm.matmul("fit", d_rows, b_rows.transpose(0, 1))
 
     def coulomb_block(self, b_rows, rho):
         """J_(mn) = sum_P rho_P B^P_(mn): b_rows [nP, npair], rho [nset, nP] -> [nset, npair]."""
         self.calls["coulomb_block"] += 1
-        return torch.matmul(rho, b_rows)
+        return cpu_gemm.matmul("coulomb", rho, b_rows)
 
     def prepare(self, plan) -> None:
         """Torch takes any block shape. On a GPU, the pair energies' epilogue: the fused Triton
@@ -331,7 +333,7 @@ class TorchBackend:
         in the compute dtype, or three split-precision products (tf32x3, bf16x3)."""
         if self.precision in SPLIT_FORMATS:
             return split_product(rows_i, rows_j, self.precision)
-        return torch.matmul(rows_i, rows_j.transpose(0, 1))
+        return cpu_gemm.matmul("pair", rows_i, rows_j.transpose(0, 1))
 
     def _amplitude_block(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None):
         """t[i, a, j, b] = (ia|jb) / D_ijab in fp64, (ia|jb) = sum_P B_ia^P B_jb^P as one GEMM;

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_gemm
+
 SYMMETRIC_MIN_SIZE = 128  # below this many output rows one GEMM (the blocks would be too thin)
 SYMMETRIC_BLOCK_ROWS = 2  # block rows of the output
 
@@ -23,12 +25,12 @@ def symmetric_product(left, right, block_rows=SYMMETRIC_BLOCK_ROWS):
     is symmetric (right = left scaled per contraction row): the lower block rows, then the mirror."""
     n = left.shape[1]
     if n < SYMMETRIC_MIN_SIZE or block_rows < 2:
-        return torch.matmul(left.transpose(0, 1), right)
+        return cpu_gemm.matmul("exchange", left.transpose(0, 1), right)
     out = torch.empty((n, n), dtype=torch.result_type(left, right), device=left.device)
     edges = [n * b // block_rows for b in range(block_rows + 1)]
     for a0, a1 in zip(edges, edges[1:]):
         # K[a0:a1, :a1] = A[:, a0:a1]^T B[:, :a1]
-        torch.matmul(left[:, a0:a1].transpose(0, 1), right[:, :a1], out=out[a0:a1, :a1])
+        cpu_gemm.matmul("exchange", left[:, a0:a1].transpose(0, 1), right[:, :a1], out=out[a0:a1, :a1])
     for a0, a1 in zip(edges[1:], edges[2:]):
         # K[:a0, a0:a1] = K[a0:a1, :a0]^T
         out[:a0, a0:a1].copy_(out[a0:a1, :a0].transpose(0, 1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_gemm
 from .torch_products import symmetric_product
 
 
@@ -38,7 +39,7 @@ def half_transform(index, screened, factor):
     for m, (panel, cols) in enumerate(zip(screened.panels, index.columns(pattern, factor.device))):
         a0, a1 = pattern.blocks[m][:2]
         # X_(m, P, r) = sum_n (mn|P) F_(n r)     [nP * nM, ncols] x [ncols, r]
-        half = torch.matmul(panel.reshape(nP * (a1 - a0), -1), factor.index_select(0, cols))
+        half = cpu_gemm.matmul("half", panel.reshape(nP * (a1 - a0), -1), factor.index_select(0, cols))
         out[a0:a1] = half.view(nP, a1 - a0, r).transpose(0, 1)
     return out
 
@@ -48,7 +49,7 @@ def ao2mo(index, screened, c_occ, c_vir):
     x = half_transform(index, screened, c_occ)  # [nao, nP, nocc]
     nao, nP, nocc = x.shape
     # (ia|P) = sum_n C_na X_(n, P, i)      [nvir, nao] x [nao, nP * nocc]
-    full = torch.matmul(c_vir.transpose(0, 1), x.view(nao, nP * nocc))
+    full = cpu_gemm.matmul("transform", c_vir.transpose(0, 1), x.view(nao, nP * nocc))
     return full.view(-1, nP, nocc).permute(2, 0, 1)
 
 
@@ -61,7 +62,7 @@ def exchange_product(x, z, weights=None):
     left, right = x.reshape(nao, -1), z.reshape(nao, -1)
     if symmetric:
         return symmetric_product(left.transpose(0, 1), right.transpose(0, 1))
-    return torch.matmul(left, right.transpose(0, 1))
+    return cpu_gemm.matmul("exchange", left, right.transpose(0, 1))
 
 
 def fit_density(index, lower, dms):
@@ -75,7 +76,7 @@ def fit_density(index, lower, dms):
         a0, a1 = pattern.blocks[m][:2]
         d = both[:, a0:a1].index_select(2, cols)  # [nset, nM, nlow]; the last nM columns: block M itself
         d[:, :, -(a1 - a0):] = dms[:, a0:a1, a0:a1]
-        rho += torch.matmul(d.reshape(nset, -1), panel.reshape(lower.naux, -1).transpose(0, 1))
+        rho += cpu_gemm.matmul("fit", d.reshape(nset, -1), panel.reshape(lower.naux, -1).transpose(0, 1))
     return rho
 
 
@@ -87,7 +88,7 @@ def coulomb(index, lower, rho):
     half = torch.zeros((nset, pattern.nao, pattern.nao), dtype=rho.dtype, device=rho.device)
     for m, (panel, cols) in enumerate(zip(lower.panels, index.columns(pattern, rho.device, lower=True))):
         a0, a1 = pattern.blocks[m][:2]
-        j = torch.matmul(rho, panel.reshape(lower.naux, -1)).view(nset, a1 - a0, -1)
+        j = cpu_gemm.matmul("coulomb", rho, panel.reshape(lower.naux, -1)).view(nset, a1 - a0, -1)
         half[:, a0:a1].index_copy_(2, cols, j)
     vj = half + half.transpose(1, 2)
     for a0, a1, _, _ in pattern.blocks:

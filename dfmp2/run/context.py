@@ -10,16 +10,11 @@ companions that do not: the ranks of a distributed run, the progress callback an
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-
-def clock() -> float:
-    """Seconds on dfmp2's one clock (monotonic, `time.perf_counter`): every timing, interval and
-    progress tick reads it here (tests/test_architecture.py::test_one_clock)."""
-    return time.perf_counter()
+from ..util.clock import clock  # noqa: F401 (dfmp2's one clock; re-exported: run.context.clock)
 
 
 @dataclass

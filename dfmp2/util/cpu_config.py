@@ -72,20 +72,34 @@ def set_thread_defaults(environ=None) -> None:
             _SET_BY_DFMP2.add(name)
 
 
+# the /proc/cpuinfo flags that decide which GEMM kernels a library can run (AVX2 and FMA; AVX-512's
+# foundation, VNNI and BF16; AMX's tiles): Zen 4 and Zen 5 both say "AMD EPYC", and differ here
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16",
+                "amx_int8")
+
+
 @functools.lru_cache(maxsize=4)
 def cpu_identity(path: str = "/proc/cpuinfo") -> dict:
     """{"vendor": vendor_id (GenuineIntel, AuthenticAMD, ... or "" where none is given), "model":
-    the model name} of the first processor in `path` (Linux)."""
-    found = {"vendor": "", "model": ""}
-    keys = {"vendor_id": "vendor", "model name": "model"}
+    the model name, "family", "model_number", "stepping": the numbers that tell CPU generations
+    apart (None where not given), "kernel_flags": which of KERNEL_FLAGS the CPU has, in that
+    order} of the first processor in `path` (Linux)."""
+    found = {"vendor": "", "model": "", "family": None, "model_number": None, "stepping": None, "kernel_flags": []}
+    keys = {"vendor_id": "vendor", "model name": "model", "cpu family": "family", "model": "model_number",
+            "stepping": "stepping"}
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 key, _, value = line.partition(":")
-                if key.strip() in keys and not found[keys[key.strip()]]:
-                    found[keys[key.strip()]] = value.strip()
-                if not line.strip() and all(found.values()):
-                    break
+                key, value = key.strip(), value.strip()
+                if not line.strip() and found["vendor"]:
+                    break  # the first processor's block has ended
+                if key == "flags":
+                    flags = set(value.split())
+                    found["kernel_flags"] = [flag for flag in KERNEL_FLAGS if flag in flags]
+                elif key in keys and found[keys[key]] in ("", None):
+                    found[keys[key]] = int(value) if keys[key] in ("family", "model_number", "stepping") \
+                        and value.isdigit() else value
     except OSError:
         pass
     return found
@@ -107,8 +121,42 @@ def choice(name: str, environ=None, identity=None) -> Choice:
     return Choice(name, setting.default, f"default ({vendor or 'vendor unknown'}): {setting.default_why}")
 
 
+# the libraries a CPU product can run on (kernels.cpu_gemm measures them) and the precisions each
+# computes in: torch's own BLAS (MKL in the pinned wheel), oneDNN through torch (fp32 only: it has no
+# fp64 matmul), numpy's OpenBLAS through zero-copy views
+GEMM_LIBRARIES = {"mkl": ("fp32", "fp64"), "onednn": ("fp32",), "openblas": ("fp32", "fp64")}
+
+
+def gemm_pins(environ=None) -> dict:
+    """{precision: library} the user pinned with DFMP2_GEMM ("onednn": every precision the library
+    computes in; "fp32=onednn,fp64=openblas": each named one), {} where it is not set. InputError,
+    one line, for an unknown library or precision, or a library that does not compute in a
+    precision it is pinned for."""
+    given = environment.get("DFMP2_GEMM", environ=environ)
+    if given is None or not given.strip():
+        return {}
+    pins, known = {}, ", ".join(GEMM_LIBRARIES)
+    for part in given.split(","):
+        precision, _, library = part.strip().rpartition("=")
+        library = library.strip().lower()
+        if library not in GEMM_LIBRARIES:
+            raise InputError(f"environment variable DFMP2_GEMM={given!r}: unknown library {library!r} (use one of: "
+                             f"{known}, or fp32=LIBRARY,fp64=LIBRARY)")
+        precisions = [precision.strip().lower()] if precision else list(GEMM_LIBRARIES[library])
+        for name in precisions:
+            if name not in ("fp32", "fp64"):
+                raise InputError(f"environment variable DFMP2_GEMM={given!r}: unknown precision {name!r} (fp32, fp64)")
+            if name not in GEMM_LIBRARIES[library]:
+                raise InputError(f"environment variable DFMP2_GEMM={given!r}: {library} has no {name} products "
+                                 f"(it computes in {', '.join(GEMM_LIBRARIES[library])})")
+            pins[name] = library
+    return pins
+
+
 def check_environment(environ=None) -> None:
-    """InputError naming a configuration variable set to something other than 1 or 0."""
+    """InputError naming a configuration variable set to something other than 1 or 0, or a
+    DFMP2_GEMM that `gemm_pins` refuses."""
+    gemm_pins(environ)
     for setting in SETTINGS.values():
         given = environment.get(setting.variable, environ=environ)
         if given is not None and given.strip() not in ("0", "1"):

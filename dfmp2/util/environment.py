@@ -28,6 +28,12 @@ VARIABLES = {
               "checked as PYSCF_TMPDIR is, never passed over (util.scratch.scratch_root)",
     # the CPU configuration (util.cpu_config)
     "DFMP2_SCF_FP64_SQUARE": "the user, 1 or 0: overrides the CPU table's choice of the SCF's fp64 square copy of B",
+    "DFMP2_GEMM": "the user: the library every CPU product of a precision runs on, instead of measuring "
+                  "(`onednn`, or `fp32=onednn,fp64=openblas`; util.cpu_config.gemm_pins)",
+    "DFMP2_CACHE_DIR": "the user: where dfmp2 keeps what it measured on this machine (the GEMM choices: "
+                       "kernels.cpu_gemm), before XDG_CACHE_HOME",
+    "XDG_CACHE_HOME": "the user (the XDG base directories): the user's cache directory, else ~/.cache",
+    "HOME": "the system: ~ of ~/.cache, the default cache directory",
     "OMP_WAIT_POLICY": _THREADS,
     "OPENBLAS_THREAD_TIMEOUT": _THREADS,
     "OMP_NUM_THREADS": _RECORDED + "; the threads whose stacks and BLAS buffers an rlimit must hold (run.budget)",

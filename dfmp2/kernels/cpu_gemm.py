@@ -1,0 +1,355 @@
+"""Which library runs each product on a CPU, chosen by measuring the installed ones on this machine
+at the run's own shapes, cached per CPU and library versions, recorded with every result.
+
+    matmul(kind, a, b, out=None)   C = A @ B for CPU torch tensors (2-D, or batched as torch.matmul
+                                   takes them), on the library chosen for (kind, precision, shape)
+    record()                       what ran: per precision the library, its kernels, the measured rate
+    remeasure(problems)            measure again, writing the cache (`dfmp2 tune`: linalg.cpu.tune)
+
+Libraries (util.cpu_config.GEMM_LIBRARIES):
+    mkl       torch.matmul: torch's BLAS, oneMKL in the pinned wheel (fp32, fp64)
+    onednn    torch.ops.mkldnn._linear_pointwise, C = A (B^T)^T: oneDNN's matmul, which picks its
+              kernels by the CPU's ISA, not its vendor (fp32 only; oneDNN has no fp64 matmul)
+    openblas  numpy.matmul on zero-copy views: numpy's OpenBLAS, its kernels as it detects them or
+              as OPENBLAS_CORETYPE pins them (the user's pin is respected and recorded)
+Measured on an AMD EPYC (family 26 model 2, Zen 5, 2 threads, OPENBLAS_CORETYPE=Haswell set by the
+machine; docs/benchmarking.md): fp32 mkl ~190 GF/s, openblas ~230, onednn 400-445; fp64 mkl ~100,
+openblas ~110 (~185 with the machine's OPENBLAS_* unset).
+
+A choice is made per kind of product (the names the backend passes: "pair", "transform", "half",
+"exchange", ...), precision, and shape bucket (each of m, k, n and the batch rounded to a power of
+two). The first product of a bucket is measured on its own operands (row-sliced to MEASURE_FLOPS):
+each library that computes in its precision runs it once to warm and twice timed, interleaved; a
+library whose result differs from torch's beyond the precision's rounding (AGREEMENT) is not taken,
+with a note. The fastest is kept, cached as JSON in the user's cache directory (DFMP2_CACHE_DIR,
+else $XDG_CACHE_HOME/dfmp2, else ~/.cache/dfmp2) under a name and an identity (util.provenance)
+naming the CPU, the library versions, the threads and every variable that pins a library's kernels;
+a later run with the same identity measures nothing. A cache that cannot be written: an untuned run
+(every product on mkl, torch's default) with a note saying why. DFMP2_GEMM pins a library per
+precision (util.cpu_config.gemm_pins): nothing is measured for it. Products below MIN_TUNED_FLOPS,
+on a GPU, or of other dtypes run as torch.matmul.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..util import cpu_config, environment, provenance
+from ..util.clock import clock
+from ..util.files import write_atomically
+from .cpu_libraries import _CALLS, _available, _takes, kernels, library_versions  # noqa: F401
+
+MEASURE_FLOPS = 2e9  # a measured call's flops at most (rows sliced): ~5-20 ms at 100-400 GF/s
+MIN_TUNED_FLOPS = 2e7  # below this a product runs on the default library unmeasured (call overheads dominate)
+AGREEMENT = {"fp32": 1e-4, "fp64": 1e-11}  # max |C - C_torch| / max |C_torch| a library may differ by
+DEFAULT_LIBRARY = "mkl"  # what an untuned run uses: torch's own
+CACHE_FORMAT = 1
+_DTYPES = {torch.float32: "fp32", torch.float64: "fp64"}
+
+
+# ----------------------------------------------------------------------------- the cache
+
+def cache_directory() -> str:
+    """DFMP2_CACHE_DIR, else $XDG_CACHE_HOME/dfmp2, else ~/.cache/dfmp2."""
+    given = environment.get("DFMP2_CACHE_DIR")
+    if given:
+        return given
+    base = environment.get("XDG_CACHE_HOME") or os.path.join(environment.get("HOME") or os.path.expanduser("~"),
+                                                             ".cache")
+    return os.path.join(base, "dfmp2")
+
+
+def identity() -> dict:
+    """What the choices depend on: the CPU (vendor, family, model, stepping, kernel flags), the
+    library versions, the threads, and the variables that pin a library's kernels or threads."""
+    pins = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "MKL_ENABLE_INSTRUCTIONS")
+    cpu = cpu_config.cpu_identity()
+    return {"format": CACHE_FORMAT, "cpu": {key: cpu[key] for key in ("vendor", "model", "family", "model_number",
+                                                                       "stepping", "kernel_flags")},
+            "versions": library_versions(), "threads": torch.get_num_threads(),
+            "variables": {name: environment.get(name) for name in pins if environment.get(name) is not None}}
+
+
+def cache_path(held_identity=None) -> str:
+    """The cache file of this identity: gemm-<16 hex digits of its digest>.json."""
+    return os.path.join(cache_directory(), f"gemm-{provenance.digest(held_identity or identity()).hex()[:16]}.json")
+
+
+def _writable(directory: str) -> str | None:
+    """None where `directory` exists (made here if not) and can be written, else why not."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        return f"{directory} cannot be made ({error.strerror or error})"
+    if not os.path.isdir(directory):
+        return f"{directory} is not a directory"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{directory} cannot be written"
+    return None
+
+
+# ----------------------------------------------------------------------------- the choices
+
+@dataclass
+class Entry:
+    """One (kind, precision, bucket)'s choice: the library and each candidate's measured GF/s."""
+
+    library: str
+    rates: dict = field(default_factory=dict)
+    source: str = "measured"  # "measured", "cache", "pinned by DFMP2_GEMM", "untuned"
+
+
+class _State:
+    """The process's choices, loaded on the first product (the cache read once)."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.loaded = False
+        self.entries = {}  # key -> Entry
+        self.flops = {}  # (precision, library) -> flops run in this process
+        self.notes = []
+        self.untuned = None  # why this process runs untuned, or None
+        self.pins = {}
+        self.identity = None
+        self.path = None
+        self.measure_seconds = 0.0
+
+    def load(self):
+        if self.loaded:
+            return
+        self.pins = cpu_config.gemm_pins()
+        self.identity = identity()
+        self.path = cache_path(self.identity)
+        reason = _writable(os.path.dirname(self.path))
+        if reason is not None and not self.pins:
+            self.untuned = (f"CPU products untuned: the cache directory {reason}, so nothing measured could be kept; "
+                            f"every product runs on torch's {DEFAULT_LIBRARY} (set DFMP2_CACHE_DIR to a writable "
+                            "directory, then `dfmp2 tune`)")
+            self.notes.append(self.untuned)
+        if reason is None:
+            self.entries.update(_read_cache(self.path, self.identity, self.notes))
+        self.loaded = True
+
+    def save(self):
+        if self.untuned is not None or self.path is None:
+            return
+        measured = {key: {"library": e.library, "rates": e.rates} for key, e in self.entries.items()
+                    if e.source in ("measured", "cache")}
+        data = json.dumps({"identity": self.identity, "choices": measured}, indent=1, sort_keys=True)
+
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(data)
+
+        try:
+            write_atomically(self.path, write)
+        except Exception as error:  # a full disk: this run keeps its choices, later ones measure again
+            note = f"the GEMM choices were not cached: {error}"
+            if note not in self.notes:
+                self.notes.append(note)
+
+
+def _read_cache(path, expected, notes) -> dict:
+    """The cached entries at `path` if the file proves it is this identity's (util.provenance), else {}
+    with a note (a damaged or foreign file is measured over and replaced)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        why = provenance.mismatch(data.get("identity"), expected)
+        if why is not None:
+            notes.append(f"the GEMM cache {path} is not this machine's ({why}): measured again")
+            return {}
+        return {key: Entry(value["library"], dict(value["rates"]), "cache") for key, value in data["choices"].items()
+                if value.get("library") in _CALLS}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        notes.append(f"the GEMM cache {path} could not be read ({type(error).__name__}): measured again")
+        return {}
+
+
+_STATE = _State()
+
+
+def _bucket(value: int) -> int:
+    return 1 << max(0, round(math.log2(max(1, value))))
+
+
+def _problem(a, b):
+    """(batch, m, k, n) of torch.matmul(a, b)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
+    return batch, m, k, n
+
+
+def key_of(kind: str, precision: str, a, b) -> str:
+    """The cache key: kind, precision and the shape bucket, e.g. "pair/fp32/1024x1024x1024"."""
+    batch, m, k, n = _problem(a, b)
+    shape = f"{_bucket(m)}x{_bucket(k)}x{_bucket(n)}" + (f"x{_bucket(batch)}" if batch > 1 else "")
+    return f"{kind}/{precision}/{shape}"
+
+
+def _sliced(a, b):
+    """Operands of the same kind and inner shape with at most MEASURE_FLOPS: rows of a (2-D) or
+    the leading batch (batched), and the flops of that product."""
+    batch, m, k, n = _problem(a, b)
+    flops = 2.0 * batch * m * k * n
+    if flops <= MEASURE_FLOPS:
+        return a, b, flops
+    if batch > 1:
+        keep = max(1, int(batch * MEASURE_FLOPS / flops))
+        a = a[:keep] if a.dim() > 2 else a
+        b = b[:keep] if b.dim() > 2 else b
+        return a, b, 2.0 * keep * m * k * n
+    rows = max(1, int(m * MEASURE_FLOPS / flops))
+    return a[:rows], b, 2.0 * rows * k * n
+
+
+def _measure(precision, a, b, notes) -> Entry:
+    """Each library that takes the product, timed on (sliced) operands: one warm call and two timed,
+    interleaved; the fastest whose result agrees with torch's (AGREEMENT) is chosen."""
+    a_m, b_m, flops = _sliced(a, b)
+    candidates = [lib for lib in _CALLS if _takes(lib, a, b) and _available(lib) is None]
+    times, results = {lib: [] for lib in candidates}, {}
+    for round_ in range(3):
+        for lib in candidates:
+            start = clock()
+            results[lib] = _CALLS[lib](a_m, b_m)
+            if round_:
+                times[lib].append(clock() - start)
+    reference = results[DEFAULT_LIBRARY].to(torch.float64)
+    scale = float(reference.abs().max()) or 1.0
+    rates = {}
+    for lib in candidates:
+        differs = float((results[lib].to(torch.float64) - reference).abs().max()) / scale
+        if differs > AGREEMENT[precision]:
+            notes.append(f"{lib} was not taken for {precision} products: its result differed from torch's by "
+                         f"{differs:.1e} of the largest element")
+            continue
+        rates[lib] = round(flops / min(times[lib]) / 1e9, 1)
+    best = max(rates, key=rates.get)
+    return Entry(best, rates, "measured")
+
+
+def choose(kind: str, a, b, flops: float) -> str:
+    """The library for this product: the user's pin, else (small products, an untuned run) the
+    default, else the bucket's measured choice (measured now where it has none yet)."""
+    precision = _DTYPES[a.dtype]
+    state = _STATE
+    with state.lock:
+        state.load()
+        if precision in state.pins:
+            return state.pins[precision]
+        if state.untuned is not None or flops < MIN_TUNED_FLOPS:
+            return DEFAULT_LIBRARY
+        key = key_of(kind, precision, a, b)
+        entry = state.entries.get(key)
+        if entry is None:
+            start = clock()
+            entry = state.entries[key] = _measure(precision, a, b, state.notes)
+            state.measure_seconds += clock() - start
+            state.save()
+        return entry.library
+
+
+def matmul(kind: str, a, b, out=None):
+    """C = A @ B (torch.matmul's shapes), on the CPU library chosen for (kind, precision, shape);
+    a GPU's tensors, other dtypes and small products as torch.matmul."""
+    if a.device.type != "cpu" or a.dtype not in _DTYPES or b.dtype != a.dtype or a.requires_grad or b.requires_grad:
+        return _mkl(a, b, out)
+    batch, m, k, n = _problem(a, b)
+    flops = 2.0 * batch * m * k * n
+    library = choose(kind, a, b, flops)
+    counted = (_DTYPES[a.dtype], library)
+    _STATE.flops[counted] = _STATE.flops.get(counted, 0.0) + flops
+    return _CALLS[library](a, b, out)
+
+
+# ----------------------------------------------------------------------------- the record and tuning
+
+def notes() -> list:
+    """What a result announces about the CPU products (untuned, a library not taken, a cache redone)."""
+    with _STATE.lock:
+        _STATE.load()
+        return list(_STATE.notes)
+
+
+def record() -> dict:
+    """cpu_configuration.gemm: per precision the library that ran most of its flops in this process,
+    that library's kernels and its measured GF/s (flop-weighted over the products it was chosen
+    for), and the flops each library ran; the choices by kind and shape; the cache and whether
+    this process measured, read the cache, ran pinned or untuned."""
+    state = _STATE
+    with state.lock:
+        state.load()
+        out = {"cache": None if state.untuned else state.path, "tuned": state.untuned is None,
+               "pinned": dict(state.pins), "measure_seconds": round(state.measure_seconds, 3),
+               "notes": list(state.notes),
+               "choices": {key: {"library": e.library, "rates_gflops": e.rates, "source": e.source}
+                           for key, e in sorted(state.entries.items())}}
+        for precision in ("fp32", "fp64"):
+            flops = {lib: f for (p, lib), f in state.flops.items() if p == precision}
+            if not flops:
+                continue
+            library = max(flops, key=flops.get)
+            chosen = [(e.rates.get(library), key) for key, e in state.entries.items()
+                      if e.library == library and f"/{precision}/" in key and e.rates.get(library)]
+            rate = round(sum(r for r, _ in chosen) / len(chosen), 1) if chosen else None
+            out[precision] = {"library": library, "kernels": kernels(library), "rate_gflops": rate,
+                              "flops_by_library": {lib: float(f) for lib, f in sorted(flops.items())}}
+        return out
+
+
+def remeasure(problems) -> None:
+    """Measure each (kind, precision, (batch, m, k, n)) again on random operands of that shape
+    (`linalg.cpu.tune`) and rewrite the cache."""
+    state = _STATE
+    with state.lock:
+        state.load()
+        generator = torch.Generator().manual_seed(0)
+        for kind, precision, (batch, m, k, n) in problems:
+            dtype = torch.float32 if precision == "fp32" else torch.float64
+            shape_a = (batch, m, k) if batch > 1 and kind not in ("half", "transform_half") else (m, k)
+            shape_b = (batch, k, n) if batch > 1 else (k, n)
+            a = torch.randn(shape_a, generator=generator, dtype=dtype)
+            b = torch.randn(shape_b, generator=generator, dtype=dtype)
+            start = clock()
+            state.entries[key_of(kind, precision, a, b)] = _measure(precision, a, b, state.notes)
+            state.measure_seconds += clock() - start
+        state.save()
+
+
+def held_keys() -> list:
+    """The keys this process holds a choice for (cached or measured)."""
+    with _STATE.lock:
+        _STATE.load()
+        return sorted(_STATE.entries)
+
+
+def state_summary() -> dict:
+    """{"untuned": why or None, "path", "cached": choices read from the cache, "pins"}."""
+    with _STATE.lock:
+        _STATE.load()
+        return {"untuned": _STATE.untuned, "path": _STATE.path, "pins": dict(_STATE.pins),
+                "cached": sum(1 for e in _STATE.entries.values() if e.source == "cache")}
+
+
+@contextlib.contextmanager
+def fresh_state():
+    """A new process's choices for the duration (tests: another cache directory, pin or variable)."""
+    global _STATE
+    saved, _STATE = _STATE, _State()
+    try:
+        yield _STATE
+    finally:
+        _STATE = saved

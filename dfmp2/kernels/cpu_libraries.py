@@ -1,0 +1,140 @@
+"""The libraries a CPU product can run on (kernels.cpu_gemm chooses among them by measuring), each as
+C = A @ B of CPU torch tensors with torch.matmul's shapes, and what each runs on this machine:
+
+    mkl       torch.matmul: torch's BLAS, oneMKL in the pinned wheel (fp32, fp64)
+    onednn    torch.ops.mkldnn._linear_pointwise: oneDNN's matmul, which picks its kernels by the
+              CPU's ISA, not its vendor (fp32 only: oneDNN has no fp64 matmul)
+    openblas  numpy.matmul on zero-copy views: numpy's OpenBLAS, with the kernels it detects or
+              those OPENBLAS_CORETYPE pins (the user's pin is respected and recorded)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import torch
+
+from ..util import cpu_config, environment
+
+_DTYPES = {torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def _mkl(a, b, out=None):
+    return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
+
+
+def _onednn(a, b, out=None):
+    """oneDNN's matmul through torch: linear(x, w) = x w^T, so C = A B is linear(A, B^T) (a view);
+    batched operands (torch.matmul's broadcasting) one 2-D product per matrix of the batch."""
+    if a.dim() == 2 and b.dim() == 2:
+        c = torch.ops.mkldnn._linear_pointwise(a, b.transpose(-1, -2), None, "none", [], "")
+        if out is None:
+            return c
+        out.copy_(c)
+        return out
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a_all, b_all = a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])
+    out = out if out is not None else torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
+    for index in np.ndindex(*batch):
+        out[index].copy_(torch.ops.mkldnn._linear_pointwise(a_all[index], b_all[index].transpose(0, 1), None,
+                                                            "none", [], ""))
+    return out
+
+
+def _openblas(a, b, out=None):
+    """numpy.matmul on the tensors' memory (no copy where the strides are a GEMM's)."""
+    if out is not None:
+        np.matmul(a.numpy(), b.numpy(), out=out.numpy())
+        return out
+    return torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
+
+
+_CALLS = {"mkl": _mkl, "onednn": _onednn, "openblas": _openblas}
+
+
+def _takes(library: str, a, b) -> bool:
+    """Whether `library` computes in this product's precision."""
+    return _DTYPES.get(a.dtype) in cpu_config.GEMM_LIBRARIES[library]
+
+
+def onednn_available() -> str | None:
+    """None where torch's oneDNN matmul runs here, else why not."""
+    if not torch.backends.mkldnn.is_available():
+        return "torch was built without oneDNN"
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch has no torch.ops.mkldnn._linear_pointwise"
+    return None
+
+
+def _available(library: str) -> str | None:
+    return onednn_available() if library == "onednn" else None
+
+
+def library_versions() -> dict:
+    """The versions of what each library runs: torch (its MKL and oneDNN), numpy and its OpenBLAS."""
+    config = torch.__config__.show()
+
+    def after(marker):
+        start = config.find(marker)
+        return config[start + len(marker):].split()[0].strip("()") if start >= 0 else None
+
+    mkl = after("Math Kernel Library Version ")
+    return {"torch": torch.__version__, "mkl": mkl.split("-")[0] if mkl else None,
+            "onednn": after("MKL-DNN v"), "numpy": np.__version__,
+            "openblas": (_openblas_info() or {}).get("version")}
+
+
+def _openblas_info():
+    """threadpoolctl's entry for numpy's OpenBLAS (version, architecture, threads), or None."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    for info in threadpool_info():  # numpy's own (numpy.libs/), not SciPy's
+        if info.get("internal_api") == "openblas" and f"{os.sep}numpy" in info.get("filepath", ""):
+            return info
+    return None
+
+
+_ONEDNN_ISA = []  # oneDNN's kernels, read once from its own verbose line
+
+
+def _onednn_kernels() -> str:
+    """The implementation oneDNN picks for an fp32 matmul here (e.g. "brg_matmul:avx512_core"), from
+    its verbose output of one small product (standard output captured for that call only)."""
+    if _ONEDNN_ISA:
+        return _ONEDNN_ISA[0]
+    found = "not reported"
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(1)
+        try:
+            os.dup2(captured.fileno(), 1)
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                small = torch.ones((8, 8))
+                _onednn(small, small)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        captured.seek(0)
+        for line in captured.read().decode(errors="replace").splitlines():
+            fields = line.split(",")
+            if "primitive" in fields and "exec" in fields and len(fields) > 6:
+                found = f"{fields[6]} ({fields[5]})"  # e.g. brg_matmul:avx512_core (inner_product)
+    _ONEDNN_ISA.append(found)
+    return found
+
+
+def kernels(library: str) -> str:
+    """What `library` runs on this machine, in words: OpenBLAS's architecture (threadpoolctl), oneDNN's
+    implementation (its verbose line), MKL's version (MKL picks its code path itself and does not say)."""
+    versions = library_versions()
+    if library == "openblas":
+        info = _openblas_info() or {}
+        pin = environment.get("OPENBLAS_CORETYPE")
+        return (f"OpenBLAS {info.get('version', '?')} {info.get('architecture', '?')} kernels"
+                + (f" (OPENBLAS_CORETYPE={pin}, respected)" if pin else " (as it detects this CPU)"))
+    if library == "onednn":
+        return f"oneDNN {versions['onednn']} {_onednn_kernels()}"
+    return f"oneMKL {versions['mkl']} (its own dispatch; the ISA is not reported)"

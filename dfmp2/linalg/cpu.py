@@ -1,0 +1,63 @@
+"""The CPU side of the BLAS layer: which library (torch's MKL, oneDNN, numpy's OpenBLAS) runs each
+kind of product, chosen by measuring them on this machine. The dispatch point and the measurement
+are in kernels.cpu_gemm (the torch backend calls it for every product); this is the user's side:
+
+    tune()                 measure again every shape the cache holds (none yet: TUNE_SHAPES) -> record
+    describe(record)       `dfmp2 tune`'s table
+    summary()              `dfmp2 info`'s line: the cache and what it holds, or why runs are untuned
+    cache_unwritable()     None where the cache can be written, else why not
+"""
+
+from __future__ import annotations
+
+from ..kernels import cpu_gemm
+
+# the products `dfmp2 tune` measures where the cache holds none, as (kind, precision, (batch, m, k, n)):
+# a run's on naphthalene/cc-pVTZ (412 functions, 34 occupied, 378 virtuals, ~1100 fitting functions;
+# the SCF's blocks of 23 fitting functions)
+TUNE_SHAPES = (("pair", "fp32", (1, 756, 1100, 756)), ("pair", "fp64", (1, 756, 1100, 756)),
+               ("transform", "fp64", (1, 782, 412, 378)), ("half", "fp32", (23, 34, 412, 412)),
+               ("half", "fp64", (23, 34, 412, 412)), ("exchange", "fp32", (1, 412, 782, 412)),
+               ("exchange", "fp64", (1, 412, 782, 412)))
+
+
+def parse_key(key: str):
+    """"pair/fp32/1024x1024x1024[x16]" -> ("pair", "fp32", (16, 1024, 1024, 1024))."""
+    kind, precision, shape = key.split("/")
+    dims = [int(d) for d in shape.split("x")]
+    return kind, precision, (dims[3] if len(dims) > 3 else 1, dims[0], dims[1], dims[2])
+
+
+def tune() -> dict:
+    """Measure every cached bucket again at its shape (none cached: TUNE_SHAPES) and rewrite the
+    cache -> kernels.cpu_gemm.record(). A pinned precision is measured too; the pin still decides."""
+    cpu_gemm.remeasure([parse_key(key) for key in cpu_gemm.held_keys()] or list(TUNE_SHAPES))
+    return cpu_gemm.record()
+
+
+def cache_unwritable() -> str | None:
+    """None where this machine's cache file can be written, else why not."""
+    return cpu_gemm._writable(cpu_gemm.cache_directory())
+
+
+def summary() -> str:
+    """One line for `dfmp2 info`."""
+    state = cpu_gemm.state_summary()
+    if state["untuned"] is not None:
+        return f"untuned ({cache_unwritable()})"
+    pins = ", ".join(f"{p} on {lib}" for p, lib in sorted(state["pins"].items()))
+    return (f"{state['cached']} measured choices in {state['path']}" + (f"; pinned by DFMP2_GEMM: {pins}" if pins else "")
+            + " (`dfmp2 tune` measures again)")
+
+
+def describe(measured: dict) -> str:
+    """`dfmp2 tune`'s table: each kind, precision and shape bucket, every library's GF/s, the choice."""
+    libraries = list(cpu_gemm._CALLS)
+    lines = [f"{'product':36s} " + " ".join(f"{lib:>9s}" for lib in libraries) + "   chosen (GF/s, measured)"]
+    for key, entry in measured["choices"].items():
+        rates = " ".join(f"{entry['rates_gflops'][lib]:9.1f}" if lib in entry["rates_gflops"] else f"{'-':>9s}"
+                         for lib in libraries)
+        lines.append(f"{key:36s} {rates}   {entry['library']}")
+    lines.append(f"cache: {measured['cache']}  ({measured['measure_seconds']:.1f} s measuring)")
+    lines += [f"note: {note}" for note in measured["notes"]]
+    return "\n".join(lines)

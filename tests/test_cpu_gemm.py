@@ -1,0 +1,192 @@
+"""The CPU products' libraries (kernels.cpu_gemm): each one's results against fp64, the choice made
+by measuring and cached, a user's pin respected, an unwritable cache an untuned run with a note, a
+second library the same energies, and a record that says what ran."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dfmp2.kernels import cpu_gemm
+from dfmp2.util import cpu_config
+from dfmp2.util.errors import InputError
+
+from conftest import ROOT
+
+LIBRARIES = list(cpu_config.GEMM_LIBRARIES)
+
+
+def operands(shape_a, shape_b, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape_a, generator=generator, dtype=dtype),
+            torch.randn(shape_b, generator=generator, dtype=dtype))
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])
+@pytest.mark.parametrize("layout", ["plain", "b transposed", "a transposed", "batched", "into a slice"])
+def test_each_library_computes_the_product_to_its_precision(library, precision, layout):
+    """C = A B on every library that takes the product, against the fp64 product of the same
+    operands: fp32 to 2e-6 of the largest element (rounding of a 300-term sum), fp64 to 1e-13."""
+    if precision not in cpu_config.GEMM_LIBRARIES[library]:
+        pytest.skip(f"{library} has no {precision} products")
+    dtype = torch.float32 if precision == "fp32" else torch.float64
+    if layout == "batched":
+        a, b = operands((5, 70, 300), (5, 300, 90), dtype)
+    else:
+        a, b = operands((300, 70) if layout == "a transposed" else (70, 300),
+                        (90, 300) if layout == "b transposed" else (300, 90), dtype)
+        a = a.transpose(0, 1) if layout == "a transposed" else a
+        b = b.transpose(0, 1) if layout == "b transposed" else b
+    expected = a.double() @ b.double()
+    if layout == "into a slice":
+        whole = torch.full((70, 120), 7.0, dtype=dtype)
+        got = cpu_gemm._CALLS[library](a, b, out=whole[:, 10:100])
+        assert float(whole[:, :10].sub(7).abs().max()) == 0 and float(whole[:, 100:].sub(7).abs().max()) == 0
+    else:
+        got = cpu_gemm._CALLS[library](a, b)
+    scale = float(expected.abs().max())
+    assert float((got.double() - expected).abs().max()) / scale < (2e-6 if precision == "fp32" else 1e-13)
+
+
+def test_the_pins_are_parsed_and_checked_in_one_place():
+    assert cpu_config.gemm_pins({}) == {}
+    assert cpu_config.gemm_pins({"DFMP2_GEMM": "openblas"}) == {"fp32": "openblas", "fp64": "openblas"}
+    assert cpu_config.gemm_pins({"DFMP2_GEMM": "onednn"}) == {"fp32": "onednn"}
+    assert cpu_config.gemm_pins({"DFMP2_GEMM": "fp32=onednn, fp64=MKL"}) == {"fp32": "onednn", "fp64": "mkl"}
+    for bad, says in (("blis", "unknown library 'blis'"), ("fp16=mkl", "unknown precision 'fp16'"),
+                      ("fp64=onednn", "onednn has no fp64 products")):
+        with pytest.raises(InputError, match=says):
+            cpu_config.check_environment({"DFMP2_GEMM": bad})
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """A new process's choices, cached in tmp_path/cache."""
+    monkeypatch.setenv("DFMP2_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DFMP2_GEMM", raising=False)
+    with cpu_gemm.fresh_state() as state:
+        yield state
+
+
+def test_the_choice_is_measured_once_and_cached(fresh, tmp_path):
+    """The first product of a bucket is measured (every library that takes it has a rate, the
+    fastest is chosen) and cached under this machine's identity; a new process reads it back and
+    measures nothing; the product itself is right whichever library ran it."""
+    a, b = operands((600, 500), (500, 400), torch.float32)
+    c = cpu_gemm.matmul("pair", a, b)
+    assert float((c.double() - a.double() @ b.double()).abs().max()) < 1e-3
+    key = cpu_gemm.key_of("pair", "fp32", a, b)
+    entry = fresh.entries[key]
+    assert entry.source == "measured" and set(entry.rates) <= {"mkl", "onednn", "openblas"} and "mkl" in entry.rates
+    assert entry.library == max(entry.rates, key=entry.rates.get)
+    held = json.load(open(fresh.path))
+    assert held["identity"] == cpu_gemm.identity() and held["choices"][key]["library"] == entry.library
+    assert os.path.dirname(fresh.path) == str(tmp_path / "cache")
+    with cpu_gemm.fresh_state() as again:
+        cpu_gemm.matmul("pair", a, b)
+        assert again.entries[key].source == "cache" and again.measure_seconds == 0.0
+        record = cpu_gemm.record()
+    assert record["tuned"] and record["fp32"]["library"] == entry.library
+    assert record["fp32"]["flops_by_library"] == {entry.library: 2.0 * 600 * 500 * 400}
+
+
+def test_a_foreign_or_damaged_cache_is_measured_again_with_a_note(fresh):
+    a, b = operands((600, 500), (500, 400), torch.float64)
+    cpu_gemm.matmul("pair", a, b)
+    path = fresh.path
+    held = json.load(open(path))
+    held["identity"]["threads"] = 999
+    open(path, "w").write(json.dumps(held))
+    with cpu_gemm.fresh_state() as again:
+        cpu_gemm.matmul("pair", a, b)
+        assert any("not this machine's" in note and "threads" in note for note in again.notes)
+        assert all(e.source == "measured" for e in again.entries.values())
+    open(path, "w").write("{ cut")
+    with cpu_gemm.fresh_state() as again:
+        cpu_gemm.matmul("pair", a, b)
+        assert any("could not be read" in note for note in again.notes)
+
+
+def test_an_unwritable_cache_is_an_untuned_run_with_a_note(tmp_path, monkeypatch):
+    """A cache directory that cannot be made (under a regular file: refused to root too): nothing
+    is measured, every product runs on torch's library, and the note says why and what to do."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("DFMP2_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.delenv("DFMP2_GEMM", raising=False)
+    with cpu_gemm.fresh_state() as state:
+        a, b = operands((600, 500), (500, 400), torch.float32)
+        cpu_gemm.matmul("pair", a, b)
+        record = cpu_gemm.record()
+        assert state.entries == {} and state.measure_seconds == 0.0
+    assert not record["tuned"] and record["cache"] is None
+    assert record["fp32"]["flops_by_library"] == {"mkl": 2.0 * 600 * 500 * 400}
+    assert any("untuned" in note and "DFMP2_CACHE_DIR" in note for note in record["notes"])
+
+
+def test_a_pin_decides_and_nothing_is_measured(fresh, monkeypatch):
+    monkeypatch.setenv("DFMP2_GEMM", "fp32=openblas,fp64=mkl")
+    with cpu_gemm.fresh_state() as state:
+        for dtype in (torch.float32, torch.float64):
+            cpu_gemm.matmul("pair", *operands((600, 500), (500, 400), dtype))
+        record = cpu_gemm.record()
+        assert state.entries == {}
+    assert record["pinned"] == {"fp32": "openblas", "fp64": "mkl"}
+    assert set(record["fp32"]["flops_by_library"]) == {"openblas"} and record["fp32"]["library"] == "openblas"
+    assert set(record["fp64"]["flops_by_library"]) == {"mkl"}
+
+
+def test_the_users_kernel_pin_is_respected_and_recorded():
+    """OPENBLAS_CORETYPE (whatever this machine sets; the tests never change it) is part of the
+    cache's identity and of OpenBLAS's kernels in the record, which name what threadpoolctl
+    reports numpy's OpenBLAS running."""
+    from threadpoolctl import threadpool_info
+
+    pin = os.environ.get("OPENBLAS_CORETYPE")
+    assert cpu_gemm.identity()["variables"].get("OPENBLAS_CORETYPE") == pin
+    words = cpu_gemm.kernels("openblas")
+    architectures = {i.get("architecture") for i in threadpool_info() if "numpy" in i.get("filepath", "")}
+    assert any(arch and arch in words for arch in architectures)
+    assert (f"OPENBLAS_CORETYPE={pin}, respected" in words) if pin else ("as it detects" in words)
+
+
+def run_cli(tmp_path, *extra, env=None):
+    out = tmp_path / f"r{len(os.listdir(tmp_path))}.json"
+    done = subprocess.run([sys.executable, "-m", "dfmp2", "run", os.path.join(ROOT, "examples", "water.xyz"),
+                           "--basis", "cc-pvtz", "--json", str(out), *extra], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+def test_a_second_library_gives_the_same_energies(tmp_path):
+    """fp64 on mkl and on openblas: the SCF and E(corr) to 1e-10 Eh; fp32 on mkl and on onednn and
+    openblas: within the fp32 envelope (2e-7 Eh) of each other. Each record names the library that
+    ran every product of its precision."""
+    fp64 = {lib: run_cli(tmp_path, "--precision", "fp64", env={"DFMP2_GEMM": lib}) for lib in ("mkl", "openblas")}
+    assert abs(fp64["mkl"]["e_hf"] - fp64["openblas"]["e_hf"]) < 1e-10
+    assert abs(fp64["mkl"]["e_corr"] - fp64["openblas"]["e_corr"]) < 1e-10
+    fp32 = {lib: run_cli(tmp_path, env={"DFMP2_GEMM": f"fp32={lib}"}) for lib in ("mkl", "onednn", "openblas")}
+    for lib, record in fp32.items():
+        assert abs(record["e_corr"] - fp32["mkl"]["e_corr"]) < 2e-7
+        assert set(record["cpu_configuration"]["gemm"]["fp32"]["flops_by_library"]) == {lib}
+    assert set(fp64["openblas"]["cpu_configuration"]["gemm"]["fp64"]["flops_by_library"]) == {"openblas"}
+
+
+def test_dfmp2_tune_measures_and_caches(tmp_path):
+    env = {**os.environ, "DFMP2_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "dfmp2", "tune", "--json", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["choices"] and all(c["source"] == "measured" for c in record["choices"].values())
+    assert os.path.exists(record["cache"]) and "onednn" in done.stdout
+    blocked = {**env, "DFMP2_CACHE_DIR": str(tmp_path / "t.json" / "cache")}
+    done = subprocess.run([sys.executable, "-m", "dfmp2", "tune"], capture_output=True, text=True, env=blocked,
+                          timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "DFMP2_CACHE_DIR" in done.stderr
