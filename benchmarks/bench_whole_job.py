@@ -11,7 +11,9 @@ alternating, each contender at its fastest BLAS setting on this machine.
 
 First each contender runs once (a warm-up: file caches, the bytecode cache) and then once per
 BLAS setting (harness.BLAS_SETTINGS, alternating; --blas-rounds more each); the timed rounds use
-each one's fastest. Round 0 of the timed rounds is a discarded warm-up unless --warmup 0. The
+each one's fastest. dfmp2 runs as a user types it, twice: in the machine's environment, and with
+the machine's OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed ("dfmp2-openblas-unset", as on a
+user's own machine; --no-unset leaves it out). Round 0 of the timed rounds is a discarded warm-up unless --warmup 0. The
 report gives per-contender medians and the median of the per-round ratios PySCF / contender
 (> 1: the contender is faster), the same for the SCF step alone (PySCF's mf.kernel(), integrals
 and guess included, against dfmp2's scf timing plus its early JK-fit integrals' thread time), each
@@ -35,7 +37,7 @@ import timeit
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import add_arguments, from_arguments, main_guard, median, median_ratio  # noqa: E402
+from harness import add_arguments, bench_environment, from_arguments, main_guard, median, median_ratio  # noqa: E402
 
 PYSCF_SCRIPT = """
 import json, resource, sys, time
@@ -146,6 +148,8 @@ def main(argv=None):
     parser.add_argument("--fp64", action="store_true", help="also time dfmp2 run --precision fp64")
     parser.add_argument("--screening-off", action="store_true", help="also time dfmp2 run --screening off")
     parser.add_argument("--no-pyscf", action="store_true", help="leave the PySCF script out (dfmp2 against itself)")
+    parser.add_argument("--no-unset", action="store_true",
+                        help="leave out dfmp2 with the machine's OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed")
     parser.add_argument("--max-memory", type=float, default=None,
                         help="MB: dfmp2 run --max-memory, and PySCF's max_memory, for every contender")
     parser.add_argument("--json", default=None)
@@ -157,7 +161,22 @@ def main(argv=None):
     if args.no_pyscf:
         del contenders["pyscf"]
     harness = from_arguments(args)
-    chosen = harness.choose_blas(contenders, rounds=args.blas_rounds)
+    # PySCF at its best of every BLAS setting the machine offers (the machine's OPENBLAS_* removed
+    # included); dfmp2 as a user types it, in the machine's environment and with OPENBLAS_* unset
+    # (a user's own machine), each warmed once (its first run measures the CPU products' libraries)
+    typed = {name: c for name, c in contenders.items() if not name.startswith("pyscf")}
+    unset = {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None}
+    if not args.no_unset:
+        contenders["dfmp2-openblas-unset"] = typed["dfmp2-openblas-unset"] = (
+            [part.replace("dfmp2.json", "dfmp2-openblas-unset.json") for part in contenders["dfmp2"][0]],
+            bench_environment(unset, contenders["dfmp2"][1]), contenders["dfmp2"][2])
+    chosen = harness.choose_blas({n: c for n, c in contenders.items() if n not in typed}, rounds=args.blas_rounds)
+    for name, (command, base, cwd) in typed.items():
+        env = bench_environment(base=base)
+        if harness.warmup:
+            harness.measure(name, 0, lambda c=command, e=env, d=cwd: harness.process(c, e, d))
+        harness.note_blas(name, "as typed" if name != "dfmp2-openblas-unset" else "OPENBLAS_* unset", env, True)
+        chosen[name] = env
 
     def call(name):
         command, _, cwd = contenders[name]

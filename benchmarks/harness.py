@@ -123,26 +123,28 @@ def bench_environment(changes=None, base=None) -> dict:
 
 
 def machine() -> dict:
-    """The machine the figures were taken on."""
-    model = ""
+    """The machine the figures were taken on: the CPU's model name, and its family, model number and
+    stepping and the flags that decide GEMM kernels (Zen 4 and Zen 5 both say "AMD EPYC")."""
+    first = {}
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
             for line in handle:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                if not line.strip() and first:
+                    break  # the first processor's block
+                key, _, value = line.partition(":")
+                first.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    flags = set()
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
+    flags = set(first.get("flags", "").split())
+
+    def number(key):
+        return int(first[key]) if first.get(key, "").isdigit() else None
+
+    return {"cpu": first.get("model name", ""), "family": number("cpu family"), "model_number": number("model"),
+            "stepping": number("stepping"),
+            "kernel_flags": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+                             if f in flags],
+            "cores": os.cpu_count(), "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
             "platform": platform.platform(), "python": platform.python_version()}
 

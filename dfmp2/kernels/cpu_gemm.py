@@ -52,7 +52,7 @@ MEASURE_FLOPS = 2e9  # a measured call's flops at most (rows sliced): ~5-20 ms a
 MIN_TUNED_FLOPS = 2e7  # below this a product runs on the default library unmeasured (call overheads dominate)
 AGREEMENT = {"fp32": 1e-4, "fp64": 1e-11}  # max |C - C_torch| / max |C_torch| a library may differ by
 DEFAULT_LIBRARY = "mkl"  # what an untuned run uses: torch's own
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the operands' layouts in the key
 _DTYPES = {torch.float32: "fp32", torch.float64: "fp64"}
 
 
@@ -116,6 +116,7 @@ class _State:
         self.lock = threading.RLock()
         self.loaded = False
         self.entries = {}  # key -> Entry
+        self.used = set()  # the keys whose choice ran a product in this process
         self.flops = {}  # (precision, library) -> flops run in this process
         self.notes = []
         self.untuned = None  # why this process runs untuned, or None
@@ -192,11 +193,17 @@ def _problem(a, b):
     return batch, m, k, n
 
 
+def _layout(x) -> str:
+    """"n" where x's rows have unit stride, "t" where its columns do (a transposed view), else "g"."""
+    return "n" if x.stride(-1) == 1 else "t" if x.stride(-2) == 1 else "g"
+
+
 def key_of(kind: str, precision: str, a, b) -> str:
-    """The cache key: kind, precision and the shape bucket, e.g. "pair/fp32/1024x1024x1024"."""
+    """The cache key: kind, precision, the shape bucket and the operands' layouts, e.g.
+    "pair/fp32/1024x1024x1024/nt" (B given as a transposed view)."""
     batch, m, k, n = _problem(a, b)
     shape = f"{_bucket(m)}x{_bucket(k)}x{_bucket(n)}" + (f"x{_bucket(batch)}" if batch > 1 else "")
-    return f"{kind}/{precision}/{shape}"
+    return f"{kind}/{precision}/{shape}/{_layout(a)}{_layout(b)}"
 
 
 def _sliced(a, b):
@@ -259,6 +266,7 @@ def choose(kind: str, a, b, flops: float) -> str:
             entry = state.entries[key] = _measure(precision, a, b, state.notes)
             state.measure_seconds += clock() - start
             state.save()
+        state.used.add(key)
         return entry.library
 
 
@@ -287,7 +295,7 @@ def notes() -> list:
 def record() -> dict:
     """cpu_configuration.gemm: per precision the library that ran most of its flops in this process,
     that library's kernels and its measured GF/s (flop-weighted over the products it was chosen
-    for), and the flops each library ran; the choices by kind and shape; the cache and whether
+    for), and the flops each library ran; the choices by kind and shape that ran here (or were measured here: `dfmp2 tune`); the cache and whether
     this process measured, read the cache, ran pinned or untuned."""
     state = _STATE
     with state.lock:
@@ -296,14 +304,14 @@ def record() -> dict:
                "pinned": dict(state.pins), "measure_seconds": round(state.measure_seconds, 3),
                "notes": list(state.notes),
                "choices": {key: {"library": e.library, "rates_gflops": e.rates, "source": e.source}
-                           for key, e in sorted(state.entries.items())}}
+                           for key, e in sorted(state.entries.items()) if key in state.used or e.source == "measured"}}
         for precision in ("fp32", "fp64"):
             flops = {lib: f for (p, lib), f in state.flops.items() if p == precision}
             if not flops:
                 continue
             library = max(flops, key=flops.get)
-            chosen = [(e.rates.get(library), key) for key, e in state.entries.items()
-                      if e.library == library and f"/{precision}/" in key and e.rates.get(library)]
+            chosen = [(e.rates.get(library), key) for key, e in state.entries.items() if key in state.used
+                      and e.library == library and f"/{precision}/" in key and e.rates.get(library)]
             rate = round(sum(r for r, _ in chosen) / len(chosen), 1) if chosen else None
             out[precision] = {"library": library, "kernels": kernels(library), "rate_gflops": rate,
                               "flops_by_library": {lib: float(f) for lib, f in sorted(flops.items())}}
@@ -311,22 +319,30 @@ def record() -> dict:
 
 
 def remeasure(problems) -> None:
-    """Measure each (kind, precision, (batch, m, k, n)) again on random operands of that shape
-    (`linalg.cpu.tune`) and rewrite the cache."""
+    """Measure each (kind, precision, (batch, m, k, n), layouts) again on random operands of that
+    shape and layout (`linalg.cpu.tune`) and rewrite the cache."""
     state = _STATE
     with state.lock:
         state.load()
         generator = torch.Generator().manual_seed(0)
-        for kind, precision, (batch, m, k, n) in problems:
+        for kind, precision, (batch, m, k, n), layouts in problems:
             dtype = torch.float32 if precision == "fp32" else torch.float64
-            shape_a = (batch, m, k) if batch > 1 and kind not in ("half", "transform_half") else (m, k)
-            shape_b = (batch, k, n) if batch > 1 else (k, n)
-            a = torch.randn(shape_a, generator=generator, dtype=dtype)
-            b = torch.randn(shape_b, generator=generator, dtype=dtype)
+            a = _operand((batch, m, k) if batch > 1 and kind not in ("half", "transform_half") else (m, k),
+                         layouts[0], dtype, generator)
+            b = _operand((batch, k, n) if batch > 1 else (k, n), layouts[1], dtype, generator)
             start = clock()
             state.entries[key_of(kind, precision, a, b)] = _measure(precision, a, b, state.notes)
             state.measure_seconds += clock() - start
         state.save()
+
+
+def _operand(shape, layout, dtype, generator):
+    """Random operand of `shape` in `layout` ("n" row-major, "t" a transposed view, "g" strided)."""
+    if layout == "t":
+        return torch.randn((*shape[:-2], shape[-1], shape[-2]), generator=generator, dtype=dtype).transpose(-1, -2)
+    if layout == "g":
+        return torch.randn((*shape[:-1], 2 * shape[-1]), generator=generator, dtype=dtype)[..., ::2]
+    return torch.randn(shape, generator=generator, dtype=dtype)
 
 
 def held_keys() -> list:

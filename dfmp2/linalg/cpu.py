@@ -12,20 +12,21 @@ from __future__ import annotations
 
 from ..kernels import cpu_gemm
 
-# the products `dfmp2 tune` measures where the cache holds none, as (kind, precision, (batch, m, k, n)):
+# the products `dfmp2 tune` measures where the cache holds none, as (kind, precision, (batch, m, k, n),
+# the operands' layouts: "n" row-major, "t" a transposed view):
 # a run's on naphthalene/cc-pVTZ (412 functions, 34 occupied, 378 virtuals, ~1100 fitting functions;
 # the SCF's blocks of 23 fitting functions)
-TUNE_SHAPES = (("pair", "fp32", (1, 756, 1100, 756)), ("pair", "fp64", (1, 756, 1100, 756)),
-               ("transform", "fp64", (1, 782, 412, 378)), ("half", "fp32", (23, 34, 412, 412)),
-               ("half", "fp64", (23, 34, 412, 412)), ("exchange", "fp32", (1, 412, 782, 412)),
-               ("exchange", "fp64", (1, 412, 782, 412)))
+TUNE_SHAPES = (("pair", "fp32", (1, 756, 1100, 756), "nt"), ("pair", "fp64", (1, 756, 1100, 756), "nt"),
+               ("transform", "fp64", (1, 782, 412, 378), "nn"), ("half", "fp32", (23, 34, 412, 412), "tn"),
+               ("half", "fp64", (23, 34, 412, 412), "tn"), ("exchange", "fp32", (1, 412, 782, 412), "tn"),
+               ("exchange", "fp64", (1, 412, 782, 412), "tn"))
 
 
 def parse_key(key: str):
-    """"pair/fp32/1024x1024x1024[x16]" -> ("pair", "fp32", (16, 1024, 1024, 1024))."""
-    kind, precision, shape = key.split("/")
+    """"pair/fp32/1024x1024x1024x16/nt" -> ("pair", "fp32", (16, 1024, 1024, 1024), "nt")."""
+    kind, precision, shape, layouts = key.split("/")
     dims = [int(d) for d in shape.split("x")]
-    return kind, precision, (dims[3] if len(dims) > 3 else 1, dims[0], dims[1], dims[2])
+    return kind, precision, (dims[3] if len(dims) > 3 else 1, dims[0], dims[1], dims[2]), layouts
 
 
 def tune() -> dict:
