@@ -190,3 +190,14 @@ def test_dfmp2_tune_measures_and_caches(tmp_path):
     done = subprocess.run([sys.executable, "-m", "dfmp2", "tune"], capture_output=True, text=True, env=blocked,
                           timeout=300)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "DFMP2_CACHE_DIR" in done.stderr
+
+
+def test_a_gram_product_is_measured_apart(fresh):
+    """B_i B_i^T (a pair block with itself: numpy runs it as a SYRK, half the flops) has a choice of
+    its own, apart from B_i B_j^T of the same shape; both are right on whichever library ran them."""
+    a, other = operands((800, 600), (800, 600), torch.float32)
+    for b in (a.transpose(0, 1), other.transpose(0, 1)):
+        c = cpu_gemm.matmul("pair", a, b)
+        assert float((c.double() - a.double() @ b.double()).abs().max()) < 1e-3
+    keys = sorted(fresh.entries)
+    assert keys == ["pair/fp32/1024x512x1024/nt", "pair/fp32/1024x512x1024/nts"], keys

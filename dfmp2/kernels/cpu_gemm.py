@@ -49,6 +49,7 @@ from ..util.files import write_atomically
 from .cpu_libraries import _CALLS, _available, _takes, kernels, library_versions  # noqa: F401
 
 MEASURE_FLOPS = 2e9  # a measured call's flops at most (rows sliced): ~5-20 ms at 100-400 GF/s
+SLOW_WARM = 10.0  # a library whose warm call takes this many times the fastest's is not timed again
 MIN_TUNED_FLOPS = 2e7  # below this a product runs on the default library unmeasured (call overheads dominate)
 AGREEMENT = {"fp32": 1e-4, "fp64": 1e-11}  # max |C - C_torch| / max |C_torch| a library may differ by
 DEFAULT_LIBRARY = "mkl"  # what an untuned run uses: torch's own
@@ -200,15 +201,23 @@ def _layout(x) -> str:
 
 def key_of(kind: str, precision: str, a, b) -> str:
     """The cache key: kind, precision, the shape bucket and the operands' layouts, e.g.
-    "pair/fp32/1024x1024x1024/nt" (B given as a transposed view)."""
+    "pair/fp32/1024x1024x1024/nt" (B given as a transposed view), "/nts" where B is A^T itself."""
     batch, m, k, n = _problem(a, b)
     shape = f"{_bucket(m)}x{_bucket(k)}x{_bucket(n)}" + (f"x{_bucket(batch)}" if batch > 1 else "")
-    return f"{kind}/{precision}/{shape}/{_layout(a)}{_layout(b)}"
+    return f"{kind}/{precision}/{shape}/{_layout(a)}{_layout(b)}" + ("s" if _gram(a, b) else "")
+
+
+def _gram(a, b) -> bool:
+    """Whether b is a's transpose (the same memory): C = A A^T, which numpy runs as a SYRK (half
+    the flops), so it is measured apart from the other products of its shape (layouts "nts")."""
+    return a.dim() == 2 and b.dim() == 2 and a.data_ptr() == b.data_ptr() and a.shape == b.shape[::-1] \
+        and a.stride() == b.stride()[::-1]
 
 
 def _sliced(a, b):
-    """Operands of the same kind and inner shape with at most MEASURE_FLOPS: rows of a (2-D) or
-    the leading batch (batched), and the flops of that product."""
+    """Operands of the same kind and inner shape with at most MEASURE_FLOPS: rows of a (2-D; of
+    both sides of A A^T) or the leading batch (batched), and the flops of that product (2 m k n, as
+    though no library used the symmetry)."""
     batch, m, k, n = _problem(a, b)
     flops = 2.0 * batch * m * k * n
     if flops <= MEASURE_FLOPS:
@@ -218,22 +227,33 @@ def _sliced(a, b):
         a = a[:keep] if a.dim() > 2 else a
         b = b[:keep] if b.dim() > 2 else b
         return a, b, 2.0 * keep * m * k * n
+    if _gram(a, b):  # A A^T stays one: the same rows on both sides
+        rows = max(1, int(m * math.sqrt(MEASURE_FLOPS / flops)))
+        return a[:rows], a[:rows].transpose(0, 1), 2.0 * rows * k * rows
     rows = max(1, int(m * MEASURE_FLOPS / flops))
     return a[:rows], b, 2.0 * rows * k * n
 
 
 def _measure(precision, a, b, notes) -> Entry:
     """Each library that takes the product, timed on (sliced) operands: one warm call and two timed,
-    interleaved; the fastest whose result agrees with torch's (AGREEMENT) is chosen."""
+    interleaved (a library whose warm call took SLOW_WARM times the fastest's is timed on that call
+    alone); the fastest whose result agrees with torch's (AGREEMENT) is chosen."""
     a_m, b_m, flops = _sliced(a, b)
     candidates = [lib for lib in _CALLS if _takes(lib, a, b) and _available(lib) is None]
-    times, results = {lib: [] for lib in candidates}, {}
-    for round_ in range(3):
-        for lib in candidates:
-            start = clock()
-            results[lib] = _CALLS[lib](a_m, b_m)
-            if round_:
-                times[lib].append(clock() - start)
+    warm, timed, results = {}, {lib: [] for lib in candidates}, {}
+
+    def call(lib):
+        begin = clock()
+        results[lib] = _CALLS[lib](a_m, b_m)
+        return clock() - begin
+
+    for lib in candidates:
+        warm[lib] = call(lib)
+    active = [lib for lib in candidates if warm[lib] <= SLOW_WARM * min(warm.values())]
+    for _ in range(2):
+        for lib in active:
+            timed[lib].append(call(lib))
+    times = {lib: timed[lib] or [warm[lib]] for lib in candidates}  # far behind: its warm call is its time
     reference = results[DEFAULT_LIBRARY].to(torch.float64)
     scale = float(reference.abs().max()) or 1.0
     rates = {}
@@ -329,7 +349,8 @@ def remeasure(problems) -> None:
             dtype = torch.float32 if precision == "fp32" else torch.float64
             a = _operand((batch, m, k) if batch > 1 and kind not in ("half", "transform_half") else (m, k),
                          layouts[0], dtype, generator)
-            b = _operand((batch, k, n) if batch > 1 else (k, n), layouts[1], dtype, generator)
+            b = a.transpose(0, 1) if layouts.endswith("s") else \
+                _operand((batch, k, n) if batch > 1 else (k, n), layouts[1], dtype, generator)
             start = clock()
             state.entries[key_of(kind, precision, a, b)] = _measure(precision, a, b, state.notes)
             state.measure_seconds += clock() - start
