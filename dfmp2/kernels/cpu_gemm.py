@@ -53,7 +53,7 @@ SLOW_WARM = 10.0  # a library whose warm call takes this many times the fastest'
 MIN_TUNED_FLOPS = 2e7  # below this a product runs on the default library unmeasured (call overheads dominate)
 AGREEMENT = {"fp32": 1e-4, "fp64": 1e-11}  # max |C - C_torch| / max |C_torch| a library may differ by
 DEFAULT_LIBRARY = "mkl"  # what an untuned run uses: torch's own
-CACHE_FORMAT = 2  # 2: the operands' layouts in the key
+CACHE_FORMAT = 3  # 2: the operands' layouts in the key; 3: A A^T apart
 _DTYPES = {torch.float32: "fp32", torch.float64: "fp64"}
 
 
