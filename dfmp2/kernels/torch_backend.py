@@ -264,9 +264,20 @@ class TorchBackend:
 
     def half_transform(self, b_block, factor):
         """The SCF exchange's half transform X^P = F^T B^P (B^P symmetric): b_block [nP, nao, nao],
-        factor [nao, r] -> [nP, r, nao], batched [r, nao] x [nP; nao, nao], in their dtype."""
+        factor [nao, r] -> [nP, r, nao], in their dtype: batched [r, nao] x [nP; nao, nao], or on a
+        CPU stacked, [nP nao, nao] x [nao, r] transposed, whichever was measured faster here
+        (cpu_gemm.fastest_form)."""
         self.calls["half_transform"] += 1
-        return cpu_gemm.matmul("half", factor.transpose(0, 1), b_block)
+        if self.device.type != "cpu" or not b_block.is_contiguous():
+            return cpu_gemm.matmul("half", factor.transpose(0, 1), b_block)
+        nP, nao, _ = b_block.shape
+
+        def stacked():  # X^P = (B^P F)^T, B^P symmetric: one [nP nao, nao] x [nao, r] product
+            return cpu_gemm.matmul("half_stacked", b_block.view(nP * nao, nao), factor).view(
+                nP, nao, -1).transpose(1, 2).contiguous()
+
+        return cpu_gemm.fastest_form("half", factor.transpose(0, 1), b_block, {
+            "batched": lambda: cpu_gemm.matmul("half", factor.transpose(0, 1), b_block), "stacked": stacked})
 
     def exchange_product(self, x, z, weights=None):
         """K_mn = sum_P sum_r X^P_rm w_r Z^P_rn for x, z [nP, r, nao], weights [r] (None: all 1):
