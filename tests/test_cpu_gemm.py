@@ -201,3 +201,26 @@ def test_a_gram_product_is_measured_apart(fresh):
         assert float((c.double() - a.double() @ b.double()).abs().max()) < 1e-3
     keys = sorted(fresh.entries)
     assert keys == ["pair/fp32/1024x512x1024/nt", "pair/fp32/1024x512x1024/nts"], keys
+
+
+def test_the_half_transform_takes_the_form_measured_faster(fresh):
+    """X^P = F^T B^P (B^P symmetric) batched or stacked: the form is measured once per bucket and
+    cached; either form's X equals the fp64 product (fp32: 2e-6 of its largest element)."""
+    from dfmp2.kernels import get_backend
+
+    backend = get_backend("cpu", "fp32")
+    generator = torch.Generator().manual_seed(1)
+    block = torch.randn((12, 200, 200), generator=generator)
+    block = block + block.transpose(1, 2)
+    factor = torch.randn((200, 30), generator=generator)
+    expected = factor.double().T @ block.double()
+    for _ in range(2):
+        x = backend.half_transform(block, factor)
+        assert x.shape == (12, 30, 200)
+        assert float((x.double() - expected).abs().max()) / float(expected.abs().max()) < 2e-6
+    forms = {key: e for key, e in fresh.entries.items() if key.endswith("/forms")}
+    assert len(forms) == 1 and next(iter(forms.values())).library in cpu_gemm.FORMS
+    assert set(next(iter(forms.values())).rates) == {"batched", "stacked"}
+    with cpu_gemm.fresh_state() as again:
+        backend.half_transform(block, factor)
+        assert again.entries[next(iter(forms))].source == "cache"
