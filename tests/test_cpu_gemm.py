@@ -224,3 +224,14 @@ def test_the_half_transform_takes_the_form_measured_faster(fresh):
     with cpu_gemm.fresh_state() as again:
         backend.half_transform(block, factor)
         assert again.entries[next(iter(forms))].source == "cache"
+
+
+def test_a_pinned_library_that_cannot_run_is_an_error(fresh, monkeypatch):
+    """No silent substitute: DFMP2_GEMM=onednn where this torch has no oneDNN matmul is refused."""
+    from dfmp2.kernels import cpu_libraries
+
+    monkeypatch.setenv("DFMP2_GEMM", "onednn")
+    monkeypatch.setattr(cpu_libraries, "onednn_available", lambda: "this torch was built without oneDNN")
+    with cpu_gemm.fresh_state():
+        with pytest.raises(InputError, match="DFMP2_GEMM pins onednn.*without oneDNN"):
+            cpu_gemm.matmul("pair", *operands((600, 500), (500, 400), torch.float32))

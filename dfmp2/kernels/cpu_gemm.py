@@ -45,6 +45,7 @@ import torch
 
 from ..util import cpu_config, environment, provenance
 from ..util.clock import clock
+from ..util.errors import InputError
 from ..util.files import write_atomically
 from .cpu_libraries import _CALLS, _available, _takes, kernels, library_versions  # noqa: F401
 
@@ -276,7 +277,12 @@ def choose(kind: str, a, b, flops: float) -> str:
     with state.lock:
         state.load()
         if precision in state.pins:
-            return state.pins[precision]
+            library = state.pins[precision]
+            missing = _available(library)
+            if missing is not None:  # asked for: runs or says why (no silent substitute)
+                raise InputError(f"environment variable DFMP2_GEMM pins {library} for {precision} products, "
+                                 f"but {missing}: unset it or pin another library")
+            return library
         if state.untuned is not None or flops < MIN_TUNED_FLOPS:
             return DEFAULT_LIBRARY
         key = key_of(kind, precision, a, b)
