@@ -235,3 +235,22 @@ def test_a_pinned_library_that_cannot_run_is_an_error(fresh, monkeypatch):
     with cpu_gemm.fresh_state():
         with pytest.raises(InputError, match="DFMP2_GEMM pins onednn.*without oneDNN"):
             cpu_gemm.matmul("pair", *operands((600, 500), (500, 400), torch.float32))
+
+
+def test_tune_measures_the_libraries_again_and_drops_the_forms(fresh):
+    """After a run cached a half transform's form and a pair product's library, tune measures the
+    library's bucket again and drops the form (the next run that needs it measures it)."""
+    from dfmp2.kernels import get_backend
+    from dfmp2.linalg import cpu as cpu_blas
+
+    block = torch.randn((12, 200, 200))
+    get_backend("cpu", "fp32").half_transform(block + block.transpose(1, 2), torch.randn((200, 30)))
+    cpu_gemm.matmul("pair", *operands((600, 500), (500, 400), torch.float32))
+    assert any(key.endswith("/forms") for key in fresh.entries)
+    libraries = cpu_gemm.held_keys()
+    record = cpu_blas.tune()
+    assert not any(key.endswith("/forms") for key in fresh.entries)
+    assert sorted(fresh.entries) == libraries and all(fresh.entries[k].source == "measured" for k in libraries)
+    assert set(libraries) <= set(record["choices"])
+    with cpu_gemm.fresh_state():
+        assert cpu_gemm.held_keys() == libraries  # the cache as tune wrote it

@@ -225,17 +225,11 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
     or model one NKI kernel call (--kernel)."""
     from .bench import resolve_shape, run_bench, run_kernel_bench
-    from ..util.scratch import check_scratch, scratch_root
-    from .jobs import settings_options, write_json
+    from .jobs import settings_options
 
-    outputs = Outputs()
     hardware = settings_options(hardware)  # the options that are Settings fields: device, precision, ...
 
     def compute():
-        if json_path is not None:
-            outputs.add("--json", json_path, stdout_ok=True)
-            check_scratch()  # (--json - is staged in the scratch root: PYSCF_TMPDIR, TMPDIR)
-            outputs.staging = scratch_root()
         if kernel is not None or size is not None:
             if kernel is None or size is None:
                 raise InputError("--kernel and --size go together")
@@ -243,24 +237,44 @@ def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json
                     or integrals != "host":
                 raise InputError("--kernel models one kernel call: no --shape/--nbasis/--nocc/--naux/--model-only/"
                                  "--integrals")
-            record = run_kernel_bench(kernel, size, hardware["device"], hardware["simulate"], hardware["nki_api"],
-                                      seed)
-        else:
-            sizes = resolve_shape(shape, nbasis, nocc, naux)
-            progress = Progress() if (not quiet and sys.stderr.isatty()) else None
-            record = run_bench(*sizes, seed=seed, repeat=repeat, settings=Settings(**hardware), progress=progress,
-                               integrals=integrals)
-            if progress:
-                progress.clear()
-            record["shape"]["name"] = shape
+            return run_kernel_bench(kernel, size, hardware["device"], hardware["simulate"], hardware["nki_api"], seed)
+        sizes = resolve_shape(shape, nbasis, nocc, naux)
+        progress = Progress() if (not quiet and sys.stderr.isatty()) else None
+        record = run_bench(*sizes, seed=seed, repeat=repeat, settings=Settings(**hardware), progress=progress,
+                           integrals=integrals)
+        if progress:
+            progress.clear()
+        record["shape"]["name"] = shape
+        return record
+
+    _record_command(compute, json_path, quiet, debug,
+                    lambda record: print_kernel_bench(record) if "kernel" in record else print_bench(record))
+
+
+def _record_command(compute, json_path, quiet, debug, show):
+    """A command whose result is one record (`bench`, `tune`): --json checked first (standard output,
+    "-", staged in the scratch root: PYSCF_TMPDIR, TMPDIR), then compute() -> record, written
+    whole with --json, the outputs committed; errors one line (`guarded`); show(record) prints the
+    summary unless --quiet or --json - ."""
+    from ..util.scratch import check_scratch, scratch_root
+    from .jobs import write_json
+
+    outputs = Outputs()
+
+    def run():
+        if json_path is not None:
+            outputs.add("--json", json_path, stdout_ok=True)
+            check_scratch()
+            outputs.staging = scratch_root()
+        record = compute()
         if json_path is not None:
             outputs.write("--json", lambda path: write_json(path, record))
         outputs.commit()
         return record
 
-    record = guarded(compute, debug, outputs)
+    record = guarded(run, debug, outputs)
     if not quiet and not outputs.to_stdout():
-        shown(lambda: print_kernel_bench(record) if "kernel" in record else print_bench(record), debug)
+        shown(lambda: show(record), debug)
 
 
 @cli.command()
@@ -273,26 +287,15 @@ def tune(json_path, quiet, debug):
     from ..linalg import cpu as cpu_blas
     from ..util.appends import write_stdout
     from ..util.cpu_config import check_environment
-    from .jobs import write_json
-
-    outputs = Outputs()
 
     def compute():
-        if json_path is not None:
-            outputs.add("--json", json_path, stdout_ok=True)
         check_environment()  # DFMP2_GEMM
         reason = cpu_blas.cache_unwritable()
         if reason is not None:
             raise InputError(f"dfmp2 tune: the cache directory {reason}: set DFMP2_CACHE_DIR to a writable directory")
-        record = cpu_blas.tune()
-        if json_path is not None:
-            outputs.write("--json", lambda path: write_json(path, record))
-        outputs.commit()
-        return record
+        return cpu_blas.tune()
 
-    record = guarded(compute, debug, outputs)
-    if not quiet and not outputs.to_stdout():
-        shown(lambda: write_stdout(cpu_blas.describe(record)), debug)
+    _record_command(compute, json_path, quiet, debug, lambda record: write_stdout(cpu_blas.describe(record)))
 
 
 @cli.command()

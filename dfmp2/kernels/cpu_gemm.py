@@ -45,7 +45,7 @@ import torch
 
 from ..util import cpu_config, environment, provenance
 from ..util.clock import clock
-from ..util.errors import InputError
+from ..util.errors import ComputationError, InputError
 from ..util.files import write_atomically
 from .cpu_libraries import _CALLS, _available, _takes, kernels, library_versions  # noqa: F401
 
@@ -78,7 +78,7 @@ def identity() -> dict:
     cpu = cpu_config.cpu_identity()
     return {"format": CACHE_FORMAT, "cpu": {key: cpu[key] for key in ("vendor", "model", "family", "model_number",
                                                                        "stepping", "kernel_flags")},
-            "versions": library_versions(), "threads": torch.get_num_threads(),
+            "versions": dict(library_versions()), "threads": torch.get_num_threads(),
             "variables": {name: environment.get(name) for name in pins if environment.get(name) is not None}}
 
 
@@ -108,7 +108,7 @@ class Entry:
 
     library: str
     rates: dict = field(default_factory=dict)
-    source: str = "measured"  # "measured", "cache", "pinned by DFMP2_GEMM", "untuned"
+    source: str = "measured"  # "measured" in this process, or read from the "cache"
 
 
 class _State:
@@ -146,8 +146,7 @@ class _State:
     def save(self):
         if self.untuned is not None or self.path is None:
             return
-        measured = {key: {"library": e.library, "rates": e.rates} for key, e in self.entries.items()
-                    if e.source in ("measured", "cache")}
+        measured = {key: {"library": e.library, "rates": e.rates} for key, e in self.entries.items()}
         data = json.dumps({"identity": self.identity, "choices": measured}, indent=1, sort_keys=True)
 
         def write(tmp):
@@ -156,7 +155,7 @@ class _State:
 
         try:
             write_atomically(self.path, write)
-        except Exception as error:  # a full disk: this run keeps its choices, later ones measure again
+        except ComputationError as error:  # a full disk: this run keeps its choices, later ones measure again
             note = f"the GEMM choices were not cached: {error}"
             if note not in self.notes:
                 self.notes.append(note)
@@ -235,38 +234,54 @@ def _sliced(a, b):
     return a[:rows], b, 2.0 * rows * k * n
 
 
-def _measure(precision, a, b, notes) -> Entry:
-    """Each library that takes the product, timed on (sliced) operands: one warm call and two timed,
-    interleaved (a library whose warm call took SLOW_WARM times the fastest's is timed on that call
-    alone); the fastest whose result agrees with torch's (AGREEMENT) is chosen."""
-    a_m, b_m, flops = _sliced(a, b)
-    candidates = [lib for lib in _CALLS if _takes(lib, a, b) and _available(lib) is None]
-    warm, timed, results = {}, {lib: [] for lib in candidates}, {}
+def _timed_choice(calls: dict, precision: str, flops: float, notes: list, skip_slow: bool = True):
+    """calls: name -> call() computing the same product, the first the reference. Each is warmed
+    once and timed twice, interleaved (skip_slow: one whose warm call took SLOW_WARM times the
+    fastest's is timed on that call alone); the fastest whose result agrees with the reference's
+    (AGREEMENT; a note names one that does not) is chosen. -> (Entry, {name: its result})."""
+    results, warm, timed = {}, {}, {name: [] for name in calls}
 
-    def call(lib):
+    def run(name):
         begin = clock()
-        results[lib] = _CALLS[lib](a_m, b_m)
+        results[name] = calls[name]()
         return clock() - begin
 
-    for lib in candidates:
-        warm[lib] = call(lib)
-    active = [lib for lib in candidates if warm[lib] <= SLOW_WARM * min(warm.values())]
+    for name in calls:
+        warm[name] = run(name)
+    active = [name for name in calls if not skip_slow or warm[name] <= SLOW_WARM * min(warm.values())]
     for _ in range(2):
-        for lib in active:
-            timed[lib].append(call(lib))
-    times = {lib: timed[lib] or [warm[lib]] for lib in candidates}  # far behind: its warm call is its time
-    reference = results[DEFAULT_LIBRARY].to(torch.float64)
+        for name in active:
+            timed[name].append(run(name))
+    first = next(iter(calls))
+    reference = results[first].to(torch.float64)
     scale = float(reference.abs().max()) or 1.0
     rates = {}
-    for lib in candidates:
-        differs = float((results[lib].to(torch.float64) - reference).abs().max()) / scale
+    for name in calls:
+        differs = float((results[name].to(torch.float64) - reference).abs().max()) / scale
         if differs > AGREEMENT[precision]:
-            notes.append(f"{lib} was not taken for {precision} products: its result differed from torch's by "
+            notes.append(f"{name} was not taken for {precision} products: its result differed from {first}'s by "
                          f"{differs:.1e} of the largest element")
             continue
-        rates[lib] = round(flops / min(times[lib]) / 1e9, 1)
-    best = max(rates, key=rates.get)
-    return Entry(best, rates, "measured")
+        rates[name] = round(flops / min(timed[name] or [warm[name]]) / 1e9, 1)  # far behind: its warm call
+    return Entry(max(rates, key=rates.get), rates, "measured"), results
+
+
+def _measure(precision, a, b, notes) -> Entry:
+    """Each library that takes the product, on (sliced) operands (`_timed_choice`, torch's the reference)."""
+    a_m, b_m, flops = _sliced(a, b)
+    calls = {lib: (lambda lib=lib: _CALLS[lib](a_m, b_m)) for lib in sorted(_CALLS, key=lambda lib: lib != DEFAULT_LIBRARY)
+             if _takes(lib, a, b) and _available(lib) is None}
+    return _timed_choice(calls, precision, flops, notes)[0]
+
+
+def _remember(state, key, measure):
+    """entry, results = measure(), kept under `key` with the seconds it took, and cached."""
+    start = clock()
+    entry, results = measure()
+    state.entries[key] = entry
+    state.measure_seconds += clock() - start
+    state.save()
+    return entry, results
 
 
 def choose(kind: str, a, b, flops: float) -> str:
@@ -288,10 +303,7 @@ def choose(kind: str, a, b, flops: float) -> str:
         key = key_of(kind, precision, a, b)
         entry = state.entries.get(key)
         if entry is None:
-            start = clock()
-            entry = state.entries[key] = _measure(precision, a, b, state.notes)
-            state.measure_seconds += clock() - start
-            state.save()
+            entry, _ = _remember(state, key, lambda: (_measure(precision, a, b, state.notes), None))
         state.used.add(key)
         return entry.library
 
@@ -321,7 +333,8 @@ def fastest_form(kind: str, a, b, forms: dict):
     """forms: name (of FORMS) -> a call computing the same product of a and b (each through
     `matmul`). The first form where the run is untuned, pinned or the product small; else the
     form measured fastest for (kind, precision, shape bucket) -- each warmed once and timed twice,
-    interleaved, checked against the first -- cached with the libraries' choices. -> the product."""
+    interleaved, checked against the first (`_timed_choice`) -- cached with the libraries'
+    choices. -> the product."""
     precision = _DTYPES.get(a.dtype)
     first = next(iter(forms))
     batch, m, k, n = _problem(a, b)
@@ -334,28 +347,14 @@ def fastest_form(kind: str, a, b, forms: dict):
         if state.pins or state.untuned is not None or flops < MIN_TUNED_FLOPS:
             return forms[first]()
         key = key_of(kind, precision, a, b) + "/forms"
+        state.used.add(key)
         entry = state.entries.get(key)
         if entry is not None:
-            state.used.add(key)
             return forms[entry.library]()
-        start = clock()
-        results, timed = {}, {name: [] for name in forms}
-        for round_ in range(3):
-            for name, form in forms.items():
-                begin = clock()
-                results[name] = form()
-                if round_:
-                    timed[name].append(clock() - begin)
-        reference = results[first].to(torch.float64)
-        scale = float(reference.abs().max()) or 1.0
-        rates = {name: round(flops / min(t) / 1e9, 1) for name, t in timed.items()
-                 if float((results[name].to(torch.float64) - reference).abs().max()) / scale <= AGREEMENT[precision]}
-        best = max(rates, key=rates.get)
-        state.entries[key] = Entry(best, rates, "measured")
-        state.measure_seconds += clock() - start
-        state.used.add(key)
-        state.save()
-        return results[best]
+        # (no SLOW_WARM: a form's warm call may include measuring the libraries of its products)
+        entry, results = _remember(state, key, lambda: _timed_choice(forms, precision, flops, state.notes,
+                                                                     skip_slow=False))
+        return results[entry.library]
 
 
 # ----------------------------------------------------------------------------- the record and tuning
@@ -369,9 +368,9 @@ def notes() -> list:
 
 def record() -> dict:
     """cpu_configuration.gemm: per precision the library that ran most of its flops in this process,
-    that library's kernels and its measured GF/s (flop-weighted over the products it was chosen
-    for), and the flops each library ran; the choices by kind and shape that ran here (or were measured here: `dfmp2 tune`); the cache and whether
-    this process measured, read the cache, ran pinned or untuned."""
+    that library's kernels and its measured GF/s (the mean over the buckets it was chosen for), and
+    the flops each library ran; the choices that ran here or were measured here (`dfmp2 tune`); the
+    cache and whether this process measured, read the cache, ran pinned or untuned."""
     state = _STATE
     with state.lock:
         state.load()
@@ -385,9 +384,9 @@ def record() -> dict:
             if not flops:
                 continue
             library = max(flops, key=flops.get)
-            chosen = [(e.rates.get(library), key) for key, e in state.entries.items() if key in state.used
+            chosen = [e.rates[library] for key, e in state.entries.items() if key in state.used
                       and e.library == library and f"/{precision}/" in key and e.rates.get(library)]
-            rate = round(sum(r for r, _ in chosen) / len(chosen), 1) if chosen else None
+            rate = round(sum(chosen) / len(chosen), 1) if chosen else None
             out[precision] = {"library": library, "kernels": kernels(library), "rate_gflops": rate,
                               "flops_by_library": {lib: float(f) for lib, f in sorted(flops.items())}}
         return out
@@ -395,10 +394,12 @@ def record() -> dict:
 
 def remeasure(problems) -> None:
     """Measure each (kind, precision, (batch, m, k, n), layouts) again on random operands of that
-    shape and layout (`linalg.cpu.tune`) and rewrite the cache."""
+    shape and layout (`linalg.cpu.tune`) and rewrite the cache. The forms' choices (`fastest_form`)
+    are dropped: their forms are the backend's, and the next run that needs one measures it again."""
     state = _STATE
     with state.lock:
         state.load()
+        state.entries = {key: e for key, e in state.entries.items() if not key.endswith("/forms")}
         generator = torch.Generator().manual_seed(0)
         for kind, precision, (batch, m, k, n), layouts in problems:
             dtype = torch.float32 if precision == "fp32" else torch.float64
@@ -406,10 +407,9 @@ def remeasure(problems) -> None:
                          layouts[0], dtype, generator)
             b = a.transpose(0, 1) if layouts.endswith("s") else \
                 _operand((batch, k, n) if batch > 1 else (k, n), layouts[1], dtype, generator)
-            start = clock()
-            state.entries[key_of(kind, precision, a, b)] = _measure(precision, a, b, state.notes)
-            state.measure_seconds += clock() - start
-        state.save()
+            _remember(state, key_of(kind, precision, a, b),
+                      lambda a=a, b=b, precision=precision: (_measure(precision, a, b, state.notes), None))
+        state.save()  # (the forms dropped, where nothing was measured)
 
 
 def _operand(shape, layout, dtype, generator):
@@ -422,10 +422,10 @@ def _operand(shape, layout, dtype, generator):
 
 
 def held_keys() -> list:
-    """The keys this process holds a choice for (cached or measured)."""
+    """The keys this process holds a library's choice for (cached or measured; not the forms')."""
     with _STATE.lock:
         _STATE.load()
-        return sorted(_STATE.entries)
+        return sorted(key for key in _STATE.entries if not key.endswith("/forms"))
 
 
 def state_summary() -> dict:

@@ -10,6 +10,7 @@ C = A @ B of CPU torch tensors with torch.matmul's shapes, and what each runs on
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -80,6 +81,7 @@ def _available(library: str) -> str | None:
     return onednn_available() if library == "onednn" else None
 
 
+@functools.lru_cache(maxsize=1)  # (constant in a process; read for every record)
 def library_versions() -> dict:
     """The versions of what each library runs: torch (its MKL and oneDNN), numpy and its OpenBLAS."""
     config = torch.__config__.show()
@@ -94,6 +96,7 @@ def library_versions() -> dict:
             "openblas": (_openblas_info() or {}).get("version")}
 
 
+@functools.lru_cache(maxsize=1)
 def _openblas_info():
     """threadpoolctl's entry for numpy's OpenBLAS (version, architecture, threads), or None."""
     try:
@@ -106,14 +109,10 @@ def _openblas_info():
     return None
 
 
-_ONEDNN_ISA = []  # oneDNN's kernels, read once from its own verbose line
-
-
+@functools.lru_cache(maxsize=1)  # (read once a process)
 def _onednn_kernels() -> str:
     """The implementation oneDNN picks for an fp32 matmul here (e.g. "brg_matmul:avx512_core"), from
     its verbose output of one small product (standard output captured for that call only)."""
-    if _ONEDNN_ISA:
-        return _ONEDNN_ISA[0]
     found = "not reported"
     with tempfile.TemporaryFile() as captured:
         saved = os.dup(1)
@@ -130,7 +129,6 @@ def _onednn_kernels() -> str:
             fields = line.split(",")
             if "primitive" in fields and "exec" in fields and len(fields) > 6:
                 found = f"{fields[6]} ({fields[5]})"  # e.g. brg_matmul:avx512_core (inner_product)
-    _ONEDNN_ISA.append(found)
     return found
 
 
