@@ -12,6 +12,7 @@ SCF starts (`util.start_up`). `memory` turns the budget into block sizes.
 from __future__ import annotations
 
 import contextvars
+import math
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -176,10 +177,10 @@ def limit_needed(binding, size, need) -> str:
     if binding is None or need <= size:
         return ""
     if binding.counts == "whole":  # a caller's figure is the budget itself
-        return f"; {binding.source.split(':')[0]} would need to be at least {-(-need // MB)} MB"
+        return f"; {binding.source.split(':')[0]} would need to be at least {math.ceil(need / MB)} MB"
     more = -(-(need - size) * (local_ranks() if binding.shared else 1) // HEADROOM_SHARE)
     if binding.limit is None:
-        return f"; it needs about {-(-int(more) // MB)} MB more free memory"
+        return f"; it needs about {math.ceil(more / MB)} MB more free memory"
     least = binding.limit + int(more)
     if binding.counts in ("VmData", "VmSize"):
         return f"; {binding.source.split(':')[0]} would need to be at least {-(-least // 1024)} kB"
