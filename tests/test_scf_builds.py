@@ -586,3 +586,29 @@ def test_exchange_of_one_density_takes_its_symmetric_product(monkeypatch):
             assert len(calls) > before and set(calls[before:]) == {mol.nao}
             assert np.abs(vk[0] - vk_ref).max() < 1e-10 and np.abs(vj[0] - vj_ref).max() < 1e-10
         assert ("screened" in builds.record.storage) == screened
+
+
+@pytest.mark.parametrize("kind,xc,charge,spin", [
+    ("rhf", None, 0, 0), ("uhf", None, 1, 1), ("rohf", None, 1, 1), ("rhf", "b3lyp", 0, 0)])
+def test_scf_without_the_conv_check_build_gives_pyscfs_orbitals(kind, xc, charge, spin):
+    """dfmp2's SCF leaves out PySCF's conv_check build but keeps its diagonalisation: against PySCF's
+    driver with conv_check on the same (fp64) builds, one build fewer, the same orbital energies (1e-10
+    Eh) and occupations, and e_tot within PySCF's extra-cycle tolerance (10 conv_tol); and e_tot of
+    PySCF's own DF-SCF to 1e-9 Eh (Hartree-Fock)."""
+    from dfmp2.chem.scf import SCF_MAX_CYCLE, _scf_object
+
+    mol = gto.M(atom=WATER, basis="cc-pvdz", charge=charge, spin=spin, verbose=0)
+    reference = _scf_object(mol, "df", SCF_MAX_CYCLE, kind, None, xc)  # run_scf's settings, conv_check on
+    reference.conv_check = True
+    integrals = lambda: chem.jk_fitting_integrals(mol, chem.jk_auxbasis_of(reference))  # noqa: E731
+    theirs = FittedCoulombExchange(get_backend("cpu"), integrals(), "fp64")
+    chem.use_fitted_builds(reference, theirs).run()
+    builds = FittedCoulombExchange(get_backend("cpu"), integrals(), "fp64")
+    ours = chem.run_scf(mol, reference=kind, xc=xc, builds=builds)
+    assert ours.cycles == reference.cycles
+    assert len(builds.record.builds) == len(theirs.record.builds) - 1 == ours.cycles + 1  # the guess's, one a cycle
+    assert abs(ours.e_tot - reference.e_tot) < 10 * reference.conv_tol
+    assert np.abs(np.asarray(ours.mo_energy) - np.asarray(reference.mo_energy)).max() < 1e-10
+    assert np.array_equal(np.asarray(ours.mo_occ), np.asarray(reference.mo_occ))
+    if xc is None:
+        assert abs(ours.e_tot - _mean_field(mol, kind).run().e_tot) < 1e-9

@@ -124,12 +124,31 @@ def run_scf(mol, scf: str = "df", max_cycle: int = SCF_MAX_CYCLE, reference: str
     mf = _scf_object(mol, scf, max_cycle, reference, jk_auxbasis, xc)
     if builds is not None:
         use_fitted_builds(mf, builds)
-    if progress is not None:  # one call per SCF cycle
-        mf.callback = lambda envs: progress("SCF cycle", int(envs.get("cycle", 0)) + 1, None)
+    last = {}  # the last cycle's F(D) = h + G(D) (no DIIS) and overlap
+
+    def each_cycle(envs):
+        last.update(fock=envs["fock"], s1e=envs["s1e"])
+        if progress is not None:
+            progress("SCF cycle", int(envs.get("cycle", 0)) + 1, None)
+
+    mf.callback = each_cycle
+    mf.conv_check = False  # PySCF's extra cycle: its diagonalisation is kept (canonical_orbitals), its build is not
     mf.kernel()
     if not mf.converged:
         raise ConvergenceError(
             f"{reference.upper() if xc is None else reference.upper().replace('HF', 'KS')} SCF did not converge in {max_cycle} cycles (last energy {mf.e_tot:.10f} Eh)")
+    return canonical_orbitals(mf, last["fock"], last["s1e"])
+
+
+def canonical_orbitals(mf, fock, s1e):
+    """`mf` holding the orbitals of F(D) = h + G(D) of its converged density (the last cycle's, no
+    DIIS) and their occupations: the diagonalisation of PySCF's conv_check cycle, without that
+    cycle's build of G. The cycle's own orbitals diagonalise the DIIS-extrapolated Fock matrix; these
+    are what PySCF's conv_check gives. e_tot stays E(D) of the last cycle (PySCF's extra cycle moves
+    it by less than 10 conv_tol, 1e-10 Eh here).
+        F C = S C e,  mo_occ from e (aufbau)"""
+    mo_energy, mo_coeff = mf.eig(fock, s1e)
+    mf.mo_energy, mf.mo_coeff, mf.mo_occ = mo_energy, mo_coeff, mf.get_occ(mo_energy, mo_coeff)
     return mf
 
 
