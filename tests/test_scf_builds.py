@@ -157,6 +157,8 @@ def test_budget_decides_the_copies_of_b(monkeypatch, room, precision, square64, 
     monkeypatch.setattr(jk, "budget_bytes", lambda _: triangle + 4 * jk.BLOCK_BYTES + room * integrals.naux * mol.nao ** 2)
     chem.use_fitted_builds(mf, builds).run()
     assert builds.record.storage == storage
+    # a CPU keeps its squares m-major (the half transforms and K one product over every P)
+    assert builds.record.square_layout == ("m-major [nao, naux, nao]" if "square" in storage else "")
     if precision == "mixed" and room:  # (a choice only where an fp32 square is kept)
         wanted = "wanted (kept where the budget holds it)" if square64 == "1" else "not kept"
         assert builds.record.square_choice.startswith(f"fp64 square {wanted}: "

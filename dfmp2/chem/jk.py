@@ -105,6 +105,7 @@ class BuildRecord:
     whitening_seconds: float = 0.0  # the set-up's metric and whitening (the integrals too, unless computed early)
     store_seconds: float = 0.0  # the set-up's copies of B into the store (squares, device copies)
     coulomb: str = ""  # how J was built (the store's coulomb_form), where the store says
+    square_layout: str = ""  # the kept squares' layout (the store's square_layout), where it says
     square_choice: str = ""  # the fp64 square beside the fp32 one (cpu, mixed): kept or not, and why (util.cpu_config)
     modelled: dict = field(default_factory=dict)  # simulated NKI: target -> calibrated MODEL seconds of each build
     io: dict = field(default_factory=dict)  # B out of core: bytes of it written and read (scratch file)
@@ -121,6 +122,7 @@ class BuildRecord:
                 "whitening_seconds": round(self.whitening_seconds, 4), "store_seconds": round(self.store_seconds, 4),
                 **({"square_choice": self.square_choice} if self.square_choice else {}),
                 **({"coulomb": self.coulomb} if self.coulomb else {}),
+                **({"square_layout": self.square_layout} if self.square_layout else {}),
                 "increment_ranks": list(self.increment_ranks),
                 "increment_forms": list(self.increment_forms),
                 **({"io": dict(self.io)} if self.io else {}),
@@ -285,6 +287,7 @@ class FittedCoulombExchange:
         self.naux = self.record.naux = store.naux
         self.record.storage = store.storage
         self.record.coulomb = getattr(store, "coulomb_form", "")
+        self.record.square_layout = getattr(store, "square_layout", "")
         chosen = getattr(store, "square_choice", None)
         if chosen is not None:
             self.record.square_choice = (f"fp64 square {'wanted (kept where the budget holds it)' if chosen.value else 'not kept'}: "

@@ -14,6 +14,9 @@ used), J's and K's work on each block done as it is read.
     build's kind (increments: rho_P(D - D_a) = sum_(r, n) (2 X_a^P + Y^P)_rn E_nr, an error
     proportional to the step), so that J is one fp64 pass over B instead of two)
     exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn    in the build's kind
+    (cpu, a kept square: B m-major, [nao, naux, nao] = B^P_mn at (m, P, n), so that the half transforms
+    X_(m, P, r) = sum_n B^P_mn L_nr are one 2-D product [nao naux, nao] x [nao, r] and K one
+    [nao, naux r] x [naux r, nao] product over every P at once, into buffers kept from build to build)
     increment         K(D) - K(D_a) = M + M^T,  M = sum_(P, r) (X_a^P + Y^P / 2)_rm Y^P_rn   fp32
                       X_a^P = L_a^T B^P, Y^P = E^T B^P, L Q = L_a + E (aligned orbitals)
 """
@@ -29,6 +32,8 @@ from ..util.scratch import RowFile
 from ..util.system_memory import release_freed_memory
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
+WHOLE_HALVES_SHARE = 4  # cpu, m-major: the half transforms of every P at once where their buffers take at
+# most 1/4 of what the budget leaves (else blocks of P, batched over m)
 MAX_AUX_ROWS = 256  # auxiliary functions per build block at most
 KIND_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "exact": torch.float64}  # exact: this store's exact kind, fp64
 
@@ -77,6 +82,7 @@ class TorchFittedStore:
     half_aux_dim = 0  # the auxiliary index of a half transform X ([nP, r, nao]; screened [nao, nP, r])
     coulomb_follows_kind = False  # J is fp64 whatever the build's kind
     orbital_increments = True  # build_increment from the orbitals' step
+    m_major = False  # the kept squares as [nao, naux, nao] (set per store: a CPU's, where one is kept)
 
     def __init__(self, backend, rows, nao, kinds, free_bytes):
         naux = rows.shape[0]
@@ -101,17 +107,28 @@ class TorchFittedStore:
             self.square_choice = choice("scf_fp64_square")
             wanted = wanted if self.square_choice.value else wanted[:1]
         kept = self._squares_that_fit(wanted, free_bytes())
+        # m-major squares on a CPU (measured there: docs/benchmarking.md); a GPU keeps [naux, nao, nao]
+        self.m_major = bool(kept) and backend.device.type == "cpu"
+        self.half_aux_dim = 1 if self.m_major else 0  # X [nao, nP, r] or [nP, r, nao]
+        self._work = {}  # (role, shape, dtype) -> a buffer the builds reuse (its pages mapped once)
         for dtype in sorted(kept, key=lambda d: -torch.finfo(d).bits):  # fp64 first: fp32 is its rounding
-            square = torch.empty((naux, nao, nao), dtype=dtype, device=backend.device)
+            shape = (nao, naux, nao) if self.m_major else (naux, nao, nao)
+            square = torch.empty(shape, dtype=dtype, device=backend.device)
             wider = self._square.get(torch.float64)
-            for p0, p1 in block_ranges(naux, self._block_rows(0)):
+            rows = self._block_rows(0)
+            unpacked = None if wider is not None or not self.m_major else \
+                torch.empty((min(rows, naux), nao, nao), dtype=dtype, device=backend.device)
+            for p0, p1 in block_ranges(naux, rows):
                 if wider is not None:  # a contiguous conversion, cheaper than a second unpacking
                     square[p0:p1].copy_(wider[p0:p1])
+                elif self.m_major:  # a block [nP, nao, nao] unpacked into a reused buffer, placed as (m, P, n)
+                    square[:, p0:p1].copy_(self._unpack.square(self._packed[p0:p1], dtype, unpacked).transpose(0, 1))
                 else:
                     self._unpack.square(self._packed[p0:p1], dtype, square[p0:p1])
             self._square[dtype] = square
         release_freed_memory()
         self.storage = " + ".join([f"square {str(d)[-2:]}" for d in self._square] + ["fp64 triangle"])
+        self.square_layout = ("m-major [nao, naux, nao]" if self.m_major else "[naux, nao, nao]") if self._square else ""
 
     def _squares_that_fit(self, dtypes, free):
         """The kinds (dtypes, most builds' first) whose square copy [naux, nao, nao] is kept: the
@@ -142,12 +159,50 @@ class TorchFittedStore:
         kept = self._square.get(dtype)
         buffer = None if kept is not None else \
             torch.empty((min(rows, self.naux), self.nao, self.nao), dtype=dtype, device=self.backend.device)
+        if kept is not None and self.m_major:
+            for p0, p1 in block_ranges(self.naux, self._m_major_rows(rank, dtype)):
+                yield p0, p1, kept[:, p0:p1]
+            return
         if kept is not None:
             for p0, p1 in block_ranges(self.naux, rows):
                 yield p0, p1, kept[p0:p1]
             return
         for p0, p1, packed in self._over_rows(block_ranges(self.naux, rows)):
             yield p0, p1, self._unpack.square(packed, dtype, buffer)
+
+    def _in_m_major(self, dtype):
+        """Whether the builds in dtype run on an m-major square (kept): their half transforms are then
+        [nao, nP, r], else [nP, r, nao] (`_in_layout`)."""
+        return self.m_major and dtype in self._square
+
+    def _in_layout(self, x, m_major):
+        """Half transforms x of one block in the layout of the kept ones (`half_aux_dim`): a P-major
+        build's [nP, r, nao] in a store with m-major squares as [nao, nP, r] (a view), else x."""
+        if m_major or not self.m_major:  # (a screened store's are in its own layout)
+            return x
+        return x.permute(2, 0, 1)  # [nP, r, nao] -> [nao, nP, r]
+
+    def _m_major_rows(self, rank, dtype):
+        """Auxiliary functions per block of an m-major square: all of them where the block's half
+        transforms ([nao, nP, r], three of them kept between builds) take at most 1/WHOLE_HALVES_SHARE
+        of what the budget leaves, else as many as do (at least BLOCK_BYTES' worth)."""
+        per_row = 3 * self.nao * max(rank, 1) * (torch.finfo(dtype).bits // 8)
+        limit = max(BLOCK_BYTES, self._free_bytes() // WHOLE_HALVES_SHARE + self._work_bytes())
+        return max(1, min(self.naux, limit // per_row))
+
+    def _work_bytes(self):
+        return sum(t.numel() * t.element_size() for t in self._work.values())
+
+    def _buffer(self, role, shape, dtype):
+        """The builds' reused buffer for `role` ("x", "y", "middle") of that shape and dtype: a block of
+        every P (the same each build) is kept; a smaller block's is not (None: the product allocates)."""
+        if shape[1] != self.naux:  # (m-major shapes [nao, nP, r])
+            return None
+        key = (role, tuple(shape), dtype)
+        if key not in self._work:
+            self._work = {k: v for k, v in self._work.items() if k[0] != role}  # one per role
+            self._work[key] = torch.empty(shape, dtype=dtype, device=self.backend.device)
+        return self._work[key]
 
     def _rows(self, p0, p1):
         """Rows [p0, p1) of B in memory, on the device (the fp64 triangle's [nP, npair])."""
@@ -258,8 +313,16 @@ class TorchFittedStore:
         elif with_j:
             vj = self.coulomb(dms)
         self.backend.synchronize()
-        release_freed_memory()  # the unpacked blocks' pages, or the heap keeps growing build by build
+        self._release_unpacked(KIND_DTYPES[kind])
         return vj, vk
+
+    def _release_unpacked(self, dtype):
+        """After a build in dtype: the unpacked blocks' pages go back to the system (or the heap
+        keeps growing build by build); a build on a kept m-major square unpacked nothing, and its
+        temporaries (the products' few-MB results) stay mapped for the next build: giving them back
+        cost 0.03 s a build in re-mapping them (naphthalene/cc-pVTZ, Zen 5)."""
+        if not (self._file is None and self._in_m_major(dtype)):
+            release_freed_memory()
 
     def build_increment(self, deltas, anchor_factors, steps, with_j, with_k):
         """J and K of D - D_anchor = L L^T - L_a L_a^T, in fp32 GEMMs with an error proportional to
@@ -278,7 +341,7 @@ class TorchFittedStore:
         elif with_j:
             vj = self.coulomb(deltas)
         self.backend.synchronize()
-        release_freed_memory()
+        self._release_unpacked(torch.float32)
         return vj, vk
 
     def _exchange_increment(self, anchor_factors, steps, with_rho=False):
@@ -292,24 +355,32 @@ class TorchFittedStore:
         moves = [self._on_device(step, fp32) for step in steps]
         vk = np.zeros((len(steps), self.nao, self.nao))
         rho = torch.zeros((len(steps), self.naux), dtype=torch.float64, device=self.backend.device) if with_rho else None
-        rank = sum(step.shape[1] for step in steps)
+        rank, m_major = sum(step.shape[1] for step in steps), self._in_m_major(fp32)
         for p0, p1, block in self._blocks(fp32, rank):
             for s, (left, move) in enumerate(zip(lefts, moves)):
-                y = self._half_transform(block, move)
-                x = kept[s].narrow(self.half_aux_dim, p0, p1 - p0) if kept else self._half_transform(block, left)
-                middle = x + 0.5 * y
-                vk[s] += backend.to_host(self._exchange_product(middle, y))
+                y = self._half_transform(block, move, "y", m_major=m_major)
+                if kept:  # the anchor's, in the kept layout: as a view in this build's
+                    x = kept[s].narrow(self.half_aux_dim, p0, p1 - p0)
+                    if self.m_major and not m_major:  # [nao, nP, r] -> [nP, r, nao]
+                        x = x.permute(1, 2, 0)
+                else:
+                    x = self._half_transform(block, left, "x", m_major=m_major)
+                work = self._buffer("middle", x.shape, x.dtype) if m_major else None
+                middle = torch.add(x, y, alpha=0.5, out=work) if work is not None else x + 0.5 * y
+                vk[s] += backend.to_host(self._exchange_product(middle, y, m_major=m_major))
                 if with_rho:
-                    rho[s, p0:p1] = 2 * self._fitted_density(middle, move)
+                    rho[s, p0:p1] = 2 * self._fitted_density(middle, move, m_major=m_major)
         vk += vk.transpose(0, 2, 1).copy()
         return (vk, rho) if with_rho else vk
 
-    @staticmethod
-    def _fitted_density(x, right, weights=None):
-        """rho_P = sum_(r, n) X^P_rn w_r R_nr of one block's half transforms x [nP, r, nao] and
-        R [nao, r] (w [r] or None: all 1) -> [nP] fp64 (the products in x's dtype)."""
+    def _fitted_density(self, x, right, weights=None, m_major=False):
+        """rho_P = sum_(r, n) X^P_rn w_r R_nr of one block's half transforms x ([nP, r, nao], or
+        m-major [nao, nP, r]) and R [nao, r] (w [r] or None: all 1) -> [nP] fp64 (the products in
+        x's dtype; m-major one GEMV per n, summed)."""
         if weights is not None:
             right = right * weights[None, :]
+        if m_major:
+            return torch.matmul(x, right.unsqueeze(-1)).sum(0).squeeze(-1).to(torch.float64)
         return torch.einsum("prn,nr->p", x, right).to(torch.float64)
 
     def _coulomb_of_rho(self, rho):
@@ -334,14 +405,18 @@ class TorchFittedStore:
         halves = [None for _ in sets] if keep else None
         vk = np.zeros((len(factors), self.nao, self.nao))
         rho = torch.zeros((len(factors), self.naux), dtype=torch.float64, device=backend.device) if with_rho else None
+        m_major = self._in_m_major(dtype)
         for p0, p1, block in self._blocks(dtype, sum(factor[0].shape[1] for factor in factors)):
             for s, (left, right, weights) in enumerate(sets):
-                x = self._half_transform(block, left)
-                z = x if right is None else self._half_transform(block, right)
-                vk[s] += backend.to_host(self._exchange_product(x, z, weights))
+                x = self._half_transform(block, left, "x" if not keep else None, m_major=m_major)  # (kept: its own)
+                z = x if right is None else self._half_transform(block, right, "y", m_major=m_major)
+                vk[s] += backend.to_host(self._exchange_product(x, z, weights, m_major=m_major))
                 if with_rho:
-                    rho[s, p0:p1] = self._fitted_density(x, left if right is None else right, weights)
-                if keep:
+                    rho[s, p0:p1] = self._fitted_density(x, left if right is None else right, weights, m_major=m_major)
+                x = self._in_layout(x, m_major)
+                if keep and x.dtype == torch.float32 and x.shape[self.half_aux_dim] == self.naux and x.is_contiguous():
+                    halves[s] = x  # every P at once, already fp32: kept as made
+                elif keep:
                     if halves[s] is None:
                         shape = list(x.shape)
                         shape[self.half_aux_dim] = self.naux
@@ -354,16 +429,24 @@ class TorchFittedStore:
         """(p0, p1, block of B in dtype) over the auxiliary range (kept, or unpacked)."""
         yield from self._square_blocks(dtype, rank)
 
-    def _half_transform(self, block, factor):
-        """X^P = F^T B^P of one block: [nP, r, nao]."""
-        return self.backend.half_transform(block, factor)
+    def _half_transform(self, block, factor, role=None, m_major=False):
+        """X^P = F^T B^P of one block: [nP, r, nao]; m-major (block [nao, nP, nao]) X [nao, nP, r],
+        into the builds' buffer for `role` where one is kept (`_buffer`)."""
+        if not m_major:
+            return self.backend.half_transform(block, factor)
+        shape = (block.shape[0], block.shape[1], factor.shape[1])
+        out = self._buffer(role, shape, block.dtype) if role is not None else None
+        return self.backend.half_transform_m_major(block, factor, out)
 
-    def _exchange_product(self, x, z, weights=None):
+    def _exchange_product(self, x, z, weights=None, m_major=False):
         """K = sum_P X^P^T diag(w) Z^P of one block's half transforms: [nao, nao]."""
+        if m_major:
+            return self.backend.exchange_product_m_major(x, z, weights)
         return self.backend.exchange_product(x, z, weights)
 
     def close(self):
         self._square.clear()
+        self._work = {}
         self._packed = self._unpack = self._anchor = None
         if self._file is not None:
             self._file.close()

@@ -80,11 +80,11 @@ class ScreenedFittedStore(TorchFittedStore):
     def _device_rows(self, host):
         return LowerPanels.from_flat(self._pattern, self.backend.to_device(host, fp64=True))
 
-    def _half_transform(self, block, factor):
+    def _half_transform(self, block, factor, role=None, m_major=False):
         """X [nao, nP, r] = sum_n B^P_mn F_nr over the block's kept pairs."""
         return block_sparse_product(self.backend, block, factor)
 
-    def _exchange_product(self, x, z, weights=None):
+    def _exchange_product(self, x, z, weights=None, m_major=False):
         return self.backend.screened_exchange_product(x, z, weights)
 
     def _coulomb_density(self, dms):
