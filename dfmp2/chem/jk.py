@@ -1,6 +1,8 @@
 """The SCF's Coulomb and exchange builds on dfmp2's backends (PySCF's driver keeps the guess,
 DIIS, damping, level shifts and convergence; `chem.use_fitted_builds` plugs these builds into it).
 
+Long (the builds' precision policy and their set-up in one place; issue 74 splits the set-up from the policy).
+
     whitening, once   B^P_mn = sum_Q [L^-1]_PQ (Q|mn),  (P|Q) = L L^T     whiten_fitted_integrals
     a density         D = L diag(w) R^T  (occupied orbitals, chem.density_factors; else density_factor)
     fitted density    rho_P = sum_mn B^P_mn D_mn

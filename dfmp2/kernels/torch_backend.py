@@ -1,5 +1,7 @@
 """Torch backend: the pipeline's kernels in plain torch, on the CPU or an NVIDIA GPU.
 
+Long (one class, TorchBackend, a method per entry of the Backend protocol; issue 74 splits kernels by backend).
+
 Precision: GEMM-type kernels run in `compute_dtype` (fp64 or fp32); the metric
 factorisation always runs in fp64; (ia|jb) leaves its GEMM as fp64, so the energy
 expression and every energy sum are fp64. tf32x3 and bf16x3 are fp32 runs whose (ia|jb)

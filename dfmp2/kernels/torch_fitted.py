@@ -1,5 +1,7 @@
 """The SCF's Coulomb and exchange builds on the torch backend (cpu, cuda): its `FittedStore`.
 
+Long (one store with both square layouts, m-major on a CPU and P-major, and the increments; issue 74 splits it).
+
 Storage: the whitened lower triangle B^P_(mn), m >= n [naux, npair], in fp64 (J's source, and
 the source of K's blocks in a kind without a square copy); one square copy [naux, nao, nao] for
 K in the kind most builds use (fp32 in mixed precision, fp64 in fp64) as the budget allows; the
