@@ -285,11 +285,10 @@ class TorchBackend:
 
     def half_transform_m_major(self, b_block, factor, out=None):
         """The SCF exchange's half transform of an m-major block, X_(m, P, r) = sum_n B^P_mn F_nr:
-        b_block [nao, nP, nao] (a slice of an m-major square, or the transposed view of a [nP, nao,
-        nao] block), factor [nao, r] -> [nao, nP, r] (into `out` where given). Dense: 2-D products
-        [nm nP, nao] x [nao, r] over blocks of m rows (HALF_ROW_ELEMENTS of B each: at naphthalene/
-        cc-pVTZ's shapes on a Zen 5, 250 GF/s on oneDNN in blocks, 180 as one product); the view:
-        one [nP nao, nao] x [nao, r] product, its result transposed as a view; else batched over m."""
+        b_block [nao, nP, nao] (a slice of an m-major square), factor [nao, r] -> [nao, nP, r] (into
+        `out` where given). A slice of every P (contiguous): 2-D products [nm nP, nao] x [nao, r] over
+        blocks of m rows (HALF_ROW_ELEMENTS of B each: at naphthalene/cc-pVTZ's shapes on a Zen 5,
+        250 GF/s on oneDNN in blocks, 180 as one product); else batched over m."""
         self.calls["half_transform"] += 1
         nao, nP, n = b_block.shape
         r = factor.shape[1]
@@ -298,12 +297,7 @@ class TorchBackend:
             for m0, m1 in block_ranges(nao, max(1, HALF_ROW_ELEMENTS // (nP * n))):
                 cpu_gemm.matmul("half_rows", b_block[m0:m1].view(-1, n), factor, out=out[m0:m1].view(-1, r))
             return out
-        p_major = b_block.transpose(0, 1)
-        if p_major.is_contiguous():
-            # X^P = B^P F, B^P symmetric: [nP nao, nao] x [nao, r]
-            x = cpu_gemm.matmul("half_stacked", p_major.reshape(nP * nao, n), factor).view(nP, nao, r).transpose(0, 1)
-        else:
-            x = cpu_gemm.matmul("half_batched", b_block, factor)
+        x = cpu_gemm.matmul("half_batched", b_block, factor)
         if out is None:
             return x
         return out.copy_(x)
