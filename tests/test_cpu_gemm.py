@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels import cpu_gemm
+from dfmp2.kernels import cpu_gemm, cpu_solves
 from dfmp2.util import cpu_config
 from dfmp2.util.errors import InputError
 
@@ -254,3 +254,95 @@ def test_tune_measures_the_libraries_again_and_drops_the_forms(fresh):
     assert set(libraries) <= set(record["choices"])
     with cpu_gemm.fresh_state():
         assert cpu_gemm.held_keys() == libraries  # the cache as tune wrote it
+
+
+# ----------------------------------------------------------------------------- the triangular solves
+
+def lower_and_rows(n, m, dtype, seed=3):
+    """A well-conditioned lower triangle L [n, n] (the Cholesky factor of a random SPD matrix) and
+    rows X [m, n]."""
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn((n, n), generator=generator, dtype=torch.float64)
+    lower = torch.linalg.cholesky(a @ a.T / n + torch.eye(n, dtype=torch.float64))
+    return lower.to(dtype), torch.randn((m, n), generator=generator, dtype=dtype)
+
+
+@pytest.mark.parametrize("library", list(cpu_config.SOLVE_LIBRARIES))
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])
+@pytest.mark.parametrize("layout", ["rows", "a transposed view"])
+def test_each_solve_library_whitens_to_its_precision(library, precision, layout):
+    """B = X L^-T on every library with a solve, against SciPy's fp64 solve of the same operands
+    (B L^T = X): fp32 to 1e-5 of the largest element, fp64 to 1e-12; X itself is left as it was."""
+    import scipy.linalg
+
+    dtype = torch.float32 if precision == "fp32" else torch.float64
+    lower, rows = lower_and_rows(300, 170, dtype)
+    if layout == "a transposed view":
+        rows = rows.T.contiguous().T
+    before = rows.clone()
+    got = cpu_gemm._SOLVES[library](lower, rows)
+    expected = scipy.linalg.solve_triangular(lower.double().numpy(), rows.double().numpy().T, lower=True).T
+    assert got.shape == rows.shape and torch.equal(rows, before)
+    scale = float(np.abs(expected).max())
+    assert float(np.abs(got.double().numpy() - expected).max()) / scale < (1e-5 if precision == "fp32" else 1e-12)
+
+
+def test_the_solve_is_measured_once_cached_and_recorded(fresh):
+    """A whitening's solve is measured like a product (mkl and SciPy's OpenBLAS, the fastest kept),
+    cached, read back by a new process, and recorded apart from the GEMMs ("solves")."""
+    lower, rows = lower_and_rows(400, 3000, torch.float64)
+    got = cpu_solves.solve_lower_transposed("trsm", lower, rows)
+    assert float((got @ lower.T - rows).abs().max()) < 1e-10
+    key = cpu_solves.solve_key("trsm", "fp64", rows)
+    entry = fresh.entries[key]
+    assert key == "trsm/fp64/4096x512/solve" and set(entry.rates) == {"mkl", "scipy-openblas"}
+    assert entry.library == max(entry.rates, key=entry.rates.get)
+    with cpu_gemm.fresh_state() as again:
+        cpu_solves.solve_lower_transposed("trsm", lower, rows)
+        assert again.entries[key].source == "cache" and again.measure_seconds == 0.0
+        record = cpu_gemm.record()
+    solves = record["solves"]["fp64"]
+    assert solves["library"] == entry.library and solves["flops_by_library"] == {entry.library: 3000.0 * 400 * 400}
+    assert "fp64" not in record  # no GEMM ran: the products' section is the GEMMs' alone
+    assert ("SciPy's OpenBLAS" in solves["kernels"]) == (entry.library == "scipy-openblas")
+
+
+def test_a_pin_or_an_untuned_run_solves_on_torchs_library(fresh, monkeypatch, tmp_path):
+    lower, rows = lower_and_rows(400, 3000, torch.float32)
+    monkeypatch.setenv("DFMP2_GEMM", "openblas")
+    with cpu_gemm.fresh_state() as state:
+        cpu_solves.solve_lower_transposed("trsm", lower, rows)
+        assert state.entries == {} and cpu_gemm.record()["solves"]["fp32"]["library"] == "mkl"
+    monkeypatch.delenv("DFMP2_GEMM")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("DFMP2_CACHE_DIR", str(blocker / "cache"))
+    with cpu_gemm.fresh_state() as state:
+        cpu_solves.solve_lower_transposed("trsm", lower, rows)
+        assert state.entries == {} and cpu_gemm.record()["solves"]["fp32"]["flops_by_library"] == {"mkl": 3000.0 * 400 * 400}
+
+
+def test_either_solve_library_gives_the_same_energies(tmp_path):
+    """Every whitening solved on torch's MKL, then on SciPy's OpenBLAS (the cache a first run wrote,
+    its solve choices set to each): fp64 SCF and E(corr) to 1e-10 Eh of each other, fp32 E(corr)
+    within the fp32 envelope (2e-7 Eh); each record names the library that solved."""
+    cache = tmp_path / "cache"
+    env = {"DFMP2_CACHE_DIR": str(cache)}
+    records = {}
+    first = run_cli(tmp_path, "--precision", "fp64", env=env)
+    assert first["cpu_configuration"]["gemm"]["solves"]["fp64"]["flops_by_library"]
+    path = first["cpu_configuration"]["gemm"]["cache"]
+    held = json.load(open(path))
+    solve_keys = [key for key in held["choices"] if key.endswith("/solve")]
+    assert any("/fp64/" in key for key in solve_keys)
+    for library in cpu_config.SOLVE_LIBRARIES:
+        for key in solve_keys:
+            held["choices"][key]["library"] = library
+        open(path, "w").write(json.dumps(held))
+        records[library] = {p: run_cli(tmp_path, "--precision", p, env=env) for p in ("fp64", "fp32")}
+        for p in ("fp64", "fp32"):  # the SCF's whitening (fp64 either way) is most of the solves' flops
+            assert records[library][p]["cpu_configuration"]["gemm"]["solves"]["fp64"]["library"] == library
+    mkl, other = records["mkl"], records["scipy-openblas"]
+    assert abs(mkl["fp64"]["e_hf"] - other["fp64"]["e_hf"]) < 1e-10
+    assert abs(mkl["fp64"]["e_corr"] - other["fp64"]["e_corr"]) < 1e-10
+    assert abs(mkl["fp32"]["e_corr"] - other["fp32"]["e_corr"]) < 2e-7

@@ -4,7 +4,7 @@ at the run's own shapes, cached per CPU and library versions, recorded with ever
     matmul(kind, a, b, out=None)   C = A @ B for CPU torch tensors (2-D, or batched as torch.matmul
                                    takes them), on the library chosen for (kind, precision, shape)
     record()                       what ran: per precision the library, its kernels, the measured rate
-    remeasure(problems)            measure again, writing the cache (`dfmp2 tune`: linalg.cpu.tune)
+    remeasure(problems)            measure again, writing the cache (`dfmp2 tune`; solves: kernels.cpu_solves)
 
 Libraries (util.cpu_config.GEMM_LIBRARIES):
     mkl       torch.matmul: torch's BLAS, oneMKL in the pinned wheel (fp32, fp64)
@@ -12,9 +12,8 @@ Libraries (util.cpu_config.GEMM_LIBRARIES):
               kernels by the CPU's ISA, not its vendor (fp32 only; oneDNN has no fp64 matmul)
     openblas  numpy.matmul on zero-copy views: numpy's OpenBLAS, its kernels as it detects them or
               as OPENBLAS_CORETYPE pins them (the user's pin is respected and recorded)
-Measured on an AMD EPYC (family 26 model 2, Zen 5, 2 threads, OPENBLAS_CORETYPE=Haswell set by the
-machine; docs/benchmarking.md): fp32 mkl ~190 GF/s, openblas ~230, onednn 400-445; fp64 mkl ~100,
-openblas ~110 (~185 with the machine's OPENBLAS_* unset).
+Measured on a Zen 5 (AMD EPYC family 26 model 2, 2 threads, OPENBLAS_CORETYPE=Haswell; docs/benchmarking.md):
+fp32 mkl ~190 GF/s, openblas ~230, onednn 400-445; fp64 mkl ~100, openblas ~110 (~185 OPENBLAS_* unset).
 
 A choice is made per kind of product (the names the backend passes: "pair", "transform", "half",
 "exchange", ...), precision, and shape bucket (each of m, k, n and the batch rounded to a power of
@@ -33,28 +32,27 @@ on a GPU, or of other dtypes run as torch.matmul.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ..util import cpu_config, environment, provenance
 from ..util.clock import clock
 from ..util.errors import ComputationError, InputError
 from ..util.files import write_atomically
-from .cpu_libraries import _CALLS, _available, _takes, kernels, library_versions  # noqa: F401
+from .cpu_libraries import _CALLS, _SOLVES, _available, _takes, kernels, library_versions  # noqa: F401
 
 MEASURE_FLOPS = 2e9  # a measured call's flops at most (rows sliced): ~5-20 ms at 100-400 GF/s
 SLOW_WARM = 10.0  # a library whose warm call takes this many times the fastest's is not timed again
 MIN_TUNED_FLOPS = 2e7  # below this a product runs on the default library unmeasured (call overheads dominate)
 AGREEMENT = {"fp32": 1e-4, "fp64": 1e-11}  # max |C - C_torch| / max |C_torch| a library may differ by
 DEFAULT_LIBRARY = "mkl"  # what an untuned run uses: torch's own
-CACHE_FORMAT = 3  # 2: the operands' layouts in the key; 3: A A^T apart
+CACHE_FORMAT = 4  # 2: the operands' layouts in the key; 3: A A^T apart; 4: the triangular solves
 _DTYPES = {torch.float32: "fp32", torch.float64: "fp64"}
 
 
@@ -120,6 +118,7 @@ class _State:
         self.entries = {}  # key -> Entry
         self.used = set()  # the keys whose choice ran a product in this process
         self.flops = {}  # (precision, library) -> flops run in this process
+        self.solve_flops = {}  # (precision, library) -> the triangular solves' flops run in this process
         self.notes = []
         self.untuned = None  # why this process runs untuned, or None
         self.pins = {}
@@ -171,8 +170,9 @@ def _read_cache(path, expected, notes) -> dict:
         if why is not None:
             notes.append(f"the GEMM cache {path} is not this machine's ({why}): measured again")
             return {}
+        known = (*_CALLS, *FORMS, *_SOLVES)
         return {key: Entry(value["library"], dict(value["rates"]), "cache") for key, value in data["choices"].items()
-                if value.get("library") in _CALLS or value.get("library") in FORMS}
+                if value.get("library") in known}
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
@@ -379,16 +379,18 @@ def record() -> dict:
                "notes": list(state.notes),
                "choices": {key: {"library": e.library, "rates_gflops": e.rates, "source": e.source}
                            for key, e in sorted(state.entries.items()) if key in state.used or e.source == "measured"}}
-        for precision in ("fp32", "fp64"):
-            flops = {lib: f for (p, lib), f in state.flops.items() if p == precision}
+        out["solves"] = {}  # the triangular solves' (kernels.cpu_solves), apart from the products'
+        for precision, (section, counts, solves) in itertools.product(("fp32", "fp64"), (
+                (out, state.flops, False), (out["solves"], state.solve_flops, True))):
+            flops = {lib: f for (p, lib), f in counts.items() if p == precision}
             if not flops:
                 continue
             library = max(flops, key=flops.get)
-            chosen = [e.rates[library] for key, e in state.entries.items() if key in state.used
-                      and e.library == library and f"/{precision}/" in key and e.rates.get(library)]
-            rate = round(sum(chosen) / len(chosen), 1) if chosen else None
-            out[precision] = {"library": library, "kernels": kernels(library), "rate_gflops": rate,
-                              "flops_by_library": {lib: float(f) for lib, f in sorted(flops.items())}}
+            chosen = [e.rates[library] for key, e in state.entries.items() if key in state.used and e.library == library
+                      and f"/{precision}/" in key and e.rates.get(library) and key.endswith("/solve") == solves]
+            section[precision] = {"library": library, "kernels": kernels(library),
+                                  "rate_gflops": round(sum(chosen) / len(chosen), 1) if chosen else None,
+                                  "flops_by_library": {lib: float(f) for lib, f in sorted(flops.items())}}
         return out
 
 
@@ -422,7 +424,7 @@ def _operand(shape, layout, dtype, generator):
 
 
 def held_keys() -> list:
-    """The keys this process holds a library's choice for (cached or measured; not the forms')."""
+    """The keys this process holds a library's choice for (cached or measured; not the forms'; the solves' too)."""
     with _STATE.lock:
         _STATE.load()
         return sorted(key for key in _STATE.entries if not key.endswith("/forms"))

@@ -6,6 +6,10 @@ C = A @ B of CPU torch tensors with torch.matmul's shapes, and what each runs on
               CPU's ISA, not its vendor (fp32 only: oneDNN has no fp64 matmul)
     openblas  numpy.matmul on zero-copy views: numpy's OpenBLAS, with the kernels it detects or
               those OPENBLAS_CORETYPE pins (the user's pin is respected and recorded)
+and the triangular solves B = X L^-T (the whitenings), as `_SOLVES`:
+    mkl             torch.linalg.solve_triangular (fp32, fp64)
+    scipy-openblas  scipy.linalg.blas ?trsm on the tensors' memory: SciPy's own OpenBLAS (numpy's
+                    has no solve numpy calls), OPENBLAS_CORETYPE respected as for numpy's
 """
 
 from __future__ import annotations
@@ -63,6 +67,32 @@ def _openblas(a, b, out=None):
 _CALLS = {"mkl": _mkl, "onednn": _onednn, "openblas": _openblas}
 
 
+# ---- the triangular solves B = X L^-T (the whitenings): the libraries that have one
+
+def _solve_mkl(lower, rows):
+    """torch.linalg.solve_triangular: torch's own (oneMKL in the pinned wheel)."""
+    return torch.linalg.solve_triangular(lower.transpose(0, 1), rows, upper=True, left=False)
+
+
+def _solve_scipy_openblas(lower, rows):
+    """SciPy's OpenBLAS ?trsm on the tensors' memory: rows X [m, n] (row-major) is R = X^T [n, m]
+    to Fortran, and X L^-T = (L^-1 R)^T: a left-side solve with op(A) = L, where A = L^T is lower's
+    row-major memory (upper to Fortran); the result is made in a copy of X (the input is kept)."""
+    from scipy.linalg import blas
+
+    solve = blas.dtrsm if rows.dtype == torch.float64 else blas.strsm
+    out = torch.empty(rows.shape, dtype=rows.dtype)
+    out.copy_(rows)
+    solved = solve(1.0, lower.contiguous().numpy().T, out.numpy().T, side=0, lower=0, trans_a=1, overwrite_b=1)
+    if not np.shares_memory(solved, out.numpy()):  # (f2py copied: never for these layouts)
+        out.copy_(torch.from_numpy(solved.T))
+    return out
+
+
+# library -> the solve (the same precisions as its GEMMs: util.cpu_config.SOLVE_LIBRARIES)
+_SOLVES = {"mkl": _solve_mkl, "scipy-openblas": _solve_scipy_openblas}
+
+
 def _takes(library: str, a, b) -> bool:
     """Whether `library` computes in this product's precision."""
     return _DTYPES.get(a.dtype) in cpu_config.GEMM_LIBRARIES[library]
@@ -93,18 +123,22 @@ def library_versions() -> dict:
     mkl = after("Math Kernel Library Version ")
     return {"torch": torch.__version__, "mkl": mkl.split("-")[0] if mkl else None,
             "onednn": after("MKL-DNN v"), "numpy": np.__version__,
-            "openblas": (_openblas_info() or {}).get("version")}
+            "openblas": (_openblas_info() or {}).get("version"),
+            "scipy_openblas": (_openblas_info("scipy") or {}).get("version")}
 
 
-@functools.lru_cache(maxsize=1)
-def _openblas_info():
-    """threadpoolctl's entry for numpy's OpenBLAS (version, architecture, threads), or None."""
+@functools.lru_cache(maxsize=2)
+def _openblas_info(package="numpy"):
+    """threadpoolctl's entry for the OpenBLAS `package` ships (numpy's numpy.libs/, SciPy's
+    scipy.libs/: two libraries, each with its own version and threads), or None."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return None
-    for info in threadpool_info():  # numpy's own (numpy.libs/), not SciPy's
-        if info.get("internal_api") == "openblas" and f"{os.sep}numpy" in info.get("filepath", ""):
+    if package == "scipy":
+        import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, so that threadpoolctl sees it)
+    for info in threadpool_info():
+        if info.get("internal_api") == "openblas" and f"{os.sep}{package}" in info.get("filepath", ""):
             return info
     return None
 
@@ -136,10 +170,11 @@ def kernels(library: str) -> str:
     """What `library` runs on this machine, in words: OpenBLAS's architecture (threadpoolctl), oneDNN's
     implementation (its verbose line), MKL's version (MKL picks its code path itself and does not say)."""
     versions = library_versions()
-    if library == "openblas":
-        info = _openblas_info() or {}
+    if library in ("openblas", "scipy-openblas"):
+        info = _openblas_info("scipy" if library == "scipy-openblas" else "numpy") or {}
         pin = environment.get("OPENBLAS_CORETYPE")
-        return (f"OpenBLAS {info.get('version', '?')} {info.get('architecture', '?')} kernels"
+        return (("SciPy's " if library == "scipy-openblas" else "")
+                + f"OpenBLAS {info.get('version', '?')} {info.get('architecture', '?')} kernels"
                 + (f" (OPENBLAS_CORETYPE={pin}, respected)" if pin else " (as it detects this CPU)"))
     if library == "onednn":
         return f"oneDNN {versions['onednn']} {_onednn_kernels()}"

@@ -1,5 +1,6 @@
 """The CPU side of the BLAS layer: which library (torch's MKL, oneDNN, numpy's OpenBLAS) runs each
-kind of product, chosen by measuring them on this machine. The dispatch point and the measurement
+kind of product, and which (torch's MKL, SciPy's OpenBLAS) each triangular solve, chosen by measuring
+them on this machine. The dispatch point and the measurement
 are in kernels.cpu_gemm (the torch backend calls it for every product); this is the user's side:
 
     tune()                 measure again every shape the cache holds (none yet: TUNE_SHAPES) -> record
@@ -10,7 +11,7 @@ are in kernels.cpu_gemm (the torch backend calls it for every product); this is 
 
 from __future__ import annotations
 
-from ..kernels import cpu_gemm
+from ..kernels import cpu_gemm, cpu_solves
 
 # the products `dfmp2 tune` measures where the cache holds none, as (kind, precision, (batch, m, k, n),
 # the operands' layouts: "n" row-major, "t" a transposed view):
@@ -20,6 +21,9 @@ TUNE_SHAPES = (("pair", "fp32", (1, 756, 1100, 756), "nt"), ("pair", "fp64", (1,
                ("transform", "fp64", (1, 782, 412, 378), "nn"), ("half", "fp32", (23, 34, 412, 412), "tn"),
                ("half", "fp64", (23, 34, 412, 412), "tn"), ("exchange", "fp32", (1, 412, 782, 412), "tn"),
                ("exchange", "fp64", (1, 412, 782, 412), "tn"))
+# and the triangular solves X L^-T, as (kind, precision, (m, n)): the SCF's whitening (fp64, blocks of
+# ~3,900 pair columns of ~1,030 fitting functions) and the MP2 step's (fp32, o v = 12,852 rows of 1,050)
+TUNE_SOLVES = (("trsm", "fp64", (3883, 1030)), ("trsm", "fp32", (12852, 1050)))
 
 
 def parse_key(key: str):
@@ -29,10 +33,24 @@ def parse_key(key: str):
     return kind, precision, (dims[3] if len(dims) > 3 else 1, dims[0], dims[1], dims[2]), layouts
 
 
+def parse_solve_key(key: str):
+    """"trsm/fp64/4096x1024/solve" -> ("trsm", "fp64", (4096, 1024))."""
+    kind, precision, shape, _ = key.split("/")
+    m, n = (int(d) for d in shape.split("x"))
+    return kind, precision, (m, n)
+
+
 def tune() -> dict:
-    """Measure every cached bucket again at its shape (none cached: TUNE_SHAPES) and rewrite the
-    cache -> kernels.cpu_gemm.record(). A pinned precision is measured too; the pin still decides."""
-    cpu_gemm.remeasure([parse_key(key) for key in cpu_gemm.held_keys()] or list(TUNE_SHAPES))
+    """Measure every cached bucket again at its shape (none cached: TUNE_SHAPES and TUNE_SOLVES) and
+    rewrite the cache -> kernels.cpu_gemm.record(). A pinned precision is measured too; the pin still
+    decides."""
+    held = cpu_gemm.held_keys()
+    products = [parse_key(key) for key in held if not key.endswith("/solve")]
+    solves = [parse_solve_key(key) for key in held if key.endswith("/solve")]
+    if not held:
+        products, solves = list(TUNE_SHAPES), list(TUNE_SOLVES)
+    cpu_gemm.remeasure(products)
+    cpu_solves.remeasure(solves)
     return cpu_gemm.record()
 
 
@@ -53,11 +71,13 @@ def summary() -> str:
 
 def describe(measured: dict) -> str:
     """`dfmp2 tune`'s table: each kind, precision and shape bucket, every library's GF/s, the choice."""
-    libraries = list(cpu_gemm._CALLS)
-    lines = [f"{'product':36s} " + " ".join(f"{lib:>9s}" for lib in libraries) + "   chosen (GF/s, measured)"]
+    libraries = list(dict.fromkeys([*cpu_gemm._CALLS, *cpu_gemm._SOLVES]))
+    width = {lib: max(9, len(lib)) for lib in libraries}
+    header = " ".join(f"{lib:>{width[lib]}s}" for lib in libraries)
+    lines = [f"{'product':36s} {header}   chosen (GF/s, measured)"]
     for key, entry in measured["choices"].items():
-        rates = " ".join(f"{entry['rates_gflops'][lib]:9.1f}" if lib in entry["rates_gflops"] else f"{'-':>9s}"
-                         for lib in libraries)
+        rates = " ".join(f"{entry['rates_gflops'][lib]:{width[lib]}.1f}" if lib in entry["rates_gflops"]
+                         else f"{'-':>{width[lib]}s}" for lib in libraries)
         lines.append(f"{key:36s} {rates}   {entry['library']}")
     lines.append(f"cache: {measured['cache']}  ({measured['measure_seconds']:.1f} s measuring)")
     lines += [f"note: {note}" for note in measured["notes"]]

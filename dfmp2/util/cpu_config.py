@@ -125,6 +125,7 @@ def choice(name: str, environ=None, identity=None) -> Choice:
 # computes in: torch's own BLAS (MKL in the pinned wheel), oneDNN through torch (fp32 only: it has no
 # fp64 matmul), numpy's OpenBLAS through zero-copy views
 GEMM_LIBRARIES = {"mkl": ("fp32", "fp64"), "onednn": ("fp32",), "openblas": ("fp32", "fp64")}
+SOLVE_LIBRARIES = {"mkl": ("fp32", "fp64"), "scipy-openblas": ("fp32", "fp64")}  # the triangular solves'
 
 
 def gemm_pins(environ=None) -> dict:
