@@ -124,7 +124,19 @@ def library_versions() -> dict:
     return {"torch": torch.__version__, "mkl": mkl.split("-")[0] if mkl else None,
             "onednn": after("MKL-DNN v"), "numpy": np.__version__,
             "openblas": (_openblas_info() or {}).get("version"),
-            "scipy_openblas": (_openblas_info("scipy") or {}).get("version")}
+            "scipy_openblas": _scipy_blas_version()}
+
+
+def _scipy_blas_version():
+    """The version of the OpenBLAS SciPy was built with (its build configuration: reading it does not
+    load that library, whose thread buffers `dfmp2 info` under a tight rlimit must not map), or None."""
+    try:
+        import scipy
+
+        blas = scipy.__config__.CONFIG["Build Dependencies"]["blas"]
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
+    return blas.get("version") if "openblas" in str(blas.get("name", "")).lower() else None
 
 
 @functools.lru_cache(maxsize=2)
