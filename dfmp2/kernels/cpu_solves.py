@@ -21,6 +21,11 @@ from ..util import cpu_config
 from . import cpu_gemm
 from .cpu_libraries import _SOLVES
 
+# a measured solve's rows hold at most this (each library's result is kept for the comparison: two
+# copies beside the run's own arrays, which the memory plan does not count; water8 at --max-memory 470
+# went 30-50 MB over its budget on the first run when whole solves were measured)
+MEASURE_BYTES = 8 * 10**6
+
 
 def solve_key(kind: str, precision: str, rows) -> str:
     """The cache key of a solve X L^-T, X [m, n]: e.g. "trsm/fp64/4096x1024/solve"."""
@@ -29,10 +34,10 @@ def solve_key(kind: str, precision: str, rows) -> str:
 
 
 def _measure(precision, lower, rows, notes):
-    """Each library with a solve in this precision, on rows sliced to MEASURE_FLOPS (m n^2 flops),
-    torch's the reference (cpu_gemm._timed_choice) -> its Entry."""
+    """Each library with a solve in this precision, on rows sliced to MEASURE_FLOPS (m n^2 flops) and
+    MEASURE_BYTES, torch's the reference (cpu_gemm._timed_choice) -> its Entry."""
     m, n = rows.shape
-    keep = max(1, min(m, int(cpu_gemm.MEASURE_FLOPS / max(1, n * n))))
+    keep = max(1, min(m, int(cpu_gemm.MEASURE_FLOPS / max(1, n * n)), MEASURE_BYTES // (n * rows.element_size())))
     sliced = rows[:keep]
     calls = {lib: (lambda lib=lib: _SOLVES[lib](lower, sliced))
              for lib in sorted(_SOLVES, key=lambda lib: lib != cpu_gemm.DEFAULT_LIBRARY)
