@@ -7,8 +7,9 @@
    neither is asked for a member by name (getattr/hasattr/setattr with a literal).
 2. `kernels/__init__.py` is the one dispatch point, where every device decision is made: outside
    dfmp2/kernels nothing compares with a device name ("cpu", "cuda", "trn1", ...) or a collection
-   of them, or tests membership in TRAINIUM. (Option choices and messages that name devices are
-   not decisions.)
+   of them, or tests membership in TRAINIUM, compares a backend's name with "torch" or "nki", or
+   asks `get_backend` for a device by its name (an fp64 host backend is `kernels.host_fp64_backend()`).
+   (Option choices and messages that name devices are not decisions.)
 3. A backend's counter (`calls`) is written by the backend alone: a step that runs outside a
    kernel is recorded with `backend.count(step)`.
 
@@ -28,6 +29,7 @@ HELD = {
 }
 BY_NAME = ("getattr", "hasattr", "setattr")
 DEVICE_NAMES = {"cpu", "cuda", "trn1", "trn2", "trn3"}
+BACKEND_NAMES = {"torch", "nki"}
 DEVICE_GROUPS = {"TRAINIUM"}  # kernels' tuple of the NKI devices
 # the modules of the backend classes: they alone write a backend's counter (the NKI backend's is its
 # cost ledger's, nki_ledger.CostLedger.calls, which NkiBackend.calls is)
@@ -106,11 +108,32 @@ def _names_devices(node) -> bool:
     return False
 
 
+def _names_a_backend(node) -> bool:
+    """A backend's name ("torch", "nki") or a collection holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in BACKEND_NAMES
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_names_a_backend(e) for e in node.elts)
+
+
+def _is_device_decision(node) -> bool:
+    """A comparison with a device name or a group of them, of `<x>.name` with a backend's name, or
+    a `get_backend` call given a device's name."""
+    if isinstance(node, ast.Compare):
+        sides = (node.left, *node.comparators)
+        return any(_names_devices(side) for side in sides) or (
+            any(isinstance(side, ast.Attribute) and side.attr == "name" for side in sides)
+            and any(_names_a_backend(side) for side in sides))
+    if isinstance(node, ast.Call):
+        called = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        given = [*node.args[:1], *(k.value for k in node.keywords if k.arg == "device")]
+        return called == "get_backend" and any(_names_devices(value) for value in given)
+    return False
+
+
 def device_decisions(source: str, module: str) -> list:
-    """'module:line: comparison' for each comparison with a device name or a group of them."""
+    """'module:line: code' for each device decision (`_is_device_decision`)."""
     return sorted((f"{module}:{node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(source))
-                   if isinstance(node, ast.Compare) and any(_names_devices(side) for side in (node.left, *node.comparators))),
-                  key=_line)
+                   if _is_device_decision(node)), key=_line)
 
 
 def _is_counter(node) -> bool:
@@ -190,6 +213,22 @@ def test_the_device_checker_flags_a_violating_snippet():
                              "snippet:12: device not in TRAINIUM", "snippet:12: kernels.TRAINIUM == x"]
 
 
+CHOOSING = '''
+def g(backend, settings):
+    if backend.name != "nki":                      # line 3: a backend's name
+        pass
+    host = get_backend("cpu", "fp64")              # line 5: a device by name
+    other = kernels.get_backend(device="trn2")     # line 6
+    fine = get_backend(settings.device), host_fp64_backend()
+    label = {"torch": 1}[backend.name]             # a value, not a decision
+'''
+
+
+def test_the_device_checker_flags_backend_names_and_devices_asked_by_name():
+    found = device_decisions(CHOOSING, "snippet")
+    assert [f.split(": ")[0] for f in found] == ["snippet:3", "snippet:5", "snippet:6"]
+
+
 def test_the_counter_checker_flags_a_violating_snippet():
     found = counter_writes(VIOLATING, "snippet")
     assert [v.split(": ")[0] for v in found] == ["snippet:13", "snippet:14", "snippet:15"]
@@ -212,6 +251,9 @@ def test_the_backends_and_kernels_answer_what_callers_ask():
     cpu, trn = TorchBackend("cpu", "fp64"), NkiBackend("trn2", simulate=True)
     assert (cpu.on_host, cpu.makes_integrals_on_device, cpu.fitted_store_on_disk) == (True, False, True)
     assert (trn.on_host, trn.makes_integrals_on_device, trn.fitted_store_on_disk) == (False, False, False)
+    assert (cpu.batches_gemm, trn.batches_gemm) == (True, False)
+    host = kernels.host_fp64_backend()
+    assert (host.on_host, host.has_fp64, host.precision) == (True, True, "fp64")
     assert cpu.modelled() == {} and set(trn.modelled()) == {"trn1", "trn2", "trn3"}
     assert cpu.peak_memory_bytes() is None and trn.peak_memory_bytes() is None
     for backend in (cpu, trn):

@@ -155,9 +155,9 @@ def whitening_backend(backend):
     ~1e-5 Eh of the SCF energy whatever the builds' own precision."""
     if backend.has_fp64:
         return backend
-    from ..kernels import get_backend
+    from ..kernels import host_fp64_backend
 
-    return get_backend("cpu", "fp64")
+    return host_fp64_backend()
 
 
 def whiten_fitted_integrals(backend, integrals, factor=None):

@@ -104,6 +104,12 @@ def flush_subnormals_first() -> bool:
     return subnormals_flushed()
 
 
+def host_fp64_backend():
+    """The host CPU's fp64 backend: where a step whose device has no fp64 (a NeuronCore) runs its
+    fp64 part (the JK-fit whitening, the gradient's metric factor)."""
+    return get_backend("cpu", "fp64")
+
+
 def get_backend(device: str = "cpu", precision: str | None = None, simulate: bool = False,
                 model_only: bool = False, nki_api: str | None = None, transform: str | None = None,
                 warm_kernels: bool = False, kernels=None):

@@ -70,6 +70,7 @@ class NkiBackend:
     compute_dtype = torch.float32
     itemsize = 4
     has_fp64 = False  # no fp64 anywhere on a NeuronCore
+    batches_gemm = False  # gemm_kernel takes one [m, k] x [k, n] product
     forms_amplitudes = False  # (ia|jb) never leaves the chip: no t2
     streams_densities = False  # density_kernel takes all of B at once: no out-of-core densities
     screens = frozenset({"mp2"})  # block-sparse AO->MO transform (ao2mo_kernel's tiles); SCF builds dense

@@ -75,6 +75,7 @@ class Backend(Protocol):
     transform: str  # AO->MO arithmetic: fp64 (torch), exact or fp32 (NKI)
     itemsize: int  # bytes per element of the stored (ia|P) / B: 8 or 4
     has_fp64: bool  # fp64 arithmetic on the device (False on a NeuronCore)
+    batches_gemm: bool  # gemm multiplies [nb, m, k] x [nb, k, n] in one call (torch); False: [m, k] x [k, n] only (NKI)
     forms_amplitudes: bool  # pair_energy can fill t_out (t2; False: the pair kernel keeps (ia|jb) on chip)
     streams_densities: bool  # density_block takes B of all i in several row blocks (B out of core)
     screens: frozenset  # the steps with block-sparse operations (dfmp2.sparse): "mp2" (screened_ao2mo), "scf" (screened fitted_store)

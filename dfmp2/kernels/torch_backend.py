@@ -118,6 +118,7 @@ class TorchBackend:
     name = "torch"
     transform = "fp64"  # the AO->MO transform runs in fp64 in both precisions (see pipeline)
     has_fp64 = True
+    batches_gemm = True  # torch.matmul batches over the leading axis
     forms_amplitudes = True
     streams_densities = True
     screens = frozenset({"mp2", "scf"})  # block-sparse AO->MO transform and SCF builds (torch_sparse)

@@ -1,5 +1,9 @@
 """The BLAS and solver layer on every backend (cpu and cuda torch, trn1/trn2/trn3 NKI): one API whose
-calls run where the backend computes.
+calls run where the backend computes. What it is, honestly: gemm, batched_gemm, syrk and trsm
+forward to the backend's own kernels (torch's products, with the CPU library each one runs on chosen
+by measuring in kernels/torch's dispatch, below this layer because every torch product goes through
+it; the NKI kernels); what this layer itself implements is the composition above them: the blocked
+potrf, the exact (Ozaki) product's use, and the DF metric (metric.py).
 
     gemm(backend, a, b)          C = A B
     batched_gemm(backend, a, b)  C_b = A_b B_b
@@ -40,8 +44,8 @@ def gemm(backend, a, b):
 def batched_gemm(backend, a, b):
     """C_b = A_b B_b: a [nb, m, k], b [nb, k, n] device tensors -> [nb, m, n]. torch: one batched
     matmul; NKI: one gemm_kernel launch per b (each ~1 ms of launch on a NeuronCore, MODEL)."""
-    if backend.name != "nki":
-        return backend.gemm(a, b)  # torch.matmul batches over the leading axis
+    if backend.batches_gemm:
+        return backend.gemm(a, b)
     import torch
 
     return torch.stack([backend.gemm(a[i], b[i]) for i in range(a.shape[0])])

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import chem
 from ..chem.jk import metric_factor_of
-from ..kernels import get_backend
+from ..kernels import host_fp64_backend
 from ..linalg import factor_metric, metric_solve
 from ..run.context import Timer
 from ..run.memory import free_bytes, gradient_aux_block, reference_arrays_bytes
@@ -214,7 +214,7 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
             l_s[p0:p1] = (ao.reshape(-1, nao) @ c).reshape(p1 - p0, nao, -1)  # L^P_ni = (nm|P) C_mi
         ao = flat = None
         release_freed_memory()
-    factor = metric_factor or factor_metric(get_backend("cpu", "fp64"), jk.metric())  # V = L L^T, fallback: eigen
+    factor = metric_factor or factor_metric(host_fp64_backend(), jk.metric())  # V = L L^T, fallback: eigen
     c_x, c_y = metric_solve(factor, rho_x), metric_solve(factor, rho_y)  # c(X) = V^-1 rho(X)
     g_aux = 0.5 * (np.outer(c_x, c_y) + np.outer(c_y, c_x))
     exchange_parts = []
