@@ -138,7 +138,7 @@ TRANSFORM_OPTION = click.option(
               help="Properties from the relaxed MP2 density (Z-vector; RHF and UHF, cpu and cuda): dipole "
                    "(a.u., nuclei included, the input's frame).")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors, and the run's decisions on stderr.")
 def run(**options):
     """DF-MP2 energy of the molecule in MOLECULE.xyz (Angstrom); several files, a multi-frame XYZ or a
     directory of *.xyz files run one after another in this process; a QCSchema input.json writes
@@ -220,7 +220,7 @@ cli.add_command(click.Command("optimize", callback=_optimize, help=_optimize.__d
               help="Memory budget in MB for the whole process [default: as dfmp2 run's].")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the results as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors, and the run's decisions on stderr.")
 def bench(shape, nbasis, nocc, naux, seed, kernel, size, repeat, integrals, json_path, quiet, debug, **hardware):
     """Time the DF-MP2 pipeline on a synthetic problem (same seed: same problem on every device),
     or model one NKI kernel call (--kernel)."""
@@ -280,7 +280,7 @@ def _record_command(compute, json_path, quiet, debug, show):
 @cli.command()
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write what was measured as JSON.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
-@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors, and the run's decisions on stderr.")
 def tune(json_path, quiet, debug):
     """Measure again which library runs each kind of CPU product fastest on this machine (every
     shape the cache holds; none yet: a naphthalene/cc-pVTZ run's), and cache the choices."""

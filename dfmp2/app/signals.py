@@ -11,6 +11,7 @@ import click
 from ..util.appends import failure_reason
 from ..util.errors import DFMP2Error
 from ..util.files import one_line
+from ..util.log import show_decisions
 
 
 def fail(message: str, code: int):
@@ -76,12 +77,15 @@ def shown(show, debug=False):
 
 
 def guarded(compute, debug, outputs):
-    """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug.
+    """Run `compute`; errors become one line (exit 2 bad input, 1 failure) unless --debug, which
+    also shows the run's decisions on standard error (`util.log.show_decisions`).
     SIGINT, SIGTERM and SIGHUP stop the run: scratch files are removed on the way out (a
     --checkpoint directory is kept), no output file is written, exit 128 + signal number; a
     signal the interrupted code swallowed stops it before its outputs are written
     (`raise_if_signalled`, which `outputs` calls before it writes anything) or once it returns.
     `outputs` staged but not committed are discarded whatever happens."""
+    if debug:
+        show_decisions()
     stopping = [signum for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
                 if signal.getsignal(signum) is not signal.SIG_IGN]  # an inherited ignore (nohup) is respected
     SIGNALS_RECEIVED.clear()

@@ -17,15 +17,14 @@ The fallback is logged and recorded in the result, never silent.
 
 from __future__ import annotations
 
-import logging
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..util.errors import ComputationError
+from ..util.log import log
 
-log = logging.getLogger("dfmp2")
 
 LINEAR_DEPENDENCY_THRESHOLD = 1e-9  # Eh; eigenvalues of (P|Q) below this are dropped
 # smallest accepted pivot^2 / largest diagonal element of (P|Q): a pivot must stand well above
@@ -84,6 +83,9 @@ def factor_metric(backend, metric, drop_threshold: float = LINEAR_DEPENDENCY_THR
     # accept L only if every pivot is well above rounding noise of the largest diagonal element
     if lower is not None and \
             float(lower.diagonal().min()) ** 2 > CHOLESKY_PIVOT_RATIO * float(metric.diagonal().max()):
+        log.debug("metric (P|Q) [%d, %d]: Cholesky (smallest pivot^2 %.3g of the largest diagonal element, "
+                  "accepted above %g)", naux, naux, float(lower.diagonal().min()) ** 2 / float(metric.diagonal().max()),
+                  CHOLESKY_PIVOT_RATIO)
         return MetricFactor("cholesky", lower, naux, naux)
     backend.count("host:eigh")
     eigenvalues, vectors = np.linalg.eigh(metric.cpu().numpy() if _is_tensor(metric) else metric)

@@ -16,6 +16,8 @@ checkpoint decisions here: those are the providers and policies of `dfmp2.mp2.pi
                          E_singles = sum_s sum_ia |f_ia|^2 / (e_i - e_a)      singles_energy
 Every array operation goes through a backend from `dfmp2.kernels`; spin is a parameter (each
 step takes one spin channel, `dfmp2.mp2.orbitals.SpinChannel`, or the task's pair of them).
+The same equations dense, one line each, with nothing else: `dfmp2/mp2/oracle.py` (the tests'
+reference, itself checked against PySCF's DF-MP2 in tests/test_oracle.py).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..kernels.protocol import fp64_pair_temporaries_bytes
 from ..util.errors import MemoryBudgetError, option
+from ..util.log import log
 from ..util.system_memory import MB, release_freed_memory, resident_bytes
 from ..util.start_up import SCF_GROWTH, start_up_bytes
 from .budget import budget_bytes, limit_needed, memory_budget
@@ -148,6 +149,9 @@ def plan_memory(budget, sizes: TensorSizes, hints=None, *, on_disk=False, baseli
         slab_rows = min(nocc, slabs // occ_block * occ_block)
     pair_elements = sum((o * v) * (ot * vt) // (1 + (s == t)) for s, (o, v) in enumerate(spaces)
                         for t, (ot, vt) in enumerate(spaces) if t <= s)
+    log.debug("memory plan: budget %.0f MB (%s), (ia|P) in %s, aux block %d, occ block %d, I slab %d rows, "
+              "least %.0f MB", budget / 2 ** 20, source, storage, aux_block, occ_block, slab_rows,
+              (baseline + least) / 2 ** 20)
     return MemoryPlan(budget, aux_block, occ_block, storage, baseline + least, slab_rows, baseline, pair_elements,
                       budget_source=source)
 

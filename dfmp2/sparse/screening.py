@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..util.errors import InputError, option
+from ..util.log import log
 
 SCREENING_DEFAULT = 1e-10  # Eh-scale bound on a dropped |(mn|P)|; measured: docs/sparse.md
 LOOSEST_THRESHOLD = 1e-6  # a looser threshold is refused (energies would move by far more than 1e-8 Eh)
@@ -168,6 +169,13 @@ STEPS = {"mp2": "AO->MO transform", "scf": "SCF builds"}  # the steps that use (
 
 
 def choose_screening(mode, threshold, pattern, backend_screens, backend_name, step="mp2") -> ScreeningChoice:
+    """`_choose_screening`, logged where it is decided."""
+    choice = _choose_screening(mode, threshold, pattern, backend_screens, backend_name, step)
+    log.debug("screening of the %s integrals: %s (%s)", step, "on" if choice.used else "off", choice.reason)
+    return choice
+
+
+def _choose_screening(mode, threshold, pattern, backend_screens, backend_name, step) -> ScreeningChoice:
     """Whether to screen the integrals of `step` (STEPS), from the parsed setting
     (`parse_screening`), the pattern it would use (None with mode off) and the steps the backend
     has block-sparse kernels for (its `screens`). An explicit threshold on a backend with none is
