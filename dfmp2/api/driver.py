@@ -290,16 +290,11 @@ def _correlate(backend, mf, reference, integrals, settings, context, checkpoint,
         auxbasis_sources={kind: dict(fitting.sources) for kind, fitting in fittings.items()},
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf),
         scf_auxbasis=fittings["scf"].describe() if "scf" in fittings else chem.scf_auxbasis_name(mf),
-        device=ran.device, device_description=ran.description,
-        precision=ran.precision, backend=ran.name, transform=ran.transform,
-        formula=chem.formula(mf.mol),
-        timings=dict(context.timer.timings), simulated=ran.simulated,
-        kernel_specializations=ran.specializations, modelled_seconds=ran.modelled_seconds,
-        modelled=ran.modelled, trace=ran.trace, nki_api=ran.nki_api, lnc=ran.lnc,
+        ran=ran, formula=chem.formula(mf.mol), timings=dict(context.timer.timings),
         notes=list(ran.notes) + notes + list(corr.notes)
         + list((corr.checkpoint or {}).get("notes", [])) + [
             f"no named {kind} auxiliary set in PySCF for {', '.join(elements)}: PySCF's generated "
             "even-tempered set (aug_etb) used for " + ("it" if len(elements) == 1 else "them")
             for kind, elements in (("JK-fit (SCF)", generated.get("scf")), ("MP2-fit", generated.get("mp2")))
             if elements],
-        neuron_versions=ran.neuron_versions, peak_rss_bytes=peak_resident_bytes())
+        peak_rss_bytes=peak_resident_bytes())
