@@ -16,7 +16,7 @@ import pytest
 
 import dfmp2
 from conftest import ROOT
-from dfmp2.api import driver
+from dfmp2.api import checks, driver
 from dfmp2.run import budget, memory
 from dfmp2.util import memory_limits, start_up
 from dfmp2.util.system_memory import MB
@@ -241,7 +241,7 @@ def test_the_early_integrals_are_the_runs_arrays_not_its_footprint(monkeypatch):
     SCF integrals the early thread held. The check before the SCF now takes what they hold off
     the resident set (benzene/cc-pVDZ's 29 MB here; the run is stopped at that check)."""
     seen = {}
-    early, plan_for = driver._early_jk_integrals, driver.plan_for
+    early, plan_for = driver._early_jk_integrals, checks.plan_for
 
     def watched_early(*args):
         seen["early"] = early(*args)
@@ -253,7 +253,7 @@ def test_the_early_integrals_are_the_runs_arrays_not_its_footprint(monkeypatch):
         raise StopIteration  # (the SCF is not needed)
 
     monkeypatch.setattr(driver, "_early_jk_integrals", watched_early)
-    monkeypatch.setattr(driver, "plan_for", watched_plan)
+    monkeypatch.setattr(checks, "plan_for", watched_plan)
     with pytest.raises(StopIteration):
         dfmp2.run_xyz(BENZENE)
     held = seen["early"].held_bytes()

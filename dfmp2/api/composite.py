@@ -16,7 +16,8 @@ from ..chem.extrapolation import (check_scf_scheme, expand_basis, extrapolate_co
                                   scheme_names)
 from ..run.settings import Settings
 from ..util.errors import InputError, option
-from .driver import check_atoms, run_atoms
+from .checks import check_atoms
+from .driver import run_atoms
 
 KCAL_PER_HARTREE = 627.5094737775374  # Psi4's psi_hartree2kcalmol (physconst.h)
 BSSE_TYPES = ("cp", "nocp")
@@ -142,7 +143,7 @@ def check_composite_settings(settings: Settings) -> None:
 
 def composite_runs(frame, settings: Settings, bsse=(), scf_extrapolation="highest") -> tuple:
     """The one check of a composite before anything runs: ({basis spec: [(System, its run's
-    Settings)]}, notes). Every system in every basis goes through `driver.check_atoms` (what
+    Settings)]}, notes). Every system in every basis goes through `checks.check_atoms` (what
     run_atoms checks before its SCF: charge and spin, ECPs, basis and fitting sets, frozen core),
     so that a system that cannot run is found before the first one runs, named with its basis."""
     bases = expand_basis(settings.basis)

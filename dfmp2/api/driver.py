@@ -1,35 +1,34 @@
-"""From a molecule or a PySCF mean field to a DF-MP2 result: front end -> pipeline. Inputs are validated
-(device, file, basis, auxiliary basis) before any expensive step; a team's ranks then agree on them (`agreement`).
+"""From a molecule or a PySCF mean field to a DF-MP2 result, the flow: checks (`checks`, before any
+expensive step; a team's ranks then agree on them, `agreement`) -> SCF -> correlation
+(`pipeline.correlation_energy`) -> gradient and properties -> `DFMP2Result`. Each check, the
+timer's wrap (`_synchronized`) and the checkpoint's open (`open_run_checkpoint`) happen once per run, here.
 """
 
 from __future__ import annotations
 
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from .. import chem
-from ..chem.functionals import double_hybrid
-from ..chem.jk import early_integrals_fit, fitted_bytes, scf_builds_for
-from ..kernels import SPLIT_PRECISIONS, backend_for, device_screens, flush_subnormals_first, runs_torch
-from ..kernels.protocol import FittedBuildsBackend
+from ..chem.jk import early_integrals_fit, scf_builds_for
+from ..kernels import backend_for, device_screens, flush_subnormals_first, runs_torch
 from ..mp2.gradient import nuclear_gradient_of_run
-from ..mp2.pipeline import check_request, dfmp2_energy, plan_for
-from ..mp2.response import PROPERTIES, relaxed_properties
+from ..mp2.orbitals import spin_channels
+from ..mp2.pipeline import correlation_energy
+from ..mp2.response import relaxed_properties
 from ..mp2.three_center import three_center_mo
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
-from ..run.budget import limit_needed, pyscf_max_memory
-from ..run.memory import RESPONSE_JK_GROWTH, gradient_least_bytes
 from ..run.run_checkpoint import SCF_RECORD, open_run_checkpoint
 from ..run.settings import Settings, settings_from
-from ..util import environment
-from ..util.cpu_config import check_environment
-from ..util.errors import InputError, MemoryBudgetError, option
+from ..util.errors import option
 from ..util.start_up import SCF_GROWTH, check_start_up, stages_to_come
 from ..sparse import screen_integrals
-from ..util.system_memory import MB, peak_resident_bytes
+from ..util.system_memory import peak_resident_bytes
 from .agreement import agree_on_run, agreed_mean_field
+from .checks import (check_budget, check_mean_field_request, molecule_of, occupied_orbitals, offered_precision,
+                     with_frozen_core, with_properties)
 from .result import DFMP2Result
 from .scf_record import kept_scf_record, run_scf_record, scf_record
 
@@ -50,15 +49,17 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
 
 def _run_mean_field(mf, settings, integrals, context, given, run_scope, extra_notes) -> DFMP2Result:
     check_start_up(stages_to_come(scf=False), 0)  # an rlimit too small: refused before torch loads
-    backend = backend_for(_offered_precision(settings))
+    backend = backend_for(offered_precision(settings))
     context = _synchronized(context, backend)
     mf = agreed_mean_field(context, mf, settings, integrals, backend)  # over ranks: rank 0's orbitals
     run_scope.enter_context(chem.run_scratch(settings, context.team))  # --checkpoint locked, PySCF's files
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     screening = {"mp2": _screened(settings, integrals, backend).screening_record}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
-    fields = _correlate(backend, mf, reference, integrals, settings, context, chem.basis_name(mf.mol), notes,
-                        {"mp2": integrals.fitting}, given)
+    check_mean_field_request(settings, reference, context.ranks, given)
+    checkpoint = run_scope.enter_context(open_run_checkpoint(settings, context.team))
+    fields = _correlate(backend, mf, reference, integrals, settings, context, checkpoint, chem.basis_name(mf.mol),
+                        notes, {"mp2": integrals.fitting}, given)
     fields["notes"] = fields["notes"] + list(extra_notes)
     return DFMP2Result(**fields, ecp=chem.ecp_record(mf.mol),  # whatever ECPs the user's molecule carries
                        screening=screening, scf_record=scf_record(chem.fitted_builds_of(mf), mf))
@@ -69,47 +70,12 @@ def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=N
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
     out(s, shape) gives (`three_center.three_center_mo`)."""
-    settings = _offered_precision(settings_from(settings, **changes))
+    settings = offered_precision(settings_from(settings, **changes))
     with chem.pyscf_scratch(settings.scratch):
         reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
         backend = backend_for(settings)
         return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff,
                                reference.mo_energy, reference.mo_occ, settings, out=out, context=context)
-
-
-def _offered_precision(settings: Settings) -> Settings:
-    """settings, unless they ask for a split-precision mode (tf32x3, bf16x3) for energies: on an
-    NVIDIA H200 those were up to 36 uEh from fp64 on the reference set (the tensor cores truncate
-    their fp32 sums; benchmarks/results/reference_cuda.json), outside the 1 uEh they would need
-    to be offered. `dfmp2 bench` still times them (InputError here)."""
-    if settings.precision in SPLIT_PRECISIONS:
-        raise InputError(f"{option('precision', settings.precision)} is not offered for energies: on an NVIDIA H200 it was "
-                         "0.05-36 uEh from fp64 on the reference set (the tensor cores truncate their fp32 sums; "
-                         f"docs/benchmarks.md); use fp32 or fp64. `dfmp2 bench --precision {settings.precision}` "
-                         "times it")
-    return settings
-
-
-def _with_properties(settings: Settings) -> Settings:
-    """settings, with the densities the relaxed properties need (settings.properties: of
-    PROPERTIES) asked for; InputError for an unknown property."""
-    unknown = [name for name in settings.properties if name not in PROPERTIES]
-    if unknown:
-        raise InputError(f"unknown property {unknown[0]!r} (use one of: {', '.join(PROPERTIES)})")
-    if settings.gradient and chem.choose_reference(settings.spin, settings.reference) == "rohf":
-        raise InputError("analytic DF-MP2 gradients of ROHF references are not implemented (RHF and UHF are; "
-                         f"use {option('reference', 'uhf')})")
-    wanted = settings.properties or settings.gradient
-    if wanted and settings.xc is not None:
-        if chem.choose_reference(settings.spin, settings.reference) == "rohf":
-            raise InputError("relaxed densities and gradients of ROKS double hybrids are not implemented (RKS and "
-                             f"UKS double hybrids are: use {option('reference', 'uhf')})")
-        dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss)
-        if chem.is_range_separated(dh.xc):  # refused here, before the SCF: not after it (and the MP2 step)
-            raise InputError(f"analytic gradients and relaxed properties of range-separated functionals ({dh.xc}) "
-                             "are not implemented; their energies are")
-        settings = settings.replace(rdm1_scaling=(dh.c_os, dh.c_ss))  # the density of c_os E_os + c_ss E_ss
-    return settings.replace(with_rdm1=True, with_gamma=True) if wanted else settings
 
 
 def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
@@ -139,15 +105,6 @@ def frame_settings(frame, settings: Settings) -> tuple:
     return settings.replace(charge=found.charge, spin=found.spin), found.notes
 
 
-def _check_molecule_request(settings, reference, ranks):
-    """InputError for a request run_atoms cannot do (before anything is computed)."""
-    check_request(settings, 1 if reference == "rhf" else 2, ranks, semicanonical=reference == "rohf")
-    if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
-        raise InputError(f"{option('c_os')}/{option('c_ss')} scale a double hybrid's MP2 part: give {option('xc')} too")
-    if settings.frozen_core and settings.frozen is not None:
-        raise InputError("give frozen_core or frozen, not both")
-
-
 def run_atoms(atoms, settings: Settings | None = None, context=None, notes=(), **changes) -> DFMP2Result:
     """atoms: [chem.Atom] (Angstrom). Run the SCF (settings.reference rhf/uhf/rohf, default RHF for spin 0 and
     UHF otherwise; settings.scf 'df' or 'exact'), then DF-MP2. settings.xc: a double hybrid
@@ -158,50 +115,7 @@ def run_atoms(atoms, settings: Settings | None = None, context=None, notes=(), *
     the result's. Every input is checked before the SCF."""
     settings, context = settings_from(settings, **changes), context_from(context)
     with context.agreeing(), ExitStack() as run_scope:  # the run's scratch, entered once its input is checked (_run_atoms)
-        return _run_atoms(atoms, _with_properties(_offered_precision(settings)), context, run_scope, notes)
-
-
-def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
-    """Every check run_atoms makes before its SCF that needs no device (the request, the geometry,
-    charge and spin, ECPs, the basis and fitting sets, frozen core): InputError naming the first
-    problem, nothing computed. A composite checks each of its systems so before any runs."""
-    settings = _with_properties(_offered_precision(settings_from(settings, **changes)))
-    chem.check_geometry(atoms)
-    molecule = _molecule_of(atoms, settings, ranks=1)
-    chem.ThreeCenterIntegrals(molecule.mol, settings.auxbasis)  # the MP2-fit set for every element
-    _with_frozen_core(settings, molecule.mol, _occupied(molecule.mol, settings, molecule.reference))
-
-
-@dataclass
-class _Molecule:
-    """What run_atoms makes of its atoms before anything is computed."""
-    reference: str  # rhf, uhf or rohf
-    dh: object  # the double hybrid (chem.functionals), or None
-    ecp: object  # chem.EffectiveCorePotentials
-    mol: object  # the PySCF Mole
-    jk_fitting: object  # the SCF's JK-fit set (None: exact integrals)
-
-
-def _molecule_of(atoms, settings, ranks) -> _Molecule:
-    """The checked request's molecule (`_Molecule`): InputError before anything is computed."""
-    check_environment()  # dfmp2's own configuration variables (util.cpu_config)
-    environment.check_values()  # and the launch's numbers (ranks, Slurm's memory)
-    reference = chem.choose_reference(settings.spin, settings.reference)
-    _check_molecule_request(settings, reference, ranks)
-    dh = double_hybrid(settings.xc, settings.c_os, settings.c_ss) if settings.xc is not None else None
-    if dh is not None:
-        chem.check_xc(dh.xc)
-    # ghosts carry no ECP (Psi4); an ECP library named for a ghost's element covers something here
-    ecp = chem.choose_ecp([a.symbol for a in atoms if not a.ghost], settings.basis, settings.ecp,
-                          [a.symbol for a in atoms if a.ghost])
-    mol = chem.build_molecule(atoms, settings.basis, settings.charge, settings.spin,
-                              pyscf_max_memory(settings.max_memory), ecp, settings.cartesian)
-    return _Molecule(reference, dh, ecp, mol, _jk_fitting(settings, mol))
-
-
-def _occupied(mol, settings, reference) -> list:
-    """Occupied orbitals per spin channel (one: restricted)."""
-    return [(mol.nelectron + sign * settings.spin) // 2 for sign in ((1,) if reference == "rhf" else (1, -1))]
+        return _run_atoms(atoms, with_properties(offered_precision(settings)), context, run_scope, notes)
 
 
 def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Result:
@@ -209,7 +123,7 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
     if flush and "torch" in sys.modules:  # torch loaded: PySCF's OpenMP regions in this thread share its pool,
         flush_subnormals_first()  # so flag the thread before they start one (`flush_subnormals_first`)
     chem.check_geometry(atoms)
-    molecule = _molecule_of(atoms, settings, context.ranks)
+    molecule = molecule_of(atoms, settings, context.ranks)
     reference, dh, ecp, mol, jk_fitting = (molecule.reference, molecule.dh, molecule.ecp, molecule.mol,
                                            molecule.jk_fitting)
     check_start_up(stages_to_come(scf=True), SCF_GROWTH)  # an rlimit too small: refused before torch, the SCF
@@ -219,9 +133,9 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
     backend = backend_for(settings)
     context = _synchronized(context, backend)
     integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
-    spins = _occupied(mol, settings, reference)
-    settings = _with_frozen_core(settings, mol, spins)
-    _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting, jk_integrals)
+    spins = occupied_orbitals(mol, settings, reference)
+    settings = with_frozen_core(settings, mol, spins)
+    check_budget(backend, integrals, spins, settings, context, mol, jk_fitting, jk_integrals)
     agree_on_run(context, mol, settings, integrals, backend, jk_fitting)  # over ranks, before any work
     # --checkpoint locked (in use: one line), then PySCF's files; every scratch directory named by the run
     run_scope.enter_context(chem.run_scratch(settings, context.team))
@@ -232,10 +146,10 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
                             jk_auxbasis=jk_fitting.basis if jk_fitting is not None else None,
                             xc=dh.xc if dh else None, progress=context.progress, builds=builds)
 
-    with ExitStack() as kept_open:
+    with open_run_checkpoint(settings, context.team) as checkpoint:  # the run's resume policy, opened once
         with context.timer.step("scf"):
-            mf, reused_scf = _reference_scf(run_scf, settings, context, _run_identity(atoms, settings, reference, ecp),
-                                            kept_open, lambda made: kept_scf_record(builds, made))
+            mf, reused_scf = _reference_scf(run_scf, checkpoint, context, _run_identity(atoms, settings, reference, ecp),
+                                            lambda made: kept_scf_record(builds, made))
             scf_here = not isinstance(mf, dict)  # else SCF arrays (a checkpoint's, or rank 0's)
             held = mf.get(SCF_RECORD) if reused_scf else None  # what made the checkpoint's SCF
             if not scf_here:
@@ -247,7 +161,7 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
             if builds is not None:
                 builds.close()
         chem.release_integrals(mf)
-        fields = _correlate(backend, mf, orbitals, integrals, settings, context, settings.basis,
+        fields = _correlate(backend, mf, orbitals, integrals, settings, context, checkpoint, settings.basis,
                             [f"ECPs off ({option('ecp', 'none')}): {el} all-electron in {settings.basis}, a basis made for its "
                              f"{label} ECP" for el, label in sorted(ecp.off.items())],
                             {"scf": jk_fitting, "mp2": integrals.fitting})
@@ -269,19 +183,6 @@ def _synchronized(context, backend):
     """The run's context whose timer drains `backend`'s queue at the end of each step (the SCF, the
     correlation, the gradient's parts), so that a step's time is its own; the caller's is unchanged."""
     return replace(context, timer=context.timer.synchronized_with(backend.synchronize))
-
-
-def _jk_fitting(settings, mol):
-    """The SCF's JK-fit set (None for an exact SCF): settings.jk_auxbasis where given, else the
-    JK-fit set PySCF pairs with the orbital basis."""
-    if settings.scf != "df":
-        if settings.jk_auxbasis is not None:
-            raise InputError(f"{option('jk_auxbasis')} is the density-fitted SCF's fitting set: "
-                             f"{option('scf', 'exact')} fits nothing")
-        return None
-    if settings.jk_auxbasis is not None:
-        return chem.named_fitting_set(settings.jk_auxbasis, mol)
-    return chem.fitting_basis(mol, mp2fit=False)
 
 
 def _gradient_and_properties(mf, corr, settings, context) -> dict:
@@ -332,33 +233,6 @@ def screening_records(**providers) -> dict:
             if p is not None and p.screening_record is not None}
 
 
-def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fitting=None, early=None):
-    """MemoryBudgetError before the SCF where the MP2 step's smallest blocks do not fit, or (a gradient) the
-    gradient's (memory.gradient_least_bytes) above them; spins: occupied orbitals per spin channel; jk_fitting:
-    the SCF's JK-fit set (None: exact); early: its `chem.EarlyIntegrals` (the run's, not its footprint) or None."""
-    nfrozen = (settings.frozen or 0) if settings.frozen_core else 0  # (a list of frozen orbitals: checked later)
-    plan = plan_for(backend, integrals, [(n - nfrozen, integrals.nao - n) for n in spins], settings.max_memory,
-                    ranks=context.ranks, growth=SCF_GROWTH, gamma=settings.with_gamma,
-                    held=early.held_bytes() if early is not None else 0, stages=stages_to_come(scf=True))
-    if not settings.gradient or mol is None:
-        return
-    jk = chem.ThreeCenterIntegrals(mol, jk_fitting.basis) if jk_fitting is not None else None
-    if jk is None:
-        response_jk = RESPONSE_JK_GROWTH  # PySCF's exact J/K
-    elif settings.scf_backend == "pyscf" or not isinstance(backend, FittedBuildsBackend):
-        # PySCF's DF J/K (response.response_mean_field): out of core in RESPONSE_JK_GROWTH, or in core where less
-        response_jk = min(RESPONSE_JK_GROWTH, 3 * fitted_bytes(jk) + 2 * jk.naux * jk.naux * 8)
-    else:  # dfmp2's builds: the SCF's own builds, which need as much, check it at their set-up
-        response_jk = 0
-    least = plan.minimum + gradient_least_bytes(integrals.nao, integrals.naux, jk.naux if jk else 0, spins, response_jk)
-    if least > plan.budget:
-        raise MemoryBudgetError(
-            f"the gradient needs at least {least / MB:.4g} MB even in the smallest blocks (the MP2 steps' {plan.minimum / MB:.4g} "
-            f"MB, {plan.baseline / MB:.4g} MB of it resident after the SCF, then the metrics, the reference term's blocks "
-            f"and the response's J/K); the memory budget is {plan.budget / MB:.4g} MB ({plan.budget_source})"
-            + limit_needed(plan.budget_binding, plan.budget, least))
-
-
 def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
     """dfmp2's Coulomb/exchange builds for run_xyz's SCF, or None for PySCF's (`jk.scf_builds_for`);
     jk_integrals: the JK-fit integrals where they were started early (`_early_jk_integrals`)."""
@@ -368,30 +242,15 @@ def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
                           chem.is_range_separated(dh.xc if dh else None))
 
 
-def _with_frozen_core(settings, mol, spins) -> Settings:
-    """settings with frozen = the chemical core's orbital count when frozen_core asks for it
-    (InputError if that leaves a spin without an active occupied orbital); spins: the occupied
-    orbital count of each spin channel (one restricted, alpha and beta otherwise)."""
-    if not settings.frozen_core:
-        return settings
-    nfrozen = chem.frozen_core_count(mol)
-    for n, name in zip(spins, ("alpha", "beta")):
-        if n <= nfrozen:
-            label = f"{name} " if len(spins) == 2 else ""
-            raise InputError(f"{option('frozen_core')} freezes {nfrozen} orbitals, leaving no active {label}occupied orbital")
-    return settings.replace(frozen=nfrozen or None)
-
-
-def _reference_scf(run_scf, settings, context, identity, kept_open, record_of) -> tuple:
+def _reference_scf(run_scf, checkpoint, context, identity, record_of) -> tuple:
     """(the SCF, or the arrays of one: a checkpoint's, or rank 0's for the other ranks; reused
     from the checkpoint?). One process runs its SCF; a team runs one SCF on rank 0 and
-    broadcasts its arrays. The checkpoint's resume policy (`run_checkpoint.RunCheckpoint`) decides
-    whether the SCF is taken from it (another run's checkpoint is refused before the SCF); the
-    checkpoint stays open in `kept_open` (an ExitStack) for the rest of the run; it keeps
-    record_of(mf) with an SCF it keeps (`scf_record.kept_scf_record`) and gives it back as SCF_RECORD."""
+    broadcasts its arrays. The run's checkpoint policy (`run_checkpoint.open_run_checkpoint`; over
+    a team, rank 0's own `RunCheckpoint` inside it) decides whether the SCF is taken from it
+    (another run's checkpoint is refused before the SCF); it keeps record_of(mf) with an SCF it
+    keeps (`scf_record.kept_scf_record`) and gives it back as SCF_RECORD."""
     def on_this_process():
-        checkpoint = kept_open.enter_context(open_run_checkpoint(settings))
-        return checkpoint.resume_scf(identity, run_scf, chem.scf_arrays, record_of)
+        return getattr(checkpoint, "local", checkpoint).resume_scf(identity, run_scf, chem.scf_arrays, record_of)
 
     if context.team is None:
         return on_this_process()
@@ -412,15 +271,17 @@ def _run_identity(atoms, settings, reference, ecp) -> dict:
             **{name: getattr(settings, name) for name in chemistry}}
 
 
-def _correlate(backend, mf, reference, integrals, settings, context, basis, notes, fittings,
+def _correlate(backend, mf, reference, integrals, settings, context, checkpoint, basis, notes, fittings,
                given=None) -> dict:
-    """The MP2 steps on `reference`: the DFMP2Result fields they give (the CorrelationEnergy in "correlation");
+    """The MP2 steps on `reference` (its request checked, context's timer synchronized, the run's open
+    `checkpoint` policy): the DFMP2Result fields they give (the CorrelationEnergy in "correlation");
     fittings: {"scf"/"mp2": FittingSet or None} (where each element's auxiliary set came from)."""
     fittings = {kind: fitting for kind, fitting in fittings.items() if fitting is not None}
     generated = {kind: fitting.generated for kind, fitting in fittings.items()}
     with context.timer.step("mp2"):
-        corr = dfmp2_energy(backend, integrals, reference.mo_coeff, reference.mo_energy,
-                            reference.mo_occ, settings, fock_mo=reference.fock_mo, context=context, given=given)
+        corr = correlation_energy(backend, integrals, spin_channels(reference.mo_coeff, reference.mo_energy,
+                                                                    reference.mo_occ),
+                                  settings, reference.fock_mo, context, checkpoint, given)
     ran = backend.record()
     return dict(
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
@@ -429,16 +290,11 @@ def _correlate(backend, mf, reference, integrals, settings, context, basis, note
         auxbasis_sources={kind: dict(fitting.sources) for kind, fitting in fittings.items()},
         auxbasis=integrals.auxbasis, scf=chem.scf_mode(mf),
         scf_auxbasis=fittings["scf"].describe() if "scf" in fittings else chem.scf_auxbasis_name(mf),
-        device=ran.device, device_description=ran.description,
-        precision=ran.precision, backend=ran.name, transform=ran.transform,
-        formula=chem.formula(mf.mol),
-        timings=dict(context.timer.timings), simulated=ran.simulated,
-        kernel_specializations=ran.specializations, modelled_seconds=ran.modelled_seconds,
-        modelled=ran.modelled, trace=ran.trace, nki_api=ran.nki_api, lnc=ran.lnc,
+        ran=ran, formula=chem.formula(mf.mol), timings=dict(context.timer.timings),
         notes=list(ran.notes) + notes + list(corr.notes)
         + list((corr.checkpoint or {}).get("notes", [])) + [
             f"no named {kind} auxiliary set in PySCF for {', '.join(elements)}: PySCF's generated "
             "even-tempered set (aug_etb) used for " + ("it" if len(elements) == 1 else "them")
             for kind, elements in (("JK-fit (SCF)", generated.get("scf")), ("MP2-fit", generated.get("mp2")))
             if elements],
-        neuron_versions=ran.neuron_versions, peak_rss_bytes=peak_resident_bytes())
+        peak_rss_bytes=peak_resident_bytes())

@@ -24,9 +24,14 @@ from .driver import run_mean_field
 
 GRADIENTS_PENDING = ("analytic DF-MP2 gradients of ROHF and Kohn-Sham references are not implemented in dfmp2 "
                      "(RHF and UHF are)")
-
-
 ROHF_DENSITIES_PENDING = "MP2 densities of ROHF references are not implemented in dfmp2 (RHF and UHF are)"
+
+# drop-in attribute -> the Settings field it sets (`PySCFMP2Base.settings`); NOT_FOR_THE_DROP_IN: the mean field's, or a method's
+SETTINGS_OF_ATTRIBUTES = {name: name for name in ("frozen device precision simulate nki_api transform allow_non_aufbau max_memory "
+                                                  "checkpoint force_outcore include_singles checkpoint_allow_other_files").split()}
+NOT_FOR_THE_DROP_IN = frozenset(("basis ecp auxbasis jk_auxbasis cartesian charge spin reference scf scf_max_cycle "
+                                 "scf_backend scf_precision screening frozen_core xc c_os c_ss with_rdm1 gradient properties "
+                                 "with_gamma rdm1_scaling with_t2 model_only warm_kernels scratch").split())
 
 
 class PySCFMP2Base(lib.StreamObject):
@@ -199,15 +204,10 @@ class PySCFMP2Base(lib.StreamObject):
 
     # ------------------------------------------------------------------ the run
     def settings(self, **changes) -> Settings:
-        """This object's options as dfmp2 Settings (keyword `changes` on top); max_memory the user's
-        figure, None where it is PySCF's own default (`_budget_rule`)."""
-        return Settings(frozen=self.frozen, device=self.device, precision=self.precision,
-                        simulate=self.simulate, nki_api=self.nki_api, transform=self.transform,
-                        allow_non_aufbau=self.allow_non_aufbau,
-                        max_memory=None if self._default_max_memory() else self.max_memory,
-                        checkpoint=self.checkpoint, force_outcore=self.force_outcore,
-                        include_singles=self.include_singles,
-                        checkpoint_allow_other_files=self.checkpoint_allow_other_files).replace(**changes)
+        """This object's options as dfmp2 Settings, by name (`SETTINGS_OF_ATTRIBUTES`; keyword `changes` on
+        top); max_memory the user's figure, None where it is PySCF's own default (`_budget_rule`)."""
+        chosen = {field: getattr(self, attribute) for attribute, field in SETTINGS_OF_ATTRIBUTES.items()}
+        return Settings(**{**chosen, "max_memory": None if self._default_max_memory() else self.max_memory}).replace(**changes)
 
     def _default_max_memory(self) -> bool:
         """Whether max_memory is PySCF's own default (pyscf.lib.param.MAX_MEMORY: 4000 MB unless

@@ -38,7 +38,7 @@ from ..util.errors import InputError
 from ..util.files import display
 from ..util.provenance import mismatch
 from .driver import three_center_of_mean_field
-from .pyscf_base import ROHF_DENSITIES_PENDING, PySCFMP2Base
+from .pyscf_base import ROHF_DENSITIES_PENDING, SETTINGS_OF_ATTRIBUTES, PySCFMP2Base
 from .pyscf_native import NativeDFMP2, NativeSCSMP2
 
 
@@ -287,8 +287,8 @@ def _ovl_per_spin(ovl) -> list:
     return [ovl]
 
 
-_OPTIONS = ("device", "precision", "simulate", "nki_api", "transform", "allow_non_aufbau", "max_memory",
-            "checkpoint", "checkpoint_allow_other_files", "force_outcore", "include_singles", "verbose", "stdout")
+# what density_fit copies to its new object (frozen: given to its constructor)
+_OPTIONS = tuple(name for name in SETTINGS_OF_ATTRIBUTES if name != "frozen") + ("verbose", "stdout")
 
 
 def _fitting(mf, auxbasis):

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import chem
 from ..chem.functionals import DoubleHybrid
+from ..kernels.protocol import BackendRecord
 from ..mp2.pipeline import CorrelationEnergy
 from ..mp2.steps import mp2_density_correction
 from ..util.cpu_config import configuration_record
@@ -36,28 +37,16 @@ class DFMP2Result:
     """Energies in Hartree, timings in seconds, and a record of what ran where."""
 
     e_ref: float  # the reference's total energy: E(HF), or E(KS) for rks/uks/roks
-    correlation: CorrelationEnergy
+    correlation: CorrelationEnergy  # the correlation's part (`pipeline.CorrelationEnergy`)
+    ran: BackendRecord  # the backend's part: what ran where (`protocol.BackendRecord`; device, kernels, models)
     reference: str  # rhf, uhf, rohf, or rks, uks, roks (Kohn-Sham orbitals)
     basis: str
     auxbasis: str
     scf: str
     scf_auxbasis: str | None
-    device: str
-    device_description: str
-    precision: str
-    backend: str
-    transform: str = "fp64"  # AO->MO transform arithmetic: fp64 (cpu, cuda), exact or fp32 (Trainium)
     formula: str = ""
     timings: dict = field(default_factory=dict)
-    simulated: bool = False
-    kernel_specializations: dict = field(default_factory=dict)  # kernel -> distinct argument shapes (and constants)
-    modelled_seconds: dict | None = None  # PEAK MODEL: kernel time at published peaks (uncalibrated)
-    modelled: dict | None = None  # calibrated MODEL per target: seconds, breakdown, useful fraction
-    trace: dict | None = None
-    nki_api: str | None = None  # trn1/trn2/trn3: the NKI release emulated, or installed on the host
-    lnc: int | None = None  # trn1/trn2/trn3: the logical NeuronCore degree the kernels were compiled at
     notes: list = field(default_factory=list)  # announcements (e.g. a disputed nki/target pair)
-    neuron_versions: dict | None = None  # Trainium host: installed nki, neuronx-cc, torch-neuronx, torch-xla
     spin_square: float = 0.0  # <S^2> of the reference
     xc: str | None = None  # the functional of a Kohn-Sham reference
     auxbasis_generated: dict = field(default_factory=dict)  # "scf"/"mp2" -> elements with a generated set
@@ -68,7 +57,7 @@ class DFMP2Result:
     peak_rss_bytes: int = 0  # the process's peak resident memory at the end of the run
     # the CPU, dfmp2's choices for it and the threading variables set (util.cpu_config), as the run had them
     cpu_configuration: dict = field(default_factory=lambda: cpu_record())
-    scf_record: dict = field(default_factory=dict)  # what built the SCF's J and K (`scf_record`)
+    scf_record: dict = field(default_factory=dict)  # the SCF's part: what built its J and K (`scf_record`)
     screening: dict = field(default_factory=dict)  # "mp2"/"scf" -> the --screening choice and what it kept
     properties: dict = field(default_factory=dict)  # from the relaxed density: {"dipole": [x, y, z] a.u.}
     gradient: object = None  # dE_total/dR [natm, 3] (Eh/bohr) when asked for (settings.gradient)
@@ -102,6 +91,21 @@ class DFMP2Result:
         """Orbitals [nao, nmo] with their occupations as a Molden file of this run's molecule."""
         chem.write_molden(self.mean_field.mol, path, orbitals, occupations)
 
+    # what ran where, read from the backend's part
+    device = property(lambda self: self.ran.device)
+    device_description = property(lambda self: self.ran.description)
+    precision = property(lambda self: self.ran.precision)
+    backend = property(lambda self: self.ran.name)
+    transform = property(lambda self: self.ran.transform)  # AO->MO: fp64 (cpu, cuda), exact or fp32 (Trainium)
+    simulated = property(lambda self: self.ran.simulated)
+    kernel_specializations = property(lambda self: self.ran.specializations)  # kernel -> argument shapes
+    modelled_seconds = property(lambda self: self.ran.modelled_seconds)  # PEAK MODEL (uncalibrated), or None
+    modelled = property(lambda self: self.ran.modelled)  # calibrated MODEL per target, or None
+    trace = property(lambda self: self.ran.trace)
+    nki_api = property(lambda self: self.ran.nki_api)  # trn1/trn2/trn3: the NKI release emulated or installed
+    lnc = property(lambda self: self.ran.lnc)  # trn1/trn2/trn3: the logical NeuronCore degree compiled at
+    neuron_versions = property(lambda self: self.ran.neuron_versions)  # Trainium host: nki, neuronx-cc, ...
+
     e_corr = property(lambda self: self.correlation.e_corr)
     e_corr_os = property(lambda self: self.correlation.e_corr_os)
     e_corr_ss = property(lambda self: self.correlation.e_corr_ss)
@@ -123,6 +127,7 @@ class DFMP2Result:
     kernels = property(lambda self: self.correlation.kernels)  # kernel name -> call count
 
     def as_dict(self) -> dict:
+        """The JSON record, flattened once from the parts (the correlation, the backend's, the SCF's)."""
         corr = self.correlation
         record = {
             "formula": self.formula,

@@ -193,7 +193,7 @@ class EarlyIntegrals(ThreeCenterIntegrals):
 
     def held_bytes(self) -> int:
         """Bytes of the computed integrals this provider holds (waits for them; 0 once handed over): the
-        SCF's arrays, which the budget's check before the SCF takes off the footprint (driver._check_budget)."""
+        SCF's arrays, which the budget's check before the SCF takes off the footprint (checks.check_budget)."""
         self._wait()
         return 0 if self._packed is None else self._packed.nbytes
 

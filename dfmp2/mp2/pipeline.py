@@ -109,8 +109,8 @@ def plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, ins
 
 
 def check_request(settings: Settings, nspin: int, ranks: int, given=None, semicanonical=False) -> None:
-    """Refuse, before any work, what a run asks for that dfmp2 does not do (InputError); the
-    driver calls this before the SCF as well. nspin: spin channels of the reference; ranks:
+    """Refuse, before any work, what a run asks for that dfmp2 does not do (InputError); once per
+    run: here for `dfmp2_energy`'s callers, in `api.checks` (before the SCF) for the driver's. nspin: spin channels of the reference; ranks:
     processes of the run; given: B given by the caller; semicanonical: an ROHF reference."""
     if settings.with_rdm1 and semicanonical:
         raise InputError("MP2 densities and natural orbitals of ROHF references are not implemented (RHF and UHF "
@@ -241,44 +241,52 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     orbitals, PySCF's ovL layout): steps 1-3 are skipped.
     """
     settings, context = settings_from(settings, **changes), context_from(context)
-    before = dict(context.timer.timings)  # the run's steps so far (the SCF): not this call's
     refs = spin_channels(mo_coeff, mo_energy, mo_occ)
     check_request(settings, len(refs), context.ranks, given, semicanonical=fock_mo is not None)
+    context = replace(context, timer=context.timer.synchronized_with(backend.synchronize))  # (the caller's: unchanged)
+    with open_run_checkpoint(settings, context.team) as checkpoint:
+        return correlation_energy(backend, integrals, refs, settings, fock_mo, context, checkpoint, given)
+
+
+def correlation_energy(backend, integrals, refs, settings, fock_mo, context, checkpoint, given=None) -> CorrelationEnergy:
+    """`dfmp2_energy`'s steps, for a caller that has made its run's decisions once (the driver):
+    refs (`orbitals.spin_channels`) of a request `check_request` passed, context's timer draining
+    backend's queue (`Timer.synchronized_with`), the run's open checkpoint policy
+    (`run_checkpoint.open_run_checkpoint`); the caller closes it."""
+    before = dict(context.timer.timings)  # the run's steps so far (the SCF): not this call's
     selected = active_spaces(refs, settings.frozen)
     plan, notes, with_t2 = plan_run(backend, integrals, selected, settings, context, given)
     backend.prepare(plan)
-    context = replace(context, timer=context.timer.synchronized_with(backend.synchronize))  # (the caller's: unchanged)
     timer = context.timer
     with timer.step("integrals"):
         metric = None if given is not None else integrals.metric()  # (given B needs no metric)
     metric_factor = MetricFactorOnce(backend, metric, timer)  # step 1, once per run
     channels = device_channels(backend, refs, selected, fock_mo)
-    with open_run_checkpoint(settings, context.team) as checkpoint:
-        checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
-                                                            integrals.screening))
-        provider = three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context,
-                                         checkpoint, given)
+    checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
+                                                        integrals.screening))
+    provider = three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context,
+                                     checkpoint, given)
+    try:
+        tasks = pair_tasks([ch.nocc for ch in channels], provider.occ_block)
+        with timer.step("pair_energies"):
+            sums, t2 = pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
+        rdm1 = gamma = None
+        if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
+            with timer.step("density"):
+                rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings,
+                                            metric_factor, context.team)
         try:
-            tasks = pair_tasks([ch.nocc for ch in channels], provider.occ_block)
-            with timer.step("pair_energies"):
-                sums, t2 = pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
-            rdm1 = gamma = None
-            if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
-                with timer.step("density"):
-                    rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings,
-                                                metric_factor, context.team)
-            try:
-                return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
-                    tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes,
-                    include_singles=settings.include_singles, checkpoint=checkpoint.summary(provider.reused, len(tasks)),
-                    timings={name: seconds - before.get(name, 0.0) for name, seconds in timer.timings.items()
-                             if seconds != before.get(name)})
-            except BaseException:
-                if gamma is not None:
-                    gamma.close()
-                raise
-        finally:
-            provider.close()
+            return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
+                tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes,
+                include_singles=settings.include_singles, checkpoint=checkpoint.summary(provider.reused, len(tasks)),
+                timings={name: seconds - before.get(name, 0.0) for name, seconds in timer.timings.items()
+                         if seconds != before.get(name)})
+        except BaseException:
+            if gamma is not None:
+                gamma.close()
+            raise
+    finally:
+        provider.close()
 
 
 def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *, rdm1, gamma, t2, notes,
