@@ -24,7 +24,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dfmp2"
 # is a name `kind` or an attribute `<x>.kind`
 HELD = {
     "backend": ("kernels/protocol.py", ("Backend", "FittedBuildsBackend", "ScreenedBuildsBackend")),
-    "integrals": ("run/providers.py", ("IntegralProvider", "ThreeCenterProvider", "BasisSetIntegrals")),
+    "integrals": ("run/providers.py", ("IntegralProvider", "BProvider", "BasisSetIntegrals")),
 }
 BY_NAME = ("getattr", "hasattr", "setattr")
 DEVICE_NAMES = {"cpu", "cuda", "trn1", "trn2", "trn3"}

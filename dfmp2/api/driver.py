@@ -16,7 +16,7 @@ from ..kernels.protocol import FittedBuildsBackend
 from ..mp2.gradient import nuclear_gradient_of_run
 from ..mp2.pipeline import check_request, dfmp2_energy, plan_for
 from ..mp2.response import PROPERTIES, relaxed_properties
-from ..mp2.three_center import three_center_mo
+from ..mp2.three_center import ovL_of_orbitals
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
 from ..run.budget import limit_needed, pyscf_max_memory
@@ -40,7 +40,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     or not; molecular, or periodic at the gamma point). `settings` (keyword `changes` applied on
     top): its correlation, hardware and resource groups are used; allow_non_aufbau accepts
     occupied orbitals above virtual ones. integrals: the three-center provider (default:
-    chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
+    chem.MNPIntegrals in settings.auxbasis). context: the run's team, progress and timer
     (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`). notes: the caller's
     announcements, last in the result's."""
     settings, context = settings_from(settings, **changes), context_from(context)
@@ -64,16 +64,16 @@ def _run_mean_field(mf, settings, integrals, context, given, run_scope, extra_no
                        screening=screening, scf_record=scf_record(chem.fitted_builds_of(mf), mf))
 
 
-def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, context=None,
+def ovL_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, context=None,
                                **changes) -> list:
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
-    out(s, shape) gives (`three_center.three_center_mo`)."""
+    out(s, shape) gives (`three_center.ovL_of_orbitals`)."""
     settings = _offered_precision(settings_from(settings, **changes))
     with chem.pyscf_scratch(settings.scratch):
         reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
         backend = backend_for(settings)
-        return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff,
+        return ovL_of_orbitals(backend, _screened(settings, integrals, backend), reference.mo_coeff,
                                reference.mo_energy, reference.mo_occ, settings, out=out, context=context)
 
 
@@ -116,7 +116,7 @@ def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
     """(the reference's orbitals, `chem.mean_field_orbitals`; the integral provider: `integrals`,
     or PySCF's three-center integrals in settings.auxbasis)."""
     reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
-    return reference, integrals if integrals is not None else chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    return reference, integrals if integrals is not None else chem.MNPIntegrals(mf.mol, settings.auxbasis)
 
 
 def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
@@ -168,7 +168,7 @@ def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
     settings = _with_properties(_offered_precision(settings_from(settings, **changes)))
     chem.check_geometry(atoms)
     molecule = _molecule_of(atoms, settings, ranks=1)
-    chem.ThreeCenterIntegrals(molecule.mol, settings.auxbasis)  # the MP2-fit set for every element
+    chem.MNPIntegrals(molecule.mol, settings.auxbasis)  # the MP2-fit set for every element
     _with_frozen_core(settings, molecule.mol, _occupied(molecule.mol, settings, molecule.reference))
 
 
@@ -218,7 +218,7 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
         flush_subnormals_first()
     backend = backend_for(settings)
     context = _synchronized(context, backend)
-    integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
+    integrals = _screened(settings, chem.MNPIntegrals(mol, settings.auxbasis), backend)
     spins = _occupied(mol, settings, reference)
     settings = _with_frozen_core(settings, mol, spins)
     _check_budget(backend, integrals, spins, settings, context, mol, jk_fitting, jk_integrals)
@@ -342,7 +342,7 @@ def _check_budget(backend, integrals, spins, settings, context, mol=None, jk_fit
                     held=early.held_bytes() if early is not None else 0, stages=stages_to_come(scf=True))
     if not settings.gradient or mol is None:
         return
-    jk = chem.ThreeCenterIntegrals(mol, jk_fitting.basis) if jk_fitting is not None else None
+    jk = chem.MNPIntegrals(mol, jk_fitting.basis) if jk_fitting is not None else None
     if jk is None:
         response_jk = RESPONSE_JK_GROWTH  # PySCF's exact J/K
     elif settings.scf_backend == "pyscf" or not isinstance(backend, FittedBuildsBackend):

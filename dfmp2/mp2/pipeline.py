@@ -2,7 +2,7 @@
 
     refs, active orbitals        dfmp2.mp2.orbitals (spin channels: one restricted, two unrestricted)
     memory plan                  dfmp2.run.memory (block sizes from the budget)
-    B: made or found             a ThreeCenterProvider (dfmp2.run.providers): one process (memory, disk,
+    B: made or found             a BProvider (dfmp2.run.providers): one process (memory, disk,
                                  out of core), several ranks, or given by the caller
     pair energies                steps.pair_energies over the tasks the provider streams
     density, singles             steps.mp2_densities, steps.singles_energy
@@ -11,7 +11,7 @@ Around them, the run's policies: the checkpoint's resume policy (dfmp2.run.check
 finished pair tasks), the ranks (dfmp2.run.ranks, through the provider) and the timer and
 progress of the run context (dfmp2.run.context). The steps never branch on a device, a storage or
 a rank; those choices are made once, here: the plan (`plan_run`: memory or disk, t2), the
-provider (`three_center_provider`) and the checkpoint policy (`open_run_checkpoint`).
+provider (`b_provider`) and the checkpoint policy (`open_run_checkpoint`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..util.errors import ComputationError, InputError, MemoryBudgetError, optio
 from ..util.system_memory import MB
 from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import combine_pair_sums, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
-from .three_center import LocalDensities, MetricFactorOnce, three_center_provider
+from .three_center import LocalDensities, MetricFactorOnce, b_provider
 
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
@@ -256,7 +256,7 @@ def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Sett
     with open_run_checkpoint(settings, context.team) as checkpoint:
         checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
                                                             integrals.screening))
-        provider = three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context,
+        provider = b_provider(backend, integrals, metric_factor, channels, plan, settings, context,
                                          checkpoint, given)
         try:
             tasks = pair_tasks([ch.nocc for ch in channels], provider.occ_block)

@@ -3,7 +3,7 @@ checkpoint decisions here: those are the providers and policies of `dfmp2.mp2.pi
 
     1. metric Cholesky   J_PQ = (P|Q) = L L^T                        factor_metric
     2. AO->MO transform  (ia|P) = sum_mn C_mi C_na (mn|P)            transform_to_mo
-    3. whitening         B_ia^Q = sum_P (ia|P) [L^-T]_PQ             whiten_three_center
+    3. whitening         B_ia^Q = sum_P (ia|P) [L^-T]_PQ             whiten_iaP
     4. pair energies     (ia|jb) = sum_Q B_ia^Q B_jb^Q,  D_ijab = e_i + e_j - e_a - e_b
        restricted        E_os = sum_ijab (ia|jb)^2 / D_ijab
                          E_ss = sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D_ijab
@@ -27,9 +27,9 @@ import numpy as np
 
 from ..util.blocks import block_ranges
 from ..linalg import factor_metric, fitting_coefficients, whiten
-from ..sparse import ScreenedThreeCenter, ao2mo as screened_ao2mo
+from ..sparse import ScreenedMNP, ao2mo as screened_ao2mo
 
-__all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks", "pair_energies",
+__all__ = ["factor_metric", "transform_to_mo", "whiten_iaP", "PairTask", "pair_tasks", "pair_energies",
            "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction",
            "singles_energy"]
 
@@ -40,15 +40,15 @@ def transform_to_mo(backend, ao_block, c_occ, c_vir):
     """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block (the ao2mo kernel).
 
     ao_block [nP, nao, nao] (symmetric in m, n), or its kept pair blocks only (a screened
-    `dfmp2.sparse.ScreenedThreeCenter`: the sum runs over them); c_occ [nao, nocc]; c_vir
+    `dfmp2.sparse.ScreenedMNP`: the sum runs over them); c_occ [nao, nocc]; c_vir
     [nao, nvir] (device tensors). Returns [nocc, nvir, nP].
     """
-    if isinstance(ao_block, ScreenedThreeCenter):
+    if isinstance(ao_block, ScreenedMNP):
         return screened_ao2mo(backend, ao_block, c_occ, c_vir)
     return backend.ao2mo(ao_block, c_occ, c_vir)
 
 
-def whiten_three_center(backend, factor, iaP):
+def whiten_iaP(backend, factor, iaP):
     """Step 3: B_ia^Q = sum_P (ia|P) [L^-T]_PQ for a block iaP [ni, nvir, naux] -> [ni, nvir, nkept]."""
     return whiten(backend, factor, iaP)
 

@@ -4,18 +4,18 @@ The pipeline (`dfmp2.mp2.pipeline`) composes the steps (`dfmp2.mp2.steps`) with 
 kind; it never asks which one it holds.
 
 IntegralProvider: the three-center integrals (mn|P) and the metric (P|Q) of one auxiliary basis.
-    chem.ThreeCenterIntegrals    PySCF's integrals of a molecule (the default)
+    chem.MNPIntegrals            PySCF's integrals of a molecule (the default)
     chem.CholeskyVectors         Cholesky vectors a PySCF DF object holds (identity metric)
     rng.synthetic.SyntheticIntegrals   a seeded synthetic problem (`dfmp2 bench`)
 BasisSetIntegrals: an IntegralProvider of a molecule's basis sets, with what the SCF's builds, the
-screening and the derivatives use: chem.ThreeCenterIntegrals (chem.EarlyIntegrals: on a thread).
+screening and the derivatives use: chem.MNPIntegrals (chem.EarlyIntegrals: on a thread).
 
-ThreeCenterProvider: the whitened B_ia^Q of every spin channel, made (steps 1-3) or found,
+BProvider: the whitened B_ia^Q of every spin channel, made (steps 1-3) or found,
 and streamed to the pair stage as (task, B_I, B_J) blocks.
-    three_center.LocalThreeCenter   one process: B in memory or on disk (out of core: each slab of B
+    three_center.LocalB             one process: B in memory or on disk (out of core: each slab of B
                                     whitened when the pair stage reaches it), or kept in a checkpoint,
                                     or given by the caller (PySCF's ovL)
-    rank_blocks.RankThreeCenter     several ranks: each holds its occupied blocks; B_J travels on a ring
+    rank_blocks.RankB               several ranks: each holds its occupied blocks; B_J travels on a ring
 
 DensitySchedule: the blocks of B the density step (`steps.mp2_densities`) meets, in its order.
     three_center.LocalDensities     one process
@@ -54,7 +54,7 @@ class IntegralProvider(Protocol):
 
 
 class BasisSetIntegrals(IntegralProvider, Protocol):
-    """The integrals of a molecule's basis sets (chem.ThreeCenterIntegrals; chem.EarlyIntegrals, which
+    """The integrals of a molecule's basis sets (chem.MNPIntegrals; chem.EarlyIntegrals, which
     computes fitted_rows() on a thread): what the SCF's builds (`chem.jk`), the screening
     (`sparse.screen_integrals`) and the derivatives (`chem.derivatives`) use beyond IntegralProvider.
     chem.CholeskyVectors has mol and basis_name of them."""
@@ -89,7 +89,7 @@ class BasisSetIntegrals(IntegralProvider, Protocol):
         """The auxiliary shells (first, past the last) of the functions [p0, p1) (shell boundaries)."""
 
 
-class ThreeCenterProvider(Protocol):
+class BProvider(Protocol):
     """B of every spin channel, and the order the pair stage meets it in."""
 
     nkept: int  # auxiliary functions kept by the metric's factorisation (the columns of B)
@@ -107,7 +107,7 @@ class ThreeCenterProvider(Protocol):
 
     def rows(self, s: int, i0: int, i1: int):
         """B rows [i0, i1) of channel s [i1 - i0, nvir, nkept] (on the device). One process only:
-        what reads all of B (the density, `three_center_mo`) is refused with several ranks."""
+        what reads all of B (the density, `ovL_of_orbitals`) is refused with several ranks."""
 
     def combine(self, sums: np.ndarray) -> np.ndarray:
         """Every task's sums [ntasks, 2] from the ones this process computed (ranks: all-reduced)."""

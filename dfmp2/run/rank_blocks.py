@@ -139,8 +139,8 @@ class RankBlocks:
         self._file = None
 
 
-class RankThreeCenter:
-    """The ThreeCenterProvider of a team (`dfmp2.run.providers`): rows[s] (RankBlocks) = {b: B of
+class RankB:
+    """The BProvider of a team (`dfmp2.run.providers`): rows[s] (RankBlocks) = {b: B of
     occupied block b of channel s} for the blocks this rank owns (`block_owners`), in memory or
     on disk as the plan says; the pair tasks (I, J) are computed by the owner of I while the B_J
     blocks travel around the ring, one rank's blocks per step (`pass_blocks`; on disk through
@@ -258,7 +258,7 @@ class RankDensities:
     (combine); each rank fits the G rows of its own blocks (held), and `gather_on_root` brings
     them to rank 0, where the gradient runs. B crosses the wire once per round."""
 
-    def __init__(self, provider: RankThreeCenter):
+    def __init__(self, provider: RankB):
         self.provider = provider
         self.team = provider.team
 

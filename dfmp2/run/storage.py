@@ -28,7 +28,7 @@ class MemoryStore:
         self.backend = backend
         # each backend lays the tensor out its own way (NKI: [nocc, naux, nvir] storage, the pair
         # kernel's rows) behind the same [nocc, nvir, naux] view
-        self.data = backend.three_center_layout(shape)
+        self.data = backend.ovL_layout(shape)
 
     def write_aux(self, p0, p1, block):
         self.backend.copy_into(self.data[:, :, p0:p1], block)
