@@ -94,8 +94,8 @@ def test_the_rule_catches_a_climbing_import():
     assert climbing_imports("mp2.gradient", imported_modules(
         PACKAGE / "mp2" / "gradient.py", "from ..chem import cphf\nfrom .response import relaxed_density\n")) == []
     # the face (`import dfmp2`, `from .. import __version__` one level below it) is above every layer
-    assert climbing_imports("run.checkpoint", imported_modules(
-        PACKAGE / "run" / "checkpoint.py", "from .. import __version__\n")) == [FACE_MODULE]
+    assert climbing_imports("run.checkpoint.directory", imported_modules(
+        PACKAGE / "run" / "checkpoint" / "directory.py", "from ... import __version__\n")) == [FACE_MODULE]
     assert climbing_imports("util.files", imported_modules(
         PACKAGE / "util" / "files.py", "def f():\n    import dfmp2\n")) == [FACE_MODULE]
 

@@ -21,7 +21,7 @@ from ..run.checkpoint import version_identity
 from ..run.context import context_from
 from ..run.budget import limit_needed, pyscf_max_memory
 from ..run.memory import RESPONSE_JK_GROWTH, gradient_least_bytes
-from ..run.run_checkpoint import SCF_RECORD, open_run_checkpoint
+from ..run.checkpoint import SCF_RECORD, open_run_checkpoint
 from ..run.settings import Settings, settings_from
 from ..util import environment
 from ..util.cpu_config import check_environment
@@ -385,7 +385,7 @@ def _with_frozen_core(settings, mol, spins) -> Settings:
 def _reference_scf(run_scf, settings, context, identity, kept_open, record_of) -> tuple:
     """(the SCF, or the arrays of one: a checkpoint's, or rank 0's for the other ranks; reused
     from the checkpoint?). One process runs its SCF; a team runs one SCF on rank 0 and
-    broadcasts its arrays. The checkpoint's resume policy (`run_checkpoint.RunCheckpoint`) decides
+    broadcasts its arrays. The checkpoint's resume policy (`checkpoint.policy.RunCheckpoint`) decides
     whether the SCF is taken from it (another run's checkpoint is refused before the SCF); the
     checkpoint stays open in `kept_open` (an ExitStack) for the rest of the run; it keeps
     record_of(mf) with an SCF it keeps (`scf_record.kept_scf_record`) and gives it back as SCF_RECORD."""

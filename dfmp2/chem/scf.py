@@ -6,7 +6,7 @@ import contextlib
 
 import numpy as np
 
-from ..run.run_checkpoint import checkpoint_scratch
+from ..run.checkpoint import checkpoint_scratch
 from ..run.settings import SCF_MAX_CYCLE
 from ..util.errors import ComputationError, ConvergenceError, InputError, option
 from ..util.scratch import holding, scratch_directory
@@ -61,7 +61,7 @@ def pyscf_scratch(scratch=None):
 
 @contextlib.contextmanager
 def run_scratch(settings, team=None):
-    """Within: a run's scratch (`run.run_checkpoint.checkpoint_scratch`: settings.checkpoint locked
+    """Within: a run's scratch (`run.checkpoint.checkpoint_scratch`: settings.checkpoint locked
     first, every scratch directory made within named by it) and PySCF's temporary files in a
     directory of it (`pyscf_scratch`). Gives that directory."""
     with checkpoint_scratch(settings, team), pyscf_scratch(settings.scratch) as directory:

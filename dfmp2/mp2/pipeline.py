@@ -24,7 +24,7 @@ import numpy as np
 from ..run.context import context_from
 from ..run.memory import MemoryPlan, plan_for
 from ..run.rank_blocks import RankDensities
-from ..run.run_checkpoint import open_run_checkpoint, pipeline_identity
+from ..run.checkpoint import open_run_checkpoint, pipeline_identity
 from ..run.settings import IF_ROOM, Settings, settings_from
 from ..run.storage import ThreeIndexDensity
 from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
