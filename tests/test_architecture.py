@@ -293,7 +293,7 @@ def test_docstrings_and_the_architecture_page_name_what_exists():
 
 
 def test_the_rule_catches_a_stale_name():
-    names = {"run.rank_blocks": {"RankDensities"}, "mp2.three_center": {"ovL_of_orbitals"}, "mp2.pipeline": set(),
+    names = {"mp2.b.ranks": {"RankDensities"}, "mp2.b.provider": {"ovL_of_orbitals"}, "mp2.pipeline": set(),
              "mp2": set()}
     assert stale_references("see `pipeline.ovL_of_orbitals`", "m", names) == [
         "m: `pipeline.ovL_of_orbitals` (mp2.pipeline has no ovL_of_orbitals)"]
@@ -302,8 +302,8 @@ def test_the_rule_catches_a_stale_name():
     # a module that imports a name is not where it lives (run.settings' frozen_per_spin, imported by mp2.orbitals)
     assert top_level_names("from ..run.settings import frozen_per_spin\n") == set()
     assert top_level_names("from .settings import Settings\n", package=True) == {"Settings"}
-    assert stale_references("`three_center.ovL_of_orbitals`, `rank_blocks.RankDensities`, `torch.distributed.Foo`, "
-                            "`mp2.three_center`, `pipeline.py`", "m", names) == []
+    assert stale_references("`provider.ovL_of_orbitals`, `ranks.RankDensities`, `torch.distributed.Foo`, "
+                            "`mp2.b.provider`, `pipeline.py`", "m", names) == []
 
 
 # ----------------------------------------------------------------------------- the steps and the objects they are handed

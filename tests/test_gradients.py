@@ -598,7 +598,7 @@ def test_a_gradient_run_factorises_each_metric_once(tmp_path, monkeypatch, scf_b
     import dfmp2.chem.jk  # noqa: F401  (every module that factorises a metric, loaded before it is counted)
     import dfmp2.linalg.metric as metric
     import dfmp2.mp2.gradient  # noqa: F401
-    import dfmp2.mp2.three_center  # noqa: F401
+    import dfmp2.mp2.b.provider  # noqa: F401
     from dfmp2.api.driver import run_xyz
 
     counts = {}

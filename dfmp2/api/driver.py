@@ -16,7 +16,7 @@ from ..kernels.protocol import FittedBuildsBackend
 from ..mp2.gradient import nuclear_gradient_of_run
 from ..mp2.pipeline import check_request, dfmp2_energy, plan_for
 from ..mp2.response import PROPERTIES, relaxed_properties
-from ..mp2.three_center import ovL_of_orbitals
+from ..mp2.b import ovL_of_orbitals
 from ..run.checkpoint import version_identity
 from ..run.context import context_from
 from ..run.budget import limit_needed, pyscf_max_memory
@@ -68,7 +68,7 @@ def ovL_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=
                                **changes) -> list:
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
-    out(s, shape) gives (`three_center.ovL_of_orbitals`)."""
+    out(s, shape) gives (`b.provider.ovL_of_orbitals`)."""
     settings = _offered_precision(settings_from(settings, **changes))
     with chem.pyscf_scratch(settings.scratch):
         reference, integrals = _orbitals_and_integrals(mf, settings, integrals)

@@ -32,8 +32,8 @@ import numpy as np
 from pyscf.lib import logger
 
 from .. import chem
+from ..mp2.b import open_ovl, write_ovl
 from ..run.settings import IF_ROOM
-from ..run.storage import open_ovl, write_ovl
 from ..util.deprecated import MISSING, renamed
 from ..util.errors import InputError
 from ..util.files import display

@@ -2,7 +2,7 @@
 
     refs, active orbitals        dfmp2.mp2.orbitals (spin channels: one restricted, two unrestricted)
     memory plan                  dfmp2.run.memory (block sizes from the budget)
-    B: made or found             a BProvider (dfmp2.run.providers): one process (memory, disk,
+    B: made or found             a BProvider (dfmp2.mp2.b): one process (memory, disk,
                                  out of core), several ranks, or given by the caller
     pair energies                steps.pair_energies over the tasks the provider streams
     density, singles             steps.mp2_densities, steps.singles_energy
@@ -23,7 +23,6 @@ import numpy as np
 
 from ..run.context import context_from
 from ..run.memory import MemoryPlan, plan_for
-from ..run.rank_blocks import RankDensities
 from ..run.checkpoint import open_run_checkpoint, pipeline_identity
 from ..run.settings import IF_ROOM, Settings, settings_from
 from ..run.storage import ThreeIndexDensity
@@ -31,7 +30,7 @@ from ..util.errors import ComputationError, InputError, MemoryBudgetError, optio
 from ..util.system_memory import MB
 from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import combine_pair_sums, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
-from .three_center import LocalDensities, MetricFactorOnce, b_provider
+from .b import LocalDensities, MetricFactorOnce, RankDensities, b_provider
 
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
@@ -197,7 +196,7 @@ def density_stage(backend, provider, channels, selected, plan, settings, metric_
     three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
     Gbar, else None). metric_factor: the run's `MetricFactorOnce` (the factor B was whitened
     with). B out of core is read a slab of plan.slab_rows rows at a time. Over the
-    ranks of a team: blocks of k per rank in lockstep (`rank_blocks.RankDensities`), P and Gbar on
+    ranks of a team: blocks of k per rank in lockstep (`b.ranks.RankDensities`), P and Gbar on
     every rank, G on rank 0 only (None elsewhere)."""
     gamma, factor = None, metric_factor(out_of="density") if settings.with_gamma else None
     if factor is not None:

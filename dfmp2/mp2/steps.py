@@ -155,8 +155,8 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
     2 c_ss u_ik^ab + sum_KB c_KB^P 2 c_os t_iK^aB and Gbar_PQ = sum_s sum_ia G_ia^P,s c_ia^Q,s (the metric-
     derivative term of the gradient), from the whitened G~ (G = G~ W^T, c = B W^T: Gbar = W (sum_ia G~_ia^T
     B_ia) W^T). scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
-    schedule: where B comes from and which blocks of k this process takes (a `run.providers.DensitySchedule`:
-    `three_center.LocalDensities`, or `rank_blocks.RankDensities` over ranks: P and Gbar are then summed over
+    schedule: where B comes from and which blocks of k this process takes (a `b.protocol.DensitySchedule`:
+    `b.provider.LocalDensities`, or `b.ranks.RankDensities` over ranks: P and Gbar are then summed over
     the ranks, and each rank's G holds the rows of its blocks of k). gamma_out: per channel a writable [nocc_s,
     nvir_s, naux] array (host or HDF5 dataset) that receives G~ per block of k, then G in one pass over the
     held rows (and over B, for Gbar) after the backend's loop. Returns ([(P_oo [nocc_s, nocc_s], P_vv [nvir_s,

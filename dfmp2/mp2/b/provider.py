@@ -7,18 +7,18 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..run.context import context_from
-from ..run.memory import plan_for
-from ..run.rank_blocks import RankB, rows_from_columns
-from ..run.ranks import Staging, aux_shares, block_owners
-from ..run.settings import Settings, settings_from
-from ..run.storage import MemoryStore, new_store
-from ..util.blocks import block_ranges
-from ..util.errors import InputError, MemoryBudgetError
-from ..sparse.formats import ScreenedMNP
-from ..util.system_memory import MB, release_freed_memory, released_after_each
-from .orbitals import active_spaces, device_channels, spin_channels
-from .steps import factor_metric, transform_to_mo, whiten_iaP
+from ...run.context import context_from
+from ...run.memory import plan_for
+from .ranks import RankB, rows_from_columns
+from ...run.ranks import Staging, aux_shares, block_owners
+from ...run.settings import Settings, settings_from
+from ...run.storage import MemoryStore, new_store
+from ...util.blocks import block_ranges
+from ...util.errors import InputError, MemoryBudgetError
+from ...sparse.formats import ScreenedMNP
+from ...util.system_memory import MB, release_freed_memory, released_after_each
+from ..orbitals import active_spaces, device_channels, spin_channels
+from ..steps import factor_metric, transform_to_mo, whiten_iaP
 
 
 class MetricFactorOnce:
@@ -42,7 +42,7 @@ class MetricFactorOnce:
 
 
 def b_provider(backend, integrals, metric_factor, channels, plan, settings, context, checkpoint, given):
-    """Where B comes from and lives (`dfmp2.run.providers`): given by the caller, over the ranks of
+    """Where B comes from and lives (`dfmp2.mp2.b.protocol`): given by the caller, over the ranks of
     the team, or made (or found in the checkpoint) in this process. metric_factor: the run's
     `MetricFactorOnce` (step 1, shared with the densities)."""
     if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
@@ -114,7 +114,7 @@ def local_b(backend, integrals, metric_factor, channels, plan, scratch, checkpoi
 
 
 class LocalB:
-    """The BProvider of one process (`dfmp2.run.providers`): stores[s] (MemoryStore or
+    """The BProvider of one process (`dfmp2.mp2.b.protocol`): stores[s] (MemoryStore or
     DiskStore) hold channel s's B [nocc, nvir, nkept]. The pair stage reads B_I in slabs of
     plan.slab_rows occupied rows, once each, and streams the B_J blocks the slab's tasks need
     against it, read once per slab (a view when J lies inside the slab). With `factor` (out of
@@ -325,10 +325,10 @@ def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer
 
 
 class LocalDensities:
-    """How `mp2_densities` reaches B in one process (a `run.providers.DensitySchedule`): rows(s, i0, i1)
+    """How `mp2_densities` reaches B in one process (a `protocol.DensitySchedule`): rows(s, i0, i1)
     gives B rows [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's); the k side in
     blocks of k_rows orbitals; the i side in slabs of slab_rows rows (None: all at once; B on disk: a slab
-    at a time, so B is read once per block of k). `rank_blocks.RankDensities` is the same over the ranks
+    at a time, so B is read once per block of k). `ranks.RankDensities` is the same over the ranks
     of a team. A block's temporaries go back to the system when the step asks for the next block (glibc
     keeps their pages otherwise: +70 MB on hexane)."""
 
