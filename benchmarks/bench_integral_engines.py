@@ -1,6 +1,6 @@
 """Three-center integrals (mn|P) on an NVIDIA GPU, two engines side by side, in one process:
 
-  host        dfmp2's path today: `chem.ThreeCenterIntegrals.block(p0, p1)` (PySCF's libcint on the
+  host        dfmp2's path today: `chem.MNPIntegrals.block(p0, p1)` (PySCF's libcint on the
               host's cores, s2ij, unpacked to [nP, nao, nao]) over the plan's auxiliary blocks, each
               uploaded by the torch backend's `to_device(block, fp64=True)` (host blocks of 16 MiB
               or more through the two pinned 32 MiB staging buffers); integrals and upload timed
@@ -330,7 +330,7 @@ def one_case(case, args, backend, sync, engines, first_call):
     basis = basis or "cc-pvdz"
     entry = {"molecule": path, "basis": basis}
     mol = chem.build_molecule(chem.read_xyz(path), basis)
-    integrals = chem.ThreeCenterIntegrals(mol)  # dfmp2's provider and its MP2 fitting set
+    integrals = chem.MNPIntegrals(mol)  # dfmp2's provider and its MP2 fitting set
     nao, naux = mol.nao_nr(), integrals.naux
     hints = backend.plan_hints(nvir=max(1, nao - mol.nelectron // 2), naux=naux)
     aux_block = args.aux_block or (naux if not hints.aux_block_bytes else min(

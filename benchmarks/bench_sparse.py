@@ -50,7 +50,7 @@ def transform_step(backend, integrals, nocc, max_memory):
     """Seconds of (integrals, transform) over the plan's auxiliary blocks; orbitals orthonormal."""
     from dfmp2.run.memory import plan_for
     from dfmp2.mp2.steps import transform_to_mo
-    from dfmp2.sparse import ScreenedThreeCenter
+    from dfmp2.sparse import ScreenedMNP
 
     nao = integrals.nao
     plan = plan_for(backend, integrals, [(nocc, nao - nocc)], max_memory)
@@ -62,7 +62,7 @@ def transform_step(backend, integrals, nocc, max_memory):
         block = integrals.block(p0, p1)
         seconds["integrals"] += time.perf_counter() - start
         start = time.perf_counter()
-        block = block.on_device(backend) if isinstance(block, ScreenedThreeCenter) else backend.to_device(block, fp64=True)
+        block = block.on_device(backend) if isinstance(block, ScreenedMNP) else backend.to_device(block, fp64=True)
         iap = transform_to_mo(backend, block, c_occ, c_vir)
         float(iap[0, 0, 0])
         seconds["transform"] += time.perf_counter() - start
@@ -101,7 +101,7 @@ def measure(kind, n, mode, args):
     backend = get_backend("cpu", "fp64")
     nocc = mol.nelectron // 2
     out = {}
-    integrals = chem.ThreeCenterIntegrals(mol, None)
+    integrals = chem.MNPIntegrals(mol, None)
     start = time.perf_counter()
     out["screening_mp2"] = screen_integrals(mode, integrals, backend.screens, "torch")
     out["pattern_seconds"] = time.perf_counter() - start

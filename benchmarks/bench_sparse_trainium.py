@@ -107,7 +107,7 @@ def run_molecule(kind, n, basis, transforms):
 
     mol = molecule(kind, n, basis)
     nocc = mol.nelectron // 2
-    integrals = chem.ThreeCenterIntegrals(mol, None)
+    integrals = chem.MNPIntegrals(mol, None)
     nao, naux = integrals.nao, integrals.naux
     plan = plan_for(get_backend("trn2", simulate=True), integrals, [(nocc, nao - nocc)], 20000)
     blocks = integrals.aux_blocks(plan.aux_block)

@@ -94,8 +94,8 @@ def test_the_rule_catches_a_climbing_import():
     assert climbing_imports("mp2.gradient", imported_modules(
         PACKAGE / "mp2" / "gradient.py", "from ..chem import cphf\nfrom .response import relaxed_density\n")) == []
     # the face (`import dfmp2`, `from .. import __version__` one level below it) is above every layer
-    assert climbing_imports("run.checkpoint", imported_modules(
-        PACKAGE / "run" / "checkpoint.py", "from .. import __version__\n")) == [FACE_MODULE]
+    assert climbing_imports("run.checkpoint.directory", imported_modules(
+        PACKAGE / "run" / "checkpoint" / "directory.py", "from ... import __version__\n")) == [FACE_MODULE]
     assert climbing_imports("util.files", imported_modules(
         PACKAGE / "util" / "files.py", "def f():\n    import dfmp2\n")) == [FACE_MODULE]
 
@@ -293,17 +293,17 @@ def test_docstrings_and_the_architecture_page_name_what_exists():
 
 
 def test_the_rule_catches_a_stale_name():
-    names = {"run.rank_blocks": {"RankDensities"}, "mp2.three_center": {"three_center_mo"}, "mp2.pipeline": set(),
+    names = {"mp2.b.ranks": {"RankDensities"}, "mp2.b.provider": {"ovL_of_orbitals"}, "mp2.pipeline": set(),
              "mp2": set()}
-    assert stale_references("see `pipeline.three_center_mo`", "m", names) == [
-        "m: `pipeline.three_center_mo` (mp2.pipeline has no three_center_mo)"]
+    assert stale_references("see `pipeline.ovL_of_orbitals`", "m", names) == [
+        "m: `pipeline.ovL_of_orbitals` (mp2.pipeline has no ovL_of_orbitals)"]
     assert stale_references("`distributed.RankDensities`", "m", names) == [
         "m: `distributed.RankDensities` (there is no module distributed)"]
     # a module that imports a name is not where it lives (run.settings' frozen_per_spin, imported by mp2.orbitals)
     assert top_level_names("from ..run.settings import frozen_per_spin\n") == set()
     assert top_level_names("from .settings import Settings\n", package=True) == {"Settings"}
-    assert stale_references("`three_center.three_center_mo`, `rank_blocks.RankDensities`, `torch.distributed.Foo`, "
-                            "`mp2.three_center`, `pipeline.py`", "m", names) == []
+    assert stale_references("`provider.ovL_of_orbitals`, `ranks.RankDensities`, `torch.distributed.Foo`, "
+                            "`mp2.b.provider`, `pipeline.py`", "m", names) == []
 
 
 # ----------------------------------------------------------------------------- the steps and the objects they are handed

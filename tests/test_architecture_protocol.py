@@ -3,7 +3,7 @@
 1. The MP2 steps' kernels go through a `Backend` and the protocol lists everything a caller uses:
    outside dfmp2/kernels, what is read or set on a backend (a name `backend`, or `<x>.backend`) is
    a member of the backend protocols (kernels/protocol.py), what is read or set on integrals
-   (`integrals`, `<x>.integrals`) a member of the provider protocols (run/providers.py), and
+   (`integrals`, `<x>.integrals`) a member of the provider protocols (run/providers.py, mp2/b/protocol.py), and
    neither is asked for a member by name (getattr/hasattr/setattr with a literal).
 2. `kernels/__init__.py` is the one dispatch point, where every device decision is made: outside
    dfmp2/kernels nothing compares with a device name ("cpu", "cuda", "trn1", ...) or a collection
@@ -25,7 +25,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dfmp2"
 # is a name `kind` or an attribute `<x>.kind`
 HELD = {
     "backend": ("kernels/protocol.py", ("Backend", "FittedBuildsBackend", "ScreenedBuildsBackend")),
-    "integrals": ("run/providers.py", ("IntegralProvider", "ThreeCenterProvider", "BasisSetIntegrals")),
+    "integrals": (("run/providers.py", "mp2/b/protocol.py"), ("IntegralProvider", "BProvider", "BasisSetIntegrals")),
 }
 BY_NAME = ("getattr", "hasattr", "setattr")
 DEVICE_NAMES = {"cpu", "cuda", "trn1", "trn2", "trn3"}
@@ -66,8 +66,13 @@ def protocol_members(source: str, classes) -> set:
     return members
 
 
+def _source(paths) -> str:
+    """The text of the file(s) declaring a kind's protocols."""
+    return "\n".join((PACKAGE / path).read_text() for path in ((paths,) if isinstance(paths, str) else paths))
+
+
 def _members():
-    return {kind: protocol_members((PACKAGE / path).read_text(), classes) for kind, (path, classes) in HELD.items()}
+    return {kind: protocol_members(_source(path), classes) for kind, (path, classes) in HELD.items()}
 
 
 def _line(found: str) -> int:
@@ -237,7 +242,7 @@ def test_the_counter_checker_flags_a_violating_snippet():
 @pytest.mark.parametrize("kind", sorted(HELD))
 def test_every_protocol_the_checker_reads_exists(kind):
     path, classes = HELD[kind]
-    declared = {node.name for node in ast.parse((PACKAGE / path).read_text()).body if isinstance(node, ast.ClassDef)}
+    declared = {node.name for node in ast.parse(_source(path)).body if isinstance(node, ast.ClassDef)}
     assert set(classes) <= declared
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dfmp2.run.journal import RECORD
+from dfmp2.run.checkpoint.journal import RECORD
 from dfmp2.util.provenance import JOURNAL_HEADER_BYTES
 from dfmp2.util.errors import InputError
 from dfmp2.api.driver import run_xyz
@@ -298,7 +298,7 @@ def test_every_checkpoint_file_carries_its_identity(water_checkpoint):
     from (dfmp2.util.provenance), the journal as a header, so that a file alone says what it belongs to."""
     import h5py
 
-    from dfmp2.run.checkpoint import FILE_SOURCES
+    from dfmp2.run.checkpoint.directory import FILE_SOURCES
     from dfmp2.util.provenance import JOURNAL_MAGIC, arrays_identity, digest, h5_identity
 
     source, _ = water_checkpoint

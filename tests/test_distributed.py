@@ -166,7 +166,7 @@ def test_a_dead_rank_makes_the_other_fail_not_hang(tmp_path):
 
 def journaled_tasks(checkpoint):
     """Pair tasks the ranks' journals hold."""
-    from dfmp2.run.journal import RECORD
+    from dfmp2.run.checkpoint.journal import RECORD
     from dfmp2.util.provenance import JOURNAL_HEADER_BYTES
 
     return sum(max(0, os.path.getsize(os.path.join(checkpoint, name)) - JOURNAL_HEADER_BYTES) // RECORD.size

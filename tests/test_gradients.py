@@ -534,9 +534,9 @@ def test_cli_grad_with_pyscf_builds_takes_the_response_from_pyscf_too(tmp_path):
 class _FittingSet:
     """A density-fitting set as reference_fitting_densities reads it: (mn|P) as T [naux, nao, nao], (P|Q) V."""
 
-    def __init__(self, three_center, metric):
-        self.t, self.v = three_center, metric
-        self.naux, self.nao = three_center.shape[0], three_center.shape[1]
+    def __init__(self, mnP, metric):
+        self.t, self.v = mnP, metric
+        self.naux, self.nao = mnP.shape[0], mnP.shape[1]
 
     def aux_blocks(self, limit):
         return [(p0, min(p0 + limit, self.naux)) for p0 in range(0, self.naux, limit)]
@@ -565,11 +565,11 @@ def test_the_reference_term_factorises_its_metric_with_the_pivot_check_and_the_e
     reduced_t = rng.standard_normal((naux - 1, nao, nao))
     reduced_t = reduced_t + reduced_t.transpose(0, 2, 1)
     metric = range_basis @ reduced_metric @ range_basis.T  # singular: V u = 0
-    three_center = np.einsum("pk,kmn->pmn", range_basis, reduced_t)
+    mnP = np.einsum("pk,kmn->pmn", range_basis, reduced_t)
     occupied = [(rng.standard_normal((nao, nocc)), np.array([2.0, 2.0]))]
     y = rng.standard_normal((nao, nao))
     y_dms = [y + y.T]
-    block, g_aux = reference_fitting_densities(_FittingSet(three_center, metric), occupied, y_dms, aux_block=3)
+    block, g_aux = reference_fitting_densities(_FittingSet(mnP, metric), occupied, y_dms, aux_block=3)
     reduced_block, reduced_g = reference_fitting_densities(_FittingSet(reduced_t, reduced_metric), occupied, y_dms,
                                                            aux_block=3)
     assert np.allclose(g_aux, range_basis @ reduced_g @ range_basis.T, rtol=0, atol=1e-10)
@@ -598,7 +598,7 @@ def test_a_gradient_run_factorises_each_metric_once(tmp_path, monkeypatch, scf_b
     import dfmp2.chem.jk  # noqa: F401  (every module that factorises a metric, loaded before it is counted)
     import dfmp2.linalg.metric as metric
     import dfmp2.mp2.gradient  # noqa: F401
-    import dfmp2.mp2.three_center  # noqa: F401
+    import dfmp2.mp2.b.provider  # noqa: F401
     from dfmp2.api.driver import run_xyz
 
     counts = {}

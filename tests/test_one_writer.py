@@ -94,7 +94,7 @@ CHILD = textwrap.dedent(r"""
     import json, os, resource, sys
     from dfmp2.util.files import Outputs, write_atomically
     from dfmp2.util.errors import ComputationError
-    from dfmp2.run.journal import PairJournal, RECORD
+    from dfmp2.run.checkpoint.journal import PairJournal, RECORD
     from dfmp2.util.provenance import JOURNAL_HEADER_BYTES
     import numpy as np
 
@@ -203,7 +203,7 @@ def test_a_journal_record_that_does_not_fit_is_not_written_at_any_byte(cut_at_ev
     """The pair journal's second record, its room ending at each of its bytes: an unbuffered
     write that wrote part of it went unnoticed (a torn record, the next one misaligned); now
     one error naming the journal, the file cut back to its first record, which a resume reads."""
-    from dfmp2.run.journal import RECORD
+    from dfmp2.run.checkpoint.journal import RECORD
     from dfmp2.util.provenance import JOURNAL_HEADER_BYTES
 
     cases = [case for case in cut_at_every_byte if case[0] == "journal"]
@@ -371,8 +371,8 @@ def test_a_kept_scf_without_its_record_is_recomputed(tmp_path):
     build of dfmp2): not used, a note, the SCF run again and kept with its record."""
     import numpy as np
 
-    from dfmp2.run.checkpoint import open_checkpoint
-    from dfmp2.run.run_checkpoint import SCF_RECORD, RunCheckpoint
+    from dfmp2.run.checkpoint.directory import open_checkpoint
+    from dfmp2.run.checkpoint.policy import SCF_RECORD, RunCheckpoint
 
     identity = {"molecule": "water"}
     checkpoint = open_checkpoint(tmp_path / "ck")

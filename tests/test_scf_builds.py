@@ -382,7 +382,7 @@ def test_a_failure_on_the_early_thread_is_raised_by_packed(monkeypatch):
     def fails(self):
         raise MemoryError("no room for the integrals")
 
-    monkeypatch.setattr(chem.ThreeCenterIntegrals, "packed", fails)
+    monkeypatch.setattr(chem.MNPIntegrals, "packed", fails)
     mol = gto.M(atom="He 0 0 0", basis="cc-pvdz", verbose=0)
     early = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis, early=True).start()
     with pytest.raises(MemoryError, match="no room"):

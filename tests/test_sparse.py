@@ -20,7 +20,7 @@ from dfmp2.util.errors import InputError
 from dfmp2.kernels import device_screens, get_backend
 from dfmp2.kernels.nki_sparse import TileMap
 from dfmp2.chem.jk import FittedCoulombExchange, whiten_fitted_integrals
-from dfmp2.sparse import LowerPanels, ScreenedThreeCenter, parse_screening, screen_integrals
+from dfmp2.sparse import LowerPanels, ScreenedMNP, parse_screening, screen_integrals
 
 TORCH_SCREENS = frozenset({"mp2", "scf"})  # the steps the torch backend (cpu, cuda) screens
 
@@ -45,7 +45,7 @@ def write_xyz(path, atoms):
 @pytest.fixture(scope="module")
 def chain():
     mol = gto.M(atom=water_chain(5), basis="cc-pvdz", verbose=0)
-    integrals = chem.ThreeCenterIntegrals(mol)
+    integrals = chem.MNPIntegrals(mol)
     integrals.screening = integrals.screened_pattern(1e-10, 32)
     return mol, integrals
 
@@ -84,7 +84,7 @@ def test_screened_blocks_are_pyscfs_integrals_on_the_kept_blocks(chain):
     dense = pyscf_dense(mol, integrals.auxmol)
     p0, p1 = integrals.aux_blocks(100)[1]
     block = integrals.block(p0, p1)
-    assert isinstance(block, ScreenedThreeCenter)
+    assert isinstance(block, ScreenedMNP)
     got = block.dense()
     mask = got != 0
     assert np.abs(got[mask] - dense[p0:p1][mask]).max() < 1e-13
@@ -231,7 +231,7 @@ def test_plugin_mean_field_is_screened_as_asked():
 
 def test_auto_leaves_a_compact_molecule_dense_and_says_why():
     mol = gto.M(atom="O 0 0 0; H 0.757 0.586 0; H -0.757 0.586 0", basis="cc-pvdz", verbose=0)
-    integrals = chem.ThreeCenterIntegrals(mol)
+    integrals = chem.MNPIntegrals(mol)
     record = screen_integrals("auto", integrals, TORCH_SCREENS, "torch")
     assert not record["used"] and integrals.screening is None
     assert "compact" in record["reason"] and record["kept_fraction"]["elements"] == 1.0
@@ -239,7 +239,7 @@ def test_auto_leaves_a_compact_molecule_dense_and_says_why():
 
 def test_auto_screens_an_extended_molecule():
     mol = gto.M(atom=water_chain(10, spacing=5.0), basis="cc-pvdz", verbose=0)
-    integrals = chem.ThreeCenterIntegrals(mol)
+    integrals = chem.MNPIntegrals(mol)
     record = screen_integrals("auto", integrals, TORCH_SCREENS, "torch")
     assert record["used"] and integrals.screening is not None and record["kept_fraction"]["stored"] <= 0.5
 
@@ -256,13 +256,13 @@ def test_screening_on_trainium_covers_the_transform_only():
     assert device_screens("trn1") == {"mp2"} and device_screens("cpu") == TORCH_SCREENS
     assert get_backend("trn1", simulate=True).screens == {"mp2"} and get_backend("cpu").screens == TORCH_SCREENS
     mol = gto.M(atom=water_chain(6, spacing=5.0), basis="sto-3g", verbose=0)
-    assert screen_integrals("1e-10", chem.ThreeCenterIntegrals(mol), {"mp2"}, "nki")["used"]
+    assert screen_integrals("1e-10", chem.MNPIntegrals(mol), {"mp2"}, "nki")["used"]
     jk = chem.jk_fitting_integrals(mol, chem.fitting_basis(mol, False).basis)
     record = screen_integrals("1e-10", jk, {"mp2"}, "nki", "scf")
     assert not record["used"] and jk.screening is None and "no block-sparse SCF builds" in record["reason"]
     with pytest.raises(InputError, match="no block-sparse kernels"):
-        screen_integrals("1e-10", chem.ThreeCenterIntegrals(mol), frozenset(), "other")
-    record = screen_integrals("auto", chem.ThreeCenterIntegrals(mol), frozenset(), "other")
+        screen_integrals("1e-10", chem.MNPIntegrals(mol), frozenset(), "other")
+    record = screen_integrals("auto", chem.MNPIntegrals(mol), frozenset(), "other")
     assert not record["used"] and "no block-sparse AO->MO transform" in record["reason"]
 
 
@@ -289,7 +289,7 @@ def test_cli_screening_option_and_record(tmp_path):
 
 
 def _transforms(backend, screened, c_occ, c_vir):
-    """(ia|P) of a ScreenedThreeCenter on `backend` (host fp64 operands), as a host array."""
+    """(ia|P) of a ScreenedMNP on `backend` (host fp64 operands), as a host array."""
     return backend.to_host(backend.screened_ao2mo(screened.on_device(backend), backend.to_device(c_occ, fp64=True),
                                                   backend.to_device(c_vir, fp64=True)))
 
@@ -301,7 +301,7 @@ def test_nki_block_sparse_transform_skips_dropped_tiles(transform):
     on the densified kept blocks, bit for bit, with only the kept 128 x 128 tiles uploaded and
     multiplied."""
     mol = gto.M(atom=water_chain(16, spacing=5.0), basis="cc-pvdz", verbose=0)  # 384 AOs: 3 x 3 whole tiles
-    integrals = chem.ThreeCenterIntegrals(mol)
+    integrals = chem.MNPIntegrals(mol)
     screen_integrals("1e-10", integrals, {"mp2"}, "nki")
     tiles = TileMap.from_pattern(integrals.screening)
     assert tiles.ntiles < tiles.nm ** 2  # the far-apart ends' tiles are dropped

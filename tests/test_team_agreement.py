@@ -40,7 +40,7 @@ def digest_of(atom=MOLECULES["water"], basis="cc-pvdz", charge=0, spin=0, **chan
     PySCF pairs with the basis, the backend the settings ask for)."""
     settings = Settings(basis=basis, charge=charge, spin=spin, **changes)
     mol = gto.M(atom=atom, basis=basis, charge=charge, spin=spin, verbose=0)
-    return agreement().run_digest(mol, settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis),
+    return agreement().run_digest(mol, settings, chem.MNPIntegrals(mol, settings.auxbasis),
                                   backend_for(settings), chem.fitting_basis(mol, mp2fit=False))
 
 

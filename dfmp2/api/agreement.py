@@ -62,7 +62,7 @@ PER_RANK_SETTINGS = {
 
 def run_digest(mol, settings: Settings, integrals, backend, jk_fitting=None, extra=None) -> dict:
     """The digest of a run of `mol` (the PySCF Mole the driver built and checked) with `settings`
-    (frozen_core resolved), MP2 fitting integrals `integrals` (chem.ThreeCenterIntegrals or
+    (frozen_core resolved), MP2 fitting integrals `integrals` (chem.MNPIntegrals or
     another provider; None: the set settings.auxbasis names for the basis, both agreed), the
     `backend` (dfmp2.kernels) and the SCF's JK-fit set `jk_fitting` (chem.FittingSet; None: exact
     SCF, or a mean field given). extra: {part: {aspect: value}} the caller adds (the CLI: fragments)."""

@@ -69,7 +69,7 @@ def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
     settings = with_properties(offered_precision(settings_from(settings, **changes)))
     chem.check_geometry(atoms)
     molecule = molecule_of(atoms, settings, ranks=1)
-    chem.ThreeCenterIntegrals(molecule.mol, settings.auxbasis)  # the MP2-fit set for every element
+    chem.MNPIntegrals(molecule.mol, settings.auxbasis)  # the MP2-fit set for every element
     with_frozen_core(settings, molecule.mol, occupied_orbitals(molecule.mol, settings, molecule.reference))
 
 
@@ -158,7 +158,7 @@ def check_budget(backend, integrals, spins, settings, context, mol=None, jk_fitt
                     held=early.held_bytes() if early is not None else 0, stages=stages_to_come(scf=True))
     if not settings.gradient or mol is None:
         return
-    jk = chem.ThreeCenterIntegrals(mol, jk_fitting.basis) if jk_fitting is not None else None
+    jk = chem.MNPIntegrals(mol, jk_fitting.basis) if jk_fitting is not None else None
     if jk is None:
         response_jk = RESPONSE_JK_GROWTH  # PySCF's exact J/K
     elif settings.scf_backend == "pyscf" or not isinstance(backend, FittedBuildsBackend):

@@ -13,18 +13,17 @@ from dataclasses import replace
 from .. import chem
 from ..chem.jk import early_integrals_fit, scf_builds_for
 from ..kernels import backend_for, device_screens, flush_subnormals_first, runs_torch
+from ..mp2.b import ovL_of_orbitals
 from ..mp2.gradient import nuclear_gradient_of_run
 from ..mp2.orbitals import spin_channels
 from ..mp2.pipeline import correlation_energy
 from ..mp2.response import relaxed_properties
-from ..mp2.three_center import three_center_mo
-from ..run.checkpoint import version_identity
+from ..run.checkpoint import SCF_RECORD, open_run_checkpoint, version_identity
 from ..run.context import context_from
-from ..run.run_checkpoint import SCF_RECORD, open_run_checkpoint
 from ..run.settings import Settings, settings_from
+from ..sparse import screen_integrals
 from ..util.errors import option
 from ..util.start_up import SCF_GROWTH, check_start_up, stages_to_come
-from ..sparse import screen_integrals
 from ..util.system_memory import peak_resident_bytes
 from .agreement import agree_on_run, agreed_mean_field
 from .checks import (check_budget, check_mean_field_request, molecule_of, occupied_orbitals, offered_precision,
@@ -39,7 +38,7 @@ def run_mean_field(mf, settings: Settings | None = None, integrals=None, context
     or not; molecular, or periodic at the gamma point). `settings` (keyword `changes` applied on
     top): its correlation, hardware and resource groups are used; allow_non_aufbau accepts
     occupied orbitals above virtual ones. integrals: the three-center provider (default:
-    chem.ThreeCenterIntegrals in settings.auxbasis). context: the run's team, progress and timer
+    chem.MNPIntegrals in settings.auxbasis). context: the run's team, progress and timer
     (`dfmp2.run.context`). given: B per spin channel (`pipeline.dfmp2_energy`). notes: the caller's
     announcements, last in the result's."""
     settings, context = settings_from(settings, **changes), context_from(context)
@@ -65,16 +64,16 @@ def _run_mean_field(mf, settings, integrals, context, given, run_scope, extra_no
                        screening=screening, scf_record=scf_record(chem.fitted_builds_of(mf), mf))
 
 
-def three_center_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, context=None,
+def ovL_of_mean_field(mf, settings: Settings | None = None, integrals=None, out=None, context=None,
                                **changes) -> list:
     """Steps 1-3 only on the mean field `mf` (as run_mean_field): B_ia^Q of the active orbitals
     per spin channel [nocc * nvir, naux] (PySCF's ovL layout), host arrays, or written to what
-    out(s, shape) gives (`three_center.three_center_mo`)."""
+    out(s, shape) gives (`b.provider.ovL_of_orbitals`)."""
     settings = offered_precision(settings_from(settings, **changes))
     with chem.pyscf_scratch(settings.scratch):
         reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
         backend = backend_for(settings)
-        return three_center_mo(backend, _screened(settings, integrals, backend), reference.mo_coeff,
+        return ovL_of_orbitals(backend, _screened(settings, integrals, backend), reference.mo_coeff,
                                reference.mo_energy, reference.mo_occ, settings, out=out, context=context)
 
 
@@ -82,7 +81,7 @@ def _orbitals_and_integrals(mf, settings, integrals=None) -> tuple:
     """(the reference's orbitals, `chem.mean_field_orbitals`; the integral provider: `integrals`,
     or PySCF's three-center integrals in settings.auxbasis)."""
     reference = chem.mean_field_orbitals(mf, settings.allow_non_aufbau)
-    return reference, integrals if integrals is not None else chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+    return reference, integrals if integrals is not None else chem.MNPIntegrals(mf.mol, settings.auxbasis)
 
 
 def run_xyz(path, settings: Settings | None = None, context=None, **changes) -> DFMP2Result:
@@ -132,7 +131,7 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
         flush_subnormals_first()
     backend = backend_for(settings)
     context = _synchronized(context, backend)
-    integrals = _screened(settings, chem.ThreeCenterIntegrals(mol, settings.auxbasis), backend)
+    integrals = _screened(settings, chem.MNPIntegrals(mol, settings.auxbasis), backend)
     spins = occupied_orbitals(mol, settings, reference)
     settings = with_frozen_core(settings, mol, spins)
     check_budget(backend, integrals, spins, settings, context, mol, jk_fitting, jk_integrals)
@@ -245,7 +244,7 @@ def _scf_builds(settings, backend, mol, jk_fitting, dh, jk_integrals=None):
 def _reference_scf(run_scf, checkpoint, context, identity, record_of) -> tuple:
     """(the SCF, or the arrays of one: a checkpoint's, or rank 0's for the other ranks; reused
     from the checkpoint?). One process runs its SCF; a team runs one SCF on rank 0 and
-    broadcasts its arrays. The run's checkpoint policy (`run_checkpoint.open_run_checkpoint`; over
+    broadcasts its arrays. The run's checkpoint policy (`checkpoint.policy.open_run_checkpoint`; over
     a team, rank 0's own `RunCheckpoint` inside it) decides whether the SCF is taken from it
     (another run's checkpoint is refused before the SCF); it keeps record_of(mf) with an SCF it
     keeps (`scf_record.kept_scf_record`) and gives it back as SCF_RECORD."""

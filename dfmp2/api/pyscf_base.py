@@ -226,7 +226,7 @@ class PySCFMP2Base(lib.StreamObject):
 
     def _integrals(self):
         """The three-center integrals of this object's auxiliary basis."""
-        return chem.ThreeCenterIntegrals(self.mol, self.auxbasis)
+        return chem.MNPIntegrals(self.mol, self.auxbasis)
 
     def _mean_field(self, mo_coeff=None, mo_energy=None):
         """The mean field with this object's (or the given) orbitals: orbitals given without
@@ -294,16 +294,16 @@ class PySCFMP2Base(lib.StreamObject):
         return in_scratch() if team is None else team.on_root(in_scratch)
 
     def _raw_integrals(self):
-        """(mn|P) in the auxiliary basis of this object's runs, as chem.ThreeCenterIntegrals
+        """(mn|P) in the auxiliary basis of this object's runs, as chem.MNPIntegrals
         (the orbital response and the gradient need the fitting integrals themselves, not
         Cholesky vectors a density-fitted SCF holds)."""
         integrals = self._integrals()
-        if isinstance(integrals, chem.ThreeCenterIntegrals):
+        if isinstance(integrals, chem.MNPIntegrals):
             return integrals
         if chem.is_periodic(self._scf):
             raise NotImplementedError("relaxed densities and gradients of periodic mean fields are not implemented")
         auxmol = getattr(self.with_df, "auxmol", None)
-        return chem.ThreeCenterIntegrals(self.mol, auxmol.basis if auxmol is not None else self.with_df.auxbasis)
+        return chem.MNPIntegrals(self.mol, auxmol.basis if auxmol is not None else self.with_df.auxbasis)
 
     def _correlation_energy(self):
         """e_corr of the finished run (the SCS classes scale its parts)."""

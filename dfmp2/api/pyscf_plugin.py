@@ -32,12 +32,13 @@ import numpy as np
 from pyscf.lib import logger
 
 from .. import chem
+from ..mp2.b import open_ovl, write_ovl
 from ..run.settings import IF_ROOM
-from ..run.storage import open_ovl, write_ovl
+from ..util.deprecated import MISSING, renamed
 from ..util.errors import InputError
 from ..util.files import display
 from ..util.provenance import mismatch
-from .driver import three_center_of_mean_field
+from .driver import ovL_of_mean_field
 from .pyscf_base import ROHF_DENSITIES_PENDING, SETTINGS_OF_ATTRIBUTES, PySCFMP2Base
 from .pyscf_native import NativeDFMP2, NativeSCSMP2
 
@@ -80,11 +81,11 @@ class DFMP2(PySCFMP2Base):
         if chem.is_periodic(self._scf) or getattr(self.with_df, "_cderi", None) is not None:
             integrals = chem.CholeskyVectors(self.with_df)
         elif getattr(self.with_df, "auxmol", None) is not None:
-            integrals = chem.ThreeCenterIntegrals(self.mol, self.with_df.auxmol.basis)  # as asked for (names)
+            integrals = chem.MNPIntegrals(self.mol, self.with_df.auxmol.basis)  # as asked for (names)
         elif self.with_df.auxbasis is not None:
-            integrals = chem.ThreeCenterIntegrals(self.mol, self.with_df.auxbasis)
+            integrals = chem.MNPIntegrals(self.mol, self.with_df.auxbasis)
         else:  # what an unset pyscf.df.DF builds
-            integrals = chem.ThreeCenterIntegrals(self.mol, chem.fitting_basis(self.mol, mp2fit=False).basis)
+            integrals = chem.MNPIntegrals(self.mol, chem.fitting_basis(self.mol, mp2fit=False).basis)
         if self.with_df is getattr(self._scf, "with_df", None) and not self._noted_jk_fit:
             better = chem.fitting_basis(self.mol, mp2fit=True).describe()
             if integrals.basis_name != better:
@@ -134,24 +135,24 @@ class DFMP2(PySCFMP2Base):
         integrals = self._integrals()
         if ovL is not None:
             if isinstance(ovL, (str, os.PathLike)):
-                eris = ThreeCenterMO(*open_ovl(ovL), source=f"ovL {display(ovL)}")
+                eris = OvLEris(*open_ovl(ovL), source=f"ovL {display(ovL)}")
                 try:
                     self._check_eris(eris, integrals, mo_coeff, f"ovL {display(ovL)}")
                 except BaseException:
                     eris.close()
                     raise
                 return eris
-            return ThreeCenterMO(ovL)
+            return OvLEris(ovL)
         mf = self._mean_field(mo_coeff)
         identity, orbitals = self._ovl_identity(integrals, mo_coeff)
         if ovL_to_save is None:  # in memory
             with self._budget_rule():
-                ovl = three_center_of_mean_field(mf, self.settings(), integrals)
-            return ThreeCenterMO(ovl[0] if len(ovl) == 1 else ovl, identity=identity, orbitals=orbitals)
+                ovl = ovL_of_mean_field(mf, self.settings(), integrals)
+            return OvLEris(ovl[0] if len(ovl) == 1 else ovl, identity=identity, orbitals=orbitals)
         with self._budget_rule():
-            write_ovl(ovL_to_save, lambda out: three_center_of_mean_field(mf, self.settings(), integrals, out=out),
+            write_ovl(ovL_to_save, lambda out: ovL_of_mean_field(mf, self.settings(), integrals, out=out),
                       identity, orbitals, directories=[self.checkpoint])
-        return ThreeCenterMO(*open_ovl(ovL_to_save), source=f"ovL {display(ovL_to_save)}")
+        return OvLEris(*open_ovl(ovL_to_save), source=f"ovL {display(ovL_to_save)}")
 
     def _ovl_identity(self, integrals, mo_coeff=None) -> tuple:
         """(identity, [(C_occ, C_vir) per spin]) of the (ia|P) this object makes: the molecule
@@ -244,8 +245,8 @@ class DFMP2(PySCFMP2Base):
 DFUMP2 = DFROMP2 = DFMP2  # the method follows the mean field (UHF: DFUMP2's energies; ROHF: DFROMP2's)
 
 
-class ThreeCenterMO:
-    """The whitened (ia|P) integrals of one run's active orbitals, PySCF's eris layout: `ovL`
+class OvLEris:
+    """B (the whitened (ia|P)) of one run's active orbitals, PySCF's eris layout: `ovL`
     [nocc * nvir, naux] (restricted) or [ovL_alpha, ovL_beta]; arrays or HDF5 datasets (then
     `close()` closes their file)."""
 
@@ -305,6 +306,16 @@ def _fitting(mf, auxbasis):
     return df.DF(mf.mol, auxbasis=auxbasis)
 
 
-__all__ = ["DFMP2", "DFUMP2", "DFROMP2", "ThreeCenterMO", "NativeDFMP2", "NativeSCSMP2", "IF_ROOM"]
+OLD_NAMES = {"ThreeCenterMO": "OvLEris"}  # deprecated names (CHANGELOG.md) -> their new ones
+
+
+def __getattr__(name):
+    found = renamed(__name__, OLD_NAMES, name, globals())
+    if found is MISSING:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found
+
+
+__all__ = ["DFMP2", "DFUMP2", "DFROMP2", "OvLEris", "NativeDFMP2", "NativeSCSMP2", "IF_ROOM"]
 
 

@@ -2,7 +2,7 @@
 the SCF ran in this process or was reused from a checkpoint.
 
 A checkpoint keeps with the SCF's arrays the record of the SCF that made them (`kept_scf_record`,
-inside the same vouched-for scf.npz: `run_checkpoint.RunCheckpoint.resume_scf`). A run that
+inside the same vouched-for scf.npz: `checkpoint.policy.RunCheckpoint.resume_scf`). A run that
 reuses them reports that record, flagged `scf_reused`, never what its own settings would have
 built (`run_scf_record`). The SCF is reused whatever --scf-backend, --scf-precision or screening
 this run asks for (they are not part of the SCF's identity: each converges the same orbitals to

@@ -25,8 +25,8 @@ from .basis import (BASIS_LOOKUP_ERRORS, BSE, ECP_FROM_BSE_MIN_Z, GENERATED, Eff
                     pyscf_basis, pyscf_fitting_choice)
 from .charges import ChargeSpin, charge_and_spin  # noqa: F401
 from .cphf import fock_response_vo, response_potentials, solve_cphf  # noqa: F401
-from .derivatives import DERIVATIVE_BLOCK_BYTES, SCFGradientTerms, three_center_derivative_contraction  # noqa: F401
-from .integrals import CholeskyVectors, EarlyIntegrals, ThreeCenterIntegrals, pair_bounds  # noqa: F401
+from .derivatives import DERIVATIVE_BLOCK_BYTES, SCFGradientTerms, mnP_derivative_contraction  # noqa: F401
+from .integrals import CholeskyVectors, EarlyIntegrals, MNPIntegrals, pair_bounds  # noqa: F401
 from .molecule import (GHOST_FORMS, MAX_ATOMS, MAX_COORDINATE, MAX_LINE, MAX_TRAILER, MIN_DISTANCE, Atom,  # noqa: F401
                        Fragment, Frame, angstrom_per_bohr, atom_symbols, check_geometry, element_symbol, format_xyz,
                        FrameError, formula, is_ghost, quoted, read_frames, read_xyz)
@@ -38,3 +38,15 @@ from .scf import (KS_CONV_TOL, KS_CONV_TOL_GRAD, REFERENCES, SCF_CONV_TOL, SCF_C
                   jk_auxbasis_of, jk_fitting_integrals, pyscf_scratch, pyscf_threads, reference_fitting_integrals,
                   release_integrals, restored_scf, restored_scf_from, run_scf, run_scratch, scf_arrays, scf_auxbasis_name, scf_mode,
                   use_fitted_builds)
+
+
+from ..util.deprecated import MISSING as _MISSING, renamed as _renamed  # noqa: E402
+
+OLD_NAMES = {"ThreeCenterIntegrals": "MNPIntegrals"}  # deprecated names (CHANGELOG.md) -> their new ones
+
+
+def __getattr__(name):
+    found = _renamed(__name__, OLD_NAMES, name, globals())
+    if found is _MISSING:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found

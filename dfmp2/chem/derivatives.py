@@ -116,12 +116,12 @@ class SCFGradientTerms:
 DERIVATIVE_BLOCK_BYTES = 96 * 10**6  # int3c2e_ip1 of one auxiliary block: 3 nao^2 nP fp64 at most this
 
 
-def three_center_derivative_contraction(integrals, gamma_blocks, gamma_aux, aux_block=None) -> np.ndarray:
+def mnP_derivative_contraction(integrals, gamma_blocks, gamma_aux, aux_block=None) -> np.ndarray:
     """The DF energy's explicit derivative through the fitting integrals, per atom [natm, 3]:
       sum_mnP G^P_mn d(mn|P)/dR_A - 1/2 sum_PQ Gbar_PQ d(P|Q)/dR_A
     gamma_blocks(p0, p1) -> G^P_mn [p1-p0, nao, nao] of one auxiliary block (only S^P = G^P + G^P^T
     enters; an array [naux, nao, nao] is taken too), gamma_aux [naux, naux] (Gbar, symmetric);
-    integrals: chem.ThreeCenterIntegrals (their auxmol). One auxiliary block at a time (G is never
+    integrals: chem.MNPIntegrals (their auxmol). One auxiliary block at a time (G is never
     held whole): int3c2e_ip1 (all mn, the derivative on m) and int2c2e_ip1 of the block's functions.
     The auxiliary function's own derivative needs no int3c2e_ip2: by translational invariance
     (mn|P') = -(m'n|P) - (mn'|P), so 1/2 sum_mn S^P_mn (mn|P') = -sum_mn S^P_mn (m'n|P), from the

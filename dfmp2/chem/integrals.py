@@ -12,7 +12,7 @@ from ..util.errors import ComputationError, InputError, option
 from .basis import FittingSet, atom_labels, describe_basis, fitting_basis, named_fitting_set
 
 
-class ThreeCenterIntegrals:
+class MNPIntegrals:
     """DF integrals in one auxiliary basis, produced block by block of auxiliary functions: an
     IntegralProvider (`dfmp2.run.providers`).
 
@@ -92,7 +92,7 @@ class ThreeCenterIntegrals:
     def fitted_rows(self):
         """What the SCF's builds whiten: packed() [naux, npair], or with self.screening the kept
         pair blocks, each once, over every auxiliary function (`screened_lower`)."""
-        return ThreeCenterIntegrals.packed(self) if self.screening is None else self.screened_lower(0, self.naux)
+        return MNPIntegrals.packed(self) if self.screening is None else self.screened_lower(0, self.naux)
 
     # ---- screening (dfmp2.sparse) ------------------------------------------------------
     def screened_pattern(self, threshold, block_functions):
@@ -107,7 +107,7 @@ class ThreeCenterIntegrals:
 
     def screened_block(self, p0: int, p1: int):
         """(mn|P) for P in [p0, p1) on the kept pair blocks of self.screening only, both
-        orientations (a `sparse.ScreenedThreeCenter`, host fp64)."""
+        orientations (a `sparse.ScreenedMNP`, host fp64)."""
         return self.screened_lower(p0, p1).expand()
 
     def screened_lower(self, p0: int, p1: int):
@@ -162,8 +162,8 @@ def pair_bounds(mol) -> np.ndarray:
                                f"use {option('screening', 'off')}") from error
 
 
-class EarlyIntegrals(ThreeCenterIntegrals):
-    """ThreeCenterIntegrals whose fitted_rows() (packed (mn|P), or the screened pair blocks) are
+class EarlyIntegrals(MNPIntegrals):
+    """MNPIntegrals whose fitted_rows() (packed (mn|P), or the screened pair blocks) are
     computed on a thread from start() on: libcint runs without the GIL, so the caller's own work
     meanwhile (importing torch for the backend, ~1 s; PySCF's one-electron integrals and initial
     guess) overlaps them. fitted_rows() waits for them and hands them over once (the SCF whitens
@@ -186,7 +186,7 @@ class EarlyIntegrals(ThreeCenterIntegrals):
     def _compute(self):
         with Timer().lap() as lap:
             try:
-                self._packed = ThreeCenterIntegrals.fitted_rows(self)
+                self._packed = MNPIntegrals.fitted_rows(self)
             except BaseException as error:  # handed to packed(), which raises it in the caller
                 self._error = error
         self.seconds = lap.seconds
@@ -208,11 +208,11 @@ class EarlyIntegrals(ThreeCenterIntegrals):
             raise error
 
     def fitted_rows(self):
-        """ThreeCenterIntegrals.fitted_rows, the thread's (computed anew if asked again, or if
+        """MNPIntegrals.fitted_rows, the thread's (computed anew if asked again, or if
         never started; self.screening must not change after start())."""
         self._wait()
         rows, self._packed = self._packed, None
-        return rows if rows is not None else ThreeCenterIntegrals.fitted_rows(self)
+        return rows if rows is not None else MNPIntegrals.fitted_rows(self)
 
     def packed(self) -> np.ndarray:
         """(mn|P) over the pairs m >= n: [naux, npair], fp64 (the thread's, as fitted_rows)."""

@@ -6,12 +6,12 @@ import contextlib
 
 import numpy as np
 
-from ..run.run_checkpoint import checkpoint_scratch
+from ..run.checkpoint import checkpoint_scratch
 from ..run.settings import SCF_MAX_CYCLE
 from ..util.errors import ComputationError, ConvergenceError, InputError, option
 from ..util.scratch import holding, scratch_directory
 from .basis import describe_basis, fitting_basis
-from .integrals import EarlyIntegrals, ThreeCenterIntegrals
+from .integrals import EarlyIntegrals, MNPIntegrals
 
 SCF_CONV_TOL = 1e-11  # Hartree; with SCF_CONV_TOL_GRAD keeps e_corr stable to well below 1e-8 Eh
 
@@ -61,7 +61,7 @@ def pyscf_scratch(scratch=None):
 
 @contextlib.contextmanager
 def run_scratch(settings, team=None):
-    """Within: a run's scratch (`run.run_checkpoint.checkpoint_scratch`: settings.checkpoint locked
+    """Within: a run's scratch (`run.checkpoint.checkpoint_scratch`: settings.checkpoint locked
     first, every scratch directory made within named by it) and PySCF's temporary files in a
     directory of it (`pyscf_scratch`). Gives that directory."""
     with checkpoint_scratch(settings, team), pyscf_scratch(settings.scratch) as directory:
@@ -155,7 +155,7 @@ def canonical_orbitals(mf, fock, s1e):
 def jk_fitting_integrals(mol, jk_auxbasis, early=False):
     """The SCF's JK-fit three-center integrals (an IntegralProvider with packed()); early: an
     `EarlyIntegrals`, which computes them on a thread once started."""
-    return EarlyIntegrals(mol, jk_auxbasis) if early else ThreeCenterIntegrals(mol, jk_auxbasis)
+    return EarlyIntegrals(mol, jk_auxbasis) if early else MNPIntegrals(mol, jk_auxbasis)
 
 
 def jk_auxbasis_of(mf):
@@ -189,13 +189,13 @@ def use_fitted_builds(mf, builds):
 
 
 def reference_fitting_integrals(mf):
-    """The fitting set of a density-fitted mean field's J/K as ThreeCenterIntegrals (its
+    """The fitting set of a density-fitted mean field's J/K as MNPIntegrals (its
     with_df's auxiliary basis), or None for one with exact integrals."""
     with_df = getattr(mf, "with_df", None)
     if with_df is None:
         return None
     auxmol = getattr(with_df, "auxmol", None)
-    return ThreeCenterIntegrals(mf.mol, auxmol._basis if auxmol is not None else jk_auxbasis_of(mf))
+    return MNPIntegrals(mf.mol, auxmol._basis if auxmol is not None else jk_auxbasis_of(mf))
 
 
 def copy_with_builds(mf, builds):

@@ -13,7 +13,7 @@ the 128 x 128 diagonal panels of the Cholesky factorisation (and their inverses)
 and the eigen-decomposition fallback for a singular metric.
 
 Residency: B stays in device HBM from the transform to the end of the pair stage (stored
-[nocc, naux, nvir], `three_center_layout`); the model charges host <-> device bytes where data
+[nocc, naux, nvir], `ovL_layout`); the model charges host <-> device bytes where data
 crosses (arguments not resident in HBM, `to_device`, `to_host`) and layout changes in HBM at
 the DMA rate (`device:copy`).
 
@@ -308,7 +308,7 @@ class NkiBackend:
         return self._transform(x, None, c_occ, c_vir, 2 * nP * nao * nao)
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
-        """(ia|P) over the kept pair blocks of a ScreenedThreeCenter (host fp64 panels) via
+        """(ia|P) over the kept pair blocks of a ScreenedMNP (host fp64 panels) via
         ao2mo_kernel's block-sparse layout: only the kept 128 x 128 tiles (`nki_sparse.TileMap`:
         those the kept blocks overlap) are packed, sliced, uploaded and multiplied; the second
         half is the dense one. -> [nocc, nvir, nP]."""
@@ -623,7 +623,7 @@ class NkiBackend:
         else:
             self.ledger.transfer(src.nbytes, 0)
 
-    def three_center_layout(self, shape):
+    def ovL_layout(self, shape):
         """Device storage for the [nocc, nvir, naux] tensor, laid out [nocc, naux, nvir] (the pair
         kernel's rows) and returned as a [nocc, nvir, naux] view."""
         nocc, nvir, naux = shape

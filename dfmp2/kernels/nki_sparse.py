@@ -96,7 +96,7 @@ class TileMap:
 
 
 def pack_tiles(screened, tiles: TileMap) -> np.ndarray:
-    """The kept tiles of a ScreenedThreeCenter (host fp64 panels) -> [nP, R, P] fp64."""
+    """The kept tiles of a ScreenedMNP (host fp64 panels) -> [nP, R, P] fp64."""
     pattern, nP = screened.pattern, screened.naux
     offsets = tiles.row_offsets()
     packed = np.zeros((nP, offsets[-1][-1], P))

@@ -102,7 +102,7 @@ class Backend(Protocol):
     def synchronize(self) -> None:
         """Wait for queued device work (cuda, XLA); a no-op elsewhere."""
 
-    def three_center_layout(self, shape):
+    def ovL_layout(self, shape):
         """Device storage for B [nocc, nvir, naux], returned as a [nocc, nvir, naux] view."""
 
     def copy_into(self, dst, src) -> None:
@@ -155,7 +155,7 @@ class Backend(Protocol):
         """(mn|P) [nP, nao, nao], C_occ [nao, nocc], C_vir [nao, nvir] -> (ia|P) [nocc, nvir, nP]."""
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
-        """Block-sparse (mn|P) (a dfmp2.sparse.ScreenedThreeCenter on the device) -> (ia|P) [nocc, nvir, nP].
+        """Block-sparse (mn|P) (a dfmp2.sparse.ScreenedMNP on the device) -> (ia|P) [nocc, nvir, nP].
         Only where "mp2" is in `screens`."""
 
     def screened_layout(self, pattern) -> dict:
@@ -222,7 +222,7 @@ class ScreenedBuildsBackend(Protocol):
     `sparse.block_sparse_product`): torch (cpu, cuda)."""
 
     def screened_half_transform(self, screened, factor):
-        """X [nao, nP, r] = sum_n (mn|P) F_nr over the kept pair blocks of a ScreenedThreeCenter."""
+        """X [nao, nP, r] = sum_n (mn|P) F_nr over the kept pair blocks of a ScreenedMNP."""
 
     def screened_exchange_product(self, x, z, weights=None):
         """K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r): x, z [nao, nP, r] -> [nao, nao]."""

@@ -227,7 +227,7 @@ class TorchBackend:
         return full.permute(1, 2, 0)
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
-        """(ia|P) = sum_mn C_mi C_na (mn|P) over the kept pair blocks of a ScreenedThreeCenter on
+        """(ia|P) = sum_mn C_mi C_na (mn|P) over the kept pair blocks of a ScreenedMNP on
         this device (`dfmp2.sparse`): one GEMM per row panel, then one [nvir, nao] GEMM ->
         [nocc, nvir, nP] (torch_sparse.ao2mo)."""
         self.calls["screened_ao2mo"] += 1
@@ -361,7 +361,7 @@ class TorchBackend:
                          pair_rows=8192 if cuda else 512, occ_block_limit=None,
                          pair_scratch_bytes=fp64_pair_temporaries_bytes)
 
-    def three_center_layout(self, shape):
+    def ovL_layout(self, shape):
         """Device storage for the [nocc, nvir, naux] three-center tensor (plain, contiguous)."""
         return self.zeros(shape)
 

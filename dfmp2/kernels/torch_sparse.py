@@ -1,5 +1,5 @@
 """Block-sparse three-center operations on torch (cpu, cuda): the row panels of
-`dfmp2.sparse.ScreenedThreeCenter`, one GEMM per row block, nothing densified.
+`dfmp2.sparse.ScreenedMNP`, one GEMM per row block, nothing densified.
 
     half transform   X_(m, P, r) = sum_(n in cols_M) (mn|P) F_(n r)       [nao, nP, r]
     AO->MO           (ia|P) = sum_n C_(n a) X_(n, P, i)   with F = C_occ    [nocc, nvir, nP]

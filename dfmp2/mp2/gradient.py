@@ -45,7 +45,7 @@ def gemm_backend(backend):
 
 def back_transformed(gammas, coeffs, spaces, backend=None):
     """G^P_mn = sum_s C_mi G_ia^P C_na of every spin channel, one auxiliary block at a time:
-    a function (p0, p1) -> [p1-p0, nao, nao] (chem.three_center_derivative_contraction); gammas:
+    a function (p0, p1) -> [p1-p0, nao, nao] (chem.mnP_derivative_contraction); gammas:
     G_ia^P [nact, nvir, naux] per channel; spaces: (active, virtual) indices per channel; the
     GEMMs on `backend` (backend_gemm)."""
     def block(p0, p1):
@@ -97,7 +97,7 @@ def nuclear_gradient(mf, correlation, integrals, tol=1e-10, max_cycle=100, timer
         reference = _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays, blocks_now, max_memory)
     with timer.step("gradient_integrals"):
         spaces = [(act, vir) for act, vir, _, _ in correlation.rdm1_active]
-        fitted = chem.three_center_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
+        fitted = chem.mnP_derivative_contraction(integrals, back_transformed(correlation.gamma, coeffs, spaces, backend),
                                                           gamma_aux, blocks_now())
     with timer.step("gradient_terms"):
         # V_eff[P + P^T] = V_eff[Q + Q^T] (from the CPHF's right-hand side) + V_eff[Z + Z^T] (low rank)
@@ -163,7 +163,7 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=l
         if jk is not None:  # 1/2 B_x'(D, 2P) = B_x'(D, P)
             g_ao, g_aux = reference_fitting_densities(jk, occupied, [2.0 * p for p in p_aos], aux_block(), a_x, arrays,
                                                       max_memory, known)
-            pair = chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block())
+            pair = chem.mnP_derivative_contraction(jk, g_ao, g_aux, aux_block())
         else:  # K's weight: a_x/2 on the spin-summed RKS densities, a_x per spin (UKS)
             pair = terms.coulomb_exchange_pair(d_hfs, p_aos, a_x * (0.5 if len(coeffs) == 1 else 1.0))
         return terms.reference_gradient() + pair + terms.xc_response(d_hfs, p_aos)
@@ -174,14 +174,14 @@ def _reference_terms(terms, coeffs, occs, d_hfs, p_aos, arrays=None, aux_block=l
         return fixed + (terms.two_electron(d_hf + d_plus) - terms.two_electron(d_hf - d_plus)) / 4.0
     g_ao, g_aux = reference_fitting_densities(jk, occupied, [d + 2.0 * p for d, p in zip(d_hfs, p_aos)], aux_block(),
                                               arrays=arrays, max_memory=max_memory, metric_factor=known)
-    return fixed + chem.three_center_derivative_contraction(jk, g_ao, g_aux, aux_block())
+    return fixed + chem.mnP_derivative_contraction(jk, g_ao, g_aux, aux_block())
 
 
 def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0, arrays=None,
                                 max_memory=None, metric_factor=None) -> tuple:
     """(G^P_mn one auxiliary block at a time: a function (p0, p1) -> [p1-p0, nao, nao], Gbar_PQ
     [naux, naux]) of 1/2 B'(X, Y) for a reference whose
-    two-electron energy is density fitted in `jk` (chem.ThreeCenterIntegrals; M = (P|Q)^-1):
+    two-electron energy is density fitted in `jk` (chem.MNPIntegrals; M = (P|Q)^-1):
         B(X, Y) = J(X_t, Y_t) - w sum_s K(X_s, Y_s)       w: 1/2 RHF (one spin-summed channel), 1 UHF,
                                                           times `exchange` (a hybrid's a_x)
         J(X, Y) = sum X_mn (mn|P) M_PQ (Q|ls) Y_ls,    K(X, Y) = sum X_mn Y_ls (ml|P) M_PQ (Q|ns)
@@ -190,7 +190,7 @@ def reference_fitting_densities(jk, occupied, y_dms, aux_block=128, exchange=1.0
         J: G^P = X c(Y)_P + Y c(X)_P,          Gbar = c(X) c(Y)^T + c(Y) c(X)^T
         K: G^P_lm = 2 (Y d^P)_li n_i C_mi,     Gbar_PQ = 2 sum_li d^P_li n_i (Y d^Q)_li
     (K's G given transposed: the contraction uses G^P + G^P^T only), so that
-    sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.three_center_derivative_contraction).
+    sum G (mn|P)' - 1/2 sum Gbar (P|Q)' is the derivative (chem.mnP_derivative_contraction).
     One [naux, nao, nocc_s] array per spin in `arrays` (storage.ScratchArrays: on disk with the
     energy's B out of core; default host memory; on disk too where the budget, max_memory MB,
     does not hold them beside the smallest blocks): L, written by auxiliary blocks, then d and Y d
@@ -251,7 +251,7 @@ def nuclear_gradient_of_run(mf, correlation, settings, timer=None) -> tuple:
     with response_mean_field(mf, settings) as response_mf, \
             ScratchArrays(correlation.gamma.kind, settings.scratch) as arrays:  # on disk with B out of core
         de, density = nuclear_gradient(response_mf, correlation,
-                                                chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis), timer=timer,
+                                                chem.MNPIntegrals(mf.mol, settings.auxbasis), timer=timer,
                                                 backend=backend_for(settings), with_density=True, arrays=arrays,
                                                 aux_block=lambda: gradient_aux_block(settings.max_memory, mf.mol.nao),
                                                 max_memory=settings.max_memory)

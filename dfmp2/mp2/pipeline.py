@@ -2,7 +2,7 @@
 
     refs, active orbitals        dfmp2.mp2.orbitals (spin channels: one restricted, two unrestricted)
     memory plan                  dfmp2.run.memory (block sizes from the budget)
-    B: made or found             a ThreeCenterProvider (dfmp2.run.providers): one process (memory, disk,
+    B: made or found             a BProvider (dfmp2.mp2.b): one process (memory, disk,
                                  out of core), several ranks, or given by the caller
     pair energies                steps.pair_energies over the tasks the provider streams
     density, singles             steps.mp2_densities, steps.singles_energy
@@ -11,7 +11,7 @@ Around them, the run's policies: the checkpoint's resume policy (dfmp2.run.check
 finished pair tasks), the ranks (dfmp2.run.ranks, through the provider) and the timer and
 progress of the run context (dfmp2.run.context). The steps never branch on a device, a storage or
 a rank; those choices are made once, here: the plan (`plan_run`: memory or disk, t2), the
-provider (`three_center_provider`) and the checkpoint policy (`open_run_checkpoint`).
+provider (`b_provider`) and the checkpoint policy (`open_run_checkpoint`).
 """
 
 from __future__ import annotations
@@ -21,17 +21,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..run.checkpoint import open_run_checkpoint, pipeline_identity
 from ..run.context import context_from
 from ..run.memory import MemoryPlan, plan_for
-from ..run.rank_blocks import RankDensities
-from ..run.run_checkpoint import open_run_checkpoint, pipeline_identity
 from ..run.settings import IF_ROOM, Settings, settings_from
 from ..run.storage import ThreeIndexDensity
 from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
 from ..util.system_memory import MB
 from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import combine_pair_sums, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
-from .three_center import LocalDensities, MetricFactorOnce, three_center_provider
+from .b import LocalDensities, MetricFactorOnce, RankDensities, b_provider
 
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
@@ -197,7 +196,7 @@ def density_stage(backend, provider, channels, selected, plan, settings, metric_
     three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
     Gbar, else None). metric_factor: the run's `MetricFactorOnce` (the factor B was whitened
     with). B out of core is read a slab of plan.slab_rows rows at a time. Over the
-    ranks of a team: blocks of k per rank in lockstep (`rank_blocks.RankDensities`), P and Gbar on
+    ranks of a team: blocks of k per rank in lockstep (`b.ranks.RankDensities`), P and Gbar on
     every rank, G on rank 0 only (None elsewhere)."""
     gamma, factor = None, metric_factor(out_of="density") if settings.with_gamma else None
     if factor is not None:
@@ -252,7 +251,7 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
     """`dfmp2_energy`'s steps, for a caller that has made its run's decisions once (the driver):
     refs (`orbitals.spin_channels`) of a request `check_request` passed, context's timer draining
     backend's queue (`Timer.synchronized_with`), the run's open checkpoint policy
-    (`run_checkpoint.open_run_checkpoint`); the caller closes it."""
+    (`checkpoint.policy.open_run_checkpoint`); the caller closes it."""
     before = dict(context.timer.timings)  # the run's steps so far (the SCF): not this call's
     selected = active_spaces(refs, settings.frozen)
     plan, notes, with_t2 = plan_run(backend, integrals, selected, settings, context, given)
@@ -264,7 +263,7 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
     channels = device_channels(backend, refs, selected, fock_mo)
     checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
                                                         integrals.screening))
-    provider = three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context,
+    provider = b_provider(backend, integrals, metric_factor, channels, plan, settings, context,
                                      checkpoint, given)
     try:
         tasks = pair_tasks([ch.nocc for ch in channels], provider.occ_block)

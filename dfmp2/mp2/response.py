@@ -191,7 +191,7 @@ def relaxed_properties(mf, correlation, settings, density=None) -> dict:
     units (e a0; nuclei included), about the origin of the input frame."""
     dm = density
     if dm is None:
-        integrals = chem.ThreeCenterIntegrals(mf.mol, settings.auxbasis)
+        integrals = chem.MNPIntegrals(mf.mol, settings.auxbasis)
         with response_mean_field(mf, settings) as response_mf:
             dm = relaxed_density(response_mf, correlation.rdm1_active, correlation.gamma, integrals)
     coeffs, _ = chem.per_spin_orbitals(mf)

@@ -3,7 +3,7 @@ checkpoint decisions here: those are the providers and policies of `dfmp2.mp2.pi
 
     1. metric Cholesky   J_PQ = (P|Q) = L L^T                        factor_metric
     2. AO->MO transform  (ia|P) = sum_mn C_mi C_na (mn|P)            transform_to_mo
-    3. whitening         B_ia^Q = sum_P (ia|P) [L^-T]_PQ             whiten_three_center
+    3. whitening         B_ia^Q = sum_P (ia|P) [L^-T]_PQ             whiten_iaP
     4. pair energies     (ia|jb) = sum_Q B_ia^Q B_jb^Q,  D_ijab = e_i + e_j - e_a - e_b
        restricted        E_os = sum_ijab (ia|jb)^2 / D_ijab
                          E_ss = sum_ijab (ia|jb) [(ia|jb) - (ib|ja)] / D_ijab
@@ -29,9 +29,9 @@ import numpy as np
 
 from ..util.blocks import block_ranges
 from ..linalg import factor_metric, fitting_coefficients, whiten
-from ..sparse import ScreenedThreeCenter, ao2mo as screened_ao2mo
+from ..sparse import ScreenedMNP, ao2mo as screened_ao2mo
 
-__all__ = ["factor_metric", "transform_to_mo", "whiten_three_center", "PairTask", "pair_tasks", "pair_energies",
+__all__ = ["factor_metric", "transform_to_mo", "whiten_iaP", "PairTask", "pair_tasks", "pair_energies",
            "combine_pair_sums", "t2_arrays", "mp2_densities", "mp2_density_correction",
            "singles_energy"]
 
@@ -42,15 +42,15 @@ def transform_to_mo(backend, ao_block, c_occ, c_vir):
     """Step 2: (ia|P) = sum_mn C_mi C_na (mn|P) for one auxiliary block (the ao2mo kernel).
 
     ao_block [nP, nao, nao] (symmetric in m, n), or its kept pair blocks only (a screened
-    `dfmp2.sparse.ScreenedThreeCenter`: the sum runs over them); c_occ [nao, nocc]; c_vir
+    `dfmp2.sparse.ScreenedMNP`: the sum runs over them); c_occ [nao, nocc]; c_vir
     [nao, nvir] (device tensors). Returns [nocc, nvir, nP].
     """
-    if isinstance(ao_block, ScreenedThreeCenter):
+    if isinstance(ao_block, ScreenedMNP):
         return screened_ao2mo(backend, ao_block, c_occ, c_vir)
     return backend.ao2mo(ao_block, c_occ, c_vir)
 
 
-def whiten_three_center(backend, factor, iaP):
+def whiten_iaP(backend, factor, iaP):
     """Step 3: B_ia^Q = sum_P (ia|P) [L^-T]_PQ for a block iaP [ni, nvir, naux] -> [ni, nvir, nkept]."""
     return whiten(backend, factor, iaP)
 
@@ -157,8 +157,8 @@ def mp2_densities(backend, schedule, channels, scaling=(1.0, 1.0), factor=None, 
     2 c_ss u_ik^ab + sum_KB c_KB^P 2 c_os t_iK^aB and Gbar_PQ = sum_s sum_ia G_ia^P,s c_ia^Q,s (the metric-
     derivative term of the gradient), from the whitened G~ (G = G~ W^T, c = B W^T: Gbar = W (sum_ia G~_ia^T
     B_ia) W^T). scaling (c_os, c_ss): (1, 1) for MP2, SCS weights for the density of c_os E_os + c_ss E_ss.
-    schedule: where B comes from and which blocks of k this process takes (a `run.providers.DensitySchedule`:
-    `three_center.LocalDensities`, or `rank_blocks.RankDensities` over ranks: P and Gbar are then summed over
+    schedule: where B comes from and which blocks of k this process takes (a `b.protocol.DensitySchedule`:
+    `b.provider.LocalDensities`, or `b.ranks.RankDensities` over ranks: P and Gbar are then summed over
     the ranks, and each rank's G holds the rows of its blocks of k). gamma_out: per channel a writable [nocc_s,
     nvir_s, naux] array (host or HDF5 dataset) that receives G~ per block of k, then G in one pass over the
     held rows (and over B, for Gbar) after the backend's loop. Returns ([(P_oo [nocc_s, nocc_s], P_vv [nvir_s,

@@ -4,27 +4,18 @@ The pipeline (`dfmp2.mp2.pipeline`) composes the steps (`dfmp2.mp2.steps`) with 
 kind; it never asks which one it holds.
 
 IntegralProvider: the three-center integrals (mn|P) and the metric (P|Q) of one auxiliary basis.
-    chem.ThreeCenterIntegrals    PySCF's integrals of a molecule (the default)
+    chem.MNPIntegrals            PySCF's integrals of a molecule (the default)
     chem.CholeskyVectors         Cholesky vectors a PySCF DF object holds (identity metric)
     rng.synthetic.SyntheticIntegrals   a seeded synthetic problem (`dfmp2 bench`)
 BasisSetIntegrals: an IntegralProvider of a molecule's basis sets, with what the SCF's builds, the
-screening and the derivatives use: chem.ThreeCenterIntegrals (chem.EarlyIntegrals: on a thread).
+screening and the derivatives use: chem.MNPIntegrals (chem.EarlyIntegrals: on a thread).
 
-ThreeCenterProvider: the whitened B_ia^Q of every spin channel, made (steps 1-3) or found,
-and streamed to the pair stage as (task, B_I, B_J) blocks.
-    three_center.LocalThreeCenter   one process: B in memory or on disk (out of core: each slab of B
-                                    whitened when the pair stage reaches it), or kept in a checkpoint,
-                                    or given by the caller (PySCF's ovL)
-    rank_blocks.RankThreeCenter     several ranks: each holds its occupied blocks; B_J travels on a ring
-
-DensitySchedule: the blocks of B the density step (`steps.mp2_densities`) meets, in its order.
-    three_center.LocalDensities     one process
-    rank_blocks.RankDensities       several ranks, in lockstep rounds
+B's provider protocols (`BProvider`, `DensitySchedule`) are in `dfmp2.mp2.b.protocol`.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -54,7 +45,7 @@ class IntegralProvider(Protocol):
 
 
 class BasisSetIntegrals(IntegralProvider, Protocol):
-    """The integrals of a molecule's basis sets (chem.ThreeCenterIntegrals; chem.EarlyIntegrals, which
+    """The integrals of a molecule's basis sets (chem.MNPIntegrals; chem.EarlyIntegrals, which
     computes fitted_rows() on a thread): what the SCF's builds (`chem.jk`), the screening
     (`sparse.screen_integrals`) and the derivatives (`chem.derivatives`) use beyond IntegralProvider.
     chem.CholeskyVectors has mol and basis_name of them."""
@@ -87,54 +78,3 @@ class BasisSetIntegrals(IntegralProvider, Protocol):
 
     def aux_shells(self, p0: int, p1: int) -> tuple:
         """The auxiliary shells (first, past the last) of the functions [p0, p1) (shell boundaries)."""
-
-
-class ThreeCenterProvider(Protocol):
-    """B of every spin channel, and the order the pair stage meets it in."""
-
-    nkept: int  # auxiliary functions kept by the metric's factorisation (the columns of B)
-    metric_label: str  # how the metric was factorised ("cholesky", "eigen ...", "given")
-    occ_block: int  # occupied orbitals per pair-task block
-    layout: dict  # what the pair tasks' split depends on (a checkpoint's pair journal belongs to it)
-    reused: bool  # B came from a checkpoint
-
-    def owned(self, tasks: list) -> list:
-        """Indices of the tasks this process computes (all of them, or its ranks' share)."""
-
-    def pair_blocks(self, tasks: list, todo: list) -> Iterator[tuple]:
-        """(k, tasks[k], B_I [ni, nvir, nkept], B_J) for each k in `todo` (B_J is B_I itself for
-        a diagonal task), in the order that reads (or receives) B least often."""
-
-    def rows(self, s: int, i0: int, i1: int):
-        """B rows [i0, i1) of channel s [i1 - i0, nvir, nkept] (on the device). One process only:
-        what reads all of B (the density, `three_center_mo`) is refused with several ranks."""
-
-    def combine(self, sums: np.ndarray) -> np.ndarray:
-        """Every task's sums [ntasks, 2] from the ones this process computed (ranks: all-reduced)."""
-
-    def summary(self) -> dict:
-        """What the provider did: {"io": scratch traffic, "distributed": per-rank record or None}."""
-
-    def close(self) -> None:
-        """Release B (a scratch file is deleted; a checkpoint's B is kept)."""
-
-
-class DensitySchedule(Protocol):
-    """Which blocks of B the density step takes, in order. The schedule, not the step, keeps the
-    ranks in lockstep (a round in which this process takes no k block still passes every i block
-    on) and gives a finished block's memory back (when the step asks for the next one)."""
-
-    def k_blocks(self, other: int) -> Iterator[tuple]:
-        """The blocks (k0, k1) of channel `other` this process takes as k, in order."""
-
-    def slabs(self, s: int) -> Iterator:
-        """B of every i of channel s, as row blocks [i1 - i0, nvir_s, nkept] in order."""
-
-    def rows(self, s: int, i0: int, i1: int):
-        """B rows [i0, i1) of channel s that this process holds."""
-
-    def fit_blocks(self, s: int) -> Iterator[tuple]:
-        """The row blocks (i0, i1) of channel s whose G this process fits, a block at a time."""
-
-    def combine(self, array: np.ndarray) -> np.ndarray:
-        """The sum over the processes that share the work."""

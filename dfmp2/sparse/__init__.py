@@ -15,21 +15,28 @@ backends' arithmetic on the panels is in `dfmp2.kernels` (torch_sparse, nki_spar
     product         X_(m, P, r) = sum_(n kept) (mn|P) F_(n r)
 """
 
-from .formats import LowerPanels, ScreenedThreeCenter
+from ..util.deprecated import MISSING as _MISSING, renamed as _renamed
+from .formats import LowerPanels, ScreenedMNP
 from .product import ao2mo, banded_pattern, block_sparse_product, random_screened
 from .screening import (SCREENING_DEFAULT, ScreenedPattern, ScreeningChoice, choose_screening, parse_screening,
                         screen_integrals, screen_pair_blocks)
 
 __all__ = ["SCREENING_DEFAULT", "LowerPanels", "ScreenedFittedStore", "ScreenedPattern", "ScreeningChoice",
-           "ScreenedThreeCenter", "ao2mo", "banded_pattern", "block_sparse_product", "choose_screening",
+           "ScreenedMNP", "ao2mo", "banded_pattern", "block_sparse_product", "choose_screening",
            "fitted_store", "parse_screening", "random_screened", "screen_integrals", "screen_pair_blocks"]
+
+
+OLD_NAMES = {"ScreenedThreeCenter": "ScreenedMNP"}  # deprecated names (CHANGELOG.md) -> their new ones
 
 
 def __getattr__(name):
     """The SCF store loads torch: imported on first use, so that a run's early integrals start
-    before torch does (the driver imports this package)."""
+    before torch does (the driver imports this package). An old name: its new one, with a warning."""
     if name in ("ScreenedFittedStore", "fitted_store"):
         from . import scf_store
 
         return getattr(scf_store, name)
+    found = _renamed(__name__, OLD_NAMES, name, globals())
+    if found is not _MISSING:
+        return found
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,7 @@
     LowerPanels           each kept block pair (M, N), N <= M, once: lower_M [nP, nM, nlow_M] holds
                           row block M against its kept N <= M, ascending (what the integrals
                           compute, and what the SCF keeps: half the bytes)
-    ScreenedThreeCenter   both orientations, (mn|P) = (nm|P): panel_M [nP, nM, ncols_M] holds row
+    ScreenedMNP           both orientations, (mn|P) = (nm|P): panel_M [nP, nM, ncols_M] holds row
                           block M against every kept N, ascending (`LowerPanels.expand`: a copy,
                           ~0.4 ns an element against libcint's ~10 ns), so that a half transform
                           is one GEMM per row block:
@@ -79,7 +79,7 @@ class LowerPanels(_Panels):
 
         return torch.cat([p.reshape(p.shape[0], -1) for p in self.panels], dim=1)
 
-    def expand(self, p0=0, p1=None, dtype=None) -> ScreenedThreeCenter:
+    def expand(self, p0=0, p1=None, dtype=None) -> ScreenedMNP:
         """Both orientations of auxiliary functions [p0, p1) (in dtype: default the panels')."""
         p1 = self.naux if p1 is None else p1
         pattern, full = self.pattern, []
@@ -95,10 +95,10 @@ class LowerPanels(_Panels):
                 c0, c1 = pattern.column_offsets(m)[n], pattern.column_offsets(n)[m]  # (nm|P) = (mn|P), transposed
                 full[n][:, :, c1:c1 + pattern.width(m)] = \
                     self.panels[m][p0:p1, :, c0:c0 + pattern.width(n)].swapaxes(1, 2)
-        return ScreenedThreeCenter(pattern, full)
+        return ScreenedMNP(pattern, full)
 
 
-class ScreenedThreeCenter(_Panels):
+class ScreenedMNP(_Panels):
     """Kept pair blocks of (mn|P) in both orientations for nP auxiliary functions: panels
     [nP, nM, ncols_M] (host numpy fp64, or device tensors after `on_device`), pattern: their
     `ScreenedPattern`."""

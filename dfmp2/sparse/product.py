@@ -20,7 +20,7 @@ from .screening import ScreenedPattern
 
 def block_sparse_product(backend, screened, factor):
     """X [nao, nP, r] = sum_n (mn|P) F_(n r) over the kept pair blocks of `screened` (a
-    ScreenedThreeCenter on the backend's device); factor [nao, r] in the panels' dtype.
+    ScreenedMNP on the backend's device); factor [nao, r] in the panels' dtype.
     Backends whose `screens` hold "scf" (torch: cpu, cuda)."""
     if "scf" not in backend.screens:
         raise ValueError(f"block_sparse_product: the {backend.name} backend has no block-sparse half transform "
@@ -44,7 +44,7 @@ def banded_pattern(nao: int, block: int, band: int) -> ScreenedPattern:
 
 
 def random_screened(pattern: ScreenedPattern, naux: int, seed: int = 0):
-    """Random fp64 (mn|P) on the kept blocks of `pattern`, symmetric in m, n: a ScreenedThreeCenter
+    """Random fp64 (mn|P) on the kept blocks of `pattern`, symmetric in m, n: a ScreenedMNP
     of naux auxiliary functions (host), for benchmarks and tests."""
     from .formats import LowerPanels
 

@@ -6,7 +6,7 @@ Ownership: every scratch directory a run makes comes from `scratch_directory(kin
 RowFile "scf", the gradient's "gradient", an optimisation's "optimize", a rank's blocks "rank", a
 DiskStore "b", PySCF's temporary files "pyscf": `chem.pyscf_scratch`). It is named
 <run><kind>-<random>, where <run> is the run's name (`run_name`): "dfmp2-", or within
-`named_by(name)` that name (a checkpoint's "dfmp2-ck<its id>-": `run_checkpoint.checkpoint_scratch`,
+`named_by(name)` that name (a checkpoint's "dfmp2-ck<its id>-": `checkpoint.policy.checkpoint_scratch`,
 an optimisation's), and it holds LOCK_NAME, a file locked (flock, exclusive) on a descriptor kept
 open for the directory's lifetime. The kernel releases that lock when its holder dies, however
 it dies (SIGKILL included); it is the file's, whatever mount or PID namespace looks at it (on a

@@ -44,7 +44,7 @@ if os.environ.get("DFMP2_TEST_SCRATCH_KIND"):
     _scratch.scratch_directory = _marked_scratch_directory
 
 if os.environ.get("DFMP2_TEST_LOCK_MARK"):
-    from dfmp2.run import checkpoint as _checkpoint
+    from dfmp2.run.checkpoint import directory as _checkpoint
 
     _acquire_lock = _checkpoint.Checkpoint._acquire_lock
 

@@ -1,7 +1,7 @@
 """The checkpoint as a run uses it: B and the pair journal kept, found and checked against
 the run's identity (`pipeline_identity`). Three policies, composed by `open_run_checkpoint`:
 `NoCheckpoint` where none was asked for, `RunCheckpoint` for one process (it knows nothing of
-ranks), and over a team `rank_checkpoint.RankCheckpoint` around each rank's `RunCheckpoint`.
+ranks), and over a team `ranks.RankCheckpoint` around each rank's `RunCheckpoint`.
 `checkpoint_scratch` locks DIR before the run makes any scratch, and names that scratch by it."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import json
 
 import numpy as np
 
-from ..util.files import display
-from ..util.provenance import canonical
-from .checkpoint import array_digest, open_checkpoint, version_identity
+from ...util.files import display
+from ...util.provenance import canonical
+from .directory import array_digest, open_checkpoint, version_identity
 from .journal import PairJournal
-from .rank_checkpoint import RankCheckpoint, open_shared_checkpoint
-from ..util.scratch import named_by
-from .storage import DiskStore
+from .ranks import RankCheckpoint, open_shared_checkpoint
+from ...util.scratch import named_by
+from ..storage import DiskStore
 
 SCF_RECORD = "scf_record"  # the member of scf.npz that says what made the SCF (`resume_scf`)
 

@@ -52,11 +52,11 @@ import re
 
 import numpy as np
 
-from ..util.errors import InputError, option
-from ..util.files import display, write_atomically
-from ..util.provenance import arrays_identity, difference, h5_identity, mismatch, stamp_h5, stamped
-from ..util.scratch import is_scratch_directory, run_name
-from ..util.version import __version__
+from ...util.errors import InputError, option
+from ...util.files import display, write_atomically
+from ...util.provenance import arrays_identity, difference, h5_identity, mismatch, stamp_h5, stamped
+from ...util.scratch import is_scratch_directory, run_name
+from ...util.version import __version__
 from .journal import PairJournal
 
 MANIFEST = "manifest.json"

@@ -11,11 +11,11 @@ import zlib
 
 import numpy as np
 
-from ..util.appends import Appender, failure_reason
-from ..util.errors import ComputationError
-from ..util.files import display, one_line
-from ..util.provenance import JOURNAL_HEADER_BYTES, journal_digest, journal_header
-from .context import clock
+from ...util.appends import Appender, failure_reason
+from ...util.errors import ComputationError
+from ...util.files import display, one_line
+from ...util.provenance import JOURNAL_HEADER_BYTES, journal_digest, journal_header
+from ..context import clock
 
 RECORD = struct.Struct("<qddI")  # task index, E_os part, E_ss part, crc32 of the first three
 

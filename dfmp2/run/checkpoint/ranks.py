@@ -1,5 +1,5 @@
 """The checkpoint over the ranks of a team: `RankCheckpoint` wraps the one-process policy of
-each rank (`run_checkpoint.RunCheckpoint`) with what several ranks add. Rank 0 alone reads and
+each rank (`checkpoint.policy.RunCheckpoint`) with what several ranks add. Rank 0 alone reads and
 writes the manifest and decides for all (`Team.on_root`); each rank keeps its own B blocks
 (DIR/B_<channel>.rank<r>.h5) and pair journal (DIR/pairs.rank<r>.journal), which rank 0 lists
 and vouches for after gathering them; the reused pair tasks are added over the ranks."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..util.errors import option
-from .checkpoint import Checkpoint, open_checkpoint
+from ...util.errors import option
+from .directory import Checkpoint, open_checkpoint
 
 
 def open_shared_checkpoint(settings, team) -> Checkpoint:

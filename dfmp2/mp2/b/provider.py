@@ -1,5 +1,5 @@
 """Where B comes from (steps 1-3 composed): made in this process, over the ranks of a team,
-given by the caller, or found in the checkpoint; and steps 1-3 alone (`three_center_mo`)."""
+given by the caller, or found in the checkpoint; and steps 1-3 alone (`ovL_of_orbitals`)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..run.context import context_from
-from ..run.memory import plan_for
-from ..run.rank_blocks import RankThreeCenter, rows_from_columns
-from ..run.ranks import Staging, aux_shares, block_owners
-from ..run.settings import Settings, settings_from
-from ..run.storage import MemoryStore, new_store
-from ..util.blocks import block_ranges
-from ..util.errors import InputError, MemoryBudgetError
-from ..sparse.formats import ScreenedThreeCenter
-from ..util.system_memory import MB, release_freed_memory, released_after_each
-from .orbitals import active_spaces, device_channels, spin_channels
-from .steps import factor_metric, transform_to_mo, whiten_three_center
+from ...run.context import context_from
+from ...run.memory import plan_for
+from .ranks import RankB, rows_from_columns
+from ...run.ranks import Staging, aux_shares, block_owners
+from ...run.settings import Settings, settings_from
+from ...run.storage import MemoryStore, new_store
+from ...util.blocks import block_ranges
+from ...util.errors import InputError, MemoryBudgetError
+from ...sparse.formats import ScreenedMNP
+from ...util.system_memory import MB, release_freed_memory, released_after_each
+from ..orbitals import active_spaces, device_channels, spin_channels
+from ..steps import factor_metric, transform_to_mo, whiten_iaP
 
 
 class MetricFactorOnce:
@@ -41,19 +41,19 @@ class MetricFactorOnce:
         return self._factor
 
 
-def three_center_provider(backend, integrals, metric_factor, channels, plan, settings, context, checkpoint, given):
-    """Where B comes from and lives (`dfmp2.run.providers`): given by the caller, over the ranks of
+def b_provider(backend, integrals, metric_factor, channels, plan, settings, context, checkpoint, given):
+    """Where B comes from and lives (`dfmp2.mp2.b.protocol`): given by the caller, over the ranks of
     the team, or made (or found in the checkpoint) in this process. metric_factor: the run's
     `MetricFactorOnce` (step 1, shared with the densities)."""
     if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
-        return given_three_center(backend, given, channels, plan)
+        return given_b(backend, given, channels, plan)
     if context.team is not None:
-        return three_center_over_ranks(backend, integrals, metric_factor, channels, plan, context.team, checkpoint,
+        return b_over_ranks(backend, integrals, metric_factor, channels, plan, context.team, checkpoint,
                                        context, settings.scratch)
-    return local_three_center(backend, integrals, metric_factor, channels, plan, settings.scratch, checkpoint, context)
+    return local_b(backend, integrals, metric_factor, channels, plan, settings.scratch, checkpoint, context)
 
 
-def transformed_three_center(backend, integrals, metric_factor, channels, aux_blocks, new_store_of, context, first=0):
+def make_iaP(backend, integrals, metric_factor, channels, aux_blocks, new_store_of, context, first=0):
     """Steps 1 and 2, the one place they are composed: (the metric's factor, stores[s] holding
     channel s's (ia|P) for the auxiliary functions of aux_blocks, at columns p - first).
     metric_factor: the run's `MetricFactorOnce`. new_store_of(channel): the store each channel's (ia|P)
@@ -76,7 +76,7 @@ def whiten_blocks(backend, factor, read_occ, occ_blocks, write, report=None):
     """Step 3 over occupied blocks [(i0, i1)]: B = (ia|P) L^-T of the rows read_occ(i0, i1)
     gives, handed to write(i0, i1, B) a block at a time (freed memory given back after each)."""
     for n, (i0, i1) in enumerate(occ_blocks):
-        block = whiten_three_center(backend, factor, read_occ(i0, i1))
+        block = whiten_iaP(backend, factor, read_occ(i0, i1))
         write(i0, i1, block)
         del block
         release_freed_memory()
@@ -84,20 +84,20 @@ def whiten_blocks(backend, factor, read_occ, occ_blocks, write, report=None):
             report("whitening", n + 1, len(occ_blocks))
 
 
-def local_three_center(backend, integrals, metric_factor, channels, plan, scratch, checkpoint, context):
+def local_b(backend, integrals, metric_factor, channels, plan, scratch, checkpoint, context):
     """Steps 1-3 in this process, B in memory or on disk as the plan says, or B the checkpoint
     holds. Out of core without a checkpoint, step 3 waits for step 4: each slab of (ia|P) is
-    whitened when the pair stage reaches it (`LocalThreeCenter`), so that it is read once."""
+    whitened when the pair stage reaches it (`LocalB`), so that it is read once."""
     nocc, timer = [ch.nocc for ch in channels], context.timer
     shapes = [(ch.nocc, ch.nvir, integrals.naux) for ch in channels]
     held = checkpoint.held_b(backend, channels, shapes)
     if held:
-        return LocalThreeCenter(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
-    factor, stores = transformed_three_center(
+        return LocalB(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
+    factor, stores = make_iaP(
         backend, integrals, metric_factor, channels, integrals.aux_blocks(plan.aux_block), lambda ch: new_store(
             backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, scratch, checkpoint.b_path(ch),
             checkpoint.scratch_prefix, checkpoint.b_identity()), context)  # 1. and 2.
-    provider = LocalThreeCenter(backend, stores, nocc, plan, factor.nkept, factor.describe(), timer)
+    provider = LocalB(backend, stores, nocc, plan, factor.nkept, factor.describe(), timer)
     try:
         if plan.storage == "disk" and not checkpoint.keeps_b:
             provider.factor = factor  # 3. inside step 4, slab by slab
@@ -113,8 +113,8 @@ def local_three_center(backend, integrals, metric_factor, channels, plan, scratc
     return provider
 
 
-class LocalThreeCenter:
-    """The ThreeCenterProvider of one process (`dfmp2.run.providers`): stores[s] (MemoryStore or
+class LocalB:
+    """The BProvider of one process (`dfmp2.mp2.b.protocol`): stores[s] (MemoryStore or
     DiskStore) hold channel s's B [nocc, nvir, nkept]. The pair stage reads B_I in slabs of
     plan.slab_rows occupied rows, once each, and streams the B_J blocks the slab's tasks need
     against it, read once per slab (a view when J lies inside the slab). With `factor` (out of
@@ -185,7 +185,7 @@ class LocalThreeCenter:
             store.close()
 
 
-def given_three_center(backend, given, channels, plan) -> LocalThreeCenter:
+def given_b(backend, given, channels, plan) -> LocalB:
     """B given per channel ([nocc * nvir, naux] arrays or HDF5 datasets, PySCF's ovL layout; any
     whitening of the metric gives the same energies), read into memory in occupied blocks.
     InputError if a shape does not match the active orbitals."""
@@ -206,15 +206,15 @@ def given_three_center(backend, given, channels, plan) -> LocalThreeCenter:
             rows = np.asarray(ovl[i0 * ch.nvir:i1 * ch.nvir], dtype=np.float64).reshape(i1 - i0, ch.nvir, naux)
             store.write_occ(i0, i1, backend.to_device(rows))
         stores.append(store)
-    return LocalThreeCenter(backend, stores, [ch.nocc for ch in channels], plan, naux, "given")
+    return LocalB(backend, stores, [ch.nocc for ch in channels], plan, naux, "given")
 
 
-def three_center_over_ranks(backend, integrals, metric_factor, channels, plan, team, checkpoint, context, scratch=None):
+def b_over_ranks(backend, integrals, metric_factor, channels, plan, team, checkpoint, context, scratch=None):
     """Steps 1-3 split over the ranks (module docstring): every rank factors the metric,
     transforms its share of the auxiliary blocks, receives its occupied blocks with every P
     (the all-to-all, a block at a time) and whitens them; or takes them from the checkpoint of
     an earlier run of the same layout. B and the transform's columns in memory or, as the plan
-    says, in scratch files (under `scratch`). Returns the RankThreeCenter holding this rank's blocks."""
+    says, in scratch files (under `scratch`). Returns the RankB holding this rank's blocks."""
     naux, size, rank = metric_factor.naux, team.size, team.rank
     # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
     shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
@@ -223,7 +223,7 @@ def three_center_over_ranks(backend, integrals, metric_factor, channels, plan, t
     column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
     blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
     owners = block_owners([len(b) for b in blocks], size)
-    provider = RankThreeCenter(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
+    provider = RankB(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
                                plan.storage, scratch)
     held = checkpoint.held_rows(provider.layout, blocks, owners, channels) if checkpoint.keeps_b else None
     if held is not None:  # B of this layout, kept by an earlier run (every rank's)
@@ -236,7 +236,7 @@ def three_center_over_ranks(backend, integrals, metric_factor, channels, plan, t
         provider.reused = True
         return provider
     c0, c1 = column_ranges[rank]  # 1. on every rank; 2. for this rank's P
-    factor, columns = transformed_three_center(
+    factor, columns = make_iaP(
         backend, integrals, metric_factor, channels, shares[rank], lambda ch: new_store(
             backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch), context, first=c0)
     try:
@@ -248,7 +248,7 @@ def three_center_over_ranks(backend, integrals, metric_factor, channels, plan, t
                 for b, block in rows_from_columns(team, columns[s], blocks[s], owners[s], column_ranges, naux,
                                                   provider.staging, dtype, ch.e_vir.device, ch.nvir):
                     if b is not None:
-                        provider.rows[s][b] = whiten_three_center(backend, factor, block)
+                        provider.rows[s][b] = whiten_iaP(backend, factor, block)
                     del block
                     release_freed_memory()
                 provider.add_io(columns[s].io())
@@ -265,7 +265,7 @@ def three_center_over_ranks(backend, integrals, metric_factor, channels, plan, t
     return provider
 
 
-def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
+def ovL_of_orbitals(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
                     out=None, context=None, **changes) -> list:
     """Steps 1-3 only: B_ia^Q = sum_P (ia|P) [L^-T]_PQ of each spin channel's active orbitals
     (settings.frozen) in PySCF's ovL layout [nocc * nvir, naux_kept]. Arguments as
@@ -284,7 +284,7 @@ def three_center_mo(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
                                 "returned in memory: give more memory, or write them to a file (ovL_to_save)")
     backend.prepare(plan)
     channels = device_channels(backend, refs, selected)
-    factor, stores = transformed_three_center(
+    factor, stores = make_iaP(
         backend, integrals, MetricFactorOnce(backend, integrals.metric(), context.timer), channels,
         integrals.aux_blocks(plan.aux_block),
         lambda ch: new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch),
@@ -315,7 +315,7 @@ def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer
         with timer.step("integrals"):
             ao_block = integrals.block(p0, p1)
         with timer.step("transform"):
-            ao_block = ao_block.on_device(backend) if isinstance(ao_block, ScreenedThreeCenter) else \
+            ao_block = ao_block.on_device(backend) if isinstance(ao_block, ScreenedMNP) else \
                 backend.to_device(ao_block, fp64=True)
             for ch, store in zip(channels, stores):
                 store.write_aux(p0 - first, p1 - first, transform_to_mo(backend, ao_block, ch.c_occ, ch.c_vir))
@@ -325,10 +325,10 @@ def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer
 
 
 class LocalDensities:
-    """How `mp2_densities` reaches B in one process (a `run.providers.DensitySchedule`): rows(s, i0, i1)
+    """How `mp2_densities` reaches B in one process (a `protocol.DensitySchedule`): rows(s, i0, i1)
     gives B rows [i1 - i0, nvir_s, nkept] of channel s on the device (the provider's); the k side in
     blocks of k_rows orbitals; the i side in slabs of slab_rows rows (None: all at once; B on disk: a slab
-    at a time, so B is read once per block of k). `rank_blocks.RankDensities` is the same over the ranks
+    at a time, so B is read once per block of k). `ranks.RankDensities` is the same over the ranks
     of a team. A block's temporaries go back to the system when the step asks for the next block (glibc
     keeps their pages otherwise: +70 MB on hexane)."""
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..util.scratch import RowFile
-from ..util.system_memory import MB, peak_resident_bytes, released_after_each
-from .context import Timer
-from .ranks import Staging, Team
+from ...util.scratch import RowFile
+from ...util.system_memory import MB, peak_resident_bytes, released_after_each
+from ...run.context import Timer
+from ...run.ranks import Staging, Team
 
 
 def rows_from_columns(team: Team, columns, blocks: list, owners: list, column_ranges: list, naux: int,
@@ -139,8 +139,8 @@ class RankBlocks:
         self._file = None
 
 
-class RankThreeCenter:
-    """The ThreeCenterProvider of a team (`dfmp2.run.providers`): rows[s] (RankBlocks) = {b: B of
+class RankB:
+    """The BProvider of a team (`dfmp2.mp2.b.protocol`): rows[s] (RankBlocks) = {b: B of
     occupied block b of channel s} for the blocks this rank owns (`block_owners`), in memory or
     on disk as the plan says; the pair tasks (I, J) are computed by the owner of I while the B_J
     blocks travel around the ring, one rank's blocks per step (`pass_blocks`; on disk through
@@ -251,14 +251,14 @@ class RankThreeCenter:
 
 
 class RankDensities:
-    """How `steps.mp2_densities` reaches B over the ranks (a `providers.DensitySchedule`; the schedule
-    `three_center.LocalDensities` is in one process), in lockstep rounds: in each round every rank takes one of its own occupied
+    """How `steps.mp2_densities` reaches B over the ranks (a `protocol.DensitySchedule`; the schedule
+    `provider.LocalDensities` is in one process), in lockstep rounds: in each round every rank takes one of its own occupied
     blocks as the k block (or none, once it has used them all), and the blocks of every i are
     broadcast by their owners, in order, to every rank; P and Gbar are summed over the ranks
     (combine); each rank fits the G rows of its own blocks (held), and `gather_on_root` brings
     them to rank 0, where the gradient runs. B crosses the wire once per round."""
 
-    def __init__(self, provider: RankThreeCenter):
+    def __init__(self, provider: RankB):
         self.provider = provider
         self.team = provider.team
 
