@@ -65,9 +65,9 @@ def machine_limits(shapes) -> dict:
     bandwidth (GB/s), on random data. shapes: the run's sizes (`run_shapes`)."""
     import torch
 
-    from dfmp2.kernels.torch_fitted import TorchFittedStore
+    from dfmp2.kernels.torch.fitted import TorchFittedStore
 
-    from dfmp2.kernels.cpu_libraries import _CALLS, _takes
+    from dfmp2.kernels.torch.cpu_libraries import _CALLS, _takes
 
     n, X, r, Y, o, v = (shapes[k] for k in ("n", "X", "r", "Y", "o", "v"))
     rates, libraries = {}, {}

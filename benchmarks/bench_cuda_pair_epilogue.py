@@ -19,7 +19,7 @@ import json
 import statistics
 
 from dfmp2.app.bench import run_bench
-from dfmp2.kernels import torch_backend
+from dfmp2.kernels.torch import backend as torch_backend
 from dfmp2.rng.synthetic import SHAPES
 from dfmp2.run.settings import Settings
 

@@ -39,11 +39,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from dfmp2.kernels import emulator as nki  # noqa: E402
-from dfmp2.kernels.emulator import cost_model  # noqa: E402
-from dfmp2.kernels.emulator.core import TARGETS  # noqa: E402
-from dfmp2.kernels.nki_launch import load_kernels  # noqa: E402
-from dfmp2.kernels.ozaki import column_digits  # noqa: E402
+import nki_emulator as nki  # noqa: E402
+from dfmp2.kernels.nki import model as cost_model  # noqa: E402
+from nki_emulator.core import TARGETS  # noqa: E402
+from dfmp2.kernels.nki.launch import load_kernels  # noqa: E402
+from dfmp2.kernels.nki.ozaki import column_digits  # noqa: E402
 
 nl = nki.language
 nisa = nki.isa

@@ -206,8 +206,8 @@ def test_the_backends_and_kernels_answer_what_callers_ask():
     """What replaced the callers' device names and getattr: the backends' capabilities, count() and
     modelled(), and kernels' answers known before a backend is loaded."""
     from dfmp2 import kernels
-    from dfmp2.kernels.nki_backend import NkiBackend
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.nki.backend import NkiBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     cpu, trn = TorchBackend("cpu", "fp64"), NkiBackend("trn2", simulate=True)
     assert (cpu.on_host, cpu.makes_integrals_on_device, cpu.fitted_store_on_disk) == (True, False, True)

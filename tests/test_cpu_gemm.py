@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels import cpu_gemm, cpu_solves
+from dfmp2.kernels.torch import cpu_gemm, cpu_solves
 from dfmp2.util import cpu_config
 from dfmp2.util.errors import InputError
 
@@ -228,7 +228,7 @@ def test_the_half_transform_takes_the_form_measured_faster(fresh):
 
 def test_a_pinned_library_that_cannot_run_is_an_error(fresh, monkeypatch):
     """No silent substitute: DFMP2_GEMM=onednn where this torch has no oneDNN matmul is refused."""
-    from dfmp2.kernels import cpu_libraries
+    from dfmp2.kernels.torch import cpu_libraries
 
     monkeypatch.setenv("DFMP2_GEMM", "onednn")
     monkeypatch.setattr(cpu_libraries, "onednn_available", lambda: "this torch was built without oneDNN")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels.nki_backend import NkiBackend
-from dfmp2.kernels.nki_launch import pair_blocks
+from dfmp2.kernels.nki.backend import NkiBackend
+from dfmp2.kernels.nki.launch import pair_blocks
 
 SIZES = [1, 7, 127, 128, 129, 300, 513, 1100]
 TARGETS = [("trn1", "0.2"), ("trn2", "0.6")]  # both targets, both rule sets (0.2 and 0.3+)
@@ -120,7 +120,7 @@ def test_ao2mo_streams_c_vir_for_any_nao(target, api, nao, nocc, nvir, naux):
     backend = NkiBackend(target, simulate=True, nki_api=api)
     out = backend.ao2mo(f32(ints), f32(c_occ), f32(c_vir))
     assert rel_err(out, np.einsum("pmn,mi,na->iap", ints, c_occ, c_vir, optimize=True)) <= REL_TOL
-    from dfmp2.kernels.emulator import TARGETS as LIMITS
+    from nki_emulator import TARGETS as LIMITS
     assert backend.trace.peak_sbuf_bytes <= LIMITS[target].sbuf_usable_bytes_per_partition
     assert backend.calls["ao2mo_kernel"] == 1
 
@@ -304,7 +304,7 @@ def test_every_kernel_under_every_release_pair(target, api):
 
 def _densities_against_fp64(target, api):
     """density_kernel and gamma_kernel (density_block with G) against the torch backend's fp64 formulas."""
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     rng = np.random.default_rng(29)
     nocc, nvir, naux = 5, 130, 140
@@ -381,7 +381,7 @@ def test_the_kernel_file_names_every_release_it_is_checked_under():
     import pathlib
 
     import dfmp2.kernels
-    from dfmp2.kernels.nki_support import NEURON_SDK_OF_NKI
+    from dfmp2.kernels.nki.support import NEURON_SDK_OF_NKI
 
     source = (pathlib.Path(dfmp2.kernels.__file__).parent / "nki_kernels.py").read_text()
     header = ast.get_docstring(ast.parse(source)).split("\n\n")[0].replace("\n", " ")

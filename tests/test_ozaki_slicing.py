@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels import ozaki
-from dfmp2.kernels.tiles import SLICE_BITS
+from dfmp2.kernels.nki import ozaki
+from dfmp2.kernels.nki.tiles import SLICE_BITS
 
 
 def one_pass_digits(a, exponent, count):

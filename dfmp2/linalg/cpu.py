@@ -11,7 +11,7 @@ are in kernels.cpu_gemm (the torch backend calls it for every product); this is 
 
 from __future__ import annotations
 
-from ..kernels import cpu_gemm, cpu_solves
+from ..kernels.torch import cpu_gemm, cpu_solves
 
 # the products `dfmp2 tune` measures where the cache holds none, as (kind, precision, (batch, m, k, n),
 # the operands' layouts: "n" row-major, "t" a transposed view):

@@ -8,7 +8,7 @@ import torch
 
 from ..util.blocks import block_ranges
 from ..util.scratch import RowFile
-from ..kernels.torch_fitted import KIND_DTYPES, MAX_AUX_ROWS, TorchFittedStore
+from ..kernels.torch.fitted import KIND_DTYPES, MAX_AUX_ROWS, TorchFittedStore
 from ..util.system_memory import release_freed_memory
 from .formats import LowerPanels
 from .product import block_sparse_product

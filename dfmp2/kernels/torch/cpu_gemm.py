@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..util import cpu_config, environment, provenance
-from ..util.clock import clock
-from ..util.errors import ComputationError, InputError
-from ..util.files import write_atomically
+from ...util import cpu_config, environment, provenance
+from ...util.clock import clock
+from ...util.errors import ComputationError, InputError
+from ...util.files import write_atomically
 from .cpu_libraries import _CALLS, _SOLVES, _available, _takes, kernels, library_versions  # noqa: F401
 
 MEASURE_FLOPS = 2e9  # a measured call's flops at most (rows sliced): ~5-20 ms at 100-400 GF/s

@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 import torch
 
-from ..util import cpu_config, environment
+from ...util import cpu_config, environment
 
 _DTYPES = {torch.float32: "fp32", torch.float64: "fp64"}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import cpu_gemm
-from .torch_products import symmetric_product
+from .products import symmetric_product
 
 
 class PanelIndex:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..util import cpu_config
+from ...util import cpu_config
 from . import cpu_gemm
 from .cpu_libraries import _SOLVES
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..util.errors import MemoryBudgetError, option
-from ..util.system_memory import MB
-from .emulator.core import TARGETS
+from ...util.errors import MemoryBudgetError, option
+from ...util.system_memory import MB
+from nki_emulator.core import TARGETS
 from .ozaki import INPUT_SLICES, column_digits, column_slices
 from .tiles import SLICE_BITS, jk_columns
 

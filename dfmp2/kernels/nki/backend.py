@@ -36,18 +36,18 @@ import weakref
 import numpy as np
 import torch
 
-from ..util import environment
-from ..util.errors import option
-from . import emulator
-from .emulator.core import TARGETS
-from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
-from .nki_ledger import CostLedger
-from .nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
-from .nki_support import (LNC_VARIABLE, checks_lnc, installed_nki_api, installed_versions, logical_core_degree,
+from ...util import environment
+from ...util.errors import option
+import nki_emulator as emulator
+from nki_emulator.core import TARGETS
+from .launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
+from .ledger import CostLedger
+from .sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
+from .support import (LNC_VARIABLE, checks_lnc, installed_nki_api, installed_versions, logical_core_degree,
                           release_name)
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_digits, column_slices, half_transform_grid
-from .protocol import BackendRecord, PlanHints, rows_gram
-from .spin_cases import density_weights
+from ..protocol import BackendRecord, PlanHints, rows_gram
+from ..spin_cases import density_weights
 from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P
 
 
@@ -408,7 +408,7 @@ class NkiBackend:
         block of at most PAIR_BLOCK x PAIR_BLOCK pairs (only j <= i on the diagonal), on all
         physical cores of the logical core; B stays in device HBM and only the per-pair
         partials come back, summed in fp64."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         if t_out is not None:
             raise ComputationError(f"t2: the amplitudes are not formed on {self.target} (the pair kernel never "
@@ -450,7 +450,7 @@ class NkiBackend:
         X = c_w t - c_u t^T = g Y (spin_cases.density_weights): (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed,
         (2 c_ss, 2 c_ss) same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
         block of j (NkiBackend.gamma_rows); the partial G comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         _, (y_w, y_u), _, g = density_weights(scaling, spin_case)
         c_w, c_u = g * y_w, g * y_u  # X = g Y: 4 T for closed-shell MP2
@@ -492,7 +492,7 @@ class NkiBackend:
         from gamma_kernel (gamma_block of all i against the k block), else None. The two kernels
         form the amplitudes each (the torch backend forms them once). b_occ: B of all i, or one
         row block of it in a list (out-of-core B in several blocks is refused: ComputationError)."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         if not torch.is_tensor(b_occ):
             chunks = list(b_occ)
@@ -514,7 +514,7 @@ class NkiBackend:
         nocc / (2 rows) times the energy's Tensor Engine work). Partials come back and are summed
         in fp64: returns (P_oo [nocc, nocc], P_vv [nvir, nvir]) as host tensors (torch backend's
         formulas)."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         (x_w, x_u), (y_w, y_u), weight, _ = density_weights(scaling, spin_case)
         nocc, nvir, naux = b_occ.shape
@@ -573,7 +573,7 @@ class NkiBackend:
     # ---- the SCF's builds (FittedBuildsBackend; the store and its formulas in nki_fitted.py) ----
     def fitted_store(self, rows, nao, kinds, free_bytes):
         """B for the SCF's Coulomb/exchange builds, uploaded once (nki_fitted.NkiFittedStore)."""
-        from .nki_fitted import NkiFittedStore
+        from .fitted import NkiFittedStore
 
         return NkiFittedStore(self, rows, nao, kinds, free_bytes)
 

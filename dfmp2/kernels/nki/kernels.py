@@ -31,8 +31,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-# relative: resolves to dfmp2.kernels.tiles both when this file is imported as
-# dfmp2.kernels.nki_kernels and when nki_launch.load_kernels loads it from its path for the emulator
+# relative: resolves to dfmp2.kernels.nki.tiles both when this file is imported as
+# dfmp2.kernels.nki.kernels and when launch.load_kernels loads it from its path for the emulator
 from .tiles import (FREE, GAMMA_B_BYTES, GAMMA_G_BYTES, GAMMA_ROWS_BYTES, GAMMA_X_BYTES, SLICE_BITS, VV_RESIDENT_BYTES,
                     P, jk_k_resident)
 

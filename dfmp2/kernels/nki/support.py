@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..util import environment
-from ..util.errors import option
-from .emulator.core import DISPUTED_API, SUPPORTED_API
+from ...util import environment
+from ...util.errors import option
+from nki_emulator.core import DISPUTED_API, SUPPORTED_API
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
@@ -61,7 +61,7 @@ def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None
     under nki 0.7+ (every kernel at one degree, EVRF066) 1 unless the run's `kernels` (the names it
     may launch; None: any) all have a two-program form (TWO_PROGRAM_KERNELS). Raises InputError for
     a setting the run cannot honour."""
-    from ..util.errors import InputError
+    from ...util.errors import InputError
 
     given = environment.get(LNC_VARIABLE, environ=environ)
     if given is not None and given.strip() not in ("1", "2"):
@@ -92,7 +92,7 @@ def neuron_sdk_missing():
 
 def installed_versions() -> dict:
     """Installed Neuron packages -> version (None where not installed)."""
-    from ..util.files import package_versions
+    from ...util.files import package_versions
 
     return package_versions(("nki", "neuronx-cc", "torch-neuronx", "torch-xla"))
 
@@ -107,7 +107,7 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
     """Raise if AWS does not support nki `api` on `target` (DeviceUnavailableError for the
     installed release on a host, InputError for an emulated one chosen with --nki-api); return an
     announcement for a disputed pair (trn1 with nki 0.3), else None."""
-    from ..util.errors import DeviceUnavailableError, InputError
+    from ...util.errors import DeviceUnavailableError, InputError
 
     if api in SUPPORTED_NKI[target]:
         return None

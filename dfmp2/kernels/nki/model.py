@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core import TARGETS, Target, Trace
+from nki_emulator.core import TARGETS, Target, Trace
 
 DMA_ENGINES = 16
 DMA_ENGINE_GB_PER_S = 27.2

@@ -17,13 +17,14 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..util.blocks import block_ranges
-from . import cpu_gemm, cpu_solves, torch_sparse
+from ...util.blocks import block_ranges
+from . import cpu_gemm, cpu_solves
+from . import sparse as torch_sparse
 from .pinned_staging import STAGING
-from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
-from .spin_cases import combine_amplitudes, density_weights, pair_denominators
+from ..protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
+from ..spin_cases import combine_amplitudes, density_weights, pair_denominators
 from .split_gemm import SPLIT_FORMATS, split_product
-from .torch_products import symmetric_product
+from .products import symmetric_product
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
 HALF_ROW_ELEMENTS = 2**24  # elements of B per product of an m-major half transform (half_transform_m_major)
@@ -239,7 +240,7 @@ class TorchBackend:
     def fitted_store(self, rows, nao, kinds, free_bytes):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a scratch.RowFile
         of them out of core (torch_fitted.TorchFittedStore; screened B: dfmp2.sparse.fitted_store)."""
-        from .torch_fitted import TorchFittedStore
+        from .fitted import TorchFittedStore
 
         return TorchFittedStore(self, rows, nao, kinds, free_bytes)
 
