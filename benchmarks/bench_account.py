@@ -61,7 +61,7 @@ def best_seconds(call, repeat=3) -> float:
 
 def machine_limits(shapes) -> dict:
     """This machine's GEMM rates (GFLOP/s) at each step's shapes, the best of every library dfmp2
-    can run a CPU product on (kernels.cpu_libraries; each one's in "gemm_libraries"), and its memory
+    can run a CPU product on (kernels.torch.cpu_libraries; each one's in "gemm_libraries"), and its memory
     bandwidth (GB/s), on random data. shapes: the run's sizes (`run_shapes`)."""
     import torch
 

@@ -14,7 +14,7 @@ transform and mp2 timings.
 
 Per variant: the pass's median seconds and its stages (integrals, metric, transform, whiten,
 pair_energies), the energy; the pinned-over-pageable ratio of the transform stage and of the
-pass. The pageable variant raises torch_backend.PINNED_UPLOAD_MIN_BYTES above any block for the
+pass. The pageable variant raises kernels.torch.backend.PINNED_UPLOAD_MIN_BYTES above any block for the
 duration of its round (a measurement switch, not a user option).
 """
 

@@ -30,8 +30,8 @@ BY_NAME = ("getattr", "hasattr", "setattr")
 DEVICE_NAMES = {"cpu", "cuda", "trn1", "trn2", "trn3"}
 DEVICE_GROUPS = {"TRAINIUM"}  # kernels' tuple of the NKI devices
 # the modules of the backend classes: they alone write a backend's counter (the NKI backend's is its
-# cost ledger's, nki_ledger.CostLedger.calls, which NkiBackend.calls is)
-COUNTER_OWNERS = {"kernels.torch_backend", "kernels.nki_backend", "kernels.nki_ledger"}
+# cost ledger's, kernels.nki.ledger.CostLedger.calls, which NkiBackend.calls is)
+COUNTER_OWNERS = {"kernels.torch.backend", "kernels.nki.backend", "kernels.nki.ledger"}
 
 
 def _modules():

@@ -1,4 +1,4 @@
-"""The CPU products' libraries (kernels.cpu_gemm): each one's results against fp64, the choice made
+"""The CPU products' libraries (kernels.torch.cpu_gemm): each one's results against fp64, the choice made
 by measuring and cached, a user's pin respected, an unwritable cache an untuned run with a note, a
 second library the same energies, and a record that says what ran."""
 

@@ -287,7 +287,7 @@ def test_gemm_and_syrk_split_their_row_tiles_over_both_cores(operation):
 
 @pytest.mark.parametrize("target, api", ALL_PAIRS)
 def test_every_kernel_under_every_release_pair(target, api):
-    """Every kernel dfmp2 ships (nki_kernels.py, rng/nki_philox.py) at one ragged size under each (target, nki)
+    """Every kernel dfmp2 ships (kernels/nki/kernels.py, rng/nki_philox.py) at one ragged size under each (target, nki)
     pair AWS supports (and trn1 with nki 0.3, disputed), against fp64 or host references: gemm, syrk, trsm,
     ao2mo, the pair energies, the exact product of slices, the densities (density_kernel, gamma_kernel), the
     SCF's fitted J/K and the random-number generator."""
@@ -375,15 +375,15 @@ def test_exact_product_of_slices(target, api, shared_y):
 
 
 def test_the_kernel_file_names_every_release_it_is_checked_under():
-    """nki_kernels.py's header states the releases its kernels are valid under: 0.2 and 0.3 to the newest release
-    nki_support knows (issue 64: the header stopped at 0.6 after 0.7 was added)."""
+    """kernels/nki/kernels.py's header states the releases its kernels are valid under: 0.2 and 0.3 to the newest release
+    kernels.nki.support knows (issue 64: the header stopped at 0.6 after 0.7 was added)."""
     import ast
     import pathlib
 
     import dfmp2.kernels
     from dfmp2.kernels.nki.support import NEURON_SDK_OF_NKI
 
-    source = (pathlib.Path(dfmp2.kernels.__file__).parent / "nki_kernels.py").read_text()
+    source = (pathlib.Path(dfmp2.kernels.__file__).parent / "nki" / "kernels.py").read_text()
     header = ast.get_docstring(ast.parse(source)).split("\n\n")[0].replace("\n", " ")
     newest = max(NEURON_SDK_OF_NKI, key=lambda release: tuple(map(int, release.split("."))))
     assert f"NKI 0.2 (Neuron SDK {NEURON_SDK_OF_NKI['0.2']}" in header

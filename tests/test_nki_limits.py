@@ -4,7 +4,7 @@ passing twin -- the same kernel at a legal size runs and returns the right numbe
 limit itself is what triggers the error.
 
 Kernels are written in NKI 0.x style against the emulator (`nki`, `nl`, `nisa` as in
-dfmp2/kernels/nki_kernels.py). Integer kernel arguments are compile-time constants.
+dfmp2/kernels/nki/kernels.py). Integer kernel arguments are compile-time constants.
 """
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The host's exact-product slicing (kernels/ozaki.py) in cache-sized blocks on several threads: the
+"""The host's exact-product slicing (kernels/nki/ozaki.py) in cache-sized blocks on several threads: the
 same bits as one pass over the whole array, and slices that add up to the fp64 operand."""
 
 import numpy as np

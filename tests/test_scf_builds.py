@@ -537,7 +537,7 @@ def test_gradient_with_the_integrals_out_of_core(monkeypatch):
 @pytest.mark.parametrize("n, block_rows", [(129, 2), (300, 2), (301, 3), (5, 2)])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_symmetric_product_is_the_full_product(n, block_rows, dtype):
-    """K = A^T diag(w) A from its lower block rows and their mirror (torch_products) equals numpy's fp64
+    """K = A^T diag(w) A from its lower block rows and their mirror (kernels.torch.products) equals numpy's fp64
     product, for contiguous and transposed (strided) operands, signs in w, any size and block count."""
     import torch
 

@@ -16,7 +16,7 @@ from ..util.version import __version__
 
 def cpu_record() -> dict:
     """cpu_configuration: the CPU, dfmp2's choices for it, the variables set (util.cpu_config), and
-    `gemm`, which library ran the CPU products of each precision, its kernels and rate (kernels.cpu_gemm)."""
+    `gemm`, which library ran the CPU products of each precision, its kernels and rate (kernels.torch.cpu_gemm)."""
     from ..kernels.torch import cpu_gemm  # (torch: loaded by the run itself, not by importing the driver)
 
     return {**configuration_record(), "gemm": cpu_gemm.record()}

@@ -18,7 +18,7 @@ from ..util.errors import DeviceUnavailableError, InputError, option
 DEVICES = ("cpu", "cuda", "trn1", "trn2", "trn3")
 PRECISIONS = ("fp64", "fp32", "tf32x3", "bf16x3")
 # fp32 runs whose (ia|jb) GEMMs are three tensor-core products of high and low parts
-# (kernels/split_gemm.py): NVIDIA GPUs, emulated on a CPU
+# (kernels/torch/split_gemm.py): NVIDIA GPUs, emulated on a CPU
 SPLIT_PRECISIONS = ("tf32x3", "bf16x3")
 # Trainium's AO->MO transform arithmetic: "exact" (Ozaki slices, exact products and 512-term
 # sums; 1 uEh, see ozaki.py) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
@@ -95,7 +95,7 @@ def default_precision(device: str) -> str:
 
 def flush_subnormals_first() -> bool:
     """Flush subnormal fp32 results to zero in this thread and every thread started after it
-    (`torch_backend.flush_subnormals`), before a run starts any: PySCF's OpenMP regions share
+    (`kernels.torch.backend.flush_subnormals`), before a run starts any: PySCF's OpenMP regions share
     torch's thread pool once torch is loaded (its libgomp comes first in the process's symbol
     scope), so a pool PySCF starts in the SCF's set-up would otherwise keep subnormals. True
     where every thread of torch's pool flushes them."""
@@ -120,7 +120,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     warm_kernels: kernels with a one-time load (a GPU's fused pair epilogue) whatever the run's
     size (`dfmp2 bench`). kernels (Trainium): the NKI kernels the run may launch (None: any); under
     nki 0.7 a run whose kernels all split over two programs keeps neuronx-cc's LNC degree
-    (nki_support.logical_core_degree), every other run compiles at LNC=1."""
+    (kernels.nki.support.logical_core_degree), every other run compiles at LNC=1."""
     device = device_name(device)
     precision = precision or default_precision(device)
     if precision not in PRECISIONS:

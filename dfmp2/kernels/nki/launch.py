@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import nki_emulator as emulator
+
 from ...util.errors import ComputationError
 from .ledger import CostLedger
 from ..spin_cases import combine_amplitudes, pair_denominators

@@ -1,5 +1,5 @@
 """The NKI backend's cost ledger: what ran (`calls`), what it did (one summed emulator `Trace`)
-and what it would cost on every target (the calibrated MODEL of emulator/model.py, in
+and what it would cost on every target (the calibrated MODEL of model.py, in
 total and per step, and the PEAK MODEL of Trace.modelled_seconds).
 
 Every entry is a MODEL, never a measurement. Entries: kernel launches (their trace, with the
@@ -23,8 +23,9 @@ import dataclasses
 from collections import Counter
 
 import nki_emulator as emulator
-from . import model
 from nki_emulator.core import TARGETS, Trace
+
+from . import model
 from .tiles import P
 
 

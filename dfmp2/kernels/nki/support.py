@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 
+from nki_emulator.core import DISPUTED_API, SUPPORTED_API
+
 from ...util import environment
 from ...util.errors import option
-from nki_emulator.core import DISPUTED_API, SUPPORTED_API
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
@@ -31,7 +32,7 @@ LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"  # AWS's setting of the LNC degree, fo
 # two-program form compiles at LNC=1 (the second core bought 1-3% of the modelled trn2 MP2 time of
 # benzene and naphthalene); a run whose kernels all split keeps neuronx-cc's degree (docs/trainium.md)
 LNC_FROM_NKI_0_7 = 1
-# the kernels that split their work over the programs of a launch grid: nki_kernels.py's (its SPMD
+# the kernels that split their work over the programs of a launch grid: kernels.py's (its SPMD
 # note) and the rng layer's generator (rng/nki_philox.py, its tiles), named here, not imported
 TWO_PROGRAM_KERNELS = frozenset({"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel",
                                  "philox_kernel"})
