@@ -229,7 +229,7 @@ class Trace:
     engine_elements: Counter = field(default_factory=Counter)  # engine -> elements processed
     matmul_columns: int = 0  # moving-tensor columns streamed through the Tensor Engine
     # the same columns by the moving operand's dtype name ('float32', 'bfloat16', 'float16'):
-    # the Tensor Engine streams fp32 at a quarter of the bf16/fp16 rate (cost_model)
+    # the Tensor Engine streams fp32 at a quarter of the bf16/fp16 rate (its host's model: dfmp2/kernels/nki/model.py)
     matmul_columns_by_dtype: Counter = field(default_factory=Counter)
     dma_transfers: int = 0  # dma_copy instructions
     launches: int = 0  # kernel calls

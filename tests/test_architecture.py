@@ -265,7 +265,7 @@ def top_level_names(source: str, package: bool = False) -> set:
 
 def stale_references(text: str, where: str, names: dict) -> list:
     """`module.name` references in `text` (backquoted, as docstrings and docs write them) that name
-    nothing: the module (its dotted name, or a dotted tail of it: `pipeline`, `emulator.core`) lacks
+    nothing: the module (its dotted name, or a dotted tail of it: `pipeline`, `nki.ledger`) lacks
     the name, or no module is called so while the name is a dfmp2 class (a module renamed or
     moved). names: module -> its top-level names; packages count as modules."""
     classes = {n for module_names in names.values() for n in module_names if n[:1].isupper()}
