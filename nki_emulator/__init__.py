@@ -68,7 +68,6 @@ class _Config(threading.local):
         self.api = None  # None: the newest release documented for the target
         self.lnc = None  # neuronx-cc's LNC degree (None: NEURON_LOGICAL_NC_CONFIG, else COMPILER_LNC)
 
-
     @property
     def target(self) -> str:
         """The emulated target: target()'s, else the host's NEURON_PLATFORM_TARGET_OVERRIDE (read once per
