@@ -61,13 +61,13 @@ def best_seconds(call, repeat=3) -> float:
 
 def machine_limits(shapes) -> dict:
     """This machine's GEMM rates (GFLOP/s) at each step's shapes, the best of every library dfmp2
-    can run a CPU product on (kernels.cpu_libraries; each one's in "gemm_libraries"), and its memory
+    can run a CPU product on (kernels.torch.cpu_libraries; each one's in "gemm_libraries"), and its memory
     bandwidth (GB/s), on random data. shapes: the run's sizes (`run_shapes`)."""
     import torch
 
-    from dfmp2.kernels.torch_fitted import TorchFittedStore
+    from dfmp2.kernels.torch.fitted import TorchFittedStore
 
-    from dfmp2.kernels.cpu_libraries import _CALLS, _takes
+    from dfmp2.kernels.torch.cpu_libraries import _CALLS, _takes
 
     n, X, r, Y, o, v = (shapes[k] for k in ("n", "X", "r", "Y", "o", "v"))
     rates, libraries = {}, {}

@@ -1,4 +1,4 @@
-"""The pair stage on a GPU with the fused Triton epilogue (`dfmp2/kernels/cuda_pair.py`, the
+"""The pair stage on a GPU with the fused Triton epilogue (`dfmp2/kernels/torch/cuda_pair.py`, the
 default) against the same GEMMs followed by torch ops (the CPU's code): the synthetic shapes,
 (mn|P) made on the GPU (`--integrals device`), alternating rounds, warm medians in one process
 (a GPU needed):
@@ -8,7 +8,7 @@ default) against the same GEMMs followed by torch ops (the CPU's code): the synt
 Per shape and variant: the pass's median seconds, its stages, the pair stage's TFLOPS and its
 fraction of the GEMM rate `dfmp2 bench` measures in the same run (DGEMM in fp64, SGEMM in fp32),
 the energy. `dfmp2 bench` takes the fused epilogue (it times warm passes: `warm_kernels`); the
-torch-ops variant makes `torch_backend.fused_epilogue_pays` answer False for the duration of its
+torch-ops variant makes `kernels.torch.backend.fused_epilogue_pays` answer False for the duration of its
 round (a measurement switch, not a user option; the records' kernel counts say which ran).
 """
 
@@ -19,7 +19,7 @@ import json
 import statistics
 
 from dfmp2.app.bench import run_bench
-from dfmp2.kernels import torch_backend
+from dfmp2.kernels.torch import backend as torch_backend
 from dfmp2.rng.synthetic import SHAPES
 from dfmp2.run.settings import Settings
 

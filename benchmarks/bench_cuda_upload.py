@@ -14,7 +14,7 @@ transform and mp2 timings.
 
 Per variant: the pass's median seconds and its stages (integrals, metric, transform, whiten,
 pair_energies), the energy; the pinned-over-pageable ratio of the transform stage and of the
-pass. The pageable variant raises torch_backend.PINNED_UPLOAD_MIN_BYTES above any block for the
+pass. The pageable variant raises kernels.torch.backend.PINNED_UPLOAD_MIN_BYTES above any block for the
 duration of its round (a measurement switch, not a user option).
 """
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from dfmp2.app.bench import run_bench
-from dfmp2.kernels import torch_backend
+from dfmp2.kernels.torch import backend as torch_backend
 from dfmp2.rng.synthetic import SHAPES
 from dfmp2.run.settings import Settings
 
@@ -50,7 +50,7 @@ def one_round(variant, shape, settings, repeat):
 
 
 # `python -m dfmp2 ARGS...` with the upload switch set first (argv[1]: pinned | pageable)
-WRAPPER = ("import sys\nimport dfmp2.kernels.torch_backend as t\n"
+WRAPPER = ("import sys\nimport dfmp2.kernels.torch.backend as t\n"
            "if sys.argv[1] == 'pageable':\n    t.PINNED_UPLOAD_MIN_BYTES = 1 << 62\n"
            "sys.argv = ['dfmp2'] + sys.argv[2:]\nfrom dfmp2.app.entry import main\nmain()\n")
 

@@ -7,7 +7,7 @@ Schemes, for X [K, M] and Y [K, N] in fp64, each column cut along the contractio
 of two per column (2^e, e = ceil(log2 max_k |a_km|)):
 
   bf16   today's scheme: S = 5 int8 digits of 7 bits (ozaki.column_digits), slices in bf16 in SBUF,
-         pairs s + t <= S - 1 on the Tensor Engine (nki_kernels.exact_matmul_kernel, unchanged).
+         pairs s + t <= S - 1 on the Tensor Engine (kernels.nki.kernels.exact_matmul_kernel, unchanged).
   fp8    digits d_s with a_km = 2^e (sum_s d_s 2^(-4 - b s) + r): the first |d_0| <= 16, the others
          |d_s| <= 2^(b - 1); every digit an integer of magnitude <= 16, exact in float8_e4m3fn (4
          significant bits). b = 4 (radix 16, the issue's "4-bit slices": 35 bits at S = 9) or b = 5
@@ -39,11 +39,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from dfmp2.kernels import emulator as nki  # noqa: E402
-from dfmp2.kernels.emulator import cost_model  # noqa: E402
-from dfmp2.kernels.emulator.core import TARGETS  # noqa: E402
-from dfmp2.kernels.nki_launch import load_kernels  # noqa: E402
-from dfmp2.kernels.ozaki import column_digits  # noqa: E402
+import nki_emulator as nki  # noqa: E402
+from dfmp2.kernels.nki import model as cost_model  # noqa: E402
+from nki_emulator.core import TARGETS  # noqa: E402
+from dfmp2.kernels.nki.launch import load_kernels  # noqa: E402
+from dfmp2.kernels.nki.ozaki import column_digits  # noqa: E402
 
 nl = nki.language
 nisa = nki.isa
@@ -314,7 +314,7 @@ def run_case(name, x, y, variants=VARIANTS):
         start = time.perf_counter()
         if kind == "bf16":
             value, trace = bf16_product(x, y, count)
-            chunk = 4  # nki_kernels.CHUNK
+            chunk = 4  # kernels.nki.kernels.CHUNK
         else:
             value, trace, chunk = fp8_product(x, y, count, bits, double)
         row = {"variant": label, "input_dtype": "bfloat16" if kind == "bf16" else "float8_e4m3fn",

@@ -23,8 +23,8 @@ from harness import Harness, main_guard  # noqa: E402
 
 import torch  # noqa: E402
 
-from dfmp2.kernels import ozaki  # noqa: E402
-from dfmp2.kernels.tiles import SLICE_BITS  # noqa: E402
+from dfmp2.kernels.nki import ozaki  # noqa: E402
+from dfmp2.kernels.nki.tiles import SLICE_BITS  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -61,8 +61,8 @@ def model_block(target, transform, block, c, nocc, screened):
 def host_seconds(dense_block, screened_block, tiles):
     """Measured host seconds per block: exact-transform packing and slicing of the dense block's
     lower tiles, against packing the kept lower tiles and slicing them."""
-    from dfmp2.kernels.nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
-    from dfmp2.kernels.ozaki import X_DIGITS
+    from dfmp2.kernels.nki.sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
+    from dfmp2.kernels.nki.ozaki import X_DIGITS
 
     nao = dense_block.shape[1]
     start = time.perf_counter()
@@ -79,7 +79,7 @@ def host_seconds(dense_block, screened_block, tiles):
 def compare(target, transform, dense_block, screened_block, c, nocc, nblocks):
     """Dense against block-sparse on one target and transform: per block, per run (nblocks
     launches), ratios; or why the launch does not fit the NeuronCore (the emulator's error)."""
-    from dfmp2.kernels.emulator.core import NkiConstraintError
+    from nki_emulator.core import NkiConstraintError
 
     try:
         dense, x_dense = model_block(target, transform, dense_block, c, nocc, False)
@@ -101,7 +101,7 @@ def compare(target, transform, dense_block, screened_block, c, nocc, nblocks):
 def run_molecule(kind, n, basis, transforms):
     from dfmp2 import chem
     from dfmp2.kernels import get_backend
-    from dfmp2.kernels.nki_sparse import TileMap
+    from dfmp2.kernels.nki.sparse import TileMap
     from dfmp2.run.memory import plan_for
     from dfmp2.sparse import SCREENING_DEFAULT, screen_integrals
 

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import Harness, machine, main_guard  # noqa: E402
 
 from dfmp2.api.driver import run_xyz  # noqa: E402
-from dfmp2.kernels import nki_launch  # noqa: E402
+from dfmp2.kernels.nki import launch as nki_launch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICE = "trn2"  # the emulated target (nki 0.7, LNC=1); the MODEL is given for every target from its traces

@@ -14,7 +14,7 @@ pyscf = pytest.importorskip("pyscf")
 from pyscf import df, gto, scf  # noqa: E402
 from pyscf.mp import dfmp2 as pyscf_dfmp2  # noqa: E402
 
-# The CPU products' measured choices (kernels.cpu_gemm) are cached for the test session in a
+# The CPU products' measured choices (kernels.torch.cpu_gemm) are cached for the test session in a
 # directory of its own, removed at the end: tests never write the user's ~/.cache
 if "DFMP2_CACHE_DIR" not in os.environ:
     os.environ["DFMP2_CACHE_DIR"] = tempfile.mkdtemp(prefix="dfmp2-test-cache-")

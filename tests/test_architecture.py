@@ -30,6 +30,11 @@ def _modules():
 
 
 MODULES = dict((name, path) for path, name in _modules())
+# the NKI emulator: a package of its own beside dfmp2 (tests/test_architecture_emulator.py: it imports nothing of
+# dfmp2); no layer of dfmp2, but its modules are as short and its docstrings name what exists as dfmp2's
+EMULATOR = PACKAGE.parent / "nki_emulator"
+EMULATOR_MODULES = {"nki_emulator" + ("" if path.stem == "__init__" else "." + path.stem): path
+                    for path in sorted(EMULATOR.glob("*.py"))}
 
 
 FACE_MODULE = "__init__"  # `from .. import x` / `from dfmp2 import x` of a layer module: an import of the face
@@ -86,9 +91,9 @@ def test_layers_import_downwards_only(module):
 def test_the_rule_catches_a_climbing_import():
     """The check itself: a kernel that imports the memory plan, or a utility that imports a
     kernel, is caught; importing downwards or within a layer is not."""
-    kernel = PACKAGE / "kernels" / "torch_backend.py"
-    assert climbing_imports("kernels.torch_backend", imported_modules(
-        kernel, "from ..run.memory import plan_for\nfrom . import protocol\n")) == ["run.memory"]
+    kernel = PACKAGE / "kernels" / "torch" / "backend.py"
+    assert climbing_imports("kernels.torch.backend", imported_modules(
+        kernel, "from ...run.memory import plan_for\nfrom .. import protocol\n")) == ["run.memory"]
     assert climbing_imports("util.files", imported_modules(
         PACKAGE / "util" / "files.py", "def f():\n    from ..kernels import get_backend\n")) == ["kernels"]
     assert climbing_imports("mp2.gradient", imported_modules(
@@ -137,7 +142,7 @@ def test_the_rule_catches_an_import_cycle():
     __init__ imports it, is a cycle; a chain that ends is not."""
     assert import_cycle({"__init__": {"api.driver"}, "api.driver": {"run.checkpoint"},
                          "run.checkpoint": {"__init__"}}) == ["__init__", "api.driver", "run.checkpoint", "__init__"]
-    assert import_cycle({"kernels": {"kernels.nki_backend"}, "kernels.nki_backend": {"kernels"}}) is not None
+    assert import_cycle({"kernels": {"kernels.nki.backend"}, "kernels.nki.backend": {"kernels"}}) is not None
     assert import_cycle({"app.cli": {"api.driver"}, "api.driver": {"run.checkpoint"}}) is None
     # the face's own imports are edges of the real graph: an import of the face from below would close a cycle
     assert "api.qcengine_harness" in import_graph()[FACE_MODULE]
@@ -170,7 +175,8 @@ def length_findings(name: str, source: str) -> list:
 
 
 def test_modules_and_functions_are_short_or_say_why():
-    findings = [f for name, path in MODULES.items() for f in length_findings(name, path.read_text())]
+    modules = {**MODULES, **EMULATOR_MODULES}
+    findings = [f for name, path in modules.items() for f in length_findings(name, path.read_text())]
     assert not findings, findings
 
 
@@ -230,8 +236,10 @@ def test_a_step_inside_another_is_taken_out_of_it():
 
 # ----------------------------------------------------------------------------- names the docs give
 
+# heads that name no dfmp2 module: other packages, and objects (`self.`, `mf.`; `backend.record`: the backend a
+# step is handed, not the modules kernels.torch.backend and kernels.nki.backend)
 EXTERNAL = {"pyscf", "torch", "np", "numpy", "scipy", "nki", "nl", "nisa", "neuronxcc", "click", "h5py", "ase",
-            "qcengine", "geometric", "os", "sys", "time", "self", "lib", "mf", "mol"}
+            "qcengine", "geometric", "os", "sys", "time", "self", "lib", "mf", "mol", "backend"}
 REFERENCE = re.compile(r"`((?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
 FILE_SUFFIXES = {"py", "md", "json", "npz", "h5", "xyz", "molden"}  # `report.py` names a file
 PACKAGES = {".".join(path.relative_to(PACKAGE).parts) for path in PACKAGE.rglob("*") if path.is_dir()
@@ -257,7 +265,7 @@ def top_level_names(source: str, package: bool = False) -> set:
 
 def stale_references(text: str, where: str, names: dict) -> list:
     """`module.name` references in `text` (backquoted, as docstrings and docs write them) that name
-    nothing: the module (its dotted name, or a dotted tail of it: `pipeline`, `emulator.core`) lacks
+    nothing: the module (its dotted name, or a dotted tail of it: `pipeline`, `nki.ledger`) lacks
     the name, or no module is called so while the name is a dfmp2 class (a module renamed or
     moved). names: module -> its top-level names; packages count as modules."""
     classes = {n for module_names in names.values() for n in module_names if n[:1].isupper()}
@@ -279,6 +287,8 @@ def stale_references(text: str, where: str, names: dict) -> list:
 def module_names() -> dict:
     names = {name: top_level_names(path.read_text(), path.name == "__init__.py" or name in FACE)
              for name, path in MODULES.items()}
+    names.update({name: top_level_names(path.read_text(), path.name == "__init__.py")
+                  for name, path in EMULATOR_MODULES.items()})
     for package in PACKAGES:
         names.setdefault(package, set())
     return names
@@ -288,6 +298,7 @@ def test_docstrings_and_the_architecture_page_name_what_exists():
     names = module_names()
     pages = [PACKAGE.parent / "docs" / "architecture.md", PACKAGE.parent / "docs" / "method.md"]
     stale = [s for name, path in MODULES.items() for s in stale_references(path.read_text(), f"dfmp2.{name}", names)]
+    stale += [s for name, path in EMULATOR_MODULES.items() for s in stale_references(path.read_text(), name, names)]
     stale += [s for page in pages for s in stale_references(page.read_text(), page.name, names)]
     assert not stale, stale
 
@@ -425,7 +436,7 @@ ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
 
 def unnamed_modules(page: str, paths: list) -> list:
     """The modules (paths under dfmp2/) that the architecture page gives no owner: named by their path, a glob
-    (`dfmp2/kernels/nki_*.py`) or a folder below a layer (`dfmp2/kernels/emulator/`); a package's __init__ that
+    (`dfmp2/kernels/nki/*.py`) or a folder below a layer (`dfmp2/kernels/nki/`); a package's __init__ that
     defines nothing (it re-exports its modules) needs none."""
     named = {token.rstrip(".,;:)") for token in re.findall(r"(dfmp2/[\w./*?-]*)", page)}
     named = {n for n in named if not (n.endswith("/") and n.count("/") <= 2)}  # a whole layer is no owner
@@ -442,8 +453,8 @@ def test_the_architecture_page_gives_every_module_its_owner():
 
 
 def test_the_rule_catches_an_unnamed_module():
-    page = "| `dfmp2/util/files.py` | ... | `dfmp2/kernels/nki_*.py`, `dfmp2/kernels/emulator/`, `dfmp2/run/`"
-    paths = [("dfmp2/util/files.py", ""), ("dfmp2/kernels/nki_launch.py", ""), ("dfmp2/kernels/emulator/isa.py", ""),
+    page = "| `dfmp2/util/files.py` | ... | `dfmp2/kernels/torch/*.py`, `dfmp2/kernels/nki/`, `dfmp2/run/`"
+    paths = [("dfmp2/util/files.py", ""), ("dfmp2/kernels/torch/cpu_gemm.py", ""), ("dfmp2/kernels/nki/launch.py", ""),
              ("dfmp2/run/memory.py", ""), ("dfmp2/chem/__init__.py", "from .scf import run_scf\n"),
              ("dfmp2/linalg/__init__.py", "def gemm(a, b):\n    pass\n")]
     assert unnamed_modules(page, paths) == ["dfmp2/run/memory.py", "dfmp2/linalg/__init__.py"]

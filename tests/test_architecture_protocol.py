@@ -32,8 +32,8 @@ DEVICE_NAMES = {"cpu", "cuda", "trn1", "trn2", "trn3"}
 BACKEND_NAMES = {"torch", "nki"}
 DEVICE_GROUPS = {"TRAINIUM"}  # kernels' tuple of the NKI devices
 # the modules of the backend classes: they alone write a backend's counter (the NKI backend's is its
-# cost ledger's, nki_ledger.CostLedger.calls, which NkiBackend.calls is)
-COUNTER_OWNERS = {"kernels.torch_backend", "kernels.nki_backend", "kernels.nki_ledger"}
+# cost ledger's, kernels.nki.ledger.CostLedger.calls, which NkiBackend.calls is)
+COUNTER_OWNERS = {"kernels.torch.backend", "kernels.nki.backend", "kernels.nki.ledger"}
 
 
 def _modules():
@@ -250,8 +250,8 @@ def test_the_backends_and_kernels_answer_what_callers_ask():
     """What replaced the callers' device names and getattr: the backends' capabilities, count() and
     modelled(), and kernels' answers known before a backend is loaded."""
     from dfmp2 import kernels
-    from dfmp2.kernels.nki_backend import NkiBackend
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.nki.backend import NkiBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     cpu, trn = TorchBackend("cpu", "fp64"), NkiBackend("trn2", simulate=True)
     assert (cpu.on_host, cpu.makes_integrals_on_device, cpu.fitted_store_on_disk) == (True, False, True)

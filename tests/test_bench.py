@@ -132,8 +132,8 @@ def test_trn3_model_constants_follow_the_documented_neuroncore_v4_figures():
     separately documented 2.4 GHz clock (one moving column per cycle); Vector/Scalar at 1.2 GHz;
     DMA at v2's 16 x 27.2 GB/s per core (the v4 rate is not published: an assumption), which is
     under the core's share of 4.9 TB/s over 8 cores, at 65% efficiency."""
-    from dfmp2.kernels.emulator import TARGETS
-    from dfmp2.kernels.emulator.cost_model import CALIBRATIONS
+    from nki_emulator import TARGETS
+    from dfmp2.kernels.nki.model import CALIBRATIONS
 
     cal = CALIBRATIONS["trn3"]
     assert cal.tensor_columns_per_s == pytest.approx(2.4e9, rel=0.01)
@@ -257,10 +257,10 @@ def test_prefetched_uploads_overlap_the_previous_kernel_in_the_model():
     launches + u_1 + max(u_2, d_1) + max(u_3, d_2) + d_3 (a pipeline), an unprefetched launch
     the serial sum; the hidden part is reported; a device copy in between adds its time to the
     window, a transfer in between leaves nothing to hide under."""
-    from dfmp2.kernels.emulator import TARGETS
-    from dfmp2.kernels.emulator import cost_model
-    from dfmp2.kernels.emulator.core import Trace
-    from dfmp2.kernels.nki_ledger import CostLedger
+    from nki_emulator import TARGETS
+    from dfmp2.kernels.nki import model as cost_model
+    from nki_emulator.core import Trace
+    from dfmp2.kernels.nki.ledger import CostLedger
 
     def kernel(columns, upload):
         t = Trace(matmul_columns=columns, launches=1)

@@ -104,7 +104,7 @@ def test_a_run_records_its_configuration_and_the_choice_decides_the_copies(tmp_p
 
 def test_fp32_squares_gathered_equal_the_scattered_ones():
     """TriangleBlocks.square: the fp32 gather (cpu) gives the same square as the two scatters."""
-    from dfmp2.kernels.torch_fitted import TriangleBlocks
+    from dfmp2.kernels.torch.fitted import TriangleBlocks
 
     nao = 37
     rng = np.random.default_rng(3)

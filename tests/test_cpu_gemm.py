@@ -1,4 +1,4 @@
-"""The CPU products' libraries (kernels.cpu_gemm): each one's results against fp64, the choice made
+"""The CPU products' libraries (kernels.torch.cpu_gemm): each one's results against fp64, the choice made
 by measuring and cached, a user's pin respected, an unwritable cache an untuned run with a note, a
 second library the same energies, and a record that says what ran."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels import cpu_gemm, cpu_solves
+from dfmp2.kernels.torch import cpu_gemm, cpu_solves
 from dfmp2.util import cpu_config
 from dfmp2.util.errors import InputError
 
@@ -228,7 +228,7 @@ def test_the_half_transform_takes_the_form_measured_faster(fresh):
 
 def test_a_pinned_library_that_cannot_run_is_an_error(fresh, monkeypatch):
     """No silent substitute: DFMP2_GEMM=onednn where this torch has no oneDNN matmul is refused."""
-    from dfmp2.kernels import cpu_libraries
+    from dfmp2.kernels.torch import cpu_libraries
 
     monkeypatch.setenv("DFMP2_GEMM", "onednn")
     monkeypatch.setattr(cpu_libraries, "onednn_available", lambda: "this torch was built without oneDNN")

@@ -115,7 +115,7 @@ def test_cuda_pinned_uploads_keep_each_block():
     import numpy as np
 
     from dfmp2.kernels import get_backend
-    from dfmp2.kernels.pinned_staging import PINNED_CHUNK_BYTES
+    from dfmp2.kernels.torch.pinned_staging import PINNED_CHUNK_BYTES
 
     backend = get_backend("cuda", "fp32")
     n = 2 * PINNED_CHUNK_BYTES // 8 + 1001  # three chunks: both buffers, the first one twice
@@ -278,7 +278,7 @@ def test_cuda_fused_epilogue_where_it_pays(monkeypatch):
     stage reaches the threshold the kernel; the records' kernel counts say which ran."""
     from dfmp2.app.bench import run_bench
     from dfmp2.api.driver import run_mean_field
-    from dfmp2.kernels import torch_backend
+    from dfmp2.kernels.torch import backend as torch_backend
 
     mf = converged_rhf("water", scf_mode="df")
     monkeypatch.setattr(torch_backend, "_FUSED_EPILOGUE_LOADED", [])

@@ -165,8 +165,8 @@ def test_density_kernel_blocks_and_ragged_sizes(target, case, scaling, nocc, nk,
     spin, opposite spin with k's own virtuals) and SCS scalings."""
     import torch
 
-    from dfmp2.kernels.nki_backend import NkiBackend
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.nki.backend import NkiBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     rng = np.random.default_rng(nocc + nvir + nvir_k)
     b = torch.from_numpy(rng.standard_normal((nocc, nvir, naux)) * 0.1)
@@ -289,9 +289,9 @@ def test_density_kernel_streams_b_rows_and_vv_at_large_sizes(case, nvir_k):
     HBM; the result equals the fp64 formulas and the kernel stays inside usable SBUF."""
     import torch
 
-    from dfmp2.kernels.emulator import TARGETS
-    from dfmp2.kernels.nki_backend import NkiBackend
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from nki_emulator import TARGETS
+    from dfmp2.kernels.nki.backend import NkiBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     nocc, nk, nvir, naux = 2, 2, 1500, 3000
     rng = np.random.default_rng(nvir_k)

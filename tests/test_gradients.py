@@ -251,8 +251,8 @@ def test_gamma_kernel_blocks_and_ragged_sizes(target, case, ni, nall, nvir, nvir
     at ragged sizes, every spin case (SCS weights), to 1e-5 relative."""
     import torch
 
-    from dfmp2.kernels.nki_backend import NkiBackend
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.nki.backend import NkiBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     rng = np.random.default_rng(ni + nvir)
     b_i = torch.from_numpy(rng.standard_normal((ni, nvir, naux)) * 0.1)
@@ -281,9 +281,9 @@ def test_gamma_kernel_streams_at_large_sizes(case, nvir_all):
     shell with (ib|ja), opposite spin with j's virtual count different) inside usable SBUF."""
     import torch
 
-    from dfmp2.kernels.emulator import TARGETS
-    from dfmp2.kernels.nki_backend import NkiBackend
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from nki_emulator import TARGETS
+    from dfmp2.kernels.nki.backend import NkiBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     ni, nall, nvir, naux = 1, 2, 1500, 3000
     rng = np.random.default_rng(nvir_all)

@@ -296,7 +296,7 @@ def test_failure_kinds_have_qcschemas_error_types():
     assert unconverged["error"]["error_type"] == "convergence_error", unconverged["error"]
     assert "did not converge" in unconverged["error"]["error_message"]
     assert unconverged["error"]["extras"]["exit_code"] == 1
-    from dfmp2.kernels.torch_backend import cuda_available
+    from dfmp2.kernels.torch.backend import cuda_available
 
     if cuda_available():
         return

@@ -18,9 +18,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from dfmp2.kernels import emulator as nki
-from dfmp2.kernels.emulator import NkiConstraintError
-from dfmp2.kernels.emulator import cost_model
+import nki_emulator as nki
+from nki_emulator import NkiConstraintError
+from dfmp2.kernels.nki import model as cost_model
 
 nl = nki.language
 nisa = nki.isa

@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dfmp2.kernels import emulator as nki
-from dfmp2.kernels.emulator import NkiConstraintError
-from dfmp2.kernels.emulator.core import round_to_bf16
+import dfmp2.kernels.nki  # noqa: F401 (the emulator then follows the Neuron settings of dfmp2's environment)
+import nki_emulator as nki
+from nki_emulator import NkiConstraintError
+from nki_emulator.core import round_to_bf16
 from test_nki_audit import Case, assert_refused, body_kernel, sb  # the audit's kernel, cases and checks
 from test_nki_limits import rows_by_program_kernel
 

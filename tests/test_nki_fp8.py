@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels import emulator as nki
-from dfmp2.kernels.emulator import NkiConstraintError, cost_model
-from dfmp2.kernels.emulator.core import round_to_fp8_e4m3fn
+import nki_emulator as nki
+from nki_emulator import NkiConstraintError
+from dfmp2.kernels.nki import model as cost_model
+from nki_emulator.core import round_to_fp8_e4m3fn
 
 nl = nki.language
 nisa = nki.isa

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels.nki_backend import NkiBackend
-from dfmp2.kernels.nki_launch import pair_blocks
+from dfmp2.kernels.nki.backend import NkiBackend
+from dfmp2.kernels.nki.launch import pair_blocks
 
 SIZES = [1, 7, 127, 128, 129, 300, 513, 1100]
 TARGETS = [("trn1", "0.2"), ("trn2", "0.6")]  # both targets, both rule sets (0.2 and 0.3+)
@@ -120,7 +120,7 @@ def test_ao2mo_streams_c_vir_for_any_nao(target, api, nao, nocc, nvir, naux):
     backend = NkiBackend(target, simulate=True, nki_api=api)
     out = backend.ao2mo(f32(ints), f32(c_occ), f32(c_vir))
     assert rel_err(out, np.einsum("pmn,mi,na->iap", ints, c_occ, c_vir, optimize=True)) <= REL_TOL
-    from dfmp2.kernels.emulator import TARGETS as LIMITS
+    from nki_emulator import TARGETS as LIMITS
     assert backend.trace.peak_sbuf_bytes <= LIMITS[target].sbuf_usable_bytes_per_partition
     assert backend.calls["ao2mo_kernel"] == 1
 
@@ -287,7 +287,7 @@ def test_gemm_and_syrk_split_their_row_tiles_over_both_cores(operation):
 
 @pytest.mark.parametrize("target, api", ALL_PAIRS)
 def test_every_kernel_under_every_release_pair(target, api):
-    """Every kernel dfmp2 ships (nki_kernels.py, rng/nki_philox.py) at one ragged size under each (target, nki)
+    """Every kernel dfmp2 ships (kernels/nki/kernels.py, rng/nki_philox.py) at one ragged size under each (target, nki)
     pair AWS supports (and trn1 with nki 0.3, disputed), against fp64 or host references: gemm, syrk, trsm,
     ao2mo, the pair energies, the exact product of slices, the densities (density_kernel, gamma_kernel), the
     SCF's fitted J/K and the random-number generator."""
@@ -304,7 +304,7 @@ def test_every_kernel_under_every_release_pair(target, api):
 
 def _densities_against_fp64(target, api):
     """density_kernel and gamma_kernel (density_block with G) against the torch backend's fp64 formulas."""
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     rng = np.random.default_rng(29)
     nocc, nvir, naux = 5, 130, 140
@@ -375,15 +375,15 @@ def test_exact_product_of_slices(target, api, shared_y):
 
 
 def test_the_kernel_file_names_every_release_it_is_checked_under():
-    """nki_kernels.py's header states the releases its kernels are valid under: 0.2 and 0.3 to the newest release
-    nki_support knows (issue 64: the header stopped at 0.6 after 0.7 was added)."""
+    """kernels/nki/kernels.py's header states the releases its kernels are valid under: 0.2 and 0.3 to the newest release
+    kernels.nki.support knows (issue 64: the header stopped at 0.6 after 0.7 was added)."""
     import ast
     import pathlib
 
     import dfmp2.kernels
-    from dfmp2.kernels.nki_support import NEURON_SDK_OF_NKI
+    from dfmp2.kernels.nki.support import NEURON_SDK_OF_NKI
 
-    source = (pathlib.Path(dfmp2.kernels.__file__).parent / "nki_kernels.py").read_text()
+    source = (pathlib.Path(dfmp2.kernels.__file__).parent / "nki" / "kernels.py").read_text()
     header = ast.get_docstring(ast.parse(source)).split("\n\n")[0].replace("\n", " ")
     newest = max(NEURON_SDK_OF_NKI, key=lambda release: tuple(map(int, release.split("."))))
     assert f"NKI 0.2 (Neuron SDK {NEURON_SDK_OF_NKI['0.2']}" in header

@@ -4,14 +4,15 @@ passing twin -- the same kernel at a legal size runs and returns the right numbe
 limit itself is what triggers the error.
 
 Kernels are written in NKI 0.x style against the emulator (`nki`, `nl`, `nisa` as in
-dfmp2/kernels/nki_kernels.py). Integer kernel arguments are compile-time constants.
+dfmp2/kernels/nki/kernels.py). Integer kernel arguments are compile-time constants.
 """
 
 import numpy as np
 import pytest
 
-from dfmp2.kernels import emulator as nki
-from dfmp2.kernels.emulator import TARGETS, NkiConstraintError
+import dfmp2.kernels.nki  # noqa: F401 (the emulator then follows the Neuron settings of dfmp2's environment)
+import nki_emulator as nki
+from nki_emulator import TARGETS, NkiConstraintError
 
 nl = nki.language
 nisa = nki.isa
@@ -903,7 +904,7 @@ def test_instruction_limit_is_the_documented_one():
 
 @pytest.mark.parametrize("api, device_loop", [("0.3", True), ("0.2", False)])
 def test_long_loop_works_on_the_device_or_under_0_2(monkeypatch, api, device_loop):
-    from dfmp2.kernels.emulator import core
+    from nki_emulator import core
 
     monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)  # the real 5,000,000 would take minutes
     with nki.target("trn2", api=api):
@@ -913,7 +914,7 @@ def test_long_loop_works_on_the_device_or_under_0_2(monkeypatch, api, device_loo
 
 
 def test_unrolled_loop_over_the_instruction_limit_fails_under_0_3(monkeypatch):
-    from dfmp2.kernels.emulator import core
+    from nki_emulator import core
 
     monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)
     with nki.target("trn2", api="0.3"), pytest.raises(
@@ -930,7 +931,7 @@ def test_dynamic_range_is_removed_in_0_7():
 
 
 def test_dynamic_range_still_runs_in_0_6_where_it_is_deprecated(monkeypatch):
-    from dfmp2.kernels.emulator import core
+    from nki_emulator import core
 
     monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)
     with nki.target("trn2", api="0.6"):
@@ -961,7 +962,7 @@ def fori_sum_kernel(x, count, lower, step, leak, give_back):
 
 
 def test_fori_loop_body_is_compiled_once_under_0_7(monkeypatch):
-    from dfmp2.kernels.emulator import core
+    from nki_emulator import core
 
     monkeypatch.setattr(core, "INSTRUCTION_LIMIT", 100)  # 3 instructions a body, 150 bodies
     x = rand((4, 8), 42)

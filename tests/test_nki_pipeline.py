@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT, converged_rhf
 from dfmp2 import DFMP2, ComputationError, InputError
 from dfmp2.chem import build_molecule, read_xyz, run_scf
-from dfmp2.kernels.nki_launch import pair_blocks
+from dfmp2.kernels.nki.launch import pair_blocks
 
 NKI_KERNELS = {"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel"}
 # fp64 host work: the Cholesky factor of PySCF's fp64 (P|Q), and the inverses of L's 128 x 128
@@ -138,7 +138,7 @@ def test_kernels_under_aws_nki_simulate():
     import nki
     import numpy as np
 
-    from dfmp2.kernels import nki_kernels
+    from dfmp2.kernels.nki import kernels as nki_kernels
 
     rng = np.random.default_rng(0)
     a_t = rng.standard_normal((256, 128)).astype(np.float32)
@@ -150,7 +150,7 @@ def test_kernels_under_aws_nki_simulate():
 @pytest.mark.neuron
 def test_water_on_trainium_hardware():
     """Real Trainium. Skipped without the SDK unless DFMP2_REQUIRE_NKI=1, which makes it fail."""
-    from dfmp2.kernels.nki_support import neuron_sdk_missing
+    from dfmp2.kernels.nki.support import neuron_sdk_missing
 
     missing = neuron_sdk_missing()
     if missing:
@@ -214,7 +214,7 @@ def test_trn2_compiles_every_kernel_at_one_lnc_degree(monkeypatch, api, variable
         monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
     else:
         monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", variable)
-    from dfmp2.kernels.nki_launch import KernelLauncher
+    from dfmp2.kernels.nki.launch import KernelLauncher
 
     grids, launch = {}, KernelLauncher.launch
 
@@ -258,7 +258,7 @@ def test_nki_0_7_keeps_lnc_2_for_a_run_whose_kernels_all_split(monkeypatch, targ
     says otherwise: every launch spans both cores, the emulator's L14 accepts each, and the energy is
     the CPU's; the record says the degree."""
     from dfmp2.app.bench import run_bench
-    from dfmp2.kernels.nki_launch import KernelLauncher
+    from dfmp2.kernels.nki.launch import KernelLauncher
 
     if variable is None:
         monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
@@ -321,7 +321,7 @@ def test_trn3_with_nki_0_2_is_refused():
                                          r"trn3 needs Neuron SDK 2\.29 to 2\.33; SDK 2\.28 \(nki 0\.2\) does not "
                                          r"list Trn3\)"):
         get_backend("trn3", simulate=True, nki_api="0.2")
-    from dfmp2.kernels import nki_support
+    from dfmp2.kernels.nki import support as nki_support
 
     with pytest.raises(ComputationError, match=r"^device='trn3' with the installed nki 0\.2: AWS does not support"):
         nki_support.check_nki_support("trn3", "0.2", installed=True)
@@ -337,7 +337,7 @@ def test_installed_nki_checked_before_anything_compiles(monkeypatch, installed, 
     target stops the run with a ComputationError before the backend is built."""
     from dfmp2.util.errors import ComputationError
     from dfmp2.kernels import get_backend
-    from dfmp2.kernels import nki_backend, nki_support
+    from dfmp2.kernels.nki import backend as nki_backend, support as nki_support
 
     built = []
     monkeypatch.setattr(nki_support, "neuron_sdk_missing", lambda: [])

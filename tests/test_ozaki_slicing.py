@@ -1,12 +1,12 @@
-"""The host's exact-product slicing (kernels/ozaki.py) in cache-sized blocks on several threads: the
+"""The host's exact-product slicing (kernels/nki/ozaki.py) in cache-sized blocks on several threads: the
 same bits as one pass over the whole array, and slices that add up to the fp64 operand."""
 
 import numpy as np
 import pytest
 import torch
 
-from dfmp2.kernels import ozaki
-from dfmp2.kernels.tiles import SLICE_BITS
+from dfmp2.kernels.nki import ozaki
+from dfmp2.kernels.nki.tiles import SLICE_BITS
 
 
 def one_pass_digits(a, exponent, count):

@@ -155,9 +155,9 @@ def test_out_of_core_writes_each_byte_at_most_twice(tmp_path, arrays_only_budget
 def test_every_backend_implements_the_protocol():
     """TorchBackend and NkiBackend both satisfy kernels.protocol.Backend (no NKI-only hooks
     called on the torch backend), and their plan hints say what each prefers."""
-    from dfmp2.kernels.nki_backend import NkiBackend
+    from dfmp2.kernels.nki.backend import NkiBackend
     from dfmp2.kernels.protocol import Backend
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
 
     cpu, trn = TorchBackend("cpu", "fp64"), NkiBackend("trn2", simulate=True)
     # (isinstance with a runtime-checkable Protocol only checks that the names exist: every
@@ -222,7 +222,7 @@ def test_the_metric_is_factorised_once_per_run(storage, monkeypatch, tmp_path):
     gradient's run (with_gamma); where B comes from a checkpoint, once, for the density; the energy and
     the density those runs give are the same."""
     from dfmp2.api.driver import run_mean_field
-    from dfmp2.kernels.torch_backend import TorchBackend
+    from dfmp2.kernels.torch.backend import TorchBackend
     from dfmp2.run.settings import Settings
 
     made, cholesky = [], TorchBackend.cholesky

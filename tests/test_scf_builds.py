@@ -176,7 +176,7 @@ def test_out_of_core_builds_match_the_in_memory_ones(monkeypatch, tmp_path, prec
     auxiliary functions, J's sums on K's pass): the converged energy is the in-memory one to
     1e-10 Eh, the record says where B was and what was read (once per build), and the scratch
     directory goes with the builds. On a GPU the blocks are read on the host and uploaded."""
-    import dfmp2.kernels.torch_fitted as fitted
+    import dfmp2.kernels.torch.fitted as fitted
     import dfmp2.chem.jk as jk
 
     mol = gto.M(atom=WATER, basis="cc-pvtz", verbose=0)
@@ -355,7 +355,7 @@ def test_trainium_store_refuses_what_does_not_fit_on_the_device():
     HBM one launch's cores have; the kernels stream B^P and K, so nao 1,100 (refused before they
     did) is taken, and only an nao that leaves no room for 32 factor columns' half transforms
     (5,000) is refused."""
-    from dfmp2.kernels.nki_fitted import NkiFittedStore
+    from dfmp2.kernels.nki.fitted import NkiFittedStore
 
     backend = get_backend("trn1", simulate=True)
     NkiFittedStore(backend, np.zeros((1, 1100 * 1101 // 2)), 1100, ["fp32", "exact"], lambda: 1 << 40).close()
@@ -470,8 +470,8 @@ def test_fitted_jk_kernel_streams_b_and_k_at_any_nao(target, nao, r, same):
     fp64 contractions of the same fp32 B, and the launch stays inside usable SBUF."""
     import torch
 
-    from dfmp2.kernels.emulator import TARGETS
-    from dfmp2.kernels.tiles import jk_columns, jk_k_resident
+    from nki_emulator import TARGETS
+    from dfmp2.kernels.nki.tiles import jk_columns, jk_k_resident
 
     assert r <= jk_columns(nao, same)
     assert jk_k_resident(nao, r, same) == (nao < 1024)
@@ -499,7 +499,7 @@ def test_exact_builds_match_fp64_contractions_whichever_slicing_serves_k(weights
     against numpy's fp64 contractions of the same B to 1e-9 of their largest element. Where R is L and
     every w_i is one power of two (None: ones; 2.0), K's second operand is the first's digits times
     their powers of two; else (0.75, or R apart) both are sliced."""
-    from dfmp2.kernels.nki_fitted import NkiFittedStore
+    from dfmp2.kernels.nki.fitted import NkiFittedStore
 
     rng = np.random.default_rng(17)
     nao, naux, r = 40, 6, 7
@@ -537,11 +537,11 @@ def test_gradient_with_the_integrals_out_of_core(monkeypatch):
 @pytest.mark.parametrize("n, block_rows", [(129, 2), (300, 2), (301, 3), (5, 2)])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_symmetric_product_is_the_full_product(n, block_rows, dtype):
-    """K = A^T diag(w) A from its lower block rows and their mirror (torch_products) equals numpy's fp64
+    """K = A^T diag(w) A from its lower block rows and their mirror (kernels.torch.products) equals numpy's fp64
     product, for contiguous and transposed (strided) operands, signs in w, any size and block count."""
     import torch
 
-    from dfmp2.kernels.torch_products import symmetric_product
+    from dfmp2.kernels.torch.products import symmetric_product
 
     rng = np.random.default_rng(n)
     a = rng.standard_normal((203, n))
@@ -558,7 +558,7 @@ def test_exchange_of_one_density_takes_its_symmetric_product(monkeypatch):
     """The dense and the screened stores build K of one density (orbitals; an indefinite symmetric
     density, signed weights) from the symmetric product (its size floor lowered to these small
     molecules): K and J equal PySCF's DF J and K to 1e-10."""
-    from dfmp2.kernels import torch_products, torch_backend, torch_sparse
+    from dfmp2.kernels.torch import products as torch_products, backend as torch_backend, sparse as torch_sparse
     from dfmp2.sparse import screen_integrals
     from test_sparse import TORCH_SCREENS, water_chain
 

@@ -18,7 +18,7 @@ from dfmp2 import chem
 from dfmp2.api.driver import run_mean_field, run_xyz
 from dfmp2.util.errors import InputError
 from dfmp2.kernels import device_screens, get_backend
-from dfmp2.kernels.nki_sparse import TileMap
+from dfmp2.kernels.nki.sparse import TileMap
 from dfmp2.chem.jk import FittedCoulombExchange, whiten_fitted_integrals
 from dfmp2.sparse import LowerPanels, ScreenedMNP, parse_screening, screen_integrals
 
@@ -134,7 +134,7 @@ def test_screened_builds_out_of_core_match_the_in_memory_ones(monkeypatch, tmp_p
     pair block once, LowerPanels.flat rows), in several blocks: J and K of a density match PySCF's
     DF J and K, the converged energy is the in-memory screened one to 1e-10 Eh, B is read once per
     build and the scratch goes with the builds."""
-    import dfmp2.kernels.torch_fitted as fitted
+    import dfmp2.kernels.torch.fitted as fitted
     import dfmp2.sparse.scf_store as screened_store
     import dfmp2.chem.jk as jk_module
     from dfmp2.sparse.formats import LowerPanels as Panels

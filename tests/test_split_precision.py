@@ -9,7 +9,7 @@ from conftest import converged_rhf, pyscf_reference
 from dfmp2 import DFMP2
 from dfmp2.util.errors import InputError
 from dfmp2.kernels import get_backend
-from dfmp2.kernels.split_gemm import round_mantissa, split_operand, split_product
+from dfmp2.kernels.torch.split_gemm import round_mantissa, split_operand, split_product
 
 UEH = 1e-6
 

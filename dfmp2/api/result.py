@@ -17,8 +17,8 @@ from ..util.version import __version__
 
 def cpu_record() -> dict:
     """cpu_configuration: the CPU, dfmp2's choices for it, the variables set (util.cpu_config), and
-    `gemm`, which library ran the CPU products of each precision, its kernels and rate (kernels.cpu_gemm)."""
-    from ..kernels import cpu_gemm  # (torch: loaded by the run itself, not by importing the driver)
+    `gemm`, which library ran the CPU products of each precision, its kernels and rate (kernels.torch.cpu_gemm)."""
+    from ..kernels.torch import cpu_gemm  # (torch: loaded by the run itself, not by importing the driver)
 
     return {**configuration_record(), "gemm": cpu_gemm.record()}
 
@@ -164,7 +164,7 @@ class DFMP2Result:
             record.update({"xc": dh.name, "xc_ks": dh.xc, "c_os": dh.c_os, "c_ss": dh.c_ss,
                            "xc_citation": dh.citation, "e_ks": self.e_ref, "e_pt2": self.e_pt2})
         if self.nki_api:
-            from ..kernels.nki_support import NEURON_SDK_OF_NKI
+            from ..kernels.nki.support import NEURON_SDK_OF_NKI
 
             record.update(nki_api=self.nki_api, neuron_sdk=NEURON_SDK_OF_NKI.get(self.nki_api), lnc=self.lnc)
         if self.neuron_versions:

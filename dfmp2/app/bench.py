@@ -164,7 +164,7 @@ def bench_record(problem, rank, passes, last, settings) -> dict:
     if peak_device_mb is not None:
         record["memory"]["peak_device_mb"] = peak_device_mb
     if ran.nki_api is not None:
-        from ..kernels.nki_support import NEURON_SDK_OF_NKI
+        from ..kernels.nki.support import NEURON_SDK_OF_NKI
 
         record.update(nki_api=ran.nki_api, neuron_sdk=NEURON_SDK_OF_NKI.get(ran.nki_api), lnc=ran.lnc)
     if ran.simulated:
@@ -302,7 +302,7 @@ def measured_gemm_tflops(backend, n: int = 2048, repeat: int = 5) -> float:
 
 
 def _cpu():
-    from ..kernels.torch_backend import cpu_description
+    from ..kernels.torch.backend import cpu_description
 
     return cpu_description()
 

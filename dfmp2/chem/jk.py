@@ -9,8 +9,8 @@ Long (the builds' precision policy and their set-up in one place; issue 74 split
     Coulomb           J_mn = sum_P rho_P B^P_mn
     exchange          K_mn = sum_P sum_r (L^T B^P)_rm w_r (R^T B^P)_rn
 
-The backend keeps B where it computes and builds J and K (its `FittedStore`: kernels/torch_fitted.py,
-kernels/nki_fitted.py). Two kinds of build: "fp32", and the store's exact kind ("fp64" on torch; on a
+The backend keeps B where it computes and builds J and K (its `FittedStore`: kernels/torch/fitted.py,
+kernels/nki/fitted.py). Two kinds of build: "fp32", and the store's exact kind ("fp64" on torch; on a
 NeuronCore, without fp64, "exact": products of exact 7-bit slices). Precision "mixed" (the default):
 fp32 builds while the density still moves, then one exact-kind "anchor" build, then increments
 F(D) = F_anchor + F_fp32(D - D_anchor) whose fp32 error scales with the (small) change, re-anchored when

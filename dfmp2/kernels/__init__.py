@@ -18,7 +18,7 @@ from ..util.errors import DeviceUnavailableError, InputError, option
 DEVICES = ("cpu", "cuda", "trn1", "trn2", "trn3")
 PRECISIONS = ("fp64", "fp32", "tf32x3", "bf16x3")
 # fp32 runs whose (ia|jb) GEMMs are three tensor-core products of high and low parts
-# (kernels/split_gemm.py): NVIDIA GPUs, emulated on a CPU
+# (kernels/torch/split_gemm.py): NVIDIA GPUs, emulated on a CPU
 SPLIT_PRECISIONS = ("tf32x3", "bf16x3")
 # Trainium's AO->MO transform arithmetic: "exact" (Ozaki slices, exact products and 512-term
 # sums; 1 uEh, see ozaki.py) or "fp32" (one plain fp32 product per half; 1e-7 to 1e-3 Eh on real
@@ -95,11 +95,11 @@ def default_precision(device: str) -> str:
 
 def flush_subnormals_first() -> bool:
     """Flush subnormal fp32 results to zero in this thread and every thread started after it
-    (`torch_backend.flush_subnormals`), before a run starts any: PySCF's OpenMP regions share
+    (`kernels.torch.backend.flush_subnormals`), before a run starts any: PySCF's OpenMP regions share
     torch's thread pool once torch is loaded (its libgomp comes first in the process's symbol
     scope), so a pool PySCF starts in the SCF's set-up would otherwise keep subnormals. True
     where every thread of torch's pool flushes them."""
-    from .torch_backend import subnormals_flushed
+    from .torch.backend import subnormals_flushed
 
     return subnormals_flushed()
 
@@ -126,7 +126,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
     warm_kernels: kernels with a one-time load (a GPU's fused pair epilogue) whatever the run's
     size (`dfmp2 bench`). kernels (Trainium): the NKI kernels the run may launch (None: any); under
     nki 0.7 a run whose kernels all split over two programs keeps neuronx-cc's LNC degree
-    (nki_support.logical_core_degree), every other run compiles at LNC=1."""
+    (kernels.nki.support.logical_core_degree), every other run compiles at LNC=1."""
     device = device_name(device)
     precision = precision or default_precision(device)
     if precision not in PRECISIONS:
@@ -140,7 +140,7 @@ def get_backend(device: str = "cpu", precision: str | None = None, simulate: boo
                          f"{', '.join(TRAINIUM)}, not to {device}")
     if transform is not None:
         raise InputError(f"{option('transform')} applies to {', '.join(TRAINIUM)}; {device} transforms in fp64")
-    from .torch_backend import TorchBackend, cuda_available
+    from .torch.backend import TorchBackend, cuda_available
 
     if device == "cuda" and not cuda_available():
         raise DeviceUnavailableError(
@@ -154,8 +154,8 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
     if precision != "fp32":  # no fp64 on a NeuronCore; tf32x3/bf16x3 are NVIDIA tensor-core modes
         raise InputError(f"{device} runs fp32 only (it has no fp64 arithmetic, and tf32x3/bf16x3 are for "
                          f"NVIDIA tensor cores): use {option('precision', 'fp32')} (the default there)")
-    from .emulator import API_VERSIONS, NEWEST_API, TARGETS
-    from .nki_support import (NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api,
+    from nki_emulator import API_VERSIONS, NEWEST_API, TARGETS
+    from .nki.support import (NEURON_INSTALL, NEURON_PACKAGES, check_nki_support, installed_nki_api,
                               logical_core_degree, neuron_sdk_missing)
 
     if model_only and not simulate:
@@ -175,7 +175,7 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
     api = (nki_api or NEWEST_API[device]) if simulate else installed_nki_api()
     note = check_nki_support(device, api, installed=not simulate)
     lnc = logical_core_degree(device, api, TARGETS[device].max_lnc, kernels=kernels)
-    from .nki_backend import NkiBackend
+    from .nki.backend import NkiBackend
 
     return NkiBackend(device, simulate, model_only, nki_api, transform or "exact", lnc=lnc,
                       notes=[note] if note else [])
@@ -183,9 +183,9 @@ def _trainium_backend(device, precision, simulate, model_only, nki_api, transfor
 
 def device_report() -> dict:
     """Which devices can run on this machine: {device: (usable, detail)}."""
-    from .emulator import NEWEST_API
-    from .nki_support import SUPPORTED_NKI, installed_nki_api, neuron_sdk_missing, release_name
-    from .torch_backend import cpu_description, cuda_available, cuda_description
+    from nki_emulator import NEWEST_API
+    from .nki.support import SUPPORTED_NKI, installed_nki_api, neuron_sdk_missing, release_name
+    from .torch.backend import cpu_description, cuda_available, cuda_description
 
     report = {"cpu": (True, cpu_description())}
     report["cuda"] = (True, cuda_description()) if cuda_available() else (

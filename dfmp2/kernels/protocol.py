@@ -172,13 +172,13 @@ class Backend(Protocol):
         and with_gamma the pairs' share of the whitened three-index density of the k block, G
         [nk, nvir_k, nkept] fp64, else None); spin_case "closed" (restricted), or
         "same"/"opposite" (k of the same or the other spin of an unrestricted reference;
-        torch_backend.density_block has the formulas)."""
+        kernels.torch.backend.density_block has the formulas)."""
 
 
 
 class FittedStore(Protocol):
     """A backend's copy of the whitened JK-fit integrals B for one SCF, and its builds
-    (`dfmp2.chem.jk` holds the policy; torch_fitted.TorchFittedStore, nki_fitted.NkiFittedStore)."""
+    (`dfmp2.chem.jk` holds the policy; kernels.torch.fitted.TorchFittedStore, kernels.nki.fitted.NkiFittedStore)."""
 
     exact_kind: str  # the kind of anchors and strict builds: "fp64" (torch) or "exact" (NKI)
     coulomb_follows_kind: bool  # False: J is built in exact_kind whatever the build's kind

@@ -1,5 +1,5 @@
-"""The MP2 density's spin cases, in one place for every backend (torch_backend.density_block,
-nki_backend's density and gamma kernels):
+"""The MP2 density's spin cases, in one place for every backend (kernels.torch.backend.density_block,
+kernels.nki.backend's density and gamma kernels):
 
   t = (ia|kb) / D,  X = x_w t - x_u t^T,  Y = y_w t - y_u t^T   (t^T: a and b swapped)
   P_ij += -w sum_kab X_ik^ab Y_jk^ab,  P_ab += w sum_ikc X_ik^ac Y_ik^bc,  G_kb^Q += g sum_ia Y_ik^ab B_ia^Q
@@ -9,8 +9,8 @@ same spin (one spin of an unrestricted reference): X = Y = t - t^T, w = c_ss / 2
 opposite spin (k the other spin): X = Y = t, w = c_os, g = 2 c_os.
 (c_os, c_ss): (1, 1) for MP2, the SCS weights for the SCS-MP2 density.
 The pair denominators D_ijab = e_i + e_j - e_a - e_b of t = (ia|jb) / D: `pair_denominators`, the
-host definition every backend's host path uses (torch_backend, the NKI host references); the device
-kernels (nki_kernels' pair, density and gamma kernels, cuda_pair) form the same sum on chip.
+host definition every backend's host path uses (kernels.torch.backend, the NKI host references); the device
+kernels (kernels.nki.kernels' pair, density and gamma kernels, kernels.torch.cuda_pair) form the same sum on chip.
 """
 
 def pair_denominators(e_i, e_j, e_vir, e_vir_j=None):

@@ -8,7 +8,7 @@ potrf, the exact (Ozaki) product's use, and the DF metric (metric.py).
     gemm(backend, a, b)          C = A B
     batched_gemm(backend, a, b)  C_b = A_b B_b
     exact_product(backend, a, b) C = A^T B of fp64 operands to ~2^-35 of each column's largest
-                                 product: Ozaki slices where the device has no fp64 (kernels/ozaki.py)
+                                 product: Ozaki slices where the device has no fp64 (kernels/nki/ozaki.py)
     syrk(backend, c, panel)      C - P P^T (its lower triangle at least)
     trsm(backend, lower, x)      X L^-T (right-side triangular solve)
     potrf(backend, a)            A = L L^T, blocked (below)

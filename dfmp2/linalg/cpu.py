@@ -1,7 +1,7 @@
 """The CPU side of the BLAS layer: which library (torch's MKL, oneDNN, numpy's OpenBLAS) runs each
 kind of product, and which (torch's MKL, SciPy's OpenBLAS) each triangular solve, chosen by measuring
 them on this machine. The dispatch point and the measurement
-are in kernels.cpu_gemm (the torch backend calls it for every product); this is the user's side:
+are in kernels.torch.cpu_gemm (the torch backend calls it for every product); this is the user's side:
 
     tune()                 measure again every shape the cache holds (none yet: TUNE_SHAPES) -> record
     describe(record)       `dfmp2 tune`'s table
@@ -11,7 +11,7 @@ are in kernels.cpu_gemm (the torch backend calls it for every product); this is 
 
 from __future__ import annotations
 
-from ..kernels import cpu_gemm, cpu_solves
+from ..kernels.torch import cpu_gemm, cpu_solves
 
 # the products `dfmp2 tune` measures where the cache holds none, as (kind, precision, (batch, m, k, n),
 # the operands' layouts: "n" row-major, "t" a transposed view):
@@ -42,7 +42,7 @@ def parse_solve_key(key: str):
 
 def tune() -> dict:
     """Measure every cached bucket again at its shape (none cached: TUNE_SHAPES and TUNE_SOLVES) and
-    rewrite the cache -> kernels.cpu_gemm.record(). A pinned precision is measured too; the pin still
+    rewrite the cache -> kernels.torch.cpu_gemm.record(). A pinned precision is measured too; the pin still
     decides."""
     held = cpu_gemm.held_keys()
     products = [parse_key(key) for key in held if not key.endswith("/solve")]

@@ -1,5 +1,5 @@
 """A stream's words made on a NeuronCore: rng/nki_philox.py launched through an NKI backend's
-launcher (kernels.nki_launch), the same bits as the host's `philox.random_words`."""
+launcher (kernels.nki.launch), the same bits as the host's `philox.random_words`."""
 
 from __future__ import annotations
 

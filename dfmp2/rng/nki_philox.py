@@ -22,8 +22,8 @@ Products and sums are fp32 instructions on int32 tiles (exact: < 2^24); & and >>
 instructions on values < 2^24, exact whether the engine reads bit patterns (AWS's operator table)
 or carries them through fp32 (AWS's answer in aws-neuron-sdk #1308): the emulator takes the latter.
 
-Loaded like kernels/nki_kernels.py: as is on a Trainium host (the real `nki`), or from its file with
-dfmp2's emulator standing in (`kernels.nki_launch.load_kernel_file`).
+Loaded like kernels/nki/kernels.py: as is on a Trainium host (the real `nki`), or from its file with
+dfmp2's emulator standing in (`kernels.nki.launch.load_kernel_file`).
 """
 
 import nki

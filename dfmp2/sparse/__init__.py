@@ -4,7 +4,7 @@ For an extended molecule most AO pairs (mn) are far apart and (mn|P) vanishes fo
 package decides which pair blocks are kept (`screening`), holds the kept blocks in row panels
 (`formats`), and says when screening pays (`screening.choose_screening`); its one block-sparse
 product (`product`) serves the MP2 transform (`ao2mo`) and the SCF's builds (`scf_store`). The
-backends' arithmetic on the panels is in `dfmp2.kernels` (torch_sparse, nki_sparse).
+backends' arithmetic on the panels is in `dfmp2.kernels` (kernels.torch.sparse, kernels.nki.sparse).
 
     estimate        |(mn|P)| <= sqrt((mn|mn)) sqrt((P|P))            (Schwarz; chem.pair_bounds)
     pair blocks     contiguous atoms of about `block_functions` AOs; the block pair (M, N) is kept

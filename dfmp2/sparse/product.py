@@ -6,8 +6,8 @@
   dense GEMM; on a NeuronCore one fused ao2mo_kernel launch over the kept 128 x 128 tiles, whose first
   half is this product);
 - the SCF's exchange builds: X with F = a density's factors (fitted_store.ScreenedFittedStore).
-The backends hold the arithmetic (torch: one GEMM per row panel, kernels/torch_sparse.py; NKI: the tile
-map of kernels/nki_sparse.py); this module is their one entry, and `banded_pattern` the synthetic
+The backends hold the arithmetic (torch: one GEMM per row panel, kernels/torch/sparse.py; NKI: the tile
+map of kernels/nki/sparse.py); this module is their one entry, and `banded_pattern` the synthetic
 pattern of `dfmp2 bench --kernel spmm`.
 """
 

@@ -1,5 +1,5 @@
 """The SCF's builds with screened B (`--screening`, torch backends): `ScreenedFittedStore`, the
-block-sparse layout of `kernels.torch_fitted.TorchFittedStore` (formats.LowerPanels; the same
+block-sparse layout of `kernels.torch.fitted.TorchFittedStore` (formats.LowerPanels; the same
 builds and increments, each half transform the layer's block-sparse product; docs/sparse.md)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from ..util.blocks import block_ranges
 from ..util.scratch import RowFile
-from ..kernels.torch_fitted import KIND_DTYPES, MAX_AUX_ROWS, TorchFittedStore
+from ..kernels.torch.fitted import KIND_DTYPES, MAX_AUX_ROWS, TorchFittedStore
 from ..util.system_memory import release_freed_memory
 from .formats import LowerPanels
 from .product import block_sparse_product
@@ -25,7 +25,7 @@ class ScreenedFittedStore(TorchFittedStore):
     scratch.RowFile of the panels' flat rows (LowerPanels.flat) and their `pattern`, read once per
     build in blocks of auxiliary functions, J's sums done on each block as it is read. The same
     builds and increments as TorchFittedStore, each block's half transform one GEMM per row panel:
-        rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn        (torch_sparse, fp64)
+        rho_P = sum_(mn kept) B^P_mn D_mn,   J_mn = sum_P rho_P B^P_mn        (kernels.torch.sparse, fp64)
         X_(m, P, r) = sum_n B^P_mn L_nr,     K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r)"""
 
     half_aux_dim = 1  # X [nao, nP, r]

@@ -1,5 +1,5 @@
 """dfmp2's one clock: every timing, interval and progress tick reads `clock()` (the run's Timer in
-run.context, the CPU products' measurements in kernels.cpu_gemm; tests/test_architecture.py::test_one_clock)."""
+run.context, the CPU products' measurements in kernels.torch.cpu_gemm; tests/test_architecture.py::test_one_clock)."""
 
 from __future__ import annotations
 

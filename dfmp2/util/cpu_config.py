@@ -121,7 +121,7 @@ def choice(name: str, environ=None, identity=None) -> Choice:
     return Choice(name, setting.default, f"default ({vendor or 'vendor unknown'}): {setting.default_why}")
 
 
-# the libraries a CPU product can run on (kernels.cpu_gemm measures them) and the precisions each
+# the libraries a CPU product can run on (kernels.torch.cpu_gemm measures them) and the precisions each
 # computes in: torch's own BLAS (MKL in the pinned wheel), oneDNN through torch (fp32 only: it has no
 # fp64 matmul), numpy's OpenBLAS through zero-copy views
 GEMM_LIBRARIES = {"mkl": ("fp32", "fp64"), "onednn": ("fp32",), "openblas": ("fp32", "fp64")}

@@ -58,8 +58,8 @@ VARIABLES = {
     "MASTER_PORT": _RENDEZVOUS + ": the rendezvous port",
     "NEURON_RT_VISIBLE_CORES": "the launch, else dfmp2 (run.ranks.pin_neuron_core: LOCAL_RANK): a rank's NeuronCores",
     # Neuron SDK and the NKI emulator
-    "NEURON_LOGICAL_NC_CONFIG": "the user, else dfmp2 where nki checks it (kernels.nki_backend): the LNC degree "
-                                "of kernels and neuronx-cc (kernels.nki_support, the emulator)",
+    "NEURON_LOGICAL_NC_CONFIG": "the user, else dfmp2 where nki checks it (kernels.nki.backend): the LNC degree "
+                                "of kernels and neuronx-cc (kernels.nki.support, the emulator)",
     "NEURON_PLATFORM_TARGET_OVERRIDE": "the user (the Neuron SDK's setting): the NKI emulator's default target",
     "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE": "the user (neuronx-cc's setting), true: the emulator reserves PSUM bank 7",
 }

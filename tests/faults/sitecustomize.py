@@ -61,7 +61,7 @@ if os.environ.get("DFMP2_TEST_SCF_ON_DISK"):
     _jk.FittedCoulombExchange._free_bytes = lambda self: 0
 
 if os.environ.get("DFMP2_TEST_PAIR_DELAY"):
-    from dfmp2.kernels import torch_backend
+    from dfmp2.kernels.torch import backend as torch_backend
 
     _delay = float(os.environ["DFMP2_TEST_PAIR_DELAY"])
     _mark = os.environ.get("DFMP2_TEST_PAIR_MARK")

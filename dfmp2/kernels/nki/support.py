@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..util import environment
-from ..util.errors import option
-from .emulator.core import DISPUTED_API, SUPPORTED_API
+from nki_emulator.core import DISPUTED_API, SUPPORTED_API
+
+from ...util import environment
+from ...util.errors import option
 
 NEURON_PACKAGES = "torch-neuronx, torch-xla, neuronx-cc and nki"
 NEURON_INSTALL = ("pip install 'dfmp2[neuron]' --extra-index-url "
@@ -31,7 +32,7 @@ LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"  # AWS's setting of the LNC degree, fo
 # two-program form compiles at LNC=1 (the second core bought 1-3% of the modelled trn2 MP2 time of
 # benzene and naphthalene); a run whose kernels all split keeps neuronx-cc's degree (docs/trainium.md)
 LNC_FROM_NKI_0_7 = 1
-# the kernels that split their work over the programs of a launch grid: nki_kernels.py's (its SPMD
+# the kernels that split their work over the programs of a launch grid: kernels.py's (its SPMD
 # note) and the rng layer's generator (rng/nki_philox.py, its tiles), named here, not imported
 TWO_PROGRAM_KERNELS = frozenset({"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel",
                                  "philox_kernel"})
@@ -61,7 +62,7 @@ def logical_core_degree(target: str, api: str | None, max_lnc: int, environ=None
     under nki 0.7+ (every kernel at one degree, EVRF066) 1 unless the run's `kernels` (the names it
     may launch; None: any) all have a two-program form (TWO_PROGRAM_KERNELS). Raises InputError for
     a setting the run cannot honour."""
-    from ..util.errors import InputError
+    from ...util.errors import InputError
 
     given = environment.get(LNC_VARIABLE, environ=environ)
     if given is not None and given.strip() not in ("1", "2"):
@@ -92,7 +93,7 @@ def neuron_sdk_missing():
 
 def installed_versions() -> dict:
     """Installed Neuron packages -> version (None where not installed)."""
-    from ..util.files import package_versions
+    from ...util.files import package_versions
 
     return package_versions(("nki", "neuronx-cc", "torch-neuronx", "torch-xla"))
 
@@ -107,7 +108,7 @@ def check_nki_support(target: str, api: str | None, installed: bool) -> str | No
     """Raise if AWS does not support nki `api` on `target` (DeviceUnavailableError for the
     installed release on a host, InputError for an emulated one chosen with --nki-api); return an
     announcement for a disputed pair (trn1 with nki 0.3), else None."""
-    from ..util.errors import DeviceUnavailableError, InputError
+    from ...util.errors import DeviceUnavailableError, InputError
 
     if api in SUPPORTED_NKI[target]:
         return None

@@ -3,7 +3,7 @@
 Long (one class, NkiBackend, with a method per entry of the Backend protocol (`protocol.py`), as
 TorchBackend has; the kernels, launches, ledger and SCF builds are in their own modules).
 
-simulate=False: tensors live on the XLA device (torch-neuronx) and `dfmp2/kernels/nki_kernels.py`
+simulate=False: tensors live on the XLA device (torch-neuronx) and `dfmp2/kernels/nki/kernels.py`
 is compiled by the real `nki.jit`. simulate=True: the same kernel source is executed with
 dfmp2's emulator standing in for the `nki` modules, with the chosen target's limits.
 
@@ -21,12 +21,12 @@ Compile economy: gemm and syrk calls are padded to tile multiples and, when the 
 inside a shape the kernel already ran with, up to that shape (`KernelLauncher.bucket`); ao2mo
 calls only in their auxiliary count, to the run's largest auxiliary block (`prepare`); trsm,
 pair energies and density take ragged shapes unpadded, the pair energies in blocks of at most
-nki_launch.PAIR_BLOCK orbitals (at most 4 specializations).
+kernels.nki.launch.PAIR_BLOCK orbitals (at most 4 specializations).
 
 This module is the protocol's implementation: HBM residency and the operands of each step. It
-delegates launching to `nki_launch.KernelLauncher`, the accounting and time MODEL to
-`nki_ledger.CostLedger`, the exact-product slicing to `ozaki`, and the release support checks
-to `nki_support`.
+delegates launching to `kernels.nki.launch.KernelLauncher`, the accounting and time MODEL to
+`kernels.nki.ledger.CostLedger`, the exact-product slicing to `ozaki`, and the release support checks
+to `kernels.nki.support`.
 """
 
 from __future__ import annotations
@@ -36,18 +36,19 @@ import weakref
 import numpy as np
 import torch
 
-from ..util import environment
-from ..util.errors import option
-from . import emulator
-from .emulator.core import TARGETS
-from .nki_launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
-from .nki_ledger import CostLedger
-from .nki_sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
-from .nki_support import (LNC_VARIABLE, checks_lnc, installed_nki_api, installed_versions, logical_core_degree,
+import nki_emulator as emulator
+from nki_emulator.core import TARGETS
+
+from ...util import environment
+from ...util.errors import option
+from .launch import KernelLauncher, pad_on_host, pair_blocks, round_up, round_up_free
+from .ledger import CostLedger
+from .sparse import TileMap, pack_dense_tiles, pack_tiles, symmetric_digits
+from .support import (LNC_VARIABLE, checks_lnc, installed_nki_api, installed_versions, logical_core_degree,
                           release_name)
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_digits, column_slices, half_transform_grid
-from .protocol import BackendRecord, PlanHints, rows_gram
-from .spin_cases import density_weights
+from ..protocol import BackendRecord, PlanHints, rows_gram
+from ..spin_cases import density_weights
 from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P
 
 
@@ -88,7 +89,7 @@ class NkiBackend:
         self.ledger = CostLedger()  # calls, trace, calibrated and peak MODEL
         api = (nki_api or emulator.NEWEST_API[target]) if simulate else installed_nki_api()
         # the logical NeuronCore degree every kernel is compiled at (physical cores per launch):
-        # nki 0.7 checks it (EVRF066); nki_support.logical_core_degree
+        # nki 0.7 checks it (EVRF066); kernels.nki.support.logical_core_degree
         self.lnc = lnc if lnc is not None else logical_core_degree(target, api, TARGETS[target].max_lnc)
         self.launcher = KernelLauncher(target, simulate, model_only, api, self.ledger, lnc=self.lnc)
         self.notes = list(notes or [])  # announcements recorded in the result (e.g. a disputed nki/target pair)
@@ -215,7 +216,7 @@ class NkiBackend:
     def _launch(self, kernel_name, arrays, useful_flops, grid=1, prefetched=False):
         """Run one kernel on fp32 arrays on `grid` physical cores (KernelLauncher.launch):
         arguments not resident in device HBM are host -> device transfers (prefetched: uploaded
-        while the previous kernel ran, nki_ledger); the outputs stay in HBM. `useful_flops`: the
+        while the previous kernel ran, kernels.nki.ledger); the outputs stay in HBM. `useful_flops`: the
         minimal matmul FLOPs of its unpadded work. Int arguments are compile-time constants."""
         host_bytes = sum(a.nbytes for a in arrays if isinstance(a, torch.Tensor) and not self.is_resident(a))
         out = self.launcher.launch(kernel_name, arrays, useful_flops, host_bytes, grid, prefetched)
@@ -298,7 +299,7 @@ class NkiBackend:
         """(ia|P) = sum_mn C_mi C_na (mn|P) via ao2mo_kernel: [nP, nao, nao] -> [nocc, nvir, nP].
 
         transform "exact": the fp64 (mn|P) and C (host arrays: a NeuronCore has no fp64) are cut
-        into 7-bit slices on the host (`nki_sparse.symmetric_digits` of (mn|P)'s lower tiles,
+        into 7-bit slices on the host (`kernels.nki.sparse.symmetric_digits` of (mn|P)'s lower tiles,
         `column_slices` of C), so the kernel's products and PSUM sums are exact (see the kernel). "fp32": (mn|P) and C rounded to fp32, one
         product per half. One call per block of functions (the kernel cuts the occupied
         orbitals and the functions into the chunks and batches that fit in SBUF).
@@ -309,7 +310,7 @@ class NkiBackend:
 
     def screened_ao2mo(self, screened, c_occ, c_vir):
         """(ia|P) over the kept pair blocks of a ScreenedMNP (host fp64 panels) via
-        ao2mo_kernel's block-sparse layout: only the kept 128 x 128 tiles (`nki_sparse.TileMap`:
+        ao2mo_kernel's block-sparse layout: only the kept 128 x 128 tiles (`kernels.nki.sparse.TileMap`:
         those the kept blocks overlap) are packed, sliced, uploaded and multiplied; the second
         half is the dense one. -> [nocc, nvir, nP]."""
         tiles = self._tile_map(screened.pattern)
@@ -324,7 +325,7 @@ class NkiBackend:
         return {"unit": "128 x 128 tiles", **self._tile_map(pattern).record()}
 
     def _tile_map(self, pattern):
-        """The kept tiles of a screening pattern (`nki_sparse.TileMap`), made once per pattern."""
+        """The kept tiles of a screening pattern (`kernels.nki.sparse.TileMap`), made once per pattern."""
         key = ("tiles", id(pattern))
         cached = self._operand_cache.get(key)
         if cached is None or cached[0] is not pattern:
@@ -409,7 +410,7 @@ class NkiBackend:
         block of at most PAIR_BLOCK x PAIR_BLOCK pairs (only j <= i on the diagonal), on all
         physical cores of the logical core; B stays in device HBM and only the per-pair
         partials come back, summed in fp64."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         if t_out is not None:
             raise ComputationError(f"t2: the amplitudes are not formed on {self.target} (the pair kernel never "
@@ -446,12 +447,12 @@ class NkiBackend:
 
     def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
         """The three-index two-particle density of the pairs (i, j), i in b_i, all j in b_all, via
-        gamma_kernel (the amplitudes stay on chip), whitened: torch_backend.density_block's G of its
+        gamma_kernel (the amplitudes stay on chip), whitened: kernels.torch.backend.density_block's G of its
         k block, here the block of j (G_jb^Q = sum_ia B_ia^Q X_ij^ab):
         X = c_w t - c_u t^T = g Y (spin_cases.density_weights): (c_w, c_u) = (4 (c_os + c_ss), 4 c_ss) closed,
         (2 c_ss, 2 c_ss) same spin, (2 c_os, 0) opposite spin (e_vir_all: j's virtual energies). One launch per
         block of j (NkiBackend.gamma_rows); the partial G comes back and is kept in fp64. Returns [nall, nvir_all, nkept] (host)."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         _, (y_w, y_u), _, g = density_weights(scaling, spin_case)
         c_w, c_u = g * y_w, g * y_u  # X = g Y: 4 T for closed-shell MP2
@@ -483,7 +484,7 @@ class NkiBackend:
         """Occupied orbitals j per gamma launch (at most 32): gamma_kernel streams B and keeps one
         pair's X and one j's G on chip whatever the count, so the cap only bounds one launch's
         unrolled program; it refuses (0) only where one block of 128 of X[a, b] for every a tile
-        does not fit its share of SBUF (nki_kernels.gamma_blocking: nvir above ~12,000)."""
+        does not fit its share of SBUF (kernels.nki.kernels.gamma_blocking: nvir above ~12,000)."""
         return 32 if -(-nvir // P) * P * 4 <= GAMMA_X_BYTES else 0
 
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
@@ -493,7 +494,7 @@ class NkiBackend:
         from gamma_kernel (gamma_block of all i against the k block), else None. The two kernels
         form the amplitudes each (the torch backend forms them once). b_occ: B of all i, or one
         row block of it in a list (out-of-core B in several blocks is refused: ComputationError)."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         if not torch.is_tensor(b_occ):
             chunks = list(b_occ)
@@ -515,7 +516,7 @@ class NkiBackend:
         nocc / (2 rows) times the energy's Tensor Engine work). Partials come back and are summed
         in fp64: returns (P_oo [nocc, nocc], P_vv [nvir, nvir]) as host tensors (torch backend's
         formulas)."""
-        from ..util.errors import ComputationError
+        from ...util.errors import ComputationError
 
         (x_w, x_u), (y_w, y_u), weight, _ = density_weights(scaling, spin_case)
         nocc, nvir, naux = b_occ.shape
@@ -571,10 +572,10 @@ class NkiBackend:
         copy = rows.to(torch.float32).contiguous()
         return self._device_copy(copy) if self.is_resident(b) else copy
 
-    # ---- the SCF's builds (FittedBuildsBackend; the store and its formulas in nki_fitted.py) ----
+    # ---- the SCF's builds (FittedBuildsBackend; the store and its formulas in fitted.py) ----
     def fitted_store(self, rows, nao, kinds, free_bytes):
-        """B for the SCF's Coulomb/exchange builds, uploaded once (nki_fitted.NkiFittedStore)."""
-        from .nki_fitted import NkiFittedStore
+        """B for the SCF's Coulomb/exchange builds, uploaded once (kernels.nki.fitted.NkiFittedStore)."""
+        from .fitted import NkiFittedStore
 
         return NkiFittedStore(self, rows, nao, kinds, free_bytes)
 

@@ -1,7 +1,7 @@
 """NKI kernels for the DF-MP2 pipeline, valid unchanged under NKI 0.2 (Neuron SDK 2.28, the
 last release documented for trn1) and 0.3-0.7 (SDK 2.29-2.33, trn2 and trn3).
 
-Long (every kernel in one source file, which `nki_launch.load_kernels` loads from its path with
+Long (every kernel in one source file, which `kernels.nki.launch.load_kernels` loads from its path with
 the emulator standing in for the `nki` modules; the kernels share their private tile helpers).
 
 The same source runs on a Trainium host (real `nki`) and, with --simulate, on dfmp2's
@@ -24,15 +24,15 @@ Conventions for every kernel:
     auxiliary count only, to one size per run);
   - SPMD: gemm, syrk, trsm, ao2mo and pair energies split their work over the programs of a
     launch grid (`nl.program_id`; on trn2/trn3 the two physical cores of a logical NeuronCore,
-    LNC=2; nki_support.TWO_PROGRAM_KERNELS); the others run as one program.
+    LNC=2; kernels.nki.support.TWO_PROGRAM_KERNELS); the others run as one program.
 """
 
 import nki
 import nki.isa as nisa
 import nki.language as nl
 
-# relative: resolves to dfmp2.kernels.tiles both when this file is imported as
-# dfmp2.kernels.nki_kernels and when nki_launch.load_kernels loads it from its path for the emulator
+# relative: resolves to dfmp2.kernels.nki.tiles both when this file is imported as
+# dfmp2.kernels.nki.kernels and when launch.load_kernels loads it from its path for the emulator
 from .tiles import (FREE, GAMMA_B_BYTES, GAMMA_G_BYTES, GAMMA_ROWS_BYTES, GAMMA_X_BYTES, SLICE_BITS, VV_RESIDENT_BYTES,
                     P, jk_k_resident)
 
@@ -909,7 +909,7 @@ def gamma_kernel(b_i, b_i_cols, b_j, e_i_rows, e_j_rows, e_vir_col, neg_e_vir_j_
     return g_out
 
 
-# ---- the SCF's Coulomb and exchange builds (dfmp2.chem.jk; the backend side in nki_fitted.py) ------------
+# ---- the SCF's Coulomb and exchange builds (dfmp2.chem.jk; the backend side in fitted.py) ------------
 
 @nki.jit
 def fitted_jk_kernel(b, left, right, left_t, w_col, same, with_k):

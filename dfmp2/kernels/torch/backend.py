@@ -17,20 +17,21 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ..util.blocks import block_ranges
-from . import cpu_gemm, cpu_solves, torch_sparse
+from ...util.blocks import block_ranges
+from . import cpu_gemm, cpu_solves
+from . import sparse as torch_sparse
 from .pinned_staging import STAGING
-from .protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
-from .spin_cases import combine_amplitudes, density_weights, pair_denominators
+from ..protocol import BackendRecord, PlanHints, fp64_pair_temporaries_bytes, rows_gram
+from ..spin_cases import combine_amplitudes, density_weights, pair_denominators
 from .split_gemm import SPLIT_FORMATS, split_product
-from .torch_products import symmetric_product
+from .products import symmetric_product
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32x3": torch.float32, "bf16x3": torch.float32}
 HALF_ROW_ELEMENTS = 2**24  # elements of B per product of an m-major half transform (half_transform_m_major)
 PINNED_UPLOAD_MIN_BYTES = 16 * 2**20  # host arrays from this size on go to a GPU through the pinned buffers
 
 
-# A GPU's fused pair epilogue (cuda_pair) costs each process about 0.5 s to load with Triton's disk
+# A GPU's fused pair epilogue (kernels.torch.cuda_pair) costs each process about 0.5 s to load with Triton's disk
 # cache warm (2.2 s to compile it the first time), measured on an H100, and saves about 22-29 ps
 # per (ia|jb) element against the torch ops (the large shape in fp64, the medium one in fp32). It
 # pays in a run whose pair stage forms at least this many elements (some 20 s of pair stage), or
@@ -121,7 +122,7 @@ class TorchBackend:
     batches_gemm = True  # torch.matmul batches over the leading axis
     forms_amplitudes = True
     streams_densities = True
-    screens = frozenset({"mp2", "scf"})  # block-sparse AO->MO transform and SCF builds (torch_sparse)
+    screens = frozenset({"mp2", "scf"})  # block-sparse AO->MO transform and SCF builds (kernels.torch.sparse)
     fitted_store_on_disk = True  # the SCF's B streams from a scratch file where the budget does not hold it
 
     def __init__(self, device: str, precision: str, notes=None, warm_kernels: bool = False):
@@ -137,10 +138,10 @@ class TorchBackend:
         self.notes = list(notes or [])  # announcements recorded in the result
         self._panel_index = torch_sparse.PanelIndex()  # block-sparse panels' column indices on this device
         self.warm_kernels = warm_kernels
-        self._fused_pair_sums = None  # a GPU's fused pair-energy epilogue (cuda_pair), where `prepare` takes it
+        self._fused_pair_sums = None  # a GPU's fused pair-energy epilogue (kernels.torch.cuda_pair), where `prepare` takes it
         if self.device.type == "cuda":
             load_cuda_libraries(self.device)
-        else:  # which library runs each product (kernels.cpu_gemm): an untuned run or a foreign cache, announced
+        else:  # which library runs each product (kernels.torch.cpu_gemm): an untuned run or a foreign cache, announced
             self.notes.extend(note for note in cpu_gemm.notes() if note not in self.notes)
         if not subnormals_flushed():
             self.notes.append("subnormal fp32 results are not flushed to zero in torch's worker threads (its "
@@ -229,7 +230,7 @@ class TorchBackend:
     def screened_ao2mo(self, screened, c_occ, c_vir):
         """(ia|P) = sum_mn C_mi C_na (mn|P) over the kept pair blocks of a ScreenedMNP on
         this device (`dfmp2.sparse`): one GEMM per row panel, then one [nvir, nao] GEMM ->
-        [nocc, nvir, nP] (torch_sparse.ao2mo)."""
+        [nocc, nvir, nP] (kernels.torch.sparse.ao2mo)."""
         self.calls["screened_ao2mo"] += 1
         return torch_sparse.ao2mo(self._panel_index, screened, c_occ, c_vir)
 
@@ -239,14 +240,14 @@ class TorchBackend:
 
     def fitted_store(self, rows, nao, kinds, free_bytes):
         """B for the SCF's Coulomb/exchange builds: rows [naux, npair] host fp64 or a scratch.RowFile
-        of them out of core (torch_fitted.TorchFittedStore; screened B: dfmp2.sparse.fitted_store)."""
-        from .torch_fitted import TorchFittedStore
+        of them out of core (kernels.torch.fitted.TorchFittedStore; screened B: dfmp2.sparse.fitted_store)."""
+        from .fitted import TorchFittedStore
 
         return TorchFittedStore(self, rows, nao, kinds, free_bytes)
 
     def screened_half_transform(self, screened, factor):
         """X [nao, nP, r] = sum_n (mn|P) F_nr over the kept pair blocks (one GEMM per row panel), in
-        the panels' dtype (torch_sparse.half_transform)."""
+        the panels' dtype (kernels.torch.sparse.half_transform)."""
         self.calls["screened_half_transform"] += 1
         return torch_sparse.half_transform(self._panel_index, screened, factor)
 
@@ -271,7 +272,7 @@ class TorchBackend:
         """The SCF exchange's half transform X^P = F^T B^P (B^P symmetric): b_block [nP, nao, nao],
         factor [nao, r] -> [nP, r, nao], in their dtype: batched [r, nao] x [nP; nao, nao], or on a
         CPU stacked, [nP nao, nao] x [nao, r] transposed, whichever was measured faster here
-        (cpu_gemm.fastest_form)."""
+        (kernels.torch.cpu_gemm.fastest_form)."""
         self.calls["half_transform"] += 1
         if self.device.type != "cpu" or not b_block.is_contiguous():
             return cpu_gemm.matmul("half", factor.transpose(0, 1), b_block)
@@ -313,7 +314,7 @@ class TorchBackend:
     def exchange_product(self, x, z, weights=None):
         """K_mn = sum_P sum_r X^P_rm w_r Z^P_rn for x, z [nP, r, nao], weights [r] (None: all 1):
         one GEMM [nao, nP*r] x [nP*r, nao] (on a CPU, z is x: its lower block rows,
-        torch_products.symmetric_product). Returns K [nao, nao] (the SCF's exchange, one
+        kernels.torch.products.symmetric_product). Returns K [nao, nao] (the SCF's exchange, one
         auxiliary block)."""
         self.calls["exchange_product"] += 1
         nP, rank, nao = x.shape
@@ -336,7 +337,7 @@ class TorchBackend:
 
     def prepare(self, plan) -> None:
         """Torch takes any block shape. On a GPU, the pair energies' epilogue: the fused Triton
-        kernel (`cuda_pair`) where it pays for its one-time load in this process (the plan's
+        kernel (`kernels.torch.cuda_pair`) where it pays for its one-time load in this process (the plan's
         pair_elements, or already loaded, or warm_kernels), else torch ops; an announced note
         where it would pay but Triton is missing."""
         self._fused_pair_sums = None
@@ -433,7 +434,7 @@ class TorchBackend:
     def solve_lower_transposed(self, lower: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """B = X L^-T for X [..., n, naux], L [naux, naux] lower triangular (a right-side TRSM)."""
         self.calls["trsm"] += 1
-        rows = x.reshape(-1, x.shape[-1])  # one large solve (a CPU's on the library measured fastest: cpu_solves)
+        rows = x.reshape(-1, x.shape[-1])  # one large solve (a CPU's on the library measured fastest: kernels.torch.cpu_solves)
         return cpu_solves.solve_lower_transposed("trsm", lower, rows).view(x.shape)
 
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):

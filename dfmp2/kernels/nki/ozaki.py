@@ -4,7 +4,7 @@ A NeuronCore has no fp64 and its fp32 sums of (mn|P) C products lose up to mEh o
 energy to cancellation. So every operand of ao2mo_kernel is sent in slices (INPUT_SLICES of the
 C's, X_DIGITS of (mn|P)), each an integer of at most SLICE_BITS bits (+ sign) times a power of two shared along the
 contraction: every product of two slices is exact in fp32, and so is a sum of 512 of them
-(see nki_kernels.ao2mo_kernel). Pure functions, no state.
+(see kernels.nki.kernels.ao2mo_kernel). Pure functions, no state.
 """
 
 from __future__ import annotations

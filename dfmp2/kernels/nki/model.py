@@ -34,13 +34,18 @@ for v4, so the model takes v2's 27.2 GB/s x 16 engines per core (AWS gives 128 D
 Trainium3 chip, 16 per core when shared evenly), capped by the core's share of the chip's HBM
 bandwidth (4.9 TB/s / 8); the Tensor Engine's column rate follows from its 79 bf16 TFLOPS per core
 (= 2.4 GHz x 128 x 128 x 2, the documented clock); the Vector/Scalar/GpSimd engines run at 1.2 GHz.
+
+Why here and not in nki_emulator: the mechanism (a trace to seconds) is a dozen lines and exists for its
+constants, and those are dfmp2's calibration: launch and host_transfer fitted through dfmp2's own
+gemm_kernel traces, the engine rates and the fp8 assumptions chosen for dfmp2's kernels. The emulator
+keeps what it counts (nki_emulator.core.Trace) and its uncalibrated peak model (Trace.modelled_seconds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core import TARGETS, Target, Trace
+from nki_emulator.core import TARGETS, Target, Trace
 
 DMA_ENGINES = 16
 DMA_ENGINE_GB_PER_S = 27.2

@@ -1,4 +1,4 @@
-"""Launching the NKI kernels of nki_kernels.py: emulated, model-only, or on a Trainium host.
+"""Launching the NKI kernels of kernels.py: emulated, model-only, or on a Trainium host.
 
 simulate=False: the module is imported as is (the real `nki`) and a launch is the `nki.jit`
 call. simulate=True: the same source is loaded with dfmp2's emulator standing in for the `nki`
@@ -21,27 +21,28 @@ import sys
 import numpy as np
 import torch
 
-from . import emulator
-from ..util.errors import ComputationError
-from .nki_ledger import CostLedger
-from .spin_cases import combine_amplitudes, pair_denominators
-from .nki_support import checks_lnc, release_name
-from .nki_sparse import TileMap, unpack_symmetric, unpack_tiles
+import nki_emulator as emulator
+
+from ...util.errors import ComputationError
+from .ledger import CostLedger
+from ..spin_cases import combine_amplitudes, pair_denominators
+from .support import checks_lnc, release_name
+from .sparse import TileMap, unpack_symmetric, unpack_tiles
 from .ozaki import digits_value
 from .tiles import FREE, P
 
 PAIR_BLOCK = 32  # occupied orbitals per side of one pair-energy launch (partials: 8 KiB per partition)
 
-_KERNEL_FILE = os.path.join(os.path.dirname(__file__), "nki_kernels.py")
+_KERNEL_FILE = os.path.join(os.path.dirname(__file__), "kernels.py")
 
 
 def load_kernels(simulate: bool):
     """The kernel module, bound to the emulator (simulate) or to the real Neuron SDK."""
     if not simulate:
-        from . import nki_kernels  # imports the real `nki`; the caller checked it is installed
+        from . import kernels  # imports the real `nki`; the caller checked it is installed
 
-        return nki_kernels
-    return load_kernel_file(_KERNEL_FILE, "dfmp2.kernels._nki_kernels_emulated")
+        return kernels
+    return load_kernel_file(_KERNEL_FILE, "dfmp2.kernels.nki._kernels_emulated")
 
 
 def load_kernel_file(path: str, name: str, simulate: bool = True):

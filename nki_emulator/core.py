@@ -1,5 +1,5 @@
 """Execution state of the NKI emulator: targets and their limits, NKI API versions, tiles,
-live-allocation accounting, the instruction trace and the timing model.
+live-allocation accounting, the instruction trace, its peak timing model and the host's Neuron settings.
 
 Long (the state every emulated instruction shares, in one place: the dtypes numpy lacks, bf16 and
 fp8, the three targets, the releases, tiles, the kernel run and its trace).
@@ -7,6 +7,10 @@ fp8, the three targets, the releases, tiles, the kernel run and its trace).
 Tiles are numpy arrays with a buffer kind (hbm, sbuf, psum). The first axis of an on-chip
 tile is the partition axis. New on-chip allocations are filled with NaN, so reading memory
 that no instruction wrote poisons the result.
+
+The Neuron settings (SETTINGS: on a Neuron host the SDK takes them from its process's environment) reach
+the emulator through the reader its host installs (`follow_settings`), asked each time one is used; the
+emulator itself reads no environment, and without a reader every setting takes its default.
 """
 
 from __future__ import annotations
@@ -21,7 +25,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...util import environment
+
+
+# the host's Neuron SDK settings the emulator follows, by the environment variable that carries each:
+# its default target (gen2/inf2 = trn1, gen3 = trn2), neuronx-cc's and the kernels' LNC degree, and
+# dma_transpose lowered to PE transposes ("true": PSUM bank 7 reserved for nc_transpose)
+SETTINGS = ("NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_LOGICAL_NC_CONFIG", "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE")
+_settings_reader = None  # reader(name) -> str, or None where unset; None: no reader, every setting unset
+
+
+def follow_settings(reader) -> None:
+    """Read the settings of SETTINGS through `reader(name, default)` (the value as a str, else `default`)
+    from now on, each time one is used; None: no reader (every setting unset)."""
+    global _settings_reader
+    _settings_reader = reader
+
+
+def setting(name: str, default=None):
+    """The host's value of setting `name` (one of SETTINGS) as a str, or `default` where it is unset."""
+    if name not in SETTINGS:
+        raise KeyError(f"{name} is not a Neuron setting the emulator follows (SETTINGS: {', '.join(SETTINGS)})")
+    return default if _settings_reader is None else _settings_reader(name, default)
 
 
 class NkiConstraintError(RuntimeError):
@@ -205,7 +229,7 @@ class Trace:
     engine_elements: Counter = field(default_factory=Counter)  # engine -> elements processed
     matmul_columns: int = 0  # moving-tensor columns streamed through the Tensor Engine
     # the same columns by the moving operand's dtype name ('float32', 'bfloat16', 'float16'):
-    # the Tensor Engine streams fp32 at a quarter of the bf16/fp16 rate (cost_model)
+    # the Tensor Engine streams fp32 at a quarter of the bf16/fp16 rate (its host's model: dfmp2/kernels/nki/model.py)
     matmul_columns_by_dtype: Counter = field(default_factory=Counter)
     dma_transfers: int = 0  # dma_copy instructions
     launches: int = 0  # kernel calls
@@ -237,7 +261,7 @@ class Trace:
     def modelled_seconds(self, target: Target) -> float:
         """PEAK MODEL (uncalibrated), not a measurement: max of Tensor Engine (fp32 peak), DMA (HBM
         share of one core) and vector-engine time, assuming perfect overlap and no launch
-        overhead. The calibrated model is `cost_model.call_seconds`."""
+        overhead. A calibrated model belongs to the emulator's host (dfmp2's: kernels/nki/model.py)."""
         tensor = self.matmul_flops / (target.fp32_tflops * 1e12)
         dma = (self.dma_bytes_in + self.dma_bytes_out) / (target.hbm_gb_per_s_per_core * 1e9)
         vector = self.vector_elements / (target.vector_gelem_per_s * 1e9)
@@ -413,7 +437,7 @@ class KernelRun:
         """PSUM bytes per partition a kernel may allocate: 8 banks, or 7 where dma_transpose is lowered to
         PE transposes (NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+, nki 0.4+: bank 7 is reserved for
         nc_transpose; tile_size.psum_num_banks, TILE_SIZE) [L2]."""
-        reserved = (environment.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower() == "true"
+        reserved = (setting("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower() == "true"
                     and self.target.name != "trn1" and self.api_at_least("0.4"))
         return self.target.psum_bytes_per_partition - (self.target.psum_bank_bytes if reserved else 0)
 

@@ -2,7 +2,7 @@
 `FittedStore`. A NeuronCore has no fp64, so the builds come in two kinds:
 
   fp32   one launch of fitted_jk_kernel per density (J and K together, fp32 throughout);
-  exact  Ozaki-sliced products (nki_kernels.exact_matmul_kernel), every slice product and its
+  exact  Ozaki-sliced products (kernels.nki.kernels.exact_matmul_kernel), every slice product and its
          PSUM sum exact, hi + lo back to the host, which adds them in fp64: errors of about
          2^-35 of each auxiliary function's largest |B^P_mn| instead of fp32's rounding.
          Three launches: the half transform H = B [L | R] (all densities at once), J from
@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..util.errors import MemoryBudgetError, option
-from ..util.system_memory import MB
-from .emulator.core import TARGETS
+from nki_emulator.core import TARGETS
+
+from ...util.errors import MemoryBudgetError, option
+from ...util.system_memory import MB
 from .ozaki import INPUT_SLICES, column_digits, column_slices
 from .tiles import SLICE_BITS, jk_columns
 

@@ -21,7 +21,7 @@ torch in a fixed order (the energy is the same in every pass).
 from __future__ import annotations
 
 import torch
-import triton  # shipped with CUDA builds of torch on Linux (torch_backend imports this module only then)
+import triton  # shipped with CUDA builds of torch on Linux (kernels.torch.backend imports this module only then)
 import triton.language as tl
 
 TILE_A = 32  # virtual rows a per program

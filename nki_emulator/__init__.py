@@ -32,6 +32,14 @@ memory or returning a partly written output raises NkiConstraintError. Every cal
 What it cannot tell: real timing (the model assumes perfect overlap and no launch cost),
 the compiler's own verifier errors, instruction scheduling, or numerical differences of
 the hardware's fp32 units beyond IEEE float32 rounding.
+
+A package of its own beside dfmp2, ready to be its own distribution: it imports nothing of dfmp2
+(tests/test_architecture_emulator.py) and reads no environment. The Neuron SDK's settings it follows
+(SETTINGS: the default target, the LNC degree, dma_transpose as PE transposes) come through the reader
+its host installs with `follow_settings` (dfmp2's: dfmp2/kernels/nki/__init__.py, from dfmp2's
+util.environment). It keeps the mechanism that counts what a kernel does (the trace, and its uncalibrated
+peak model `Trace.modelled_seconds`); the calibrated time model fitted to measurements of dfmp2's
+kernels stays with dfmp2 (dfmp2/kernels/nki/model.py).
 """
 
 from __future__ import annotations
@@ -45,22 +53,33 @@ import threading
 
 import numpy as np
 
-from ...util import environment
 from . import core, isa, language
-from .core import (API_VERSIONS, COMPILER_LNC, DISPUTED_API, INSTRUCTION_LIMIT, NEWEST_API, SUPPORTED_API, TARGETS,
-                   NkiConstraintError, Tile, Trace, api_tuple, kernel_run)
+from .core import (API_VERSIONS, COMPILER_LNC, DISPUTED_API, INSTRUCTION_LIMIT, NEWEST_API, SETTINGS, SUPPORTED_API,
+                   TARGETS, NkiConstraintError, Tile, Trace, api_tuple, follow_settings, kernel_run, setting)
 
 __all__ = ["jit", "simulate", "language", "isa", "NkiConstraintError", "TARGETS", "Trace",
            "target", "current_api", "compiler_lnc", "EmulatedKernel", "API_VERSIONS", "NEWEST_API",
-           "INSTRUCTION_LIMIT"]
+           "INSTRUCTION_LIMIT", "SETTINGS", "follow_settings"]
 
 
 class _Config(threading.local):
     def __init__(self):
-        name = environment.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-        self.target = {"gen2": "trn1", "inf2": "trn1", "gen3": "trn2"}.get(name, name)
+        self._target = None  # None: not yet chosen in this thread (NEURON_PLATFORM_TARGET_OVERRIDE's, else trn1)
         self.api = None  # None: the newest release documented for the target
         self.lnc = None  # neuronx-cc's LNC degree (None: NEURON_LOGICAL_NC_CONFIG, else COMPILER_LNC)
+
+    @property
+    def target(self) -> str:
+        """The emulated target: target()'s, else the host's NEURON_PLATFORM_TARGET_OVERRIDE (read once per
+        thread, at its first use), else trn1."""
+        if self._target is None:
+            name = setting("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+            self._target = {"gen2": "trn1", "inf2": "trn1", "gen3": "trn2"}.get(name, name)
+        return self._target
+
+    @target.setter
+    def target(self, name: str) -> None:
+        self._target = name
 
 
 _config = _Config()
@@ -87,7 +106,7 @@ def target(name: str, api: str | None = None, lnc: int | None = None):
 
 def _environment_lnc() -> int | None:
     """NEURON_LOGICAL_NC_CONFIG as an int (None where unset)."""
-    given = environment.get("NEURON_LOGICAL_NC_CONFIG")
+    given = setting("NEURON_LOGICAL_NC_CONFIG")
     if given is None:
         return None
     if given.strip() not in ("1", "2"):

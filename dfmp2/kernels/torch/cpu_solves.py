@@ -1,12 +1,12 @@
 """Which library runs each triangular solve on a CPU (the whitenings' B = X L^-T: the SCF's fitted
-integrals in fp64, the MP2 step's (ia|P) in the run's precision), chosen as kernels.cpu_gemm
+integrals in fp64, the MP2 step's (ia|P) in the run's precision), chosen as kernels.torch.cpu_gemm
 chooses the products' (measured once per kind, precision and shape bucket, cached in the same
 file under the same identity, recorded in `cpu_configuration.gemm.solves`):
 
     solve_lower_transposed(kind, lower, rows)   B = X L^-T, X [m, n], L [n, n] lower triangular
     remeasure(solves)                           measure again (`dfmp2 tune`: linalg.cpu.tune)
 
-Libraries (cpu_libraries._SOLVES, util.cpu_config.SOLVE_LIBRARIES): torch's (mkl) and SciPy's own
+Libraries (kernels.torch.cpu_libraries._SOLVES, util.cpu_config.SOLVE_LIBRARIES): torch's (mkl) and SciPy's own
 OpenBLAS (its ?trsm on the tensors' memory; numpy's OpenBLAS has no solve numpy calls). Measured
 on the AMD EPYC of family 26 model 2 (Zen 5, 2 threads, docs/benchmarking.md): with the machine's
 OPENBLAS_CORETYPE=Haswell, fp64 MKL 68-76 GF/s against OpenBLAS 60-69 (the SCF's shapes), fp32
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..util import cpu_config
+from ...util import cpu_config
 from . import cpu_gemm
 from .cpu_libraries import _SOLVES
 
@@ -35,7 +35,7 @@ def solve_key(kind: str, precision: str, rows) -> str:
 
 def _measure(precision, lower, rows, notes):
     """Each library with a solve in this precision, on rows sliced to MEASURE_FLOPS (m n^2 flops) and
-    MEASURE_BYTES, torch's the reference (cpu_gemm._timed_choice) -> its Entry."""
+    MEASURE_BYTES, torch's the reference (kernels.torch.cpu_gemm._timed_choice) -> its Entry."""
     m, n = rows.shape
     keep = max(1, min(m, int(cpu_gemm.MEASURE_FLOPS / max(1, n * n)), MEASURE_BYTES // (n * rows.element_size())))
     sliced = rows[:keep]

@@ -28,10 +28,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..util.blocks import block_ranges
-from ..util.cpu_config import choice
-from ..util.scratch import RowFile
-from ..util.system_memory import release_freed_memory
+from ...util.blocks import block_ranges
+from ...util.cpu_config import choice
+from ...util.scratch import RowFile
+from ...util.system_memory import release_freed_memory
 
 BLOCK_BYTES = 32 * 10**6  # the largest temporary of a build (fp64 bytes)
 WHOLE_HALVES_SHARE = 4  # cpu, m-major: the half transforms of every P at once where their buffers take at

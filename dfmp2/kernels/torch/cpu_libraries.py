@@ -1,4 +1,4 @@
-"""The libraries a CPU product can run on (kernels.cpu_gemm chooses among them by measuring), each as
+"""The libraries a CPU product can run on (kernels.torch.cpu_gemm chooses among them by measuring), each as
 C = A @ B of CPU torch tensors with torch.matmul's shapes, and what each runs on this machine:
 
     mkl       torch.matmul: torch's BLAS, oneMKL in the pinned wheel (fp32, fp64)
@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 import torch
 
-from ..util import cpu_config, environment
+from ...util import cpu_config, environment
 
 _DTYPES = {torch.float32: "fp32", torch.float64: "fp64"}
 

@@ -4,7 +4,7 @@ at the run's own shapes, cached per CPU and library versions, recorded with ever
     matmul(kind, a, b, out=None)   C = A @ B for CPU torch tensors (2-D, or batched as torch.matmul
                                    takes them), on the library chosen for (kind, precision, shape)
     record()                       what ran: per precision the library, its kernels, the measured rate
-    remeasure(problems)            measure again, writing the cache (`dfmp2 tune`; solves: kernels.cpu_solves)
+    remeasure(problems)            measure again, writing the cache (`dfmp2 tune`; solves: kernels.torch.cpu_solves)
 
 Libraries (util.cpu_config.GEMM_LIBRARIES):
     mkl       torch.matmul: torch's BLAS, oneMKL in the pinned wheel (fp32, fp64)
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..util import cpu_config, environment, provenance
-from ..util.clock import clock
-from ..util.errors import ComputationError, InputError
-from ..util.files import write_atomically
+from ...util import cpu_config, environment, provenance
+from ...util.clock import clock
+from ...util.errors import ComputationError, InputError
+from ...util.files import write_atomically
 from .cpu_libraries import _CALLS, _SOLVES, _available, _takes, kernels, library_versions  # noqa: F401
 
 MEASURE_FLOPS = 2e9  # a measured call's flops at most (rows sliced): ~5-20 ms at 100-400 GF/s
@@ -379,7 +379,7 @@ def record() -> dict:
                "notes": list(state.notes),
                "choices": {key: {"library": e.library, "rates_gflops": e.rates, "source": e.source}
                            for key, e in sorted(state.entries.items()) if key in state.used or e.source == "measured"}}
-        out["solves"] = {}  # the triangular solves' (kernels.cpu_solves), apart from the products'
+        out["solves"] = {}  # the triangular solves' (kernels.torch.cpu_solves), apart from the products'
         for precision, (section, counts, solves) in itertools.product(("fp32", "fp64"), (
                 (out, state.flops, False), (out["solves"], state.solve_flops, True))):
             flops = {lib: f for (p, lib), f in counts.items() if p == precision}

@@ -1,11 +1,11 @@
-"""The numbers the NKI kernels (nki_kernels.py) and the host side that pads, buckets and slices
-their arguments (nki_backend.py, nki_launch.py, ozaki.py) must agree on; defined here only.
+"""The numbers the NKI kernels (kernels.py) and the host side that pads, buckets and slices
+their arguments (backend.py, launch.py, ozaki.py) must agree on; defined here only.
 
 A NeuronCore's on-chip tiles have the partition axis first: P partitions (the contraction axis
 of nc_matmul and the stationary operand's free size); the moving operand's free axis and a
 matmul result take at most FREE fp32 columns (one 2 KiB PSUM bank).
 
-Plain constants, the sizing rules both sides apply, and no imports: nki_kernels.py imports this module both as part of the package
+Plain constants, the sizing rules both sides apply, and no imports: kernels.py imports this module both as part of the package
 (on a Trainium host) and when it is loaded from its file with the emulator standing in for `nki`.
 """
 

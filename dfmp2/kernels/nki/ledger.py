@@ -1,5 +1,5 @@
 """The NKI backend's cost ledger: what ran (`calls`), what it did (one summed emulator `Trace`)
-and what it would cost on every target (the calibrated MODEL of emulator/cost_model.py, in
+and what it would cost on every target (the calibrated MODEL of model.py, in
 total and per step, and the PEAK MODEL of Trace.modelled_seconds).
 
 Every entry is a MODEL, never a measurement. Entries: kernel launches (their trace, with the
@@ -22,9 +22,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from . import emulator
-from .emulator import cost_model
-from .emulator.core import TARGETS, Trace
+import nki_emulator as emulator
+from nki_emulator.core import TARGETS, Trace
+
+from . import model
 from .tiles import P
 
 
@@ -66,7 +67,7 @@ class CostLedger:
         step = step or ("host<->device transfer" if trace.host_bytes_in or trace.host_bytes_out
                         else "device copy")
         for name, target in TARGETS.items():
-            call = cost_model.call_seconds(trace, target)
+            call = model.call_seconds(trace, target)
             if prefetched:  # the upload runs while the device works on what came before
                 hidden = min(call["host_transfer"], self._device_window[name])
                 call["host_transfer"] -= hidden
@@ -75,7 +76,7 @@ class CostLedger:
             # device seconds since the host link was last busy: what the next upload may hide under
             crossed = trace.host_bytes_in or trace.host_bytes_out
             self._device_window[name] = call["device"] + (0.0 if crossed else self._device_window[name])
-            cost_model.add_costs(self.model_costs[name], call)
+            model.add_costs(self.model_costs[name], call)
             by_step = self.model_costs_by_step[name].setdefault(
                 step, {"seconds": 0.0, "launches": 0, "upload_seconds": 0.0})
             by_step["seconds"] += call["seconds"]
@@ -107,7 +108,7 @@ class CostLedger:
         for name, costs in self.model_costs.items():
             out[name] = {
                 "seconds": costs.get("seconds", 0.0),
-                "breakdown": {part: costs.get(part, 0.0) for part in cost_model.PARTS + ("device",)},
+                "breakdown": {part: costs.get(part, 0.0) for part in model.PARTS + ("device",)},
                 "launches": self.trace.launches,
                 "tensor_engine_useful_fraction": self.useful_flops / issued if issued else None,
                 # MODEL: argument uploads overlapped with the previous kernel (not in host_transfer)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import cpu_gemm
-from .torch_products import symmetric_product
+from .products import symmetric_product
 
 
 class PanelIndex:
@@ -55,7 +55,7 @@ def ao2mo(index, screened, c_occ, c_vir):
 
 def exchange_product(x, z, weights=None):
     """K_mn = sum_(P, r) X_(m, P, r) w_r Z_(n, P, r) for x, z [nao, nP, r] -> [nao, nao] (on a CPU,
-    z is x: its lower block rows, torch_products.symmetric_product)."""
+    z is x: its lower block rows, kernels.torch.products.symmetric_product)."""
     nao, symmetric = x.shape[0], z is x and x.device.type == "cpu"
     if weights is not None:
         z = z * weights
