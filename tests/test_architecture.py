@@ -192,13 +192,19 @@ CLOCKS = {"perf_counter", "perf_counter_ns", "time", "time_ns", "process_time", 
           "monotonic_ns", "thread_time", "thread_time_ns", "clock_gettime", "clock_gettime_ns"}
 
 
+OTHER_CLOCKS = {"process_clock", "perf_counter"}  # PySCF's logger's clocks (pyscf.lib.logger), any module's
+
+
 def clock_reads(name: str, source: str) -> list:
-    """Where a module reads a clock of the `time` module itself."""
+    """Where a module reads a clock itself: one of the `time` module's, or another module's
+    (PySCF's `logger.process_clock`, `logger.perf_counter`, which its `log.timer` needs)."""
     readers = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "time" \
                 and node.attr in CLOCKS:
             readers.append(f"{name}:{node.lineno} time.{node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr in OTHER_CLOCKS:
+            readers.append(f"{name}:{node.lineno} {ast.unparse(node)}")
         elif isinstance(node, ast.ImportFrom) and node.module == "time" and \
                 {alias.name for alias in node.names} & CLOCKS:
             readers.append(f"{name}:{node.lineno} from time import ...")
@@ -207,8 +213,8 @@ def clock_reads(name: str, source: str) -> list:
 
 def test_one_clock():
     """Every timing dfmp2 records comes from its one clock (`dfmp2.util.clock`, which the run's Timer
-    in `dfmp2.run.context` reads): no other module reads the clock itself (PySCF's own logger in the
-    drop-ins keeps PySCF's log.timer habit)."""
+    in `dfmp2.run.context` reads): no other module reads a clock itself, PySCF's logger's included
+    (the drop-ins print PySCF's timer line from dfmp2's clock)."""
     readers = [r for name, path in MODULES.items() if name != "util.clock" for r in clock_reads(name, path.read_text())]
     assert not readers, readers
 
@@ -218,6 +224,8 @@ def test_the_rule_catches_every_clock():
         assert clock_reads("m", f"import time\nt = time.{clock}()\n") == [f"m:2 time.{clock}"]
     assert clock_reads("m", "from time import monotonic\n") == ["m:1 from time import ..."]
     assert clock_reads("m", "import time\ntime.sleep(1)\n") == []
+    assert clock_reads("m", "t = (logger.process_clock(), logger.perf_counter())\n") == [
+        "m:1 logger.process_clock", "m:1 logger.perf_counter"]
 
 
 def test_a_step_inside_another_is_taken_out_of_it():
@@ -386,18 +394,37 @@ def _rooted_at(node, names: set) -> bool:
     return isinstance(node, ast.Name) and node.id in names
 
 
+# what changes the object it is called on: the containers' mutators (a list, dict or set handed in)
+MUTATORS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "sort",
+            "reverse", "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update"}
+# a backend is the device's state, which the steps drive: its protocol's calls (`prepare(plan)`, the
+# counters, residency) change it by design; what a step may not change is the caller's own objects
+DRIVEN = {"backend"}
+
+
+def _mutating_call(node, handed: set) -> bool:
+    """node calls a mutator (MUTATORS) of a handed object or of a part of one."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS \
+        and _rooted_at(node.func.value, handed)
+
+
 def handed_changes(name: str, source: str) -> list:
-    """Where a function sets an attribute of an object it was handed: a parameter (self and cls aside), or a
-    local name bound to a part of one (`timer = context.timer`)."""
+    """Where a function changes an object it was handed: sets an attribute of it or calls one of its
+    mutators (`MUTATORS`). Handed: a parameter (self, cls and the backend aside: `DRIVEN`), or a local
+    name bound to a part of one (`timer = context.timer`); a name rebound to something new is not."""
     changes = []
     for function in ast.walk(ast.parse(source)):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
                 (name, function.name) in HANDED_EXCEPTIONS:
             continue
         arguments = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
-        handed = {a.arg for a in arguments} - {"self", "cls"}
-        for node in sorted((n for n in ast.walk(function) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))),
-                           key=lambda n: (n.lineno, n.col_offset)):
+        handed = {a.arg for a in arguments} - {"self", "cls"} - DRIVEN
+        for node in sorted((n for n in ast.walk(function) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                            or _mutating_call(n, handed)), key=lambda n: (n.lineno, n.col_offset)):
+            if isinstance(node, ast.Call):
+                if _mutating_call(node, handed):  # (handed as it stands at this line)
+                    changes.append(f"{name}:{node.lineno} {function.name} calls {ast.unparse(node.func)}")
+                continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in (t for top in targets for t in ast.walk(top)):
                 if isinstance(target, ast.Attribute) and isinstance(target.ctx, ast.Store) and \
@@ -427,6 +454,9 @@ def test_the_rule_catches_a_step_that_changes_what_it_was_handed():
            "    context = replace(context, timer=context.timer.synchronized_with(backend.synchronize))\n"
            "    context.timer.synchronize = None\n")
     assert handed_changes("m", new) == []
+    assert handed_changes("m", "def f(notes, arrays):\n    notes.append(1)\n    arrays = dict(arrays)\n"
+                               "    arrays.pop(2)\n") == ["m:2 f calls notes.append"]
+    assert handed_changes("m", "def f(backend, plan):\n    backend.prepare(plan)\n    backend.calls.update(x=1)\n") == []
 
 
 # ----------------------------------------------------------------------------- the page names every module

@@ -18,6 +18,7 @@ from ..run.budget import caller_limit
 from ..run.context import RunContext
 from ..run.ranks import join_launched_team
 from ..run.settings import Settings, frozen_per_spin
+from ..util.clock import clock, cpu_seconds
 from ..util.errors import InputError
 from ..util.system_memory import MB
 from .driver import run_mean_field
@@ -233,17 +234,15 @@ class PySCFMP2Base(lib.StreamObject):
         energies get those of their Fock matrix, and e_tot is their energy (`chem.with_orbitals`)."""
         mf = self._scf
         coeff = self.mo_coeff if mo_coeff is None else mo_coeff
-        if mo_energy is None and mo_coeff is None:
-            mo_energy = self.mo_energy
-        if coeff is mf.mo_coeff and self.mo_occ is mf.mo_occ and mo_energy is mf.mo_energy:
-            return mf
-        return chem.with_orbitals(mf, coeff, self.mo_occ, mo_energy)
+        mo_energy = self.mo_energy if mo_energy is None and mo_coeff is None else mo_energy
+        same = coeff is mf.mo_coeff and self.mo_occ is mf.mo_occ and mo_energy is mf.mo_energy
+        return mf if same else chem.with_orbitals(mf, coeff, self.mo_occ, mo_energy)
 
     def _run(self, mo_energy=None, mo_coeff=None, **changes):
         """Run DF-MP2 with `changes` to the settings; sets the energies and returns the result
         (changes "integrals", "given": run_mean_field's; "notes": last in the result's, not logged)."""
         log = logger.new_logger(self)
-        cput = (logger.process_clock(), logger.perf_counter())
+        wall0, cpu0 = clock(), cpu_seconds()  # dfmp2's clock: PySCF's timer line, printed below
         integrals = changes.pop("integrals", None) or self._integrals()
         if self.verbose >= logger.INFO:
             self.dump_flags(integrals=integrals)
@@ -266,7 +265,8 @@ class PySCFMP2Base(lib.StreamObject):
         log.info("E_corr(oppo-spin) = %.15g", self.e_corr_os)
         if self.e_corr_singles:  # ROHF (0 with include_singles=False, as PySCF)
             log.info("E_corr(singles) = %.15g", self.e_corr_singles)
-        log.timer(self.__class__.__name__, *cput)
+        log.debug("    CPU time for %s %9.2f sec, wall time %9.2f sec", type(self).__name__, cpu_seconds() - cpu0,
+                  clock() - wall0)  # PySCF's log.timer line (at its TIMER_LEVEL, DEBUG), on dfmp2's clock
         return self.result
 
     def _response_inputs(self) -> tuple:

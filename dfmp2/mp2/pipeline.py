@@ -84,10 +84,11 @@ class CorrelationEnergy:
         return scs_correlation(self.e_corr_os, self.e_corr_ss, self.e_corr_singles)
 
 
-def plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, insist, notes) -> MemoryPlan:
-    """The memory plan with t2 (fp64 on the host, PySCF's layout) held beside the run's arrays,
-    its blocks sized for what is left. Where t2 does not fit (or would push (ia|P) out of core),
-    `plan` unchanged and a note in `notes`; MemoryBudgetError instead when t2 is insisted on."""
+def plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, insist) -> tuple:
+    """(plan, note): the memory plan with t2 (fp64 on the host, PySCF's layout) held beside the run's
+    arrays, its blocks sized for what is left, and no note. Where t2 does not fit (or would push
+    (ia|P) out of core), `plan` unchanged and the note saying so; MemoryBudgetError instead when t2
+    is insisted on."""
     spaces = [(o.size, v.size) for o, v, _ in selected]
     pairs = [o * v for o, v in spaces]
     t2_bytes = 8 * (sum(n * n for n in pairs) + (2 * pairs[0] * pairs[1] if len(pairs) == 2 else 0))
@@ -96,15 +97,14 @@ def plan_keeping_t2(backend, integrals, selected, max_memory, plan, on_disk, ins
     except MemoryBudgetError:
         kept = None
     if kept is not None and (insist or kept.storage == plan.storage):
-        return kept
+        return kept, None
     store = sum(pairs) * integrals.naux * backend.itemsize if plan.storage == "memory" else 0
     message = (f"t2 needs {t2_bytes / MB:.4g} MB, more than the memory budget leaves ({max(0, plan.budget - plan.minimum - store) / MB:.4g} "
                f"MB of {plan.budget / MB:.4g} MB after the process, {'(ia|P) and ' if store else ''}the energy's "
                "smallest blocks)")
     if insist:
         raise MemoryBudgetError(f"with_t2: {message}; run without it (energies and densities need no t2)")
-    notes.append(f"t2 not kept: {message}; the energy is complete (give more memory to keep t2)")
-    return plan
+    return plan, f"t2 not kept: {message}; the energy is complete (give more memory to keep t2)"
 
 
 def check_request(settings: Settings, nspin: int, ranks: int, given=None, semicanonical=False) -> None:
@@ -160,8 +160,8 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
         notes.append(f"t2 not kept: the {backend.device_name} kernels do not form the amplitudes (the energy is "
                      "complete; device cpu or cuda keeps t2)")
     elif with_t2:
-        plan = plan_keeping_t2(backend, integrals, selected, settings.max_memory, plan, on_disk, with_t2 is True,
-                               notes)
+        plan, note = plan_keeping_t2(backend, integrals, selected, settings.max_memory, plan, on_disk, with_t2 is True)
+        notes += [note] if note else []
     keep_t2 = bool(with_t2) and team is None and not notes
     return plan, notes + ([plan.budget_note] if plan.budget_note else []), keep_t2
 

@@ -31,7 +31,7 @@ VARIABLES = {
     "DFMP2_GEMM": "the user: the library every CPU product of a precision runs on, instead of measuring "
                   "(`onednn`, or `fp32=onednn,fp64=openblas`; util.cpu_config.gemm_pins)",
     "DFMP2_CACHE_DIR": "the user: where dfmp2 keeps what it measured on this machine (the GEMM choices: "
-                       "kernels.cpu_gemm), before XDG_CACHE_HOME",
+                       "kernels.torch.cpu_gemm), before XDG_CACHE_HOME",
     "XDG_CACHE_HOME": "the user (the XDG base directories): the user's cache directory, else ~/.cache",
     "HOME": "the system: ~ of ~/.cache, the default cache directory",
     "OMP_WAIT_POLICY": _THREADS,
