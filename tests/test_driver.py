@@ -21,8 +21,9 @@ BASE_RECORD = os.path.join(ROOT, "tests", "data", "water_record_2cde9af.json")
 
 @pytest.fixture
 def counted(monkeypatch):
-    """{name: calls} of check_request, Timer.synchronized_with and open_run_checkpoint, wherever called."""
-    counts = {"check_request": 0, "synchronized_with": 0, "open_run_checkpoint": 0}
+    """{name: calls} of check_request, Timer.synchronized_with, open_run_checkpoint and the spin
+    channels' making (orbitals.spin_channels), wherever called."""
+    counts = {"check_request": 0, "synchronized_with": 0, "open_run_checkpoint": 0, "spin_channels": 0}
 
     def counting(name, real):
         def wrapper(*args, **kw):
@@ -36,12 +37,14 @@ def counted(monkeypatch):
         monkeypatch.setattr(module, "open_run_checkpoint",
                             counting("open_run_checkpoint", pipeline.open_run_checkpoint))
     monkeypatch.setattr(Timer, "synchronized_with", counting("synchronized_with", Timer.synchronized_with))
+    for module in (driver, pipeline):
+        monkeypatch.setattr(module, "spin_channels", counting("spin_channels", pipeline.spin_channels))
     return counts
 
 
 def test_a_molecule_s_run_checks_wraps_its_timer_and_opens_its_checkpoint_once(counted, tmp_path):
     driver.run_xyz(WATER, checkpoint=str(tmp_path / "ck"))
-    assert counted == {"check_request": 1, "synchronized_with": 1, "open_run_checkpoint": 1}
+    assert counted == {"check_request": 1, "synchronized_with": 1, "open_run_checkpoint": 1, "spin_channels": 1}
 
 
 def test_a_mean_field_s_run_checks_wraps_its_timer_and_opens_its_checkpoint_once(counted):
@@ -49,7 +52,7 @@ def test_a_mean_field_s_run_checks_wraps_its_timer_and_opens_its_checkpoint_once
     from conftest import converged_rhf
 
     DFMP2(converged_rhf("water", "cc-pvdz")).kernel()
-    assert counted == {"check_request": 1, "synchronized_with": 1, "open_run_checkpoint": 1}
+    assert counted == {"check_request": 1, "synchronized_with": 1, "open_run_checkpoint": 1, "spin_channels": 1}
 
 
 def test_the_pipeline_s_own_entry_still_checks_its_request():

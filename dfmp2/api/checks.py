@@ -14,7 +14,6 @@ from ..chem.functionals import double_hybrid
 from ..chem.jk import fitted_bytes
 from ..kernels import SPLIT_PRECISIONS
 from ..kernels.protocol import FittedBuildsBackend
-from ..mp2.orbitals import spin_channels
 from ..mp2.pipeline import check_request
 from ..mp2.response import PROPERTIES
 from ..run.budget import limit_needed, pyscf_max_memory
@@ -73,11 +72,10 @@ def check_atoms(atoms, settings: Settings | None = None, **changes) -> None:
     with_frozen_core(settings, molecule.mol, occupied_orbitals(molecule.mol, settings, molecule.reference))
 
 
-def check_mean_field_request(settings, reference, ranks, given=None) -> None:
-    """`pipeline.check_request` for run_mean_field's reference (`chem.mean_field_orbitals`: its
-    spin channels, and ROHF's semicanonical Fock matrix); given: B given by the caller."""
-    nspin = len(spin_channels(reference.mo_coeff, reference.mo_energy, reference.mo_occ))
-    check_request(settings, nspin, ranks, given, semicanonical=reference.fock_mo is not None)
+def check_mean_field_request(settings, nspin, semicanonical, ranks, given=None) -> None:
+    """`pipeline.check_request` for run_mean_field's reference: nspin spin channels (1 or 2),
+    semicanonical (ROHF's semicanonical Fock matrix); given: B given by the caller."""
+    check_request(settings, nspin, ranks, given, semicanonical=semicanonical)
 
 
 def _check_molecule_request(settings, reference, ranks):

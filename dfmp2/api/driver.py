@@ -55,10 +55,11 @@ def _run_mean_field(mf, settings, integrals, context, given, run_scope, extra_no
     reference, integrals = _orbitals_and_integrals(mf, settings, integrals)
     screening = {"mp2": _screened(settings, integrals, backend).screening_record}
     notes = ["non-aufbau reference accepted (allow_non_aufbau=True)"] if settings.allow_non_aufbau else []
-    check_mean_field_request(settings, reference, context.ranks, given)
+    refs = spin_channels(reference.mo_coeff, reference.mo_energy, reference.mo_occ)  # made once per run
+    check_mean_field_request(settings, len(refs), reference.fock_mo is not None, context.ranks, given)
     checkpoint = run_scope.enter_context(open_run_checkpoint(settings, context.team))
-    fields = _correlate(backend, mf, reference, integrals, settings, context, checkpoint, chem.basis_name(mf.mol),
-                        notes, {"mp2": integrals.fitting}, given)
+    fields = _correlate(backend, mf, reference, refs, integrals, settings, context, checkpoint,
+                        chem.basis_name(mf.mol), notes, {"mp2": integrals.fitting}, given)
     fields["notes"] = fields["notes"] + list(extra_notes)
     return DFMP2Result(**fields, ecp=chem.ecp_record(mf.mol),  # whatever ECPs the user's molecule carries
                        screening=screening, scf_record=scf_record(chem.fitted_builds_of(mf), mf))
@@ -160,7 +161,8 @@ def _run_atoms(atoms, settings, context, run_scope, extra_notes=()) -> DFMP2Resu
             if builds is not None:
                 builds.close()
         chem.release_integrals(mf)
-        fields = _correlate(backend, mf, orbitals, integrals, settings, context, checkpoint, settings.basis,
+        refs = spin_channels(orbitals.mo_coeff, orbitals.mo_energy, orbitals.mo_occ)  # made once per run
+        fields = _correlate(backend, mf, orbitals, refs, integrals, settings, context, checkpoint, settings.basis,
                             [f"ECPs off ({option('ecp', 'none')}): {el} all-electron in {settings.basis}, a basis made for its "
                              f"{label} ECP" for el, label in sorted(ecp.off.items())],
                             {"scf": jk_fitting, "mp2": integrals.fitting})
@@ -270,17 +272,16 @@ def _run_identity(atoms, settings, reference, ecp) -> dict:
             **{name: getattr(settings, name) for name in chemistry}}
 
 
-def _correlate(backend, mf, reference, integrals, settings, context, checkpoint, basis, notes, fittings,
+def _correlate(backend, mf, reference, refs, integrals, settings, context, checkpoint, basis, notes, fittings,
                given=None) -> dict:
-    """The MP2 steps on `reference` (its request checked, context's timer synchronized, the run's open
-    `checkpoint` policy): the DFMP2Result fields they give (the CorrelationEnergy in "correlation");
+    """The MP2 steps on `reference` and its spin channels `refs` (`orbitals.spin_channels`; the
+    request checked, context's timer synchronized, the run's open `checkpoint` policy): the
+    DFMP2Result fields they give (the CorrelationEnergy in "correlation");
     fittings: {"scf"/"mp2": FittingSet or None} (where each element's auxiliary set came from)."""
     fittings = {kind: fitting for kind, fitting in fittings.items() if fitting is not None}
     generated = {kind: fitting.generated for kind, fitting in fittings.items()}
     with context.timer.step("mp2"):
-        corr = correlation_energy(backend, integrals, spin_channels(reference.mo_coeff, reference.mo_energy,
-                                                                    reference.mo_occ),
-                                  settings, reference.fock_mo, context, checkpoint, given)
+        corr = correlation_energy(backend, integrals, refs, settings, reference.fock_mo, context, checkpoint, given)
     ran = backend.record()
     return dict(
         e_ref=reference.e_ref, correlation=corr, reference=reference.reference,
