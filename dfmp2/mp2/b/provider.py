@@ -90,16 +90,16 @@ def local_b(run):
     each slab of (ia|P) is whitened when the pair stage reaches it (`LocalB`), so that it is read once."""
     backend, integrals, channels, plan, checkpoint, context = (run.backend, run.integrals, run.channels, run.plan,
                                                                run.checkpoint, run.context)
-    nocc, timer, scratch = [ch.nocc for ch in channels], context.timer, run.settings.scratch
+    timer, scratch = context.timer, run.settings.scratch
     shapes = [(ch.nocc, ch.nvir, integrals.naux) for ch in channels]
     held = checkpoint.held_b(backend, channels, shapes)
     if held:
-        return LocalB(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
+        return LocalB(run, held, *checkpoint.held_b_label(), reused=True)
     factor, stores = make_iaP(
         run, integrals.aux_blocks(plan.aux_block), lambda ch: new_store(
             backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, scratch, checkpoint.b_path(ch),
             checkpoint.scratch_prefix, checkpoint.b_identity()))  # 1. and 2.
-    provider = LocalB(backend, stores, nocc, plan, factor.nkept, factor.describe(), timer)
+    provider = LocalB(run, stores, factor.nkept, factor.describe())
     try:
         if plan.storage == "disk" and not checkpoint.keeps_b:
             provider.factor = factor  # 3. inside step 4, slab by slab
@@ -122,13 +122,14 @@ class LocalB:
     against it, read once per slab (a view when J lies inside the slab). With `factor` (out of
     core, no checkpoint) the stores still hold (ia|P) and each slab is whitened (step 3) when
     the pair stage reaches it, so that (ia|P) is read once in all; that time goes to the
-    timer's "whiten", out of "pair_energies"."""
+    timer's "whiten", out of "pair_energies". run: the `CorrelationRun` (its backend, channels'
+    nocc, plan's block sizes and timer)."""
 
-    def __init__(self, backend, stores, nocc, plan, nkept=0, metric_label="", timer=None, reused=False):
-        self.backend, self.stores, self.nocc = backend, stores, list(nocc)
-        self.occ_block, self.slab_rows = plan.occ_block, plan.slab_rows
-        self.nkept, self.metric_label, self.timer, self.reused = nkept, metric_label, timer, reused
-        self.layout = {"occ_block": plan.occ_block}
+    def __init__(self, run, stores, nkept=0, metric_label="", reused=False):
+        self.backend, self.stores, self.nocc = run.backend, stores, [ch.nocc for ch in run.channels]
+        self.occ_block, self.slab_rows = run.plan.occ_block, run.plan.slab_rows
+        self.nkept, self.metric_label, self.timer, self.reused = nkept, metric_label, run.context.timer, reused
+        self.layout = {"occ_block": run.plan.occ_block}
         self.factor = None
 
     def owned(self, tasks) -> list:
@@ -209,7 +210,7 @@ def given_b(run) -> LocalB:
             rows = np.asarray(ovl[i0 * ch.nvir:i1 * ch.nvir], dtype=np.float64).reshape(i1 - i0, ch.nvir, naux)
             store.write_occ(i0, i1, backend.to_device(rows))
         stores.append(store)
-    return LocalB(backend, stores, [ch.nocc for ch in channels], plan, naux, "given")
+    return LocalB(run, stores, naux, "given")
 
 
 def b_over_ranks(run):
@@ -229,8 +230,7 @@ def b_over_ranks(run):
     column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
     blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
     owners = block_owners([len(b) for b in blocks], size)
-    provider = RankB(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
-                               plan.storage, scratch)
+    provider = RankB(run, blocks, owners, occ_block, Staging(backend, team), shares)
     held = checkpoint.held_rows(provider.layout, blocks, owners, channels) if checkpoint.keeps_b else None
     if held is not None:  # B of this layout, kept by an earlier run (every rank's)
         rows, provider.nkept, provider.metric_label = held
