@@ -11,7 +11,9 @@ Around them, the run's policies: the checkpoint's resume policy (dfmp2.run.check
 finished pair tasks), the ranks (dfmp2.run.ranks, through the provider) and the timer and
 progress of the run context (dfmp2.run.context). The steps never branch on a device, a storage or
 a rank; those choices are made once, here: the plan (`plan_run`: memory or disk, t2), the
-provider (`b_provider`) and the checkpoint policy (`open_run_checkpoint`).
+provider (`b_provider`) and the checkpoint policy (`open_run_checkpoint`). What a run shares is
+one object, the per-run state (`run_state.CorrelationRun`), made once in `correlation_energy` and
+handed to the provider and the stages.
 """
 
 from __future__ import annotations
