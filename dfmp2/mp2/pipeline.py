@@ -11,7 +11,9 @@ Around them, the run's policies: the checkpoint's resume policy (dfmp2.run.check
 finished pair tasks), the ranks (dfmp2.run.ranks, through the provider) and the timer and
 progress of the run context (dfmp2.run.context). The steps never branch on a device, a storage or
 a rank; those choices are made once, here: the plan (`plan_run`: memory or disk, t2), the
-provider (`b_provider`) and the checkpoint policy (`open_run_checkpoint`).
+provider (`b_provider`) and the checkpoint policy (`open_run_checkpoint`). What a run shares is
+one object, the per-run state (`run_state.CorrelationRun`), made once in `correlation_energy` and
+handed to the provider and the stages.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..util.system_memory import MB
 from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import combine_pair_sums, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
 from .b import LocalDensities, MetricFactorOnce, RankDensities, b_provider
+from .run_state import CorrelationRun
 
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
@@ -166,13 +169,14 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     return plan, notes + ([plan.budget_note] if plan.budget_note else []), keep_t2
 
 
-def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2) -> tuple:
+def pair_stage(run, provider, tasks) -> tuple:
     """Step 4 over the tasks this process owns, those in the checkpoint's journal taken from it
-    (none when t2 is kept: every task forms its amplitudes). Returns (sums [ntasks, 2] of every
-    task, fp64, t2 or None)."""
+    (none when t2 is kept, run.keep_t2: every task forms its amplitudes). run: the
+    `CorrelationRun`. Returns (sums [ntasks, 2] of every task, fp64, t2 or None)."""
+    checkpoint, context, with_t2 = run.checkpoint, run.context, run.keep_t2
     owned = provider.owned(tasks)
     finished, sums = checkpoint.resume_pairs(len(tasks), provider.layout, owned)
-    t2, t2_blocks = t2_arrays(channels) if with_t2 else (None, None)
+    t2, t2_blocks = t2_arrays(run.channels) if with_t2 else (None, None)
     if with_t2:
         finished = set()
         checkpoint.forget_reused()
@@ -184,21 +188,22 @@ def pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
         context.report("pair energies", len(finished), len(owned))
 
     try:
-        pair_energies(backend, provider.pair_blocks(tasks, [k for k in owned if k not in finished]), channels,
-                      record, t2_blocks)
+        pair_energies(run.backend, provider.pair_blocks(tasks, [k for k in owned if k not in finished]),
+                      run.channels, record, t2_blocks)
     finally:
         checkpoint.close_journal()
     return provider.combine(sums), t2
 
 
-def density_stage(backend, provider, channels, selected, plan, settings, metric_factor, team=None) -> tuple:
+def density_stage(run, provider) -> tuple:
     """Step 5: (rdm1 [(occ_index, vir_index, P_oo, P_vv)] per channel, and with_gamma the
     three-index density `storage.ThreeIndexDensity` (in memory, or on disk with B) with its
-    Gbar, else None). metric_factor: the run's `MetricFactorOnce` (the factor B was whitened
-    with). B out of core is read a slab of plan.slab_rows rows at a time. Over the
+    Gbar, else None). run: the `CorrelationRun`; its metric_factor is the factor B was whitened
+    with. B out of core is read a slab of plan.slab_rows rows at a time. Over the
     ranks of a team: blocks of k per rank in lockstep (`b.ranks.RankDensities`), P and Gbar on
     every rank, G on rank 0 only (None elsewhere)."""
-    gamma, factor = None, metric_factor(out_of="density") if settings.with_gamma else None
+    backend, channels, plan, settings, team = run.backend, run.channels, run.plan, run.settings, run.context.team
+    gamma, factor = None, run.metric_factor(out_of="density") if settings.with_gamma else None
     if factor is not None:
         gamma = ThreeIndexDensity([(ch.nocc, ch.nvir, factor.naux) for ch in channels], plan.storage,
                                   settings.scratch)
@@ -221,7 +226,7 @@ def density_stage(backend, provider, channels, selected, plan, settings, metric_
         raise
     if gamma is not None:
         gamma.gamma_aux = gamma_aux
-    return [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(selected, densities)], gamma
+    return [(occ, vir, p_oo, p_vv) for (occ, vir, _), (p_oo, p_vv) in zip(run.selected, densities)], gamma
 
 
 def dfmp2_energy(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: Settings | None = None,
@@ -251,7 +256,8 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
     """`dfmp2_energy`'s steps, for a caller that has made its run's decisions once (the driver):
     refs (`orbitals.spin_channels`) of a request `check_request` passed, context's timer draining
     backend's queue (`Timer.synchronized_with`), the run's open checkpoint policy
-    (`checkpoint.policy.open_run_checkpoint`); the caller closes it."""
+    (`checkpoint.policy.open_run_checkpoint`); the caller closes it. The run's state
+    (`CorrelationRun`) is made once here, after the plan and the metric factor."""
     before = dict(context.timer.timings)  # the run's steps so far (the SCF): not this call's
     selected = active_spaces(refs, settings.frozen)
     plan, notes, with_t2 = plan_run(backend, integrals, selected, settings, context, given)
@@ -259,27 +265,28 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
     timer = context.timer
     with timer.step("integrals"):
         metric = None if given is not None else integrals.metric()  # (given B needs no metric)
-    metric_factor = MetricFactorOnce(backend, metric, timer)  # step 1, once per run
-    channels = device_channels(backend, refs, selected, fock_mo)
+    run = CorrelationRun(
+        backend=backend, integrals=integrals, selected=selected, channels=device_channels(backend, refs, selected, fock_mo),
+        plan=plan, settings=settings, context=context, checkpoint=checkpoint,
+        metric_factor=MetricFactorOnce(backend, metric, timer),  # step 1, once per run
+        given=given, notes=tuple(notes), keep_t2=with_t2)
     checkpoint.claim_pipeline(lambda: pipeline_identity(backend, refs, selected, fock_mo, metric, integrals.nao,
                                                         integrals.screening))
-    provider = b_provider(backend, integrals, metric_factor, channels, plan, settings, context,
-                                     checkpoint, given)
+    provider = b_provider(run)
     try:
-        tasks = pair_tasks([ch.nocc for ch in channels], provider.occ_block)
+        tasks = pair_tasks([ch.nocc for ch in run.channels], provider.occ_block)
         with timer.step("pair_energies"):
-            sums, t2 = pair_stage(backend, provider, channels, tasks, checkpoint, context, with_t2)
+            sums, t2 = pair_stage(run, provider, tasks)
         rdm1 = gamma = None
         if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
             with timer.step("density"):
-                rdm1, gamma = density_stage(backend, provider, channels, selected, plan, settings,
-                                            metric_factor, context.team)
+                rdm1, gamma = density_stage(run, provider)
         try:
-            return assemble_result(backend, channels, integrals, plan, provider, combine_pair_sums(
-                tasks, sums, len(channels)), rdm1=rdm1, gamma=gamma, t2=t2, notes=notes,
-                include_singles=settings.include_singles, checkpoint=checkpoint.summary(provider.reused, len(tasks)),
-                timings={name: seconds - before.get(name, 0.0) for name, seconds in timer.timings.items()
-                         if seconds != before.get(name)})
+            return assemble_result(run, provider, combine_pair_sums(tasks, sums, len(run.channels)),
+                                   densities=(rdm1, gamma), t2=t2,
+                                   checkpoint=checkpoint.summary(provider.reused, len(tasks)),
+                                   timings={name: seconds - before.get(name, 0.0) for name, seconds in
+                                            timer.timings.items() if seconds != before.get(name)})
         except BaseException:
             if gamma is not None:
                 gamma.close()
@@ -288,11 +295,14 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
         provider.close()
 
 
-def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *, rdm1, gamma, t2, notes,
-                    include_singles, checkpoint, timings) -> CorrelationEnergy:
+def assemble_result(run, provider, pair_energy, *, densities, t2, checkpoint, timings) -> CorrelationEnergy:
     """The result record, made once: (E_os, E_ss) = pair_energy, the ROHF singles added
-    (include_singles; else 0, as PySCF's include_singles=False), every energy checked to be
-    finite, and what ran (the kernels of every rank, on rank 0)."""
+    (run.settings.include_singles; else 0, as PySCF's include_singles=False), every energy
+    checked to be finite, and what ran (the kernels of every rank, on rank 0). run: the
+    `CorrelationRun` (its plan's notes); densities: (rdm1, gamma) of `density_stage`, or
+    (None, None); checkpoint: the checkpoint's summary; timings: this call's steps (s)."""
+    backend, channels, integrals, include_singles = run.backend, run.channels, run.integrals, run.settings.include_singles
+    rdm1, gamma = densities
     e_os, e_ss = pair_energy
     done = provider.summary()  # (ranks: every rank's kernels, gathered before the host's singles)
     e_singles = 0.0
@@ -312,10 +322,8 @@ def assemble_result(backend, channels, integrals, plan, provider, pair_energy, *
         e_corr_os=e_os, e_corr_ss=e_ss, e_corr_singles=e_singles,
         nocc=per_spin([ch.nocc for ch in channels]), nvir=per_spin([ch.nvir for ch in channels]),
         naux=integrals.naux, nao=integrals.nao, nfrozen=per_spin([ch.nfrozen for ch in channels]),
-        metric=provider.metric_label, plan=plan, timings=dict(timings), kernels=kernels,
+        metric=provider.metric_label, plan=run.plan, timings=dict(timings), kernels=kernels,
         rdm1_active=rdm1, gamma=gamma, t2=t2, checkpoint=checkpoint, distributed=done["distributed"],
         io={**done["io"], "tensor_bytes": sum(ch.nocc * ch.nvir * integrals.naux for ch in channels)
             * backend.itemsize},
-        singles_included=include_singles, notes=list(notes))
-
-
+        singles_included=include_singles, notes=list(run.notes))

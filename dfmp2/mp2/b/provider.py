@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ...run.checkpoint import NoCheckpoint
 from ...run.context import context_from
 from ...run.memory import plan_for
 from .ranks import RankB, rows_from_columns
@@ -18,6 +19,7 @@ from ...util.errors import InputError, MemoryBudgetError
 from ...sparse.formats import ScreenedMNP
 from ...util.system_memory import MB, release_freed_memory, released_after_each
 from ..orbitals import active_spaces, device_channels, spin_channels
+from ..run_state import CorrelationRun
 from ..steps import factor_metric, transform_to_mo, whiten_iaP
 
 
@@ -41,30 +43,28 @@ class MetricFactorOnce:
         return self._factor
 
 
-def b_provider(backend, integrals, metric_factor, channels, plan, settings, context, checkpoint, given):
+def b_provider(run):
     """Where B comes from and lives (`dfmp2.mp2.b.protocol`): given by the caller, over the ranks of
-    the team, or made (or found in the checkpoint) in this process. metric_factor: the run's
-    `MetricFactorOnce` (step 1, shared with the densities)."""
-    if given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
-        return given_b(backend, given, channels, plan)
-    if context.team is not None:
-        return b_over_ranks(backend, integrals, metric_factor, channels, plan, context.team, checkpoint,
-                                       context, settings.scratch)
-    return local_b(backend, integrals, metric_factor, channels, plan, settings.scratch, checkpoint, context)
+    the team, or made (or found in the checkpoint) in this process. run: the `CorrelationRun`
+    (its metric_factor: step 1, shared with the densities)."""
+    if run.given is not None:  # B made earlier (ao2mo, or PySCF's ovL)
+        return given_b(run)
+    if run.context.team is not None:
+        return b_over_ranks(run)
+    return local_b(run)
 
 
-def make_iaP(backend, integrals, metric_factor, channels, aux_blocks, new_store_of, context, first=0):
+def make_iaP(run, aux_blocks, new_store_of, first=0):
     """Steps 1 and 2, the one place they are composed: (the metric's factor, stores[s] holding
     channel s's (ia|P) for the auxiliary functions of aux_blocks, at columns p - first).
-    metric_factor: the run's `MetricFactorOnce`. new_store_of(channel): the store each channel's (ia|P)
-    goes to (closed here on failure)."""
-    factor = metric_factor()  # 1. J = L L^T
+    run: the `CorrelationRun` (its metric_factor: the run's `MetricFactorOnce`). new_store_of(channel):
+    the store each channel's (ia|P) goes to (closed here on failure)."""
+    factor = run.metric_factor()  # 1. J = L L^T
     stores = []
     try:
-        for ch in channels:
+        for ch in run.channels:
             stores.append(new_store_of(ch))
-        transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, context.timer, context.report,
-                             first=first)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
+        transform_aux_blocks(run, aux_blocks, stores, first=first)  # 2. (ia|P) = C_mi C_na (mn|P), each spin
     except BaseException:
         for store in stores:
             store.close()
@@ -84,20 +84,22 @@ def whiten_blocks(backend, factor, read_occ, occ_blocks, write, report=None):
             report("whitening", n + 1, len(occ_blocks))
 
 
-def local_b(backend, integrals, metric_factor, channels, plan, scratch, checkpoint, context):
-    """Steps 1-3 in this process, B in memory or on disk as the plan says, or B the checkpoint
-    holds. Out of core without a checkpoint, step 3 waits for step 4: each slab of (ia|P) is
-    whitened when the pair stage reaches it (`LocalB`), so that it is read once."""
-    nocc, timer = [ch.nocc for ch in channels], context.timer
+def local_b(run):
+    """Steps 1-3 in this process (run: the `CorrelationRun`), B in memory or on disk as the plan
+    says, or B the checkpoint holds. Out of core without a checkpoint, step 3 waits for step 4:
+    each slab of (ia|P) is whitened when the pair stage reaches it (`LocalB`), so that it is read once."""
+    backend, integrals, channels, plan, checkpoint, context = (run.backend, run.integrals, run.channels, run.plan,
+                                                               run.checkpoint, run.context)
+    timer, scratch = context.timer, run.settings.scratch
     shapes = [(ch.nocc, ch.nvir, integrals.naux) for ch in channels]
     held = checkpoint.held_b(backend, channels, shapes)
     if held:
-        return LocalB(backend, held, nocc, plan, *checkpoint.held_b_label(), timer, reused=True)
+        return LocalB(run, held, *checkpoint.held_b_label(), reused=True)
     factor, stores = make_iaP(
-        backend, integrals, metric_factor, channels, integrals.aux_blocks(plan.aux_block), lambda ch: new_store(
+        run, integrals.aux_blocks(plan.aux_block), lambda ch: new_store(
             backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, scratch, checkpoint.b_path(ch),
-            checkpoint.scratch_prefix, checkpoint.b_identity()), context)  # 1. and 2.
-    provider = LocalB(backend, stores, nocc, plan, factor.nkept, factor.describe(), timer)
+            checkpoint.scratch_prefix, checkpoint.b_identity()))  # 1. and 2.
+    provider = LocalB(run, stores, factor.nkept, factor.describe())
     try:
         if plan.storage == "disk" and not checkpoint.keeps_b:
             provider.factor = factor  # 3. inside step 4, slab by slab
@@ -120,13 +122,14 @@ class LocalB:
     against it, read once per slab (a view when J lies inside the slab). With `factor` (out of
     core, no checkpoint) the stores still hold (ia|P) and each slab is whitened (step 3) when
     the pair stage reaches it, so that (ia|P) is read once in all; that time goes to the
-    timer's "whiten", out of "pair_energies"."""
+    timer's "whiten", out of "pair_energies". run: the `CorrelationRun` (its backend, channels'
+    nocc, plan's block sizes and timer)."""
 
-    def __init__(self, backend, stores, nocc, plan, nkept=0, metric_label="", timer=None, reused=False):
-        self.backend, self.stores, self.nocc = backend, stores, list(nocc)
-        self.occ_block, self.slab_rows = plan.occ_block, plan.slab_rows
-        self.nkept, self.metric_label, self.timer, self.reused = nkept, metric_label, timer, reused
-        self.layout = {"occ_block": plan.occ_block}
+    def __init__(self, run, stores, nkept=0, metric_label="", reused=False):
+        self.backend, self.stores, self.nocc = run.backend, stores, [ch.nocc for ch in run.channels]
+        self.occ_block, self.slab_rows = run.plan.occ_block, run.plan.slab_rows
+        self.nkept, self.metric_label, self.timer, self.reused = nkept, metric_label, run.context.timer, reused
+        self.layout = {"occ_block": run.plan.occ_block}
         self.factor = None
 
     def owned(self, tasks) -> list:
@@ -185,10 +188,11 @@ class LocalB:
             store.close()
 
 
-def given_b(backend, given, channels, plan) -> LocalB:
-    """B given per channel ([nocc * nvir, naux] arrays or HDF5 datasets, PySCF's ovL layout; any
-    whitening of the metric gives the same energies), read into memory in occupied blocks.
-    InputError if a shape does not match the active orbitals."""
+def given_b(run) -> LocalB:
+    """B given per channel (run.given of the `CorrelationRun`: [nocc * nvir, naux] arrays or HDF5
+    datasets, PySCF's ovL layout; any whitening of the metric gives the same energies), read into
+    memory in occupied blocks. InputError if a shape does not match the active orbitals."""
+    backend, given, channels, plan = run.backend, run.given, run.channels, run.plan
 
     if len(given) != len(channels):
         raise InputError(f"given (ia|P) integrals for {len(given)} spin channel(s); this reference has {len(channels)}")
@@ -206,16 +210,19 @@ def given_b(backend, given, channels, plan) -> LocalB:
             rows = np.asarray(ovl[i0 * ch.nvir:i1 * ch.nvir], dtype=np.float64).reshape(i1 - i0, ch.nvir, naux)
             store.write_occ(i0, i1, backend.to_device(rows))
         stores.append(store)
-    return LocalB(backend, stores, [ch.nocc for ch in channels], plan, naux, "given")
+    return LocalB(run, stores, naux, "given")
 
 
-def b_over_ranks(backend, integrals, metric_factor, channels, plan, team, checkpoint, context, scratch=None):
-    """Steps 1-3 split over the ranks (module docstring): every rank factors the metric,
-    transforms its share of the auxiliary blocks, receives its occupied blocks with every P
-    (the all-to-all, a block at a time) and whitens them; or takes them from the checkpoint of
-    an earlier run of the same layout. B and the transform's columns in memory or, as the plan
-    says, in scratch files (under `scratch`). Returns the RankB holding this rank's blocks."""
-    naux, size, rank = metric_factor.naux, team.size, team.rank
+def b_over_ranks(run):
+    """Steps 1-3 split over the ranks of run.context.team (run: the `CorrelationRun`): every rank
+    factors the metric, transforms its share of the auxiliary blocks, receives its occupied blocks
+    with every P (the all-to-all, a block at a time) and whitens them; or takes them from the
+    checkpoint of an earlier run of the same layout. B and the transform's columns in memory or, as
+    the plan says, in scratch files (under settings.scratch). Returns the RankB holding this rank's blocks."""
+    backend, integrals, channels, plan, checkpoint, context = (run.backend, run.integrals, run.channels, run.plan,
+                                                               run.checkpoint, run.context)
+    team, scratch = context.team, run.settings.scratch
+    naux, size, rank = run.metric_factor.naux, team.size, team.rank
     # blocks small enough to give every rank a share: >= 1 auxiliary block and ~4 occupied blocks
     shares = aux_shares(integrals.aux_blocks(min(plan.aux_block, -(-naux // size))), size)
     backend.prepare(replace(plan, aux_block=max(p1 - p0 for share in shares for p0, p1 in share)))
@@ -223,8 +230,7 @@ def b_over_ranks(backend, integrals, metric_factor, channels, plan, team, checkp
     column_ranges = [(share[0][0], share[-1][1]) if share else (0, 0) for share in shares]
     blocks = [block_ranges(ch.nocc, occ_block) for ch in channels]
     owners = block_owners([len(b) for b in blocks], size)
-    provider = RankB(backend, team, channels, blocks, owners, occ_block, Staging(backend, team), shares,
-                               plan.storage, scratch)
+    provider = RankB(run, blocks, owners, occ_block, Staging(backend, team), shares)
     held = checkpoint.held_rows(provider.layout, blocks, owners, channels) if checkpoint.keeps_b else None
     if held is not None:  # B of this layout, kept by an earlier run (every rank's)
         rows, provider.nkept, provider.metric_label = held
@@ -237,8 +243,8 @@ def b_over_ranks(backend, integrals, metric_factor, channels, plan, team, checkp
         return provider
     c0, c1 = column_ranges[rank]  # 1. on every rank; 2. for this rank's P
     factor, columns = make_iaP(
-        backend, integrals, metric_factor, channels, shares[rank], lambda ch: new_store(
-            backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch), context, first=c0)
+        run, shares[rank], lambda ch: new_store(
+            backend, (ch.nocc, ch.nvir, c1 - c0), plan.storage if c1 > c0 else "memory", scratch), first=c0)
     try:
         with context.timer.step("whiten"):
             provider.rows = []
@@ -283,12 +289,14 @@ def ovL_of_orbitals(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
         raise MemoryBudgetError(f"(ia|P) and B do not both fit in the memory budget ({plan.budget / MB:.4g} MB) to be "
                                 "returned in memory: give more memory, or write them to a file (ovL_to_save)")
     backend.prepare(plan)
-    channels = device_channels(backend, refs, selected)
+    run = CorrelationRun(  # steps 1-3 only: no checkpoint, no B given
+        backend=backend, integrals=integrals, selected=selected, channels=device_channels(backend, refs, selected),
+        plan=plan, settings=settings, context=context, checkpoint=NoCheckpoint(),
+        metric_factor=MetricFactorOnce(backend, integrals.metric(), context.timer))
+    channels = run.channels
     factor, stores = make_iaP(
-        backend, integrals, MetricFactorOnce(backend, integrals.metric(), context.timer), channels,
-        integrals.aux_blocks(plan.aux_block),
-        lambda ch: new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch),
-        context)  # 1. and 2.
+        run, integrals.aux_blocks(plan.aux_block),
+        lambda ch: new_store(backend, (ch.nocc, ch.nvir, integrals.naux), plan.storage, settings.scratch))  # 1. and 2.
     try:
         results = []
         for s, (ch, store) in enumerate(zip(channels, stores)):  # 3. B = (ia|P) L^-T, to the caller's arrays
@@ -306,11 +314,13 @@ def ovL_of_orbitals(backend, integrals, mo_coeff, mo_energy, mo_occ, settings: S
     return results
 
 
-def transform_aux_blocks(backend, integrals, aux_blocks, channels, stores, timer, report, first=0):
+def transform_aux_blocks(run, aux_blocks, stores, first=0):
     """Step 2 over the auxiliary blocks [(p0, p1)]: (ia|P) = C_mi C_na (mn|P) of each spin
-    channel, written to stores[s] at columns p - first (each (mn|P) block is made once and
-    serves every channel). timer: the run's `Timer` ("integrals", "transform"); report: the
-    progress callback of the run context."""
+    channel of the `CorrelationRun` run, written to stores[s] at columns p - first (each (mn|P)
+    block is made once and serves every channel). The run context's timer times it ("integrals",
+    "transform"), its report tells the progress."""
+    backend, integrals, channels, timer, report = (run.backend, run.integrals, run.channels, run.context.timer,
+                                                   run.context.report)
     for n, (p0, p1) in enumerate(aux_blocks):
         with timer.step("integrals"):
             ao_block = integrals.block(p0, p1)

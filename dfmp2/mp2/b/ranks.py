@@ -145,13 +145,14 @@ class RankB:
     on disk as the plan says; the pair tasks (I, J) are computed by the owner of I while the B_J
     blocks travel around the ring, one rank's blocks per step (`pass_blocks`; on disk through
     two scratch files a visiting set alternates between); each task's fp64 sums are
-    all-reduced (`combine`)."""
+    all-reduced (`combine`). run: the `CorrelationRun` (its backend, team, channels, plan's storage
+    and settings' scratch)."""
 
-    def __init__(self, backend, team, channels, blocks, owners, occ_block, staging, shares, storage="memory",
-                 scratch=None):
-        self.backend, self.team, self.channels = backend, team, channels
+    def __init__(self, run, blocks, owners, occ_block, staging, shares):
+        self.backend, self.team, self.channels = run.backend, run.context.team, run.channels
         self.blocks, self.owners, self.occ_block, self.staging = blocks, owners, occ_block, staging
-        self.storage, self.scratch = storage, scratch
+        self.storage, self.scratch = run.plan.storage, run.settings.scratch
+        team = self.team
         self.layout = {"ranks": team.size, "occ_block": occ_block}  # what B and the journals depend on
         self.aux_functions = sum(p1 - p0 for p0, p1 in shares[team.rank])
         self.rows, self.nkept, self.metric_label, self.reused = None, 0, "", False
