@@ -22,4 +22,5 @@ def test_debug_shows_each_decision_where_it_is_made():
                for line in lines)
     assert any(line.startswith("dfmp2: metric (P|Q) [84, 84]: Cholesky") for line in lines)  # cc-pvdz-ri
     assert any(line.startswith("dfmp2: screening of the mp2 integrals: off (") for line in lines)
+    assert any(line.startswith("dfmp2: CPU product ") for line in lines)  # (kernels.torch.cpu_gemm)
     assert plain.stderr == ""
