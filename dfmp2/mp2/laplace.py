@@ -26,8 +26,6 @@ import numpy as np
 from ..util.errors import InputError
 
 MOST_POINTS = 40  # the most quadrature points `quadrature_for` fits before it says the range needs more
-AUTO_PER_ATOM = 1e-7  # --laplace auto: E_os within 0.1 uEh per atom (Eh)
-E_OS_PER_PAIR = 0.1  # Eh: an upper estimate of |E_os| per active occupied orbital, for auto's a-priori eps
 LAWSON_STEPS = 12  # grid re-weightings towards the minimax fit
 BOUND_GRID = 20001  # points of the dense log grid the bound starts from
 
@@ -98,11 +96,11 @@ def relative_error_bound(exponents, weights, x_min: float, x_max: float) -> floa
     t, w = np.asarray(exponents, dtype=float), np.asarray(weights, dtype=float)
     z = np.linspace(math.log(x_min), math.log(x_max), BOUND_GRID)
     r = np.abs(_relative_error(np.exp(z), t, w))
-    bound = max(r[0], r[-1], r.max())
+    bound = float(r.max())  # (the grid holds both ends)
     peaks = np.where((r[1:-1] >= r[:-2]) & (r[1:-1] >= r[2:]))[0] + 1
 
     def negative(log_x):
-        return -abs(1.0 - math.exp(log_x) * float(np.exp(-math.exp(log_x) * t) @ w))
+        return -abs(float(_relative_error(np.array([math.exp(log_x)]), t, w)[0]))
 
     for i in peaks:
         found = minimize_scalar(negative, bounds=(z[i - 1], z[i + 1]), method="bounded", options={"xatol": 1e-13})
@@ -161,12 +159,6 @@ def energy_error_bound(quadrature: LaplaceQuadrature, e_os: float) -> float:
     """|E_os(L) - E_os| <= eps |E_os(L)| / (1 - eps) (Eh), for the quadrature's eps and E_os(L) = e_os."""
     eps = quadrature.error_bound
     return eps * abs(e_os) / (1.0 - eps)
-
-
-def auto_relative_error(natom: int, nocc_active: float) -> float:
-    """--laplace auto's eps, chosen before E_os is known: AUTO_PER_ATOM * natom over an upper estimate
-    of |E_os| (E_OS_PER_PAIR per active occupied orbital); the bound is checked again once E_os is known."""
-    return min(0.1, AUTO_PER_ATOM * max(natom, 1) / (E_OS_PER_PAIR * max(nocc_active, 1.0)))
 
 
 def denominator_range(channel_pairs) -> tuple:

@@ -4,7 +4,7 @@ at the run's own shapes, cached per CPU and library versions, recorded with ever
     matmul(kind, a, b, out=None)   C = A @ B for CPU torch tensors (2-D, or batched as torch.matmul
                                    takes them), on the library chosen for (kind, precision, shape)
     record()                       what ran: per precision the library, its kernels, the measured rate
-    remeasure(problems)            measure again, writing the cache (`dfmp2 tune`)
+    remeasure(problems)            measure again, writing the cache (`dfmp2 tune`; solves: kernels.torch.cpu_solves)
 
 Libraries (util.cpu_config.GEMM_LIBRARIES):
     mkl       torch.matmul: torch's BLAS, oneMKL in the pinned wheel (fp32, fp64)
@@ -12,7 +12,8 @@ Libraries (util.cpu_config.GEMM_LIBRARIES):
               kernels by the CPU's ISA, not its vendor (fp32 only; oneDNN has no fp64 matmul)
     openblas  numpy.matmul on zero-copy views: numpy's OpenBLAS, its kernels as it detects them or
               as OPENBLAS_CORETYPE pins them (the user's pin is respected and recorded)
-Their rates on one Zen 5 (fp32 mkl ~190 GF/s, openblas ~230, onednn 400-445): docs/benchmarking.md.
+Measured on a Zen 5 (AMD EPYC family 26 model 2, 2 threads, OPENBLAS_CORETYPE=Haswell; docs/benchmarking.md):
+fp32 mkl ~190 GF/s, openblas ~230, onednn 400-445; fp64 mkl ~100, openblas ~110 (~185 OPENBLAS_* unset).
 
 A choice is made per kind of product (the names the backend passes: "pair", "transform", "half",
 "exchange", ...), precision, and shape bucket (each of m, k, n and the batch rounded to a power of
@@ -26,6 +27,9 @@ a later run with the same identity measures nothing. A cache that cannot be writ
 (every product on mkl, torch's default) with a note saying why. DFMP2_GEMM pins a library per
 precision (util.cpu_config.gemm_pins): nothing is measured for it. Products below MIN_TUNED_FLOPS,
 on a GPU, or of other dtypes run as torch.matmul.
+
+Long (the cache, the choices, the forms and the record share one state and its lock: split, each
+part would reach into the others' state).
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ class _State:
         self.loaded = False
         self.entries = {}  # key -> Entry
         self.used = set()  # the keys whose choice ran a product in this process
-        self.defaulted = set()  # the (kind, precision) pairs that ran the default library, untuned or small
+        self.defaulted = set()  # the (kind, precision) pairs whose small products' default was logged
         self.flops = {}  # (precision, library) -> flops run in this process
         self.solve_flops = {}  # (precision, library) -> the triangular solves' flops run in this process
         self.notes = []
@@ -137,6 +141,7 @@ class _State:
                             f"every product runs on torch's {DEFAULT_LIBRARY} (set DFMP2_CACHE_DIR to a writable "
                             "directory, then `dfmp2 tune`)")
             self.notes.append(self.untuned)
+            log.debug("%s", self.untuned)
         if reason is None:
             self.entries.update(_read_cache(self.path, self.identity, self.notes))
         self.loaded = True
@@ -297,17 +302,21 @@ def choose(kind: str, a, b, flops: float) -> str:
                 raise InputError(f"environment variable DFMP2_GEMM pins {library} for {precision} products, "
                                  f"but {missing}: unset it or pin another library")
             return library
-        if state.untuned is not None or flops < MIN_TUNED_FLOPS:
-            if (kind, precision) not in state.defaulted:  # the decision, logged once where it is made
+        if state.untuned is not None:  # (logged once, in load, where it is decided)
+            return DEFAULT_LIBRARY
+        if flops < MIN_TUNED_FLOPS:
+            if (kind, precision) not in state.defaulted:  # the decision, logged once per kind where it is made
                 state.defaulted.add((kind, precision))
-                log.debug("CPU product %s/%s: %s (untuned: %s; else below %g flops)", kind, precision, DEFAULT_LIBRARY, state.untuned, MIN_TUNED_FLOPS)
+                log.debug("CPU product %s/%s below %g flops: %s, not measured", kind, precision, MIN_TUNED_FLOPS,
+                          DEFAULT_LIBRARY)
             return DEFAULT_LIBRARY
         key = key_of(kind, precision, a, b)
         entry = state.entries.get(key)
         if entry is None:
             entry, _ = _remember(state, key, lambda: (_measure(precision, a, b, state.notes), None))
         if key not in state.used:  # the decision, logged once where it is made
-            log.debug("CPU product %s: %s (%s; GF/s %s)", key, entry.library, entry.source, {n: round(r) for n, r in sorted(entry.rates.items())})
+            log.debug("CPU product %s: %s (%s; GF/s %s)", key, entry.library, entry.source,
+                      {name: round(rate) for name, rate in sorted(entry.rates.items())})
         state.used.add(key)
         return entry.library
 
@@ -325,9 +334,11 @@ def matmul(kind: str, a, b, out=None):
     return _CALLS[library](a, b, out)
 
 
-# the forms a product may take where its operands allow more than one (`fastest_form`): the SCF's half transform
-# X^P = F^T B^P (B^P symmetric) batched over P, or stacked as one [nP nao, nao] x [nao, r] product, then transposed:
-# stacked on oneDNN 232 GF/s, batched on MKL 141 (fp32, naphthalene/cc-pVTZ, Zen 5); in fp64 batched is the faster
+# the formulations a product may take where its operands allow more than one (`fastest_form`):
+# the SCF's half transform X^P = F^T B^P (B^P symmetric) batched over P, or stacked as one 2-D
+# product (B^P F for every P at once, [nP nao, nao] x [nao, r], then transposed): on oneDNN the
+# stacked form ran at 232 GF/s where the batched one ran at 141 on MKL (fp32, naphthalene/cc-pVTZ's
+# blocks, Zen 5); fp64 has no such library, and there the batched form is the faster
 FORMS = ("batched", "stacked")
 
 
@@ -354,7 +365,8 @@ def fastest_form(kind: str, a, b, forms: dict):
         if entry is not None:
             return forms[entry.library]()
         # (no SLOW_WARM: a form's warm call may include measuring the libraries of its products)
-        entry, results = _remember(state, key, lambda: _timed_choice(forms, precision, flops, state.notes, False))
+        entry, results = _remember(state, key, lambda: _timed_choice(forms, precision, flops, state.notes,
+                                                                     skip_slow=False))
         return results[entry.library]
 
 
