@@ -12,6 +12,11 @@ from ..util.errors import ComputationError, InputError, option
 from .basis import FittingSet, atom_labels, describe_basis, fitting_basis, named_fitting_set
 
 
+def real_atoms(mol) -> int:
+    """The atoms of mol with a nuclear charge (ghost atoms, charge 0, carry only basis functions)."""
+    return int(sum(1 for z in mol.atom_charges() if z > 0))
+
+
 class MNPIntegrals:
     """DF integrals in one auxiliary basis, produced block by block of auxiliary functions: an
     IntegralProvider (`dfmp2.run.providers`).
@@ -47,6 +52,8 @@ class MNPIntegrals:
         self._tiles = None  # libcint set up for screened blocks (_TileIntegrals), made on first use
         if self.naux == 0:
             raise InputError(f"auxiliary basis {self.auxbasis!r} has no functions for this molecule")
+
+    atoms = property(lambda self: real_atoms(self.mol), doc="real atoms of the molecule (ghosts not counted)")
 
     def metric(self) -> np.ndarray:
         """Coulomb metric (P|Q), [naux, naux], fp64."""
@@ -258,6 +265,8 @@ class CholeskyVectors:
         self.auxbasis = f"{self.basis_name} ({'GDF integrals at the gamma point' if self.periodic else 'the integrals with_df holds'})"
         self.fitting = FittingSet(named, {symbol: self.auxbasis for symbol in atom_labels(self.mol).values()})
         self.generated = []
+
+    atoms = property(lambda self: real_atoms(self.mol), doc="real atoms of the molecule (or cell)")
 
     def metric(self) -> np.ndarray:
         """The identity [naux, naux]: the vectors are already whitened."""

@@ -165,6 +165,17 @@ class Backend(Protocol):
     def pair_energy(self, b_i, b_j, e_i, e_j, e_vir, e_vir_j=None, t_out=None, antisymmetrize=False):
         """B_i [ni, nvir, naux], B_j [nj, nvir_j, naux], energies in Eh -> (E_os, E_ss) in Eh."""
 
+    def laplace_accumulator(self, points, naux):
+        """Z(t_k) of `points` Laplace quadrature points, zero, on the device (torch: fp64 [points, naux,
+        naux]; NKI: fp32, padded, in HBM)."""
+
+    def laplace_z(self, z, b, e_occ, e_vir, exponents):
+        """Z_k += sum_ia B_ia^T B_ia exp(-(e_a - e_i) t_k) for the rows of b [n, nvir, naux] (e_occ [n],
+        e_vir [nvir]: host fp64, Eh; exponents t_k in 1/Eh) -> the accumulator (updated, or a new one)."""
+
+    def laplace_energy(self, z_a, z_b):
+        """sum_PQ Z^a_k[P, Q] Z^b_k[P, Q] per point k -> numpy fp64 [points]."""
+
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
                       with_gamma=False):
         """B [nocc, nvir, naux] (or its row blocks in order, an iterable: B streamed from disk),

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..run.settings import LAPLACE_MOST_POINTS
 from ..util.errors import InputError
 
-MOST_POINTS = 40  # the most quadrature points `quadrature_for` fits before it says the range needs more
+MOST_POINTS = LAPLACE_MOST_POINTS  # the most quadrature points `quadrature_for` fits before it says the range needs more
 LAWSON_STEPS = 12  # grid re-weightings towards the minimax fit
 BOUND_GRID = 20001  # points of the dense log grid the bound starts from
 

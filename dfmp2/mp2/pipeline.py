@@ -26,7 +26,7 @@ import numpy as np
 from ..run.checkpoint import open_run_checkpoint, pipeline_identity
 from ..run.context import context_from
 from ..run.memory import MemoryPlan, plan_for
-from ..run.settings import IF_ROOM, Settings, settings_from
+from ..run.settings import IF_ROOM, SOS_C_OS, Settings, settings_from
 from ..run.storage import ThreeIndexDensity
 from ..util.errors import ComputationError, InputError, MemoryBudgetError, option
 from ..util.system_memory import MB
@@ -34,9 +34,17 @@ from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import combine_pair_sums, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
 from .b import LocalDensities, MetricFactorOnce, RankDensities, b_provider
 from .run_state import CorrelationRun
+from .laplace_energy import check_laplace_request, laplace_opposite_spin, laplace_request, sos_energy
 
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
+
+
+def sos_scaling(settings) -> float | None:
+    """SOS-MP2's c_os (settings.c_os, default SOS_C_OS); None for method mp2."""
+    if settings.method != "sos-mp2":
+        return None
+    return SOS_C_OS if settings.c_os is None else float(settings.c_os)
 
 
 def scs_correlation(e_os: float, e_ss: float, e_singles: float = 0.0) -> float:
@@ -51,7 +59,7 @@ class CorrelationEnergy:
     nfrozen are ints for a restricted reference, (alpha, beta) tuples for an unrestricted one."""
 
     e_corr_os: float
-    e_corr_ss: float
+    e_corr_ss: float | None  # None where only E_os was computed (the Laplace path)
     nocc: object
     nvir: object
     naux: int
@@ -77,13 +85,22 @@ class CorrelationEnergy:
     checkpoint: dict | None = None  # --checkpoint: its directory and what this run reused from it
     distributed: dict | None = None  # several ranks: their number, backend and per-rank summaries (rank 0)
 
+    method: str = "mp2"  # mp2, or sos-mp2 (e_corr = c_os E_os + singles)
+    c_os: float | None = None  # sos-mp2: the opposite-spin scaling
+    laplace: dict | None = None  # E_os through the Laplace transform: the quadrature and its bound (else None)
+
     @property
     def e_corr(self) -> float:
+        """MP2: E_os + E_ss (+ singles); SOS-MP2: c_os E_os (+ singles, unscaled)."""
+        if self.method == "sos-mp2":
+            return sos_energy(self.e_corr_os, self.c_os, self.e_corr_singles)
         return self.e_corr_os + self.e_corr_ss + self.e_corr_singles
 
     @property
-    def e_scs(self) -> float:
-        """Grimme's spin-component-scaled correlation energy (`scs_correlation`)."""
+    def e_scs(self) -> float | None:
+        """Grimme's spin-component-scaled correlation energy (`scs_correlation`); None without E_ss."""
+        if self.e_corr_ss is None:
+            return None
         return scs_correlation(self.e_corr_os, self.e_corr_ss, self.e_corr_singles)
 
 
@@ -125,6 +142,7 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
     if given is not None and settings.checkpoint is not None:
         raise InputError("given (ia|P) integrals (eris=) and a checkpoint do not go together: the checkpoint "
                          "keeps its own")
+    check_laplace_request(settings)
 
 
 def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
@@ -162,6 +180,8 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
     elif with_t2 == IF_ROOM and not backend.forms_amplitudes:
         notes.append(f"t2 not kept: the {backend.device_name} kernels do not form the amplitudes (the energy is "
                      "complete; device cpu or cuda keeps t2)")
+    elif with_t2 == IF_ROOM and laplace_request(settings) is not None:
+        notes.append("t2 not kept: the Laplace path forms no amplitudes (the energy is complete; --laplace off keeps t2)")
     elif with_t2:
         plan, note = plan_keeping_t2(backend, integrals, selected, settings.max_memory, plan, on_disk, with_t2 is True)
         notes += [note] if note else []
@@ -275,15 +295,22 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
     provider = b_provider(run)
     try:
         tasks = pair_tasks([ch.nocc for ch in run.channels], provider.occ_block)
-        with timer.step("pair_energies"):
-            sums, t2 = pair_stage(run, provider, tasks)
+        request = laplace_request(settings)
+        if request is None:  # 4. the pair loop
+            with timer.step("pair_energies"):
+                sums, t2 = pair_stage(run, provider, tasks)
+            pair_energy = (*combine_pair_sums(tasks, sums, len(run.channels)), None)
+        else:  # 4. E_os through Z(t), no pair loop (no E_ss)
+            with timer.step("laplace"):
+                e_os, laplace, laplace_notes = laplace_opposite_spin(run, provider, request)
+            pair_energy, t2 = (e_os, None, laplace), None
+            run = replace(run, notes=run.notes + tuple(laplace_notes))
         rdm1 = gamma = None
         if settings.with_rdm1:  # 5. unrelaxed density, same (ia|kb)
             with timer.step("density"):
                 rdm1, gamma = density_stage(run, provider)
         try:
-            return assemble_result(run, provider, combine_pair_sums(tasks, sums, len(run.channels)),
-                                   densities=(rdm1, gamma), t2=t2,
+            return assemble_result(run, provider, pair_energy, densities=(rdm1, gamma), t2=t2,
                                    checkpoint=checkpoint.summary(provider.reused, len(tasks)),
                                    timings={name: seconds - before.get(name, 0.0) for name, seconds in
                                             timer.timings.items() if seconds != before.get(name)})
@@ -296,21 +323,23 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
 
 
 def assemble_result(run, provider, pair_energy, *, densities, t2, checkpoint, timings) -> CorrelationEnergy:
-    """The result record, made once: (E_os, E_ss) = pair_energy, the ROHF singles added
+    """The result record, made once: (E_os, E_ss, laplace) = pair_energy (from the Laplace path E_ss
+    None and its record `laplace`; from the pair loop laplace None), the ROHF singles added
     (run.settings.include_singles; else 0, as PySCF's include_singles=False), every energy
     checked to be finite, and what ran (the kernels of every rank, on rank 0). run: the
-    `CorrelationRun` (its plan's notes); densities: (rdm1, gamma) of `density_stage`, or
-    (None, None); checkpoint: the checkpoint's summary; timings: this call's steps (s)."""
+    `CorrelationRun` (its plan's notes; its settings' method and c_os); densities: (rdm1, gamma)
+    of `density_stage`, or (None, None); checkpoint: the checkpoint's summary; timings: this
+    call's steps (s)."""
     backend, channels, integrals, include_singles = run.backend, run.channels, run.integrals, run.settings.include_singles
     rdm1, gamma = densities
-    e_os, e_ss = pair_energy
+    e_os, e_ss, laplace = pair_energy
     done = provider.summary()  # (ranks: every rank's kernels, gathered before the host's singles)
     e_singles = 0.0
     if include_singles and any(ch.f_ov is not None for ch in channels):
         e_singles = singles_energy(channels)
         backend.count("host:singles")  # fp64 on the host: nocc x nvir per spin
     for name, value in (("opposite-spin", e_os), ("same-spin", e_ss), ("singles", e_singles)):
-        if not np.isfinite(value):
+        if value is not None and not np.isfinite(value):
             raise ComputationError(f"the {name} MP2 energy is not finite ({value})")
     per_rank = (done["distributed"] or {}).get("per_rank")
     kernels = dict(sum((Counter(r["kernels"]) for r in per_rank), Counter())) if per_rank else dict(backend.calls)
@@ -326,4 +355,5 @@ def assemble_result(run, provider, pair_energy, *, densities, t2, checkpoint, ti
         rdm1_active=rdm1, gamma=gamma, t2=t2, checkpoint=checkpoint, distributed=done["distributed"],
         io={**done["io"], "tensor_bytes": sum(ch.nocc * ch.nvir * integrals.naux for ch in channels)
             * backend.itemsize},
-        singles_included=include_singles, notes=list(run.notes))
+        singles_included=include_singles, notes=list(run.notes), method=run.settings.method,
+        c_os=sos_scaling(run.settings), laplace=laplace)

@@ -33,6 +33,7 @@ class SyntheticIntegrals:
     Philox streams, drawn there, as a GPU integral engine would leave them: no upload)."""
 
     fitting = None  # no basis set
+    atoms = None  # no molecule
     screenable = False  # never screened
     screening = None
     screening_record = None

@@ -30,6 +30,7 @@ class IntegralProvider(Protocol):
     screenable: bool  # has screened_pattern (BasisSetIntegrals); Cholesky vectors and synthetic integrals are not screened
     screening: object  # a sparse.ScreenedPattern: block() gives only its kept pair blocks; None: every block in full
     screening_record: dict | None  # the --screening choice made for it (sparse.screen_integrals; the driver keeps it here)
+    atoms: int | None  # real atoms (ghosts have no electrons) of the molecule; None where none is named (synthetic)
 
     def metric(self) -> np.ndarray:
         """(P|Q) [naux, naux]."""

@@ -21,10 +21,14 @@ from ..util.errors import InputError
 
 SCF_MAX_CYCLE = 100
 IF_ROOM = "if_room"  # with_t2: keep t2 when the memory budget holds it (the plugin's default)
+METHODS = ("mp2", "sos-mp2")  # canonical DF-MP2 (and SCS from its parts); SOS-MP2, E = c_os E_os
+SOS_C_OS = 1.3  # SOS-MP2's opposite-spin scaling (Jung, Lochan, Dutoi, Head-Gordon 2004)
+LAPLACE_MOST_POINTS = 40  # the most Laplace quadrature points a run takes (--laplace N)
 
 
 # settings whose values are keywords: any case is accepted (`Settings.__post_init__`)
-KEYWORDS = ("device", "precision", "reference", "scf", "scf_backend", "scf_precision", "transform", "screening")
+KEYWORDS = ("device", "precision", "reference", "scf", "scf_backend", "scf_precision", "transform", "screening",
+            "method", "laplace")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,9 @@ class Settings:
     c_os: float | None = None
     c_ss: float | None = None
     # the correlation step
+    method: str = "mp2"  # mp2 (canonical; SCS-MP2 from its parts) or sos-mp2: E = E_HF + c_os E_os (c_os: 1.3)
+    laplace: object = None  # off, auto, or a number of points: E_os through the Laplace transform of 1/Delta
+    # (dfmp2.mp2.laplace_energy); None: auto where no same-spin term is asked for (sos-mp2), else off
     frozen: object = None  # None, an int, a list of indices, or [[alpha...], [beta...]]
     allow_non_aufbau: bool = False
     with_rdm1: bool = False  # also the unrelaxed MP2 density (RHF or UHF)
@@ -106,6 +113,9 @@ class Settings:
             object.__setattr__(self, name, None if value is None else int(value))
         frozen_per_spin(self.frozen, 2)
         object.__setattr__(self, "max_memory", check_max_memory(self.max_memory))
+        if self.method not in METHODS:
+            raise InputError(f"method {self.method!r:.60}: use one of {', '.join(METHODS)}")
+        object.__setattr__(self, "laplace", laplace_points(self.laplace))
 
     def replace(self, **changes) -> Settings:
         """A copy with `changes`; unknown names are a TypeError naming them."""
@@ -113,6 +123,19 @@ class Settings:
         if unknown:
             raise TypeError(f"unknown setting(s): {', '.join(unknown)}")
         return replace(self, **changes)
+
+
+def laplace_points(value):
+    """The one check of a --laplace value: None, "off", "auto", or a whole number of quadrature
+    points from 1 to LAPLACE_MOST_POINTS (a numeric string, as the command line gives it, taken
+    as one) -> None, "off", "auto" or an int; InputError otherwise."""
+    if value is None or value in ("off", "auto"):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral) or not 1 <= value <= LAPLACE_MOST_POINTS:
+        raise InputError(f"laplace {value!r:.60}: use off, auto, or a number of points from 1 to {LAPLACE_MOST_POINTS}")
+    return int(value)
 
 
 def settings_from(settings: Settings | None = None, **changes) -> Settings:

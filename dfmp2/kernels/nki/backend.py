@@ -445,6 +445,50 @@ class NkiBackend:
                 e_ex += float((weight * sums[..., 1]).sum())
         return (e_os, e_os - e_ex) if exchange else (e_os, 0.0)
 
+    # ---- the Laplace opposite-spin energy (dfmp2.mp2.laplace_energy) ----------------------
+    def laplace_accumulator(self, points, naux):
+        """Z(t_k) of `points` quadrature points, zero: fp32 [points, N, N] in device HBM, N = naux
+        padded to a multiple of 512 (the padding stays zero). Z never leaves the device."""
+        n = round_up(naux, FREE)
+        return self.zeros((points, n, n))
+
+    def laplace_z(self, z, b, e_occ, e_vir, exponents):
+        """z [NK, N, N] + the rows of b [n, nvir, naux] (whitened B, on the device): Z_k += sum_ia
+        B_ia^T B_ia exp(-(e_a - e_i) t_k) via laplace_z_kernel on all physical cores of the
+        logical core (the lower triangle's tiles; fp32 products and sums). The rows are laid out
+        [(i, a), naux] and padded in device HBM; the scales exp(-(e_a - e_i) t_k) [(i, a), NK]
+        are made there too. -> the new z (resident)."""
+        n, nvir, naux = b.shape
+        rows_n, npad = round_up(n * nvir, P), z.shape[1]
+        flat = torch.zeros((rows_n, npad), dtype=torch.float32)
+        flat[:n * nvir, :naux] = b.reshape(n * nvir, naux).to(torch.float32)
+        gaps = torch.as_tensor(np.subtract.outer(e_vir, e_occ).T.reshape(-1, 1))  # e_a - e_i, fp64
+        scales = torch.zeros((rows_n, len(exponents)), dtype=torch.float32)
+        scales[:n * nvir] = torch.exp(-gaps * torch.as_tensor(exponents, dtype=torch.float64)[None, :]).float()
+        resident = self.is_resident(b)
+        flat = self._device_copy(flat) if resident else flat
+        scales = self._device_copy(scales) if resident else scales
+        return self._launch("laplace_z_kernel", (z, flat, scales), len(exponents) * n * nvir * naux * (naux + 1),
+                            grid=self.lnc)
+
+    def laplace_energy(self, z_a, z_b):
+        """sum_PQ Z^a_k[P, Q] Z^b_k[P, Q] per point k (numpy fp64 [NK]) via laplace_energy_kernel:
+        Z stays in HBM, only the per-partition partials come back, added here in fp64."""
+        partials = self._launch("laplace_energy_kernel", (z_a, z_b, self._laplace_masks()), 0, grid=self.lnc)
+        sums = self.to_host(partials).astype(np.float64)
+        return sums.reshape(P, -1, z_a.shape[0]).sum(axis=(0, 1))
+
+    def _laplace_masks(self):
+        """laplace_energy_kernel's diagonal-tile weights [128, 4 * 512]: for d = 0..3, 2 where
+        d 128 + p > j, 1 where equal, 0 above (made once, uploaded once)."""
+        key = ("laplace_masks",)
+        if key not in self._operand_cache:
+            p, j = np.arange(P)[:, None], np.arange(FREE)[None, :]
+            masks = np.concatenate([np.where(d * P + p > j, 2.0, np.where(d * P + p == j, 1.0, 0.0))
+                                    for d in range(FREE // P)], axis=1)
+            self._operand_cache[key] = self.to_device(masks)
+        return self._operand_cache[key]
+
     def gamma_block(self, b_i, b_all, e_i, e_all, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_all=None):
         """The three-index two-particle density of the pairs (i, j), i in b_i, all j in b_all, via
         gamma_kernel (the amplitudes stay on chip), whitened: kernels.torch.backend.density_block's G of its

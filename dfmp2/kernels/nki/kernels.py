@@ -22,7 +22,8 @@ Conventions for every kernel:
   - gemm and syrk take tile multiples (the backend pads and buckets their calls); trsm, ao2mo,
     pair energies and density take any shapes (ragged last tiles; the backend pads ao2mo's
     auxiliary count only, to one size per run);
-  - SPMD: gemm, syrk, trsm, ao2mo and pair energies split their work over the programs of a
+  - SPMD: gemm, syrk, trsm, ao2mo, pair energies and the Laplace Z(t) and its contraction split
+    their work over the programs of a
     launch grid (`nl.program_id`; on trn2/trn3 the two physical cores of a logical NeuronCore,
     LNC=2; kernels.nki.support.TWO_PROGRAM_KERNELS); the others run as one program.
 """
@@ -34,7 +35,7 @@ import nki.language as nl
 # relative: resolves to dfmp2.kernels.nki.tiles both when this file is imported as
 # dfmp2.kernels.nki.kernels and when launch.load_kernels loads it from its path for the emulator
 from .tiles import (FREE, GAMMA_B_BYTES, GAMMA_G_BYTES, GAMMA_ROWS_BYTES, GAMMA_X_BYTES, SLICE_BITS, VV_RESIDENT_BYTES,
-                    P, jk_k_resident)
+                    P, jk_k_resident, laplace_row_group)
 
 CHUNK = 4  # 128-tiles of contraction per exact PSUM sum in ao2mo_kernel (7-bit slices: <= 512 terms)
 H_SLICES = 6  # slices of the half-transformed H cut on the device in ao2mo_kernel
@@ -1111,3 +1112,95 @@ def _load_slices(src, batch, k0, rk, c0, w, dst, first, stride, S):
                             scale=DIGIT_WEIGHTS[s])
         else:
             nisa.dma_copy(dst=dst[0:rk, s * stride + first, 0:w], src=src[s, batch, k0:k0 + rk, c0:c0 + w])
+
+
+@nki.jit
+def laplace_z_kernel(z, rows, scales):
+    """Z_k[P, Q] += sum_r B[r, P] s_k[r] B[r, Q] (the Laplace SOS-MP2 Z(t_k)) on every tile that
+    touches the lower triangle; the other tiles copy z.
+
+    z [NK, N, N]: Z of the NK quadrature points so far; rows [R, N]: B of (i, a) rows, the
+    auxiliary index on the free axis; scales [R, NK]: s_k[r] = exp(-(e_a - e_i) t_k).
+    Tiles: the rows r (the contraction) on partitions in 128s, RG of them at a time in SBUF
+    (`tiles.laplace_row_group`); the stationary operand is 128 auxiliary columns (an M tile)
+    of the rows scaled by s_k on the Vector Engine, the moving one 512 columns of the raw rows
+    (one PSUM bank). A tile gets the update if it holds any element on or below the diagonal;
+    each group's sum is added to the tile read back from HBM (z for the first group).
+    SPMD: program p of n takes the M tiles p, p + n, ... (each reads every row group).
+    Shapes: R a multiple of 128; N a multiple of 512.
+    """
+    NK, N = z.shape[0], z.shape[1]
+    nr = rows.shape[0] // P
+    RG = laplace_row_group(nr, N)
+    out = nl.ndarray((NK, N, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    programs = nl.num_programs()
+    pid = nl.program_id(0)
+    for g0 in range(0, nr, RG):
+        rg = min(RG, nr - g0)
+        raw = nl.ndarray((P, RG, N), dtype=nl.float32, buffer=nl.sbuf)
+        scale = nl.ndarray((P, RG, NK), dtype=nl.float32, buffer=nl.sbuf)
+        for r in nl.affine_range(rg):
+            nisa.dma_copy(dst=raw[:, r, :], src=rows[(g0 + r) * P:(g0 + r + 1) * P, :])
+            nisa.dma_copy(dst=scale[:, r, :], src=scales[(g0 + r) * P:(g0 + r + 1) * P, :])
+        for m in range(pid, N // P, programs):
+            for k in range(NK):
+                stationary = nl.ndarray((P, RG, P), dtype=nl.float32, buffer=nl.sbuf)  # s_k B[:, M]
+                for r in nl.affine_range(rg):
+                    nisa.tensor_scalar(dst=stationary[:, r, :], data=raw[:, r, m * P:(m + 1) * P],
+                                       op0=nl.multiply, operand0=scale[:, r, k:k + 1])
+                for n in range(N // FREE):
+                    before = z if g0 == 0 else out
+                    tile = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=tile, src=before[k, m * P:(m + 1) * P, n * FREE:(n + 1) * FREE])
+                    if (m + 1) * P > n * FREE:  # the tile touches the lower triangle
+                        acc = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.psum)
+                        for r in nl.affine_range(rg):
+                            nisa.nc_matmul(dst=acc, stationary=stationary[:, r, :],
+                                           moving=raw[:, r, n * FREE:(n + 1) * FREE])
+                        nisa.tensor_tensor(dst=tile, data1=tile, data2=acc, op=nl.add)
+                        nisa.dma_copy(dst=out[k, m * P:(m + 1) * P, n * FREE:(n + 1) * FREE], src=tile)
+                    elif g0 == 0:
+                        nisa.dma_copy(dst=out[k, m * P:(m + 1) * P, n * FREE:(n + 1) * FREE], src=tile)
+    return out
+
+
+@nki.jit
+def laplace_energy_kernel(z_a, z_b, masks):
+    """Per-partition sums of sum_PQ Z^a_k[P, Q] Z^b_k[P, Q] over the lower triangle of each
+    symmetric Z_k (strictly lower elements twice, the diagonal once): the Laplace E_os's
+    contraction, with Z left in HBM.
+
+    z_a, z_b [NK, N, N] (z_b is z_a for a restricted reference), lower triangle valid (tiles
+    as laplace_z_kernel writes them); masks [128, (FREE / 128) FREE]: for d = 0..3 the weights
+    (2 below, 1 on, 0 above the diagonal) of a 128 x 512 tile whose first row is d 128 rows
+    past its first column. Tiles: 128 rows x 512 columns, only those touching the lower
+    triangle read. SPMD: program p of n takes the M tiles p, p + n, ... and writes its own
+    partials. Returns partials [128, n NK] (program p's in columns p NK to (p + 1) NK); the host
+    adds them in fp64. Shapes: N a multiple of 512.
+    """
+    NK, N = z_a.shape[0], z_a.shape[1]
+    nd = FREE // P
+    programs = nl.num_programs()
+    pid = nl.program_id(0)
+    out = nl.ndarray((P, programs * NK), dtype=nl.float32, buffer=nl.shared_hbm)
+    weights = nl.ndarray((P, nd * FREE), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=weights, src=masks)
+    sums = nl.ndarray((P, NK), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=sums, value=0.0)
+    for k in range(NK):
+        for m in range(pid, N // P, programs):
+            for n in range(N // FREE):
+                if (m + 1) * P > n * FREE:
+                    a = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                    b = nl.ndarray((P, FREE), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=a, src=z_a[k, m * P:(m + 1) * P, n * FREE:(n + 1) * FREE])
+                    nisa.dma_copy(dst=b, src=z_b[k, m * P:(m + 1) * P, n * FREE:(n + 1) * FREE])
+                    if (n + 1) * FREE <= m * P:  # wholly below the diagonal: every element twice
+                        _add_dot(sums[:, k:k + 1], a, b, 2.0)
+                    else:  # the diagonal runs through it: weighted by its mask
+                        d = (m * P - n * FREE) // P
+                        nisa.tensor_tensor(dst=a, data1=a, data2=weights[:, d * FREE:(d + 1) * FREE], op=nl.multiply)
+                        _add_dot(sums[:, k:k + 1], a, b, 1.0)
+    nisa.dma_copy(dst=out[:, pid * NK:(pid + 1) * NK], src=sums)
+    return out
+

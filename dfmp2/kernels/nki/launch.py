@@ -266,6 +266,21 @@ def _ref_ao2mo(digits, scale, cos, cvs, grid, tile_map, symmetric):
     return torch.einsum("pmn,mi,na->pai", digits_value(digits, scale), cos.double().sum(0), cvs.double().sum(0)).float()
 
 
+def _ref_laplace_z(z, rows, scales):
+    """laplace_z_kernel's output by fp32 host math (model-only runs): every tile updated."""
+    return z + torch.einsum("rp,rk,rq->kpq", rows, scales, rows)
+
+
+def _ref_laplace_energy(z_a, z_b, masks):
+    """laplace_energy_kernel's partials (model-only runs): each point's sum_PQ Z^a Z^b in row 0
+    (the kernel's lower triangle, weighted, is the full sum of a symmetric Z)."""
+    z_a, z_b = torch.tril(z_a), torch.tril(z_b)
+    lower = (z_a * z_b).sum(dim=(1, 2)) * 2 - (torch.diagonal(z_a, dim1=1, dim2=2) * torch.diagonal(z_b, dim1=1, dim2=2)).sum(1)
+    out = torch.zeros((P, z_a.shape[0]), dtype=torch.float32)
+    out[0] = lower
+    return out
+
+
 REFERENCE = {  # kernel name -> host function of the kernel's arguments, returning its outputs
     "gemm_kernel": lambda a_t, b: a_t.T @ b,
     "syrk_kernel": lambda c, p_t: c - p_t.T @ p_t,
@@ -276,4 +291,6 @@ REFERENCE = {  # kernel name -> host function of the kernel's arguments, returni
     "gamma_kernel": _ref_gamma,
     "fitted_jk_kernel": _ref_fitted_jk,
     "exact_matmul_kernel": _ref_exact_matmul,
+    "laplace_z_kernel": _ref_laplace_z,
+    "laplace_energy_kernel": _ref_laplace_energy,
 }

@@ -35,7 +35,7 @@ LNC_FROM_NKI_0_7 = 1
 # the kernels that split their work over the programs of a launch grid: kernels.py's (its SPMD
 # note) and the rng layer's generator (rng/nki_philox.py, its tiles), named here, not imported
 TWO_PROGRAM_KERNELS = frozenset({"gemm_kernel", "syrk_kernel", "trsm_kernel", "ao2mo_kernel", "pair_energy_kernel",
-                                 "philox_kernel"})
+                                 "laplace_z_kernel", "laplace_energy_kernel", "philox_kernel"})
 
 
 def release_name(api: str | None) -> str:

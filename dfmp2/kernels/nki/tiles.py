@@ -38,3 +38,10 @@ def jk_columns(nao, same):
 def jk_k_resident(nao, r, same):
     """Whether fitted_jk_kernel keeps K [ceil(nao / P), nao] in SBUF (else it adds into HBM per P)."""
     return jk_fixed_bytes(nao, r, same) + 4 * -(-nao // P) * nao <= JK_RESIDENT_BYTES
+LAPLACE_ROWS_BYTES = 96 * 1024  # laplace_z_kernel: rows of B held in SBUF per group (per partition)
+
+
+def laplace_row_group(nrow_tiles, naux_padded):
+    """laplace_z_kernel's 128-row tiles of B per group: as many as LAPLACE_ROWS_BYTES holds of
+    [naux_padded] fp32 rows per partition (at least one, at most nrow_tiles)."""
+    return max(1, min(nrow_tiles, LAPLACE_ROWS_BYTES // (4 * naux_padded)))

@@ -387,6 +387,33 @@ class TorchBackend:
         iajb = iajb.to(torch.float64).view(ni, nvir, nj, nvir_j)
         return iajb / pair_denominators(e_i, e_j, e_vir, e_vir_j)
 
+    # ---- the Laplace opposite-spin energy (dfmp2.mp2.laplace_energy) ----------------------
+    def laplace_accumulator(self, points, naux):
+        """Z(t_k) of `points` quadrature points, zero: fp64 [points, naux, naux] on the device."""
+        return torch.zeros((points, naux, naux), dtype=torch.float64, device=self.device)
+
+    def laplace_z(self, z, b, e_occ, e_vir, exponents):
+        """z [NK, naux, naux] fp64 + the rows of b [n, nvir, naux]: for each t_k,
+        Z_k += S^T S with S_ia = B_ia exp(-(e_a - e_i) t_k / 2): one Gram product per point in the
+        compute dtype (the library measured for it, `cpu_gemm` kind "laplace"; split formats as
+        the pair product), added in fp64. -> z (updated in place)."""
+        self.calls["laplace_z"] += 1
+        n, nvir, naux = b.shape
+        rows = b.reshape(n * nvir, naux)
+        gaps = torch.as_tensor(np.subtract.outer(e_vir, e_occ).T.reshape(-1, 1), device=rows.device)  # e_a - e_i
+        for k, t in enumerate(exponents):
+            scaled = rows * torch.exp(-0.5 * t * gaps).to(rows.dtype)  # S_ia = B_ia exp(-(e_a - e_i) t / 2)
+            if self.precision in SPLIT_FORMATS:
+                gram = split_product(scaled.transpose(0, 1), scaled.transpose(0, 1), self.precision)
+            else:
+                gram = cpu_gemm.matmul("laplace", scaled.transpose(0, 1), scaled)
+            z[k] += gram.to(torch.float64)
+        return z
+
+    def laplace_energy(self, z_a, z_b):
+        """sum_PQ Z^a_k[P, Q] Z^b_k[P, Q] per point k, fp64 -> numpy [NK]."""
+        return (z_a * z_b).sum(dim=(1, 2)).cpu().numpy()
+
     def density_block(self, b_occ, b_k, e_occ, e_k, e_vir, scaling=(1.0, 1.0), spin_case="closed", e_vir_k=None,
                       with_gamma=False):
         """Unrelaxed MP2 density from the pairs (i, k), all i against one block of k, fp64, as

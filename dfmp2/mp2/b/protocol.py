@@ -45,6 +45,13 @@ class BProvider(Protocol):
     def combine(self, sums: np.ndarray) -> np.ndarray:
         """Every task's sums [ntasks, 2] from the ones this process computed (ranks: all-reduced)."""
 
+    def held_blocks(self, s: int) -> Iterator[tuple]:
+        """(i0, i1, B rows [i1 - i0, nvir, nkept]) of channel s that this process holds, each row
+        once (the Laplace path: `dfmp2.mp2.laplace_energy`)."""
+
+    def sum_over_ranks(self, backend, tensor):
+        """tensor (a device array this process summed over its rows) summed over the processes."""
+
     def summary(self) -> dict:
         """What the provider did: {"io": scratch traffic, "distributed": per-rank record or None}."""
 

@@ -227,6 +227,18 @@ class RankB:
     def combine(self, sums):
         return self.team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
 
+    def held_blocks(self, s):
+        """(i0, i1, B rows) of the occupied blocks of channel s this rank owns, in order."""
+        for b, (i0, i1) in enumerate(self.blocks[s]):
+            if self.owners[s][b] == self.team.rank:
+                yield i0, i1, self.rows[s][b]
+
+    def sum_over_ranks(self, backend, tensor):
+        """tensor (on the device) replaced by its fp64 sum over the ranks (through the host)."""
+        total = self.team.all_reduce_sum(backend.to_host(tensor))
+        backend.copy_into(tensor, tensor.new_tensor(total))
+        return tensor
+
     def summary(self) -> dict:
         """Scratch traffic of this rank (B in memory: none) and, on rank 0, every rank's record."""
         team = self.team
