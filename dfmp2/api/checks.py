@@ -14,7 +14,7 @@ from ..chem.functionals import double_hybrid
 from ..chem.jk import fitted_bytes
 from ..kernels import SPLIT_PRECISIONS
 from ..kernels.protocol import FittedBuildsBackend
-from ..mp2.pipeline import check_request
+from ..mp2.pipeline import check_request, sos_scaling
 from ..mp2.response import PROPERTIES
 from ..run.budget import limit_needed, pyscf_max_memory
 from ..run.memory import RESPONSE_JK_GROWTH, gradient_least_bytes, plan_for
@@ -58,6 +58,8 @@ def with_properties(settings: Settings) -> Settings:
             raise InputError(f"analytic gradients and relaxed properties of range-separated functionals ({dh.xc}) "
                              "are not implemented; their energies are")
         settings = settings.replace(rdm1_scaling=(dh.c_os, dh.c_ss))  # the density of c_os E_os + c_ss E_ss
+    if wanted and settings.method == "sos-mp2":  # SOS-MP2's: c_os E_os (through the pair loop: the amplitudes)
+        settings = settings.replace(rdm1_scaling=(sos_scaling(settings), 0.0))
     return settings.replace(with_rdm1=True, with_gamma=True) if wanted else settings
 
 
@@ -81,8 +83,6 @@ def check_mean_field_request(settings, nspin, semicanonical, ranks, given=None) 
 def _check_molecule_request(settings, reference, ranks):
     """InputError for a request run_atoms cannot do (before anything is computed)."""
     check_request(settings, 1 if reference == "rhf" else 2, ranks, semicanonical=reference == "rohf")
-    if settings.xc is None and (settings.c_os is not None or settings.c_ss is not None):
-        raise InputError(f"{option('c_os')}/{option('c_ss')} scale a double hybrid's MP2 part: give {option('xc')} too")
     if settings.frozen_core and settings.frozen is not None:
         raise InputError("give frozen_core or frozen, not both")
 

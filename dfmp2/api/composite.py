@@ -38,8 +38,14 @@ class System:
 def energies_of(result) -> dict:
     """The components (COMPONENTS) of one run's result, Hartree."""
     values = {name: getattr(result, name) for name in COMPONENTS if name != "e_tot_scs"}
-    values["e_tot_scs"] = result.e_ref + result.e_scs
+    values["e_tot_scs"] = _known(lambda: result.e_ref + result.e_scs, result.e_scs)
     return values
+
+
+def _known(value, *parts):
+    """value() where every part is known; None where one is not (SOS-MP2 through the Laplace path has
+    no same-spin energy, and so no SCS energy: their combinations are None too)."""
+    return None if any(part is None for part in parts) else value()
 
 
 def is_composite(basis: str, bsse) -> bool:
@@ -103,12 +109,13 @@ def interaction(energies: dict, bsse) -> dict:
         if kind not in bsse:
             continue
         parts = [e for name, e in energies.items() if name.endswith(f"({label})")]
-        found[kind] = {c: whole[c] - sum(p[c] for p in parts) for c in COMPONENTS}
+        found[kind] = {c: _known(lambda c=c: whole[c] - sum(p[c] for p in parts), whole[c], *(p[c] for p in parts))
+                       for c in COMPONENTS}
     return found
 
 
 def in_kcal_per_mol(values: dict) -> dict:
-    return {name: value * KCAL_PER_HARTREE for name, value in values.items()}
+    return {name: _known(lambda value=value: value * KCAL_PER_HARTREE, value) for name, value in values.items()}
 
 
 def extrapolated(per_basis: list, scf_scheme: str) -> dict:
@@ -116,9 +123,10 @@ def extrapolated(per_basis: list, scf_scheme: str) -> dict:
     energy by `scf_scheme`, each correlation part by Helgaker's X^-3 on the two largest bases."""
     found = {"e_ref": extrapolate_scf([(x, e["e_ref"]) for x, e in per_basis], scf_scheme)}
     for name in CORRELATION:
-        found[name] = extrapolate_correlation([(x, e[name]) for x, e in per_basis])
+        found[name] = _known(lambda name=name: extrapolate_correlation([(x, e[name]) for x, e in per_basis]),
+                             *(e[name] for _, e in per_basis))
     found["e_tot"] = found["e_ref"] + found["e_corr"]
-    found["e_tot_scs"] = found["e_ref"] + found["e_scs"]
+    found["e_tot_scs"] = _known(lambda: found["e_ref"] + found["e_scs"], found["e_scs"])
     return found
 
 

@@ -29,7 +29,8 @@ ROHF_DENSITIES_PENDING = "MP2 densities of ROHF references are not implemented i
 
 # drop-in attribute -> the Settings field it sets (`PySCFMP2Base.settings`); NOT_FOR_THE_DROP_IN: the mean field's, or a method's
 SETTINGS_OF_ATTRIBUTES = {name: name for name in ("frozen device precision simulate nki_api transform allow_non_aufbau max_memory "
-                                                  "checkpoint force_outcore include_singles checkpoint_allow_other_files").split()}
+                                                  "checkpoint force_outcore include_singles checkpoint_allow_other_files "
+                                                  "method laplace").split()}
 NOT_FOR_THE_DROP_IN = frozenset(("basis ecp auxbasis jk_auxbasis cartesian charge spin reference scf scf_max_cycle "
                                  "scf_backend scf_precision screening frozen_core xc c_os c_ss with_rdm1 gradient properties "
                                  "with_gamma rdm1_scaling with_t2 model_only warm_kernels scratch").split())
@@ -42,7 +43,7 @@ class PySCFMP2Base(lib.StreamObject):
              "allow_non_aufbau", "with_df", "mo_coeff", "mo_occ", "mo_energy", "result", "e_hf",
              "e_ref", "e_corr", "e_corr_os", "e_corr_ss", "e_corr_singles", "reference",
              "spin_square", "t2", "max_memory", "mol", "stdout", "verbose", "checkpoint",
-             "checkpoint_allow_other_files", "force_outcore", "include_singles", "converged"}
+             "checkpoint_allow_other_files", "force_outcore", "include_singles", "converged", "method", "laplace"}
 
     def __init__(self, mf, frozen=None, mo_coeff=None, mo_occ=None, mo_energy=None, *, auxbasis=None,
                  device="cpu", precision=None, simulate=False, nki_api=None, transform=None,
@@ -71,6 +72,8 @@ class PySCFMP2Base(lib.StreamObject):
         self.checkpoint_allow_other_files = False  # use a checkpoint directory holding other files
         self.force_outcore = False  # keep (ia|P) on disk whatever the budget (as PySCF's)
         self.include_singles = True  # ROHF: add the singles to e_corr
+        self.method = "mp2"  # or "sos-mp2": e_corr = 1.3 E_os (+ ROHF singles), E_os through the Laplace transform
+        self.laplace = None  # "off", "auto" or a number of points (None: auto for sos-mp2, else off)
         self.converged = False
         self.result = None
         self.e_hf = None if chem.is_kohn_sham(mf) else mf.e_tot  # None for a Kohn-Sham reference
@@ -98,13 +101,13 @@ class PySCFMP2Base(lib.StreamObject):
     def emp2_scs(self):
         """PySCF's SCS-MP2 correlation energy, 6/5 E_os + 1/3 E_ss, plus the ROHF singles unscaled
         (as PySCF's DFROMP2: 0 for RHF/UHF and with include_singles=False)."""
-        if self.e_corr is None:
+        if self.e_corr is None or self.e_corr_ss is None:  # (SOS-MP2 through the Laplace path: no E_ss)
             return None
         return scs_correlation(self.e_corr_os, self.e_corr_ss, self.e_corr_singles or 0.0)
 
     @property
     def e_tot_scs(self):
-        return None if self.e_corr is None else self.e_ref + self.emp2_scs
+        return None if self.emp2_scs is None else self.e_ref + self.emp2_scs
 
     @property
     def e_scs(self):
@@ -260,8 +263,9 @@ class PySCFMP2Base(lib.StreamObject):
         for note in self.result.notes[:len(self.result.notes) - len(later)]:
             log.note("dfmp2: %s", note)
         log.note("E(%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot, self.e_corr)
-        log.note("E(SCS-%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot_scs, self.emp2_scs)
-        log.info("E_corr(same-spin) = %.15g", self.e_corr_ss)
+        if self.e_corr_ss is not None:  # (SOS-MP2 through the Laplace path: E_os only)
+            log.note("E(SCS-%s) = %.15g  E_corr = %.15g", self.__class__.__name__, self.e_tot_scs, self.emp2_scs)
+            log.info("E_corr(same-spin) = %.15g", self.e_corr_ss)
         log.info("E_corr(oppo-spin) = %.15g", self.e_corr_os)
         if self.e_corr_singles:  # ROHF (0 with include_singles=False, as PySCF)
             log.info("E_corr(singles) = %.15g", self.e_corr_singles)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..mp2.pipeline import SCS_OS, SCS_SS
+from ..run.settings import SOS_C_OS
 from .pyscf_base import PySCFMP2Base
 
 
@@ -36,8 +37,8 @@ class NativeDFMP2(PySCFMP2Base):
         return self.e_corr
 
     def _correlation_energy(self):
-        """ps E_os + pt E_ss (+ the ROHF singles)."""
-        return self.ps * self.e_corr_os + self.pt * self.e_corr_ss + self.e_corr_singles
+        """ps E_os + pt E_ss (+ the ROHF singles); pt = 0 needs no E_ss (SOS-MP2's Laplace path has none)."""
+        return self.ps * self.e_corr_os + (self.pt * self.e_corr_ss if self.pt else 0.0) + self.e_corr_singles
 
     def _rdm1_scaling(self):
         return (self.ps, self.pt)
@@ -57,3 +58,20 @@ class NativeSCSMP2(NativeDFMP2):
         super().__init__(mf, *args, **kwargs)
         self.ps = ps
         self.pt = pt
+
+
+class NativeSOSMP2(NativeDFMP2):
+    """Scaled-opposite-spin DF-MP2 (Jung, Lochan, Dutoi, Head-Gordon 2004) with pyscf.mp.dfmp2_native's
+    conventions: e_corr = ps E_os (default 1.3; + the ROHF singles), E_os through the Laplace transform
+    of 1/Delta (`laplace`: "auto" unless set; "off": the canonical pair loop), its density (laplace off
+    then, announced) that of the same energy."""
+
+    def __init__(self, mf, ps=SOS_C_OS, *args, **kwargs):
+        super().__init__(mf, *args, **kwargs)
+        self.ps = ps
+        self.pt = 0.0
+        self.method = "sos-mp2"
+
+    def _run(self, mo_energy=None, mo_coeff=None, **changes):
+        return super()._run(mo_energy, mo_coeff, **{"c_os": float(self.ps), **changes})
+

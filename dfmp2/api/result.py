@@ -134,6 +134,7 @@ class DFMP2Result:
             "e_ref": self.e_ref, "e_hf": self.e_hf, "xc": self.xc, "e_corr": self.e_corr, "e_corr_os": self.e_corr_os,
             "e_corr_ss": self.e_corr_ss, "e_corr_singles": self.e_corr_singles,
             "e_scs": self.e_scs, "e_tot": self.e_tot, "singles_included": self.correlation.singles_included,
+            "method": corr.method, "c_os": corr.c_os, "laplace": corr.laplace,
             "reference": self.reference, "spin_square": self.spin_square,
             "nbasis": corr.nao, "nocc": _per_spin(corr.nocc), "nvir": _per_spin(corr.nvir),
             "naux": corr.naux, "nfrozen": _per_spin(corr.nfrozen), "basis": self.basis, "auxbasis": self.auxbasis,

@@ -85,7 +85,15 @@ TRANSFORM_OPTION = click.option(
 @click.option("--xc", default=None, metavar="NAME",
               help="Double-hybrid DFT: B2PLYP, B2GPPLYP, DSD-BLYP, DSD-PBEP86, DSD-PBEPBE, PBE0-DH, PBE0-2, "
                    "or a PySCF xc string for the KS part with --c-os/--c-ss. E = E_KS + c_os E_os + c_ss E_ss.")
-@click.option("--c-os", type=float, default=None, help="With a custom --xc: the opposite-spin MP2 scaling.")
+@click.option("--method", default="mp2", show_default=True, metavar="mp2|sos-mp2",
+              help="mp2: canonical DF-MP2 (E(corr, SCS) printed beside it); sos-mp2: scaled opposite-spin MP2, "
+                   "E = E_HF + c_os E_os (c_os 1.3, or --c-os), E_os through the Laplace transform (--laplace).")
+@click.option("--laplace", default=None, metavar="off|auto|N",
+              help="E_os through a Laplace quadrature of 1/Delta, no pair loop (O(N^4)): auto picks the points for "
+                   "0.1 uEh per atom (the bound is recorded), N fixes them, off runs the canonical pair loop "
+                   "[default: auto with --method sos-mp2 or an opposite-spin-only double hybrid (--c-ss 0), else off].")
+@click.option("--c-os", type=float, default=None,
+              help="With a custom --xc: the opposite-spin MP2 scaling; with --method sos-mp2: its c_os [1.3].")
 @click.option("--c-ss", type=float, default=None, help="With a custom --xc: the same-spin MP2 scaling.")
 @click.option("--frozen-core", is_flag=True, help="Freeze the usual core orbitals of each element.")
 @click.option("--scf", type=click.Choice(["df", "exact"]), default="df", show_default=True,

@@ -43,11 +43,12 @@ def print_summary(r):
         f"  {'E(' + r['reference'].upper() + ')':17s} {r['e_ref']:20.12f} Eh"
         + (f" ({r['xc']})" if r.get("xc") else ""),
         f"  E(corr, os)       {r['e_corr_os']:20.12f} Eh",
-        f"  E(corr, ss)       {r['e_corr_ss']:20.12f} Eh",
+        *([f"  E(corr, ss)       {r['e_corr_ss']:20.12f} Eh"] if r['e_corr_ss'] is not None else []),
         *([f"  E(corr, singles)  {r['e_corr_singles']:20.12f} Eh"] if r["reference"] == "rohf" else []),
-        f"  E(corr)           {r['e_corr']:20.12f} Eh",
-        f"  E(corr, SCS)      {r['e_scs']:20.12f} Eh",
-        *([f"  E(PT2)            {r['e_pt2']:20.12f} Eh  = {r['c_os']:g} E(os) + {r['c_ss']:g} E(ss) "
+        f"  E(corr)           {r['e_corr']:20.12f} Eh" + _method_note(r),
+        *([f"  E(corr, SCS)      {r['e_scs']:20.12f} Eh"] if r['e_scs'] is not None else []),
+        *_laplace_lines(r.get("laplace")),
+        *([f"  E(PT2)            {r['e_pt2']:20.12f} Eh  = {r['c_os']:g} E(os)" + (f" + {r['c_ss']:g} E(ss)" if r['c_ss'] else "") + " "
            f"({r['xc']}: {r['xc_citation']})"] if r.get("e_pt2") is not None else []),
         f"  E(total)          {r['e_tot']:20.12f} Eh" + ("  = E(KS) + E(PT2)" if r.get("e_pt2") is not None else ""),
         *([f"  dipole (relaxed)  {r['dipole'][0]:12.6f} {r['dipole'][1]:12.6f} {r['dipole'][2]:12.6f} a.u."]
@@ -62,6 +63,21 @@ def print_summary(r):
         lines.append("  kernel specializations: " + ", ".join(
             f"{k} x{len(v)}" for k, v in sorted(r["kernel_specializations"].items())))
     write_stdout("\n".join(lines))
+
+
+def _method_note(r) -> str:
+    """After E(corr): what it is when it is not E_os + E_ss (SOS-MP2)."""
+    if r.get("method") == "sos-mp2" and r.get("e_pt2") is None:
+        return f"  = {r['c_os']:g} E(os)" + (" + E(singles)" if r["reference"] == "rohf" else "") + " (SOS-MP2)"
+    return ""
+
+
+def _laplace_lines(laplace):
+    """E_os through the Laplace transform: the quadrature and the bound on E_os's error."""
+    if not laplace:
+        return []
+    return [f"  Laplace           {laplace['points']} points on [{laplace['x_min']:.4g}, {laplace['x_max']:.4g}] Eh, "
+            f"|E(os) error| <= {laplace['e_os_error_bound']:.2e} Eh (relative bound {laplace['error_bound']:.2e})"]
 
 
 def _optimization_lines(r):

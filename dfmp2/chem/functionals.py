@@ -27,7 +27,7 @@ class DoubleHybrid:
 
     def pt2_energy(self, e_os: float, e_ss: float) -> float:
         """The double hybrid's scaled MP2 part, E_PT2 = c_os E_os + c_ss E_ss (Eh), the one place it is summed."""
-        return self.c_os * e_os + self.c_ss * e_ss
+        return self.c_os * e_os + (self.c_ss * e_ss if self.c_ss else 0.0)  # (c_ss = 0: E_ss may not be computed)
 
 
 DOUBLE_HYBRIDS = {dh.name: dh for dh in (

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..run.settings import LAPLACE_MOST_POINTS
-from ..util.errors import InputError
+from ..util.errors import InputError, option
 
 MOST_POINTS = LAPLACE_MOST_POINTS  # the most quadrature points `quadrature_for` fits before it says the range needs more
 LAWSON_STEPS = 12  # grid re-weightings towards the minimax fit
@@ -115,7 +115,7 @@ def fit_quadrature(x_min: float, x_max: float, points: int, start=None) -> Lapla
     if not (x_min > 0 and x_max >= x_min and math.isfinite(x_max)):
         raise InputError(f"the Laplace quadrature needs 0 < x_min <= x_max, got [{x_min:g}, {x_max:g}] Eh")
     if not (isinstance(points, int) and 1 <= points <= MOST_POINTS):
-        raise InputError(f"--laplace: the number of quadrature points must be 1-{MOST_POINTS}, got {points!r}")
+        raise InputError(f"{option('laplace')}: the number of quadrature points must be 1-{MOST_POINTS}, got {points!r}")
     ratio = max(x_max / x_min, 1.0 + 1e-9)
     _, tau, w = _fit_scaled(points, ratio, start)
     exponents, weights = tau / x_min, w / x_min  # 1/x = (1/x_min) (1/y): t = tau / x_min, w = w_y / x_min
@@ -150,9 +150,9 @@ def quadrature_for(x_min: float, x_max: float, relative_error: float) -> Laplace
     while n > 1 and fit(n - 1).error_bound <= relative_error:
         n -= 1
     if fit(n).error_bound > relative_error:
-        raise InputError(f"--laplace auto: {MOST_POINTS} points reach a relative error of {fit(n).error_bound:.2g} "
+        raise InputError(f"{option('laplace', 'auto')}: {MOST_POINTS} points reach a relative error of {fit(n).error_bound:.2g} "
                          f"on [{x_min:.4g}, {x_max:.4g}] Eh, not {relative_error:.2g}: use canonical MP2 "
-                         "(--laplace off) for this system")
+                         f"({option('laplace', 'off')}) for this system")
     return fit(n)
 
 
@@ -171,7 +171,7 @@ def denominator_range(channel_pairs) -> tuple:
         gap_a, gap_b = np.min(vir_a) - np.max(occ_a), np.min(vir_b) - np.max(occ_b)
         if gap_a <= 0 or gap_b <= 0:
             raise InputError(f"the Laplace transform needs a positive orbital-energy gap (e_LUMO - e_HOMO), got "
-                             f"{min(gap_a, gap_b):.6g} Eh: run canonical MP2 (--laplace off)")
+                             f"{min(gap_a, gap_b):.6g} Eh: run canonical MP2 ({option('laplace', 'off')})")
         lows.append(gap_a + gap_b)
         highs.append((np.max(vir_a) - np.min(occ_a)) + (np.max(vir_b) - np.min(occ_b)))
     return float(min(lows)), float(max(highs))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from ..util.errors import InputError, MemoryBudgetError
+from ..util.errors import InputError, MemoryBudgetError, option
 from ..util.log import log
 from ..util.system_memory import MB
 from .laplace import denominator_range, energy_error_bound, fit_quadrature, quadrature_for
@@ -30,12 +30,19 @@ E_OS_PER_ORBITAL = 0.1  # Eh: an upper estimate of |E_os| per active occupied or
 # pairs give ~0.02-0.05; an unrestricted reference counts (alpha + beta) / 2)
 
 
+def opposite_spin_only(settings) -> bool:
+    """Whether the run's energy has no same-spin term: SOS-MP2, or a double hybrid with c_ss = 0."""
+    return settings.method == "sos-mp2" or (settings.xc is not None and settings.c_ss == 0)
+
+
 def laplace_request(settings) -> object:
     """What the run's --laplace asks for: None (the canonical pair loop), "auto" or a number of
-    points. Unset (None): "auto" for a run with no same-spin term (SOS-MP2, c_ss = 0), else off."""
+    points. Unset (None): "auto" for a run with no same-spin term (`opposite_spin_only`) that
+    forms no amplitudes (densities, gradients, t2 need the pair loop), else off."""
     request = settings.laplace
     if request is None:
-        return "auto" if settings.method == "sos-mp2" else None
+        amplitudes = settings.with_rdm1 or settings.with_t2 is True
+        return "auto" if opposite_spin_only(settings) and not amplitudes else None
     return None if request == "off" else request
 
 
@@ -44,8 +51,8 @@ def target_error(integrals) -> float:
     integrals name no atoms (synthetic or given (ia|P)): such a run gives its points (--laplace N)."""
     natom = integrals.atoms if integrals is not None else None
     if not natom:
-        raise InputError("--laplace auto aims at 0.1 uEh per atom, and these integrals name no atoms (synthetic "
-                         "or given (ia|P)): give the number of points (--laplace N)")
+        raise InputError(f"{option('laplace', 'auto')} aims at 0.1 uEh per atom, and these integrals name no atoms "
+                         f"(synthetic or given (ia|P)): give the number of points ({option('laplace')} N)")
     return AUTO_PER_ATOM * natom
 
 
@@ -121,7 +128,7 @@ def laplace_opposite_spin(run, provider, request) -> tuple:
             eps = target / (abs(e_os) + target)  # eps |E| / (1 - eps) <= target
             wider = quadrature_for(quadrature.x_min, quadrature.x_max, eps)
             notes.append(f"Laplace quadrature: {quadrature.points} points bounded E_os's error by "
-                         f"{energy_error_bound(quadrature, e_os):.3g} Eh, above --laplace auto's {target:.3g} Eh; "
+                         f"{energy_error_bound(quadrature, e_os):.3g} Eh, above {option('laplace', 'auto')}'s {target:.3g} Eh; "
                          f"fitted again with {wider.points} points and summed again")
             quadrature = wider
             e_os = opposite_spin_sums(run, provider, quadrature)
@@ -132,17 +139,28 @@ def laplace_opposite_spin(run, provider, request) -> tuple:
     return e_os, record, notes
 
 
-def check_laplace_request(settings) -> None:
-    """InputError for what the Laplace path does not do (once per run, from `pipeline.check_request`)."""
+def check_method_request(settings) -> None:
+    """InputError for a method's settings that do not go together, and for what the Laplace path
+    does not do (once per run, from `pipeline.check_request`, before any work)."""
+    if settings.method == "sos-mp2" and settings.xc is not None:
+        raise InputError(f"{option('method', 'sos-mp2')} is Hartree-Fock's SOS-MP2: a double hybrid scales its own MP2 "
+                         f"part (an opposite-spin-only one: {option('xc')} with {option('c_ss', 0)})")
+    if settings.method == "sos-mp2" and settings.c_ss is not None:
+        raise InputError(f"{option('method', 'sos-mp2')} has no same-spin term: {option('c_ss')} does not apply "
+                         f"({option('c_os')} scales E_os)")
+    if settings.xc is None and settings.method != "sos-mp2" and (settings.c_os is not None or settings.c_ss is not None):
+        raise InputError(f"{option('c_os')}/{option('c_ss')} scale a double hybrid's MP2 part: give {option('xc')} too "
+                         f"(or {option('method', 'sos-mp2')}, whose E_os {option('c_os')} scales)")
     request = laplace_request(settings)
     if request is None:
         return
-    if settings.method != "sos-mp2":
-        raise InputError("--laplace with --method mp2 needs the same-spin term, which the Laplace path does not "
-                         "compute yet: use --method sos-mp2 (or an opposite-spin-only double hybrid), or --laplace off")
+    if not opposite_spin_only(settings):
+        raise InputError(f"{option('laplace')} with {option('method', 'mp2')} needs the same-spin term, which the Laplace "
+                         f"path does not compute yet: use {option('method', 'sos-mp2')} (or an opposite-spin-only double "
+                         f"hybrid), or {option('laplace', 'off')}")
     if settings.with_rdm1 or settings.with_t2 is True:
-        raise InputError("the Laplace path forms no amplitudes: densities, gradients and t2 need --laplace off "
-                         "(the canonical pair loop, which gives SOS-MP2's density and gradient)")
+        raise InputError(f"the Laplace path forms no amplitudes: densities, gradients and t2 need "
+                         f"{option('laplace', 'off')} (the canonical pair loop, which gives SOS-MP2's density and gradient)")
 
 
 def sos_energy(e_os: float, c_os: float, e_singles: float = 0.0) -> float:

@@ -34,7 +34,7 @@ from .orbitals import active_spaces, device_channels, spin_channels
 from .steps import combine_pair_sums, mp2_densities, pair_energies, pair_tasks, singles_energy, t2_arrays
 from .b import LocalDensities, MetricFactorOnce, RankDensities, b_provider
 from .run_state import CorrelationRun
-from .laplace_energy import check_laplace_request, laplace_opposite_spin, laplace_request, sos_energy
+from .laplace_energy import check_method_request, laplace_opposite_spin, laplace_request, opposite_spin_only, sos_energy
 
 
 SCS_OS, SCS_SS = 1.2, 1.0 / 3.0  # Grimme's spin-component scaling (c_os, c_ss) of SCS-MP2
@@ -142,7 +142,7 @@ def check_request(settings: Settings, nspin: int, ranks: int, given=None, semica
     if given is not None and settings.checkpoint is not None:
         raise InputError("given (ia|P) integrals (eris=) and a checkpoint do not go together: the checkpoint "
                          "keeps its own")
-    check_laplace_request(settings)
+    check_method_request(settings)
 
 
 def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
@@ -181,7 +181,8 @@ def plan_run(backend, integrals, selected, settings, context, given) -> tuple:
         notes.append(f"t2 not kept: the {backend.device_name} kernels do not form the amplitudes (the energy is "
                      "complete; device cpu or cuda keeps t2)")
     elif with_t2 == IF_ROOM and laplace_request(settings) is not None:
-        notes.append("t2 not kept: the Laplace path forms no amplitudes (the energy is complete; --laplace off keeps t2)")
+        notes.append(f"t2 not kept: the Laplace path forms no amplitudes (the energy is complete; {option('laplace', 'off')} "
+                     "keeps t2)")
     elif with_t2:
         plan, note = plan_keeping_t2(backend, integrals, selected, settings.max_memory, plan, on_disk, with_t2 is True)
         notes += [note] if note else []
@@ -297,6 +298,10 @@ def correlation_energy(backend, integrals, refs, settings, fock_mo, context, che
         tasks = pair_tasks([ch.nocc for ch in run.channels], provider.occ_block)
         request = laplace_request(settings)
         if request is None:  # 4. the pair loop
+            if opposite_spin_only(settings) and settings.laplace is None:
+                run = replace(run, notes=run.notes + (
+                    "E_os through the canonical pair loop (exact): the densities, gradient or t2 asked for need the "
+                    "amplitudes, which the Laplace path does not form",))
             with timer.step("pair_energies"):
                 sums, t2 = pair_stage(run, provider, tasks)
             pair_energy = (*combine_pair_sums(tasks, sums, len(run.channels)), None)

@@ -17,7 +17,7 @@ from numbers import Integral
 
 import numpy as np
 
-from ..util.errors import InputError
+from ..util.errors import InputError, option
 
 SCF_MAX_CYCLE = 100
 IF_ROOM = "if_room"  # with_t2: keep t2 when the memory budget holds it (the plugin's default)
@@ -114,7 +114,7 @@ class Settings:
         frozen_per_spin(self.frozen, 2)
         object.__setattr__(self, "max_memory", check_max_memory(self.max_memory))
         if self.method not in METHODS:
-            raise InputError(f"method {self.method!r:.60}: use one of {', '.join(METHODS)}")
+            raise InputError(f"{option('method', self.method)}: use one of {', '.join(METHODS)}")
         object.__setattr__(self, "laplace", laplace_points(self.laplace))
 
     def replace(self, **changes) -> Settings:
@@ -134,7 +134,7 @@ def laplace_points(value):
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral) or not 1 <= value <= LAPLACE_MOST_POINTS:
-        raise InputError(f"laplace {value!r:.60}: use off, auto, or a number of points from 1 to {LAPLACE_MOST_POINTS}")
+        raise InputError(f"{option('laplace', value)}: use off, auto, or a number of points from 1 to {LAPLACE_MOST_POINTS}")
     return int(value)
 
 
