@@ -84,7 +84,7 @@ def test_the_record_says_who_set_each_threading_variable(tmp_path):
 def test_a_run_records_its_configuration_and_the_choice_decides_the_copies(tmp_path):
     """`dfmp2 run` (mixed-precision SCF on the CPU): the JSON's cpu_configuration holds this CPU
     and the choice with its source; the SCF kept the fp64 square exactly when the choice wants
-    it (the budget holds it here); the energy does not depend on it (1e-10 Eh)."""
+    it (the budget holds it here); the energy does not depend on it (E_HF to 1e-10 Eh)."""
     write(tmp_path / "w.xyz", WATER)
     energies = {}
     for square64 in ("0", "1"):
@@ -98,8 +98,11 @@ def test_a_run_records_its_configuration_and_the_choice_decides_the_copies(tmp_p
         assert configuration["choices"]["scf_fp64_square"] == {
             "value": square64 == "1", "source": f"DFMP2_SCF_FP64_SQUARE={square64} (set by the user)"}
         assert ("square 64" in record["scf_builds"]["storage"]) == (square64 == "1")
-        energies[square64] = record["e_tot"]
-    assert abs(energies["0"] - energies["1"]) < 1e-10
+        energies[square64] = record["e_hf"], record["e_tot"]
+    # the SCF (what the square serves) to 1e-10 Eh; the total within the fp32 MP2 step's rounding of
+    # orbitals that differ in their last digits (measured 4.3e-10 Eh under MKL)
+    assert abs(energies["0"][0] - energies["1"][0]) < 1e-10
+    assert abs(energies["0"][1] - energies["1"][1]) < 1e-8
 
 
 def test_fp32_squares_gathered_equal_the_scattered_ones():

@@ -37,6 +37,8 @@ AGREED_SETTINGS = (
     # the correlation step: the active orbitals (the shapes of every block), what the result holds
     "frozen", "allow_non_aufbau", "with_rdm1", "gradient", "properties", "with_gamma", "rdm1_scaling",
     "with_t2", "include_singles",
+    # the method and its Laplace quadrature: what E_os is and the points every rank's Z(t) sums over
+    "method", "laplace",
     # the hardware: the backend's kernels and their dtypes (fp32 against fp64 blocks: gloo's abort)
     "device", "precision", "simulate", "model_only", "nki_api", "transform", "warm_kernels",
     # B on disk whatever the budget: the storage of every rank's blocks (the plan's)

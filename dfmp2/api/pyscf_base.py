@@ -72,8 +72,7 @@ class PySCFMP2Base(lib.StreamObject):
         self.checkpoint_allow_other_files = False  # use a checkpoint directory holding other files
         self.force_outcore = False  # keep (ia|P) on disk whatever the budget (as PySCF's)
         self.include_singles = True  # ROHF: add the singles to e_corr
-        self.method = "mp2"  # or "sos-mp2": e_corr = 1.3 E_os (+ ROHF singles), E_os through the Laplace transform
-        self.laplace = None  # "off", "auto" or a number of points (None: auto for sos-mp2, else off)
+        self.method, self.laplace = "mp2", None  # "sos-mp2": e_corr = 1.3 E_os; laplace: "off", "auto" or N (Settings)
         self.converged = False
         self.result = None
         self.e_hf = None if chem.is_kohn_sham(mf) else mf.e_tot  # None for a Kohn-Sham reference
@@ -93,9 +92,7 @@ class PySCFMP2Base(lib.StreamObject):
     def e_tot(self):
         return None if self.e_corr is None else self.e_ref + self.e_corr
 
-    @property
-    def emp2(self):
-        return self.e_corr
+    emp2 = property(lambda self: self.e_corr)
 
     @property
     def emp2_scs(self):
@@ -105,9 +102,7 @@ class PySCFMP2Base(lib.StreamObject):
             return None
         return scs_correlation(self.e_corr_os, self.e_corr_ss, self.e_corr_singles or 0.0)
 
-    @property
-    def e_tot_scs(self):
-        return None if self.emp2_scs is None else self.e_ref + self.emp2_scs
+    e_tot_scs = property(lambda self: None if self.emp2_scs is None else self.e_ref + self.emp2_scs)
 
     @property
     def e_scs(self):

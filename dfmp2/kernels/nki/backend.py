@@ -49,7 +49,7 @@ from .support import (LNC_VARIABLE, checks_lnc, installed_nki_api, installed_ver
 from .ozaki import INPUT_SLICES, ROUNDING_PAD, X_DIGITS, column_digits, column_slices, half_transform_grid
 from ..protocol import BackendRecord, PlanHints, rows_gram
 from ..spin_cases import density_weights
-from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P
+from .tiles import FREE, GAMMA_X_BYTES, VV_RESIDENT_BYTES, P, laplace_rows_per_launch
 
 
 # the NeuronCore generation of each target (AWS's architecture pages)
@@ -455,9 +455,9 @@ class NkiBackend:
     def laplace_z(self, z, b, e_occ, e_vir, exponents):
         """z [NK, N, N] + the rows of b [n, nvir, naux] (whitened B, on the device): Z_k += sum_ia
         B_ia^T B_ia exp(-(e_a - e_i) t_k) via laplace_z_kernel on all physical cores of the
-        logical core (the lower triangle's tiles; fp32 products and sums). The rows are laid out
-        [(i, a), naux] and padded in device HBM; the scales exp(-(e_a - e_i) t_k) [(i, a), NK]
-        are made there too. -> the new z (resident)."""
+        logical core (the lower triangle's tiles; fp32 products and sums), in launches of at most
+        `tiles.laplace_rows_per_launch` rows. The rows are laid out [(i, a), naux] and padded in device
+        HBM; the scales exp(-(e_a - e_i) t_k) [(i, a), NK] are made there too. -> the new z (resident)."""
         n, nvir, naux = b.shape
         rows_n, npad = round_up(n * nvir, P), z.shape[1]
         flat = torch.zeros((rows_n, npad), dtype=torch.float32)
@@ -468,8 +468,12 @@ class NkiBackend:
         resident = self.is_resident(b)
         flat = self._device_copy(flat) if resident else flat
         scales = self._device_copy(scales) if resident else scales
-        return self._launch("laplace_z_kernel", (z, flat, scales), len(exponents) * n * nvir * naux * (naux + 1),
-                            grid=self.lnc)
+        step = P * laplace_rows_per_launch(rows_n // P, npad, len(exponents))  # (the compiler's instruction limit)
+        for r0 in range(0, rows_n, step):
+            useful = max(0, min(r0 + step, n * nvir) - r0)
+            z = self._launch("laplace_z_kernel", (z, flat[r0:r0 + step], scales[r0:r0 + step]),
+                             len(exponents) * useful * naux * (naux + 1), grid=self.lnc)
+        return z
 
     def laplace_energy(self, z_a, z_b):
         """sum_PQ Z^a_k[P, Q] Z^b_k[P, Q] per point k (numpy fp64 [NK]) via laplace_energy_kernel:

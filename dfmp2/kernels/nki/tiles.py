@@ -45,3 +45,16 @@ def laplace_row_group(nrow_tiles, naux_padded):
     """laplace_z_kernel's 128-row tiles of B per group: as many as LAPLACE_ROWS_BYTES holds of
     [naux_padded] fp32 rows per partition (at least one, at most nrow_tiles)."""
     return max(1, min(nrow_tiles, LAPLACE_ROWS_BYTES // (4 * naux_padded)))
+
+
+LAPLACE_INSTRUCTIONS = 2_000_000  # laplace_z_kernel: unrolled instructions per launch at most (nki 0.3+ refuses 5M)
+
+
+def laplace_rows_per_launch(nrow_tiles, naux_padded, points):
+    """128-row tiles of B per laplace_z_kernel launch: whole row groups whose unrolled instructions
+    (per group and M tile and point: RG scalings, and per 512-column chunk RG matmuls, two DMAs and
+    an add) stay within LAPLACE_INSTRUCTIONS."""
+    rg = laplace_row_group(nrow_tiles, naux_padded)
+    per_group = 2 * rg + (naux_padded // P) * points * (rg + (naux_padded // FREE) * (rg + 3))
+    return max(1, LAPLACE_INSTRUCTIONS // per_group) * rg
+
