@@ -25,6 +25,8 @@ from ..util.log import log
 from ..util.system_memory import MB
 from .laplace import denominator_range, energy_error_bound, fit_quadrature, quadrature_for
 
+LAPLACE_BLOCK_BYTES = 96 * MB  # the scaled rows S_ia of one Gram product: thousands of rows (a long k runs near the
+# library's peak; one occupied orbital's 600 rows ran at half of it, plus an fp64 add of Z per block)
 AUTO_PER_ATOM = 1e-7  # Eh: --laplace auto's target for E_os's error, per atom
 E_OS_PER_ORBITAL = 0.1  # Eh: an upper estimate of |E_os| per active occupied orbital (closed-shell valence
 # pairs give ~0.02-0.05; an unrestricted reference counts (alpha + beta) / 2)
@@ -75,13 +77,20 @@ def run_quadrature(channels, request, integrals):
     return quadrature
 
 
+def occ_rows(run, naux) -> int:
+    """Occupied orbitals per Gram product: LAPLACE_BLOCK_BYTES of scaled rows (nvir naux each)."""
+    nvir, nocc = max(ch.nvir for ch in run.channels), max(ch.nocc for ch in run.channels)
+    return max(1, min(nocc, int(LAPLACE_BLOCK_BYTES // max(1, nvir * naux * run.backend.itemsize))))
+
+
 def points_per_pass(run, naux, points) -> int:
-    """Quadrature points whose Z (fp64 naux^2 per spin channel, and one product's temporaries)
-    the budget holds beside B (in memory) and the process: all of them where it can;
-    MemoryBudgetError where not even one fits."""
+    """Quadrature points whose Z (fp64 naux^2 per spin channel, and one product's temporaries:
+    its scaled rows, `occ_rows`) the budget holds beside B (in memory) and the process: all of
+    them where it can; MemoryBudgetError where not even one fits."""
     plan, nchannels = run.plan, len(run.channels)
     held = sum(ch.nocc * ch.nvir for ch in run.channels) * naux * run.backend.itemsize if plan.storage == "memory" else 0
-    free = plan.budget - plan.minimum - held
+    scaled = occ_rows(run, naux) * max(ch.nvir for ch in run.channels) * naux * run.backend.itemsize
+    free = plan.budget - plan.minimum - held - scaled
     per_point = nchannels * naux * naux * 8
     room = int(max(0, free - 2 * naux * naux * 8) // per_point)
     if room < 1:
@@ -99,13 +108,14 @@ def opposite_spin_sums(run, provider, quadrature) -> float:
     ranks: the provider's `BProvider.sum_over_ranks`), in passes of `points_per_pass` points. fp64 (Eh)."""
     backend, channels, report = run.backend, run.channels, run.context.report
     per_pass = points_per_pass(run, provider.nkept, quadrature.points)
+    rows = occ_rows(run, provider.nkept)
     sums = []
     for k0 in range(0, quadrature.points, per_pass):
         exponents = quadrature.exponents[k0:k0 + per_pass]
         z = []
         for s, ch in enumerate(channels):  # Z^s(t_k) = sum_ia B_ia^T B_ia exp(-(e_a - e_i) t_k)
             z_s = backend.laplace_accumulator(len(exponents), provider.nkept)
-            for i0, i1, b in provider.held_blocks(s):
+            for i0, i1, b in provider.held_blocks(s, rows):
                 z_s = backend.laplace_z(z_s, b, ch.e_occ_host[i0:i1], ch.e_vir_host, exponents)
                 b = None
                 report("Laplace Z(t)", i1, ch.nocc)

@@ -45,9 +45,10 @@ class BProvider(Protocol):
     def combine(self, sums: np.ndarray) -> np.ndarray:
         """Every task's sums [ntasks, 2] from the ones this process computed (ranks: all-reduced)."""
 
-    def held_blocks(self, s: int) -> Iterator[tuple]:
+    def held_blocks(self, s: int, occ_rows: int | None = None) -> Iterator[tuple]:
         """(i0, i1, B rows [i1 - i0, nvir, nkept]) of channel s that this process holds, each row
-        once (the Laplace path: `dfmp2.mp2.laplace_energy`)."""
+        once (the Laplace path: `dfmp2.mp2.laplace_energy`), at most occ_rows occupied orbitals a
+        block where the provider can hand out views that long (None: its own blocks)."""
 
     def sum_over_ranks(self, backend, tensor):
         """tensor (a device array this process summed over its rows) summed over the processes."""

@@ -176,12 +176,13 @@ class LocalB:
                 slab_i = b_i = b_j = None  # views keep a slab alive: drop them all before the next
                 release_freed_memory()
 
-    def held_blocks(self, s):
+    def held_blocks(self, s, occ_rows=None):
         """(i0, i1, B rows [i1 - i0, nvir, nkept]) of channel s, every row once: slabs of
-        plan.slab_rows read (or whitened) once each, handed out an occupied block at a time."""
+        plan.slab_rows read (or whitened) once each, handed out as views of occ_rows (else the
+        pair stage's occ_block) occupied orbitals."""
         for si0, si1 in block_ranges(self.nocc[s], self.slab_rows or self.nocc[s]):
             slab = self._slab(s, si0, si1, inside="laplace")
-            for i0, i1 in block_ranges(si1 - si0, self.occ_block):
+            for i0, i1 in block_ranges(si1 - si0, occ_rows or self.occ_block):
                 yield si0 + i0, si0 + i1, slab[i0:i1]
             slab = None
             release_freed_memory()

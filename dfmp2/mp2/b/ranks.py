@@ -227,8 +227,9 @@ class RankB:
     def combine(self, sums):
         return self.team.all_reduce_sum(sums)  # every task's sums, each from exactly one rank
 
-    def held_blocks(self, s):
-        """(i0, i1, B rows) of the occupied blocks of channel s this rank owns, in order."""
+    def held_blocks(self, s, occ_rows=None):
+        """(i0, i1, B rows) of the occupied blocks of channel s this rank owns, in order (its own
+        blocks whatever occ_rows says: each is a tensor of its own)."""
         for b, (i0, i1) in enumerate(self.blocks[s]):
             if self.owners[s][b] == self.team.rank:
                 yield i0, i1, self.rows[s][b]
